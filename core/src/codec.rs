@@ -1,0 +1,153 @@
+//! Wire codecs for tensors that cross a stage boundary: their ids, their
+//! exact byte sizes and the bf16 conversions they share. The encoders and
+//! decoders themselves live in `iota-model::codec`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CoreError;
+
+/// How a `[rows, cols]` f32 tensor is written on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WireCodec {
+    /// Raw little-endian f32: exact; used when the bottleneck is off.
+    F32,
+    /// bfloat16, round to nearest even.
+    Bf16,
+    /// Per row: a bf16 scale, then `cols` signed bytes (x ~= q * scale).
+    Int8Row,
+    /// Per row: a bf16 scale, then `cols` signed 4-bit values in [-7, 7],
+    /// two per byte, low nibble first.
+    Int4Row,
+}
+
+impl WireCodec {
+    pub const ALL: [WireCodec; 4] = [WireCodec::F32, WireCodec::Bf16, WireCodec::Int8Row, WireCodec::Int4Row];
+
+    pub fn id(self) -> u8 {
+        match self {
+            WireCodec::F32 => 0,
+            WireCodec::Bf16 => 1,
+            WireCodec::Int8Row => 2,
+            WireCodec::Int4Row => 3,
+        }
+    }
+
+    pub fn from_id(id: u8) -> Result<Self, CoreError> {
+        WireCodec::ALL
+            .into_iter()
+            .find(|c| c.id() == id)
+            .ok_or(CoreError::UnknownCodec(id))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WireCodec::F32 => "f32",
+            WireCodec::Bf16 => "bf16",
+            WireCodec::Int8Row => "int8",
+            WireCodec::Int4Row => "int4",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        WireCodec::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// Bytes one row of `cols` values takes on the wire.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WireCodec::F32 => 4 * cols,
+            WireCodec::Bf16 => 2 * cols,
+            WireCodec::Int8Row => 2 + cols,
+            WireCodec::Int4Row => 2 + cols.div_ceil(2),
+        }
+    }
+
+    /// Bytes of a whole `[rows, cols]` tensor (checked: a hostile shape must
+    /// not overflow).
+    pub fn payload_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        rows.checked_mul(self.row_bytes(cols))
+    }
+}
+
+/// Boundary traffic of one token, forward (activation) and backward
+/// (its gradient), against the bf16 d-wide hidden state a pipeline without
+/// a bottleneck would send.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BoundaryCost {
+    pub bytes_per_token: usize,
+    pub bf16_hidden_bytes: usize,
+    pub ratio: f64,
+}
+
+pub fn boundary_cost(d_model: usize, width: usize, codec: WireCodec) -> BoundaryCost {
+    let bytes = codec.row_bytes(width);
+    BoundaryCost {
+        bytes_per_token: bytes,
+        bf16_hidden_bytes: 2 * d_model,
+        ratio: (2 * d_model) as f64 / bytes as f64,
+    }
+}
+
+/// f32 -> bf16, round to nearest even; NaN stays NaN.
+#[inline]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1));
+    (r >> 16) as u16
+}
+
+/// f32 -> bf16, rounded away from zero to the next representable value, so
+/// the result's magnitude is never below the input's. Used for quantisation
+/// scales: a scale that rounded down could push |x/scale| past the integer
+/// range.
+#[inline]
+pub fn f32_to_bf16_up(x: f32) -> u16 {
+    let b = x.to_bits();
+    if !x.is_finite() {
+        return f32_to_bf16(x);
+    }
+    let hi = (b >> 16) as u16;
+    if b & 0xFFFF == 0 { hi } else { hi + 1 }
+}
+
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_round_trip_and_rounding() {
+        for x in [0.0f32, 1.0, -2.5, 0.0078125, 2.0f32.powi(100), -7.75] {
+            assert_eq!(bf16_to_f32(f32_to_bf16(x)), x);
+        }
+        let x = 1.0 + 1.0 / 512.0; // halfway between two bf16 values: ties to even (1.0)
+        assert_eq!(bf16_to_f32(f32_to_bf16(x)), 1.0);
+        let y = 1.0 + 3.0 / 1024.0;
+        assert!(bf16_to_f32(f32_to_bf16_up(y)) >= y);
+        assert!(bf16_to_f32(f32_to_bf16_up(-y)) <= -y);
+        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+    }
+
+    #[test]
+    fn iota_run_boundary_ratios() {
+        // d=2048, bottleneck 32: bf16 hidden is 4096 bytes per token.
+        let int8 = boundary_cost(2048, 32, WireCodec::Int8Row);
+        assert_eq!(int8.bytes_per_token, 34);
+        let int4 = boundary_cost(2048, 32, WireCodec::Int4Row);
+        assert_eq!(int4.bytes_per_token, 18);
+        assert!(int4.ratio >= 128.0);
+        for c in WireCodec::ALL {
+            assert_eq!(WireCodec::from_id(c.id()).unwrap(), c);
+            assert_eq!(WireCodec::parse(c.name()), Some(c));
+        }
+        assert!(WireCodec::from_id(200).is_err());
+        assert_eq!(WireCodec::Int8Row.payload_bytes(usize::MAX, 8), None);
+    }
+}

@@ -1,0 +1,246 @@
+//! Model configuration and the named presets.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// Llama-3 style RoPE frequency scaling (long-context extension): low
+/// frequencies are divided by `factor`, high ones kept, and a smooth ramp
+/// joins the two bands.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position: usize,
+}
+
+/// A decoder-only Llama-style transformer: RMSNorm, RoPE, grouped-query
+/// attention, SwiGLU MLP, no biases, untied embedding and LM head (the two
+/// live on different pipeline stages, so they cannot be tied).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub name: String,
+    /// Rows of the embedding and LM head. May exceed the tokenizer's vocabulary
+    /// (padded to a multiple of 64 for fast GEMMs); padded logits are masked.
+    pub vocab_size: usize,
+    /// Tokens the tokenizer can actually emit (<= vocab_size).
+    pub vocab_real: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub ffn_hidden: usize,
+    pub max_seq: usize,
+    pub rope_theta: f32,
+    pub rope_scaling: Option<RopeScaling>,
+    pub norm_eps: f32,
+    /// Channels that cross a stage boundary (0 = no bottleneck: the full
+    /// d-wide residual crosses).
+    pub bottleneck: usize,
+    pub init_std: f32,
+}
+
+/// The presets, in size order.
+pub const PRESETS: &[&str] = &["tiny", "small", "125m", "1b", "1.5b", "15b"];
+
+/// GPT-2 BPE vocabulary (r50k) and its padded size.
+pub const GPT2_VOCAB: usize = 50257;
+pub const GPT2_VOCAB_PADDED: usize = 50304;
+/// Llama-3 tokenizer vocabulary, used by the presets that mirror IOTA's run.
+pub const LLAMA3_VOCAB: usize = 128256;
+
+const LLAMA3_ROPE: RopeScaling = RopeScaling {
+    factor: 32.0,
+    low_freq_factor: 1.0,
+    high_freq_factor: 4.0,
+    original_max_position: 8192,
+};
+
+impl ModelConfig {
+    /// Looks up a named preset.
+    pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
+        #[allow(clippy::too_many_arguments)]
+        fn mk(
+            name: &str,
+            vocab: (usize, usize),
+            d: usize,
+            layers: usize,
+            heads: usize,
+            kv: usize,
+            ffn: usize,
+            seq: usize,
+            bottleneck: usize,
+            theta: f32,
+            scaling: Option<RopeScaling>,
+        ) -> ModelConfig {
+            ModelConfig {
+                name: name.to_string(),
+                vocab_size: vocab.0,
+                vocab_real: vocab.1,
+                d_model: d,
+                n_layers: layers,
+                n_heads: heads,
+                n_kv_heads: kv,
+                ffn_hidden: ffn,
+                max_seq: seq,
+                rope_theta: theta,
+                rope_scaling: scaling,
+                norm_eps: 1e-5,
+                bottleneck,
+                init_std: 0.02,
+            }
+        }
+        let gpt2 = (GPT2_VOCAB_PADDED, GPT2_VOCAB);
+        let llama3 = (LLAMA3_VOCAB, LLAMA3_VOCAB);
+        let c = match name {
+            // Byte-level vocabulary: trains in seconds on generated data.
+            "tiny" => mk("tiny", (256, 256), 64, 4, 4, 2, 192, 64, 16, 10_000.0, None),
+            // ~22M parameters, most of them the GPT-2 embedding and LM head.
+            "small" => mk("small", gpt2, 192, 6, 6, 2, 512, 256, 16, 10_000.0, None),
+            "125m" => mk("125m", gpt2, 768, 8, 12, 4, 2048, 1024, 16, 10_000.0, None),
+            "1b" => mk("1b", gpt2, 2048, 16, 16, 8, 5632, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
+            // IOTA's run: d=2048, 16 layers, 32 heads, 8 KV groups, ffn 8192, bottleneck 32.
+            "1.5b" => mk("1.5b", llama3, 2048, 16, 32, 8, 8192, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
+            "15b" => mk("15b", llama3, 5120, 50, 40, 8, 13824, 4096, 80, 500_000.0, Some(LLAMA3_ROPE)),
+            other => {
+                return Err(ConfigError::UnknownPreset(other.to_string(), PRESETS.join(", ")));
+            }
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim()
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim()
+    }
+
+    /// Width of the fused q|k|v projection output.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+
+    /// Checks the invariants the kernels rely on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.d_model == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
+            return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
+        }
+        if self.d_model % self.n_heads != 0 {
+            return bad(format!("d_model {} not divisible by n_heads {}", self.d_model, self.n_heads));
+        }
+        if self.head_dim() % 2 != 0 {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!("n_heads {} not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
+        }
+        if self.vocab_real == 0 || self.vocab_real > self.vocab_size {
+            return bad(format!("vocab_real {} must be in 1..={}", self.vocab_real, self.vocab_size));
+        }
+        if self.bottleneck > self.d_model {
+            return bad(format!("bottleneck {} exceeds d_model {}", self.bottleneck, self.d_model));
+        }
+        if self.ffn_hidden == 0 || self.max_seq == 0 {
+            return bad("ffn_hidden and max_seq must be positive".into());
+        }
+        if !(self.norm_eps > 0.0 && self.rope_theta > 1.0 && self.init_std > 0.0) {
+            return bad("norm_eps, init_std must be > 0 and rope_theta > 1".into());
+        }
+        Ok(())
+    }
+
+    /// Parameter count of the unsplit model (one stage, so no bottleneck).
+    pub fn param_count(&self) -> usize {
+        crate::layout::ParamLayout::for_stage(self, &crate::layout::StageSpec::whole(self)).total()
+    }
+
+    /// Exact parameter count of every stage when split into `stages` stages
+    /// (includes the bottleneck projections at each boundary).
+    pub fn stage_param_counts(&self, stages: usize) -> Result<Vec<usize>, ConfigError> {
+        Ok(crate::layout::StageSpec::split(self, stages)?
+            .iter()
+            .map(|s| crate::layout::ParamLayout::for_stage(self, s).total())
+            .collect())
+    }
+
+    /// RoPE inverse frequencies (one per rotated pair), Llama-3 scaled when
+    /// the config says so.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let hd = self.head_dim();
+        (0..hd / 2)
+            .map(|i| {
+                let f = 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
+                match &self.rope_scaling {
+                    None => f,
+                    Some(s) => llama3_scale(f, s),
+                }
+            })
+            .collect()
+    }
+}
+
+fn llama3_scale(freq: f64, s: &RopeScaling) -> f64 {
+    let old = s.original_max_position as f64;
+    let low_wavelen = old / s.low_freq_factor as f64;
+    let high_wavelen = old / s.high_freq_factor as f64;
+    let wavelen = std::f64::consts::TAU / freq;
+    if wavelen < high_wavelen {
+        freq
+    } else if wavelen > low_wavelen {
+        freq / s.factor as f64
+    } else {
+        let smooth = (old / wavelen - s.low_freq_factor as f64)
+            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+        (1.0 - smooth) * freq / s.factor as f64 + smooth * freq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_is_valid() {
+        for p in PRESETS {
+            let c = ModelConfig::preset(p).unwrap();
+            assert_eq!(&c.name, p);
+        }
+        assert!(matches!(ModelConfig::preset("7b"), Err(ConfigError::UnknownPreset(..))));
+    }
+
+    #[test]
+    fn iota_run_preset_counts() {
+        // IOTA's 1.5B run: embeddings 2 x 128256 x 2048 plus 16 Llama blocks.
+        let c = ModelConfig::preset("1.5b").unwrap();
+        let block = 2048 * 2048 * 2 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048;
+        assert_eq!(c.param_count(), 2 * 128256 * 2048 + 16 * block + 2048);
+        let c15 = ModelConfig::preset("15b").unwrap();
+        let p = c15.param_count() as f64;
+        assert!((14.5e9..15.5e9).contains(&p), "{p}");
+        let small = ModelConfig::preset("small").unwrap().param_count() as f64;
+        assert!((18e6..25e6).contains(&small), "{small}");
+    }
+
+    #[test]
+    fn llama3_scaling_bands() {
+        let s = LLAMA3_ROPE;
+        // High frequency (short wavelength): untouched.
+        assert_eq!(llama3_scale(1.0, &s), 1.0);
+        // Very low frequency: divided by factor.
+        let f = 1e-5;
+        assert!((llama3_scale(f, &s) - f / 32.0).abs() < 1e-18);
+        // Inside the ramp the result lies between the two.
+        let mid = std::f64::consts::TAU / 4096.0;
+        let r = llama3_scale(mid, &s);
+        assert!(r < mid && r > mid / 32.0);
+    }
+}

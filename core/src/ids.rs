@@ -1,0 +1,45 @@
+//! Identifiers of training work.
+
+use serde::{Deserialize, Serialize};
+
+/// The address of one training sample: which epoch, which data shard, which
+/// index inside that shard's sequence for the epoch. Together with the run
+/// seed it fixes the sample's tokens, so any stage (and any validator) can load
+/// the same tokens without them crossing the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SampleId {
+    pub epoch: u32,
+    pub shard: u32,
+    pub index: u64,
+}
+
+/// A micro-batch: `len` consecutive samples of one shard, starting at `first`.
+/// Its `key()` is what a stage uses to find the activations it saved for the
+/// backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MicroBatchId {
+    pub first: SampleId,
+    pub len: u32,
+}
+
+impl MicroBatchId {
+    pub fn samples(&self) -> impl Iterator<Item = SampleId> + '_ {
+        (0..self.len as u64).map(move |i| SampleId {
+            index: self.first.index + i,
+            ..self.first
+        })
+    }
+
+    /// A stable 64-bit key (used in maps and on the wire).
+    pub fn key(&self) -> u64 {
+        crate::rng::derive(
+            0x6D62,
+            &[
+                self.first.epoch as u64,
+                self.first.shard as u64,
+                self.first.index,
+                self.len as u64,
+            ],
+        )
+    }
+}
