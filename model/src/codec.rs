@@ -1,0 +1,208 @@
+//! Encoders and decoders of the wire codecs (`iota_core::WireCodec`).
+//!
+//! Decoding treats its input as hostile: lengths must match exactly, scales
+//! and floats must be finite, and integer codes must be in range; anything
+//! else is a typed error, never a panic.
+
+use iota_core::codec::{bf16_to_f32, f32_to_bf16, f32_to_bf16_up};
+use iota_core::{CoreError, WireCodec};
+
+const INT8_MAX: f32 = 127.0;
+const INT4_MAX: f32 = 7.0;
+
+/// Encodes a `[rows, cols]` tensor. Non-finite values are refused: a stage
+/// that produced them has diverged, and sending them on would poison peers.
+pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<Vec<u8>, CoreError> {
+    let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
+    assert_eq!(x.len(), rows * cols, "encode: tensor length does not match its shape");
+    if x.iter().any(|v| !v.is_finite()) {
+        return Err(CoreError::NonFinite("tensor to encode"));
+    }
+    let mut out = Vec::with_capacity(expected);
+    match codec {
+        WireCodec::F32 => x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        WireCodec::Bf16 => x.iter().for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
+        WireCodec::Int8Row | WireCodec::Int4Row => {
+            let qmax = if codec == WireCodec::Int8Row { INT8_MAX } else { INT4_MAX };
+            for row in x.chunks(cols.max(1)).take(rows) {
+                let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let scale_bits = f32_to_bf16_up(absmax / qmax);
+                let scale = bf16_to_f32(scale_bits);
+                out.extend_from_slice(&scale_bits.to_le_bytes());
+                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                let q = |v: f32| (v * inv).round().clamp(-qmax, qmax) as i8;
+                if codec == WireCodec::Int8Row {
+                    out.extend(row.iter().map(|&v| q(v) as u8));
+                } else {
+                    for pair in row.chunks(2) {
+                        let lo = q(pair[0]) as u8 & 0x0F;
+                        let hi = pair.get(1).map_or(0, |&v| q(v) as u8 & 0x0F);
+                        out.push(lo | (hi << 4));
+                    }
+                }
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), expected);
+    Ok(out)
+}
+
+/// Decodes into `out` (length rows * cols), validating everything.
+pub fn decode_into(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8], out: &mut [f32]) -> Result<(), CoreError> {
+    let len_err = |expected| CoreError::PayloadLength { codec: codec.name(), rows, cols, expected, got: bytes.len() };
+    let expected = codec.payload_bytes(rows, cols).ok_or(len_err(usize::MAX))?;
+    if bytes.len() != expected || out.len() != rows * cols {
+        return Err(len_err(expected));
+    }
+    match codec {
+        WireCodec::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WireCodec::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        WireCodec::Int8Row | WireCodec::Int4Row => {
+            let rb = codec.row_bytes(cols);
+            for (orow, brow) in out.chunks_mut(cols.max(1)).zip(bytes.chunks(rb)).take(rows) {
+                let scale = bf16_to_f32(u16::from_le_bytes([brow[0], brow[1]]));
+                if !(scale.is_finite() && scale >= 0.0) {
+                    return Err(CoreError::NonFinite("quantisation scale"));
+                }
+                let codes = &brow[2..];
+                if codec == WireCodec::Int8Row {
+                    for (o, &c) in orow.iter_mut().zip(codes) {
+                        let q = c as i8;
+                        if q == i8::MIN {
+                            return Err(CoreError::NonFinite("int8 code -128 (outside the symmetric range)"));
+                        }
+                        *o = q as f32 * scale;
+                    }
+                } else {
+                    for (j, o) in orow.iter_mut().enumerate() {
+                        let byte = codes[j / 2];
+                        let nib = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                        let q = ((nib << 4) as i8) >> 4; // sign-extend 4 bits
+                        if q == -8 {
+                            return Err(CoreError::NonFinite("int4 code -8 (outside the symmetric range)"));
+                        }
+                        *o = q as f32 * scale;
+                    }
+                }
+            }
+        }
+    }
+    if out.iter().any(|v| !v.is_finite()) {
+        return Err(CoreError::NonFinite("decoded tensor"));
+    }
+    Ok(())
+}
+
+pub fn decode(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<f32>, CoreError> {
+    let n = rows.checked_mul(cols).ok_or(CoreError::PayloadLength {
+        codec: codec.name(),
+        rows,
+        cols,
+        expected: usize::MAX,
+        got: bytes.len(),
+    })?;
+    // Check the length before allocating: a hostile shape must not make us
+    // reserve memory the payload does not back.
+    if codec.payload_bytes(rows, cols) != Some(bytes.len()) {
+        return decode_into(codec, rows, cols, bytes, &mut []).map(|_| Vec::new());
+    }
+    let mut out = vec![0.0; n];
+    decode_into(codec, rows, cols, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// Replaces `x` by what the receiver would see after the wire (used by the
+/// in-process pipeline, so it trains with exactly the quantisation error a
+/// distributed run has).
+pub fn round_trip(codec: WireCodec, rows: usize, cols: usize, x: &mut [f32]) -> Result<usize, CoreError> {
+    if codec == WireCodec::F32 {
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(CoreError::NonFinite("tensor to encode"));
+        }
+        return Ok(4 * x.len());
+    }
+    let bytes = encode(codec, rows, cols, x)?;
+    decode_into(codec, rows, cols, &bytes, x)?;
+    Ok(bytes.len())
+}
+
+/// The largest error `encode`+`decode` may introduce on an element of a row
+/// whose largest magnitude is `absmax` (half a quantisation step; for bf16,
+/// half an ulp at 8 bits of mantissa).
+pub fn error_bound(codec: WireCodec, absmax: f32) -> f32 {
+    match codec {
+        WireCodec::F32 => 0.0,
+        WireCodec::Bf16 => absmax * (1.0 / 256.0),
+        // The scale is absmax/qmax rounded up to bf16 (at most 2^-7 relative).
+        WireCodec::Int8Row => 0.5 * absmax / INT8_MAX * (1.0 + 1.0 / 128.0),
+        WireCodec::Int4Row => 0.5 * absmax / INT4_MAX * (1.0 + 1.0 / 128.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rows_strategy() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
+        (1usize..6, 1usize..40).prop_flat_map(|(r, c)| {
+            (Just(r), Just(c), proptest::collection::vec(-1.0e4f32..1.0e4, r * c))
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn quantise_error_is_bounded((rows, cols, x) in rows_strategy(), codec_id in 0u8..4) {
+            let codec = WireCodec::from_id(codec_id).unwrap();
+            let bytes = encode(codec, rows, cols, &x).unwrap();
+            prop_assert_eq!(bytes.len(), codec.payload_bytes(rows, cols).unwrap());
+            let y = decode(codec, rows, cols, &bytes).unwrap();
+            for (xr, yr) in x.chunks(cols).zip(y.chunks(cols)) {
+                let absmax = xr.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let bound = error_bound(codec, absmax) * (1.0 + 1e-6) + f32::MIN_POSITIVE;
+                for (a, b) in xr.iter().zip(yr) {
+                    prop_assert!((a - b).abs() <= bound, "{:?}: {} -> {} (bound {})", codec, a, b, bound);
+                }
+            }
+        }
+
+        #[test]
+        fn decode_never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..200),
+                                          rows in 0usize..8, cols in 0usize..40, codec_id in 0u8..4) {
+            let codec = WireCodec::from_id(codec_id).unwrap();
+            if let Ok(v) = decode(codec, rows, cols, &bytes) {
+                prop_assert_eq!(v.len(), rows * cols);
+                prop_assert!(v.iter().all(|x| x.is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_length_bad_scale_and_nonfinite() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let b = encode(WireCodec::Int8Row, 2, 2, &x).unwrap();
+        assert!(matches!(decode(WireCodec::Int8Row, 2, 2, &b[..5]), Err(CoreError::PayloadLength { .. })));
+        let mut bad = b.clone();
+        bad[0..2].copy_from_slice(&0x7FC0u16.to_le_bytes()); // NaN scale
+        assert!(decode(WireCodec::Int8Row, 2, 2, &bad).is_err());
+        assert!(encode(WireCodec::Bf16, 1, 2, &[f32::NAN, 1.0]).is_err());
+        assert!(decode(WireCodec::F32, 1, 1, &f32::INFINITY.to_le_bytes()).is_err());
+        // A huge claimed shape with a tiny payload is refused without allocating.
+        assert!(decode(WireCodec::F32, usize::MAX / 2, 3, &[0; 12]).is_err());
+    }
+
+    #[test]
+    fn zero_rows_round_trip_exactly() {
+        let mut z = vec![0.0f32; 10];
+        round_trip(WireCodec::Int4Row, 2, 5, &mut z).unwrap();
+        assert!(z.iter().all(|&v| v == 0.0));
+    }
+}

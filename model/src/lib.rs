@@ -1,0 +1,22 @@
+//! iota-model: the compute stack of iota-rs.
+//!
+//! - [`backend`]: the `Backend` trait (explicit forward/backward per op);
+//!   [`cpu`]: `CpuBackend`, the fp32 reference.
+//! - [`stage`]: a pipeline stage (blocks, bottleneck, head/tail) built from
+//!   [`block`], [`boundary`] and [`lm_head`].
+//! - [`codec`]: wire quantisation of boundary tensors.
+
+pub mod backend;
+pub mod block;
+pub mod boundary;
+pub mod codec;
+pub mod cpu;
+pub mod lm_head;
+pub mod rope;
+pub mod stage;
+pub mod tensor;
+
+pub use backend::{AdamStep, AttnDims, Backend};
+pub use cpu::CpuBackend;
+pub use stage::{Stage, StageError, StageInput, TailOutput};
+pub use tensor::Tensor;

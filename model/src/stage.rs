@@ -1,0 +1,399 @@
+//! A pipeline stage: a contiguous run of blocks plus, depending on its role,
+//! the embedding (head), the bottleneck encoder/decoder (at boundaries), and
+//! the final norm, LM head and loss (tail).
+//!
+//! Head and body stages run `forward` on a micro-batch (saving what the
+//! backward needs under the micro-batch's key) and later `backward` with the
+//! gradient of their output. A tail stage knows the loss as soon as its
+//! forward ends, so it runs both at once: `forward_backward`.
+//!
+//! Boundary tensors (stage inputs and outputs) are host `f32` slices: they are
+//! what goes through the wire codec.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use iota_core::{ModelConfig, ParamLayout, Rng, StageRole, StageSpec, layout::Init};
+use thiserror::Error;
+
+use crate::backend::Backend;
+use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
+use crate::boundary::{EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward, encode_forward};
+use crate::lm_head::{HeadIdx, head_forward_backward};
+use crate::rope::rope_table;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum StageError {
+    #[error("stage {index} is a {role:?} stage and cannot {what}")]
+    Role { index: usize, role: StageRole, what: &'static str },
+    #[error("{what}: got {got} values, expected {expected}")]
+    Shape { what: &'static str, expected: usize, got: usize },
+    #[error("sequence length {seq} is outside 1..={max} (the model's max_seq)")]
+    SeqLen { seq: usize, max: usize },
+    #[error("token {token} at position {pos} is outside the vocabulary ({vocab})")]
+    Token { token: u32, pos: usize, vocab: usize },
+    #[error("non-finite value in {0}")]
+    NonFinite(&'static str),
+    #[error("micro-batch {0:#x} already has saved activations")]
+    Duplicate(u64),
+    #[error("no saved activations for micro-batch {0:#x}")]
+    Unknown(u64),
+    #[error("{0} micro-batches already in flight (the limit)")]
+    TooManyInFlight(usize),
+}
+
+/// What enters a stage.
+#[derive(Clone, Copy, Debug)]
+pub enum StageInput<'a> {
+    /// Token ids `[batch * seq]` (head stage).
+    Tokens(&'a [u32]),
+    /// Boundary activations `[batch * seq, boundary_width]` (other stages).
+    Hidden(&'a [f32]),
+}
+
+/// A `Ctx` borrowing only the fields it needs, so `self.grads` stays free
+/// to borrow mutably beside it. The RoPE table must exist (`ensure_rope`).
+macro_rules! ctx {
+    ($s:ident, $batch:expr, $seq:expr) => {
+        Ctx { be: &*$s.be, cfg: &$s.cfg, params: &$s.params, rope: &$s.rope[&$seq], batch: $batch, seq: $seq }
+    };
+}
+
+struct Saved<B: Backend> {
+    batch: usize,
+    seq: usize,
+    tokens: Option<Vec<u32>>,
+    z_in: Option<B::Buf>,
+    blocks: Vec<BlockActs<B>>,
+    h_out: B::Buf,
+    enc: Option<EncodeActs<B>>,
+}
+
+/// Result of a tail stage's combined forward and backward.
+pub struct TailOutput {
+    /// Per-token loss (natural log), `[batch * seq]`.
+    pub losses: Vec<f32>,
+    /// Gradient of the stage input (`None` for a whole-model stage).
+    pub din: Option<Vec<f32>>,
+}
+
+pub struct Stage<B: Backend> {
+    be: Arc<B>,
+    cfg: ModelConfig,
+    spec: StageSpec,
+    layout: ParamLayout,
+    params: B::Buf,
+    grads: B::Buf,
+    /// RoPE tables by sequence length (few distinct lengths occur).
+    rope: HashMap<usize, B::Buf>,
+    layers: Vec<LayerIdx>,
+    embed: Option<Range<usize>>,
+    decode_up: Option<Range<usize>>,
+    encode: Option<EncodeIdx>,
+    head: Option<HeadIdx>,
+    saved: HashMap<u64, Saved<B>>,
+    max_in_flight: usize,
+}
+
+/// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
+fn name_key(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Initial values of a stage's flat parameter vector. Each tensor draws from
+/// its own stream keyed by (seed, name), so a tensor starts identical however
+/// the model is split into stages.
+pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f32> {
+    let mut p = vec![0.0f32; layout.total()];
+    for e in &layout.entries {
+        let dst = &mut p[e.range()];
+        match e.init {
+            Init::Const(v) => dst.fill(v),
+            Init::Normal(std) => Rng::derived(seed, &[name_key(&e.name)]).fill_normal(dst, std),
+        }
+    }
+    p
+}
+
+impl<B: Backend> Stage<B> {
+    /// A freshly initialised stage.
+    pub fn new(be: Arc<B>, cfg: &ModelConfig, spec: StageSpec, seed: u64) -> Stage<B> {
+        let layout = ParamLayout::for_stage(cfg, &spec);
+        let host = init_params(&layout, seed);
+        Self::with_params(be, cfg, spec, &host).expect("init_params matches its layout")
+    }
+
+    /// A stage with given parameter values (flat, in layout order).
+    pub fn with_params(be: Arc<B>, cfg: &ModelConfig, spec: StageSpec, params: &[f32]) -> Result<Stage<B>, StageError> {
+        let layout = ParamLayout::for_stage(cfg, &spec);
+        if params.len() != layout.total() {
+            return Err(StageError::Shape { what: "stage parameters", expected: layout.total(), got: params.len() });
+        }
+        let has_lm_head = spec.has_lm_head();
+        let last_layer = spec.layers.end - 1;
+        let stage = Stage {
+            params: be.upload(params),
+            grads: be.zeros(layout.total()),
+            rope: HashMap::new(),
+            layers: spec.layers.clone().map(|l| LayerIdx::new(&layout, l)).collect(),
+            embed: spec.has_embedding().then(|| layout.range("model.embed_tokens.weight")),
+            decode_up: spec.decode_in.then(|| decode_up_range(&layout, spec.layers.start)),
+            encode: spec.encode_out.then(|| EncodeIdx::new(&layout, last_layer)),
+            head: has_lm_head.then(|| HeadIdx::new(&layout)),
+            saved: HashMap::new(),
+            max_in_flight: 64,
+            cfg: cfg.clone(),
+            spec,
+            layout,
+            be,
+        };
+        Ok(stage)
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    pub fn spec(&self) -> &StageSpec {
+        &self.spec
+    }
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+    pub fn backend(&self) -> &Arc<B> {
+        &self.be
+    }
+    pub fn params(&self) -> &B::Buf {
+        &self.params
+    }
+    pub fn params_mut(&mut self) -> &mut B::Buf {
+        &mut self.params
+    }
+    pub fn grads(&self) -> &B::Buf {
+        &self.grads
+    }
+    /// Parameters and gradients at once (what an optimizer step needs).
+    pub fn params_and_grads(&mut self) -> (&mut B::Buf, &B::Buf) {
+        (&mut self.params, &self.grads)
+    }
+    pub fn params_host(&self) -> Vec<f32> {
+        self.be.to_host(&self.params)
+    }
+    pub fn grads_host(&self) -> Vec<f32> {
+        self.be.to_host(&self.grads)
+    }
+    pub fn set_params(&mut self, host: &[f32]) -> Result<(), StageError> {
+        if host.len() != self.layout.total() {
+            return Err(StageError::Shape { what: "stage parameters", expected: self.layout.total(), got: host.len() });
+        }
+        self.params = self.be.upload(host);
+        Ok(())
+    }
+    pub fn zero_grads(&mut self) {
+        self.be.fill(self.be.all_mut(&mut self.grads), 0.0);
+    }
+    /// Micro-batches forwarded but not yet backwarded.
+    pub fn in_flight(&self) -> usize {
+        self.saved.len()
+    }
+    pub fn set_max_in_flight(&mut self, n: usize) {
+        self.max_in_flight = n.max(1);
+    }
+    /// Drops a micro-batch's saved activations (its backward will never come).
+    pub fn discard(&mut self, key: u64) -> bool {
+        self.saved.remove(&key).is_some()
+    }
+    /// Width of the tensors at this stage's input and output boundaries.
+    pub fn boundary_width(&self) -> usize {
+        self.spec.boundary_width
+    }
+
+    fn role_err(&self, what: &'static str) -> StageError {
+        StageError::Role { index: self.spec.index, role: self.spec.role(), what }
+    }
+
+    fn check_input(&self, input: &StageInput, batch: usize, seq: usize) -> Result<(), StageError> {
+        if seq == 0 || seq > self.cfg.max_seq {
+            return Err(StageError::SeqLen { seq, max: self.cfg.max_seq });
+        }
+        let n = batch * seq;
+        match (input, self.spec.has_embedding()) {
+            (StageInput::Tokens(t), true) => {
+                if t.len() != n {
+                    return Err(StageError::Shape { what: "tokens", expected: n, got: t.len() });
+                }
+                if let Some((pos, &token)) = t.iter().enumerate().find(|(_, t)| **t as usize >= self.cfg.vocab_real) {
+                    return Err(StageError::Token { token, pos, vocab: self.cfg.vocab_real });
+                }
+            }
+            (StageInput::Hidden(h), false) => {
+                let want = n * self.spec.boundary_width;
+                if h.len() != want {
+                    return Err(StageError::Shape { what: "boundary activations", expected: want, got: h.len() });
+                }
+                if h.iter().any(|v| !v.is_finite()) {
+                    return Err(StageError::NonFinite("boundary activations"));
+                }
+            }
+            (StageInput::Tokens(_), false) => return Err(self.role_err("take tokens (it has no embedding)")),
+            (StageInput::Hidden(_), true) => return Err(self.role_err("take activations (it starts with the embedding)")),
+        }
+        Ok(())
+    }
+
+    fn ensure_rope(&mut self, seq: usize) {
+        if !self.rope.contains_key(&seq) {
+            let t = self.be.upload(&rope_table(&self.cfg, seq));
+            self.rope.insert(seq, t);
+        }
+    }
+
+    /// Embedding or decoder, then the blocks.
+    fn run_forward(&mut self, input: StageInput, batch: usize, seq: usize) -> Saved<B> {
+        self.ensure_rope(seq);
+        let be = &*self.be;
+        let c = ctx!(self, batch, seq);
+        let (n, d) = (c.n(), self.cfg.d_model);
+        let mut tokens = None;
+        let mut z_in = None;
+        let mut h = match input {
+            StageInput::Tokens(t) => {
+                let mut h = be.zeros(n * d);
+                be.embedding(be.all_mut(&mut h), t, c.p(self.embed.as_ref().unwrap()), d);
+                tokens = Some(t.to_vec());
+                h
+            }
+            StageInput::Hidden(x) => match &self.decode_up {
+                Some(up) => {
+                    let z = be.upload(x);
+                    let h = decode_forward(&c, up, &z);
+                    z_in = Some(z);
+                    h
+                }
+                None => be.upload(x),
+            },
+        };
+        let mut blocks = Vec::with_capacity(self.layers.len());
+        for li in &self.layers {
+            let (acts, out) = block_forward(&c, li, h);
+            blocks.push(acts);
+            h = out;
+        }
+        Saved { batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
+    }
+
+    /// Blocks backward, then decoder / embedding backward. Returns the
+    /// gradient of the stage input for non-head stages.
+    fn run_backward(&mut self, s: Saved<B>, mut dres: B::Buf) -> Option<Vec<f32>> {
+        self.ensure_rope(s.seq);
+        let be = &*self.be;
+        let c = ctx!(self, s.batch, s.seq);
+        for (li, acts) in self.layers.iter().zip(&s.blocks).rev() {
+            block_backward(&c, li, acts, &mut dres, &mut self.grads);
+        }
+        if let Some(tokens) = &s.tokens {
+            be.embedding_bwd(be.view_mut(&mut self.grads, self.embed.clone().unwrap()), be.all(&dres), tokens, self.cfg.d_model);
+            return None;
+        }
+        let din = match (&self.decode_up, &s.z_in) {
+            (Some(up), Some(z)) => decode_backward(&c, up, z, &dres, &mut self.grads),
+            _ => dres,
+        };
+        Some(be.to_host(&din))
+    }
+
+    /// Forward of a head or body stage: returns the boundary output
+    /// `[batch * seq, boundary_width]` and keeps the activations under `key`.
+    pub fn forward(&mut self, key: u64, input: StageInput, batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
+        if self.spec.has_lm_head() {
+            return Err(self.role_err("run forward alone (use forward_backward)"));
+        }
+        self.check_input(&input, batch, seq)?;
+        if self.saved.contains_key(&key) {
+            return Err(StageError::Duplicate(key));
+        }
+        if self.saved.len() >= self.max_in_flight {
+            return Err(StageError::TooManyInFlight(self.saved.len()));
+        }
+        let mut s = self.run_forward(input, batch, seq);
+        let out = match &self.encode {
+            Some(idx) => {
+                let c = ctx!(self, batch, seq);
+                let (acts, z) = encode_forward(&c, idx, &s.h_out);
+                s.enc = Some(acts);
+                self.be.to_host(&z)
+            }
+            None => self.be.to_host(&s.h_out),
+        };
+        if out.iter().any(|v| !v.is_finite()) {
+            return Err(StageError::NonFinite("stage output (the model diverged)"));
+        }
+        self.saved.insert(key, s);
+        Ok(out)
+    }
+
+    /// Backward of a head or body stage for a micro-batch forwarded earlier.
+    /// Returns the gradient of its input (`None` for the head stage).
+    pub fn backward(&mut self, key: u64, dout: &[f32]) -> Result<Option<Vec<f32>>, StageError> {
+        let s = self.saved.get(&key).ok_or(StageError::Unknown(key))?;
+        let want = s.batch * s.seq * self.spec.boundary_width;
+        if dout.len() != want {
+            return Err(StageError::Shape { what: "output gradient", expected: want, got: dout.len() });
+        }
+        if dout.iter().any(|v| !v.is_finite()) {
+            return Err(StageError::NonFinite("output gradient"));
+        }
+        let s = self.saved.remove(&key).unwrap();
+        let dz = self.be.upload(dout);
+        let dres = match (&self.encode, &s.enc) {
+            (Some(idx), Some(acts)) => {
+                let c = ctx!(self, s.batch, s.seq);
+                encode_backward(&c, idx, acts, &s.h_out, &dz, &mut self.grads)
+            }
+            _ => dz,
+        };
+        Ok(self.run_backward(s, dres))
+    }
+
+    /// Tail (or whole-model) stage: forward, loss against `targets`, and
+    /// backward in one go. Gradients accumulate scaled by
+    /// `loss_scale / (batch * seq)` (mean over the micro-batch's tokens, times
+    /// e.g. 1/k when k micro-batches are accumulated).
+    pub fn forward_backward(
+        &mut self,
+        input: StageInput,
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        loss_scale: f32,
+    ) -> Result<TailOutput, StageError> {
+        let s = self.tail_forward(input, targets, batch, seq)?;
+        let n = batch * seq;
+        let c = ctx!(self, batch, seq);
+        let (losses, dh) =
+            head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, loss_scale / n as f32, Some(&mut self.grads));
+        let din = self.run_backward(s, dh.expect("gradients were requested"));
+        Ok(TailOutput { losses, din })
+    }
+
+    /// Tail (or whole-model) stage: per-token loss without touching gradients.
+    pub fn eval_loss(&mut self, input: StageInput, targets: &[u32], batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
+        let s = self.tail_forward(input, targets, batch, seq)?;
+        let c = ctx!(self, batch, seq);
+        Ok(head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, 0.0, None).0)
+    }
+
+    fn tail_forward(&mut self, input: StageInput, targets: &[u32], batch: usize, seq: usize) -> Result<Saved<B>, StageError> {
+        if !self.spec.has_lm_head() {
+            return Err(self.role_err("compute a loss (it has no LM head)"));
+        }
+        self.check_input(&input, batch, seq)?;
+        if targets.len() != batch * seq {
+            return Err(StageError::Shape { what: "targets", expected: batch * seq, got: targets.len() });
+        }
+        if let Some((pos, &token)) = targets.iter().enumerate().find(|(_, t)| **t as usize >= self.cfg.vocab_real) {
+            return Err(StageError::Token { token, pos, vocab: self.cfg.vocab_real });
+        }
+        Ok(self.run_forward(input, batch, seq))
+    }
+}
