@@ -20,3 +20,7 @@ pub use backend::{AdamStep, AttnDims, Backend};
 pub use cpu::CpuBackend;
 pub use stage::{Stage, StageError, StageInput, TailOutput};
 pub use tensor::Tensor;
+pub mod checkpoint;
+pub mod data;
+pub mod optim;
+pub mod train;

@@ -1,0 +1,162 @@
+//! Checkpoints in safetensors, written so that a crash never leaves a
+//! half-written checkpoint behind.
+//!
+//! A run directory holds `ckpt-<step>/` folders (each: `model.safetensors`,
+//! `optimizer.safetensors`, `state.json`) and a `LATEST` file naming the
+//! newest complete one. A checkpoint is written into a temporary folder,
+//! renamed into place, and only then does `LATEST` (itself replaced by an
+//! atomic rename) point at it.
+//!
+//! `model.safetensors` holds only weights, under Hugging Face Llama names
+//! with global layer indices, so other tools can read it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+/// A named f32 tensor to write.
+pub struct NamedTensor<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: &'a [f32],
+}
+
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    #[cfg(not(target_endian = "little"))]
+    compile_error!("safetensors stores little-endian data; big-endian hosts need a byte swap here");
+    // SAFETY: any f32 bit pattern is valid as bytes; the length covers exactly the slice.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+}
+
+pub fn write_safetensors(path: &Path, tensors: &[NamedTensor], metadata: BTreeMap<String, String>) -> Result<()> {
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|t| {
+            let v = TensorView::new(Dtype::F32, t.shape.clone(), f32_bytes(t.data))
+                .with_context(|| format!("tensor {} does not match its shape {:?}", t.name, t.shape))?;
+            Ok((t.name.clone(), v))
+        })
+        .collect::<Result<_>>()?;
+    let meta: HashMap<String, String> = metadata.into_iter().collect();
+    safetensors::serialize_to_file(views, Some(meta), path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// All tensors of a safetensors file (f32 only) and its metadata.
+pub struct LoadedTensors {
+    pub tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl LoadedTensors {
+    /// Copies tensor `name` into `dst`, checking its shape.
+    pub fn copy_into(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
+        let (s, data) = self.tensors.get(name).with_context(|| format!("checkpoint has no tensor {name}"))?;
+        if s != shape {
+            bail!("tensor {name} has shape {s:?} in the checkpoint, the model expects {shape:?}");
+        }
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+}
+
+pub fn read_safetensors(path: &Path) -> Result<LoadedTensors> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let mut tensors = HashMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            bail!("{}: tensor {name} is {:?}; only F32 is supported", path.display(), view.dtype());
+        }
+        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        tensors.insert(name, (view.shape().to_vec(), data));
+    }
+    let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
+    Ok(LoadedTensors { tensors, metadata })
+}
+
+/// Publishes a fully written checkpoint folder `tmp` as `ckpt-<step>` in
+/// `run_dir`, points `LATEST` at it, and keeps only the newest `keep`.
+pub fn publish(run_dir: &Path, tmp: &Path, step: u64, keep: usize) -> Result<PathBuf> {
+    let name = format!("ckpt-{step:08}");
+    let dst = run_dir.join(&name);
+    if dst.exists() {
+        std::fs::remove_dir_all(&dst).with_context(|| format!("replacing {}", dst.display()))?;
+    }
+    std::fs::rename(tmp, &dst).with_context(|| format!("moving checkpoint into {}", dst.display()))?;
+    let latest_tmp = run_dir.join("LATEST.tmp");
+    std::fs::write(&latest_tmp, format!("{name}\n")).context("writing LATEST")?;
+    std::fs::rename(&latest_tmp, run_dir.join("LATEST")).context("updating LATEST")?;
+    let mut old: Vec<PathBuf> = std::fs::read_dir(run_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp")))
+        .collect();
+    old.sort();
+    let drop = old.len().saturating_sub(keep.max(1));
+    for p in old.into_iter().take(drop) {
+        let _ = std::fs::remove_dir_all(p);
+    }
+    Ok(dst)
+}
+
+/// Resolves `--resume PATH`: a checkpoint folder itself, or a run directory
+/// whose `LATEST` names one.
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    if path.join("model.safetensors").exists() {
+        return Ok(path.to_path_buf());
+    }
+    let latest = path.join("LATEST");
+    let name = std::fs::read_to_string(&latest)
+        .with_context(|| format!("{} is neither a checkpoint nor a run directory with a LATEST file", path.display()))?;
+    let dir = path.join(name.trim());
+    if !dir.join("model.safetensors").exists() {
+        bail!("{} points at {}, which holds no model.safetensors", latest.display(), dir.display());
+    }
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safetensors_round_trip_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.safetensors");
+        let a = vec![1.0f32, -2.5, 3.25, 0.0, 7.0, f32::MIN_POSITIVE];
+        let b = vec![0.5f32; 4];
+        let tensors = vec![
+            NamedTensor { name: "x.weight".into(), shape: vec![2, 3], data: &a },
+            NamedTensor { name: "y".into(), shape: vec![4], data: &b },
+        ];
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        write_safetensors(&p, &tensors, meta).unwrap();
+        let l = read_safetensors(&p).unwrap();
+        assert_eq!(l.metadata["format"], "pt");
+        let mut out = vec![0.0; 6];
+        l.copy_into("x.weight", &[2, 3], &mut out).unwrap();
+        assert_eq!(out, a);
+        assert!(l.copy_into("x.weight", &[3, 2], &mut out).is_err());
+        assert!(l.copy_into("z", &[1], &mut out[..1]).is_err());
+        std::fs::write(&p, b"garbage").unwrap();
+        assert!(read_safetensors(&p).is_err());
+    }
+
+    #[test]
+    fn publish_keeps_latest_and_prunes() {
+        let dir = tempfile::tempdir().unwrap();
+        for step in [10u64, 20, 30] {
+            let tmp = dir.path().join("ckpt.tmp");
+            std::fs::create_dir_all(&tmp).unwrap();
+            std::fs::write(tmp.join("model.safetensors"), step.to_string()).unwrap();
+            publish(dir.path(), &tmp, step, 2).unwrap();
+        }
+        let got = resolve(dir.path()).unwrap();
+        assert!(got.ends_with("ckpt-00000030"));
+        assert!(!dir.path().join("ckpt-00000010").exists());
+        assert!(dir.path().join("ckpt-00000020").exists());
+        assert!(resolve(&dir.path().join("missing")).is_err());
+    }
+}

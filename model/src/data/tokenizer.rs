@@ -1,0 +1,136 @@
+//! Tokenizers: GPT-2 BPE (r50k ranks embedded in `tiktoken-rs`, so it works
+//! offline) and a byte-level one for tests.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TokenizerKind {
+    Gpt2,
+    Byte,
+}
+
+impl TokenizerKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "gpt2" | "r50k" => Some(TokenizerKind::Gpt2),
+            "byte" | "bytes" => Some(TokenizerKind::Byte),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenizerKind::Gpt2 => "gpt2",
+            TokenizerKind::Byte => "byte",
+        }
+    }
+    /// Tokens it can emit.
+    pub fn vocab_real(self) -> usize {
+        match self {
+            TokenizerKind::Gpt2 => iota_core::config::GPT2_VOCAB,
+            TokenizerKind::Byte => 256,
+        }
+    }
+    /// Embedding rows to allocate (padded to a multiple of 64).
+    pub fn vocab_padded(self) -> usize {
+        self.vocab_real().div_ceil(64) * 64
+    }
+    pub fn build(self) -> anyhow::Result<Tokenizer> {
+        Ok(match self {
+            TokenizerKind::Byte => Tokenizer::Byte,
+            TokenizerKind::Gpt2 => Tokenizer::Gpt2(Arc::new(tiktoken_rs::r50k_base()?)),
+        })
+    }
+}
+
+#[derive(Clone)]
+pub enum Tokenizer {
+    Gpt2(Arc<tiktoken_rs::CoreBPE>),
+    Byte,
+}
+
+/// Bytes per parallel tokenisation chunk.
+const CHUNK: usize = 64 << 10;
+
+impl Tokenizer {
+    pub fn kind(&self) -> TokenizerKind {
+        match self {
+            Tokenizer::Gpt2(_) => TokenizerKind::Gpt2,
+            Tokenizer::Byte => TokenizerKind::Byte,
+        }
+    }
+
+    /// The end-of-text token that separates documents, if the vocabulary has one.
+    pub fn eot(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Gpt2(_) => Some(50256),
+            Tokenizer::Byte => None,
+        }
+    }
+
+    /// Encodes text. Large texts are cut at newlines followed by a
+    /// non-space character and encoded in parallel: GPT-2's pre-tokeniser
+    /// never merges across such a point, so the result equals the serial one.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match self {
+            Tokenizer::Byte => text.bytes().map(u32::from).collect(),
+            Tokenizer::Gpt2(bpe) => split_points(text)
+                .par_iter()
+                .map(|piece| bpe.encode_ordinary(piece))
+                .collect::<Vec<_>>()
+                .concat(),
+        }
+    }
+
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        match self {
+            Tokenizer::Byte => String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned(),
+            Tokenizer::Gpt2(bpe) => bpe.decode(tokens).unwrap_or_else(|_| String::from("<undecodable>")),
+        }
+    }
+}
+
+fn split_points(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let b = text.as_bytes();
+    while text.len() - start > CHUNK {
+        let mut cut = start + CHUNK;
+        while cut < b.len() && !(b[cut - 1] == b'\n' && !b[cut].is_ascii_whitespace() && text.is_char_boundary(cut)) {
+            cut += 1;
+        }
+        pieces.push(&text[start..cut]);
+        start = cut;
+    }
+    pieces.push(&text[start..]);
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_parallel_encoding_equals_serial_and_round_trips() {
+        let tok = TokenizerKind::Gpt2.build().unwrap();
+        let Tokenizer::Gpt2(bpe) = &tok else { unreachable!() };
+        let mut text = String::new();
+        for i in 0..6000 {
+            text.push_str(&format!("In the beginning {i} God created\n\n  the heaven's and earth.\nAnd  it was good\n"));
+        }
+        assert!(text.len() > 3 * CHUNK);
+        let par = tok.encode(&text);
+        assert_eq!(par, bpe.encode_ordinary(&text));
+        assert_eq!(tok.decode(&par), text);
+        assert_eq!(tok.encode("hello world"), vec![31373, 995]);
+    }
+
+    #[test]
+    fn byte_tokenizer_round_trips() {
+        let t = Tokenizer::Byte;
+        assert_eq!(t.decode(&t.encode("abc\n")), "abc\n");
+        assert_eq!(TokenizerKind::Byte.vocab_padded(), 256);
+        assert_eq!(TokenizerKind::Gpt2.vocab_padded(), 50304);
+    }
+}

@@ -1,0 +1,285 @@
+//! The single-process trainer: S pipeline stages in one process, with every
+//! boundary tensor passed through the wire codec exactly as a distributed run
+//! would send it (so it trains with the same quantisation error).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use iota_core::{MicroBatchId, ModelConfig, SampleId, StageSpec, WireCodec};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::checkpoint::{self, NamedTensor};
+use crate::codec;
+use crate::data::{Corpus, TokenizerKind};
+use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+use crate::stage::{Stage, StageInput};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub tokenizer: TokenizerKind,
+    pub stages: usize,
+    pub batch: usize,
+    pub seq: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub schedule: LrSchedule,
+    pub adamw: AdamWConfig,
+    /// Codec of boundary tensors (both directions).
+    pub codec: WireCodec,
+    pub seed: u64,
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
+            bail!("--batch, --seq and --grad-accum must be positive");
+        }
+        if self.seq > self.model.max_seq {
+            bail!("--seq {} exceeds the model's max_seq {}", self.seq, self.model.max_seq);
+        }
+        if self.stages == 0 || self.stages > self.model.n_layers {
+            bail!("--stages {} must be between 1 and the model's {} layers", self.stages, self.model.n_layers);
+        }
+        if self.tokenizer.vocab_real() > self.model.vocab_real {
+            bail!("tokenizer {} emits {} ids but the model has {}", self.tokenizer.name(), self.tokenizer.vocab_real(), self.model.vocab_real);
+        }
+        if !(self.schedule.peak > 0.0 && self.schedule.peak.is_finite()) {
+            bail!("--lr must be a positive number");
+        }
+        Ok(())
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch * self.seq * self.grad_accum
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    pub step: u64,
+    pub loss: f32,
+    pub lr: f32,
+    /// Per stage.
+    pub grad_norms: Vec<f32>,
+    /// Stages whose gradient was non-finite (their update was skipped).
+    pub skipped: Vec<usize>,
+    pub tokens: usize,
+    /// Bytes that crossed stage boundaries (activations + gradients).
+    pub wire_bytes: usize,
+}
+
+pub struct Pipeline<B: Backend> {
+    pub cfg: TrainConfig,
+    stages: Vec<Stage<B>>,
+    optim: Vec<AdamW<B>>,
+    step: u64,
+}
+
+impl<B: Backend> Pipeline<B> {
+    pub fn new(be: Arc<B>, cfg: TrainConfig) -> Result<Self> {
+        cfg.validate()?;
+        let specs = StageSpec::split(&cfg.model, cfg.stages)?;
+        let stages: Vec<Stage<B>> = specs.into_iter().map(|s| Stage::new(be.clone(), &cfg.model, s, cfg.seed)).collect();
+        let optim = stages.iter().map(|s| AdamW::new(&*be, s.layout().total())).collect();
+        Ok(Pipeline { cfg, stages, optim, step: 0 })
+    }
+
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+    pub fn stages(&self) -> &[Stage<B>] {
+        &self.stages
+    }
+    pub fn stages_mut(&mut self) -> &mut [Stage<B>] {
+        &mut self.stages
+    }
+    pub fn param_count(&self) -> usize {
+        self.stages.iter().map(|s| s.layout().total()).sum()
+    }
+
+    /// Runs one micro-batch through all stages, forward then backward,
+    /// accumulating gradients scaled by `loss_scale`. Returns per-token losses
+    /// and the boundary bytes.
+    pub fn accumulate(&mut self, tokens: &[u32], targets: &[u32], key: u64, loss_scale: f32) -> Result<(Vec<f32>, usize)> {
+        let (batch, seq) = (tokens.len() / self.cfg.seq, self.cfg.seq);
+        let codec = self.cfg.codec;
+        let n = batch * seq;
+        let last = self.stages.len() - 1;
+        let mut wire = 0usize;
+        let mut hidden: Vec<f32> = Vec::new();
+        for s in 0..last {
+            let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+            let mut out = self.stages[s].forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
+            let width = self.stages[s].boundary_width();
+            wire += codec::round_trip(codec, n, width, &mut out).with_context(|| format!("stage {s} output"))?;
+            hidden = out;
+        }
+        let input = if last == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+        let tail = self.stages[last]
+            .forward_backward(input, targets, batch, seq, loss_scale)
+            .context("tail stage forward/backward")?;
+        let mut grad = tail.din;
+        for s in (0..last).rev() {
+            let mut g = grad.take().expect("non-head stages return an input gradient");
+            let width = self.stages[s].boundary_width();
+            wire += codec::round_trip(codec, n, width, &mut g).with_context(|| format!("gradient into stage {s}"))?;
+            grad = self.stages[s].backward(key, &g).with_context(|| format!("stage {s} backward"))?;
+        }
+        Ok((tail.losses, wire))
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches.
+    pub fn train_step(&mut self, corpus: &Corpus) -> Result<StepReport> {
+        let k = self.cfg.grad_accum;
+        for s in &mut self.stages {
+            s.zero_grads();
+        }
+        let mut loss_sum = 0.0f64;
+        let mut count = 0usize;
+        let mut wire = 0usize;
+        for j in 0..k {
+            let g = self.step * k as u64 + j as u64;
+            let shards = corpus.num_shards() as u64;
+            let mb = MicroBatchId {
+                first: SampleId { epoch: 0, shard: (g % shards) as u32, index: (g / shards) * self.cfg.batch as u64 },
+                len: self.cfg.batch as u32,
+            };
+            let (x, y) = corpus.micro_batch(self.cfg.seed, mb, self.cfg.seq);
+            let (losses, bytes) = self.accumulate(&x, &y, mb.key(), 1.0 / k as f32)?;
+            loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+            count += losses.len();
+            wire += bytes;
+        }
+        let lr = self.cfg.schedule.at(self.step);
+        let mut grad_norms = Vec::with_capacity(self.stages.len());
+        let mut skipped = Vec::new();
+        for (i, (stage, opt)) in self.stages.iter_mut().zip(&mut self.optim).enumerate() {
+            let st = opt.step(stage, &self.cfg.adamw, lr);
+            grad_norms.push(st.grad_norm);
+            if !st.applied {
+                skipped.push(i);
+            }
+        }
+        let report = StepReport {
+            step: self.step,
+            loss: (loss_sum / count as f64) as f32,
+            lr,
+            grad_norms,
+            skipped,
+            tokens: count,
+            wire_bytes: wire,
+        };
+        self.step += 1;
+        Ok(report)
+    }
+
+    /// Mean loss over `batches` validation batches (no gradients).
+    pub fn eval(&mut self, corpus: &Corpus, batches: u64) -> Result<f32> {
+        let codec = self.cfg.codec;
+        let (batch, seq) = (self.cfg.batch, self.cfg.seq);
+        let n = batch * seq;
+        let mut sum = 0.0f64;
+        let mut count = 0usize;
+        let last = self.stages.len() - 1;
+        for i in 0..batches {
+            let (x, y) = corpus.val_batch(self.cfg.seed, i, batch, seq);
+            let key = u64::MAX - i;
+            let mut hidden = Vec::new();
+            for s in 0..last {
+                let input = if s == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
+                let mut out = self.stages[s].forward(key, input, batch, seq)?;
+                self.stages[s].discard(key);
+                codec::round_trip(codec, n, self.stages[s].boundary_width(), &mut out)?;
+                hidden = out;
+            }
+            let input = if last == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
+            let l = self.stages[last].eval_loss(input, &y, batch, seq)?;
+            sum += l.iter().map(|&v| v as f64).sum::<f64>();
+            count += l.len();
+        }
+        Ok((sum / count.max(1) as f64) as f32)
+    }
+
+    /// Writes a checkpoint into `run_dir` (see `checkpoint`); returns its folder.
+    pub fn save(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
+        std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+        let tmp = run_dir.join(format!("ckpt-{:08}.tmp", self.step));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp)?;
+        let host: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = self
+            .stages
+            .iter()
+            .zip(&self.optim)
+            .map(|(s, o)| {
+                let be = s.backend();
+                (s.params_host(), be.to_host(&o.m), be.to_host(&o.v))
+            })
+            .collect();
+        let mut weights = Vec::new();
+        let mut moments = Vec::new();
+        for (s, (p, m, v)) in self.stages.iter().zip(&host) {
+            for e in &s.layout().entries {
+                weights.push(NamedTensor { name: e.name.clone(), shape: e.shape.clone(), data: &p[e.range()] });
+                moments.push(NamedTensor { name: format!("exp_avg.{}", e.name), shape: e.shape.clone(), data: &m[e.range()] });
+                moments.push(NamedTensor { name: format!("exp_avg_sq.{}", e.name), shape: e.shape.clone(), data: &v[e.range()] });
+            }
+        }
+        let config_json = serde_json::to_string(&self.cfg.model)?;
+        let meta = BTreeMap::from([
+            ("format".to_string(), "pt".to_string()),
+            ("iota.model_config".to_string(), config_json),
+            ("iota.step".to_string(), self.step.to_string()),
+        ]);
+        checkpoint::write_safetensors(&tmp.join("model.safetensors"), &weights, meta)?;
+        checkpoint::write_safetensors(&tmp.join("optimizer.safetensors"), &moments, BTreeMap::new())?;
+        let state = TrainState { config: self.cfg.clone(), step: self.step, adam_t: self.optim.iter().map(|o| o.t).collect() };
+        std::fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(&state)?)?;
+        checkpoint::publish(run_dir, &tmp, self.step, keep)
+    }
+
+    /// Restores a pipeline from a checkpoint folder or run directory.
+    pub fn load(be: Arc<B>, path: &Path) -> Result<Self> {
+        let dir = checkpoint::resolve(path)?;
+        let state: TrainState = serde_json::from_slice(&std::fs::read(dir.join("state.json")).context("reading state.json")?)
+            .context("state.json is not a valid trainer state")?;
+        let mut p = Pipeline::new(be, state.config.clone())?;
+        if state.adam_t.len() != p.stages.len() {
+            bail!("state.json lists {} optimizer counters for {} stages", state.adam_t.len(), p.stages.len());
+        }
+        let weights = checkpoint::read_safetensors(&dir.join("model.safetensors"))?;
+        let moments = checkpoint::read_safetensors(&dir.join("optimizer.safetensors"))?;
+        for ((stage, opt), t) in p.stages.iter_mut().zip(&mut p.optim).zip(&state.adam_t) {
+            let layout = stage.layout().clone();
+            let n = layout.total();
+            let (mut w, mut m, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            for e in &layout.entries {
+                weights.copy_into(&e.name, &e.shape, &mut w[e.range()])?;
+                moments.copy_into(&format!("exp_avg.{}", e.name), &e.shape, &mut m[e.range()])?;
+                moments.copy_into(&format!("exp_avg_sq.{}", e.name), &e.shape, &mut v[e.range()])?;
+            }
+            stage.set_params(&w)?;
+            let be = stage.backend().clone();
+            opt.m = be.upload(&m);
+            opt.v = be.upload(&v);
+            opt.t = *t;
+        }
+        p.step = state.step;
+        Ok(p)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct TrainState {
+    config: TrainConfig,
+    step: u64,
+    adam_t: Vec<u64>,
+}
