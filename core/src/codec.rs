@@ -21,7 +21,12 @@ pub enum WireCodec {
 }
 
 impl WireCodec {
-    pub const ALL: [WireCodec; 4] = [WireCodec::F32, WireCodec::Bf16, WireCodec::Int8Row, WireCodec::Int4Row];
+    pub const ALL: [WireCodec; 4] = [
+        WireCodec::F32,
+        WireCodec::Bf16,
+        WireCodec::Int8Row,
+        WireCodec::Int4Row,
+    ];
 
     pub fn id(self) -> u8 {
         match self {

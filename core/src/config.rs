@@ -99,12 +99,51 @@ impl ModelConfig {
             // ~22M parameters, most of them the GPT-2 embedding and LM head.
             "small" => mk("small", gpt2, 192, 6, 6, 2, 512, 256, 16, 10_000.0, None),
             "125m" => mk("125m", gpt2, 768, 8, 12, 4, 2048, 1024, 16, 10_000.0, None),
-            "1b" => mk("1b", gpt2, 2048, 16, 16, 8, 5632, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
+            "1b" => mk(
+                "1b",
+                gpt2,
+                2048,
+                16,
+                16,
+                8,
+                5632,
+                2048,
+                32,
+                500_000.0,
+                Some(LLAMA3_ROPE),
+            ),
             // IOTA's run: d=2048, 16 layers, 32 heads, 8 KV groups, ffn 8192, bottleneck 32.
-            "1.5b" => mk("1.5b", llama3, 2048, 16, 32, 8, 8192, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
-            "15b" => mk("15b", llama3, 5120, 50, 40, 8, 13824, 4096, 80, 500_000.0, Some(LLAMA3_ROPE)),
+            "1.5b" => mk(
+                "1.5b",
+                llama3,
+                2048,
+                16,
+                32,
+                8,
+                8192,
+                2048,
+                32,
+                500_000.0,
+                Some(LLAMA3_ROPE),
+            ),
+            "15b" => mk(
+                "15b",
+                llama3,
+                5120,
+                50,
+                40,
+                8,
+                13824,
+                4096,
+                80,
+                500_000.0,
+                Some(LLAMA3_ROPE),
+            ),
             other => {
-                return Err(ConfigError::UnknownPreset(other.to_string(), PRESETS.join(", ")));
+                return Err(ConfigError::UnknownPreset(
+                    other.to_string(),
+                    PRESETS.join(", "),
+                ));
             }
         };
         c.validate()?;
@@ -135,19 +174,34 @@ impl ModelConfig {
             return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
         }
         if self.d_model % self.n_heads != 0 {
-            return bad(format!("d_model {} not divisible by n_heads {}", self.d_model, self.n_heads));
+            return bad(format!(
+                "d_model {} not divisible by n_heads {}",
+                self.d_model, self.n_heads
+            ));
         }
         if self.head_dim() % 2 != 0 {
-            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
+            return bad(format!(
+                "head_dim {} must be even for RoPE",
+                self.head_dim()
+            ));
         }
         if self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("n_heads {} not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
+            return bad(format!(
+                "n_heads {} not a multiple of n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
         }
         if self.vocab_real == 0 || self.vocab_real > self.vocab_size {
-            return bad(format!("vocab_real {} must be in 1..={}", self.vocab_real, self.vocab_size));
+            return bad(format!(
+                "vocab_real {} must be in 1..={}",
+                self.vocab_real, self.vocab_size
+            ));
         }
         if self.bottleneck > self.d_model {
-            return bad(format!("bottleneck {} exceeds d_model {}", self.bottleneck, self.d_model));
+            return bad(format!(
+                "bottleneck {} exceeds d_model {}",
+                self.bottleneck, self.d_model
+            ));
         }
         if self.ffn_hidden == 0 || self.max_seq == 0 {
             return bad("ffn_hidden and max_seq must be positive".into());
@@ -214,7 +268,10 @@ mod tests {
             let c = ModelConfig::preset(p).unwrap();
             assert_eq!(&c.name, p);
         }
-        assert!(matches!(ModelConfig::preset("7b"), Err(ConfigError::UnknownPreset(..))));
+        assert!(matches!(
+            ModelConfig::preset("7b"),
+            Err(ConfigError::UnknownPreset(..))
+        ));
     }
 
     #[test]

@@ -16,7 +16,9 @@ pub enum ConfigError {
 /// Errors from decoding data that may come from outside the process.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CoreError {
-    #[error("payload length {got} does not match the {expected} bytes that {rows}x{cols} {codec} needs")]
+    #[error(
+        "payload length {got} does not match the {expected} bytes that {rows}x{cols} {codec} needs"
+    )]
     PayloadLength {
         codec: &'static str,
         rows: usize,

@@ -109,20 +109,62 @@ pub trait Backend: Send + Sync {
     /// Sum of squares, accumulated in f64 in a fixed order.
     fn sum_squares(&self, x: Self::Ref<'_>) -> f64;
     /// dst[:, :b] (+)= src, with dst `[n, d]` and src `[n, b]`.
-    fn scatter_cols(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>, n: usize, d: usize, b: usize, acc: bool);
+    fn scatter_cols(
+        &self,
+        dst: Self::Mut<'_>,
+        src: Self::Ref<'_>,
+        n: usize,
+        d: usize,
+        b: usize,
+        acc: bool,
+    );
     /// dst (+)= src[:, :b], with dst `[n, b]` and src `[n, d]`.
-    fn gather_cols(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>, n: usize, d: usize, b: usize, acc: bool);
+    fn gather_cols(
+        &self,
+        dst: Self::Mut<'_>,
+        src: Self::Ref<'_>,
+        n: usize,
+        d: usize,
+        b: usize,
+        acc: bool,
+    );
 
     // ---- linear ----
     /// out[n, oc] (+)= inp[n, c] @ w[oc, c]^T
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, out: Self::Mut<'_>, inp: Self::Ref<'_>, w: Self::Ref<'_>, n: usize, c: usize, oc: usize, acc: bool);
+    fn matmul(
+        &self,
+        out: Self::Mut<'_>,
+        inp: Self::Ref<'_>,
+        w: Self::Ref<'_>,
+        n: usize,
+        c: usize,
+        oc: usize,
+        acc: bool,
+    );
     /// dinp[n, c] (+)= dout[n, oc] @ w[oc, c]
     #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd_input(&self, dinp: Self::Mut<'_>, dout: Self::Ref<'_>, w: Self::Ref<'_>, n: usize, c: usize, oc: usize, acc: bool);
+    fn matmul_bwd_input(
+        &self,
+        dinp: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        w: Self::Ref<'_>,
+        n: usize,
+        c: usize,
+        oc: usize,
+        acc: bool,
+    );
     /// dw[oc, c] += dout[n, oc]^T @ inp[n, c]
     #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd_weight(&self, dw: Self::Mut<'_>, dout: Self::Ref<'_>, inp: Self::Ref<'_>, n: usize, c: usize, oc: usize);
+    fn matmul_bwd_weight(
+        &self,
+        dw: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        inp: Self::Ref<'_>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    );
 
     // ---- embedding ----
     /// out[i, :] = wte[tokens[i], :]
@@ -133,7 +175,16 @@ pub trait Backend: Send + Sync {
     // ---- normalisation ----
     /// out = x / rms(x) * w per row; saves 1/rms in `rstd[n]`.
     #[allow(clippy::too_many_arguments)]
-    fn rmsnorm(&self, out: Self::Mut<'_>, rstd: Self::Mut<'_>, x: Self::Ref<'_>, w: Self::Ref<'_>, n: usize, d: usize, eps: f32);
+    fn rmsnorm(
+        &self,
+        out: Self::Mut<'_>,
+        rstd: Self::Mut<'_>,
+        x: Self::Ref<'_>,
+        w: Self::Ref<'_>,
+        n: usize,
+        d: usize,
+        eps: f32,
+    );
     /// dx += d(out)/dx . dout; dw += d(out)/dw . dout
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_bwd(
@@ -154,25 +205,70 @@ pub trait Backend: Send + Sync {
     /// then `[seq, hd/2]` sin; row r is at position r % seq). `inverse`
     /// rotates the other way, which is exactly RoPE's backward.
     #[allow(clippy::too_many_arguments)]
-    fn rope(&self, x: Self::Mut<'_>, table: Self::Ref<'_>, rows: usize, seq: usize, row_stride: usize, heads: usize, head_dim: usize, inverse: bool);
+    fn rope(
+        &self,
+        x: Self::Mut<'_>,
+        table: Self::Ref<'_>,
+        rows: usize,
+        seq: usize,
+        row_stride: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    );
     /// Causal softmax attention over a fused `[n, q|k|v]` buffer with grouped
     /// KV heads. Writes `out [n, q_dim]` and saves `probs`.
-    fn attention(&self, out: Self::Mut<'_>, probs: Self::Mut<'_>, qkv: Self::Ref<'_>, dims: AttnDims);
+    fn attention(
+        &self,
+        out: Self::Mut<'_>,
+        probs: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        dims: AttnDims,
+    );
     /// Writes (not accumulates) `dqkv [n, qkv_dim]`.
-    fn attention_bwd(&self, dqkv: Self::Mut<'_>, dout: Self::Ref<'_>, qkv: Self::Ref<'_>, probs: Self::Ref<'_>, dims: AttnDims);
+    fn attention_bwd(
+        &self,
+        dqkv: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        qkv: Self::Ref<'_>,
+        probs: Self::Ref<'_>,
+        dims: AttnDims,
+    );
 
     // ---- MLP ----
     /// out[n, f] = silu(gu[:, :f]) * gu[:, f:]
     fn swiglu(&self, out: Self::Mut<'_>, gu: Self::Ref<'_>, n: usize, f: usize);
     /// Writes dgu [n, 2f].
-    fn swiglu_bwd(&self, dgu: Self::Mut<'_>, dout: Self::Ref<'_>, gu: Self::Ref<'_>, n: usize, f: usize);
+    fn swiglu_bwd(
+        &self,
+        dgu: Self::Mut<'_>,
+        dout: Self::Ref<'_>,
+        gu: Self::Ref<'_>,
+        n: usize,
+        f: usize,
+    );
 
     // ---- loss ----
     /// Fused softmax + cross-entropy. `logits [n, vocab]` is overwritten with
     /// `dscale * (softmax - onehot)`; columns >= `vocab_real` are padding and
     /// get gradient 0. Returns the per-row loss (natural log).
-    fn cross_entropy(&self, logits: Self::Mut<'_>, targets: &[u32], n: usize, vocab: usize, vocab_real: usize, dscale: f32) -> Vec<f32>;
+    fn cross_entropy(
+        &self,
+        logits: Self::Mut<'_>,
+        targets: &[u32],
+        n: usize,
+        vocab: usize,
+        vocab_real: usize,
+        dscale: f32,
+    ) -> Vec<f32>;
 
     // ---- optimizer ----
-    fn adamw(&self, p: Self::Mut<'_>, g: Self::Ref<'_>, m: Self::Mut<'_>, v: Self::Mut<'_>, step: AdamStep);
+    fn adamw(
+        &self,
+        p: Self::Mut<'_>,
+        g: Self::Ref<'_>,
+        m: Self::Mut<'_>,
+        v: Self::Mut<'_>,
+        step: AdamStep,
+    );
 }

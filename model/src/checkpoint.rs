@@ -30,17 +30,23 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }
 
-pub fn write_safetensors(path: &Path, tensors: &[NamedTensor], metadata: BTreeMap<String, String>) -> Result<()> {
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[NamedTensor],
+    metadata: BTreeMap<String, String>,
+) -> Result<()> {
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .map(|t| {
-            let v = TensorView::new(Dtype::F32, t.shape.clone(), f32_bytes(t.data))
-                .with_context(|| format!("tensor {} does not match its shape {:?}", t.name, t.shape))?;
+            let v = TensorView::new(Dtype::F32, t.shape.clone(), f32_bytes(t.data)).with_context(
+                || format!("tensor {} does not match its shape {:?}", t.name, t.shape),
+            )?;
             Ok((t.name.clone(), v))
         })
         .collect::<Result<_>>()?;
     let meta: HashMap<String, String> = metadata.into_iter().collect();
-    safetensors::serialize_to_file(views, Some(meta), path).with_context(|| format!("writing {}", path.display()))
+    safetensors::serialize_to_file(views, Some(meta), path)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// All tensors of a safetensors file (f32 only) and its metadata.
@@ -52,7 +58,10 @@ pub struct LoadedTensors {
 impl LoadedTensors {
     /// Copies tensor `name` into `dst`, checking its shape.
     pub fn copy_into(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
-        let (s, data) = self.tensors.get(name).with_context(|| format!("checkpoint has no tensor {name}"))?;
+        let (s, data) = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("checkpoint has no tensor {name}"))?;
         if s != shape {
             bail!("tensor {name} has shape {s:?} in the checkpoint, the model expects {shape:?}");
         }
@@ -63,17 +72,32 @@ impl LoadedTensors {
 
 pub fn read_safetensors(path: &Path) -> Result<LoadedTensors> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != Dtype::F32 {
-            bail!("{}: tensor {name} is {:?}; only F32 is supported", path.display(), view.dtype());
+            bail!(
+                "{}: tensor {name} is {:?}; only F32 is supported",
+                path.display(),
+                view.dtype()
+            );
         }
-        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let data = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         tensors.insert(name, (view.shape().to_vec(), data));
     }
-    let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
+    let metadata = meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     Ok(LoadedTensors { tensors, metadata })
 }
 
@@ -85,13 +109,18 @@ pub fn publish(run_dir: &Path, tmp: &Path, step: u64, keep: usize) -> Result<Pat
     if dst.exists() {
         std::fs::remove_dir_all(&dst).with_context(|| format!("replacing {}", dst.display()))?;
     }
-    std::fs::rename(tmp, &dst).with_context(|| format!("moving checkpoint into {}", dst.display()))?;
+    std::fs::rename(tmp, &dst)
+        .with_context(|| format!("moving checkpoint into {}", dst.display()))?;
     let latest_tmp = run_dir.join("LATEST.tmp");
     std::fs::write(&latest_tmp, format!("{name}\n")).context("writing LATEST")?;
     std::fs::rename(&latest_tmp, run_dir.join("LATEST")).context("updating LATEST")?;
     let mut old: Vec<PathBuf> = std::fs::read_dir(run_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
+        })
         .collect();
     old.sort();
     let drop = old.len().saturating_sub(keep.max(1));
@@ -108,11 +137,19 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     let latest = path.join("LATEST");
-    let name = std::fs::read_to_string(&latest)
-        .with_context(|| format!("{} is neither a checkpoint nor a run directory with a LATEST file", path.display()))?;
+    let name = std::fs::read_to_string(&latest).with_context(|| {
+        format!(
+            "{} is neither a checkpoint nor a run directory with a LATEST file",
+            path.display()
+        )
+    })?;
     let dir = path.join(name.trim());
     if !dir.join("model.safetensors").exists() {
-        bail!("{} points at {}, which holds no model.safetensors", latest.display(), dir.display());
+        bail!(
+            "{} points at {}, which holds no model.safetensors",
+            latest.display(),
+            dir.display()
+        );
     }
     Ok(dir)
 }
@@ -128,8 +165,16 @@ mod tests {
         let a = vec![1.0f32, -2.5, 3.25, 0.0, 7.0, f32::MIN_POSITIVE];
         let b = vec![0.5f32; 4];
         let tensors = vec![
-            NamedTensor { name: "x.weight".into(), shape: vec![2, 3], data: &a },
-            NamedTensor { name: "y".into(), shape: vec![4], data: &b },
+            NamedTensor {
+                name: "x.weight".into(),
+                shape: vec![2, 3],
+                data: &a,
+            },
+            NamedTensor {
+                name: "y".into(),
+                shape: vec![4],
+                data: &b,
+            },
         ];
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
         write_safetensors(&p, &tensors, meta).unwrap();

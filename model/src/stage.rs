@@ -19,20 +19,35 @@ use thiserror::Error;
 
 use crate::backend::Backend;
 use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
-use crate::boundary::{EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward, encode_forward};
+use crate::boundary::{
+    EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward,
+    encode_forward,
+};
 use crate::lm_head::{HeadIdx, head_forward_backward};
 use crate::rope::rope_table;
 
 #[derive(Debug, Error, PartialEq)]
 pub enum StageError {
     #[error("stage {index} is a {role:?} stage and cannot {what}")]
-    Role { index: usize, role: StageRole, what: &'static str },
+    Role {
+        index: usize,
+        role: StageRole,
+        what: &'static str,
+    },
     #[error("{what}: got {got} values, expected {expected}")]
-    Shape { what: &'static str, expected: usize, got: usize },
+    Shape {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     #[error("sequence length {seq} is outside 1..={max} (the model's max_seq)")]
     SeqLen { seq: usize, max: usize },
     #[error("token {token} at position {pos} is outside the vocabulary ({vocab})")]
-    Token { token: u32, pos: usize, vocab: usize },
+    Token {
+        token: u32,
+        pos: usize,
+        vocab: usize,
+    },
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),
     #[error("micro-batch {0:#x} already has saved activations")]
@@ -56,7 +71,14 @@ pub enum StageInput<'a> {
 /// to borrow mutably beside it. The RoPE table must exist (`ensure_rope`).
 macro_rules! ctx {
     ($s:ident, $batch:expr, $seq:expr) => {
-        Ctx { be: &*$s.be, cfg: &$s.cfg, params: &$s.params, rope: &$s.rope[&$seq], batch: $batch, seq: $seq }
+        Ctx {
+            be: &*$s.be,
+            cfg: &$s.cfg,
+            params: &$s.params,
+            rope: &$s.rope[&$seq],
+            batch: $batch,
+            seq: $seq,
+        }
     };
 }
 
@@ -98,7 +120,9 @@ pub struct Stage<B: Backend> {
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
 fn name_key(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Initial values of a stage's flat parameter vector. Each tensor draws from
@@ -125,10 +149,19 @@ impl<B: Backend> Stage<B> {
     }
 
     /// A stage with given parameter values (flat, in layout order).
-    pub fn with_params(be: Arc<B>, cfg: &ModelConfig, spec: StageSpec, params: &[f32]) -> Result<Stage<B>, StageError> {
+    pub fn with_params(
+        be: Arc<B>,
+        cfg: &ModelConfig,
+        spec: StageSpec,
+        params: &[f32],
+    ) -> Result<Stage<B>, StageError> {
         let layout = ParamLayout::for_stage(cfg, &spec);
         if params.len() != layout.total() {
-            return Err(StageError::Shape { what: "stage parameters", expected: layout.total(), got: params.len() });
+            return Err(StageError::Shape {
+                what: "stage parameters",
+                expected: layout.total(),
+                got: params.len(),
+            });
         }
         let has_lm_head = spec.has_lm_head();
         let last_layer = spec.layers.end - 1;
@@ -136,9 +169,17 @@ impl<B: Backend> Stage<B> {
             params: be.upload(params),
             grads: be.zeros(layout.total()),
             rope: HashMap::new(),
-            layers: spec.layers.clone().map(|l| LayerIdx::new(&layout, l)).collect(),
-            embed: spec.has_embedding().then(|| layout.range("model.embed_tokens.weight")),
-            decode_up: spec.decode_in.then(|| decode_up_range(&layout, spec.layers.start)),
+            layers: spec
+                .layers
+                .clone()
+                .map(|l| LayerIdx::new(&layout, l))
+                .collect(),
+            embed: spec
+                .has_embedding()
+                .then(|| layout.range("model.embed_tokens.weight")),
+            decode_up: spec
+                .decode_in
+                .then(|| decode_up_range(&layout, spec.layers.start)),
             encode: spec.encode_out.then(|| EncodeIdx::new(&layout, last_layer)),
             head: has_lm_head.then(|| HeadIdx::new(&layout)),
             saved: HashMap::new(),
@@ -184,7 +225,11 @@ impl<B: Backend> Stage<B> {
     }
     pub fn set_params(&mut self, host: &[f32]) -> Result<(), StageError> {
         if host.len() != self.layout.total() {
-            return Err(StageError::Shape { what: "stage parameters", expected: self.layout.total(), got: host.len() });
+            return Err(StageError::Shape {
+                what: "stage parameters",
+                expected: self.layout.total(),
+                got: host.len(),
+            });
         }
         self.params = self.be.upload(host);
         Ok(())
@@ -209,34 +254,61 @@ impl<B: Backend> Stage<B> {
     }
 
     fn role_err(&self, what: &'static str) -> StageError {
-        StageError::Role { index: self.spec.index, role: self.spec.role(), what }
+        StageError::Role {
+            index: self.spec.index,
+            role: self.spec.role(),
+            what,
+        }
     }
 
     fn check_input(&self, input: &StageInput, batch: usize, seq: usize) -> Result<(), StageError> {
         if seq == 0 || seq > self.cfg.max_seq {
-            return Err(StageError::SeqLen { seq, max: self.cfg.max_seq });
+            return Err(StageError::SeqLen {
+                seq,
+                max: self.cfg.max_seq,
+            });
         }
         let n = batch * seq;
         match (input, self.spec.has_embedding()) {
             (StageInput::Tokens(t), true) => {
                 if t.len() != n {
-                    return Err(StageError::Shape { what: "tokens", expected: n, got: t.len() });
+                    return Err(StageError::Shape {
+                        what: "tokens",
+                        expected: n,
+                        got: t.len(),
+                    });
                 }
-                if let Some((pos, &token)) = t.iter().enumerate().find(|(_, t)| **t as usize >= self.cfg.vocab_real) {
-                    return Err(StageError::Token { token, pos, vocab: self.cfg.vocab_real });
+                if let Some((pos, &token)) = t
+                    .iter()
+                    .enumerate()
+                    .find(|(_, t)| **t as usize >= self.cfg.vocab_real)
+                {
+                    return Err(StageError::Token {
+                        token,
+                        pos,
+                        vocab: self.cfg.vocab_real,
+                    });
                 }
             }
             (StageInput::Hidden(h), false) => {
                 let want = n * self.spec.boundary_width;
                 if h.len() != want {
-                    return Err(StageError::Shape { what: "boundary activations", expected: want, got: h.len() });
+                    return Err(StageError::Shape {
+                        what: "boundary activations",
+                        expected: want,
+                        got: h.len(),
+                    });
                 }
                 if h.iter().any(|v| !v.is_finite()) {
                     return Err(StageError::NonFinite("boundary activations"));
                 }
             }
-            (StageInput::Tokens(_), false) => return Err(self.role_err("take tokens (it has no embedding)")),
-            (StageInput::Hidden(_), true) => return Err(self.role_err("take activations (it starts with the embedding)")),
+            (StageInput::Tokens(_), false) => {
+                return Err(self.role_err("take tokens (it has no embedding)"));
+            }
+            (StageInput::Hidden(_), true) => {
+                return Err(self.role_err("take activations (it starts with the embedding)"));
+            }
         }
         Ok(())
     }
@@ -279,7 +351,15 @@ impl<B: Backend> Stage<B> {
             blocks.push(acts);
             h = out;
         }
-        Saved { batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
+        Saved {
+            batch,
+            seq,
+            tokens,
+            z_in,
+            blocks,
+            h_out: h,
+            enc: None,
+        }
     }
 
     /// Blocks backward, then decoder / embedding backward. Returns the
@@ -292,7 +372,12 @@ impl<B: Backend> Stage<B> {
             block_backward(&c, li, acts, &mut dres, &mut self.grads);
         }
         if let Some(tokens) = &s.tokens {
-            be.embedding_bwd(be.view_mut(&mut self.grads, self.embed.clone().unwrap()), be.all(&dres), tokens, self.cfg.d_model);
+            be.embedding_bwd(
+                be.view_mut(&mut self.grads, self.embed.clone().unwrap()),
+                be.all(&dres),
+                tokens,
+                self.cfg.d_model,
+            );
             return None;
         }
         let din = match (&self.decode_up, &s.z_in) {
@@ -304,7 +389,13 @@ impl<B: Backend> Stage<B> {
 
     /// Forward of a head or body stage: returns the boundary output
     /// `[batch * seq, boundary_width]` and keeps the activations under `key`.
-    pub fn forward(&mut self, key: u64, input: StageInput, batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
+    pub fn forward(
+        &mut self,
+        key: u64,
+        input: StageInput,
+        batch: usize,
+        seq: usize,
+    ) -> Result<Vec<f32>, StageError> {
         if self.spec.has_lm_head() {
             return Err(self.role_err("run forward alone (use forward_backward)"));
         }
@@ -338,7 +429,11 @@ impl<B: Backend> Stage<B> {
         let s = self.saved.get(&key).ok_or(StageError::Unknown(key))?;
         let want = s.batch * s.seq * self.spec.boundary_width;
         if dout.len() != want {
-            return Err(StageError::Shape { what: "output gradient", expected: want, got: dout.len() });
+            return Err(StageError::Shape {
+                what: "output gradient",
+                expected: want,
+                got: dout.len(),
+            });
         }
         if dout.iter().any(|v| !v.is_finite()) {
             return Err(StageError::NonFinite("output gradient"));
@@ -370,29 +465,67 @@ impl<B: Backend> Stage<B> {
         let s = self.tail_forward(input, targets, batch, seq)?;
         let n = batch * seq;
         let c = ctx!(self, batch, seq);
-        let (losses, dh) =
-            head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, loss_scale / n as f32, Some(&mut self.grads));
+        let (losses, dh) = head_forward_backward(
+            &c,
+            self.head.as_ref().unwrap(),
+            &s.h_out,
+            targets,
+            loss_scale / n as f32,
+            Some(&mut self.grads),
+        );
         let din = self.run_backward(s, dh.expect("gradients were requested"));
         Ok(TailOutput { losses, din })
     }
 
     /// Tail (or whole-model) stage: per-token loss without touching gradients.
-    pub fn eval_loss(&mut self, input: StageInput, targets: &[u32], batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
+    pub fn eval_loss(
+        &mut self,
+        input: StageInput,
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> Result<Vec<f32>, StageError> {
         let s = self.tail_forward(input, targets, batch, seq)?;
         let c = ctx!(self, batch, seq);
-        Ok(head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, 0.0, None).0)
+        Ok(head_forward_backward(
+            &c,
+            self.head.as_ref().unwrap(),
+            &s.h_out,
+            targets,
+            0.0,
+            None,
+        )
+        .0)
     }
 
-    fn tail_forward(&mut self, input: StageInput, targets: &[u32], batch: usize, seq: usize) -> Result<Saved<B>, StageError> {
+    fn tail_forward(
+        &mut self,
+        input: StageInput,
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> Result<Saved<B>, StageError> {
         if !self.spec.has_lm_head() {
             return Err(self.role_err("compute a loss (it has no LM head)"));
         }
         self.check_input(&input, batch, seq)?;
         if targets.len() != batch * seq {
-            return Err(StageError::Shape { what: "targets", expected: batch * seq, got: targets.len() });
+            return Err(StageError::Shape {
+                what: "targets",
+                expected: batch * seq,
+                got: targets.len(),
+            });
         }
-        if let Some((pos, &token)) = targets.iter().enumerate().find(|(_, t)| **t as usize >= self.cfg.vocab_real) {
-            return Err(StageError::Token { token, pos, vocab: self.cfg.vocab_real });
+        if let Some((pos, &token)) = targets
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= self.cfg.vocab_real)
+        {
+            return Err(StageError::Token {
+                token,
+                pos,
+                vocab: self.cfg.vocab_real,
+            });
         }
         Ok(self.run_forward(input, batch, seq))
     }

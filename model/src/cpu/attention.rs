@@ -13,7 +13,10 @@ use super::ops::SendPtr;
 use crate::backend::AttnDims;
 
 fn check(dims: &AttnDims, qkv_len: usize, probs_len: usize) {
-    assert!(dims.n_heads % dims.n_kv_heads == 0, "heads not a multiple of kv heads");
+    assert!(
+        dims.n_heads % dims.n_kv_heads == 0,
+        "heads not a multiple of kv heads"
+    );
     assert_eq!(qkv_len, dims.rows() * dims.qkv_dim(), "qkv buffer size");
     assert_eq!(probs_len, dims.probs_len(), "probs buffer size");
 }
@@ -70,8 +73,22 @@ pub fn attention(out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims
     let (t, nh) = (dims.seq, dims.n_heads);
     let scale = 1.0 / (dims.head_dim as f32).sqrt();
     let batch = dims.batch * nh;
-    log.record(GemmCall { dst: v.square(), lhs: v.head(), rhs: v.head().t(), acc: false, batch, parallel: false });
-    log.record(GemmCall { dst: v.out_head(), lhs: v.square(), rhs: v.head(), acc: false, batch, parallel: false });
+    log.record(GemmCall {
+        dst: v.square(),
+        lhs: v.head(),
+        rhs: v.head().t(),
+        acc: false,
+        batch,
+        parallel: false,
+    });
+    log.record(GemmCall {
+        dst: v.out_head(),
+        lhs: v.square(),
+        rhs: v.head(),
+        acc: false,
+        batch,
+        parallel: false,
+    });
     let out_ptr = SendPtr(out.as_mut_ptr());
     probs.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
         let (b, h) = (bh / nh, bh % nh);
@@ -122,22 +139,40 @@ pub fn attention(out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims
     });
 }
 
-pub fn attention_bwd(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], dims: AttnDims, log: &GemmLog) {
+pub fn attention_bwd(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    qkv: &[f32],
+    probs: &[f32],
+    dims: AttnDims,
+    log: &GemmLog,
+) {
     check(&dims, qkv.len(), probs.len());
     assert_eq!(dqkv.len(), qkv.len(), "dqkv size");
-    assert_eq!(dout.len(), dims.rows() * dims.q_dim(), "attention dout size");
+    assert_eq!(
+        dout.len(),
+        dims.rows() * dims.q_dim(),
+        "attention dout size"
+    );
     let v = Views::new(&dims);
     let (t, nh, nkv) = (dims.seq, dims.n_heads, dims.n_kv_heads);
     let scale = 1.0 / (dims.head_dim as f32).sqrt();
     let batch = dims.batch * nh;
     let sq = v.square();
     for (dst, lhs, rhs) in [
-        (sq, v.out_head(), v.head().t()),   // dP = dO V^T
-        (v.head(), sq.t(), v.out_head()),   // dV += P^T dO
-        (v.head(), sq, v.head()),           // dQ = dS K
-        (v.head(), sq.t(), v.head()),       // dK += dS^T Q
+        (sq, v.out_head(), v.head().t()), // dP = dO V^T
+        (v.head(), sq.t(), v.out_head()), // dV += P^T dO
+        (v.head(), sq, v.head()),         // dQ = dS K
+        (v.head(), sq.t(), v.head()),     // dK += dS^T Q
     ] {
-        log.record(GemmCall { dst, lhs, rhs, acc: false, batch, parallel: false });
+        log.record(GemmCall {
+            dst,
+            lhs,
+            rhs,
+            acc: false,
+            batch,
+            parallel: false,
+        });
     }
     let dptr = SendPtr(dqkv.as_mut_ptr());
     (0..dims.batch * nkv).into_par_iter().for_each(|bk| {
@@ -152,8 +187,26 @@ pub fn attention_bwd(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32],
             // head h belongs to exactly one kv-head.
             unsafe {
                 let d_o = dout.as_ptr().add(v.o(b, h));
-                sgemm_raw(ds.as_mut_ptr(), sq, d_o, v.out_head(), qkv.as_ptr().add(v.v(b, h)), v.head().t(), false, false);
-                sgemm_raw(dptr.get().add(v.v(b, h)), v.head(), p.as_ptr(), sq.t(), d_o, v.out_head(), !first, false);
+                sgemm_raw(
+                    ds.as_mut_ptr(),
+                    sq,
+                    d_o,
+                    v.out_head(),
+                    qkv.as_ptr().add(v.v(b, h)),
+                    v.head().t(),
+                    false,
+                    false,
+                );
+                sgemm_raw(
+                    dptr.get().add(v.v(b, h)),
+                    v.head(),
+                    p.as_ptr(),
+                    sq.t(),
+                    d_o,
+                    v.out_head(),
+                    !first,
+                    false,
+                );
             }
             for (i, (dr, pr)) in ds.chunks_mut(t).zip(p.chunks(t)).enumerate() {
                 let live = i + 1;
@@ -167,8 +220,26 @@ pub fn attention_bwd(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32],
                 dr[live..].fill(0.0);
             }
             unsafe {
-                sgemm_raw(dptr.get().add(v.q(b, h)), v.head(), ds.as_ptr(), sq, qkv.as_ptr().add(v.k(b, h)), v.head(), false, false);
-                sgemm_raw(dptr.get().add(v.k(b, h)), v.head(), ds.as_ptr(), sq.t(), qkv.as_ptr().add(v.q(b, h)), v.head(), !first, false);
+                sgemm_raw(
+                    dptr.get().add(v.q(b, h)),
+                    v.head(),
+                    ds.as_ptr(),
+                    sq,
+                    qkv.as_ptr().add(v.k(b, h)),
+                    v.head(),
+                    false,
+                    false,
+                );
+                sgemm_raw(
+                    dptr.get().add(v.k(b, h)),
+                    v.head(),
+                    ds.as_ptr(),
+                    sq.t(),
+                    qkv.as_ptr().add(v.q(b, h)),
+                    v.head(),
+                    !first,
+                    false,
+                );
             }
         }
     });

@@ -87,7 +87,8 @@ pub fn add_assign(dst: &mut [f32], src: &[f32]) {
 }
 
 pub fn scale(x: &mut [f32], s: f32) {
-    x.par_chunks_mut(ELEM_CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+    x.par_chunks_mut(ELEM_CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
 }
 
 pub fn sum_squares(x: &[f32]) -> f64 {
@@ -99,38 +100,50 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 }
 
 pub fn scatter_cols(dst: &mut [f32], src: &[f32], n: usize, d: usize, b: usize, acc: bool) {
-    assert!(b <= d && dst.len() == n * d && src.len() == n * b, "scatter_cols shapes");
-    dst.par_chunks_mut(d).zip(src.par_chunks(b.max(1))).for_each(|(dr, sr)| {
-        if acc {
-            dr[..b].iter_mut().zip(sr).for_each(|(a, s)| *a += *s);
-        } else {
-            dr[..b].copy_from_slice(&sr[..b]);
-        }
-    });
+    assert!(
+        b <= d && dst.len() == n * d && src.len() == n * b,
+        "scatter_cols shapes"
+    );
+    dst.par_chunks_mut(d)
+        .zip(src.par_chunks(b.max(1)))
+        .for_each(|(dr, sr)| {
+            if acc {
+                dr[..b].iter_mut().zip(sr).for_each(|(a, s)| *a += *s);
+            } else {
+                dr[..b].copy_from_slice(&sr[..b]);
+            }
+        });
 }
 
 pub fn gather_cols(dst: &mut [f32], src: &[f32], n: usize, d: usize, b: usize, acc: bool) {
-    assert!(b <= d && dst.len() == n * b && src.len() == n * d, "gather_cols shapes");
+    assert!(
+        b <= d && dst.len() == n * b && src.len() == n * d,
+        "gather_cols shapes"
+    );
     if b == 0 {
         return;
     }
-    dst.par_chunks_mut(b).zip(src.par_chunks(d)).for_each(|(dr, sr)| {
-        if acc {
-            dr.iter_mut().zip(&sr[..b]).for_each(|(a, s)| *a += *s);
-        } else {
-            dr.copy_from_slice(&sr[..b]);
-        }
-    });
+    dst.par_chunks_mut(b)
+        .zip(src.par_chunks(d))
+        .for_each(|(dr, sr)| {
+            if acc {
+                dr.iter_mut().zip(&sr[..b]).for_each(|(a, s)| *a += *s);
+            } else {
+                dr.copy_from_slice(&sr[..b]);
+            }
+        });
 }
 
 pub fn embedding(out: &mut [f32], tokens: &[u32], wte: &[f32], d: usize) {
     assert_eq!(out.len(), tokens.len() * d, "embedding out shape");
     let vocab = wte.len() / d;
-    out.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &t)| {
-        let t = t as usize;
-        assert!(t < vocab, "token {t} outside vocabulary {vocab}");
-        row.copy_from_slice(&wte[t * d..(t + 1) * d]);
-    });
+    out.par_chunks_mut(d)
+        .zip(tokens.par_iter())
+        .for_each(|(row, &t)| {
+            let t = t as usize;
+            assert!(t < vocab, "token {t} outside vocabulary {vocab}");
+            row.copy_from_slice(&wte[t * d..(t + 1) * d]);
+        });
 }
 
 /// Deterministic scatter-add: task `p` of `P` owns the vocabulary rows with
@@ -139,7 +152,10 @@ pub fn embedding(out: &mut [f32], tokens: &[u32], wte: &[f32], d: usize) {
 pub fn embedding_bwd(dwte: &mut [f32], dout: &[f32], tokens: &[u32], d: usize) {
     assert_eq!(dout.len(), tokens.len() * d, "embedding_bwd dout shape");
     let vocab = dwte.len() / d;
-    assert!(tokens.iter().all(|&t| (t as usize) < vocab), "token outside vocabulary");
+    assert!(
+        tokens.iter().all(|&t| (t as usize) < vocab),
+        "token outside vocabulary"
+    );
     const TASKS: usize = 16;
     let base = SendPtr(dwte.as_mut_ptr());
     (0..TASKS).into_par_iter().for_each(|p| {
@@ -157,8 +173,19 @@ pub fn embedding_bwd(dwte: &mut [f32], dout: &[f32], tokens: &[u32], d: usize) {
     });
 }
 
-pub fn rmsnorm(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], n: usize, d: usize, eps: f32) {
-    assert!(out.len() == n * d && x.len() == n * d && rstd.len() == n && w.len() == d, "rmsnorm shapes");
+pub fn rmsnorm(
+    out: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    d: usize,
+    eps: f32,
+) {
+    assert!(
+        out.len() == n * d && x.len() == n * d && rstd.len() == n && w.len() == d,
+        "rmsnorm shapes"
+    );
     out.par_chunks_mut(d)
         .zip(rstd.par_iter_mut())
         .zip(x.par_chunks(d))
@@ -173,9 +200,23 @@ pub fn rmsnorm(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], n: usize
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm_bwd(dx: &mut [f32], dw: &mut [f32], dout: &[f32], x: &[f32], w: &[f32], rstd: &[f32], n: usize, d: usize) {
+pub fn rmsnorm_bwd(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    dout: &[f32],
+    x: &[f32],
+    w: &[f32],
+    rstd: &[f32],
+    n: usize,
+    d: usize,
+) {
     assert!(
-        dx.len() == n * d && dout.len() == n * d && x.len() == n * d && rstd.len() == n && w.len() == d && dw.len() == d,
+        dx.len() == n * d
+            && dout.len() == n * d
+            && x.len() == n * d
+            && rstd.len() == n
+            && w.len() == d
+            && dw.len() == d,
         "rmsnorm_bwd shapes"
     );
     let blk = ROW_BLOCK * d;
@@ -187,7 +228,12 @@ pub fn rmsnorm_bwd(dx: &mut [f32], dw: &mut [f32], dout: &[f32], x: &[f32], w: &
         .map(|(((dxb, gb), xb), rb)| {
             let mut pdw = vec![0.0f32; d];
             let mut wg = vec![0.0f32; d];
-            for (((dxr, gr), xr), &r) in dxb.chunks_mut(d).zip(gb.chunks(d)).zip(xb.chunks(d)).zip(rb) {
+            for (((dxr, gr), xr), &r) in dxb
+                .chunks_mut(d)
+                .zip(gb.chunks(d))
+                .zip(xb.chunks(d))
+                .zip(rb)
+            {
                 for j in 0..d {
                     wg[j] = w[j] * gr[j];
                 }
@@ -208,26 +254,41 @@ pub fn rmsnorm_bwd(dx: &mut [f32], dw: &mut [f32], dout: &[f32], x: &[f32], w: &
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn rope(x: &mut [f32], table: &[f32], rows: usize, seq: usize, row_stride: usize, heads: usize, hd: usize, inverse: bool) {
+pub fn rope(
+    x: &mut [f32],
+    table: &[f32],
+    rows: usize,
+    seq: usize,
+    row_stride: usize,
+    heads: usize,
+    hd: usize,
+    inverse: bool,
+) {
     let half = hd / 2;
     assert!(table.len() >= 2 * seq * half, "rope table too short");
-    assert!(heads * hd <= row_stride && x.len() >= rows * row_stride, "rope shapes");
+    assert!(
+        heads * hd <= row_stride && x.len() >= rows * row_stride,
+        "rope shapes"
+    );
     let (cos, sin) = table.split_at(seq * half);
     let sign = if inverse { -1.0 } else { 1.0 };
-    x.par_chunks_mut(row_stride).take(rows).enumerate().for_each(|(r, row)| {
-        let pos = r % seq;
-        let c = &cos[pos * half..(pos + 1) * half];
-        let s = &sin[pos * half..(pos + 1) * half];
-        for h in 0..heads {
-            let (a, b) = row[h * hd..(h + 1) * hd].split_at_mut(half);
-            for i in 0..half {
-                let (x1, x2) = (a[i], b[i]);
-                let si = sign * s[i];
-                a[i] = x1 * c[i] - x2 * si;
-                b[i] = x2 * c[i] + x1 * si;
+    x.par_chunks_mut(row_stride)
+        .take(rows)
+        .enumerate()
+        .for_each(|(r, row)| {
+            let pos = r % seq;
+            let c = &cos[pos * half..(pos + 1) * half];
+            let s = &sin[pos * half..(pos + 1) * half];
+            for h in 0..heads {
+                let (a, b) = row[h * hd..(h + 1) * hd].split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    let si = sign * s[i];
+                    a[i] = x1 * c[i] - x2 * si;
+                    b[i] = x2 * c[i] + x1 * si;
+                }
             }
-        }
-    });
+        });
 }
 
 #[inline]
@@ -237,16 +298,21 @@ fn sigmoid(x: f32) -> f32 {
 
 pub fn swiglu(out: &mut [f32], gu: &[f32], n: usize, f: usize) {
     assert!(out.len() == n * f && gu.len() == 2 * n * f, "swiglu shapes");
-    out.par_chunks_mut(f).zip(gu.par_chunks(2 * f)).for_each(|(o, r)| {
-        let (g, u) = r.split_at(f);
-        for j in 0..f {
-            o[j] = g[j] * sigmoid(g[j]) * u[j];
-        }
-    });
+    out.par_chunks_mut(f)
+        .zip(gu.par_chunks(2 * f))
+        .for_each(|(o, r)| {
+            let (g, u) = r.split_at(f);
+            for j in 0..f {
+                o[j] = g[j] * sigmoid(g[j]) * u[j];
+            }
+        });
 }
 
 pub fn swiglu_bwd(dgu: &mut [f32], dout: &[f32], gu: &[f32], n: usize, f: usize) {
-    assert!(dgu.len() == 2 * n * f && dout.len() == n * f && gu.len() == 2 * n * f, "swiglu_bwd shapes");
+    assert!(
+        dgu.len() == 2 * n * f && dout.len() == n * f && gu.len() == 2 * n * f,
+        "swiglu_bwd shapes"
+    );
     dgu.par_chunks_mut(2 * f)
         .zip(dout.par_chunks(f))
         .zip(gu.par_chunks(2 * f))
@@ -262,8 +328,18 @@ pub fn swiglu_bwd(dgu: &mut [f32], dout: &[f32], gu: &[f32], n: usize, f: usize)
         });
 }
 
-pub fn cross_entropy(logits: &mut [f32], targets: &[u32], n: usize, vocab: usize, vocab_real: usize, dscale: f32) -> Vec<f32> {
-    assert!(logits.len() == n * vocab && targets.len() == n && vocab_real <= vocab, "cross_entropy shapes");
+pub fn cross_entropy(
+    logits: &mut [f32],
+    targets: &[u32],
+    n: usize,
+    vocab: usize,
+    vocab_real: usize,
+    dscale: f32,
+) -> Vec<f32> {
+    assert!(
+        logits.len() == n * vocab && targets.len() == n && vocab_real <= vocab,
+        "cross_entropy shapes"
+    );
     logits
         .par_chunks_mut(vocab)
         .zip(targets.par_iter())
@@ -295,7 +371,10 @@ pub fn cross_entropy(logits: &mut [f32], targets: &[u32], n: usize, vocab: usize
 }
 
 pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamStep) {
-    assert!(p.len() == g.len() && p.len() == m.len() && p.len() == v.len(), "adamw lengths");
+    assert!(
+        p.len() == g.len() && p.len() == m.len() && p.len() == v.len(),
+        "adamw lengths"
+    );
     let bc1 = 1.0 - (h.beta1 as f64).powi(h.t as i32);
     let bc2 = 1.0 - (h.beta2 as f64).powi(h.t as i32);
     let step = (h.lr as f64 / bc1) as f32;

@@ -85,8 +85,13 @@ impl Tokenizer {
 
     pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
-            Tokenizer::Byte => String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned(),
-            Tokenizer::Gpt2(bpe) => bpe.decode(tokens).unwrap_or_else(|_| String::from("<undecodable>")),
+            Tokenizer::Byte => {
+                String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>())
+                    .into_owned()
+            }
+            Tokenizer::Gpt2(bpe) => bpe
+                .decode(tokens)
+                .unwrap_or_else(|_| String::from("<undecodable>")),
         }
     }
 }
@@ -97,7 +102,9 @@ fn split_points(text: &str) -> Vec<&str> {
     let b = text.as_bytes();
     while text.len() - start > CHUNK {
         let mut cut = start + CHUNK;
-        while cut < b.len() && !(b[cut - 1] == b'\n' && !b[cut].is_ascii_whitespace() && text.is_char_boundary(cut)) {
+        while cut < b.len()
+            && !(b[cut - 1] == b'\n' && !b[cut].is_ascii_whitespace() && text.is_char_boundary(cut))
+        {
             cut += 1;
         }
         pieces.push(&text[start..cut]);
@@ -114,10 +121,14 @@ mod tests {
     #[test]
     fn gpt2_parallel_encoding_equals_serial_and_round_trips() {
         let tok = TokenizerKind::Gpt2.build().unwrap();
-        let Tokenizer::Gpt2(bpe) = &tok else { unreachable!() };
+        let Tokenizer::Gpt2(bpe) = &tok else {
+            unreachable!()
+        };
         let mut text = String::new();
         for i in 0..6000 {
-            text.push_str(&format!("In the beginning {i} God created\n\n  the heaven's and earth.\nAnd  it was good\n"));
+            text.push_str(&format!(
+                "In the beginning {i} God created\n\n  the heaven's and earth.\nAnd  it was good\n"
+            ));
         }
         assert!(text.len() > 3 * CHUNK);
         let par = tok.encode(&text);

@@ -1,0 +1,40 @@
+//! `iota-bench`: benchmarks that print our figure next to a baseline measured
+//! in the same run, as a ratio. Results and reproduce commands are recorded in
+//! docs/BENCHMARKS.md.
+
+mod stage_cpu;
+mod timing;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "iota-bench",
+    version,
+    about = "iota-rs benchmarks (each with a same-run baseline)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Forward+backward of one body stage on the CPU backend (d=512, 8 heads,
+    /// ffn 1408, 4 blocks, bottleneck in and out) against the same GEMMs
+    /// alone (the floor); also prints each preset's boundary compression.
+    StageCpu(stage_cpu::Args),
+}
+
+fn main() {
+    let res = match Cli::parse().cmd {
+        Cmd::StageCpu(a) => stage_cpu::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}

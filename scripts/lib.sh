@@ -1,0 +1,30 @@
+# Shared helpers for the set-up scripts. Sourced, not run.
+set -euo pipefail
+
+# Runs a command as root (directly, or through sudo when we are not root).
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# ensure_cmd COMMAND DEBIAN_PACKAGE: installs the package when the command is missing.
+ensure_cmd() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    echo "installing $2 (needed for $1)..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get install -y -q "$2" >/dev/null 2>&1 || {
+        as_root apt-get update -q >/dev/null
+        as_root apt-get install -y -q "$2" >/dev/null
+    }
+}
+
+# A C compiler is needed by mimalloc's build script.
+ensure_build_tools() {
+    ensure_cmd cc build-essential
+    if ! command -v cargo >/dev/null 2>&1; then
+        echo "error: cargo not found; install Rust 1.88 or newer (https://rustup.rs) and retry" >&2
+        exit 1
+    fi
+}
+
+# Builds share one target dir even when called from elsewhere.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
