@@ -30,6 +30,7 @@ enum Cmd {
 }
 
 fn main() {
+    iota_model::alloc::keep_freed_memory();
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
     };

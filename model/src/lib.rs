@@ -6,6 +6,7 @@
 //!   [`block`], [`boundary`] and [`lm_head`].
 //! - [`codec`]: wire quantisation of boundary tensors.
 
+pub mod alloc;
 pub mod backend;
 pub mod block;
 pub mod boundary;

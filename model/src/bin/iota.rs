@@ -123,6 +123,7 @@ struct TrainArgs {
 }
 
 fn main() {
+    iota_model::alloc::keep_freed_memory();
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Train(a) => train(a),

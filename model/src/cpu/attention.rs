@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::gemm::{GemmCall, GemmLog, Mat, sgemm_raw};
-use super::ops::SendPtr;
+use super::ops::{SendPtr, softmax_in_place};
 use crate::backend::AttnDims;
 
 fn check(dims: &AttnDims, qkv_len: usize, probs_len: usize) {
@@ -108,18 +108,7 @@ pub fn attention(out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims
         }
         for (i, row) in p.chunks_mut(t).enumerate() {
             let (live, masked) = row.split_at_mut(i + 1);
-            let mut mx = f32::NEG_INFINITY;
-            for x in live.iter() {
-                mx = mx.max(*x);
-            }
-            let mut sum = 0.0f32;
-            for x in live.iter_mut() {
-                let e = ((*x - mx) * scale).exp();
-                *x = e;
-                sum += e;
-            }
-            let inv = 1.0 / sum;
-            live.iter_mut().for_each(|x| *x *= inv);
+            softmax_in_place(live, scale, 1.0);
             masked.fill(0.0);
         }
         // SAFETY: head h of batch b writes only its own hd columns of its own

@@ -64,6 +64,58 @@ pub(crate) fn dot8(a: &[f32], b: &[f32]) -> f32 {
     (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
 }
 
+/// exp(x) in f32 without a libm call, so loops over it vectorise:
+/// x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial (Cephes'
+/// expf coefficients, ~2 ulp), 2^n assembled in the exponent bits. Inputs are
+/// clamped to the range where the result is a normal f32 (below it the true
+/// value is below 2e-38 and rounds away in every sum we use it in).
+#[inline(always)]
+pub(crate) fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let x = x.clamp(-87.3, 88.3);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_2e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Numerically safe softmax of `row` in place, scaled by `mul`, with the
+/// logits first multiplied by `temp`: row = mul * softmax(temp * row).
+/// Returns (max(row_in), sum of exp) for callers that need the log-partition.
+#[inline]
+pub(crate) fn softmax_in_place(row: &mut [f32], temp: f32, mul: f32) -> (f32, f32) {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            lanes[i] = lanes[i].max(c[i]);
+        }
+    }
+    let mx = rest.iter().fold(
+        lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
+        |a, &b| a.max(b),
+    );
+    for v in row.iter_mut() {
+        *v = fast_exp((*v - mx) * temp);
+    }
+    let sum = sum8(row, |v| v);
+    let k = mul / sum;
+    for v in row.iter_mut() {
+        *v *= k;
+    }
+    (mx, sum)
+}
+
 pub fn fill(x: &mut [f32], v: f32) {
     x.par_chunks_mut(ELEM_CHUNK).for_each(|c| c.fill(v));
 }
@@ -291,9 +343,9 @@ pub fn rope(
         });
 }
 
-#[inline]
+#[inline(always)]
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + fast_exp(-x))
 }
 
 pub fn swiglu(out: &mut [f32], gu: &[f32], n: usize, f: usize) {
@@ -347,22 +399,9 @@ pub fn cross_entropy(
             let t = t as usize;
             assert!(t < vocab_real, "target {t} outside vocabulary {vocab_real}");
             let (live, pad) = row.split_at_mut(vocab_real);
-            let mut mx = f32::NEG_INFINITY;
-            for &v in live.iter() {
-                mx = mx.max(v);
-            }
             let target_logit = live[t];
-            let mut sum = 0.0f32;
-            for v in live.iter_mut() {
-                let e = (*v - mx).exp();
-                *v = e;
-                sum += e;
-            }
+            let (mx, sum) = softmax_in_place(live, 1.0, dscale);
             let loss = sum.ln() + mx - target_logit;
-            let inv = dscale / sum;
-            for v in live.iter_mut() {
-                *v *= inv;
-            }
             live[t] -= dscale;
             pad.fill(0.0);
             loss
@@ -393,4 +432,43 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamStep
                 pc[i] = pc[i] * decay - step * mc[i] / denom;
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let rel = ((fast_exp(x) as f64 - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert!(fast_exp(-1000.0) < 2e-38 && fast_exp(-1000.0) >= 0.0);
+        assert!(fast_exp(1000.0).is_finite());
+    }
+
+    #[test]
+    fn softmax_matches_reference() {
+        let mut row: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.7 - 8.0)
+            .collect();
+        let orig = row.clone();
+        let (mx, sum) = softmax_in_place(&mut row, 0.5, 2.0);
+        let z: f64 = orig
+            .iter()
+            .map(|&v| ((v as f64 - mx as f64) * 0.5).exp())
+            .sum();
+        assert!((sum as f64 - z).abs() / z < 1e-6);
+        for (r, o) in row.iter().zip(&orig) {
+            let want = 2.0 * ((*o as f64 - mx as f64) * 0.5).exp() / z;
+            assert!((*r as f64 - want).abs() < 1e-6 * want.max(1e-3));
+        }
+    }
 }
