@@ -65,9 +65,9 @@ struct TrainArgs {
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
     batch: usize,
-    /// Tokens per sequence (at most the model's max_seq).
-    #[arg(long, default_value_t = 128)]
-    seq: usize,
+    /// Tokens per sequence (default: 128, or the model's max_seq if smaller).
+    #[arg(long)]
+    seq: Option<usize>,
     /// Micro-batches accumulated per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
@@ -203,12 +203,13 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
     let codec = WireCodec::parse(&a.codec)
         .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
     let warmup = a.warmup.unwrap_or((a.steps / 20).clamp(1, 100));
+    let seq = a.seq.unwrap_or(model.max_seq.min(128));
     let cfg = TrainConfig {
         model,
         tokenizer,
         stages: a.stages,
         batch: a.batch,
-        seq: a.seq,
+        seq,
         grad_accum: a.grad_accum,
         steps: a.steps,
         schedule: LrSchedule {
