@@ -173,19 +173,19 @@ impl ModelConfig {
         if self.d_model == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
             return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "d_model {} not divisible by n_heads {}",
                 self.d_model, self.n_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be even for RoPE",
                 self.head_dim()
             ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "n_heads {} not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads

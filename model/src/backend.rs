@@ -131,7 +131,6 @@ pub trait Backend: Send + Sync {
 
     // ---- linear ----
     /// out[n, oc] (+)= inp[n, c] @ w[oc, c]^T
-    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         out: Self::Mut<'_>,
@@ -143,7 +142,6 @@ pub trait Backend: Send + Sync {
         acc: bool,
     );
     /// dinp[n, c] (+)= dout[n, oc] @ w[oc, c]
-    #[allow(clippy::too_many_arguments)]
     fn matmul_bwd_input(
         &self,
         dinp: Self::Mut<'_>,
@@ -155,7 +153,6 @@ pub trait Backend: Send + Sync {
         acc: bool,
     );
     /// dw[oc, c] += dout[n, oc]^T @ inp[n, c]
-    #[allow(clippy::too_many_arguments)]
     fn matmul_bwd_weight(
         &self,
         dw: Self::Mut<'_>,
@@ -174,7 +171,6 @@ pub trait Backend: Send + Sync {
 
     // ---- normalisation ----
     /// out = x / rms(x) * w per row; saves 1/rms in `rstd[n]`.
-    #[allow(clippy::too_many_arguments)]
     fn rmsnorm(
         &self,
         out: Self::Mut<'_>,
@@ -186,7 +182,6 @@ pub trait Backend: Send + Sync {
         eps: f32,
     );
     /// dx += d(out)/dx . dout; dw += d(out)/dw . dout
-    #[allow(clippy::too_many_arguments)]
     fn rmsnorm_bwd(
         &self,
         dx: Self::Mut<'_>,
@@ -204,7 +199,6 @@ pub trait Backend: Send + Sync {
     /// of `x` (`row_stride` apart) by the angles in `table` (`[seq, hd/2]` cos
     /// then `[seq, hd/2]` sin; row r is at position r % seq). `inverse`
     /// rotates the other way, which is exactly RoPE's backward.
-    #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
         x: Self::Mut<'_>,

@@ -32,6 +32,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 enum Cmd {
     /// Train a model in one process, optionally split into pipeline stages
     /// (every stage boundary goes through the bottleneck and wire codec, as in

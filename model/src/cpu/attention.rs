@@ -14,7 +14,7 @@ use crate::backend::AttnDims;
 
 fn check(dims: &AttnDims, qkv_len: usize, probs_len: usize) {
     assert!(
-        dims.n_heads % dims.n_kv_heads == 0,
+        dims.n_heads.is_multiple_of(dims.n_kv_heads),
         "heads not a multiple of kv heads"
     );
     assert_eq!(qkv_len, dims.rows() * dims.qkv_dim(), "qkv buffer size");

@@ -86,7 +86,7 @@ impl Corpus {
         let mut x = Vec::with_capacity(batch * seq);
         let mut y = Vec::with_capacity(batch * seq);
         for j in 0..batch as u64 {
-            let key = derive(seed ^ 0x7661_6c, &[i, j]);
+            let key = derive(seed ^ 0x0076_616c, &[i, j]);
             let w = self.window(self.val_start, self.val_tokens(), key, seq);
             x.extend_from_slice(&w[..seq]);
             y.extend_from_slice(&w[1..]);
