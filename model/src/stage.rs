@@ -261,6 +261,22 @@ impl<B: Backend> Stage<B> {
         }
     }
 
+    /// `n` token ids, each inside the vocabulary.
+    fn check_tokens(&self, what: &'static str, t: &[u32], n: usize) -> Result<(), StageError> {
+        if t.len() != n {
+            return Err(StageError::Shape {
+                what,
+                expected: n,
+                got: t.len(),
+            });
+        }
+        let vocab = self.cfg.vocab_real;
+        match t.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
+            Some((pos, &token)) => Err(StageError::Token { token, pos, vocab }),
+            None => Ok(()),
+        }
+    }
+
     fn check_input(&self, input: &StageInput, batch: usize, seq: usize) -> Result<(), StageError> {
         if seq == 0 || seq > self.cfg.max_seq {
             return Err(StageError::SeqLen {
@@ -270,26 +286,7 @@ impl<B: Backend> Stage<B> {
         }
         let n = batch * seq;
         match (input, self.spec.has_embedding()) {
-            (StageInput::Tokens(t), true) => {
-                if t.len() != n {
-                    return Err(StageError::Shape {
-                        what: "tokens",
-                        expected: n,
-                        got: t.len(),
-                    });
-                }
-                if let Some((pos, &token)) = t
-                    .iter()
-                    .enumerate()
-                    .find(|(_, t)| **t as usize >= self.cfg.vocab_real)
-                {
-                    return Err(StageError::Token {
-                        token,
-                        pos,
-                        vocab: self.cfg.vocab_real,
-                    });
-                }
-            }
+            (StageInput::Tokens(t), true) => self.check_tokens("tokens", t, n)?,
             (StageInput::Hidden(h), false) => {
                 let want = n * self.spec.boundary_width;
                 if h.len() != want {
@@ -509,24 +506,7 @@ impl<B: Backend> Stage<B> {
             return Err(self.role_err("compute a loss (it has no LM head)"));
         }
         self.check_input(&input, batch, seq)?;
-        if targets.len() != batch * seq {
-            return Err(StageError::Shape {
-                what: "targets",
-                expected: batch * seq,
-                got: targets.len(),
-            });
-        }
-        if let Some((pos, &token)) = targets
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t as usize >= self.cfg.vocab_real)
-        {
-            return Err(StageError::Token {
-                token,
-                pos,
-                vocab: self.cfg.vocab_real,
-            });
-        }
+        self.check_tokens("targets", targets, batch * seq)?;
         Ok(self.run_forward(input, batch, seq))
     }
 }
