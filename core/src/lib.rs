@@ -1,6 +1,6 @@
 //! iota-core: the vocabulary every other iota-rs crate shares.
 //!
-//! Identifiers, model presets and their exact parameter layout, the stage
+//! Identifiers and signed identities, the data-plane frame schema, model presets and their exact parameter layout, the stage
 //! split, wire codec descriptors and a deterministic random generator. Nothing
 //! here performs I/O, so the control plane, the data plane and the model can
 //! all depend on it without pulling in a runtime.
@@ -8,13 +8,16 @@
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod ids;
 pub mod layout;
 pub mod rng;
+pub mod wire;
 
 pub use codec::WireCodec;
 pub use config::{ModelConfig, RopeScaling};
 pub use error::{ConfigError, CoreError};
+pub use identity::{Identity, PeerId};
 pub use ids::{MicroBatchId, SampleId};
 pub use layout::{ParamEntry, ParamLayout, StageRole, StageSpec};
 pub use rng::Rng;

@@ -1,0 +1,138 @@
+//! Node identities: an Ed25519 key per miner, validator and orchestrator.
+//! The public key is the node's `PeerId`; frames and requests are signed with
+//! the private key, and a miner's TLS certificate carries the same key, so a
+//! QUIC peer is authenticated as the identity the control plane published.
+
+use std::fmt;
+
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use serde::{Deserialize, Serialize};
+
+/// A node's public identity (its Ed25519 public key).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PeerId(pub [u8; 32]);
+
+impl PeerId {
+    /// Verifies an Ed25519 signature by this identity.
+    pub fn verify(&self, msg: &[u8], sig: &[u8; 64]) -> bool {
+        UnparsedPublicKey::new(&ED25519, &self.0)
+            .verify(msg, sig)
+            .is_ok()
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(s: &str) -> Option<PeerId> {
+        if s.len() != 64 || !s.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(PeerId(out))
+    }
+}
+
+impl fmt::Display for PeerId {
+    /// Short form for logs: the first 8 bytes in hex.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PeerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PeerId({self})")
+    }
+}
+
+/// A node's private identity. `Debug` never shows the secret.
+pub struct Identity {
+    seed: [u8; 32],
+    key: Ed25519KeyPair,
+    id: PeerId,
+}
+
+/// PKCS#8 v1 prefix of an Ed25519 private key (RFC 8410): the 32-byte seed
+/// follows it.
+const PKCS8_ED25519_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+impl Identity {
+    /// The identity with this 32-byte secret seed.
+    pub fn from_seed(seed: [u8; 32]) -> Identity {
+        let key = Ed25519KeyPair::from_seed_unchecked(&seed)
+            .expect("any 32-byte seed is a valid Ed25519 key");
+        let mut pk = [0u8; 32];
+        pk.copy_from_slice(key.public_key().as_ref());
+        Identity {
+            seed,
+            key,
+            id: PeerId(pk),
+        }
+    }
+
+    /// A fresh identity from the OS random generator.
+    pub fn generate() -> Identity {
+        let mut seed = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed)
+            .expect("OS random generator");
+        Identity::from_seed(seed)
+    }
+
+    pub fn peer_id(&self) -> PeerId {
+        self.id
+    }
+
+    /// The secret seed (for storing the identity; never log it).
+    pub fn seed(&self) -> &[u8; 32] {
+        &self.seed
+    }
+
+    pub fn sign(&self, msg: &[u8]) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        out.copy_from_slice(self.key.sign(msg).as_ref());
+        out
+    }
+
+    /// The private key as PKCS#8 DER (what certificate and TLS libraries take).
+    pub fn pkcs8_der(&self) -> Vec<u8> {
+        let mut v = PKCS8_ED25519_PREFIX.to_vec();
+        v.extend_from_slice(&self.seed);
+        v
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Identity({}, secret hidden)", self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_verify_and_hex() {
+        let a = Identity::from_seed([7; 32]);
+        let b = Identity::generate();
+        let sig = a.sign(b"frame");
+        assert!(a.peer_id().verify(b"frame", &sig));
+        assert!(!a.peer_id().verify(b"framf", &sig));
+        assert!(!b.peer_id().verify(b"frame", &sig));
+        assert_eq!(PeerId::from_hex(&a.peer_id().to_hex()), Some(a.peer_id()));
+        assert_eq!(PeerId::from_hex("zz"), None);
+        assert!(!format!("{a:?}").contains(&format!("{:02x}{:02x}", 7, 7)));
+        // PKCS#8 form is accepted by ring and yields the same public key.
+        let k = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&a.pkcs8_der()).unwrap();
+        assert_eq!(k.public_key().as_ref(), &a.peer_id().0);
+    }
+}
