@@ -1,0 +1,290 @@
+//! TLS for the data plane, bound to node identities.
+//!
+//! Each miner's certificate is self-signed with its Ed25519 identity key, so
+//! the key in the certificate *is* the identity. A peer is accepted only if
+//! that key belongs to an identity the control plane published (the
+//! `PeerDirectory`), and when dialling, only if it is exactly the identity we
+//! meant to reach. There is no "accept any certificate" path. Handshake
+//! signatures are checked by rustls' own (webpki) routines, which prove the
+//! peer holds the key.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use iota_core::{Identity, PeerId};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+/// ALPN protocol id of the data plane.
+pub const ALPN: &[u8] = b"iota-dp/1";
+
+/// DER of an Ed25519 SubjectPublicKeyInfo, up to the 32 key bytes.
+const ED25519_SPKI_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// What the data plane knows of a peer: where to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerEntry {
+    pub addr: Option<SocketAddr>,
+}
+
+/// The identities this node may talk to, as published by the control plane.
+#[derive(Debug, Default)]
+pub struct PeerDirectory {
+    peers: RwLock<HashMap<PeerId, PeerEntry>>,
+}
+
+impl PeerDirectory {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    pub fn insert(&self, peer: PeerId, addr: Option<SocketAddr>) {
+        self.peers.write().unwrap().insert(peer, PeerEntry { addr });
+    }
+    pub fn remove(&self, peer: &PeerId) -> bool {
+        self.peers.write().unwrap().remove(peer).is_some()
+    }
+    pub fn contains(&self, peer: &PeerId) -> bool {
+        self.peers.read().unwrap().contains_key(peer)
+    }
+    pub fn addr(&self, peer: &PeerId) -> Option<SocketAddr> {
+        self.peers.read().unwrap().get(peer).and_then(|e| e.addr)
+    }
+}
+
+/// The crypto provider of the whole data plane (ring), chosen explicitly.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A self-signed certificate carrying `id`'s key, and that key.
+pub fn certificate(
+    id: &Identity,
+) -> anyhow::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
+    let der = PrivatePkcs8KeyDer::from(id.pkcs8_der());
+    let kp = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_ED25519)?;
+    let params = rcgen::CertificateParams::new(vec!["iota-peer".to_string()])?;
+    let cert = params.self_signed(&kp)?;
+    Ok((cert.der().clone(), PrivateKeyDer::Pkcs8(der)))
+}
+
+/// The identity whose key a certificate carries.
+pub fn peer_of_cert(cert: &CertificateDer<'_>) -> Result<PeerId, rustls::Error> {
+    let ee =
+        webpki::EndEntityCert::try_from(cert).map_err(|_| bad_cert("unparsable certificate"))?;
+    let spki = ee.subject_public_key_info();
+    let spki = spki.as_ref();
+    if spki.len() != ED25519_SPKI_PREFIX.len() + 32
+        || spki[..ED25519_SPKI_PREFIX.len()] != ED25519_SPKI_PREFIX
+    {
+        return Err(bad_cert("certificate key is not an Ed25519 identity key"));
+    }
+    let mut pk = [0u8; 32];
+    pk.copy_from_slice(&spki[ED25519_SPKI_PREFIX.len()..]);
+    Ok(PeerId(pk))
+}
+
+/// The identity a finished QUIC handshake authenticated.
+pub fn peer_of_connection(conn: &quinn::Connection) -> Option<PeerId> {
+    let certs = conn
+        .peer_identity()?
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .ok()?;
+    peer_of_cert(certs.first()?).ok()
+}
+
+fn bad_cert(msg: &str) -> rustls::Error {
+    rustls::Error::General(msg.to_string())
+}
+
+/// Verifies handshake signatures with the provider's algorithms.
+#[derive(Debug)]
+struct Signatures(Arc<CryptoProvider>);
+
+impl Signatures {
+    fn tls12(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn tls13(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Client side: the server must be exactly `expected`, and published.
+#[derive(Debug)]
+pub struct ExpectPeer {
+    expected: PeerId,
+    dir: Arc<PeerDirectory>,
+    sig: Signatures,
+}
+
+impl ExpectPeer {
+    pub fn new(expected: PeerId, dir: Arc<PeerDirectory>, provider: Arc<CryptoProvider>) -> Self {
+        ExpectPeer {
+            expected,
+            dir,
+            sig: Signatures(provider),
+        }
+    }
+}
+
+impl ServerCertVerifier for ExpectPeer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let peer = peer_of_cert(end_entity)?;
+        if peer != self.expected {
+            return Err(bad_cert(&format!(
+                "server is {peer}, expected {}",
+                self.expected
+            )));
+        }
+        if !self.dir.contains(&peer) {
+            return Err(bad_cert(&format!("server {peer} is not a published peer")));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.sig.tls12(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.sig.tls13(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.sig.schemes()
+    }
+}
+
+/// Server side: every client must present a published identity.
+#[derive(Debug)]
+pub struct PublishedPeers {
+    dir: Arc<PeerDirectory>,
+    sig: Signatures,
+}
+
+impl PublishedPeers {
+    pub fn new(dir: Arc<PeerDirectory>, provider: Arc<CryptoProvider>) -> Self {
+        PublishedPeers {
+            dir,
+            sig: Signatures(provider),
+        }
+    }
+}
+
+impl ClientCertVerifier for PublishedPeers {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _i: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let peer = peer_of_cert(end_entity)?;
+        if !self.dir.contains(&peer) {
+            return Err(bad_cert(&format!("client {peer} is not a published peer")));
+        }
+        Ok(ClientCertVerified::assertion())
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.sig.tls12(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.sig.tls13(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.sig.schemes()
+    }
+}
+
+/// rustls server config requiring a published client identity (TLS 1.3).
+pub fn server_config(
+    id: &Identity,
+    dir: Arc<PeerDirectory>,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let p = provider();
+    let (cert, key) = certificate(id)?;
+    let mut c = rustls::ServerConfig::builder_with_provider(p.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(PublishedPeers::new(dir, p)))
+        .with_single_cert(vec![cert], key)?;
+    c.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(c)
+}
+
+/// rustls client config that presents `id` and accepts only `expected`.
+pub fn client_config(
+    id: &Identity,
+    expected: PeerId,
+    dir: Arc<PeerDirectory>,
+) -> anyhow::Result<rustls::ClientConfig> {
+    let p = provider();
+    let (cert, key) = certificate(id)?;
+    let mut c = rustls::ClientConfig::builder_with_provider(p.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ExpectPeer::new(expected, dir, p)))
+        .with_client_auth_cert(vec![cert], key)?;
+    c.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_carries_the_identity() {
+        let id = Identity::from_seed([9; 32]);
+        let (cert, _) = certificate(&id).unwrap();
+        assert_eq!(peer_of_cert(&cert).unwrap(), id.peer_id());
+        assert!(peer_of_cert(&CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00])).is_err());
+    }
+}

@@ -1,0 +1,475 @@
+//! The QUIC transport between miners.
+//!
+//! Every endpoint is both server and client. To send, a node dials the peer
+//! (once; the connection is reused and re-dialled if lost) and writes frames
+//! on a *lane*: one unidirectional QUIC stream per (peer, direction). Frames
+//! on a lane are written back to back without waiting, so many are in flight,
+//! and arrive in the order they were sent; lanes of different directions do
+//! not block each other. **Ordering promise:** frames one sender sends to one
+//! receiver in one direction are delivered in send order, each exactly once
+//! (sequence numbers reject replays and retried duplicates).
+//!
+//! Receiving: each incoming stream is read by its own task, which validates
+//! every frame (see `frame`) before reading its payload into a pool buffer,
+//! then queues it for the consumer. The pool budget and the bounded queue are
+//! the backpressure: when either is full the task stops reading, QUIC flow
+//! control stops the sender, and no memory grows.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iota_core::wire::{Direction, FrameHeader};
+use iota_core::{Identity, PeerId};
+use quinn::VarInt;
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::frame::{self, FrameError, FrameMeta, RunContext, SeqGuard};
+use crate::pool::{self, BufferPool, PooledBuf};
+use crate::stats::{Stats, StatsSnapshot, add};
+use crate::tls::{self, PeerDirectory};
+
+/// Knobs of the transport. Defaults suit activation traffic over the
+/// internet; the probe and benchmark override them from the command line.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Longest a single frame may take to be written.
+    pub frame_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// A connection with no traffic (keep-alives included) for this long is dropped.
+    pub idle_timeout: Duration,
+    pub keep_alive: Duration,
+    /// Received frames queued for the consumer before reading stops.
+    pub recv_queue: usize,
+    /// Flow-control windows (bytes): per stream, per connection, and the send buffer.
+    pub stream_window: u32,
+    pub conn_window: u32,
+    pub send_window: u64,
+    /// Incoming unidirectional streams a peer may have open at once.
+    pub max_streams: u32,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            frame_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            keep_alive: Duration::from_secs(5),
+            recv_queue: 64,
+            stream_window: 32 << 20,
+            conn_window: 64 << 20,
+            send_window: 64 << 20,
+            max_streams: 64,
+        }
+    }
+}
+
+impl TransportConfig {
+    fn quinn(&self) -> anyhow::Result<Arc<quinn::TransportConfig>> {
+        let mut t = quinn::TransportConfig::default();
+        t.max_idle_timeout(Some(self.idle_timeout.try_into()?))
+            .keep_alive_interval(Some(self.keep_alive))
+            .stream_receive_window(VarInt::from_u32(self.stream_window))
+            .receive_window(VarInt::from_u32(self.conn_window))
+            .send_window(self.send_window)
+            .max_concurrent_uni_streams(VarInt::from_u32(self.max_streams))
+            .max_concurrent_bidi_streams(VarInt::from_u32(0));
+        Ok(Arc::new(t))
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum SendError {
+    #[error("no address known for peer {0}")]
+    NoAddress(PeerId),
+    #[error("connecting to {peer} failed: {msg}")]
+    Connect { peer: PeerId, msg: String },
+    #[error("sending to {peer} failed: {msg}")]
+    Stream { peer: PeerId, msg: String },
+    #[error("sending to {0} timed out")]
+    Timeout(PeerId),
+}
+
+/// A validated frame and its payload, in a pool buffer.
+#[derive(Debug)]
+pub struct ReceivedFrame {
+    pub header: FrameHeader,
+    pub payload: PooledBuf,
+    /// The authenticated identity it came from.
+    pub peer: PeerId,
+}
+
+struct Lane {
+    stream: Option<(quinn::Connection, quinn::SendStream)>,
+    next_seq: u64,
+}
+
+struct Inner {
+    ep: quinn::Endpoint,
+    id: Arc<Identity>,
+    dir: Arc<PeerDirectory>,
+    ctx: Arc<RunContext>,
+    pool: Arc<dyn BufferPool>,
+    stats: Arc<Stats>,
+    cfg: TransportConfig,
+    transport: Arc<quinn::TransportConfig>,
+    conns: tokio::sync::Mutex<HashMap<PeerId, quinn::Connection>>,
+    lanes: Mutex<HashMap<(PeerId, Direction), Arc<tokio::sync::Mutex<Lane>>>>,
+    guards: Mutex<HashMap<(PeerId, Direction), Arc<SeqGuard>>>,
+    tx: mpsc::Sender<ReceivedFrame>,
+}
+
+/// A data-plane endpoint: sends frames to peers and receives theirs.
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    rx: tokio::sync::Mutex<mpsc::Receiver<ReceivedFrame>>,
+}
+
+impl Endpoint {
+    /// Binds `addr` (UDP) and starts accepting published peers. Must be
+    /// called inside a tokio runtime.
+    pub fn bind(
+        addr: SocketAddr,
+        id: Identity,
+        dir: Arc<PeerDirectory>,
+        ctx: Arc<RunContext>,
+        pool: Arc<dyn BufferPool>,
+        cfg: TransportConfig,
+    ) -> anyhow::Result<Endpoint> {
+        let transport = cfg.quinn()?;
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls::server_config(
+            &id,
+            dir.clone(),
+        )?)?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        server.transport_config(transport.clone());
+        let ep = quinn::Endpoint::server(server, addr)?;
+        let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
+        let inner = Arc::new(Inner {
+            ep,
+            id: Arc::new(id),
+            dir,
+            ctx,
+            pool,
+            stats: Arc::new(Stats::default()),
+            cfg,
+            transport,
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+            guards: Mutex::new(HashMap::new()),
+            tx,
+        });
+        tokio::spawn(accept_loop(inner.clone()));
+        Ok(Endpoint {
+            inner,
+            rx: tokio::sync::Mutex::new(rx),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.ep.local_addr()
+    }
+    pub fn peer_id(&self) -> PeerId {
+        self.inner.id.peer_id()
+    }
+    pub fn directory(&self) -> &Arc<PeerDirectory> {
+        &self.inner.dir
+    }
+    pub fn run_context(&self) -> &Arc<RunContext> {
+        &self.inner.ctx
+    }
+    pub fn pool(&self) -> &Arc<dyn BufferPool> {
+        &self.inner.pool
+    }
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+    /// Frames received and waiting for the consumer.
+    pub fn queued(&self) -> usize {
+        self.inner.cfg.recv_queue.max(1) - self.inner.tx.capacity()
+    }
+
+    /// Sends one frame to `to` on the lane of `meta.direction`. Returns the
+    /// frame's id (what an answer puts in `answers`). On a lost connection it
+    /// re-dials and retries once with the same sequence number, so the
+    /// receiver delivers the frame at most once.
+    pub async fn send(
+        &self,
+        to: PeerId,
+        meta: &FrameMeta,
+        payload: &[u8],
+    ) -> Result<[u8; 32], SendError> {
+        let inner = &self.inner;
+        let lane = inner.lane(to, meta.direction);
+        let mut lane = lane.lock().await;
+        let header = frame::build_header(meta, inner.ctx.run_id, lane.next_seq, payload, &inner.id);
+        let prefix = frame::prefix_bytes(&header);
+        let mut retried = false;
+        loop {
+            let r = tokio::time::timeout(
+                inner.cfg.frame_timeout,
+                inner.write(&mut lane, to, &prefix, payload),
+            )
+            .await;
+            let err = match r {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => e,
+                Err(_) => SendError::Timeout(to),
+            };
+            if let Some((_, mut s)) = lane.stream.take() {
+                // Abandon the half-written frame so the receiver discards it.
+                let _ = s.reset(VarInt::from_u32(1));
+            }
+            let retry = !retried && matches!(err, SendError::Stream { .. });
+            if !retry {
+                add(&inner.stats.send_failures, 1);
+                return Err(err);
+            }
+            debug!(peer = %to, error = %err, "lane broken; re-dialling once");
+            retried = true;
+        }
+        lane.next_seq += 1;
+        add(&inner.stats.frames_sent, 1);
+        add(
+            &inner.stats.bytes_sent,
+            (prefix.len() + payload.len()) as u64,
+        );
+        Ok(header.frame_id())
+    }
+
+    /// Writes `bytes` as they are on a fresh stream to `to` (for tests and
+    /// fuzzing of the receive path: a hostile peer does exactly this).
+    pub async fn send_raw(&self, to: PeerId, bytes: &[u8]) -> Result<(), SendError> {
+        let conn = self.inner.connection(to).await?;
+        let stream_err = |e: &dyn std::fmt::Display| SendError::Stream {
+            peer: to,
+            msg: e.to_string(),
+        };
+        let mut s = conn.open_uni().await.map_err(|e| stream_err(&e))?;
+        s.write_all(bytes).await.map_err(|e| stream_err(&e))?;
+        s.finish().map_err(|e| stream_err(&e))?;
+        Ok(())
+    }
+
+    /// Waits for the next valid frame (None once the endpoint is closed).
+    pub async fn recv(&self) -> Option<ReceivedFrame> {
+        self.rx.lock().await.recv().await
+    }
+
+    /// Closes every connection.
+    pub fn close(&self) {
+        self.inner.ep.close(VarInt::from_u32(0), b"closing");
+    }
+}
+
+impl Inner {
+    fn lane(&self, to: PeerId, d: Direction) -> Arc<tokio::sync::Mutex<Lane>> {
+        self.lanes
+            .lock()
+            .unwrap()
+            .entry((to, d))
+            .or_insert_with(|| {
+                Arc::new(tokio::sync::Mutex::new(Lane {
+                    stream: None,
+                    next_seq: 0,
+                }))
+            })
+            .clone()
+    }
+
+    fn guard(&self, from: PeerId, d: Direction) -> Arc<SeqGuard> {
+        self.guards
+            .lock()
+            .unwrap()
+            .entry((from, d))
+            .or_default()
+            .clone()
+    }
+
+    /// The live connection to `to`, dialling it if needed.
+    async fn connection(&self, to: PeerId) -> Result<quinn::Connection, SendError> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&to) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+            conns.remove(&to);
+        }
+        let addr = self.dir.addr(&to).ok_or(SendError::NoAddress(to))?;
+        let fail = |msg: String| SendError::Connect { peer: to, msg };
+        let crypto =
+            tls::client_config(&self.id, to, self.dir.clone()).map_err(|e| fail(e.to_string()))?;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+            .map_err(|e| fail(e.to_string()))?;
+        let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+        cfg.transport_config(self.transport.clone());
+        let connecting = self
+            .ep
+            .connect_with(cfg, addr, "iota-peer")
+            .map_err(|e| fail(e.to_string()))?;
+        let conn = tokio::time::timeout(self.cfg.connect_timeout, connecting)
+            .await
+            .map_err(|_| fail("timed out".into()))?
+            .map_err(|e| fail(e.to_string()))?;
+        add(&self.stats.connects, 1);
+        conns.insert(to, conn.clone());
+        Ok(conn)
+    }
+
+    async fn write(
+        &self,
+        lane: &mut Lane,
+        to: PeerId,
+        prefix: &[u8],
+        payload: &[u8],
+    ) -> Result<(), SendError> {
+        let stale = lane
+            .stream
+            .as_ref()
+            .is_none_or(|(c, _)| c.close_reason().is_some());
+        if stale {
+            let conn = self.connection(to).await?;
+            let s = conn.open_uni().await.map_err(|e| SendError::Stream {
+                peer: to,
+                msg: e.to_string(),
+            })?;
+            lane.stream = Some((conn, s));
+        }
+        let (_, s) = lane.stream.as_mut().expect("stream just ensured");
+        let err = |e: quinn::WriteError| SendError::Stream {
+            peer: to,
+            msg: e.to_string(),
+        };
+        s.write_all(prefix).await.map_err(err)?;
+        s.write_all(payload).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// Reads one frame after its 8-byte prefix. On error, says whether the
+    /// stream is still at a frame boundary (the payload was consumed).
+    async fn read_frame(
+        &self,
+        peer: PeerId,
+        s: &mut quinn::RecvStream,
+        prefix: [u8; 8],
+    ) -> Result<ReceivedFrame, (FrameError, bool)> {
+        let hl = frame::check_prefix(&prefix).map_err(|e| (e, false))?;
+        let mut hb = vec![0u8; hl + frame::padding_len()];
+        s.read_exact(&mut hb)
+            .await
+            .map_err(|_| (FrameError::Truncated, false))?;
+        let h = frame::parse_header(&hb[..hl]).map_err(|e| (e, false))?;
+        if hb[hl..].iter().any(|&b| b != 0) {
+            return Err((FrameError::Malformed("non-zero padding".into()), false));
+        }
+        let checked = if self.dir.contains(&peer) {
+            frame::check_header(&h, &self.ctx, peer)
+        } else {
+            Err(FrameError::UnknownSender(peer))
+        };
+        if let Err(e) = checked {
+            // A bounded payload is skipped so the stream stays usable.
+            let skippable =
+                h.payload_len <= self.ctx.limits.max_payload && !matches!(e, FrameError::Shape(_));
+            let at_boundary = skippable && skip(s, h.payload_len).await;
+            return Err((e, at_boundary));
+        }
+        let len = h.payload_len as usize;
+        let Some(mut buf) = pool::take(&self.pool, len).await else {
+            return Err((
+                FrameError::TooLarge {
+                    got: h.payload_len,
+                    limit: self.pool.budget_bytes() as u64,
+                },
+                false,
+            ));
+        };
+        s.read_exact(&mut buf)
+            .await
+            .map_err(|_| (FrameError::Truncated, false))?;
+        add(&self.stats.payload_copies, 1);
+        frame::check_payload(&h, &buf).map_err(|e| (e, true))?;
+        self.guard(peer, h.direction)
+            .accept(h.seq_no)
+            .map_err(|e| (e, true))?;
+        Ok(ReceivedFrame {
+            header: h,
+            payload: buf,
+            peer,
+        })
+    }
+}
+
+/// Reads and drops `n` bytes; false if the stream ended first.
+async fn skip(s: &mut quinn::RecvStream, mut n: u64) -> bool {
+    while n > 0 {
+        match s.read_chunk(n.min(1 << 20) as usize, true).await {
+            Ok(Some(c)) => n -= c.bytes.len() as u64,
+            _ => return false,
+        }
+    }
+    true
+}
+
+async fn accept_loop(inner: Arc<Inner>) {
+    while let Some(incoming) = inner.ep.accept().await {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    debug!(error = %e, "incoming connection refused or failed");
+                    return;
+                }
+            };
+            let Some(peer) = tls::peer_of_connection(&conn) else {
+                conn.close(VarInt::from_u32(3), b"no identity");
+                return;
+            };
+            while let Ok(stream) = conn.accept_uni().await {
+                tokio::spawn(read_stream(inner.clone(), peer, stream));
+            }
+        });
+    }
+}
+
+async fn read_stream(inner: Arc<Inner>, peer: PeerId, mut s: quinn::RecvStream) {
+    loop {
+        let mut prefix = [0u8; 8];
+        match s.read_exact(&mut prefix).await {
+            Ok(()) => {}
+            // The stream ended cleanly at a frame boundary.
+            Err(quinn::ReadExactError::FinishedEarly(0)) => return,
+            Err(quinn::ReadExactError::FinishedEarly(_)) => {
+                inner.stats.reject(&FrameError::Truncated);
+                return;
+            }
+            // Reset by the sender (e.g. an abandoned frame) or connection lost.
+            Err(quinn::ReadExactError::ReadError(e)) => {
+                debug!(peer = %peer, error = %e, "stream ended");
+                return;
+            }
+        }
+        match inner.read_frame(peer, &mut s, prefix).await {
+            Ok(f) => {
+                add(&inner.stats.frames_received, 1);
+                add(&inner.stats.bytes_received, f.payload.len() as u64);
+                if inner.tx.send(f).await.is_err() {
+                    return; // the consumer is gone
+                }
+            }
+            Err((e, at_boundary)) => {
+                inner.stats.reject(&e);
+                warn!(peer = %peer, kind = e.kind(), error = %e, "frame rejected");
+                if !at_boundary {
+                    let _ = s.stop(VarInt::from_u32(2));
+                    return;
+                }
+            }
+        }
+    }
+}
