@@ -302,6 +302,14 @@ pub fn padding_len() -> usize {
     payload_offset() - 8 - header_len()
 }
 
+/// The padding must be zeros (a sender cannot hide data there).
+pub fn check_padding(pad: &[u8]) -> Result<(), FrameError> {
+    if pad.iter().any(|&b| b != 0) {
+        return Err(FrameError::Malformed("non-zero padding".into()));
+    }
+    Ok(())
+}
+
 /// Highest sequence number delivered per lane, to refuse replays.
 #[derive(Debug, Default)]
 pub struct SeqGuard {
@@ -336,6 +344,7 @@ pub fn decode_frame<'a>(
     let hl = check_prefix(prefix)?;
     let hbytes = bytes.get(8..8 + hl).ok_or(FrameError::Truncated)?;
     let h = parse_header(hbytes)?;
+    check_padding(bytes.get(8 + hl..payload_offset()).ok_or(FrameError::Truncated)?)?;
     check_header(&h, ctx, peer)?;
     let start = payload_offset();
     let end = start

@@ -363,9 +363,7 @@ impl Inner {
             .await
             .map_err(|_| (FrameError::Truncated, false))?;
         let h = frame::parse_header(&hb[..hl]).map_err(|e| (e, false))?;
-        if hb[hl..].iter().any(|&b| b != 0) {
-            return Err((FrameError::Malformed("non-zero padding".into()), false));
-        }
+        frame::check_padding(&hb[hl..]).map_err(|e| (e, false))?;
         let checked = if self.dir.contains(&peer) {
             frame::check_header(&h, &self.ctx, peer)
         } else {
