@@ -344,7 +344,11 @@ pub fn decode_frame<'a>(
     let hl = check_prefix(prefix)?;
     let hbytes = bytes.get(8..8 + hl).ok_or(FrameError::Truncated)?;
     let h = parse_header(hbytes)?;
-    check_padding(bytes.get(8 + hl..payload_offset()).ok_or(FrameError::Truncated)?)?;
+    check_padding(
+        bytes
+            .get(8 + hl..payload_offset())
+            .ok_or(FrameError::Truncated)?,
+    )?;
     check_header(&h, ctx, peer)?;
     let start = payload_offset();
     let end = start

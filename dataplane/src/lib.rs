@@ -5,6 +5,7 @@
 //! - [`transport`]: the QUIC endpoint (lanes, reconnects, backpressure);
 //! - [`pool`]: bounded receive pools (`HostPool`; CUDA pinned memory later).
 
+pub mod fileio;
 pub mod frame;
 pub mod pool;
 pub mod stats;

@@ -4,22 +4,36 @@
 
 use iota_core::wire::Direction;
 use iota_core::{Identity, WireCodec};
-use iota_dataplane::frame::{FrameLimits, FrameMeta, RunContext, build_header, decode_frame, prefix_bytes};
+use iota_dataplane::frame::{
+    FrameLimits, FrameMeta, RunContext, build_header, decode_frame, prefix_bytes,
+};
 use proptest::prelude::*;
 
 fn meta_strategy() -> impl Strategy<Value = FrameMeta> {
-    (0usize..4, 0u8..4, proptest::collection::vec(1u32..40, 1..=4), any::<u16>(), 3u32..5, any::<u32>(), any::<u64>(), any::<u32>(), any::<[u8; 32]>())
-        .prop_map(|(d, c, shape, stage, epoch, shard, first, samples, answers)| FrameMeta {
-            direction: Direction::ALL[d],
-            codec: WireCodec::from_id(c).unwrap(),
-            stage,
-            epoch,
-            shard,
-            first_sample: first,
-            samples,
-            shape,
-            answers,
-        })
+    (
+        0usize..4,
+        0u8..4,
+        proptest::collection::vec(1u32..40, 1..=4),
+        any::<u16>(),
+        3u32..5,
+        any::<u32>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<[u8; 32]>(),
+    )
+        .prop_map(
+            |(d, c, shape, stage, epoch, shard, first, samples, answers)| FrameMeta {
+                direction: Direction::ALL[d],
+                codec: WireCodec::from_id(c).unwrap(),
+                stage,
+                epoch,
+                shard,
+                first_sample: first,
+                samples,
+                shape,
+                answers,
+            },
+        )
 }
 
 fn payload_len(m: &FrameMeta) -> usize {
