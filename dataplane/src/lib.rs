@@ -7,7 +7,9 @@
 
 pub mod fileio;
 pub mod frame;
+pub mod identity_file;
 pub mod pool;
+pub mod probe;
 pub mod stats;
 pub mod tls;
 pub mod transport;
@@ -17,3 +19,13 @@ pub use pool::{BufferPool, HostPool, PooledBuf};
 pub use stats::StatsSnapshot;
 pub use tls::PeerDirectory;
 pub use transport::{Endpoint, ReceivedFrame, SendError, TransportConfig};
+
+/// Logging for the binaries: `RUST_LOG` filters (default `info`), to stderr.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,7 +1,8 @@
 //! The QUIC transport between miners.
 //!
-//! Every endpoint is both server and client. To send, a node dials the peer
-//! (once; the connection is reused and re-dialled if lost) and writes frames
+//! Every endpoint is both server and client. To send, a node uses its
+//! connection to the peer: one the peer opened, or one it dials (once; the
+//! connection is reused and re-dialled if lost), and writes frames
 //! on a *lane*: one unidirectional QUIC stream per (peer, direction). Frames
 //! on a lane are written back to back without waiting, so many are in flight,
 //! and arrive in the order they were sent; lanes of different directions do
@@ -291,7 +292,7 @@ impl Inner {
     }
 
     /// The live connection to `to`, dialling it if needed.
-    async fn connection(&self, to: PeerId) -> Result<quinn::Connection, SendError> {
+    async fn connection(self: &Arc<Self>, to: PeerId) -> Result<quinn::Connection, SendError> {
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(&to) {
             if c.close_reason().is_none() {
@@ -299,6 +300,7 @@ impl Inner {
             }
             conns.remove(&to);
         }
+        // A connection the peer opened counts too (see `accept_loop`).
         let addr = self.dir.addr(&to).ok_or(SendError::NoAddress(to))?;
         let fail = |msg: String| SendError::Connect { peer: to, msg };
         let crypto =
@@ -317,11 +319,12 @@ impl Inner {
             .map_err(|e| fail(e.to_string()))?;
         add(&self.stats.connects, 1);
         conns.insert(to, conn.clone());
+        tokio::spawn(read_connection(self.clone(), to, conn.clone()));
         Ok(conn)
     }
 
     async fn write(
-        &self,
+        self: &Arc<Self>,
         lane: &mut Lane,
         to: PeerId,
         prefix: &[u8],
@@ -428,10 +431,23 @@ async fn accept_loop(inner: Arc<Inner>) {
                 conn.close(VarInt::from_u32(3), b"no identity");
                 return;
             };
-            while let Ok(stream) = conn.accept_uni().await {
-                tokio::spawn(read_stream(inner.clone(), peer, stream));
-            }
+            // Frames to this peer may go back on the connection it opened
+            // (no address needed, and it works through NAT).
+            inner
+                .conns
+                .lock()
+                .await
+                .entry(peer)
+                .or_insert_with(|| conn.clone());
+            read_connection(inner, peer, conn).await;
         });
+    }
+}
+
+/// Reads every stream the peer opens on `conn`, whichever side dialled.
+async fn read_connection(inner: Arc<Inner>, peer: PeerId, conn: quinn::Connection) {
+    while let Ok(stream) = conn.accept_uni().await {
+        tokio::spawn(read_stream(inner.clone(), peer, stream));
     }
 }
 

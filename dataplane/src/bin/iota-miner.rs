@@ -1,4 +1,175 @@
+//! `iota-miner`: the data-plane daemon of a GPU owner. For now it offers the
+//! transport probe; the stage worker arrives with the control plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use iota_core::{Identity, PeerId};
+use iota_dataplane::probe::{self, ProbeReport};
+use iota_dataplane::{
+    Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file,
+};
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() {}
+#[derive(Parser)]
+#[command(
+    name = "iota-miner",
+    version,
+    about = "iota-rs miner: the data-plane daemon"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure the QUIC data plane: send frames to a peer and report
+    /// throughput and latency (send start to acknowledgement).
+    ///
+    /// Two machines: start `--listen ADDR --allow PEER` on one (it prints its
+    /// peer id), then `--connect ADDR --peer ID` on the other, each with its
+    /// own `--identity` file. One machine: `--local`.
+    TransportProbe(ProbeArgs),
+}
+
+#[derive(Args)]
+struct ProbeArgs {
+    /// Run both ends in this process over 127.0.0.1.
+    #[arg(long, conflicts_with_all = ["listen", "connect"])]
+    local: bool,
+    /// Receive on this UDP address.
+    #[arg(long, conflicts_with = "connect")]
+    listen: Option<SocketAddr>,
+    /// Send to the prober listening at this address.
+    #[arg(long, requires = "peer")]
+    connect: Option<SocketAddr>,
+    /// Peer id (hex) of the listener to send to.
+    #[arg(long)]
+    peer: Option<String>,
+    /// Peer ids (hex) allowed to send to this listener.
+    #[arg(long)]
+    allow: Vec<String>,
+    /// This node's identity file (created if missing; keep it secret).
+    #[arg(long, default_value = "iota-probe.key")]
+    identity: PathBuf,
+    /// Frames to send.
+    #[arg(long, default_value_t = 1000)]
+    frames: u64,
+    /// Payload bytes per frame (a multiple of 4).
+    #[arg(long, default_value_t = 256 << 10)]
+    size: usize,
+    /// Receive pool budget in MiB.
+    #[arg(long, default_value_t = 256)]
+    pool_mib: usize,
+}
+
+fn main() {
+    iota_dataplane::init_logging();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let res = rt.block_on(async {
+        match cli.cmd {
+            Cmd::TransportProbe(a) => transport_probe(a).await,
+        }
+    });
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn parse_peer(s: &str) -> Result<PeerId> {
+    PeerId::from_hex(s.trim())
+        .with_context(|| format!("'{s}' is not a peer id (64 hex characters)"))
+}
+
+fn endpoint(addr: SocketAddr, id: Identity, pool_mib: usize) -> Result<Endpoint> {
+    let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
+    Endpoint::bind(
+        addr,
+        id,
+        PeerDirectory::new(),
+        ctx,
+        HostPool::new(pool_mib << 20),
+        TransportConfig::default(),
+    )
+    .with_context(|| format!("binding {addr}"))
+}
+
+fn print_report(r: &ProbeReport) {
+    println!(
+        "{} frames x {} bytes in {:.3}s: {:.3} GB/s, {:.0} frames/s, latency p50 {:.2} ms, p99 {:.2} ms",
+        r.frames,
+        r.frame_bytes,
+        r.elapsed.as_secs_f64(),
+        r.gbps(),
+        r.frames as f64 / r.elapsed.as_secs_f64(),
+        r.latency(0.5).as_secs_f64() * 1e3,
+        r.latency(0.99).as_secs_f64() * 1e3
+    );
+}
+
+async fn transport_probe(a: ProbeArgs) -> Result<()> {
+    if a.size == 0 || a.size % 4 != 0 {
+        bail!("--size must be a positive multiple of 4");
+    }
+    if a.local {
+        let rx = endpoint("127.0.0.1:0".parse()?, Identity::generate(), a.pool_mib)?;
+        let tx = Arc::new(endpoint(
+            "127.0.0.1:0".parse()?,
+            Identity::generate(),
+            a.pool_mib,
+        )?);
+        rx.directory().insert(tx.peer_id(), None);
+        tx.directory().insert(rx.peer_id(), Some(rx.local_addr()?));
+        let (frames, to) = (a.frames, rx.peer_id());
+        let server = tokio::spawn(async move { probe::serve(&rx, frames).await });
+        let r = probe::push(tx, to, a.frames, a.size).await?;
+        server.await??;
+        print_report(&r);
+        return Ok(());
+    }
+    let id = identity_file::load_or_create(&a.identity)?;
+    println!("peer id: {}", id.peer_id().to_hex());
+    if let Some(addr) = a.listen {
+        if a.allow.is_empty() {
+            bail!("--listen needs at least one --allow PEER (the sender's peer id)");
+        }
+        let ep = endpoint(addr, id, a.pool_mib)?;
+        for p in &a.allow {
+            ep.directory().insert(parse_peer(p)?, None);
+        }
+        println!(
+            "listening on {}; waiting for {} frames",
+            ep.local_addr()?,
+            a.frames
+        );
+        // Acknowledgements go back on the connection the sender opened.
+        probe::serve(&ep, a.frames).await?;
+        println!("received {} frames", a.frames);
+        return Ok(());
+    }
+    let Some(addr) = a.connect else {
+        bail!("give --local, --listen ADDR or --connect ADDR")
+    };
+    let peer = parse_peer(a.peer.as_deref().unwrap_or_default())?;
+    let ep = Arc::new(endpoint("0.0.0.0:0".parse()?, id, a.pool_mib)?);
+    ep.directory().insert(peer, Some(addr));
+    let r = tokio::time::timeout(
+        Duration::from_secs(3600),
+        probe::push(ep, peer, a.frames, a.size),
+    )
+    .await??;
+    print_report(&r);
+    Ok(())
+}
