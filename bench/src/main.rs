@@ -4,6 +4,7 @@
 
 mod stage_cpu;
 mod timing;
+mod transport;
 
 use clap::{Parser, Subcommand};
 
@@ -27,12 +28,16 @@ enum Cmd {
     /// ffn 1408, 4 blocks, bottleneck in and out) against the same GEMMs
     /// alone (the floor); also prints each preset's boundary compression.
     StageCpu(stage_cpu::Args),
+    /// Move 1 GiB as frames over loopback with our QUIC data plane, plain TCP
+    /// and TLS 1.3 over TCP; throughput, CPU per GiB, latency, ratios.
+    Transport(transport::Args),
 }
 
 fn main() {
     iota_model::alloc::keep_freed_memory();
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
+        Cmd::Transport(a) => transport::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

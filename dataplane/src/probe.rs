@@ -46,7 +46,8 @@ pub fn percentile(v: &[Duration], q: f64) -> Duration {
     s[((s.len() - 1) as f64 * q).round() as usize]
 }
 
-fn data_meta(size: usize, i: u64) -> FrameMeta {
+/// Metadata of probe data frame `i` (its index travels in `first_sample`).
+pub fn data_meta(size: usize, i: u64) -> FrameMeta {
     FrameMeta {
         direction: Direction::Activation,
         codec: WireCodec::F32,
@@ -80,7 +81,8 @@ pub async fn serve(ep: &Endpoint, frames: u64) -> anyhow::Result<()> {
         };
         let peer = f.peer;
         drop(f); // give the buffer back before acknowledging
-        ep.send(peer, &ack, &[0; 4]).await?;
+        ep.send(peer, &ack, bytes::Bytes::from_static(&[0; 4]))
+            .await?;
     }
     Ok(())
 }
@@ -97,7 +99,10 @@ pub async fn push(
         size % 4 == 0 && size > 0,
         "frame size must be a positive multiple of 4"
     );
-    let payload: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
+    let payload: bytes::Bytes = (0..size)
+        .map(|i| (i * 131 % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
     let sent_at: Arc<Mutex<HashMap<[u8; 32], Instant>>> = Arc::default();
     let acks = {
         let (ep, sent_at) = (ep.clone(), sent_at.clone());
@@ -130,7 +135,7 @@ pub async fn push(
         let t = Instant::now();
         // The frame id is known only after signing; record the start time
         // under it as soon as the send returns.
-        let id = ep.send(to, &meta, &payload).await?;
+        let id = ep.send(to, &meta, payload.clone()).await?;
         sent_at.lock().unwrap().insert(id, t);
     }
     let (latencies, end) = acks.await??;

@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use iota_core::wire::{Direction, FrameHeader};
 use iota_core::{Identity, PeerId};
 use quinn::VarInt;
@@ -51,6 +52,14 @@ pub struct TransportConfig {
     pub send_window: u64,
     /// Incoming unidirectional streams a peer may have open at once.
     pub max_streams: u32,
+    /// Largest UDP payload path-MTU discovery may use. The default suits the
+    /// internet; loopback or jumbo-frame LANs can go up to 65527 (then the
+    /// connection also starts at that size).
+    pub max_mtu: u16,
+    /// UDP socket send and receive buffers (bytes). The kernel default
+    /// (~200 KB) drops packets at GB/s rates; the kernel caps the request
+    /// at net.core.{r,w}mem_max unless running as root.
+    pub socket_buffer: usize,
 }
 
 impl Default for TransportConfig {
@@ -65,6 +74,8 @@ impl Default for TransportConfig {
             conn_window: 64 << 20,
             send_window: 64 << 20,
             max_streams: 64,
+            max_mtu: 1452,
+            socket_buffer: 8 << 20,
         }
     }
 }
@@ -79,6 +90,12 @@ impl TransportConfig {
             .send_window(self.send_window)
             .max_concurrent_uni_streams(VarInt::from_u32(self.max_streams))
             .max_concurrent_bidi_streams(VarInt::from_u32(0));
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(self.max_mtu.max(1200));
+        t.mtu_discovery_config(Some(mtu));
+        if self.max_mtu > 1452 {
+            t.initial_mtu(self.max_mtu);
+        }
         Ok(Arc::new(t))
     }
 }
@@ -148,7 +165,16 @@ impl Endpoint {
         )?)?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(transport.clone());
-        let ep = quinn::Endpoint::server(server, addr)?;
+        let mut ep_cfg = quinn::EndpointConfig::default();
+        // Datagrams larger than this are dropped on receipt: it must admit
+        // the largest packet path-MTU discovery may use.
+        ep_cfg.max_udp_payload_size(cfg.max_mtu.max(1200))?;
+        let ep = quinn::Endpoint::new(
+            ep_cfg,
+            Some(server),
+            udp_socket(addr, cfg.socket_buffer)?,
+            Arc::new(quinn::TokioRuntime),
+        )?;
         let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
         let inner = Arc::new(Inner {
             ep,
@@ -198,22 +224,26 @@ impl Endpoint {
     /// frame's id (what an answer puts in `answers`). On a lost connection it
     /// re-dials and retries once with the same sequence number, so the
     /// receiver delivers the frame at most once.
+    ///
+    /// The payload is `Bytes` so QUIC's send queue references it instead of
+    /// copying it (cloning `Bytes` only counts a reference).
     pub async fn send(
         &self,
         to: PeerId,
         meta: &FrameMeta,
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<[u8; 32], SendError> {
         let inner = &self.inner;
         let lane = inner.lane(to, meta.direction);
         let mut lane = lane.lock().await;
-        let header = frame::build_header(meta, inner.ctx.run_id, lane.next_seq, payload, &inner.id);
-        let prefix = frame::prefix_bytes(&header);
+        let header =
+            frame::build_header(meta, inner.ctx.run_id, lane.next_seq, &payload, &inner.id);
+        let prefix = Bytes::from(frame::prefix_bytes(&header));
         let mut retried = false;
         loop {
             let r = tokio::time::timeout(
                 inner.cfg.frame_timeout,
-                inner.write(&mut lane, to, &prefix, payload),
+                inner.write(&mut lane, to, prefix.clone(), payload.clone()),
             )
             .await;
             let err = match r {
@@ -327,8 +357,8 @@ impl Inner {
         self: &Arc<Self>,
         lane: &mut Lane,
         to: PeerId,
-        prefix: &[u8],
-        payload: &[u8],
+        prefix: Bytes,
+        payload: Bytes,
     ) -> Result<(), SendError> {
         let stale = lane
             .stream
@@ -347,8 +377,8 @@ impl Inner {
             peer: to,
             msg: e.to_string(),
         };
-        s.write_all(prefix).await.map_err(err)?;
-        s.write_all(payload).await.map_err(err)?;
+        s.write_chunk(prefix).await.map_err(err)?;
+        s.write_chunk(payload).await.map_err(err)?;
         Ok(())
     }
 
@@ -389,11 +419,8 @@ impl Inner {
                 false,
             ));
         };
-        s.read_exact(&mut buf)
-            .await
-            .map_err(|_| (FrameError::Truncated, false))?;
+        read_hashed(s, &mut buf, &h.payload_hash).await?;
         add(&self.stats.payload_copies, 1);
-        frame::check_payload(&h, &buf).map_err(|e| (e, true))?;
         self.guard(peer, h.direction)
             .accept(h.seq_no)
             .map_err(|e| (e, true))?;
@@ -403,6 +430,77 @@ impl Inner {
             peer,
         })
     }
+}
+
+/// A bound UDP socket with the requested buffer sizes: forced past the
+/// sysctl cap where we are allowed to (Linux, CAP_NET_ADMIN), otherwise as
+/// large as the cap permits.
+fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        let _ = s.set_only_v6(false);
+    }
+    if !force_buffers(&s, buffer) {
+        s.set_recv_buffer_size(buffer)?;
+        s.set_send_buffer_size(buffer)?;
+    }
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+#[cfg(target_os = "linux")]
+fn force_buffers(s: &socket2::Socket, buffer: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let v = buffer.min(i32::MAX as usize) as libc::c_int;
+    [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE]
+        .iter()
+        .all(|&opt| {
+            // SAFETY: setsockopt reads one c_int through a valid pointer.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &v as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                ) == 0
+            }
+        })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn force_buffers(_: &socket2::Socket, _: usize) -> bool {
+    false
+}
+
+/// Fills `buf` from the stream (the one copy: QUIC's buffers -> pool) and
+/// checks its blake3 hash, hashing each 64 KiB block right after copying it,
+/// while it is still in cache, instead of a second pass over the payload.
+async fn read_hashed(
+    s: &mut quinn::RecvStream,
+    buf: &mut [u8],
+    want: &[u8; 32],
+) -> Result<(), (FrameError, bool)> {
+    const BLOCK: usize = 64 << 10;
+    let mut hasher = blake3::Hasher::new();
+    let (mut filled, mut hashed) = (0, 0);
+    while filled < buf.len() {
+        let chunk = match s.read_chunk(buf.len() - filled, true).await {
+            Ok(Some(c)) => c.bytes,
+            _ => return Err((FrameError::Truncated, false)),
+        };
+        buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
+        filled += chunk.len();
+        if filled - hashed >= BLOCK || filled == buf.len() {
+            hasher.update(&buf[hashed..filled]);
+            hashed = filled;
+        }
+    }
+    if hasher.finalize().as_bytes() != want {
+        return Err((FrameError::HashMismatch, true));
+    }
+    Ok(())
 }
 
 /// Reads and drops `n` bytes; false if the stream ended first.

@@ -100,7 +100,7 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
                 for i in 0..PER_LANE {
                     let len = size_of(i);
                     from.ep
-                        .send(to, &meta(d, len), &payload(d, i, len))
+                        .send(to, &meta(d, len), payload(d, i, len).into())
                         .await
                         .unwrap();
                 }
@@ -166,9 +166,13 @@ async fn peer_with_the_wrong_identity_is_refused() {
     a.ep.directory()
         .insert(b.ep.peer_id(), Some(impostor.ep.local_addr().unwrap()));
     let err =
-        a.ep.send(b.ep.peer_id(), &meta(Direction::Activation, 16), &[0; 16])
-            .await
-            .unwrap_err();
+        a.ep.send(
+            b.ep.peer_id(),
+            &meta(Direction::Activation, 16),
+            vec![0; 16].into(),
+        )
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("connecting"), "{err}");
     // A node nobody published cannot connect either (server refuses its certificate).
     let stranger = node(4, 1 << 20, TransportConfig::default());
@@ -178,7 +182,11 @@ async fn peer_with_the_wrong_identity_is_refused() {
         .insert(b.ep.peer_id(), Some(b.ep.local_addr().unwrap()));
     let r = stranger
         .ep
-        .send(b.ep.peer_id(), &meta(Direction::Activation, 16), &[0; 16])
+        .send(
+            b.ep.peer_id(),
+            &meta(Direction::Activation, 16),
+            vec![0; 16].into(),
+        )
         .await;
     // The handshake fails, or the connection is closed before any frame is accepted.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -257,7 +265,7 @@ async fn every_malformed_frame_is_rejected_counted_and_the_next_valid_one_delive
     let other = Identity::from_seed([42; 32]);
     let d = Direction::Activation;
     // Establish the lane (seq 0) so a replay of seq 0 is detectable.
-    a.ep.send(b.ep.peer_id(), &meta(d, 64), &payload(d, 0, 64))
+    a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, 0, 64).into())
         .await
         .unwrap();
     assert_eq!(b.ep.recv().await.unwrap().header.seq_no, 0);
@@ -265,7 +273,7 @@ async fn every_malformed_frame_is_rejected_counted_and_the_next_valid_one_delive
     for (kind, bytes) in malformed(&a.identity(), &other) {
         a.ep.send_raw(b.ep.peer_id(), &bytes).await.unwrap();
         // A valid frame right after, on the same connection.
-        a.ep.send(b.ep.peer_id(), &meta(d, 64), &payload(d, i, 64))
+        a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, i, 64).into())
             .await
             .unwrap();
         let f = tokio::time::timeout(Duration::from_secs(10), b.ep.recv())
@@ -311,12 +319,12 @@ async fn stalled_receiver_bounds_memory() {
     introduce(&a, &b);
     let d = Direction::WeightSlice;
     let len = 256 << 10;
-    let body = payload(d, 0, len);
+    let body: bytes::Bytes = payload(d, 0, len).into();
     // b never calls recv(): the sender must stall instead of buffering.
     let mut sent = 0u64;
     let mut blocked = false;
     for _ in 0..200 {
-        match a.ep.send(b.ep.peer_id(), &meta(d, len), &body).await {
+        match a.ep.send(b.ep.peer_id(), &meta(d, len), body.clone()).await {
             Ok(_) => sent += 1,
             Err(e) => {
                 assert!(e.to_string().contains("timed out"), "{e}");
