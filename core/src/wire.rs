@@ -231,7 +231,8 @@ mod tests {
         let id = Identity::from_seed([4; 32]);
         let mut h = sample_header();
         h.sign(&id);
-        let tweaks: Vec<Box<dyn Fn(&mut FrameHeader)>> = vec![
+        type Tweak = Box<dyn Fn(&mut FrameHeader)>;
+        let tweaks: Vec<Tweak> = vec![
             Box::new(|h| h.epoch += 1),
             Box::new(|h| h.seq_no += 1),
             Box::new(|h| h.shape[0] += 1),

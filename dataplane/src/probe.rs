@@ -96,7 +96,7 @@ pub async fn push(
     size: usize,
 ) -> anyhow::Result<ProbeReport> {
     anyhow::ensure!(
-        size % 4 == 0 && size > 0,
+        size.is_multiple_of(4) && size > 0,
         "frame size must be a positive multiple of 4"
     );
     let payload: bytes::Bytes = (0..size)

@@ -121,6 +121,8 @@ pub struct ReceivedFrame {
     pub peer: PeerId,
 }
 
+type SharedLane = Arc<tokio::sync::Mutex<Lane>>;
+
 struct Lane {
     stream: Option<(quinn::Connection, quinn::SendStream)>,
     next_seq: u64,
@@ -136,7 +138,7 @@ struct Inner {
     cfg: TransportConfig,
     transport: Arc<quinn::TransportConfig>,
     conns: tokio::sync::Mutex<HashMap<PeerId, quinn::Connection>>,
-    lanes: Mutex<HashMap<(PeerId, Direction), Arc<tokio::sync::Mutex<Lane>>>>,
+    lanes: Mutex<HashMap<(PeerId, Direction), SharedLane>>,
     guards: Mutex<HashMap<(PeerId, Direction), Arc<SeqGuard>>>,
     tx: mpsc::Sender<ReceivedFrame>,
 }

@@ -75,13 +75,10 @@ proptest! {
             let n = bytes.len();
             bytes[i.index(n)] ^= x;
         }
-        match decode_frame(&bytes, &ctx(), id.peer_id()) {
-            Ok((back, p)) => {
-                // Only bytes nothing depends on changed (e.g. rkyv padding): same frame.
-                prop_assert_eq!(back, h);
-                prop_assert_eq!(p, &original[original.len() - payload.len()..]);
-            }
-            Err(_) => {}
+        if let Ok((back, p)) = decode_frame(&bytes, &ctx(), id.peer_id()) {
+            // Only bytes nothing depends on changed (e.g. rkyv padding): same frame.
+            prop_assert_eq!(back, h);
+            prop_assert_eq!(p, &original[original.len() - payload.len()..]);
         }
     }
 }

@@ -41,7 +41,7 @@ fn payload(d: Direction, i: u64, len: usize) -> Vec<u8> {
 
 /// Mixed sizes: mostly small activations, every 97th a 256 KiB frame.
 fn size_of(i: u64) -> usize {
-    if i % 97 == 0 {
+    if i.is_multiple_of(97) {
         256 << 10
     } else {
         64 + ((i * 2654435761) % 8192) as usize / 4 * 4

@@ -120,7 +120,7 @@ fn print_report(r: &ProbeReport) {
 }
 
 async fn transport_probe(a: ProbeArgs) -> Result<()> {
-    if a.size == 0 || a.size % 4 != 0 {
+    if a.size == 0 || !a.size.is_multiple_of(4) {
         bail!("--size must be a positive multiple of 4");
     }
     if a.local {
