@@ -8,9 +8,24 @@ use std::fmt;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
 
-/// A node's public identity (its Ed25519 public key).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// A node's public identity (its Ed25519 public key). Serialised as 64 hex
+/// characters (readable in state files, usable as a map key in JSON).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub [u8; 32]);
+
+impl Serialize for PeerId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for PeerId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        PeerId::from_hex(&s)
+            .ok_or_else(|| serde::de::Error::custom("peer id must be 64 hex characters"))
+    }
+}
 
 impl PeerId {
     /// Verifies an Ed25519 signature by this identity.

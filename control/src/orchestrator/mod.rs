@@ -1,0 +1,779 @@
+//! The orchestrator's state machine, free of I/O.
+//!
+//! `Orchestrator::step(now, event, rng)` takes one event (a miner registered,
+//! reported, went quiet, or a clock tick) and returns the commands to send.
+//! The gRPC service only translates; persistence stores `snapshot()`. Time and
+//! randomness are inputs, so any run can be replayed from its events.
+//!
+//! An epoch: `Training` (issue `micro_batches_per_epoch` micro-batches along
+//! pathways, at most `max_in_flight` at once, re-routing any that time out)
+//! -> `Uploading` (every miner uploads its stage weights) -> `Merging` (one
+//! aggregator per stage averages them) -> next epoch. Before the first epoch
+//! the run is `Waiting` until every stage has `replicas` miners.
+
+mod spec;
+mod state;
+
+use std::collections::BTreeMap;
+
+use iota_core::{PeerId, Rng};
+
+pub use self::spec::RunSpec;
+pub use self::state::{EpochSummary, MbRef, MbStatus, MinerState, Phase};
+use self::state::{MbRecord, Upload};
+use crate::pb;
+
+pub type Ms = u64;
+
+/// Something that happened, as the orchestrator sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Register {
+        peer: PeerId,
+        addr: String,
+        tokens_per_s: f64,
+    },
+    Heartbeat {
+        peer: PeerId,
+        tokens_per_s: f64,
+    },
+    Loss {
+        peer: PeerId,
+        mb: MbRef,
+        attempt: u32,
+        loss: f32,
+        tokens: u32,
+    },
+    BackwardDone {
+        peer: PeerId,
+        mb: MbRef,
+        attempt: u32,
+    },
+    UploadDone {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        key: String,
+        work: u64,
+    },
+    MergeDone {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        key: String,
+    },
+    Tick,
+}
+
+/// A command for one miner.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Out {
+    pub to: PeerId,
+    pub cmd: pb::command::Kind,
+}
+
+/// Why an event was refused (the service maps these to gRPC statuses).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refusal {
+    #[error("peer {0} has not registered")]
+    Unknown(PeerId),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Counters {
+    pub completed: u64,
+    pub rerouted: u64,
+    pub dropped: u64,
+    pub tokens: u64,
+    pub stale_reports: u64,
+    pub last_loss: f32,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Orchestrator {
+    spec: RunSpec,
+    epoch: u64,
+    phase: Phase,
+    phase_since: Ms,
+    miners: BTreeMap<PeerId, MinerState>,
+    next_index: u32,
+    /// Micro-batches of the current epoch, by issue order.
+    mbs: BTreeMap<u64, MbRecord>,
+    issued: u64,
+    uploads: BTreeMap<u32, BTreeMap<PeerId, Upload>>,
+    merged: BTreeMap<u32, String>,
+    epoch_loss: (f64, u64),
+    counters: Counters,
+    history: Vec<EpochSummary>,
+}
+
+fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::command::Kind {
+    pb::command::Kind::Route(pb::Route {
+        epoch,
+        shard: r.mb.shard,
+        first_sample: r.mb.first_sample,
+        samples: r.samples,
+        attempt,
+        pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
+        seq: r.seq,
+    })
+}
+
+impl Orchestrator {
+    pub fn new(spec: RunSpec) -> Result<Self, String> {
+        spec.validate()?;
+        Ok(Orchestrator {
+            spec,
+            epoch: 0,
+            phase: Phase::Waiting,
+            phase_since: 0,
+            miners: BTreeMap::new(),
+            next_index: 0,
+            mbs: BTreeMap::new(),
+            issued: 0,
+            uploads: BTreeMap::new(),
+            merged: BTreeMap::new(),
+            epoch_loss: (0.0, 0),
+            counters: Counters::default(),
+            history: Vec::new(),
+        })
+    }
+
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    pub fn history(&self) -> &[EpochSummary] {
+        &self.history
+    }
+    pub fn miners(&self) -> impl Iterator<Item = &MinerState> {
+        self.miners.values()
+    }
+    pub fn micro_batches(&self) -> impl Iterator<Item = (&MbRef, &MbStatus)> {
+        self.mbs.values().map(|r| (&r.mb, &r.status))
+    }
+    pub fn miner(&self, p: &PeerId) -> Option<&MinerState> {
+        self.miners.get(p)
+    }
+
+    /// Applies one event at time `now`.
+    pub fn step(&mut self, now: Ms, ev: Event, rng: &mut Rng) -> Result<Vec<Out>, Refusal> {
+        let mut out = Vec::new();
+        match ev {
+            Event::Register {
+                peer,
+                addr,
+                tokens_per_s,
+            } => self.register(now, peer, addr, tokens_per_s, &mut out),
+            Event::Heartbeat { peer, tokens_per_s } => {
+                let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
+                m.last_seen_ms = now;
+                m.tokens_per_s = tokens_per_s;
+                if !m.healthy {
+                    // Back from a silence: it lost its in-flight work; it
+                    // rejoins by download at the next epoch.
+                    m.healthy = true;
+                    m.joining = self.phase != Phase::Waiting;
+                }
+            }
+            Event::Loss {
+                peer,
+                mb,
+                attempt,
+                loss,
+                tokens,
+            } => {
+                self.known(&peer)?;
+                self.on_loss(peer, mb, attempt, loss, tokens);
+            }
+            Event::BackwardDone { peer, mb, attempt } => {
+                self.known(&peer)?;
+                self.on_backward_done(peer, mb, attempt);
+            }
+            Event::UploadDone {
+                peer,
+                epoch,
+                stage,
+                key,
+                work,
+            } => {
+                self.known(&peer)?;
+                if epoch == self.epoch
+                    && matches!(self.phase, Phase::Uploading)
+                    && self.miners[&peer].stage == stage
+                {
+                    self.uploads
+                        .entry(stage)
+                        .or_default()
+                        .insert(peer, Upload { key, work });
+                } else {
+                    self.counters.stale_reports += 1;
+                }
+            }
+            Event::MergeDone {
+                peer,
+                epoch,
+                stage,
+                key,
+            } => {
+                self.known(&peer)?;
+                if epoch == self.epoch
+                    && matches!(self.phase, Phase::Merging)
+                    && self.aggregator(stage) == Some(peer)
+                {
+                    self.merged.insert(stage, key);
+                } else {
+                    self.counters.stale_reports += 1;
+                }
+            }
+            Event::Tick => {}
+        }
+        self.advance(now, rng, &mut out);
+        Ok(out)
+    }
+
+    fn known(&self, p: &PeerId) -> Result<(), Refusal> {
+        if self.miners.contains_key(p) {
+            Ok(())
+        } else {
+            Err(Refusal::Unknown(*p))
+        }
+    }
+
+    fn healthy_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
+        self.miners
+            .values()
+            .filter(move |m| m.stage == stage && m.healthy)
+    }
+
+    /// Miners that may carry micro-batches (healthy, holding this epoch's weights).
+    fn active_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
+        self.healthy_in(stage).filter(|m| !m.joining)
+    }
+
+    fn register(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        addr: String,
+        tokens_per_s: f64,
+        out: &mut Vec<Out>,
+    ) {
+        if let Some(m) = self.miners.get_mut(&peer) {
+            // A restart of a known miner: same stage; its in-flight work is
+            // lost (re-routed by the health check) and it reloads weights.
+            m.addr = addr;
+            m.tokens_per_s = tokens_per_s;
+            m.last_seen_ms = now;
+            let lost: Vec<u64> = self.in_flight_through(peer);
+            let m = self.miners.get_mut(&peer).unwrap();
+            m.healthy = true;
+            m.joining = self.phase != Phase::Waiting;
+            self.reroute_all(now, lost, Some(peer), out);
+        } else {
+            // Fewest healthy replicas first, then the stage with the least throughput.
+            let stage = (0..self.spec.stages)
+                .min_by(|&a, &b| {
+                    let key = |s: u32| {
+                        let n = self.healthy_in(s).count();
+                        let t: f64 = self.healthy_in(s).map(|m| m.tokens_per_s).sum();
+                        (n, t)
+                    };
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
+                })
+                .unwrap_or(0);
+            let index = self.next_index;
+            self.next_index += 1;
+            self.miners.insert(
+                peer,
+                MinerState {
+                    peer,
+                    index,
+                    addr,
+                    stage,
+                    healthy: true,
+                    joining: self.phase != Phase::Waiting,
+                    last_seen_ms: now,
+                    tokens_per_s,
+                    in_flight: 0,
+                    work: 0,
+                },
+            );
+        }
+        // Everyone learns the new peer list; the newcomer learns its stage.
+        let peers: Vec<pb::PeerInfo> = self
+            .miners
+            .values()
+            .map(|m| pb::PeerInfo {
+                peer_id: m.peer.0.to_vec(),
+                data_addr: m.addr.clone(),
+                stage: m.stage,
+            })
+            .collect();
+        for m in self.miners.values() {
+            out.push(Out {
+                to: m.peer,
+                cmd: pb::command::Kind::Assign(pb::Assignment {
+                    stage: m.stage,
+                    num_stages: self.spec.stages,
+                    weights_key: self.weights_key(m.stage),
+                    peers: peers.clone(),
+                }),
+            });
+        }
+        if self.phase != Phase::Waiting {
+            // A newcomer mid-run is told the phase so it can wait for the next epoch.
+            out.push(Out {
+                to: peer,
+                cmd: self.phase_cmd(),
+            });
+        }
+    }
+
+    /// Where a stage's current weights are: empty before the first merge
+    /// (initialise from the run seed).
+    fn weights_key(&self, stage: u32) -> String {
+        if self.epoch == 0 {
+            String::new()
+        } else {
+            merged_key(self.epoch - 1, stage)
+        }
+    }
+
+    fn in_flight_through(&self, peer: PeerId) -> Vec<u64> {
+        self.mbs
+            .values()
+            .filter(|r| matches!(&r.status, MbStatus::InFlight { pathway, .. } if pathway.contains(&peer)))
+            .map(|r| r.seq)
+            .collect()
+    }
+
+    fn pathway(&self, rng: &mut Rng, avoid: &[PeerId]) -> Option<Vec<PeerId>> {
+        (0..self.spec.stages)
+            .map(|s| {
+                let cands: Vec<&MinerState> = self.active_in(s).collect();
+                let preferred: Vec<&MinerState> = cands
+                    .iter()
+                    .copied()
+                    .filter(|m| !avoid.contains(&m.peer))
+                    .collect();
+                let pool = if preferred.is_empty() {
+                    cands
+                } else {
+                    preferred
+                };
+                let least = pool.iter().map(|m| m.in_flight).min()?;
+                let best: Vec<&&MinerState> =
+                    pool.iter().filter(|m| m.in_flight == least).collect();
+                Some(best[rng.below(best.len() as u64) as usize].peer)
+            })
+            .collect()
+    }
+
+    fn set_in_flight(&mut self, pathway: &[PeerId], delta: i32) {
+        for p in pathway {
+            if let Some(m) = self.miners.get_mut(p) {
+                m.in_flight = (m.in_flight as i64 + delta as i64).max(0) as u32;
+            }
+        }
+    }
+
+    fn on_loss(&mut self, peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32) {
+        let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
+            self.counters.stale_reports += 1;
+            return;
+        };
+        let seq = r.seq;
+        match &mut r.status {
+            MbStatus::InFlight {
+                attempt: a,
+                pathway,
+                loss: l,
+                ..
+            } if *a == attempt && pathway.last() == Some(&peer) => {
+                if l.is_none() && loss.is_finite() {
+                    *l = Some(loss);
+                    self.counters.tokens += tokens as u64;
+                }
+            }
+            _ => {
+                self.counters.stale_reports += 1;
+                return;
+            }
+        }
+        self.try_complete(seq);
+    }
+
+    fn on_backward_done(&mut self, peer: PeerId, mb: MbRef, attempt: u32) {
+        let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
+            self.counters.stale_reports += 1;
+            return;
+        };
+        let seq = r.seq;
+        let MbStatus::InFlight {
+            attempt: a,
+            pathway,
+            backward_done,
+            ..
+        } = &mut r.status
+        else {
+            self.counters.stale_reports += 1;
+            return;
+        };
+        if *a != attempt || pathway.first() != Some(&peer) {
+            self.counters.stale_reports += 1;
+            return;
+        }
+        *backward_done = true;
+        self.try_complete(seq);
+    }
+
+    /// A micro-batch is complete once the tail reported its loss and the head
+    /// finished its backward (the two reports may arrive in either order).
+    fn try_complete(&mut self, seq: u64) {
+        let r = self.mbs.get_mut(&seq).expect("known micro-batch");
+        let MbStatus::InFlight {
+            pathway,
+            loss: Some(loss),
+            backward_done: true,
+            ..
+        } = &r.status
+        else {
+            return;
+        };
+        let (loss, pathway) = (*loss, pathway.clone());
+        r.status = MbStatus::Done { loss };
+        self.counters.completed += 1;
+        self.counters.last_loss = loss;
+        self.epoch_loss.0 += loss as f64;
+        self.epoch_loss.1 += 1;
+        self.set_in_flight(&pathway, -1);
+        for p in &pathway {
+            if let Some(m) = self.miners.get_mut(p) {
+                m.work += 1;
+            }
+        }
+    }
+
+    /// Re-issues micro-batches `seqs` on new pathways (avoiding `avoid`), or
+    /// drops them after `max_attempts`.
+    fn reroute_all(&mut self, now: Ms, seqs: Vec<u64>, avoid: Option<PeerId>, out: &mut Vec<Out>) {
+        let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
+        for seq in seqs {
+            let r = self.mbs[&seq].clone();
+            let MbStatus::InFlight {
+                attempt, pathway, ..
+            } = &r.status
+            else {
+                continue;
+            };
+            let (attempt, old) = (*attempt, pathway.clone());
+            self.set_in_flight(&old, -1);
+            for p in &old {
+                out.push(Out {
+                    to: *p,
+                    cmd: pb::command::Kind::Cancel(pb::Cancel {
+                        epoch: self.epoch,
+                        shard: r.mb.shard,
+                        first_sample: r.mb.first_sample,
+                        attempt,
+                    }),
+                });
+            }
+            let mut avoid_list: Vec<PeerId> = old.clone();
+            avoid_list.extend(avoid);
+            let next = attempt + 1;
+            match (next < self.spec.max_attempts)
+                .then(|| self.pathway(&mut rng, &avoid_list))
+                .flatten()
+            {
+                Some(p) => {
+                    self.counters.rerouted += 1;
+                    self.set_in_flight(&p, 1);
+                    for m in &p {
+                        out.push(Out {
+                            to: *m,
+                            cmd: route_cmd(self.epoch, &r, next, &p),
+                        });
+                    }
+                    let deadline = now + self.spec.route_timeout_ms;
+                    self.mbs.get_mut(&seq).unwrap().status = MbStatus::InFlight {
+                        attempt: next,
+                        pathway: p,
+                        deadline_ms: deadline,
+                        loss: None,
+                        backward_done: false,
+                    };
+                }
+                None => {
+                    self.counters.dropped += 1;
+                    self.mbs.get_mut(&seq).unwrap().status = MbStatus::Dropped;
+                }
+            }
+        }
+    }
+
+    fn phase_cmd(&self) -> pb::command::Kind {
+        let (phase, prefix) = match self.phase {
+            Phase::Waiting => (pb::Phase::Waiting, String::new()),
+            Phase::Training => (pb::Phase::Training, self.weights_prefix()),
+            Phase::Uploading => (pb::Phase::Uploading, upload_prefix(self.epoch)),
+            Phase::Merging => (pb::Phase::Merging, upload_prefix(self.epoch)),
+            Phase::Done => (pb::Phase::Done, self.weights_prefix()),
+        };
+        pb::command::Kind::Phase(pb::PhaseChange {
+            epoch: self.epoch,
+            phase: phase as i32,
+            aggregator: Vec::new(),
+            upload_prefix: prefix,
+        })
+    }
+
+    /// Prefix of the merged weights the current epoch starts from.
+    fn weights_prefix(&self) -> String {
+        if self.epoch == 0 {
+            String::new()
+        } else {
+            format!("epoch-{:06}/", self.epoch - 1)
+        }
+    }
+
+    fn broadcast_phase(&self, out: &mut Vec<Out>) {
+        for m in self.miners.values().filter(|m| m.healthy) {
+            let mut cmd = self.phase_cmd();
+            if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
+                p.aggregator = self
+                    .aggregator(m.stage)
+                    .map(|a| a.0.to_vec())
+                    .unwrap_or_default();
+            }
+            out.push(Out { to: m.peer, cmd });
+        }
+    }
+
+    fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
+        self.phase = p;
+        self.phase_since = now;
+        self.broadcast_phase(out);
+    }
+
+    /// The miner that averages a stage: the lowest-index one that uploaded.
+    fn aggregator(&self, stage: u32) -> Option<PeerId> {
+        let ups = self.uploads.get(&stage)?;
+        self.miners
+            .values()
+            .filter(|m| ups.contains_key(&m.peer) && m.healthy)
+            .min_by_key(|m| m.index)
+            .map(|m| m.peer)
+    }
+
+    /// Moves the run along: health checks, issuing, timeouts, phase changes.
+    fn advance(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        // Health: silent miners are unhealthy; their work is re-routed.
+        let silent: Vec<PeerId> = self
+            .miners
+            .values()
+            .filter(|m| {
+                m.healthy && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms
+            })
+            .map(|m| m.peer)
+            .collect();
+        for p in silent {
+            self.miners.get_mut(&p).unwrap().healthy = false;
+            let lost = self.in_flight_through(p);
+            self.reroute_all(now, lost, Some(p), out);
+        }
+        match self.phase {
+            Phase::Waiting => {
+                if (0..self.spec.stages)
+                    .all(|s| self.healthy_in(s).count() >= self.spec.replicas as usize)
+                {
+                    for m in self.miners.values_mut() {
+                        m.joining = false;
+                    }
+                    self.start_epoch(now, rng, out);
+                }
+            }
+            Phase::Training => self.advance_training(now, rng, out),
+            Phase::Uploading => {
+                let waiting_on = |s: u32| {
+                    let ups = self.uploads.get(&s);
+                    self.active_in(s)
+                        .filter(|m| !ups.is_some_and(|u| u.contains_key(&m.peer)))
+                        .count()
+                };
+                let all_in = (0..self.spec.stages).all(|s| waiting_on(s) == 0);
+                let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
+                let every_stage_has_one = (0..self.spec.stages)
+                    .all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
+                if (all_in || timed_out) && every_stage_has_one {
+                    self.set_phase(now, Phase::Merging, out);
+                }
+            }
+            Phase::Merging => {
+                if (0..self.spec.stages).all(|s| self.merged.contains_key(&s)) {
+                    self.finish_epoch(now, rng, out);
+                } else if now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms {
+                    // An aggregator went quiet: the next uploader takes over.
+                    for s in 0..self.spec.stages {
+                        if self.merged.contains_key(&s) {
+                            continue;
+                        }
+                        if let Some(a) = self.aggregator(s) {
+                            if let Some(ups) = self.uploads.get_mut(&s) {
+                                ups.remove(&a);
+                            }
+                        }
+                    }
+                    self.set_phase(now, Phase::Merging, out);
+                }
+            }
+            Phase::Done => {}
+        }
+    }
+
+    fn start_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        self.mbs.clear();
+        self.issued = 0;
+        self.uploads.clear();
+        self.merged.clear();
+        self.epoch_loss = (0.0, 0);
+        for m in self.miners.values_mut() {
+            m.work = 0;
+            m.in_flight = 0;
+        }
+        self.set_phase(now, Phase::Training, out);
+        self.advance_training(now, rng, out);
+    }
+
+    fn advance_training(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        let expired: Vec<u64> = self
+            .mbs
+            .values()
+            .filter(|r| matches!(r.status, MbStatus::InFlight { deadline_ms, .. } if deadline_ms <= now))
+            .map(|r| r.seq)
+            .collect();
+        if !expired.is_empty() {
+            self.reroute_all(now, expired, None, out);
+        }
+        let in_flight = self
+            .mbs
+            .values()
+            .filter(|r| matches!(r.status, MbStatus::InFlight { .. }))
+            .count() as u32;
+        let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
+        while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
+            let Some(p) = self.pathway(rng, &[]) else {
+                break;
+            };
+            let seq = self.issued;
+            let mb = self.spec.micro_batch(self.epoch, seq);
+            let r = MbRecord {
+                seq,
+                mb,
+                samples: self.spec.batch,
+                status: MbStatus::Dropped,
+            };
+            for m in &p {
+                out.push(Out {
+                    to: *m,
+                    cmd: route_cmd(self.epoch, &r, 0, &p),
+                });
+            }
+            self.set_in_flight(&p, 1);
+            let status = MbStatus::InFlight {
+                attempt: 0,
+                pathway: p,
+                deadline_ms: now + self.spec.route_timeout_ms,
+                loss: None,
+                backward_done: false,
+            };
+            self.mbs.insert(seq, MbRecord { status, ..r });
+            self.issued += 1;
+            room -= 1;
+        }
+        let finished = self
+            .mbs
+            .values()
+            .all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
+        if finished && self.issued == self.spec.micro_batches_per_epoch {
+            self.set_phase(now, Phase::Uploading, out);
+        }
+    }
+
+    fn finish_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        let (sum, n) = self.epoch_loss;
+        let count =
+            |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
+        self.history.push(EpochSummary {
+            epoch: self.epoch,
+            mean_loss: if n > 0 {
+                (sum / n as f64) as f32
+            } else {
+                f32::NAN
+            },
+            completed: count(|s| matches!(s, MbStatus::Done { .. })),
+            dropped: count(|s| matches!(s, MbStatus::Dropped)),
+        });
+        self.epoch += 1;
+        // Everyone, newcomers included, now starts from the merged weights.
+        for m in self.miners.values_mut() {
+            if m.healthy {
+                m.joining = false;
+            }
+        }
+        if self.epoch >= self.spec.epochs {
+            self.set_phase(now, Phase::Done, out);
+        } else {
+            self.start_epoch(now, rng, out);
+        }
+    }
+
+    /// The run's state for `Status`.
+    pub fn status(&self) -> pb::RunStatus {
+        pb::RunStatus {
+            run_id: self.spec.run_id,
+            epoch: self.epoch,
+            phase: self.phase.to_pb() as i32,
+            stages: (0..self.spec.stages)
+                .map(|s| pb::StageStatus {
+                    stage: s,
+                    miners: self.miners.values().filter(|m| m.stage == s).count() as u32,
+                    healthy: self.healthy_in(s).count() as u32,
+                })
+                .collect(),
+            completed: self.counters.completed,
+            rerouted: self.counters.rerouted,
+            dropped: self.counters.dropped,
+            last_loss: self.counters.last_loss,
+            tokens: self.counters.tokens,
+        }
+    }
+}
+
+/// Object-store prefix where replicas upload their weights in `epoch`.
+pub fn upload_prefix(epoch: u64) -> String {
+    format!("epoch-{epoch:06}/")
+}
+
+/// Object-store key of a stage's merged weights after `epoch`.
+pub fn merged_key(epoch: u64, stage: u32) -> String {
+    format!(
+        "{}stage-{stage:03}/merged.safetensors",
+        upload_prefix(epoch)
+    )
+}
+
+#[cfg(test)]
+mod tests;

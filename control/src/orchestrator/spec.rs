@@ -1,0 +1,65 @@
+//! What a run is: shape of the swarm, epoch length, timeouts.
+
+use serde::{Deserialize, Serialize};
+
+use super::state::MbRef;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub run_id: u64,
+    pub stages: u32,
+    /// Miners per stage needed before the first epoch starts.
+    pub replicas: u32,
+    pub epochs: u64,
+    pub micro_batches_per_epoch: u64,
+    /// Samples per micro-batch.
+    pub batch: u32,
+    /// Data shards micro-batches are spread over (see `micro_batch`).
+    pub n_shards: u32,
+    /// Micro-batches in the pipeline at once (1 = strictly sequential).
+    pub max_in_flight: u32,
+    /// A micro-batch not finished this long after issue is re-routed.
+    pub route_timeout_ms: u64,
+    /// A miner silent this long is unhealthy.
+    pub heartbeat_timeout_ms: u64,
+    /// Issues of one micro-batch before it is counted as dropped.
+    pub max_attempts: u32,
+    /// Uploading or merging longer than this moves on without the laggards.
+    pub phase_timeout_ms: u64,
+}
+
+impl RunSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.stages == 0
+            || self.replicas == 0
+            || self.epochs == 0
+            || self.micro_batches_per_epoch == 0
+        {
+            return Err(
+                "stages, replicas, epochs and micro_batches_per_epoch must be positive".into(),
+            );
+        }
+        if self.batch == 0
+            || self.n_shards == 0
+            || self.max_in_flight == 0
+            || self.max_attempts == 0
+        {
+            return Err("batch, n_shards, max_in_flight and max_attempts must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Address of micro-batch `seq` of `epoch`. Micro-batches are numbered
+    /// globally (g = epoch * per_epoch + seq) and addressed exactly as the
+    /// single-process trainer does: shard g mod n_shards, samples from
+    /// (g / n_shards) * batch. Sample ids carry epoch 0 (the data order does
+    /// not restart each epoch; the run's epoch travels in frames and routes).
+    pub fn micro_batch(&self, epoch: u64, seq: u64) -> MbRef {
+        let g = epoch * self.micro_batches_per_epoch + seq;
+        MbRef {
+            epoch,
+            shard: (g % self.n_shards as u64) as u32,
+            first_sample: (g / self.n_shards as u64) * self.batch as u64,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The orchestrator's records.
+
+use iota_core::PeerId;
+use serde::{Deserialize, Serialize};
+
+use crate::pb;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    Waiting,
+    Training,
+    Uploading,
+    Merging,
+    Done,
+}
+
+impl Phase {
+    pub fn to_pb(&self) -> pb::Phase {
+        match self {
+            Phase::Waiting => pb::Phase::Waiting,
+            Phase::Training => pb::Phase::Training,
+            Phase::Uploading => pb::Phase::Uploading,
+            Phase::Merging => pb::Phase::Merging,
+            Phase::Done => pb::Phase::Done,
+        }
+    }
+}
+
+/// A micro-batch: the run epoch it belongs to and its samples' address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MbRef {
+    pub epoch: u64,
+    pub shard: u32,
+    pub first_sample: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MbStatus {
+    InFlight {
+        attempt: u32,
+        pathway: Vec<PeerId>,
+        deadline_ms: u64,
+        loss: Option<f32>,
+        backward_done: bool,
+    },
+    Done {
+        loss: f32,
+    },
+    Dropped,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct MbRecord {
+    pub seq: u64,
+    pub mb: MbRef,
+    pub samples: u32,
+    pub status: MbStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MinerState {
+    pub peer: PeerId,
+    pub index: u32,
+    pub addr: String,
+    pub stage: u32,
+    pub healthy: bool,
+    /// Registered (or came back) mid-epoch: holds no current weights, so it
+    /// carries no micro-batches until the next epoch starts from the merge.
+    pub joining: bool,
+    pub last_seen_ms: u64,
+    pub tokens_per_s: f64,
+    pub in_flight: u32,
+    /// Micro-batches it helped complete this epoch (weights the merge).
+    pub work: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Upload {
+    pub key: String,
+    pub work: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochSummary {
+    pub epoch: u64,
+    pub mean_loss: f32,
+    pub completed: u64,
+    pub dropped: u64,
+}

@@ -1,0 +1,411 @@
+//! The state machine driven by simulated miners.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use iota_core::{Identity, PeerId, Rng};
+
+use super::*;
+
+fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
+    RunSpec {
+        run_id: 1,
+        stages,
+        replicas,
+        epochs,
+        micro_batches_per_epoch: per_epoch,
+        batch: 4,
+        n_shards: 3,
+        max_in_flight: in_flight,
+        route_timeout_ms: 1_000,
+        heartbeat_timeout_ms: 3_000,
+        max_attempts: 3,
+        phase_timeout_ms: 10_000,
+    }
+}
+
+fn peer(i: u8) -> PeerId {
+    Identity::from_seed([i; 32]).peer_id()
+}
+
+/// Miners that do what they are told at once, except the `dead` ones.
+struct Sim {
+    o: Orchestrator,
+    now: Ms,
+    rng: Rng,
+    dead: BTreeSet<PeerId>,
+    inbox: VecDeque<Out>,
+    routes_seen: u64,
+    cancels_seen: u64,
+}
+
+impl Sim {
+    fn new(spec: RunSpec) -> Sim {
+        Sim {
+            o: Orchestrator::new(spec).unwrap(),
+            now: 0,
+            rng: Rng::new(5),
+            dead: BTreeSet::new(),
+            inbox: VecDeque::new(),
+            routes_seen: 0,
+            cancels_seen: 0,
+        }
+    }
+
+    fn ev(&mut self, e: Event) {
+        let out = self.o.step(self.now, e, &mut self.rng).unwrap();
+        self.inbox.extend(out);
+    }
+
+    /// Lets time pass: alive miners heartbeat, then a tick.
+    fn tick(&mut self, ms: Ms) {
+        self.now += ms;
+        let alive: Vec<PeerId> = self
+            .o
+            .miners()
+            .map(|m| m.peer)
+            .filter(|p| !self.dead.contains(p))
+            .collect();
+        for p in alive {
+            self.ev(Event::Heartbeat {
+                peer: p,
+                tokens_per_s: 1.0,
+            });
+        }
+        self.ev(Event::Tick);
+    }
+
+    /// Alive miners act on their commands until nothing is left.
+    fn drain(&mut self) {
+        while let Some(Out { to, cmd }) = self.inbox.pop_front() {
+            if self.dead.contains(&to) {
+                continue;
+            }
+            match cmd {
+                pb::command::Kind::Route(r) => {
+                    self.routes_seen += 1;
+                    let path: Vec<PeerId> = r
+                        .pathway
+                        .iter()
+                        .map(|b| PeerId(b.as_slice().try_into().unwrap()))
+                        .collect();
+                    // Only the head drives a micro-batch, and only if the whole pathway is alive.
+                    if path[0] != to || path.iter().any(|p| self.dead.contains(p)) {
+                        continue;
+                    }
+                    let mb = MbRef {
+                        epoch: r.epoch,
+                        shard: r.shard,
+                        first_sample: r.first_sample,
+                    };
+                    // Head reports first sometimes: the order must not matter.
+                    let tail = Event::Loss {
+                        peer: *path.last().unwrap(),
+                        mb,
+                        attempt: r.attempt,
+                        loss: 2.0,
+                        tokens: 8,
+                    };
+                    let head = Event::BackwardDone {
+                        peer: path[0],
+                        mb,
+                        attempt: r.attempt,
+                    };
+                    if r.seq % 2 == 0 {
+                        self.ev(tail);
+                        self.ev(head);
+                    } else {
+                        self.ev(head);
+                        self.ev(tail);
+                    }
+                }
+                pb::command::Kind::Cancel(_) => self.cancels_seen += 1,
+                pb::command::Kind::Phase(p) => {
+                    let m = self.o.miner(&to).unwrap().clone();
+                    if p.phase == pb::Phase::Uploading as i32 {
+                        let key =
+                            format!("{}stage-{:03}/{}", p.upload_prefix, m.stage, to.to_hex());
+                        self.ev(Event::UploadDone {
+                            peer: to,
+                            epoch: p.epoch,
+                            stage: m.stage,
+                            key,
+                            work: m.work,
+                        });
+                    } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec()
+                    {
+                        self.ev(Event::MergeDone {
+                            peer: to,
+                            epoch: p.epoch,
+                            stage: m.stage,
+                            key: merged_key(p.epoch, m.stage),
+                        });
+                    }
+                }
+                pb::command::Kind::Assign(_) => {}
+            }
+        }
+    }
+
+    fn run_until_done(&mut self, max_ticks: u32) {
+        for _ in 0..max_ticks {
+            self.drain();
+            if *self.o.phase() == Phase::Done {
+                return;
+            }
+            self.tick(500);
+        }
+        panic!(
+            "run did not finish: phase {:?}, epoch {}, {:?}",
+            self.o.phase(),
+            self.o.epoch(),
+            self.o.counters()
+        );
+    }
+}
+
+#[test]
+fn waits_for_every_stage_then_balances_assignments() {
+    let mut s = Sim::new(spec(3, 2, 1, 6, 2));
+    for i in 0..5 {
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("127.0.0.1:{}", 9000 + i as u16),
+            tokens_per_s: 1.0,
+        });
+        assert_eq!(*s.o.phase(), Phase::Waiting);
+    }
+    s.ev(Event::Register {
+        peer: peer(5),
+        addr: "127.0.0.1:9005".into(),
+        tokens_per_s: 1.0,
+    });
+    assert_eq!(*s.o.phase(), Phase::Training);
+    for st in 0..3 {
+        assert_eq!(
+            s.o.miners().filter(|m| m.stage == st).count(),
+            2,
+            "stage {st}"
+        );
+    }
+    // Every miner got its assignment with the full peer list.
+    let assigns: Vec<&Out> = s
+        .inbox
+        .iter()
+        .filter(|o| matches!(o.cmd, pb::command::Kind::Assign(_)))
+        .collect();
+    let last = assigns.iter().rev().find(|o| o.to == peer(0)).unwrap();
+    let pb::command::Kind::Assign(a) = &last.cmd else {
+        unreachable!()
+    };
+    assert_eq!(a.peers.len(), 6);
+    assert_eq!(a.num_stages, 3);
+    // Two micro-batches in flight, each routed to one miner per stage, spread over replicas.
+    let routes: Vec<&pb::Route> = s
+        .inbox
+        .iter()
+        .filter_map(|o| {
+            if let pb::command::Kind::Route(r) = &o.cmd {
+                Some(r)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        routes.len(),
+        2 * 3,
+        "each of 2 routes goes to its 3 pathway members"
+    );
+    let heads: BTreeSet<Vec<u8>> = routes.iter().map(|r| r.pathway[0].clone()).collect();
+    assert_eq!(
+        heads.len(),
+        2,
+        "the two micro-batches start on different head replicas"
+    );
+}
+
+#[test]
+fn epochs_run_through_upload_and_merge_to_done() {
+    let mut s = Sim::new(spec(3, 2, 3, 10, 3));
+    for i in 0..6 {
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+        });
+    }
+    s.run_until_done(200);
+    let h = s.o.history();
+    assert_eq!(h.len(), 3);
+    for e in h {
+        assert_eq!((e.completed, e.dropped), (10, 0));
+        assert!((e.mean_loss - 2.0).abs() < 1e-6);
+    }
+    assert_eq!(s.o.counters().completed, 30);
+    assert_eq!(s.o.counters().tokens, 30 * 8);
+    assert_eq!(s.o.counters().stale_reports, 0);
+}
+
+#[test]
+fn micro_batch_addresses_follow_the_trainer() {
+    let sp = spec(1, 1, 2, 5, 1);
+    // g = epoch * 5 + seq; shard g % 3; first sample (g / 3) * batch.
+    assert_eq!(
+        sp.micro_batch(0, 0),
+        MbRef {
+            epoch: 0,
+            shard: 0,
+            first_sample: 0
+        }
+    );
+    assert_eq!(
+        sp.micro_batch(0, 4),
+        MbRef {
+            epoch: 0,
+            shard: 1,
+            first_sample: 4
+        }
+    );
+    assert_eq!(
+        sp.micro_batch(1, 2),
+        MbRef {
+            epoch: 1,
+            shard: 1,
+            first_sample: 8
+        }
+    );
+}
+
+#[test]
+fn dead_miner_work_is_rerouted_to_its_replica() {
+    let mut s = Sim::new(spec(3, 2, 1, 12, 4));
+    for i in 0..6 {
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+        });
+    }
+    // A body miner dies before doing anything.
+    let victim = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
+    s.dead.insert(victim);
+    s.run_until_done(200);
+    let c = s.o.counters().clone();
+    assert_eq!(
+        c.completed + c.dropped,
+        12,
+        "every micro-batch accounted for"
+    );
+    assert_eq!(c.dropped, 0, "its replica took the work");
+    assert!(c.rerouted > 0);
+    assert!(s.cancels_seen > 0, "old pathways were told to cancel");
+    assert!(!s.o.miner(&victim).unwrap().healthy);
+    // The merge went on with the survivor of stage 1.
+    assert_eq!(s.o.history()[0].completed, 12);
+}
+
+#[test]
+fn a_stage_with_no_live_miner_drops_after_max_attempts() {
+    let mut s = Sim::new(spec(2, 1, 1, 3, 1));
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+    });
+    let tail = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
+    s.dead.insert(tail);
+    for _ in 0..40 {
+        s.drain();
+        s.tick(500);
+    }
+    let c = s.o.counters();
+    // With no tail at all no pathway exists: what was issued is dropped, nothing completes.
+    assert_eq!(c.completed, 0);
+    assert!(c.dropped >= 1);
+    assert_eq!(
+        *s.o.phase(),
+        Phase::Training,
+        "an epoch cannot finish without a live tail"
+    );
+}
+
+#[test]
+fn stale_and_foreign_reports_are_not_applied() {
+    let mut s = Sim::new(spec(2, 1, 1, 2, 1));
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+    });
+    let mb = s.o.spec().micro_batch(0, 0);
+    let (head, tail) = (
+        s.o.miners().find(|m| m.stage == 0).unwrap().peer,
+        s.o.miners().find(|m| m.stage == 1).unwrap().peer,
+    );
+    s.ev(Event::Loss {
+        peer: head,
+        mb,
+        attempt: 0,
+        loss: 1.0,
+        tokens: 1,
+    }); // not the tail
+    s.ev(Event::Loss {
+        peer: tail,
+        mb,
+        attempt: 7,
+        loss: 1.0,
+        tokens: 1,
+    }); // wrong attempt
+    s.ev(Event::BackwardDone {
+        peer: tail,
+        mb,
+        attempt: 0,
+    }); // not the head
+    assert_eq!(s.o.counters().stale_reports, 3);
+    assert_eq!(s.o.counters().completed, 0);
+    let stranger = peer(9);
+    let r = s.o.step(
+        0,
+        Event::Heartbeat {
+            peer: stranger,
+            tokens_per_s: 1.0,
+        },
+        &mut Rng::new(1),
+    );
+    assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
+}
+
+#[test]
+fn snapshot_round_trip_resumes_the_run() {
+    let mut s = Sim::new(spec(2, 2, 2, 8, 2));
+    for i in 0..4 {
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+        });
+    }
+    // Run part of the first epoch, then "crash": keep only the snapshot.
+    s.drain();
+    s.tick(100);
+    let json = serde_json::to_string(&s.o).unwrap();
+    let restored: Orchestrator = serde_json::from_str(&json).unwrap();
+    assert_eq!(restored.counters(), s.o.counters());
+    let mut t = Sim::new(spec(2, 2, 2, 8, 2));
+    t.o = restored;
+    t.now = s.now;
+    // In-flight routes were lost with the old process: they time out and are re-issued.
+    t.run_until_done(300);
+    assert_eq!(t.o.history().len(), 2);
+    assert!(t.o.history().iter().all(|e| e.completed + e.dropped == 8));
+}
