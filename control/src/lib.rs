@@ -2,10 +2,14 @@
 //!
 //! - [`pb`]: the generated gRPC types and services (`proto/iota.proto`);
 //! - [`auth`]: signed request envelopes (signature, timestamp, nonce, rate);
-//! - [`orchestrator`]: the run's state machine (sans I/O).
+//! - [`orchestrator`]: the run's state machine (sans I/O);
+//! - [`service`], [`store`], [`client`]: its gRPC shell, SQLite state, and a signing client.
 
 pub mod auth;
+pub mod client;
 pub mod orchestrator;
+pub mod service;
+pub mod store;
 
 /// Generated from `proto/iota.proto`.
 pub mod pb {

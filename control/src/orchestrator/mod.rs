@@ -630,10 +630,10 @@ impl Orchestrator {
                         if self.merged.contains_key(&s) {
                             continue;
                         }
-                        if let Some(a) = self.aggregator(s) {
-                            if let Some(ups) = self.uploads.get_mut(&s) {
-                                ups.remove(&a);
-                            }
+                        if let Some(a) = self.aggregator(s)
+                            && let Some(ups) = self.uploads.get_mut(&s)
+                        {
+                            ups.remove(&a);
                         }
                     }
                     self.set_phase(now, Phase::Merging, out);

@@ -1,0 +1,122 @@
+//! Durable orchestrator state in SQLite (embedded; one file per run).
+//!
+//! The orchestrator's whole state is small (miners, the current epoch's
+//! micro-batches, counters) and is saved as one JSON snapshot, in a
+//! transaction, whenever the epoch or phase changes and at most every few
+//! seconds otherwise. A restarted orchestrator loads it: completed epochs
+//! are never lost; micro-batches that were in flight time out and are
+//! re-issued.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::orchestrator::Orchestrator;
+
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Opens (creating if needed) the state database at `path`.
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let conn = Connection::open(path)
+            .with_context(|| format!("opening state database {}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS snapshot (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                run_id INTEGER NOT NULL,
+                epoch INTEGER NOT NULL,
+                saved_ms INTEGER NOT NULL,
+                state TEXT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS epochs (
+                run_id INTEGER NOT NULL,
+                epoch INTEGER NOT NULL,
+                mean_loss REAL,
+                completed INTEGER NOT NULL,
+                dropped INTEGER NOT NULL,
+                PRIMARY KEY (run_id, epoch)
+            );",
+        )?;
+        Ok(Store { conn })
+    }
+
+    /// Saves the state (and the summary of every finished epoch).
+    pub fn save(&mut self, o: &Orchestrator, now_ms: u64) -> Result<()> {
+        let json = serde_json::to_string(o)?;
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO snapshot (id, run_id, epoch, saved_ms, state) VALUES (1, ?1, ?2, ?3, ?4)
+             ON CONFLICT(id) DO UPDATE SET run_id = ?1, epoch = ?2, saved_ms = ?3, state = ?4",
+            params![
+                o.spec().run_id as i64,
+                o.epoch() as i64,
+                now_ms as i64,
+                json
+            ],
+        )?;
+        for e in o.history() {
+            tx.execute(
+                "INSERT OR IGNORE INTO epochs (run_id, epoch, mean_loss, completed, dropped) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![o.spec().run_id as i64, e.epoch as i64, e.mean_loss as f64, e.completed as i64, e.dropped as i64],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The last saved state, if any.
+    pub fn load(&self) -> Result<Option<Orchestrator>> {
+        let json: Option<String> = self
+            .conn
+            .query_row("SELECT state FROM snapshot WHERE id = 1", [], |r| r.get(0))
+            .optional()?;
+        json.map(|j| {
+            serde_json::from_str(&j).context("the saved orchestrator state does not parse")
+        })
+        .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::RunSpec;
+
+    #[test]
+    fn save_then_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run/state.sqlite");
+        let spec = RunSpec {
+            run_id: 3,
+            stages: 2,
+            replicas: 1,
+            epochs: 1,
+            micro_batches_per_epoch: 4,
+            batch: 2,
+            n_shards: 2,
+            max_in_flight: 1,
+            route_timeout_ms: 100,
+            heartbeat_timeout_ms: 100,
+            max_attempts: 2,
+            phase_timeout_ms: 100,
+        };
+        let o = Orchestrator::new(spec.clone()).unwrap();
+        {
+            let mut s = Store::open(&p).unwrap();
+            assert!(s.load().unwrap().is_none());
+            s.save(&o, 5).unwrap();
+            s.save(&o, 6).unwrap();
+        }
+        let s = Store::open(&p).unwrap();
+        let back = s.load().unwrap().unwrap();
+        assert_eq!(back.spec(), &spec);
+    }
+}

@@ -1,0 +1,226 @@
+//! The orchestrator over real gRPC on 127.0.0.1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iota_control::auth::{AuthPolicy, now_ms, sign, sign_with_nonce};
+use iota_control::client::ControlClient;
+use iota_control::orchestrator::{Orchestrator, Phase, RunSpec};
+use iota_control::pb::{self, orchestrator_server::OrchestratorServer};
+use iota_control::service::OrchestratorService;
+use iota_control::store::Store;
+use iota_core::Identity;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Code;
+
+fn spec() -> RunSpec {
+    RunSpec {
+        run_id: 42,
+        stages: 2,
+        replicas: 1,
+        epochs: 2,
+        micro_batches_per_epoch: 4,
+        batch: 2,
+        n_shards: 2,
+        max_in_flight: 1,
+        route_timeout_ms: 60_000,
+        heartbeat_timeout_ms: 60_000,
+        max_attempts: 3,
+        phase_timeout_ms: 60_000,
+    }
+}
+
+/// Serves `svc` on a free port; returns its URL and the server task.
+async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(OrchestratorServer::new(svc))
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (url, task)
+}
+
+async fn client(url: &str, seed: u8) -> ControlClient {
+    ControlClient::connect(url.to_string(), Arc::new(Identity::from_seed([seed; 32])))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn hostile_requests_get_the_right_status() {
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+    )
+    .unwrap();
+    let (url, _server) = serve(svc).await;
+    let mut c = client(&url, 1).await;
+    let id = c.identity().clone();
+
+    // Not registered yet.
+    let e = c.heartbeat(0, 0, 1.0).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+
+    let reply = c
+        .register("127.0.0.1:9000".into(), 10.0, "cpu".into())
+        .await
+        .unwrap();
+    assert_eq!(reply.run_id, 42);
+    assert_eq!(reply.run_config_json, "{}");
+
+    let m = "/iota.v1.Orchestrator/Heartbeat";
+    let body = pb::HeartbeatRequest {
+        epoch: 0,
+        in_flight: 0,
+        tokens_per_s: 1.0,
+    };
+    // A good request, then the very same envelope again.
+    let good = sign(&id, m, &body, now_ms());
+    c.raw_heartbeat(good.clone()).await.unwrap();
+    assert_eq!(
+        c.raw_heartbeat(good).await.unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    // Bad signature.
+    let mut bad = sign(&id, m, &body, now_ms());
+    bad.signature[3] ^= 0x10;
+    assert_eq!(
+        c.raw_heartbeat(bad).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    // Stale timestamp (an hour old), correctly signed.
+    let stale = sign_with_nonce(&id, m, &body, now_ms() - 3_600_000, [7; 16]);
+    let e = c.raw_heartbeat(stale).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(e.message().contains("stale timestamp"), "{}", e.message());
+    // Someone else's identity with our signature.
+    let mut forged = sign(&id, m, &body, now_ms());
+    forged.peer_id = Identity::from_seed([2; 32]).peer_id().0.to_vec();
+    assert_eq!(
+        c.raw_heartbeat(forged).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    // Garbage body under a valid signature.
+    let mut junk = sign(&id, m, &body, now_ms());
+    junk.body = vec![0xff; 3];
+    junk.signature = id
+        .sign(&iota_control::auth::signing_bytes(
+            m,
+            junk.timestamp_ms,
+            &junk.nonce,
+            &junk.body,
+        ))
+        .to_vec();
+    assert_eq!(
+        c.raw_heartbeat(junk).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    // Status works for anyone with a valid signature.
+    let st = client(&url, 3).await.status().await.unwrap();
+    assert_eq!(st.run_id, 42);
+}
+
+#[tokio::test]
+async fn subscribers_receive_assignments_and_routes() {
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+    )
+    .unwrap();
+    let (url, _server) = serve(svc.clone()).await;
+    let mut a = client(&url, 1).await;
+    let mut b = client(&url, 2).await;
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into())
+        .await
+        .unwrap();
+    let mut sa = a.subscribe().await.unwrap();
+    b.register("127.0.0.1:2".into(), 1.0, "cpu".into())
+        .await
+        .unwrap();
+    let mut sb = b.subscribe().await.unwrap();
+    // Both stages filled: training starts and the first micro-batch is routed.
+    let mut kinds = Vec::new();
+    for s in [&mut sa, &mut sb] {
+        loop {
+            let cmd = tokio::time::timeout(Duration::from_secs(5), s.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let k = cmd.kind.unwrap();
+            let is_route = matches!(k, pb::command::Kind::Route(_));
+            kinds.push(k);
+            if is_route {
+                break;
+            }
+        }
+    }
+    assert!(
+        kinds
+            .iter()
+            .any(|k| matches!(k, pb::command::Kind::Assign(a) if a.peers.len() == 2))
+    );
+    assert!(kinds.iter().any(
+        |k| matches!(k, pb::command::Kind::Phase(p) if p.phase == pb::Phase::Training as i32)
+    ));
+    assert_eq!(svc.with_state(|o| o.phase().clone()), Phase::Training);
+}
+
+#[tokio::test]
+async fn restarted_orchestrator_resumes_from_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.sqlite");
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        Some(Store::open(&db).unwrap()),
+        "{}".into(),
+        AuthPolicy::default(),
+    )
+    .unwrap();
+    let (url, server) = serve(svc.clone()).await;
+    let mut a = client(&url, 1).await;
+    let mut b = client(&url, 2).await;
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into())
+        .await
+        .unwrap();
+    b.register("127.0.0.1:2".into(), 1.0, "cpu".into())
+        .await
+        .unwrap();
+    let before = svc.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
+    assert_eq!(before, (0, Phase::Training, 2));
+    // Crash: the server goes away without a chance to save anything more.
+    server.abort();
+    drop(svc);
+    let svc2 = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        Some(Store::open(&db).unwrap()),
+        "{}".into(),
+        AuthPolicy::default(),
+    )
+    .unwrap();
+    let after = svc2.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
+    assert_eq!(after, before, "the run resumes where it was");
+    // Its miners are still known: they heartbeat without registering again.
+    let (url2, _server2) = serve(svc2).await;
+    client(&url2, 1).await.heartbeat(0, 0, 1.0).await.unwrap();
+    // A database holding another run is refused.
+    let mut other = spec();
+    other.run_id = 7;
+    assert!(
+        OrchestratorService::new(
+            Orchestrator::new(other).unwrap(),
+            Some(Store::open(&db).unwrap()),
+            "{}".into(),
+            AuthPolicy::default()
+        )
+        .is_err()
+    );
+}
