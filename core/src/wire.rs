@@ -82,6 +82,9 @@ pub struct FrameHeader {
     pub shard: u32,
     pub first_sample: u64,
     pub samples: u32,
+    /// Which issue of the micro-batch this belongs to (a re-routed
+    /// micro-batch gets a new attempt; frames of older ones are stale).
+    pub attempt: u32,
     /// Per-sender, per-run sequence number (replays are detectable).
     pub seq_no: u64,
     pub shape: [u32; MAX_DIMS],
@@ -120,6 +123,7 @@ impl FrameHeader {
         h.update(&self.shard.to_le_bytes());
         h.update(&self.first_sample.to_le_bytes());
         h.update(&self.samples.to_le_bytes());
+        h.update(&self.attempt.to_le_bytes());
         h.update(&self.seq_no.to_le_bytes());
         for d in self.shape {
             h.update(&d.to_le_bytes());
@@ -199,6 +203,7 @@ mod tests {
             shard: 2,
             first_sample: 40,
             samples: 8,
+            attempt: 0,
             seq_no: 17,
             shape: [1024, 32, 0, 0],
             payload_len: WireCodec::Int8Row.payload_bytes(1024, 32).unwrap() as u64,
@@ -235,6 +240,7 @@ mod tests {
         let tweaks: Vec<Tweak> = vec![
             Box::new(|h| h.epoch += 1),
             Box::new(|h| h.seq_no += 1),
+            Box::new(|h| h.attempt += 1),
             Box::new(|h| h.shape[0] += 1),
             Box::new(|h| h.payload_hash[5] ^= 1),
             Box::new(|h| h.answers[0] ^= 1),

@@ -250,6 +250,7 @@ pub struct FrameMeta {
     pub shard: u32,
     pub first_sample: u64,
     pub samples: u32,
+    pub attempt: u32,
     pub shape: Vec<u32>,
     pub answers: [u8; 32],
 }
@@ -280,6 +281,7 @@ pub fn build_header(
         shard: meta.shard,
         first_sample: meta.first_sample,
         samples: meta.samples,
+        attempt: meta.attempt,
         seq_no,
         shape,
         payload_len: payload.len() as u64,
@@ -372,6 +374,7 @@ mod tests {
             shard: 1,
             first_sample: 16,
             samples: 2,
+            attempt: 0,
             shape: vec![4, 6],
             answers: [0; 32],
         }

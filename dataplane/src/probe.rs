@@ -56,6 +56,7 @@ pub fn data_meta(size: usize, i: u64) -> FrameMeta {
         shard: 0,
         first_sample: i,
         samples: 1,
+        attempt: 0,
         shape: vec![(size / 4) as u32],
         answers: [0; 32],
     }
@@ -76,6 +77,7 @@ pub async fn serve(ep: &Endpoint, frames: u64) -> anyhow::Result<()> {
             shard: 0,
             first_sample: f.header.first_sample,
             samples: 1,
+            attempt: 0,
             shape: vec![1],
             answers: f.header.frame_id(),
         };

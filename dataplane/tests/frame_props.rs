@@ -30,6 +30,7 @@ fn meta_strategy() -> impl Strategy<Value = FrameMeta> {
                 shard,
                 first_sample: first,
                 samples,
+                attempt: (first % 5) as u32,
                 shape,
                 answers,
             },

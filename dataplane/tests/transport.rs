@@ -21,6 +21,7 @@ fn meta(direction: Direction, len: usize) -> FrameMeta {
         shard: 0,
         first_sample: 0,
         samples: 1,
+        attempt: 0,
         shape: vec![(len / 4) as u32],
         answers: [0; 32],
     }
