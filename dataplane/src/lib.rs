@@ -11,6 +11,7 @@ pub mod identity_file;
 pub mod pool;
 pub mod probe;
 pub mod stats;
+pub mod store;
 pub mod tls;
 pub mod transport;
 
