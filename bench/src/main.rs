@@ -12,11 +12,7 @@ use clap::{Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(
-    name = "iota-bench",
-    version,
-    about = "iota-rs benchmarks (each with a same-run baseline)"
-)]
+#[command(name = "iota-bench", version, about = "iota-rs benchmarks (each with a same-run baseline)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

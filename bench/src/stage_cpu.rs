@@ -61,15 +61,8 @@ fn prepare(calls: &[GemmCall], rng: &mut Rng) -> Vec<Prepared> {
             let mut rhs = vec![0.0; call.rhs.extent()];
             rng.fill_normal(&mut lhs, 1.0);
             rng.fill_normal(&mut rhs, 1.0);
-            let dst = (0..call.batch)
-                .map(|_| vec![0.0; call.dst.extent()])
-                .collect();
-            Prepared {
-                call,
-                dst,
-                lhs,
-                rhs,
-            }
+            let dst = (0..call.batch).map(|_| vec![0.0; call.dst.extent()]).collect();
+            Prepared { call, dst, lhs, rhs }
         })
         .collect()
 }
@@ -78,30 +71,17 @@ fn replay(p: &mut [Prepared]) {
     for g in p.iter_mut() {
         let c = g.call;
         if c.batch == 1 {
-            sgemm(
-                &mut g.dst[0],
-                c.dst,
-                &g.lhs,
-                c.lhs,
-                &g.rhs,
-                c.rhs,
-                c.acc,
-                c.parallel,
-            );
+            sgemm(&mut g.dst[0], c.dst, &g.lhs, c.lhs, &g.rhs, c.rhs, c.acc, c.parallel);
         } else {
             let (lhs, rhs) = (&g.lhs, &g.rhs);
-            g.dst
-                .par_iter_mut()
-                .for_each(|d| sgemm(d, c.dst, lhs, c.lhs, rhs, c.rhs, c.acc, false));
+            g.dst.par_iter_mut().for_each(|d| sgemm(d, c.dst, lhs, c.lhs, rhs, c.rhs, c.acc, false));
         }
     }
 }
 
 pub fn run(a: Args) -> Result<()> {
     if let Some(t) = a.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()?;
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global()?;
     }
     let cfg = bench_config();
     let spec = StageSpec::split(&cfg, 3)?.remove(1);
@@ -117,9 +97,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut key = 0u64;
     let mut step = || {
         key += 1;
-        stage
-            .forward(key, StageInput::Hidden(&z), a.batch, a.seq)
-            .expect("forward");
+        stage.forward(key, StageInput::Hidden(&z), a.batch, a.seq).expect("forward");
         stage.backward(key, &dz).expect("backward");
     };
     step();
@@ -148,10 +126,7 @@ pub fn run(a: Args) -> Result<()> {
         n,
         iota_model::Backend::name(&*be)
     );
-    println!(
-        "  {:<28} {:>13} {:>13} {:>12} {:>10}",
-        "", "wall ms/step", "cpu ms/step", "GFLOP/s", "tokens/s"
-    );
+    println!("  {:<28} {:>13} {:>13} {:>12} {:>10}", "", "wall ms/step", "cpu ms/step", "GFLOP/s", "tokens/s");
     let row = |name: &str, v: &[Sample]| {
         let wall = median(v.iter().map(|s| ms(s.wall)).collect());
         let cpu = median(v.iter().map(|s| ms(s.cpu)).collect());
@@ -166,8 +141,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     row("stage fwd+bwd (ours)", &ours);
     row("same GEMMs alone (floor)", &floor);
-    let pair =
-        |f: fn(&Sample) -> f64| median(ours.iter().zip(&floor).map(|(o, b)| f(o) / f(b)).collect());
+    let pair = |f: fn(&Sample) -> f64| median(ours.iter().zip(&floor).map(|(o, b)| f(o) / f(b)).collect());
     println!(
         "  ratio ours / floor (median of {} alternating pairs): wall {:.3}x, cpu {:.3}x  (goal <= 1.3x; {} GEMM calls, {:.1} GFLOP per step)",
         a.iters,
@@ -177,9 +151,7 @@ pub fn run(a: Args) -> Result<()> {
         flops / 1e9
     );
     println!();
-    println!(
-        "boundary compression (bytes per token, one direction, vs the bf16 d-wide hidden state):"
-    );
+    println!("boundary compression (bytes per token, one direction, vs the bf16 d-wide hidden state):");
     println!(
         "  {:<6} {:>5} {:>4} {:>11} {:>12} {:>12} {:>12}",
         "preset", "d", "b", "bf16 hidden", "bf16", "int8", "int4"

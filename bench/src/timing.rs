@@ -9,10 +9,7 @@ use std::time::{Duration, Instant};
 
 /// CPU time consumed by this process so far (all threads).
 pub fn process_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -31,10 +28,7 @@ pub struct Sample {
 pub fn measure(f: impl FnOnce()) -> Sample {
     let (c0, t0) = (process_cpu_time(), Instant::now());
     f();
-    Sample {
-        wall: t0.elapsed(),
-        cpu: process_cpu_time() - c0,
-    }
+    Sample { wall: t0.elapsed(), cpu: process_cpu_time() - c0 }
 }
 
 pub fn median(mut v: Vec<f64>) -> f64 {

@@ -49,18 +49,8 @@ struct Row {
 
 impl Row {
     /// From per-frame write-start and delivery times (same clock).
-    fn one_way(
-        name: &'static str,
-        size: usize,
-        sent: &[Duration],
-        at: &[Duration],
-        cpu: Duration,
-    ) -> Row {
-        let lat: Vec<Duration> = sent
-            .iter()
-            .zip(at)
-            .map(|(s, a)| a.saturating_sub(*s))
-            .collect();
+    fn one_way(name: &'static str, size: usize, sent: &[Duration], at: &[Duration], cpu: Duration) -> Row {
+        let lat: Vec<Duration> = sent.iter().zip(at).map(|(s, a)| a.saturating_sub(*s)).collect();
         let end = at.iter().max().copied().unwrap_or_default();
         Row {
             name,
@@ -125,34 +115,19 @@ async fn quic(frames: u64, size: usize, a: &Args) -> Result<Row> {
         }
         anyhow::Ok(at)
     });
-    let payload: bytes::Bytes = (0..size)
-        .map(|i| (i * 131 % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
+    let payload: bytes::Bytes = (0..size).map(|i| (i * 131 % 251) as u8).collect::<Vec<u8>>().into();
     let mut sent = Vec::with_capacity(frames as usize);
     for i in 0..frames {
         sent.push(t0.elapsed());
-        tx.send(to, &probe::data_meta(size, i), payload.clone())
-            .await?;
+        tx.send(to, &probe::data_meta(size, i), payload.clone()).await?;
     }
     let at = receiver.await??;
-    Ok(Row::one_way(
-        "QUIC (ours)",
-        size,
-        &sent,
-        &at,
-        process_cpu_time() - c0,
-    ))
+    Ok(Row::one_way("QUIC (ours)", size, &sent, &at, process_cpu_time() - c0))
 }
 
 /// Receiver side of the TCP baselines: read each frame whole into a buffer
 /// (as ours lands in a pool buffer) and note when it was complete.
-async fn tcp_serve<S: AsyncRead + Unpin>(
-    mut s: S,
-    frames: u64,
-    size: usize,
-    t0: Instant,
-) -> Result<Vec<Duration>> {
+async fn tcp_serve<S: AsyncRead + Unpin>(mut s: S, frames: u64, size: usize, t0: Instant) -> Result<Vec<Duration>> {
     let mut buf = vec![0u8; size];
     let mut at = Vec::with_capacity(frames as usize);
     for _ in 0..frames {
@@ -164,12 +139,7 @@ async fn tcp_serve<S: AsyncRead + Unpin>(
     Ok(at)
 }
 
-async fn tcp_push<S: AsyncWrite + Unpin>(
-    mut s: S,
-    frames: u64,
-    size: usize,
-    t0: Instant,
-) -> Result<Vec<Duration>> {
+async fn tcp_push<S: AsyncWrite + Unpin>(mut s: S, frames: u64, size: usize, t0: Instant) -> Result<Vec<Duration>> {
     let payload: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
     let mut sent = Vec::with_capacity(frames as usize);
     for _ in 0..frames {
@@ -187,13 +157,8 @@ async fn tcp(frames: u64, size: usize, with_tls: bool) -> Result<Row> {
     let addr = listener.local_addr()?;
     let (server_id, client_id, dir) = ids();
     let server_peer = server_id.peer_id();
-    let acceptor =
-        tokio_rustls::TlsAcceptor::from(Arc::new(tls::server_config(&server_id, dir.clone())?));
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls::client_config(
-        &client_id,
-        server_peer,
-        dir,
-    )?));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls::server_config(&server_id, dir.clone())?));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls::client_config(&client_id, server_peer, dir)?));
     let c0 = process_cpu_time();
     let t0 = Instant::now();
     let server = tokio::spawn(async move {
@@ -217,24 +182,12 @@ async fn tcp(frames: u64, size: usize, with_tls: bool) -> Result<Row> {
         let sent = tcp_push(&mut s, frames, size, t0).await?;
         (sent, server.await??)
     };
-    let name = if with_tls {
-        "TLS 1.3 over TCP"
-    } else {
-        "plain TCP"
-    };
-    Ok(Row::one_way(
-        name,
-        size,
-        &sent,
-        &at,
-        process_cpu_time() - c0,
-    ))
+    let name = if with_tls { "TLS 1.3 over TCP" } else { "plain TCP" };
+    Ok(Row::one_way(name, size, &sent, &at, process_cpu_time() - c0))
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         println!(
             "transport: {:.2} GiB per run over 127.0.0.1, {} worker threads, QUIC initial MTU {}, windows {} MiB",
@@ -252,7 +205,10 @@ pub fn run(a: Args) -> Result<()> {
                 tcp(frames, size, true).await.context("TLS run")?,
             ];
             println!("\nframes of {} KiB x {}:", size >> 10, frames);
-            println!("  {:<18} {:>8} {:>12} {:>10} {:>10} {:>9} {:>9}", "", "GB/s", "CPU s/GiB", "p50 ms", "p99 ms", "vs TCP", "vs TLS");
+            println!(
+                "  {:<18} {:>8} {:>12} {:>10} {:>10} {:>9} {:>9}",
+                "", "GB/s", "CPU s/GiB", "p50 ms", "p99 ms", "vs TCP", "vs TLS"
+            );
             let (tcp_g, tls_g) = (rows[1].gbps(), rows[2].gbps());
             for r in &rows {
                 println!(

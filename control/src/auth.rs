@@ -34,8 +34,7 @@ pub fn signing_bytes(method: &str, timestamp_ms: u64, nonce: &[u8], body: &[u8])
 /// Wraps `body` for `method`, signed by `id` at `now_ms` with a fresh nonce.
 pub fn sign<M: Message>(id: &Identity, method: &str, body: &M, now_ms: u64) -> Signed {
     let mut nonce = [0u8; NONCE_LEN];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce)
-        .expect("OS random generator");
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).expect("OS random generator");
     sign_with_nonce(id, method, body, now_ms, nonce)
 }
 
@@ -72,12 +71,7 @@ pub struct AuthPolicy {
 
 impl Default for AuthPolicy {
     fn default() -> Self {
-        AuthPolicy {
-            max_skew: Duration::from_secs(30),
-            rate_per_s: 200.0,
-            burst: 400.0,
-            max_body: 1 << 20,
-        }
+        AuthPolicy { max_skew: Duration::from_secs(30), rate_per_s: 200.0, burst: 400.0, max_body: 1 << 20 }
     }
 }
 
@@ -102,37 +96,19 @@ struct Seen {
 
 impl Verifier {
     pub fn new(policy: AuthPolicy) -> Self {
-        Verifier {
-            policy,
-            seen: Mutex::new(Seen::default()),
-            buckets: Mutex::new(HashMap::new()),
-        }
+        Verifier { policy, seen: Mutex::new(Seen::default()), buckets: Mutex::new(HashMap::new()) }
     }
 
     /// Verifies an envelope for `method` at server time `now_ms`; returns the
     /// caller and the decoded body.
-    pub fn verify<M: Message + Default>(
-        &self,
-        method: &str,
-        s: &Signed,
-        now_ms: u64,
-    ) -> Result<(PeerId, M), Status> {
-        let peer: [u8; 32] = s
-            .peer_id
-            .as_slice()
-            .try_into()
-            .map_err(|_| Status::invalid_argument("peer_id must be 32 bytes"))?;
+    pub fn verify<M: Message + Default>(&self, method: &str, s: &Signed, now_ms: u64) -> Result<(PeerId, M), Status> {
+        let peer: [u8; 32] =
+            s.peer_id.as_slice().try_into().map_err(|_| Status::invalid_argument("peer_id must be 32 bytes"))?;
         let peer = PeerId(peer);
-        let nonce: [u8; NONCE_LEN] = s
-            .nonce
-            .as_slice()
-            .try_into()
-            .map_err(|_| Status::invalid_argument("nonce must be 16 bytes"))?;
-        let sig: [u8; 64] = s
-            .signature
-            .as_slice()
-            .try_into()
-            .map_err(|_| Status::unauthenticated("signature must be 64 bytes"))?;
+        let nonce: [u8; NONCE_LEN] =
+            s.nonce.as_slice().try_into().map_err(|_| Status::invalid_argument("nonce must be 16 bytes"))?;
+        let sig: [u8; 64] =
+            s.signature.as_slice().try_into().map_err(|_| Status::unauthenticated("signature must be 64 bytes"))?;
         if s.body.len() > self.policy.max_body {
             return Err(Status::invalid_argument(format!(
                 "body of {} bytes exceeds {}",
@@ -140,10 +116,7 @@ impl Verifier {
                 self.policy.max_body
             )));
         }
-        if !peer.verify(
-            &signing_bytes(method, s.timestamp_ms, &nonce, &s.body),
-            &sig,
-        ) {
+        if !peer.verify(&signing_bytes(method, s.timestamp_ms, &nonce, &s.body), &sig) {
             return Err(Status::unauthenticated("bad signature"));
         }
         let skew = self.policy.max_skew.as_millis() as u64;
@@ -156,18 +129,12 @@ impl Verifier {
         }
         self.check_nonce(peer, nonce, s.timestamp_ms, now_ms)?;
         self.check_rate(peer, now_ms)?;
-        let body = M::decode(s.body.as_slice())
-            .map_err(|e| Status::invalid_argument(format!("body does not decode: {e}")))?;
+        let body =
+            M::decode(s.body.as_slice()).map_err(|e| Status::invalid_argument(format!("body does not decode: {e}")))?;
         Ok((peer, body))
     }
 
-    fn check_nonce(
-        &self,
-        peer: PeerId,
-        nonce: [u8; NONCE_LEN],
-        ts: u64,
-        now_ms: u64,
-    ) -> Result<(), Status> {
+    fn check_nonce(&self, peer: PeerId, nonce: [u8; NONCE_LEN], ts: u64, now_ms: u64) -> Result<(), Status> {
         let mut seen = self.seen.lock().unwrap();
         // Forget nonces whose timestamps left the window: a replay of them is
         // refused by the timestamp check instead.
@@ -189,10 +156,7 @@ impl Verifier {
 
     fn check_rate(&self, peer: PeerId, now_ms: u64) -> Result<(), Status> {
         let mut b = self.buckets.lock().unwrap();
-        let e = b.entry(peer).or_insert(Bucket {
-            tokens: self.policy.burst,
-            at_ms: now_ms,
-        });
+        let e = b.entry(peer).or_insert(Bucket { tokens: self.policy.burst, at_ms: now_ms });
         let dt = now_ms.saturating_sub(e.at_ms) as f64 / 1000.0;
         e.tokens = (e.tokens + dt * self.policy.rate_per_s).min(self.policy.burst);
         e.at_ms = now_ms.max(e.at_ms);
@@ -206,9 +170,7 @@ impl Verifier {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -219,11 +181,7 @@ mod tests {
     const M: &str = "/iota.v1.Orchestrator/Heartbeat";
 
     fn body() -> HeartbeatRequest {
-        HeartbeatRequest {
-            epoch: 3,
-            in_flight: 1,
-            tokens_per_s: 10.0,
-        }
+        HeartbeatRequest { epoch: 3, in_flight: 1, tokens_per_s: 10.0 }
     }
 
     #[test]
@@ -236,75 +194,38 @@ mod tests {
         assert_eq!(peer, id.peer_id());
         assert_eq!(b, body());
         // replay
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &s, now + 6)
-                .unwrap_err()
-                .code(),
-            Code::AlreadyExists
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &s, now + 6).unwrap_err().code(), Code::AlreadyExists);
         // bad signature: body tampered
         let mut t = sign(&id, M, &body(), now);
         t.body[0] ^= 1;
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &t, now).unwrap_err().code(),
-            Code::Unauthenticated
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &t, now).unwrap_err().code(), Code::Unauthenticated);
         // signature for another method
         let other = sign(&id, "/iota.v1.Orchestrator/Report", &body(), now);
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &other, now)
-                .unwrap_err()
-                .code(),
-            Code::Unauthenticated
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &other, now).unwrap_err().code(), Code::Unauthenticated);
         // stale and future timestamps
         let old = sign(&id, M, &body(), now - 31_000);
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &old, now)
-                .unwrap_err()
-                .code(),
-            Code::Unauthenticated
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &old, now).unwrap_err().code(), Code::Unauthenticated);
         let future = sign(&id, M, &body(), now + 31_000);
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &future, now)
-                .unwrap_err()
-                .code(),
-            Code::Unauthenticated
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &future, now).unwrap_err().code(), Code::Unauthenticated);
         // malformed envelope
         let mut short = sign(&id, M, &body(), now);
         short.peer_id.pop();
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &short, now)
-                .unwrap_err()
-                .code(),
-            Code::InvalidArgument
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &short, now).unwrap_err().code(), Code::InvalidArgument);
     }
 
     #[test]
     fn rate_limit_per_identity() {
-        let v = Verifier::new(AuthPolicy {
-            rate_per_s: 10.0,
-            burst: 5.0,
-            ..AuthPolicy::default()
-        });
+        let v = Verifier::new(AuthPolicy { rate_per_s: 10.0, burst: 5.0, ..AuthPolicy::default() });
         let (a, b) = (Identity::from_seed([1; 32]), Identity::from_seed([2; 32]));
         let now = 50_000;
         for _ in 0..5 {
-            v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now)
-                .unwrap();
+            v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now).unwrap();
         }
-        let e = v
-            .verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now)
-            .unwrap_err();
+        let e = v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now).unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted);
         // Another identity has its own bucket; time refills the first.
-        v.verify::<HeartbeatRequest>(M, &sign(&b, M, &body(), now), now)
-            .unwrap();
-        v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now + 200), now + 200)
-            .unwrap();
+        v.verify::<HeartbeatRequest>(M, &sign(&b, M, &body(), now), now).unwrap();
+        v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now + 200), now + 200).unwrap();
     }
 
     #[test]
@@ -317,11 +238,6 @@ mod tests {
         let later = 10 * 60_000;
         let _ = v.verify::<HeartbeatRequest>(M, &sign(&id, M, &body(), later), later);
         assert!(v.seen.lock().unwrap().set.len() == 1);
-        assert_eq!(
-            v.verify::<HeartbeatRequest>(M, &s, later)
-                .unwrap_err()
-                .code(),
-            Code::Unauthenticated
-        );
+        assert_eq!(v.verify::<HeartbeatRequest>(M, &s, later).unwrap_err().code(), Code::Unauthenticated);
     }
 }

@@ -16,14 +16,8 @@ pub struct ControlClient {
 
 impl ControlClient {
     /// Connects to `endpoint` (e.g. `http://127.0.0.1:7100`).
-    pub async fn connect(
-        endpoint: String,
-        id: Arc<Identity>,
-    ) -> Result<Self, tonic::transport::Error> {
-        Ok(ControlClient {
-            rpc: OrchestratorClient::connect(endpoint).await?,
-            id,
-        })
+    pub async fn connect(endpoint: String, id: Arc<Identity>) -> Result<Self, tonic::transport::Error> {
+        Ok(ControlClient { rpc: OrchestratorClient::connect(endpoint).await?, id })
     }
 
     pub fn identity(&self) -> &Arc<Identity> {
@@ -36,12 +30,7 @@ impl ControlClient {
         tokens_per_s: f64,
         device: String,
     ) -> Result<pb::RegisterReply, tonic::Status> {
-        let body = pb::RegisterRequest {
-            role: pb::Role::Miner as i32,
-            data_addr,
-            tokens_per_s,
-            device,
-        };
+        let body = pb::RegisterRequest { role: pb::Role::Miner as i32, data_addr, tokens_per_s, device };
         let s = sign(&self.id, "/iota.v1.Orchestrator/Register", &body, now_ms());
         Ok(self.rpc.register(s).await?.into_inner())
     }
@@ -52,51 +41,29 @@ impl ControlClient {
         in_flight: u32,
         tokens_per_s: f64,
     ) -> Result<pb::HeartbeatReply, tonic::Status> {
-        let body = pb::HeartbeatRequest {
-            epoch,
-            in_flight,
-            tokens_per_s,
-        };
+        let body = pb::HeartbeatRequest { epoch, in_flight, tokens_per_s };
         let s = sign(&self.id, "/iota.v1.Orchestrator/Heartbeat", &body, now_ms());
         Ok(self.rpc.heartbeat(s).await?.into_inner())
     }
 
     pub async fn subscribe(&mut self) -> Result<tonic::Streaming<pb::Command>, tonic::Status> {
-        let s = sign(
-            &self.id,
-            "/iota.v1.Orchestrator/Subscribe",
-            &pb::SubscribeRequest {},
-            now_ms(),
-        );
+        let s = sign(&self.id, "/iota.v1.Orchestrator/Subscribe", &pb::SubscribeRequest {}, now_ms());
         Ok(self.rpc.subscribe(s).await?.into_inner())
     }
 
     pub async fn report(&mut self, kind: pb::report::Kind) -> Result<(), tonic::Status> {
-        let s = sign(
-            &self.id,
-            "/iota.v1.Orchestrator/Report",
-            &pb::Report { kind: Some(kind) },
-            now_ms(),
-        );
+        let s = sign(&self.id, "/iota.v1.Orchestrator/Report", &pb::Report { kind: Some(kind) }, now_ms());
         self.rpc.report(s).await?;
         Ok(())
     }
 
     pub async fn status(&mut self) -> Result<pb::RunStatus, tonic::Status> {
-        let s = sign(
-            &self.id,
-            "/iota.v1.Orchestrator/Status",
-            &pb::StatusRequest {},
-            now_ms(),
-        );
+        let s = sign(&self.id, "/iota.v1.Orchestrator/Status", &pb::StatusRequest {}, now_ms());
         Ok(self.rpc.status(s).await?.into_inner())
     }
 
     /// Sends a pre-built envelope as-is (tests of hostile requests).
-    pub async fn raw_heartbeat(
-        &mut self,
-        s: pb::Signed,
-    ) -> Result<pb::HeartbeatReply, tonic::Status> {
+    pub async fn raw_heartbeat(&mut self, s: pb::Signed) -> Result<pb::HeartbeatReply, tonic::Status> {
         Ok(self.rpc.heartbeat(s).await?.into_inner())
     }
 }

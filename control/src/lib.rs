@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod client;
 pub mod orchestrator;
+pub mod run;
 pub mod service;
 pub mod store;
 

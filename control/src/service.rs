@@ -49,8 +49,7 @@ impl Core {
             {
                 match tx.try_send(Ok(cmd)) {
                     Ok(()) => continue,
-                    Err(mpsc::error::TrySendError::Full(Ok(c)))
-                    | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
+                    Err(mpsc::error::TrySendError::Full(Ok(c))) | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
                         queue.push_back(c);
                     }
                     Err(_) => {}
@@ -75,8 +74,7 @@ impl Core {
             while let Some(c) = queue.pop_front() {
                 match tx.try_send(Ok(c)) {
                     Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(Ok(c)))
-                    | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
+                    Err(mpsc::error::TrySendError::Full(Ok(c))) | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
                         queue.push_front(c);
                         break;
                     }
@@ -123,11 +121,9 @@ impl OrchestratorService {
                 info!(epoch = saved.epoch(), phase = ?saved.phase(), "resuming run from saved state");
                 saved
             }
-            Some(saved) => anyhow::bail!(
-                "the state database holds run {}, not run {}",
-                saved.spec().run_id,
-                orch.spec().run_id
-            ),
+            Some(saved) => {
+                anyhow::bail!("the state database holds run {}, not run {}", saved.spec().run_id, orch.spec().run_id)
+            }
             None => orch,
         };
         let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), now_ms()]);
@@ -152,9 +148,7 @@ impl OrchestratorService {
         let mut core = self.core.lock().unwrap();
         let Core { orch, rng, .. } = &mut *core;
         let outs = orch.step(now, ev, rng).map_err(|e| match e {
-            Refusal::Unknown(p) => {
-                Status::failed_precondition(format!("peer {p} must register first"))
-            }
+            Refusal::Unknown(p) => Status::failed_precondition(format!("peer {p} must register first")),
             Refusal::Invalid(m) => Status::invalid_argument(m),
         })?;
         core.deliver(outs);
@@ -194,40 +188,23 @@ impl OrchestratorService {
 }
 
 fn mb(epoch: u64, shard: u32, first_sample: u64) -> MbRef {
-    MbRef {
-        epoch,
-        shard,
-        first_sample,
-    }
+    MbRef { epoch, shard, first_sample }
 }
 
 type CommandStream = Pin<Box<dyn Stream<Item = Result<pb::Command, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl OrchestratorRpc for OrchestratorService {
-    async fn register(
-        &self,
-        req: Request<pb::Signed>,
-    ) -> Result<Response<pb::RegisterReply>, Status> {
-        let (peer, body): (PeerId, pb::RegisterRequest) =
-            self.verify("/iota.v1.Orchestrator/Register", req)?;
+    async fn register(&self, req: Request<pb::Signed>) -> Result<Response<pb::RegisterReply>, Status> {
+        let (peer, body): (PeerId, pb::RegisterRequest) = self.verify("/iota.v1.Orchestrator/Register", req)?;
         if body.role != pb::Role::Miner as i32 {
-            return Err(Status::invalid_argument(
-                "only miners register with the orchestrator for now",
-            ));
+            return Err(Status::invalid_argument("only miners register with the orchestrator for now"));
         }
         if !body.tokens_per_s.is_finite() || body.tokens_per_s < 0.0 {
-            return Err(Status::invalid_argument(
-                "tokens_per_s must be a non-negative number",
-            ));
+            return Err(Status::invalid_argument("tokens_per_s must be a non-negative number"));
         }
-        self.apply(Event::Register {
-            peer,
-            addr: body.data_addr,
-            tokens_per_s: body.tokens_per_s,
-        })?;
-        let (index, run_id) =
-            self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
+        self.apply(Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s })?;
+        let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
         info!(peer = %peer, index, "miner registered");
         Ok(Response::new(pb::RegisterReply {
             miner_index: index,
@@ -236,21 +213,10 @@ impl OrchestratorRpc for OrchestratorService {
         }))
     }
 
-    async fn heartbeat(
-        &self,
-        req: Request<pb::Signed>,
-    ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        let (peer, body): (PeerId, pb::HeartbeatRequest) =
-            self.verify("/iota.v1.Orchestrator/Heartbeat", req)?;
-        let tps = if body.tokens_per_s.is_finite() {
-            body.tokens_per_s.max(0.0)
-        } else {
-            0.0
-        };
-        self.apply(Event::Heartbeat {
-            peer,
-            tokens_per_s: tps,
-        })?;
+    async fn heartbeat(&self, req: Request<pb::Signed>) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify("/iota.v1.Orchestrator/Heartbeat", req)?;
+        let tps = if body.tokens_per_s.is_finite() { body.tokens_per_s.max(0.0) } else { 0.0 };
+        self.apply(Event::Heartbeat { peer, tokens_per_s: tps })?;
         let (epoch, phase) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32));
         Ok(Response::new(pb::HeartbeatReply { epoch, phase }))
     }
@@ -258,15 +224,12 @@ impl OrchestratorRpc for OrchestratorService {
     type SubscribeStream = CommandStream;
 
     async fn subscribe(&self, req: Request<pb::Signed>) -> Result<Response<CommandStream>, Status> {
-        let (peer, _): (PeerId, pb::SubscribeRequest) =
-            self.verify("/iota.v1.Orchestrator/Subscribe", req)?;
+        let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify("/iota.v1.Orchestrator/Subscribe", req)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
             let mut core = self.core.lock().unwrap();
             if core.orch.miner(&peer).is_none() {
-                return Err(Status::failed_precondition(format!(
-                    "peer {peer} must register first"
-                )));
+                return Err(Status::failed_precondition(format!("peer {peer} must register first")));
             }
             core.subscribers.insert(peer, tx);
             core.flush();
@@ -275,12 +238,8 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn report(&self, req: Request<pb::Signed>) -> Result<Response<pb::Ack>, Status> {
-        let (peer, body): (PeerId, pb::Report) =
-            self.verify("/iota.v1.Orchestrator/Report", req)?;
-        let ev = match body
-            .kind
-            .ok_or_else(|| Status::invalid_argument("empty report"))?
-        {
+        let (peer, body): (PeerId, pb::Report) = self.verify("/iota.v1.Orchestrator/Report", req)?;
+        let ev = match body.kind.ok_or_else(|| Status::invalid_argument("empty report"))? {
             pb::report::Kind::Loss(l) => Event::Loss {
                 peer,
                 mb: mb(l.epoch, l.shard, l.first_sample),
@@ -288,24 +247,13 @@ impl OrchestratorRpc for OrchestratorService {
                 loss: l.loss,
                 tokens: l.tokens,
             },
-            pb::report::Kind::BackwardDone(b) => Event::BackwardDone {
-                peer,
-                mb: mb(b.epoch, b.shard, b.first_sample),
-                attempt: b.attempt,
-            },
-            pb::report::Kind::UploadDone(u) => Event::UploadDone {
-                peer,
-                epoch: u.epoch,
-                stage: u.stage,
-                key: u.key,
-                work: u.micro_batches,
-            },
-            pb::report::Kind::MergeDone(m) => Event::MergeDone {
-                peer,
-                epoch: m.epoch,
-                stage: m.stage,
-                key: m.key,
-            },
+            pb::report::Kind::BackwardDone(b) => {
+                Event::BackwardDone { peer, mb: mb(b.epoch, b.shard, b.first_sample), attempt: b.attempt }
+            }
+            pb::report::Kind::UploadDone(u) => {
+                Event::UploadDone { peer, epoch: u.epoch, stage: u.stage, key: u.key, work: u.micro_batches }
+            }
+            pb::report::Kind::MergeDone(m) => Event::MergeDone { peer, epoch: m.epoch, stage: m.stage, key: m.key },
         };
         self.apply(ev)?;
         Ok(Response::new(pb::Ack {}))

@@ -24,8 +24,7 @@ impl Store {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let conn = Connection::open(path)
-            .with_context(|| format!("opening state database {}", path.display()))?;
+        let conn = Connection::open(path).with_context(|| format!("opening state database {}", path.display()))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(
@@ -55,12 +54,7 @@ impl Store {
         tx.execute(
             "INSERT INTO snapshot (id, run_id, epoch, saved_ms, state) VALUES (1, ?1, ?2, ?3, ?4)
              ON CONFLICT(id) DO UPDATE SET run_id = ?1, epoch = ?2, saved_ms = ?3, state = ?4",
-            params![
-                o.spec().run_id as i64,
-                o.epoch() as i64,
-                now_ms as i64,
-                json
-            ],
+            params![o.spec().run_id as i64, o.epoch() as i64, now_ms as i64, json],
         )?;
         for e in o.history() {
             tx.execute(
@@ -74,14 +68,9 @@ impl Store {
 
     /// The last saved state, if any.
     pub fn load(&self) -> Result<Option<Orchestrator>> {
-        let json: Option<String> = self
-            .conn
-            .query_row("SELECT state FROM snapshot WHERE id = 1", [], |r| r.get(0))
-            .optional()?;
-        json.map(|j| {
-            serde_json::from_str(&j).context("the saved orchestrator state does not parse")
-        })
-        .transpose()
+        let json: Option<String> =
+            self.conn.query_row("SELECT state FROM snapshot WHERE id = 1", [], |r| r.get(0)).optional()?;
+        json.map(|j| serde_json::from_str(&j).context("the saved orchestrator state does not parse")).transpose()
     }
 }
 

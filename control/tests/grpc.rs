@@ -45,20 +45,13 @@ async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>
 }
 
 async fn client(url: &str, seed: u8) -> ControlClient {
-    ControlClient::connect(url.to_string(), Arc::new(Identity::from_seed([seed; 32])))
-        .await
-        .unwrap()
+    ControlClient::connect(url.to_string(), Arc::new(Identity::from_seed([seed; 32]))).await.unwrap()
 }
 
 #[tokio::test]
 async fn hostile_requests_get_the_right_status() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-    )
-    .unwrap();
+    let svc =
+        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
     let (url, _server) = serve(svc).await;
     let mut c = client(&url, 1).await;
     let id = c.identity().clone();
@@ -67,33 +60,20 @@ async fn hostile_requests_get_the_right_status() {
     let e = c.heartbeat(0, 0, 1.0).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
 
-    let reply = c
-        .register("127.0.0.1:9000".into(), 10.0, "cpu".into())
-        .await
-        .unwrap();
+    let reply = c.register("127.0.0.1:9000".into(), 10.0, "cpu".into()).await.unwrap();
     assert_eq!(reply.run_id, 42);
     assert_eq!(reply.run_config_json, "{}");
 
     let m = "/iota.v1.Orchestrator/Heartbeat";
-    let body = pb::HeartbeatRequest {
-        epoch: 0,
-        in_flight: 0,
-        tokens_per_s: 1.0,
-    };
+    let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1.0 };
     // A good request, then the very same envelope again.
     let good = sign(&id, m, &body, now_ms());
     c.raw_heartbeat(good.clone()).await.unwrap();
-    assert_eq!(
-        c.raw_heartbeat(good).await.unwrap_err().code(),
-        Code::AlreadyExists
-    );
+    assert_eq!(c.raw_heartbeat(good).await.unwrap_err().code(), Code::AlreadyExists);
     // Bad signature.
     let mut bad = sign(&id, m, &body, now_ms());
     bad.signature[3] ^= 0x10;
-    assert_eq!(
-        c.raw_heartbeat(bad).await.unwrap_err().code(),
-        Code::Unauthenticated
-    );
+    assert_eq!(c.raw_heartbeat(bad).await.unwrap_err().code(), Code::Unauthenticated);
     // Stale timestamp (an hour old), correctly signed.
     let stale = sign_with_nonce(&id, m, &body, now_ms() - 3_600_000, [7; 16]);
     let e = c.raw_heartbeat(stale).await.unwrap_err();
@@ -102,25 +82,13 @@ async fn hostile_requests_get_the_right_status() {
     // Someone else's identity with our signature.
     let mut forged = sign(&id, m, &body, now_ms());
     forged.peer_id = Identity::from_seed([2; 32]).peer_id().0.to_vec();
-    assert_eq!(
-        c.raw_heartbeat(forged).await.unwrap_err().code(),
-        Code::Unauthenticated
-    );
+    assert_eq!(c.raw_heartbeat(forged).await.unwrap_err().code(), Code::Unauthenticated);
     // Garbage body under a valid signature.
     let mut junk = sign(&id, m, &body, now_ms());
     junk.body = vec![0xff; 3];
-    junk.signature = id
-        .sign(&iota_control::auth::signing_bytes(
-            m,
-            junk.timestamp_ms,
-            &junk.nonce,
-            &junk.body,
-        ))
-        .to_vec();
-    assert_eq!(
-        c.raw_heartbeat(junk).await.unwrap_err().code(),
-        Code::InvalidArgument
-    );
+    junk.signature =
+        id.sign(&iota_control::auth::signing_bytes(m, junk.timestamp_ms, &junk.nonce, &junk.body)).to_vec();
+    assert_eq!(c.raw_heartbeat(junk).await.unwrap_err().code(), Code::InvalidArgument);
     // Status works for anyone with a valid signature.
     let st = client(&url, 3).await.status().await.unwrap();
     assert_eq!(st.run_id, 42);
@@ -128,33 +96,20 @@ async fn hostile_requests_get_the_right_status() {
 
 #[tokio::test]
 async fn subscribers_receive_assignments_and_routes() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-    )
-    .unwrap();
+    let svc =
+        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
     let (url, _server) = serve(svc.clone()).await;
     let mut a = client(&url, 1).await;
     let mut b = client(&url, 2).await;
-    a.register("127.0.0.1:1".into(), 1.0, "cpu".into())
-        .await
-        .unwrap();
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into()).await.unwrap();
     let mut sa = a.subscribe().await.unwrap();
-    b.register("127.0.0.1:2".into(), 1.0, "cpu".into())
-        .await
-        .unwrap();
+    b.register("127.0.0.1:2".into(), 1.0, "cpu".into()).await.unwrap();
     let mut sb = b.subscribe().await.unwrap();
     // Both stages filled: training starts and the first micro-batch is routed.
     let mut kinds = Vec::new();
     for s in [&mut sa, &mut sb] {
         loop {
-            let cmd = tokio::time::timeout(Duration::from_secs(5), s.message())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+            let cmd = tokio::time::timeout(Duration::from_secs(5), s.message()).await.unwrap().unwrap().unwrap();
             let k = cmd.kind.unwrap();
             let is_route = matches!(k, pb::command::Kind::Route(_));
             kinds.push(k);
@@ -163,14 +118,8 @@ async fn subscribers_receive_assignments_and_routes() {
             }
         }
     }
-    assert!(
-        kinds
-            .iter()
-            .any(|k| matches!(k, pb::command::Kind::Assign(a) if a.peers.len() == 2))
-    );
-    assert!(kinds.iter().any(
-        |k| matches!(k, pb::command::Kind::Phase(p) if p.phase == pb::Phase::Training as i32)
-    ));
+    assert!(kinds.iter().any(|k| matches!(k, pb::command::Kind::Assign(a) if a.peers.len() == 2)));
+    assert!(kinds.iter().any(|k| matches!(k, pb::command::Kind::Phase(p) if p.phase == pb::Phase::Training as i32)));
     assert_eq!(svc.with_state(|o| o.phase().clone()), Phase::Training);
 }
 
@@ -188,12 +137,8 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     let (url, server) = serve(svc.clone()).await;
     let mut a = client(&url, 1).await;
     let mut b = client(&url, 2).await;
-    a.register("127.0.0.1:1".into(), 1.0, "cpu".into())
-        .await
-        .unwrap();
-    b.register("127.0.0.1:2".into(), 1.0, "cpu".into())
-        .await
-        .unwrap();
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into()).await.unwrap();
+    b.register("127.0.0.1:2".into(), 1.0, "cpu".into()).await.unwrap();
     let before = svc.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
     assert_eq!(before, (0, Phase::Training, 2));
     // Crash: the server goes away without a chance to save anything more.

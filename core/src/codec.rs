@@ -21,12 +21,7 @@ pub enum WireCodec {
 }
 
 impl WireCodec {
-    pub const ALL: [WireCodec; 4] = [
-        WireCodec::F32,
-        WireCodec::Bf16,
-        WireCodec::Int8Row,
-        WireCodec::Int4Row,
-    ];
+    pub const ALL: [WireCodec; 4] = [WireCodec::F32, WireCodec::Bf16, WireCodec::Int8Row, WireCodec::Int4Row];
 
     pub fn id(self) -> u8 {
         match self {
@@ -38,10 +33,7 @@ impl WireCodec {
     }
 
     pub fn from_id(id: u8) -> Result<Self, CoreError> {
-        WireCodec::ALL
-            .into_iter()
-            .find(|c| c.id() == id)
-            .ok_or(CoreError::UnknownCodec(id))
+        WireCodec::ALL.into_iter().find(|c| c.id() == id).ok_or(CoreError::UnknownCodec(id))
     }
 
     pub fn name(self) -> &'static str {
@@ -86,11 +78,7 @@ pub struct BoundaryCost {
 
 pub fn boundary_cost(d_model: usize, width: usize, codec: WireCodec) -> BoundaryCost {
     let bytes = codec.row_bytes(width);
-    BoundaryCost {
-        bytes_per_token: bytes,
-        bf16_hidden_bytes: 2 * d_model,
-        ratio: (2 * d_model) as f64 / bytes as f64,
-    }
+    BoundaryCost { bytes_per_token: bytes, bf16_hidden_bytes: 2 * d_model, ratio: (2 * d_model) as f64 / bytes as f64 }
 }
 
 /// f32 -> bf16, round to nearest even; NaN stays NaN.

@@ -50,12 +50,8 @@ pub const GPT2_VOCAB_PADDED: usize = 50304;
 /// Llama-3 tokenizer vocabulary, used by the presets that mirror IOTA's run.
 pub const LLAMA3_VOCAB: usize = 128256;
 
-const LLAMA3_ROPE: RopeScaling = RopeScaling {
-    factor: 32.0,
-    low_freq_factor: 1.0,
-    high_freq_factor: 4.0,
-    original_max_position: 8192,
-};
+const LLAMA3_ROPE: RopeScaling =
+    RopeScaling { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 };
 
 impl ModelConfig {
     /// Looks up a named preset.
@@ -99,51 +95,12 @@ impl ModelConfig {
             // ~22M parameters, most of them the GPT-2 embedding and LM head.
             "small" => mk("small", gpt2, 192, 6, 6, 2, 512, 256, 16, 10_000.0, None),
             "125m" => mk("125m", gpt2, 768, 8, 12, 4, 2048, 1024, 16, 10_000.0, None),
-            "1b" => mk(
-                "1b",
-                gpt2,
-                2048,
-                16,
-                16,
-                8,
-                5632,
-                2048,
-                32,
-                500_000.0,
-                Some(LLAMA3_ROPE),
-            ),
+            "1b" => mk("1b", gpt2, 2048, 16, 16, 8, 5632, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
             // IOTA's run: d=2048, 16 layers, 32 heads, 8 KV groups, ffn 8192, bottleneck 32.
-            "1.5b" => mk(
-                "1.5b",
-                llama3,
-                2048,
-                16,
-                32,
-                8,
-                8192,
-                2048,
-                32,
-                500_000.0,
-                Some(LLAMA3_ROPE),
-            ),
-            "15b" => mk(
-                "15b",
-                llama3,
-                5120,
-                50,
-                40,
-                8,
-                13824,
-                4096,
-                80,
-                500_000.0,
-                Some(LLAMA3_ROPE),
-            ),
+            "1.5b" => mk("1.5b", llama3, 2048, 16, 32, 8, 8192, 2048, 32, 500_000.0, Some(LLAMA3_ROPE)),
+            "15b" => mk("15b", llama3, 5120, 50, 40, 8, 13824, 4096, 80, 500_000.0, Some(LLAMA3_ROPE)),
             other => {
-                return Err(ConfigError::UnknownPreset(
-                    other.to_string(),
-                    PRESETS.join(", "),
-                ));
+                return Err(ConfigError::UnknownPreset(other.to_string(), PRESETS.join(", ")));
             }
         };
         c.validate()?;
@@ -174,34 +131,19 @@ impl ModelConfig {
             return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
         }
         if !self.d_model.is_multiple_of(self.n_heads) {
-            return bad(format!(
-                "d_model {} not divisible by n_heads {}",
-                self.d_model, self.n_heads
-            ));
+            return bad(format!("d_model {} not divisible by n_heads {}", self.d_model, self.n_heads));
         }
         if !self.head_dim().is_multiple_of(2) {
-            return bad(format!(
-                "head_dim {} must be even for RoPE",
-                self.head_dim()
-            ));
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(format!(
-                "n_heads {} not a multiple of n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
+            return bad(format!("n_heads {} not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
         }
         if self.vocab_real == 0 || self.vocab_real > self.vocab_size {
-            return bad(format!(
-                "vocab_real {} must be in 1..={}",
-                self.vocab_real, self.vocab_size
-            ));
+            return bad(format!("vocab_real {} must be in 1..={}", self.vocab_real, self.vocab_size));
         }
         if self.bottleneck > self.d_model {
-            return bad(format!(
-                "bottleneck {} exceeds d_model {}",
-                self.bottleneck, self.d_model
-            ));
+            return bad(format!("bottleneck {} exceeds d_model {}", self.bottleneck, self.d_model));
         }
         if self.ffn_hidden == 0 || self.max_seq == 0 {
             return bad("ffn_hidden and max_seq must be positive".into());
@@ -252,8 +194,8 @@ fn llama3_scale(freq: f64, s: &RopeScaling) -> f64 {
     } else if wavelen > low_wavelen {
         freq / s.factor as f64
     } else {
-        let smooth = (old / wavelen - s.low_freq_factor as f64)
-            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+        let smooth =
+            (old / wavelen - s.low_freq_factor as f64) / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
         (1.0 - smooth) * freq / s.factor as f64 + smooth * freq
     }
 }
@@ -268,10 +210,7 @@ mod tests {
             let c = ModelConfig::preset(p).unwrap();
             assert_eq!(&c.name, p);
         }
-        assert!(matches!(
-            ModelConfig::preset("7b"),
-            Err(ConfigError::UnknownPreset(..))
-        ));
+        assert!(matches!(ModelConfig::preset("7b"), Err(ConfigError::UnknownPreset(..))));
     }
 
     #[test]

@@ -16,16 +16,8 @@ pub enum ConfigError {
 /// Errors from decoding data that may come from outside the process.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CoreError {
-    #[error(
-        "payload length {got} does not match the {expected} bytes that {rows}x{cols} {codec} needs"
-    )]
-    PayloadLength {
-        codec: &'static str,
-        rows: usize,
-        cols: usize,
-        expected: usize,
-        got: usize,
-    },
+    #[error("payload length {got} does not match the {expected} bytes that {rows}x{cols} {codec} needs")]
+    PayloadLength { codec: &'static str, rows: usize, cols: usize, expected: usize, got: usize },
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),
     #[error("unknown codec id {0}")]

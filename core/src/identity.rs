@@ -22,17 +22,14 @@ impl Serialize for PeerId {
 impl<'de> Deserialize<'de> for PeerId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        PeerId::from_hex(&s)
-            .ok_or_else(|| serde::de::Error::custom("peer id must be 64 hex characters"))
+        PeerId::from_hex(&s).ok_or_else(|| serde::de::Error::custom("peer id must be 64 hex characters"))
     }
 }
 
 impl PeerId {
     /// Verifies an Ed25519 signature by this identity.
     pub fn verify(&self, msg: &[u8], sig: &[u8; 64]) -> bool {
-        UnparsedPublicKey::new(&ED25519, &self.0)
-            .verify(msg, sig)
-            .is_ok()
+        UnparsedPublicKey::new(&ED25519, &self.0).verify(msg, sig).is_ok()
     }
 
     pub fn to_hex(&self) -> String {
@@ -76,29 +73,22 @@ pub struct Identity {
 
 /// PKCS#8 v1 prefix of an Ed25519 private key (RFC 8410): the 32-byte seed
 /// follows it.
-const PKCS8_ED25519_PREFIX: [u8; 16] = [
-    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
-];
+const PKCS8_ED25519_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
 impl Identity {
     /// The identity with this 32-byte secret seed.
     pub fn from_seed(seed: [u8; 32]) -> Identity {
-        let key = Ed25519KeyPair::from_seed_unchecked(&seed)
-            .expect("any 32-byte seed is a valid Ed25519 key");
+        let key = Ed25519KeyPair::from_seed_unchecked(&seed).expect("any 32-byte seed is a valid Ed25519 key");
         let mut pk = [0u8; 32];
         pk.copy_from_slice(key.public_key().as_ref());
-        Identity {
-            seed,
-            key,
-            id: PeerId(pk),
-        }
+        Identity { seed, key, id: PeerId(pk) }
     }
 
     /// A fresh identity from the OS random generator.
     pub fn generate() -> Identity {
         let mut seed = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed)
-            .expect("OS random generator");
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut seed).expect("OS random generator");
         Identity::from_seed(seed)
     }
 

@@ -24,22 +24,14 @@ pub struct MicroBatchId {
 
 impl MicroBatchId {
     pub fn samples(&self) -> impl Iterator<Item = SampleId> + '_ {
-        (0..self.len as u64).map(move |i| SampleId {
-            index: self.first.index + i,
-            ..self.first
-        })
+        (0..self.len as u64).map(move |i| SampleId { index: self.first.index + i, ..self.first })
     }
 
     /// A stable 64-bit key (used in maps and on the wire).
     pub fn key(&self) -> u64 {
         crate::rng::derive(
             0x6D62,
-            &[
-                self.first.epoch as u64,
-                self.first.shard as u64,
-                self.first.index,
-                self.len as u64,
-            ],
+            &[self.first.epoch as u64, self.first.shard as u64, self.first.index, self.len as u64],
         )
     }
 }

@@ -58,10 +58,7 @@ impl StageSpec {
     /// remainder because the tail also carries the LM head.
     pub fn split(cfg: &ModelConfig, stages: usize) -> Result<Vec<StageSpec>, ConfigError> {
         if stages == 0 || stages > cfg.n_layers {
-            return Err(ConfigError::BadStageCount {
-                layers: cfg.n_layers,
-                stages,
-            });
+            return Err(ConfigError::BadStageCount { layers: cfg.n_layers, stages });
         }
         let base = cfg.n_layers / stages;
         let extra = cfg.n_layers % stages;
@@ -147,9 +144,7 @@ impl ParamLayout {
         let (d, b, f) = (cfg.d_model, cfg.bottleneck, cfg.ffn_hidden);
         let w = Init::Normal(cfg.init_std);
         let one = Init::Const(1.0);
-        let mut l = ParamLayout {
-            entries: Vec::new(),
-        };
+        let mut l = ParamLayout { entries: Vec::new() };
         if spec.has_embedding() {
             l.push("model.embed_tokens.weight", &[cfg.vocab_size, d], w, true);
         }
@@ -159,47 +154,17 @@ impl ParamLayout {
                 l.push(&format!("{p}.bottleneck.up_proj.weight"), &[d, b], w, true);
             }
             l.push(&format!("{p}.input_layernorm.weight"), &[d], one, false);
-            l.push(
-                &format!("{p}.self_attn.q_proj.weight"),
-                &[cfg.q_dim(), d],
-                w,
-                true,
-            );
-            l.push(
-                &format!("{p}.self_attn.k_proj.weight"),
-                &[cfg.kv_dim(), d],
-                w,
-                true,
-            );
-            l.push(
-                &format!("{p}.self_attn.v_proj.weight"),
-                &[cfg.kv_dim(), d],
-                w,
-                true,
-            );
-            l.push(
-                &format!("{p}.self_attn.o_proj.weight"),
-                &[d, cfg.q_dim()],
-                w,
-                true,
-            );
-            l.push(
-                &format!("{p}.post_attention_layernorm.weight"),
-                &[d],
-                one,
-                false,
-            );
+            l.push(&format!("{p}.self_attn.q_proj.weight"), &[cfg.q_dim(), d], w, true);
+            l.push(&format!("{p}.self_attn.k_proj.weight"), &[cfg.kv_dim(), d], w, true);
+            l.push(&format!("{p}.self_attn.v_proj.weight"), &[cfg.kv_dim(), d], w, true);
+            l.push(&format!("{p}.self_attn.o_proj.weight"), &[d, cfg.q_dim()], w, true);
+            l.push(&format!("{p}.post_attention_layernorm.weight"), &[d], one, false);
             l.push(&format!("{p}.mlp.gate_proj.weight"), &[f, d], w, true);
             l.push(&format!("{p}.mlp.up_proj.weight"), &[f, d], w, true);
             l.push(&format!("{p}.mlp.down_proj.weight"), &[d, f], w, true);
             if spec.encode_out && i + 1 == spec.layers.end {
                 l.push(&format!("{p}.bottleneck.norm.weight"), &[d], one, false);
-                l.push(
-                    &format!("{p}.bottleneck.down_proj.weight"),
-                    &[b, d],
-                    w,
-                    true,
-                );
+                l.push(&format!("{p}.bottleneck.down_proj.weight"), &[b, d], w, true);
             }
         }
         if spec.has_lm_head() {
@@ -211,13 +176,7 @@ impl ParamLayout {
 
     fn push(&mut self, name: &str, shape: &[usize], init: Init, decay: bool) {
         let offset = self.total();
-        self.entries.push(ParamEntry {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            offset,
-            init,
-            decay,
-        });
+        self.entries.push(ParamEntry { name: name.to_string(), shape: shape.to_vec(), offset, init, decay });
     }
 
     /// Total number of parameters (the flat vector's length).
@@ -232,9 +191,7 @@ impl ParamLayout {
     /// The flat range of a tensor; panics on a name the layout does not have,
     /// which would be a bug in the model code, never in input data.
     pub fn range(&self, name: &str) -> Range<usize> {
-        self.get(name)
-            .unwrap_or_else(|| panic!("parameter {name} not in layout"))
-            .range()
+        self.get(name).unwrap_or_else(|| panic!("parameter {name} not in layout")).range()
     }
 }
 

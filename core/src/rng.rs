@@ -90,15 +90,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_and_streams_differ() {
-        let a: Vec<u64> = (0..8)
-            .scan(Rng::new(7), |r, _| Some(r.next_u64()))
-            .collect();
-        let b: Vec<u64> = (0..8)
-            .scan(Rng::new(7), |r, _| Some(r.next_u64()))
-            .collect();
-        let c: Vec<u64> = (0..8)
-            .scan(Rng::new(8), |r, _| Some(r.next_u64()))
-            .collect();
+        let a: Vec<u64> = (0..8).scan(Rng::new(7), |r, _| Some(r.next_u64())).collect();
+        let b: Vec<u64> = (0..8).scan(Rng::new(7), |r, _| Some(r.next_u64())).collect();
+        let c: Vec<u64> = (0..8).scan(Rng::new(8), |r, _| Some(r.next_u64())).collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(derive(1, &[2, 3]), derive(1, &[3, 2]));

@@ -46,12 +46,8 @@ pub enum Direction {
 }
 
 impl Direction {
-    pub const ALL: [Direction; 4] = [
-        Direction::Activation,
-        Direction::ActivationGrad,
-        Direction::WeightSlice,
-        Direction::Control,
-    ];
+    pub const ALL: [Direction; 4] =
+        [Direction::Activation, Direction::ActivationGrad, Direction::WeightSlice, Direction::Control];
 
     pub fn from_archived(a: &ArchivedDirection) -> Direction {
         match a {
@@ -158,9 +154,7 @@ impl FrameHeader {
 /// (rows, cols) of a shape as the codecs read it.
 pub fn rows_cols(dims: &[u32]) -> Option<(usize, usize)> {
     let (last, rest) = dims.split_last()?;
-    let rows = rest
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d as usize))?;
+    let rows = rest.iter().try_fold(1usize, |a, &d| a.checked_mul(d as usize))?;
     Some((rows, *last as usize))
 }
 
@@ -176,8 +170,7 @@ pub fn payload_offset() -> usize {
 
 /// The bytes before the payload: magic, length, header, zero padding.
 pub fn encode_prefix(h: &FrameHeader) -> Vec<u8> {
-    let header =
-        rkyv::to_bytes::<rkyv::rancor::Error>(h).expect("a fixed-size header always serialises");
+    let header = rkyv::to_bytes::<rkyv::rancor::Error>(h).expect("a fixed-size header always serialises");
     debug_assert_eq!(header.len(), header_len());
     let mut v = Vec::with_capacity(payload_offset());
     v.extend_from_slice(&FRAME_MAGIC);

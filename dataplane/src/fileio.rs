@@ -21,15 +21,8 @@ pub enum IoBackend {
 }
 
 enum Job {
-    Write {
-        path: PathBuf,
-        data: Vec<u8>,
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-    Read {
-        path: PathBuf,
-        reply: oneshot::Sender<io::Result<Vec<u8>>>,
-    },
+    Write { path: PathBuf, data: Vec<u8>, reply: oneshot::Sender<io::Result<()>> },
+    Read { path: PathBuf, reply: oneshot::Sender<io::Result<Vec<u8>>> },
 }
 
 /// Handle to the I/O thread (cheap to clone; the thread ends when the last
@@ -58,9 +51,7 @@ impl FileIo {
             .name("iota-file-io".into())
             .spawn(move || run(rx, force_std, ready_tx))
             .expect("spawning the file I/O thread");
-        let backend = ready_rx
-            .recv()
-            .unwrap_or(IoBackend::Std("I/O thread failed to start".into()));
+        let backend = ready_rx.recv().unwrap_or(IoBackend::Std("I/O thread failed to start".into()));
         match &backend {
             IoBackend::IoUring => info!("file I/O: io_uring"),
             IoBackend::Std(why) => info!("file I/O: std (io_uring unavailable: {why})"),
@@ -75,25 +66,14 @@ impl FileIo {
     /// Writes `data` to `path` atomically (temporary file, sync, rename).
     pub async fn write(&self, path: impl Into<PathBuf>, data: Vec<u8>) -> io::Result<()> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Write {
-                path: path.into(),
-                data,
-                reply,
-            })
-            .map_err(|_| gone())?;
+        self.tx.send(Job::Write { path: path.into(), data, reply }).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
 
     /// Reads the whole file at `path`.
     pub async fn read(&self, path: impl Into<PathBuf>) -> io::Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Read {
-                path: path.into(),
-                reply,
-            })
-            .map_err(|_| gone())?;
+        self.tx.send(Job::Read { path: path.into(), reply }).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
 }
@@ -102,11 +82,7 @@ fn gone() -> io::Error {
     io::Error::other("file I/O thread has stopped")
 }
 
-fn run(
-    mut rx: mpsc::UnboundedReceiver<Job>,
-    force_std: bool,
-    ready: std::sync::mpsc::Sender<IoBackend>,
-) {
+fn run(mut rx: mpsc::UnboundedReceiver<Job>, force_std: bool, ready: std::sync::mpsc::Sender<IoBackend>) {
     #[cfg(target_os = "linux")]
     if !force_std {
         match tokio_uring::Runtime::new(&tokio_uring::builder()) {
@@ -125,11 +101,7 @@ fn run(
             }
         }
     }
-    let why = if force_std {
-        "disabled by configuration"
-    } else {
-        "not Linux"
-    };
+    let why = if force_std { "disabled by configuration" } else { "not Linux" };
     let _ = ready.send(IoBackend::Std(why.into()));
     serve_std(rx)
 }
@@ -231,10 +203,7 @@ mod tests {
         println!("auto-detected file I/O backend: {:?}", auto.backend());
         round_trip(&auto, dir.path()).await;
         let std_io = FileIo::start(true);
-        assert_eq!(
-            std_io.backend(),
-            &IoBackend::Std("disabled by configuration".into())
-        );
+        assert_eq!(std_io.backend(), &IoBackend::Std("disabled by configuration".into()));
         round_trip(&std_io, dir.path()).await;
     }
 }

@@ -9,8 +9,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use iota_core::wire::{
-    ArchivedFrameHeader, Direction, FRAME_MAGIC, FrameHeader, MAX_DIMS, PROTOCOL_VERSION,
-    encode_prefix, header_len, payload_offset,
+    ArchivedFrameHeader, Direction, FRAME_MAGIC, FrameHeader, MAX_DIMS, PROTOCOL_VERSION, encode_prefix, header_len,
+    payload_offset,
 };
 use iota_core::{Identity, PeerId, WireCodec};
 use thiserror::Error;
@@ -27,10 +27,7 @@ pub struct FrameLimits {
 impl Default for FrameLimits {
     fn default() -> Self {
         // A 1.5B-model weight slice is at most a few hundred MB; activations far less.
-        FrameLimits {
-            max_payload: 512 << 20,
-            max_dim: 1 << 28,
-        }
+        FrameLimits { max_payload: 512 << 20, max_dim: 1 << 28 }
     }
 }
 
@@ -115,12 +112,7 @@ pub struct RunContext {
 
 impl RunContext {
     pub fn new(run_id: u64, limits: FrameLimits) -> Self {
-        RunContext {
-            run_id,
-            limits,
-            epoch_min: AtomicU32::new(0),
-            epoch_max: AtomicU32::new(0),
-        }
+        RunContext { run_id, limits, epoch_min: AtomicU32::new(0), epoch_max: AtomicU32::new(0) }
     }
     /// Accept frames of epochs `min..=max` (the control plane moves this).
     pub fn set_epoch_window(&self, min: u32, max: u32) {
@@ -128,10 +120,7 @@ impl RunContext {
         self.epoch_max.store(max.max(min), Ordering::SeqCst);
     }
     pub fn epoch_window(&self) -> (u32, u32) {
-        (
-            self.epoch_min.load(Ordering::SeqCst),
-            self.epoch_max.load(Ordering::SeqCst),
-        )
+        (self.epoch_min.load(Ordering::SeqCst), self.epoch_max.load(Ordering::SeqCst))
     }
 }
 
@@ -143,10 +132,7 @@ pub fn check_prefix(prefix: &[u8; 8]) -> Result<usize, FrameError> {
     }
     let got = u32::from_le_bytes(prefix[4..8].try_into().unwrap());
     if got as usize != header_len() {
-        return Err(FrameError::HeaderLength {
-            got,
-            expected: header_len() as u32,
-        });
+        return Err(FrameError::HeaderLength { got, expected: header_len() as u32 });
     }
     Ok(got as usize)
 }
@@ -159,8 +145,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
     aligned.extend_from_slice(bytes);
     let a = rkyv::access::<ArchivedFrameHeader, rkyv::rancor::Error>(&aligned)
         .map_err(|e| FrameError::Malformed(e.to_string()))?;
-    rkyv::deserialize::<FrameHeader, rkyv::rancor::Error>(a)
-        .map_err(|e| FrameError::Malformed(e.to_string()))
+    rkyv::deserialize::<FrameHeader, rkyv::rancor::Error>(a).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
 /// Checks a parsed header's fields, sender and signature. `peer` is the
@@ -171,32 +156,20 @@ pub fn check_header(h: &FrameHeader, ctx: &RunContext, peer: PeerId) -> Result<(
     }
     let codec = WireCodec::from_id(h.codec).map_err(|_| FrameError::UnknownCodec(h.codec))?;
     if h.payload_len > ctx.limits.max_payload {
-        return Err(FrameError::TooLarge {
-            got: h.payload_len,
-            limit: ctx.limits.max_payload,
-        });
+        return Err(FrameError::TooLarge { got: h.payload_len, limit: ctx.limits.max_payload });
     }
     let nd = h.ndim as usize;
     if nd == 0 || nd > MAX_DIMS {
-        return Err(FrameError::Shape(format!(
-            "ndim {nd} outside 1..={MAX_DIMS}"
-        )));
+        return Err(FrameError::Shape(format!("ndim {nd} outside 1..={MAX_DIMS}")));
     }
     if h.shape[nd..].iter().any(|&d| d != 0) {
         return Err(FrameError::Shape("non-zero entries past ndim".into()));
     }
     if let Some(&d) = h.dims().iter().find(|&&d| d > ctx.limits.max_dim) {
-        return Err(FrameError::Shape(format!(
-            "dimension {d} exceeds {}",
-            ctx.limits.max_dim
-        )));
+        return Err(FrameError::Shape(format!("dimension {d} exceeds {}", ctx.limits.max_dim)));
     }
-    let (rows, cols) = h
-        .rows_cols()
-        .ok_or_else(|| FrameError::Shape("shape overflows".into()))?;
-    let want = codec
-        .payload_bytes(rows, cols)
-        .ok_or_else(|| FrameError::Shape("payload size overflows".into()))?;
+    let (rows, cols) = h.rows_cols().ok_or_else(|| FrameError::Shape("shape overflows".into()))?;
+    let want = codec.payload_bytes(rows, cols).ok_or_else(|| FrameError::Shape("payload size overflows".into()))?;
     if want as u64 != h.payload_len {
         return Err(FrameError::Shape(format!(
             "{:?} as {} needs {want} bytes, header says {}",
@@ -206,18 +179,11 @@ pub fn check_header(h: &FrameHeader, ctx: &RunContext, peer: PeerId) -> Result<(
         )));
     }
     if h.run_id != ctx.run_id {
-        return Err(FrameError::WrongRun {
-            got: h.run_id,
-            expected: ctx.run_id,
-        });
+        return Err(FrameError::WrongRun { got: h.run_id, expected: ctx.run_id });
     }
     let (min, max) = ctx.epoch_window();
     if h.epoch < min || h.epoch > max {
-        return Err(FrameError::StaleEpoch {
-            got: h.epoch,
-            min,
-            max,
-        });
+        return Err(FrameError::StaleEpoch { got: h.epoch, min, max });
     }
     let claimed = PeerId(h.sender);
     if claimed != peer {
@@ -257,17 +223,8 @@ pub struct FrameMeta {
 
 /// Builds and signs the header for `payload`. `seq_no` is the sender's
 /// per-lane sequence number.
-pub fn build_header(
-    meta: &FrameMeta,
-    run_id: u64,
-    seq_no: u64,
-    payload: &[u8],
-    id: &Identity,
-) -> FrameHeader {
-    assert!(
-        !meta.shape.is_empty() && meta.shape.len() <= MAX_DIMS,
-        "frame shape must have 1..=4 dims"
-    );
+pub fn build_header(meta: &FrameMeta, run_id: u64, seq_no: u64, payload: &[u8], id: &Identity) -> FrameHeader {
+    assert!(!meta.shape.is_empty() && meta.shape.len() <= MAX_DIMS, "frame shape must have 1..=4 dims");
     let mut shape = [0u32; MAX_DIMS];
     shape[..meta.shape.len()].copy_from_slice(&meta.shape);
     let mut h = FrameHeader {
@@ -339,23 +296,14 @@ pub fn decode_frame<'a>(
     ctx: &RunContext,
     peer: PeerId,
 ) -> Result<(FrameHeader, &'a [u8]), FrameError> {
-    let prefix: &[u8; 8] = bytes
-        .get(..8)
-        .and_then(|p| p.try_into().ok())
-        .ok_or(FrameError::Truncated)?;
+    let prefix: &[u8; 8] = bytes.get(..8).and_then(|p| p.try_into().ok()).ok_or(FrameError::Truncated)?;
     let hl = check_prefix(prefix)?;
     let hbytes = bytes.get(8..8 + hl).ok_or(FrameError::Truncated)?;
     let h = parse_header(hbytes)?;
-    check_padding(
-        bytes
-            .get(8 + hl..payload_offset())
-            .ok_or(FrameError::Truncated)?,
-    )?;
+    check_padding(bytes.get(8 + hl..payload_offset()).ok_or(FrameError::Truncated)?)?;
     check_header(&h, ctx, peer)?;
     let start = payload_offset();
-    let end = start
-        .checked_add(h.payload_len as usize)
-        .ok_or(FrameError::Truncated)?;
+    let end = start.checked_add(h.payload_len as usize).ok_or(FrameError::Truncated)?;
     let payload = bytes.get(start..end).ok_or(FrameError::Truncated)?;
     check_payload(&h, payload)?;
     Ok((h, payload))
@@ -442,20 +390,9 @@ mod tests {
         let mut b = prefix_bytes(&h);
         b.extend_from_slice(&payload);
         assert_eq!(kind(&b, id.peer_id()), "wrong_run");
-        let small = RunContext::new(
-            7,
-            FrameLimits {
-                max_payload: 8,
-                max_dim: 100,
-            },
-        );
+        let small = RunContext::new(7, FrameLimits { max_payload: 8, max_dim: 100 });
         small.set_epoch_window(2, 2);
-        assert_eq!(
-            decode_frame(&good, &small, id.peer_id())
-                .unwrap_err()
-                .kind(),
-            "too_large"
-        );
+        assert_eq!(decode_frame(&good, &small, id.peer_id()).unwrap_err().kind(), "too_large");
         // Garbage header bytes are caught by bytecheck.
         let mut b = good.clone();
         for x in &mut b[8..8 + header_len()] {

@@ -10,14 +10,10 @@ use iota_core::Identity;
 /// Loads the identity at `path`, or creates a new one there.
 pub fn load_or_create(path: &Path) -> Result<Identity> {
     if path.exists() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading identity {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading identity {}", path.display()))?;
         let hex = text.trim();
         if hex.len() != 64 {
-            bail!(
-                "{} is not an identity file (expected 64 hex characters)",
-                path.display()
-            );
+            bail!("{} is not an identity file (expected 64 hex characters)", path.display());
         }
         let mut seed = [0u8; 32];
         for (i, b) in seed.iter_mut().enumerate() {
@@ -34,9 +30,7 @@ pub fn load_or_create(path: &Path) -> Result<Identity> {
     opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts
-        .open(path)
-        .with_context(|| format!("creating identity {}", path.display()))?;
+    let mut f = opts.open(path).with_context(|| format!("creating identity {}", path.display()))?;
     let hex: String = id.seed().iter().map(|b| format!("{b:02x}")).collect();
     writeln!(f, "{hex}")?;
     Ok(id)
@@ -56,10 +50,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(
-                std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-                0o600
-            );
+            assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         }
         std::fs::write(&p, "nothex").unwrap();
         assert!(load_or_create(&p).is_err());

@@ -66,18 +66,8 @@ impl PooledBuf {
     /// # Safety
     /// `ptr` must point to `capacity` bytes owned by `home`, valid until
     /// `home.give_back` is called with them, and `len <= capacity`.
-    pub unsafe fn from_raw(
-        ptr: NonNull<u8>,
-        len: usize,
-        capacity: usize,
-        home: Arc<dyn BufferPool>,
-    ) -> Self {
-        PooledBuf {
-            ptr,
-            len,
-            capacity,
-            home,
-        }
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize, capacity: usize, home: Arc<dyn BufferPool>) -> Self {
+        PooledBuf { ptr, len, capacity, home }
     }
     pub fn len(&self) -> usize {
         self.len
@@ -166,10 +156,7 @@ impl BufferPool for HostPool {
             if next > self.budget {
                 return None;
             }
-            match self
-                .in_use
-                .compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst)
-            {
+            match self.in_use.compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
                     self.high_water.fetch_max(next, Ordering::SeqCst);
                     break;
@@ -177,12 +164,7 @@ impl BufferPool for HostPool {
                 Err(now) => cur = now,
             }
         }
-        let reused = self
-            .free
-            .lock()
-            .unwrap()
-            .get_mut(&cap)
-            .and_then(|v| v.pop());
+        let reused = self.free.lock().unwrap().get_mut(&cap).and_then(|v| v.pop());
         let ptr = match reused {
             Some(p) => {
                 self.cached.fetch_sub(cap, Ordering::SeqCst);
@@ -208,12 +190,7 @@ impl BufferPool for HostPool {
         // Keep freed memory for reuse, but never more than the budget.
         if self.cached.load(Ordering::SeqCst) + capacity <= self.budget {
             self.cached.fetch_add(capacity, Ordering::SeqCst);
-            self.free
-                .lock()
-                .unwrap()
-                .entry(capacity)
-                .or_default()
-                .push(SendPtr(ptr));
+            self.free.lock().unwrap().entry(capacity).or_default().push(SendPtr(ptr));
         } else {
             // SAFETY: ptr was allocated by `alloc` with this layout.
             unsafe { dealloc(ptr.as_ptr(), Self::layout(capacity)) };
@@ -258,10 +235,7 @@ mod tests {
         assert_eq!(a.as_ptr() as usize % POOL_ALIGN, 0);
         assert_eq!(pool.in_use_bytes(), 1 << 20);
         assert!(pool.clone().try_take(10).is_none(), "budget spent");
-        assert!(
-            take(&pool, 2 << 20).await.is_none(),
-            "larger than the whole budget"
-        );
+        assert!(take(&pool, 2 << 20).await.is_none(), "larger than the whole budget");
         let p2 = pool.clone();
         let waiter = tokio::spawn(async move { take(&p2, 1000).await.map(|b| b.len()) });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

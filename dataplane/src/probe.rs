@@ -65,10 +65,7 @@ pub fn data_meta(size: usize, i: u64) -> FrameMeta {
 /// Receives `frames` frames and acknowledges each to its sender.
 pub async fn serve(ep: &Endpoint, frames: u64) -> anyhow::Result<()> {
     for _ in 0..frames {
-        let f = ep
-            .recv()
-            .await
-            .ok_or_else(|| anyhow::anyhow!("endpoint closed"))?;
+        let f = ep.recv().await.ok_or_else(|| anyhow::anyhow!("endpoint closed"))?;
         let ack = FrameMeta {
             direction: Direction::Control,
             codec: WireCodec::F32,
@@ -83,38 +80,23 @@ pub async fn serve(ep: &Endpoint, frames: u64) -> anyhow::Result<()> {
         };
         let peer = f.peer;
         drop(f); // give the buffer back before acknowledging
-        ep.send(peer, &ack, bytes::Bytes::from_static(&[0; 4]))
-            .await?;
+        ep.send(peer, &ack, bytes::Bytes::from_static(&[0; 4])).await?;
     }
     Ok(())
 }
 
 /// Sends `frames` frames of `size` bytes (a multiple of 4) to `to` and waits
 /// for every acknowledgement.
-pub async fn push(
-    ep: Arc<Endpoint>,
-    to: PeerId,
-    frames: u64,
-    size: usize,
-) -> anyhow::Result<ProbeReport> {
-    anyhow::ensure!(
-        size.is_multiple_of(4) && size > 0,
-        "frame size must be a positive multiple of 4"
-    );
-    let payload: bytes::Bytes = (0..size)
-        .map(|i| (i * 131 % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
+pub async fn push(ep: Arc<Endpoint>, to: PeerId, frames: u64, size: usize) -> anyhow::Result<ProbeReport> {
+    anyhow::ensure!(size.is_multiple_of(4) && size > 0, "frame size must be a positive multiple of 4");
+    let payload: bytes::Bytes = (0..size).map(|i| (i * 131 % 251) as u8).collect::<Vec<u8>>().into();
     let sent_at: Arc<Mutex<HashMap<[u8; 32], Instant>>> = Arc::default();
     let acks = {
         let (ep, sent_at) = (ep.clone(), sent_at.clone());
         tokio::spawn(async move {
             let mut lat = Vec::with_capacity(frames as usize);
             while (lat.len() as u64) < frames {
-                let f = ep
-                    .recv()
-                    .await
-                    .ok_or_else(|| anyhow::anyhow!("endpoint closed"))?;
+                let f = ep.recv().await.ok_or_else(|| anyhow::anyhow!("endpoint closed"))?;
                 let now = Instant::now();
                 if f.header.direction != Direction::Control {
                     continue;
@@ -141,10 +123,5 @@ pub async fn push(
         sent_at.lock().unwrap().insert(id, t);
     }
     let (latencies, end) = acks.await??;
-    Ok(ProbeReport {
-        frames,
-        frame_bytes: size,
-        elapsed: end - start,
-        latencies,
-    })
+    Ok(ProbeReport { frames, frame_bytes: size, elapsed: end - start, latencies })
 }

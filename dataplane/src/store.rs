@@ -16,10 +16,7 @@ pub enum ObjectStore {
 }
 
 fn bad_key(key: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("invalid object key '{key}'"),
-    )
+    io::Error::new(io::ErrorKind::InvalidInput, format!("invalid object key '{key}'"))
 }
 
 impl ObjectStore {
@@ -32,9 +29,7 @@ impl ObjectStore {
 
     fn path(root: &Path, key: &str) -> io::Result<PathBuf> {
         let rel = Path::new(key);
-        let segments_ok = key
-            .split('/')
-            .all(|s| !s.is_empty() && s != "." && s != "..");
+        let segments_ok = key.split('/').all(|s| !s.is_empty() && s != "." && s != "..");
         if !segments_ok || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return Err(bad_key(key));
         }
@@ -64,11 +59,8 @@ impl ObjectStore {
     pub async fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
         match self {
             ObjectStore::Local { root, .. } => {
-                let dir = if prefix.is_empty() {
-                    root.clone()
-                } else {
-                    Self::path(root, prefix.trim_end_matches('/'))?
-                };
+                let dir =
+                    if prefix.is_empty() { root.clone() } else { Self::path(root, prefix.trim_end_matches('/'))? };
                 let mut keys = Vec::new();
                 let rd = match std::fs::read_dir(&dir) {
                     Ok(rd) => rd,
@@ -100,10 +92,7 @@ mod tests {
         s.put("e1/stage-000/a.st", vec![1, 2]).await.unwrap();
         s.put("e1/stage-000/b.st", vec![3]).await.unwrap();
         assert_eq!(s.get("e1/stage-000/a.st").await.unwrap(), vec![1, 2]);
-        assert_eq!(
-            s.list("e1/stage-000/").await.unwrap(),
-            vec!["e1/stage-000/a.st", "e1/stage-000/b.st"]
-        );
+        assert_eq!(s.list("e1/stage-000/").await.unwrap(), vec!["e1/stage-000/a.st", "e1/stage-000/b.st"]);
         assert!(s.list("nothing/").await.unwrap().is_empty());
         for k in ["", "/etc/passwd", "../x", "a/../../x", "a//b"] {
             assert!(s.put(k, vec![]).await.is_err(), "{k}");

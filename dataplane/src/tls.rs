@@ -23,9 +23,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 pub const ALPN: &[u8] = b"iota-dp/1";
 
 /// DER of an Ed25519 SubjectPublicKeyInfo, up to the 32 key bytes.
-const ED25519_SPKI_PREFIX: [u8; 12] = [
-    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
-];
+const ED25519_SPKI_PREFIX: [u8; 12] = [0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
 
 /// What the data plane knows of a peer: where to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,9 +61,7 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// A self-signed certificate carrying `id`'s key, and that key.
-pub fn certificate(
-    id: &Identity,
-) -> anyhow::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
+pub fn certificate(id: &Identity) -> anyhow::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
     let der = PrivatePkcs8KeyDer::from(id.pkcs8_der());
     let kp = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_ED25519)?;
     let params = rcgen::CertificateParams::new(vec!["iota-peer".to_string()])?;
@@ -75,13 +71,10 @@ pub fn certificate(
 
 /// The identity whose key a certificate carries.
 pub fn peer_of_cert(cert: &CertificateDer<'_>) -> Result<PeerId, rustls::Error> {
-    let ee =
-        webpki::EndEntityCert::try_from(cert).map_err(|_| bad_cert("unparsable certificate"))?;
+    let ee = webpki::EndEntityCert::try_from(cert).map_err(|_| bad_cert("unparsable certificate"))?;
     let spki = ee.subject_public_key_info();
     let spki = spki.as_ref();
-    if spki.len() != ED25519_SPKI_PREFIX.len() + 32
-        || spki[..ED25519_SPKI_PREFIX.len()] != ED25519_SPKI_PREFIX
-    {
+    if spki.len() != ED25519_SPKI_PREFIX.len() + 32 || spki[..ED25519_SPKI_PREFIX.len()] != ED25519_SPKI_PREFIX {
         return Err(bad_cert("certificate key is not an Ed25519 identity key"));
     }
     let mut pk = [0u8; 32];
@@ -91,10 +84,7 @@ pub fn peer_of_cert(cert: &CertificateDer<'_>) -> Result<PeerId, rustls::Error> 
 
 /// The identity a finished QUIC handshake authenticated.
 pub fn peer_of_connection(conn: &quinn::Connection) -> Option<PeerId> {
-    let certs = conn
-        .peer_identity()?
-        .downcast::<Vec<CertificateDer<'static>>>()
-        .ok()?;
+    let certs = conn.peer_identity()?.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     peer_of_cert(certs.first()?).ok()
 }
 
@@ -138,11 +128,7 @@ pub struct ExpectPeer {
 
 impl ExpectPeer {
     pub fn new(expected: PeerId, dir: Arc<PeerDirectory>, provider: Arc<CryptoProvider>) -> Self {
-        ExpectPeer {
-            expected,
-            dir,
-            sig: Signatures(provider),
-        }
+        ExpectPeer { expected, dir, sig: Signatures(provider) }
     }
 }
 
@@ -157,10 +143,7 @@ impl ServerCertVerifier for ExpectPeer {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let peer = peer_of_cert(end_entity)?;
         if peer != self.expected {
-            return Err(bad_cert(&format!(
-                "server is {peer}, expected {}",
-                self.expected
-            )));
+            return Err(bad_cert(&format!("server is {peer}, expected {}", self.expected)));
         }
         if !self.dir.contains(&peer) {
             return Err(bad_cert(&format!("server {peer} is not a published peer")));
@@ -197,10 +180,7 @@ pub struct PublishedPeers {
 
 impl PublishedPeers {
     pub fn new(dir: Arc<PeerDirectory>, provider: Arc<CryptoProvider>) -> Self {
-        PublishedPeers {
-            dir,
-            sig: Signatures(provider),
-        }
+        PublishedPeers { dir, sig: Signatures(provider) }
     }
 }
 
@@ -245,10 +225,7 @@ impl ClientCertVerifier for PublishedPeers {
 }
 
 /// rustls server config requiring a published client identity (TLS 1.3).
-pub fn server_config(
-    id: &Identity,
-    dir: Arc<PeerDirectory>,
-) -> anyhow::Result<rustls::ServerConfig> {
+pub fn server_config(id: &Identity, dir: Arc<PeerDirectory>) -> anyhow::Result<rustls::ServerConfig> {
     let p = provider();
     let (cert, key) = certificate(id)?;
     let mut c = rustls::ServerConfig::builder_with_provider(p.clone())
@@ -260,11 +237,7 @@ pub fn server_config(
 }
 
 /// rustls client config that presents `id` and accepts only `expected`.
-pub fn client_config(
-    id: &Identity,
-    expected: PeerId,
-    dir: Arc<PeerDirectory>,
-) -> anyhow::Result<rustls::ClientConfig> {
+pub fn client_config(id: &Identity, expected: PeerId, dir: Arc<PeerDirectory>) -> anyhow::Result<rustls::ClientConfig> {
     let p = provider();
     let (cert, key) = certificate(id)?;
     let mut c = rustls::ClientConfig::builder_with_provider(p.clone())

@@ -161,10 +161,7 @@ impl Endpoint {
         cfg: TransportConfig,
     ) -> anyhow::Result<Endpoint> {
         let transport = cfg.quinn()?;
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls::server_config(
-            &id,
-            dir.clone(),
-        )?)?;
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls::server_config(&id, dir.clone())?)?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(transport.clone());
         let mut ep_cfg = quinn::EndpointConfig::default();
@@ -193,10 +190,7 @@ impl Endpoint {
             tx,
         });
         tokio::spawn(accept_loop(inner.clone()));
-        Ok(Endpoint {
-            inner,
-            rx: tokio::sync::Mutex::new(rx),
-        })
+        Ok(Endpoint { inner, rx: tokio::sync::Mutex::new(rx) })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -229,17 +223,11 @@ impl Endpoint {
     ///
     /// The payload is `Bytes` so QUIC's send queue references it instead of
     /// copying it (cloning `Bytes` only counts a reference).
-    pub async fn send(
-        &self,
-        to: PeerId,
-        meta: &FrameMeta,
-        payload: Bytes,
-    ) -> Result<[u8; 32], SendError> {
+    pub async fn send(&self, to: PeerId, meta: &FrameMeta, payload: Bytes) -> Result<[u8; 32], SendError> {
         let inner = &self.inner;
         let lane = inner.lane(to, meta.direction);
         let mut lane = lane.lock().await;
-        let header =
-            frame::build_header(meta, inner.ctx.run_id, lane.next_seq, &payload, &inner.id);
+        let header = frame::build_header(meta, inner.ctx.run_id, lane.next_seq, &payload, &inner.id);
         let prefix = Bytes::from(frame::prefix_bytes(&header));
         let mut retried = false;
         loop {
@@ -267,10 +255,7 @@ impl Endpoint {
         }
         lane.next_seq += 1;
         add(&inner.stats.frames_sent, 1);
-        add(
-            &inner.stats.bytes_sent,
-            (prefix.len() + payload.len()) as u64,
-        );
+        add(&inner.stats.bytes_sent, (prefix.len() + payload.len()) as u64);
         Ok(header.frame_id())
     }
 
@@ -278,10 +263,7 @@ impl Endpoint {
     /// fuzzing of the receive path: a hostile peer does exactly this).
     pub async fn send_raw(&self, to: PeerId, bytes: &[u8]) -> Result<(), SendError> {
         let conn = self.inner.connection(to).await?;
-        let stream_err = |e: &dyn std::fmt::Display| SendError::Stream {
-            peer: to,
-            msg: e.to_string(),
-        };
+        let stream_err = |e: &dyn std::fmt::Display| SendError::Stream { peer: to, msg: e.to_string() };
         let mut s = conn.open_uni().await.map_err(|e| stream_err(&e))?;
         s.write_all(bytes).await.map_err(|e| stream_err(&e))?;
         s.finish().map_err(|e| stream_err(&e))?;
@@ -305,22 +287,12 @@ impl Inner {
             .lock()
             .unwrap()
             .entry((to, d))
-            .or_insert_with(|| {
-                Arc::new(tokio::sync::Mutex::new(Lane {
-                    stream: None,
-                    next_seq: 0,
-                }))
-            })
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Lane { stream: None, next_seq: 0 })))
             .clone()
     }
 
     fn guard(&self, from: PeerId, d: Direction) -> Arc<SeqGuard> {
-        self.guards
-            .lock()
-            .unwrap()
-            .entry((from, d))
-            .or_default()
-            .clone()
+        self.guards.lock().unwrap().entry((from, d)).or_default().clone()
     }
 
     /// The live connection to `to`, dialling it if needed.
@@ -335,16 +307,11 @@ impl Inner {
         // A connection the peer opened counts too (see `accept_loop`).
         let addr = self.dir.addr(&to).ok_or(SendError::NoAddress(to))?;
         let fail = |msg: String| SendError::Connect { peer: to, msg };
-        let crypto =
-            tls::client_config(&self.id, to, self.dir.clone()).map_err(|e| fail(e.to_string()))?;
-        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
-            .map_err(|e| fail(e.to_string()))?;
+        let crypto = tls::client_config(&self.id, to, self.dir.clone()).map_err(|e| fail(e.to_string()))?;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto).map_err(|e| fail(e.to_string()))?;
         let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
         cfg.transport_config(self.transport.clone());
-        let connecting = self
-            .ep
-            .connect_with(cfg, addr, "iota-peer")
-            .map_err(|e| fail(e.to_string()))?;
+        let connecting = self.ep.connect_with(cfg, addr, "iota-peer").map_err(|e| fail(e.to_string()))?;
         let conn = tokio::time::timeout(self.cfg.connect_timeout, connecting)
             .await
             .map_err(|_| fail("timed out".into()))?
@@ -362,23 +329,14 @@ impl Inner {
         prefix: Bytes,
         payload: Bytes,
     ) -> Result<(), SendError> {
-        let stale = lane
-            .stream
-            .as_ref()
-            .is_none_or(|(c, _)| c.close_reason().is_some());
+        let stale = lane.stream.as_ref().is_none_or(|(c, _)| c.close_reason().is_some());
         if stale {
             let conn = self.connection(to).await?;
-            let s = conn.open_uni().await.map_err(|e| SendError::Stream {
-                peer: to,
-                msg: e.to_string(),
-            })?;
+            let s = conn.open_uni().await.map_err(|e| SendError::Stream { peer: to, msg: e.to_string() })?;
             lane.stream = Some((conn, s));
         }
         let (_, s) = lane.stream.as_mut().expect("stream just ensured");
-        let err = |e: quinn::WriteError| SendError::Stream {
-            peer: to,
-            msg: e.to_string(),
-        };
+        let err = |e: quinn::WriteError| SendError::Stream { peer: to, msg: e.to_string() };
         s.write_chunk(prefix).await.map_err(err)?;
         s.write_chunk(payload).await.map_err(err)?;
         Ok(())
@@ -394,9 +352,7 @@ impl Inner {
     ) -> Result<ReceivedFrame, (FrameError, bool)> {
         let hl = frame::check_prefix(&prefix).map_err(|e| (e, false))?;
         let mut hb = vec![0u8; hl + frame::padding_len()];
-        s.read_exact(&mut hb)
-            .await
-            .map_err(|_| (FrameError::Truncated, false))?;
+        s.read_exact(&mut hb).await.map_err(|_| (FrameError::Truncated, false))?;
         let h = frame::parse_header(&hb[..hl]).map_err(|e| (e, false))?;
         frame::check_padding(&hb[hl..]).map_err(|e| (e, false))?;
         let checked = if self.dir.contains(&peer) {
@@ -406,31 +362,18 @@ impl Inner {
         };
         if let Err(e) = checked {
             // A bounded payload is skipped so the stream stays usable.
-            let skippable =
-                h.payload_len <= self.ctx.limits.max_payload && !matches!(e, FrameError::Shape(_));
+            let skippable = h.payload_len <= self.ctx.limits.max_payload && !matches!(e, FrameError::Shape(_));
             let at_boundary = skippable && skip(s, h.payload_len).await;
             return Err((e, at_boundary));
         }
         let len = h.payload_len as usize;
         let Some(mut buf) = pool::take(&self.pool, len).await else {
-            return Err((
-                FrameError::TooLarge {
-                    got: h.payload_len,
-                    limit: self.pool.budget_bytes() as u64,
-                },
-                false,
-            ));
+            return Err((FrameError::TooLarge { got: h.payload_len, limit: self.pool.budget_bytes() as u64 }, false));
         };
         read_hashed(s, &mut buf, &h.payload_hash).await?;
         add(&self.stats.payload_copies, 1);
-        self.guard(peer, h.direction)
-            .accept(h.seq_no)
-            .map_err(|e| (e, true))?;
-        Ok(ReceivedFrame {
-            header: h,
-            payload: buf,
-            peer,
-        })
+        self.guard(peer, h.direction).accept(h.seq_no).map_err(|e| (e, true))?;
+        Ok(ReceivedFrame { header: h, payload: buf, peer })
     }
 }
 
@@ -455,20 +398,18 @@ fn udp_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpS
 fn force_buffers(s: &socket2::Socket, buffer: usize) -> bool {
     use std::os::fd::AsRawFd;
     let v = buffer.min(i32::MAX as usize) as libc::c_int;
-    [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE]
-        .iter()
-        .all(|&opt| {
-            // SAFETY: setsockopt reads one c_int through a valid pointer.
-            unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &v as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                ) == 0
-            }
-        })
+    [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE].iter().all(|&opt| {
+        // SAFETY: setsockopt reads one c_int through a valid pointer.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    })
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -479,11 +420,7 @@ fn force_buffers(_: &socket2::Socket, _: usize) -> bool {
 /// Fills `buf` from the stream (the one copy: QUIC's buffers -> pool) and
 /// checks its blake3 hash, hashing each 64 KiB block right after copying it,
 /// while it is still in cache, instead of a second pass over the payload.
-async fn read_hashed(
-    s: &mut quinn::RecvStream,
-    buf: &mut [u8],
-    want: &[u8; 32],
-) -> Result<(), (FrameError, bool)> {
+async fn read_hashed(s: &mut quinn::RecvStream, buf: &mut [u8], want: &[u8; 32]) -> Result<(), (FrameError, bool)> {
     const BLOCK: usize = 64 << 10;
     let mut hasher = blake3::Hasher::new();
     let (mut filled, mut hashed) = (0, 0);
@@ -533,12 +470,7 @@ async fn accept_loop(inner: Arc<Inner>) {
             };
             // Frames to this peer may go back on the connection it opened
             // (no address needed, and it works through NAT).
-            inner
-                .conns
-                .lock()
-                .await
-                .entry(peer)
-                .or_insert_with(|| conn.clone());
+            inner.conns.lock().await.entry(peer).or_insert_with(|| conn.clone());
             read_connection(inner, peer, conn).await;
         });
     }

@@ -4,9 +4,7 @@
 
 use iota_core::wire::Direction;
 use iota_core::{Identity, WireCodec};
-use iota_dataplane::frame::{
-    FrameLimits, FrameMeta, RunContext, build_header, decode_frame, prefix_bytes,
-};
+use iota_dataplane::frame::{FrameLimits, FrameMeta, RunContext, build_header, decode_frame, prefix_bytes};
 use proptest::prelude::*;
 
 fn meta_strategy() -> impl Strategy<Value = FrameMeta> {
@@ -21,20 +19,18 @@ fn meta_strategy() -> impl Strategy<Value = FrameMeta> {
         any::<u32>(),
         any::<[u8; 32]>(),
     )
-        .prop_map(
-            |(d, c, shape, stage, epoch, shard, first, samples, answers)| FrameMeta {
-                direction: Direction::ALL[d],
-                codec: WireCodec::from_id(c).unwrap(),
-                stage,
-                epoch,
-                shard,
-                first_sample: first,
-                samples,
-                attempt: (first % 5) as u32,
-                shape,
-                answers,
-            },
-        )
+        .prop_map(|(d, c, shape, stage, epoch, shard, first, samples, answers)| FrameMeta {
+            direction: Direction::ALL[d],
+            codec: WireCodec::from_id(c).unwrap(),
+            stage,
+            epoch,
+            shard,
+            first_sample: first,
+            samples,
+            attempt: (first % 5) as u32,
+            shape,
+            answers,
+        })
 }
 
 fn payload_len(m: &FrameMeta) -> usize {

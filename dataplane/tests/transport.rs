@@ -42,11 +42,7 @@ fn payload(d: Direction, i: u64, len: usize) -> Vec<u8> {
 
 /// Mixed sizes: mostly small activations, every 97th a 256 KiB frame.
 fn size_of(i: u64) -> usize {
-    if i.is_multiple_of(97) {
-        256 << 10
-    } else {
-        64 + ((i * 2654435761) % 8192) as usize / 4 * 4
-    }
+    if i.is_multiple_of(97) { 256 << 10 } else { 64 + ((i * 2654435761) % 8192) as usize / 4 * 4 }
 }
 
 struct Node {
@@ -64,27 +60,16 @@ fn node(seed: u8, pool_bytes: usize, cfg: TransportConfig) -> Node {
     let id = Identity::from_seed([seed; 32]);
     let ctx = Arc::new(RunContext::new(RUN, FrameLimits::default()));
     ctx.set_epoch_window(5, 6);
-    let ep = Endpoint::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        id,
-        PeerDirectory::new(),
-        ctx,
-        HostPool::new(pool_bytes),
-        cfg,
-    )
-    .unwrap();
-    Node {
-        ep,
-        id_seed: [seed; 32],
-    }
+    let ep =
+        Endpoint::bind("127.0.0.1:0".parse().unwrap(), id, PeerDirectory::new(), ctx, HostPool::new(pool_bytes), cfg)
+            .unwrap();
+    Node { ep, id_seed: [seed; 32] }
 }
 
 /// Publishes each node to the other.
 fn introduce(a: &Node, b: &Node) {
-    a.ep.directory()
-        .insert(b.ep.peer_id(), Some(b.ep.local_addr().unwrap()));
-    b.ep.directory()
-        .insert(a.ep.peer_id(), Some(a.ep.local_addr().unwrap()));
+    a.ep.directory().insert(b.ep.peer_id(), Some(b.ep.local_addr().unwrap()));
+    b.ep.directory().insert(a.ep.peer_id(), Some(a.ep.local_addr().unwrap()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,10 +85,7 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
             senders.push(tokio::spawn(async move {
                 for i in 0..PER_LANE {
                     let len = size_of(i);
-                    from.ep
-                        .send(to, &meta(d, len), payload(d, i, len).into())
-                        .await
-                        .unwrap();
+                    from.ep.send(to, &meta(d, len), payload(d, i, len).into()).await.unwrap();
                 }
             }));
         }
@@ -113,21 +95,12 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
         receivers.push(tokio::spawn(async move {
             let mut next = [0u64; 2];
             for _ in 0..2 * PER_LANE {
-                let f = tokio::time::timeout(Duration::from_secs(60), n.ep.recv())
-                    .await
-                    .expect("frame in time")
-                    .unwrap();
+                let f =
+                    tokio::time::timeout(Duration::from_secs(60), n.ep.recv()).await.expect("frame in time").unwrap();
                 let lane = f.header.direction as usize;
                 let i = next[lane];
-                assert_eq!(
-                    f.header.seq_no, i,
-                    "lane {lane}: in order, none lost or repeated"
-                );
-                assert_eq!(
-                    &f.payload[..],
-                    &payload(f.header.direction, i, size_of(i))[..],
-                    "payload intact"
-                );
+                assert_eq!(f.header.seq_no, i, "lane {lane}: in order, none lost or repeated");
+                assert_eq!(&f.payload[..], &payload(f.header.direction, i, size_of(i))[..], "payload intact");
                 next[lane] += 1;
             }
             next
@@ -144,10 +117,7 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
         assert_eq!(s.frames_sent, 2 * PER_LANE);
         assert_eq!(s.frames_received, 2 * PER_LANE);
         assert_eq!(s.rejected_total(), 0);
-        assert_eq!(
-            s.payload_copies, s.frames_received,
-            "one copy per frame: QUIC buffer -> pool buffer"
-        );
+        assert_eq!(s.payload_copies, s.frames_received, "one copy per frame: QUIC buffer -> pool buffer");
         assert_eq!(s.connects, 1, "one connection reused for all frames");
     }
 }
@@ -160,35 +130,14 @@ async fn peer_with_the_wrong_identity_is_refused() {
     // An impostor listens where a's directory says "b is here" (b's address
     // replaced), but holds another key.
     let impostor = node(3, 1 << 20, TransportConfig::default());
-    impostor
-        .ep
-        .directory()
-        .insert(a.ep.peer_id(), Some(a.ep.local_addr().unwrap()));
-    a.ep.directory()
-        .insert(b.ep.peer_id(), Some(impostor.ep.local_addr().unwrap()));
-    let err =
-        a.ep.send(
-            b.ep.peer_id(),
-            &meta(Direction::Activation, 16),
-            vec![0; 16].into(),
-        )
-        .await
-        .unwrap_err();
+    impostor.ep.directory().insert(a.ep.peer_id(), Some(a.ep.local_addr().unwrap()));
+    a.ep.directory().insert(b.ep.peer_id(), Some(impostor.ep.local_addr().unwrap()));
+    let err = a.ep.send(b.ep.peer_id(), &meta(Direction::Activation, 16), vec![0; 16].into()).await.unwrap_err();
     assert!(err.to_string().contains("connecting"), "{err}");
     // A node nobody published cannot connect either (server refuses its certificate).
     let stranger = node(4, 1 << 20, TransportConfig::default());
-    stranger
-        .ep
-        .directory()
-        .insert(b.ep.peer_id(), Some(b.ep.local_addr().unwrap()));
-    let r = stranger
-        .ep
-        .send(
-            b.ep.peer_id(),
-            &meta(Direction::Activation, 16),
-            vec![0; 16].into(),
-        )
-        .await;
+    stranger.ep.directory().insert(b.ep.peer_id(), Some(b.ep.local_addr().unwrap()));
+    let r = stranger.ep.send(b.ep.peer_id(), &meta(Direction::Activation, 16), vec![0; 16].into()).await;
     // The handshake fails, or the connection is closed before any frame is accepted.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(r.is_err() || b.ep.stats().frames_received == 0);
@@ -199,13 +148,7 @@ async fn peer_with_the_wrong_identity_is_refused() {
 /// defect is the signature.
 fn malformed(id: &Identity, other: &Identity) -> Vec<(&'static str, Vec<u8>)> {
     let good_payload = payload(Direction::Activation, 0, 64);
-    let base = frame::build_header(
-        &meta(Direction::Activation, 64),
-        RUN,
-        1000,
-        &good_payload,
-        id,
-    );
+    let base = frame::build_header(&meta(Direction::Activation, 64), RUN, 1000, &good_payload, id);
     let with = |h: &FrameHeader, p: &[u8]| {
         let mut v = frame::prefix_bytes(h);
         v.extend_from_slice(p);
@@ -266,42 +209,28 @@ async fn every_malformed_frame_is_rejected_counted_and_the_next_valid_one_delive
     let other = Identity::from_seed([42; 32]);
     let d = Direction::Activation;
     // Establish the lane (seq 0) so a replay of seq 0 is detectable.
-    a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, 0, 64).into())
-        .await
-        .unwrap();
+    a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, 0, 64).into()).await.unwrap();
     assert_eq!(b.ep.recv().await.unwrap().header.seq_no, 0);
     let mut i = 1u64;
     for (kind, bytes) in malformed(&a.identity(), &other) {
         a.ep.send_raw(b.ep.peer_id(), &bytes).await.unwrap();
         // A valid frame right after, on the same connection.
-        a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, i, 64).into())
-            .await
-            .unwrap();
-        let f = tokio::time::timeout(Duration::from_secs(10), b.ep.recv())
-            .await
-            .expect("valid frame delivered")
-            .unwrap();
+        a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, i, 64).into()).await.unwrap();
+        let f =
+            tokio::time::timeout(Duration::from_secs(10), b.ep.recv()).await.expect("valid frame delivered").unwrap();
         assert_eq!(f.header.seq_no, i, "after {kind}");
         assert_eq!(&f.payload[..], &payload(d, i, 64)[..]);
         // The rejection is counted (it may land just after the valid frame).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while b.ep.stats().rejected(kind) == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{kind} not counted: {:?}",
-                b.ep.stats().rejected
-            );
+            assert!(tokio::time::Instant::now() < deadline, "{kind} not counted: {:?}", b.ep.stats().rejected);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         i += 1;
     }
     let s = b.ep.stats();
     assert_eq!(s.frames_received, i, "only the valid frames were delivered");
-    assert_eq!(
-        a.ep.stats().connects,
-        1,
-        "the connection survived every hostile frame"
-    );
+    assert_eq!(a.ep.stats().connects, 1, "the connection survived every hostile frame");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,28 +263,15 @@ async fn stalled_receiver_bounds_memory() {
             }
         }
     }
-    assert!(
-        blocked,
-        "a stalled receiver must stall the sender ({sent} frames went through)"
-    );
+    assert!(blocked, "a stalled receiver must stall the sender ({sent} frames went through)");
     let pool = b.ep.pool();
-    assert!(
-        pool.high_water_bytes() <= pool_budget,
-        "pool high water {} > budget",
-        pool.high_water_bytes()
-    );
+    assert!(pool.high_water_bytes() <= pool_budget, "pool high water {} > budget", pool.high_water_bytes());
     assert!(b.ep.queued() <= 4);
     // Pool + queue + flow-control windows bound what was accepted.
     let bound = (pool_budget + (2 << 20) + (2 << 20)) / len + 8;
-    assert!(
-        sent as usize <= bound,
-        "{sent} frames accepted, bound {bound}"
-    );
+    assert!(sent as usize <= bound, "{sent} frames accepted, bound {bound}");
     // Draining the receiver frees the pool.
-    let got = tokio::time::timeout(Duration::from_secs(5), b.ep.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), b.ep.recv()).await.unwrap().unwrap();
     assert_eq!(got.header.seq_no, 0);
     drop(got);
 }

@@ -109,25 +109,9 @@ pub trait Backend: Send + Sync {
     /// Sum of squares, accumulated in f64 in a fixed order.
     fn sum_squares(&self, x: Self::Ref<'_>) -> f64;
     /// dst[:, :b] (+)= src, with dst `[n, d]` and src `[n, b]`.
-    fn scatter_cols(
-        &self,
-        dst: Self::Mut<'_>,
-        src: Self::Ref<'_>,
-        n: usize,
-        d: usize,
-        b: usize,
-        acc: bool,
-    );
+    fn scatter_cols(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>, n: usize, d: usize, b: usize, acc: bool);
     /// dst (+)= src[:, :b], with dst `[n, b]` and src `[n, d]`.
-    fn gather_cols(
-        &self,
-        dst: Self::Mut<'_>,
-        src: Self::Ref<'_>,
-        n: usize,
-        d: usize,
-        b: usize,
-        acc: bool,
-    );
+    fn gather_cols(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>, n: usize, d: usize, b: usize, acc: bool);
 
     // ---- linear ----
     /// out[n, oc] (+)= inp[n, c] @ w[oc, c]^T
@@ -212,13 +196,7 @@ pub trait Backend: Send + Sync {
     );
     /// Causal softmax attention over a fused `[n, q|k|v]` buffer with grouped
     /// KV heads. Writes `out [n, q_dim]` and saves `probs`.
-    fn attention(
-        &self,
-        out: Self::Mut<'_>,
-        probs: Self::Mut<'_>,
-        qkv: Self::Ref<'_>,
-        dims: AttnDims,
-    );
+    fn attention(&self, out: Self::Mut<'_>, probs: Self::Mut<'_>, qkv: Self::Ref<'_>, dims: AttnDims);
     /// Writes (not accumulates) `dqkv [n, qkv_dim]`.
     fn attention_bwd(
         &self,
@@ -233,14 +211,7 @@ pub trait Backend: Send + Sync {
     /// out[n, f] = silu(gu[:, :f]) * gu[:, f:]
     fn swiglu(&self, out: Self::Mut<'_>, gu: Self::Ref<'_>, n: usize, f: usize);
     /// Writes dgu [n, 2f].
-    fn swiglu_bwd(
-        &self,
-        dgu: Self::Mut<'_>,
-        dout: Self::Ref<'_>,
-        gu: Self::Ref<'_>,
-        n: usize,
-        f: usize,
-    );
+    fn swiglu_bwd(&self, dgu: Self::Mut<'_>, dout: Self::Ref<'_>, gu: Self::Ref<'_>, n: usize, f: usize);
 
     // ---- loss ----
     /// Fused softmax + cross-entropy. `logits [n, vocab]` is overwritten with
@@ -257,12 +228,5 @@ pub trait Backend: Send + Sync {
     ) -> Vec<f32>;
 
     // ---- optimizer ----
-    fn adamw(
-        &self,
-        p: Self::Mut<'_>,
-        g: Self::Ref<'_>,
-        m: Self::Mut<'_>,
-        v: Self::Mut<'_>,
-        step: AdamStep,
-    );
+    fn adamw(&self, p: Self::Mut<'_>, g: Self::Ref<'_>, m: Self::Mut<'_>, v: Self::Mut<'_>, step: AdamStep);
 }

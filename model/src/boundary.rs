@@ -58,14 +58,7 @@ pub fn decode_backward<B: Backend>(
     let mut dz = be.zeros(n * b);
     be.gather_cols(be.all_mut(&mut dz), be.all(dh), n, d, b, false);
     be.matmul_bwd_input(be.all_mut(&mut dz), be.all(dh), c.p(up), n, b, d, true);
-    be.matmul_bwd_weight(
-        be.view_mut(grads, up.clone()),
-        be.all(dh),
-        be.all(z),
-        n,
-        b,
-        d,
-    );
+    be.matmul_bwd_weight(be.view_mut(grads, up.clone()), be.all(dh), be.all(z), n, b, d);
     dz
 }
 
@@ -75,35 +68,15 @@ pub struct EncodeActs<B: Backend> {
 }
 
 /// h `[n, d]` -> z `[n, b]`.
-pub fn encode_forward<B: Backend>(
-    c: &Ctx<B>,
-    idx: &EncodeIdx,
-    h: &B::Buf,
-) -> (EncodeActs<B>, B::Buf) {
+pub fn encode_forward<B: Backend>(c: &Ctx<B>, idx: &EncodeIdx, h: &B::Buf) -> (EncodeActs<B>, B::Buf) {
     let be = c.be;
     let (n, d, b) = (c.n(), c.cfg.d_model, c.cfg.bottleneck);
     let mut hn = be.zeros(n * d);
     let mut rstd = be.zeros(n);
-    be.rmsnorm(
-        be.all_mut(&mut hn),
-        be.all_mut(&mut rstd),
-        be.all(h),
-        c.p(&idx.norm),
-        n,
-        d,
-        c.cfg.norm_eps,
-    );
+    be.rmsnorm(be.all_mut(&mut hn), be.all_mut(&mut rstd), be.all(h), c.p(&idx.norm), n, d, c.cfg.norm_eps);
     let mut z = be.zeros(n * b);
     be.gather_cols(be.all_mut(&mut z), be.all(h), n, d, b, false);
-    be.matmul(
-        be.all_mut(&mut z),
-        be.all(&hn),
-        c.p(&idx.down),
-        n,
-        d,
-        b,
-        true,
-    );
+    be.matmul(be.all_mut(&mut z), be.all(&hn), c.p(&idx.down), n, d, b, true);
     (EncodeActs { hn, rstd }, z)
 }
 
@@ -121,23 +94,8 @@ pub fn encode_backward<B: Backend>(
     let mut dh = be.zeros(n * d);
     be.scatter_cols(be.all_mut(&mut dh), be.all(dz), n, d, b, false);
     let mut dhn = be.zeros(n * d);
-    be.matmul_bwd_input(
-        be.all_mut(&mut dhn),
-        be.all(dz),
-        c.p(&idx.down),
-        n,
-        d,
-        b,
-        false,
-    );
-    be.matmul_bwd_weight(
-        be.view_mut(grads, idx.down.clone()),
-        be.all(dz),
-        be.all(&a.hn),
-        n,
-        d,
-        b,
-    );
+    be.matmul_bwd_input(be.all_mut(&mut dhn), be.all(dz), c.p(&idx.down), n, d, b, false);
+    be.matmul_bwd_weight(be.view_mut(grads, idx.down.clone()), be.all(dz), be.all(&a.hn), n, d, b);
     be.rmsnorm_bwd(
         be.all_mut(&mut dh),
         be.view_mut(grads, idx.norm.clone()),

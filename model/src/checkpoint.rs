@@ -30,23 +30,27 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }
 
-pub fn write_safetensors(
-    path: &Path,
-    tensors: &[NamedTensor],
-    metadata: BTreeMap<String, String>,
-) -> Result<()> {
-    let views: Vec<(String, TensorView)> = tensors
+fn views<'a>(tensors: &'a [NamedTensor]) -> Result<Vec<(String, TensorView<'a>)>> {
+    tensors
         .iter()
         .map(|t| {
-            let v = TensorView::new(Dtype::F32, t.shape.clone(), f32_bytes(t.data)).with_context(
-                || format!("tensor {} does not match its shape {:?}", t.name, t.shape),
-            )?;
+            let v = TensorView::new(Dtype::F32, t.shape.clone(), f32_bytes(t.data))
+                .with_context(|| format!("tensor {} does not match its shape {:?}", t.name, t.shape))?;
             Ok((t.name.clone(), v))
         })
-        .collect::<Result<_>>()?;
+        .collect()
+}
+
+pub fn write_safetensors(path: &Path, tensors: &[NamedTensor], metadata: BTreeMap<String, String>) -> Result<()> {
     let meta: HashMap<String, String> = metadata.into_iter().collect();
-    safetensors::serialize_to_file(views, Some(meta), path)
+    safetensors::serialize_to_file(views(tensors)?, Some(meta), path)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The safetensors encoding of `tensors`, in memory (for object-store uploads).
+pub fn safetensors_bytes(tensors: &[NamedTensor], metadata: BTreeMap<String, String>) -> Result<Vec<u8>> {
+    let meta: HashMap<String, String> = metadata.into_iter().collect();
+    Ok(safetensors::serialize(views(tensors)?, Some(meta))?)
 }
 
 /// All tensors of a safetensors file (f32 only) and its metadata.
@@ -58,10 +62,7 @@ pub struct LoadedTensors {
 impl LoadedTensors {
     /// Copies tensor `name` into `dst`, checking its shape.
     pub fn copy_into(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
-        let (s, data) = self
-            .tensors
-            .get(name)
-            .with_context(|| format!("checkpoint has no tensor {name}"))?;
+        let (s, data) = self.tensors.get(name).with_context(|| format!("checkpoint has no tensor {name}"))?;
         if s != shape {
             bail!("tensor {name} has shape {s:?} in the checkpoint, the model expects {shape:?}");
         }
@@ -72,33 +73,49 @@ impl LoadedTensors {
 
 pub fn read_safetensors(path: &Path) -> Result<LoadedTensors> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
+    parse_safetensors(&bytes).with_context(|| format!("{} is not a usable safetensors file", path.display()))
+}
+
+/// Parses safetensors bytes (from a file or the network: a malformed
+/// header, out-of-range offsets or a non-F32 tensor is an error).
+pub fn parse_safetensors(bytes: &[u8]) -> Result<LoadedTensors> {
+    let (_, meta) = SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
+    let st = SafeTensors::deserialize(bytes).context("not a safetensors file")?;
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
         if view.dtype() != Dtype::F32 {
-            bail!(
-                "{}: tensor {name} is {:?}; only F32 is supported",
-                path.display(),
-                view.dtype()
-            );
+            bail!("tensor {name} is {:?}; only F32 is supported", view.dtype());
         }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         tensors.insert(name, (view.shape().to_vec(), data));
     }
-    let metadata = meta
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
+    let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
     Ok(LoadedTensors { tensors, metadata })
+}
+
+/// A stage's flat parameter vector as safetensors (Llama names).
+pub fn stage_bytes(
+    layout: &iota_core::ParamLayout,
+    params: &[f32],
+    metadata: BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let tensors: Vec<NamedTensor> = layout
+        .entries
+        .iter()
+        .map(|e| NamedTensor { name: e.name.clone(), shape: e.shape.clone(), data: &params[e.range()] })
+        .collect();
+    safetensors_bytes(&tensors, metadata)
+}
+
+/// The flat parameter vector of `layout` from safetensors bytes; every
+/// tensor must be present with the right shape.
+pub fn stage_params(layout: &iota_core::ParamLayout, bytes: &[u8]) -> Result<Vec<f32>> {
+    let t = parse_safetensors(bytes)?;
+    let mut out = vec![0.0; layout.total()];
+    for e in &layout.entries {
+        t.copy_into(&e.name, &e.shape, &mut out[e.range()])?;
+    }
+    Ok(out)
 }
 
 /// Publishes a fully written checkpoint folder `tmp` as `ckpt-<step>` in
@@ -109,17 +126,14 @@ pub fn publish(run_dir: &Path, tmp: &Path, step: u64, keep: usize) -> Result<Pat
     if dst.exists() {
         std::fs::remove_dir_all(&dst).with_context(|| format!("replacing {}", dst.display()))?;
     }
-    std::fs::rename(tmp, &dst)
-        .with_context(|| format!("moving checkpoint into {}", dst.display()))?;
+    std::fs::rename(tmp, &dst).with_context(|| format!("moving checkpoint into {}", dst.display()))?;
     let latest_tmp = run_dir.join("LATEST.tmp");
     std::fs::write(&latest_tmp, format!("{name}\n")).context("writing LATEST")?;
     std::fs::rename(&latest_tmp, run_dir.join("LATEST")).context("updating LATEST")?;
     let mut old: Vec<PathBuf> = std::fs::read_dir(run_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
         })
         .collect();
     old.sort();
@@ -138,18 +152,11 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     }
     let latest = path.join("LATEST");
     let name = std::fs::read_to_string(&latest).with_context(|| {
-        format!(
-            "{} is neither a checkpoint nor a run directory with a LATEST file",
-            path.display()
-        )
+        format!("{} is neither a checkpoint nor a run directory with a LATEST file", path.display())
     })?;
     let dir = path.join(name.trim());
     if !dir.join("model.safetensors").exists() {
-        bail!(
-            "{} points at {}, which holds no model.safetensors",
-            latest.display(),
-            dir.display()
-        );
+        bail!("{} points at {}, which holds no model.safetensors", latest.display(), dir.display());
     }
     Ok(dir)
 }
@@ -165,16 +172,8 @@ mod tests {
         let a = vec![1.0f32, -2.5, 3.25, 0.0, 7.0, f32::MIN_POSITIVE];
         let b = vec![0.5f32; 4];
         let tensors = vec![
-            NamedTensor {
-                name: "x.weight".into(),
-                shape: vec![2, 3],
-                data: &a,
-            },
-            NamedTensor {
-                name: "y".into(),
-                shape: vec![4],
-                data: &b,
-            },
+            NamedTensor { name: "x.weight".into(), shape: vec![2, 3], data: &a },
+            NamedTensor { name: "y".into(), shape: vec![4], data: &b },
         ];
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
         write_safetensors(&p, &tensors, meta).unwrap();

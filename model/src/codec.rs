@@ -13,31 +13,17 @@ const INT4_MAX: f32 = 7.0;
 /// Encodes a `[rows, cols]` tensor. Non-finite values are refused: a stage
 /// that produced them has diverged, and sending them on would poison peers.
 pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<Vec<u8>, CoreError> {
-    let expected = codec
-        .payload_bytes(rows, cols)
-        .expect("local tensor size overflows");
-    assert_eq!(
-        x.len(),
-        rows * cols,
-        "encode: tensor length does not match its shape"
-    );
+    let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
+    assert_eq!(x.len(), rows * cols, "encode: tensor length does not match its shape");
     if x.iter().any(|v| !v.is_finite()) {
         return Err(CoreError::NonFinite("tensor to encode"));
     }
     let mut out = Vec::with_capacity(expected);
     match codec {
-        WireCodec::F32 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        WireCodec::Bf16 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
+        WireCodec::F32 => x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        WireCodec::Bf16 => x.iter().for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
         WireCodec::Int8Row | WireCodec::Int4Row => {
-            let qmax = if codec == WireCodec::Int8Row {
-                INT8_MAX
-            } else {
-                INT4_MAX
-            };
+            let qmax = if codec == WireCodec::Int8Row { INT8_MAX } else { INT4_MAX };
             for row in x.chunks(cols.max(1)).take(rows) {
                 let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 let scale_bits = f32_to_bf16_up(absmax / qmax);
@@ -62,20 +48,8 @@ pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<V
 }
 
 /// Decodes into `out` (length rows * cols), validating everything.
-pub fn decode_into(
-    codec: WireCodec,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-    out: &mut [f32],
-) -> Result<(), CoreError> {
-    let len_err = |expected| CoreError::PayloadLength {
-        codec: codec.name(),
-        rows,
-        cols,
-        expected,
-        got: bytes.len(),
-    };
+pub fn decode_into(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8], out: &mut [f32]) -> Result<(), CoreError> {
+    let len_err = |expected| CoreError::PayloadLength { codec: codec.name(), rows, cols, expected, got: bytes.len() };
     let expected = codec.payload_bytes(rows, cols).ok_or(len_err(usize::MAX))?;
     if bytes.len() != expected || out.len() != rows * cols {
         return Err(len_err(expected));
@@ -103,9 +77,7 @@ pub fn decode_into(
                     for (o, &c) in orow.iter_mut().zip(codes) {
                         let q = c as i8;
                         if q == i8::MIN {
-                            return Err(CoreError::NonFinite(
-                                "int8 code -128 (outside the symmetric range)",
-                            ));
+                            return Err(CoreError::NonFinite("int8 code -128 (outside the symmetric range)"));
                         }
                         *o = q as f32 * scale;
                     }
@@ -115,9 +87,7 @@ pub fn decode_into(
                         let nib = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
                         let q = ((nib << 4) as i8) >> 4; // sign-extend 4 bits
                         if q == -8 {
-                            return Err(CoreError::NonFinite(
-                                "int4 code -8 (outside the symmetric range)",
-                            ));
+                            return Err(CoreError::NonFinite("int4 code -8 (outside the symmetric range)"));
                         }
                         *o = q as f32 * scale;
                     }
@@ -131,12 +101,7 @@ pub fn decode_into(
     Ok(())
 }
 
-pub fn decode(
-    codec: WireCodec,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-) -> Result<Vec<f32>, CoreError> {
+pub fn decode(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<f32>, CoreError> {
     let n = rows.checked_mul(cols).ok_or(CoreError::PayloadLength {
         codec: codec.name(),
         rows,
@@ -157,12 +122,7 @@ pub fn decode(
 /// Replaces `x` by what the receiver would see after the wire (used by the
 /// in-process pipeline, so it trains with exactly the quantisation error a
 /// distributed run has).
-pub fn round_trip(
-    codec: WireCodec,
-    rows: usize,
-    cols: usize,
-    x: &mut [f32],
-) -> Result<usize, CoreError> {
+pub fn round_trip(codec: WireCodec, rows: usize, cols: usize, x: &mut [f32]) -> Result<usize, CoreError> {
     if codec == WireCodec::F32 {
         if x.iter().any(|v| !v.is_finite()) {
             return Err(CoreError::NonFinite("tensor to encode"));
@@ -193,13 +153,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn rows_strategy() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
-        (1usize..6, 1usize..40).prop_flat_map(|(r, c)| {
-            (
-                Just(r),
-                Just(c),
-                proptest::collection::vec(-1.0e4f32..1.0e4, r * c),
-            )
-        })
+        (1usize..6, 1usize..40)
+            .prop_flat_map(|(r, c)| (Just(r), Just(c), proptest::collection::vec(-1.0e4f32..1.0e4, r * c)))
     }
 
     proptest! {
@@ -233,10 +188,7 @@ mod tests {
     fn rejects_wrong_length_bad_scale_and_nonfinite() {
         let x = [1.0f32, -2.0, 3.0, 0.5];
         let b = encode(WireCodec::Int8Row, 2, 2, &x).unwrap();
-        assert!(matches!(
-            decode(WireCodec::Int8Row, 2, 2, &b[..5]),
-            Err(CoreError::PayloadLength { .. })
-        ));
+        assert!(matches!(decode(WireCodec::Int8Row, 2, 2, &b[..5]), Err(CoreError::PayloadLength { .. })));
         let mut bad = b.clone();
         bad[0..2].copy_from_slice(&0x7FC0u16.to_le_bytes()); // NaN scale
         assert!(decode(WireCodec::Int8Row, 2, 2, &bad).is_err());

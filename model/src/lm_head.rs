@@ -23,10 +23,7 @@ pub struct HeadIdx {
 
 impl HeadIdx {
     pub fn new(layout: &ParamLayout) -> Self {
-        HeadIdx {
-            norm: layout.range("model.norm.weight"),
-            lm: layout.range("lm_head.weight"),
-        }
+        HeadIdx { norm: layout.range("model.norm.weight"), lm: layout.range("lm_head.weight") }
     }
 }
 
@@ -51,15 +48,7 @@ pub fn head_forward_backward<B: Backend>(
     assert_eq!(targets.len(), n, "one target per row");
     let mut hn = be.zeros(n * d);
     let mut rstd = be.zeros(n);
-    be.rmsnorm(
-        be.all_mut(&mut hn),
-        be.all_mut(&mut rstd),
-        be.all(h),
-        c.p(&idx.norm),
-        n,
-        d,
-        cfg.norm_eps,
-    );
+    be.rmsnorm(be.all_mut(&mut hn), be.all_mut(&mut rstd), be.all(h), c.p(&idx.norm), n, d, cfg.norm_eps);
     let chunk = rows_per_chunk(n, v);
     let mut logits = be.zeros(chunk * v);
     let mut dhn = grads.as_ref().map(|_| be.zeros(n * d));
@@ -67,15 +56,7 @@ pub fn head_forward_backward<B: Backend>(
     for r0 in (0..n).step_by(chunk) {
         let rows = chunk.min(n - r0);
         let hrows = r0 * d..(r0 + rows) * d;
-        be.matmul(
-            be.view_mut(&mut logits, 0..rows * v),
-            be.view(&hn, hrows.clone()),
-            c.p(&idx.lm),
-            rows,
-            d,
-            v,
-            false,
-        );
+        be.matmul(be.view_mut(&mut logits, 0..rows * v), be.view(&hn, hrows.clone()), c.p(&idx.lm), rows, d, v, false);
         let l = be.cross_entropy(
             be.view_mut(&mut logits, 0..rows * v),
             &targets[r0..r0 + rows],
@@ -87,23 +68,8 @@ pub fn head_forward_backward<B: Backend>(
         losses.extend(l);
         if let (Some(g), Some(dhn)) = (grads.as_deref_mut(), dhn.as_mut()) {
             let dl = be.view(&logits, 0..rows * v);
-            be.matmul_bwd_input(
-                be.view_mut(dhn, hrows.clone()),
-                dl,
-                c.p(&idx.lm),
-                rows,
-                d,
-                v,
-                false,
-            );
-            be.matmul_bwd_weight(
-                be.view_mut(g, idx.lm.clone()),
-                dl,
-                be.view(&hn, hrows),
-                rows,
-                d,
-                v,
-            );
+            be.matmul_bwd_input(be.view_mut(dhn, hrows.clone()), dl, c.p(&idx.lm), rows, d, v, false);
+            be.matmul_bwd_weight(be.view_mut(g, idx.lm.clone()), dl, be.view(&hn, hrows), rows, d, v);
         }
     }
     let dh = match (grads, dhn) {

@@ -18,13 +18,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            grad_clip: 1.0,
-        }
+        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: 1.0 }
     }
 }
 
@@ -69,11 +63,7 @@ pub struct AdamW<B: Backend> {
 
 impl<B: Backend> AdamW<B> {
     pub fn new(be: &B, n: usize) -> Self {
-        AdamW {
-            m: be.zeros(n),
-            v: be.zeros(n),
-            t: 0,
-        }
+        AdamW { m: be.zeros(n), v: be.zeros(n), t: 0 }
     }
 
     /// One update of `stage` from its accumulated gradients. The gradient is
@@ -85,16 +75,9 @@ impl<B: Backend> AdamW<B> {
         let (params, grads) = stage.params_and_grads();
         let norm = be.sum_squares(be.all(grads)).sqrt() as f32;
         if !norm.is_finite() {
-            return StepStats {
-                grad_norm: norm,
-                applied: false,
-            };
+            return StepStats { grad_norm: norm, applied: false };
         }
-        let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip {
-            cfg.grad_clip / norm
-        } else {
-            1.0
-        };
+        let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip { cfg.grad_clip / norm } else { 1.0 };
         self.t += 1;
         for e in &layout.entries {
             let r = e.range();
@@ -114,10 +97,7 @@ impl<B: Backend> AdamW<B> {
                 },
             );
         }
-        StepStats {
-            grad_norm: norm,
-            applied: true,
-        }
+        StepStats { grad_norm: norm, applied: true }
     }
 }
 
@@ -127,12 +107,7 @@ mod tests {
 
     #[test]
     fn schedule_warms_up_then_decays_to_floor() {
-        let s = LrSchedule {
-            peak: 1.0,
-            warmup: 10,
-            total: 110,
-            min_ratio: 0.1,
-        };
+        let s = LrSchedule { peak: 1.0, warmup: 10, total: 110, min_ratio: 0.1 };
         assert!((s.at(0) - 0.1).abs() < 1e-6);
         assert!((s.at(9) - 1.0).abs() < 1e-6);
         assert!((s.at(10) - 1.0).abs() < 1e-6);
@@ -145,21 +120,8 @@ mod tests {
     fn adamw_matches_scalar_reference() {
         use crate::CpuBackend;
         let be = CpuBackend::new();
-        let (mut p, g, mut m, mut v) = (
-            vec![1.0f32, -2.0],
-            vec![0.5f32, 0.25],
-            vec![0.0f32; 2],
-            vec![0.0f32; 2],
-        );
-        let h = AdamStep {
-            lr: 0.1,
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            t: 1,
-            grad_scale: 2.0,
-        };
+        let (mut p, g, mut m, mut v) = (vec![1.0f32, -2.0], vec![0.5f32, 0.25], vec![0.0f32; 2], vec![0.0f32; 2]);
+        let h = AdamStep { lr: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1, t: 1, grad_scale: 2.0 };
         be.adamw(&mut p, &g, &mut m, &mut v, h);
         for i in 0..2 {
             let gi = g[i] as f64 * 2.0;

@@ -20,8 +20,7 @@ use thiserror::Error;
 use crate::backend::Backend;
 use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
 use crate::boundary::{
-    EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward,
-    encode_forward,
+    EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward, encode_forward,
 };
 use crate::lm_head::{HeadIdx, head_forward_backward};
 use crate::rope::rope_table;
@@ -29,25 +28,13 @@ use crate::rope::rope_table;
 #[derive(Debug, Error, PartialEq)]
 pub enum StageError {
     #[error("stage {index} is a {role:?} stage and cannot {what}")]
-    Role {
-        index: usize,
-        role: StageRole,
-        what: &'static str,
-    },
+    Role { index: usize, role: StageRole, what: &'static str },
     #[error("{what}: got {got} values, expected {expected}")]
-    Shape {
-        what: &'static str,
-        expected: usize,
-        got: usize,
-    },
+    Shape { what: &'static str, expected: usize, got: usize },
     #[error("sequence length {seq} is outside 1..={max} (the model's max_seq)")]
     SeqLen { seq: usize, max: usize },
     #[error("token {token} at position {pos} is outside the vocabulary ({vocab})")]
-    Token {
-        token: u32,
-        pos: usize,
-        vocab: usize,
-    },
+    Token { token: u32, pos: usize, vocab: usize },
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),
     #[error("micro-batch {0:#x} already has saved activations")]
@@ -71,14 +58,7 @@ pub enum StageInput<'a> {
 /// to borrow mutably beside it. The RoPE table must exist (`ensure_rope`).
 macro_rules! ctx {
     ($s:ident, $batch:expr, $seq:expr) => {
-        Ctx {
-            be: &*$s.be,
-            cfg: &$s.cfg,
-            params: &$s.params,
-            rope: &$s.rope[&$seq],
-            batch: $batch,
-            seq: $seq,
-        }
+        Ctx { be: &*$s.be, cfg: &$s.cfg, params: &$s.params, rope: &$s.rope[&$seq], batch: $batch, seq: $seq }
     };
 }
 
@@ -120,9 +100,7 @@ pub struct Stage<B: Backend> {
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
 fn name_key(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Initial values of a stage's flat parameter vector. Each tensor draws from
@@ -149,19 +127,10 @@ impl<B: Backend> Stage<B> {
     }
 
     /// A stage with given parameter values (flat, in layout order).
-    pub fn with_params(
-        be: Arc<B>,
-        cfg: &ModelConfig,
-        spec: StageSpec,
-        params: &[f32],
-    ) -> Result<Stage<B>, StageError> {
+    pub fn with_params(be: Arc<B>, cfg: &ModelConfig, spec: StageSpec, params: &[f32]) -> Result<Stage<B>, StageError> {
         let layout = ParamLayout::for_stage(cfg, &spec);
         if params.len() != layout.total() {
-            return Err(StageError::Shape {
-                what: "stage parameters",
-                expected: layout.total(),
-                got: params.len(),
-            });
+            return Err(StageError::Shape { what: "stage parameters", expected: layout.total(), got: params.len() });
         }
         let has_lm_head = spec.has_lm_head();
         let last_layer = spec.layers.end - 1;
@@ -169,17 +138,9 @@ impl<B: Backend> Stage<B> {
             params: be.upload(params),
             grads: be.zeros(layout.total()),
             rope: HashMap::new(),
-            layers: spec
-                .layers
-                .clone()
-                .map(|l| LayerIdx::new(&layout, l))
-                .collect(),
-            embed: spec
-                .has_embedding()
-                .then(|| layout.range("model.embed_tokens.weight")),
-            decode_up: spec
-                .decode_in
-                .then(|| decode_up_range(&layout, spec.layers.start)),
+            layers: spec.layers.clone().map(|l| LayerIdx::new(&layout, l)).collect(),
+            embed: spec.has_embedding().then(|| layout.range("model.embed_tokens.weight")),
+            decode_up: spec.decode_in.then(|| decode_up_range(&layout, spec.layers.start)),
             encode: spec.encode_out.then(|| EncodeIdx::new(&layout, last_layer)),
             head: has_lm_head.then(|| HeadIdx::new(&layout)),
             saved: HashMap::new(),
@@ -225,11 +186,7 @@ impl<B: Backend> Stage<B> {
     }
     pub fn set_params(&mut self, host: &[f32]) -> Result<(), StageError> {
         if host.len() != self.layout.total() {
-            return Err(StageError::Shape {
-                what: "stage parameters",
-                expected: self.layout.total(),
-                got: host.len(),
-            });
+            return Err(StageError::Shape { what: "stage parameters", expected: self.layout.total(), got: host.len() });
         }
         self.params = self.be.upload(host);
         Ok(())
@@ -254,21 +211,13 @@ impl<B: Backend> Stage<B> {
     }
 
     fn role_err(&self, what: &'static str) -> StageError {
-        StageError::Role {
-            index: self.spec.index,
-            role: self.spec.role(),
-            what,
-        }
+        StageError::Role { index: self.spec.index, role: self.spec.role(), what }
     }
 
     /// `n` token ids, each inside the vocabulary.
     fn check_tokens(&self, what: &'static str, t: &[u32], n: usize) -> Result<(), StageError> {
         if t.len() != n {
-            return Err(StageError::Shape {
-                what,
-                expected: n,
-                got: t.len(),
-            });
+            return Err(StageError::Shape { what, expected: n, got: t.len() });
         }
         let vocab = self.cfg.vocab_real;
         match t.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
@@ -279,10 +228,7 @@ impl<B: Backend> Stage<B> {
 
     fn check_input(&self, input: &StageInput, batch: usize, seq: usize) -> Result<(), StageError> {
         if seq == 0 || seq > self.cfg.max_seq {
-            return Err(StageError::SeqLen {
-                seq,
-                max: self.cfg.max_seq,
-            });
+            return Err(StageError::SeqLen { seq, max: self.cfg.max_seq });
         }
         let n = batch * seq;
         match (input, self.spec.has_embedding()) {
@@ -290,11 +236,7 @@ impl<B: Backend> Stage<B> {
             (StageInput::Hidden(h), false) => {
                 let want = n * self.spec.boundary_width;
                 if h.len() != want {
-                    return Err(StageError::Shape {
-                        what: "boundary activations",
-                        expected: want,
-                        got: h.len(),
-                    });
+                    return Err(StageError::Shape { what: "boundary activations", expected: want, got: h.len() });
                 }
                 if h.iter().any(|v| !v.is_finite()) {
                     return Err(StageError::NonFinite("boundary activations"));
@@ -348,15 +290,7 @@ impl<B: Backend> Stage<B> {
             blocks.push(acts);
             h = out;
         }
-        Saved {
-            batch,
-            seq,
-            tokens,
-            z_in,
-            blocks,
-            h_out: h,
-            enc: None,
-        }
+        Saved { batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
     }
 
     /// Blocks backward, then decoder / embedding backward. Returns the
@@ -386,13 +320,7 @@ impl<B: Backend> Stage<B> {
 
     /// Forward of a head or body stage: returns the boundary output
     /// `[batch * seq, boundary_width]` and keeps the activations under `key`.
-    pub fn forward(
-        &mut self,
-        key: u64,
-        input: StageInput,
-        batch: usize,
-        seq: usize,
-    ) -> Result<Vec<f32>, StageError> {
+    pub fn forward(&mut self, key: u64, input: StageInput, batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
         if self.spec.has_lm_head() {
             return Err(self.role_err("run forward alone (use forward_backward)"));
         }
@@ -426,11 +354,7 @@ impl<B: Backend> Stage<B> {
         let s = self.saved.get(&key).ok_or(StageError::Unknown(key))?;
         let want = s.batch * s.seq * self.spec.boundary_width;
         if dout.len() != want {
-            return Err(StageError::Shape {
-                what: "output gradient",
-                expected: want,
-                got: dout.len(),
-            });
+            return Err(StageError::Shape { what: "output gradient", expected: want, got: dout.len() });
         }
         if dout.iter().any(|v| !v.is_finite()) {
             return Err(StageError::NonFinite("output gradient"));
@@ -484,15 +408,7 @@ impl<B: Backend> Stage<B> {
     ) -> Result<Vec<f32>, StageError> {
         let s = self.tail_forward(input, targets, batch, seq)?;
         let c = ctx!(self, batch, seq);
-        Ok(head_forward_backward(
-            &c,
-            self.head.as_ref().unwrap(),
-            &s.h_out,
-            targets,
-            0.0,
-            None,
-        )
-        .0)
+        Ok(head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, 0.0, None).0)
     }
 
     fn tail_forward(

@@ -22,23 +22,13 @@ impl Tensor {
     pub fn new(shape: &[usize], data: Vec<f32>) -> Result<Tensor, ShapeError> {
         let expected = shape.iter().product();
         if data.len() != expected {
-            return Err(ShapeError {
-                shape: shape.to_vec(),
-                expected,
-                got: data.len(),
-            });
+            return Err(ShapeError { shape: shape.to_vec(), expected, got: data.len() });
         }
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            data,
-        })
+        Ok(Tensor { shape: shape.to_vec(), data })
     }
 
     pub fn zeros(shape: &[usize]) -> Tensor {
-        Tensor {
-            shape: shape.to_vec(),
-            data: vec![0.0; shape.iter().product()],
-        }
+        Tensor { shape: shape.to_vec(), data: vec![0.0; shape.iter().product()] }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -58,9 +48,7 @@ impl Tensor {
     }
     /// Rows when read as a matrix `[prod(shape[..-1]), shape[-1]]`.
     pub fn rows(&self) -> usize {
-        self.shape
-            .split_last()
-            .map_or(1, |(_, r)| r.iter().product())
+        self.shape.split_last().map_or(1, |(_, r)| r.iter().product())
     }
     /// Width of the last axis.
     pub fn cols(&self) -> usize {
@@ -69,11 +57,7 @@ impl Tensor {
     /// Largest |a - b| / max(|b|, floor) over all elements.
     pub fn max_rel_diff(&self, other: &Tensor, floor: f32) -> f32 {
         assert_eq!(self.shape, other.shape, "max_rel_diff shape mismatch");
-        self.data
-            .iter()
-            .zip(&other.data)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(floor))
-            .fold(0.0, f32::max)
+        self.data.iter().zip(&other.data).map(|(a, b)| (a - b).abs() / b.abs().max(floor)).fold(0.0, f32::max)
     }
 }
 

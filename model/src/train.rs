@@ -41,18 +41,10 @@ impl TrainConfig {
             bail!("--batch, --seq and --grad-accum must be positive");
         }
         if self.seq > self.model.max_seq {
-            bail!(
-                "--seq {} exceeds the model's max_seq {}",
-                self.seq,
-                self.model.max_seq
-            );
+            bail!("--seq {} exceeds the model's max_seq {}", self.seq, self.model.max_seq);
         }
         if self.stages == 0 || self.stages > self.model.n_layers {
-            bail!(
-                "--stages {} must be between 1 and the model's {} layers",
-                self.stages,
-                self.model.n_layers
-            );
+            bail!("--stages {} must be between 1 and the model's {} layers", self.stages, self.model.n_layers);
         }
         if self.tokenizer.vocab_real() > self.model.vocab_real {
             bail!(
@@ -99,20 +91,10 @@ impl<B: Backend> Pipeline<B> {
     pub fn new(be: Arc<B>, cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
         let specs = StageSpec::split(&cfg.model, cfg.stages)?;
-        let stages: Vec<Stage<B>> = specs
-            .into_iter()
-            .map(|s| Stage::new(be.clone(), &cfg.model, s, cfg.seed))
-            .collect();
-        let optim = stages
-            .iter()
-            .map(|s| AdamW::new(&*be, s.layout().total()))
-            .collect();
-        Ok(Pipeline {
-            cfg,
-            stages,
-            optim,
-            step: 0,
-        })
+        let stages: Vec<Stage<B>> =
+            specs.into_iter().map(|s| Stage::new(be.clone(), &cfg.model, s, cfg.seed)).collect();
+        let optim = stages.iter().map(|s| AdamW::new(&*be, s.layout().total())).collect();
+        Ok(Pipeline { cfg, stages, optim, step: 0 })
     }
 
     pub fn step_count(&self) -> u64 {
@@ -145,38 +127,23 @@ impl<B: Backend> Pipeline<B> {
         let mut wire = 0usize;
         let mut hidden: Vec<f32> = Vec::new();
         for s in 0..last {
-            let input = if s == 0 {
-                StageInput::Tokens(tokens)
-            } else {
-                StageInput::Hidden(&hidden)
-            };
-            let mut out = self.stages[s]
-                .forward(key, input, batch, seq)
-                .with_context(|| format!("stage {s} forward"))?;
+            let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+            let mut out =
+                self.stages[s].forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
             let width = self.stages[s].boundary_width();
-            wire += codec::round_trip(codec, n, width, &mut out)
-                .with_context(|| format!("stage {s} output"))?;
+            wire += codec::round_trip(codec, n, width, &mut out).with_context(|| format!("stage {s} output"))?;
             hidden = out;
         }
-        let input = if last == 0 {
-            StageInput::Tokens(tokens)
-        } else {
-            StageInput::Hidden(&hidden)
-        };
+        let input = if last == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
         let tail = self.stages[last]
             .forward_backward(input, targets, batch, seq, loss_scale)
             .context("tail stage forward/backward")?;
         let mut grad = tail.din;
         for s in (0..last).rev() {
-            let mut g = grad
-                .take()
-                .expect("non-head stages return an input gradient");
+            let mut g = grad.take().expect("non-head stages return an input gradient");
             let width = self.stages[s].boundary_width();
-            wire += codec::round_trip(codec, n, width, &mut g)
-                .with_context(|| format!("gradient into stage {s}"))?;
-            grad = self.stages[s]
-                .backward(key, &g)
-                .with_context(|| format!("stage {s} backward"))?;
+            wire += codec::round_trip(codec, n, width, &mut g).with_context(|| format!("gradient into stage {s}"))?;
+            grad = self.stages[s].backward(key, &g).with_context(|| format!("stage {s} backward"))?;
         }
         Ok((tail.losses, wire))
     }
@@ -194,11 +161,7 @@ impl<B: Backend> Pipeline<B> {
             let g = self.step * k as u64 + j as u64;
             let shards = corpus.num_shards() as u64;
             let mb = MicroBatchId {
-                first: SampleId {
-                    epoch: 0,
-                    shard: (g % shards) as u32,
-                    index: (g / shards) * self.cfg.batch as u64,
-                },
+                first: SampleId { epoch: 0, shard: (g % shards) as u32, index: (g / shards) * self.cfg.batch as u64 },
                 len: self.cfg.batch as u32,
             };
             let (x, y) = corpus.micro_batch(self.cfg.seed, mb, self.cfg.seq);
@@ -243,21 +206,13 @@ impl<B: Backend> Pipeline<B> {
             let key = u64::MAX - i;
             let mut hidden = Vec::new();
             for s in 0..last {
-                let input = if s == 0 {
-                    StageInput::Tokens(&x)
-                } else {
-                    StageInput::Hidden(&hidden)
-                };
+                let input = if s == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
                 let mut out = self.stages[s].forward(key, input, batch, seq)?;
                 self.stages[s].discard(key);
                 codec::round_trip(codec, n, self.stages[s].boundary_width(), &mut out)?;
                 hidden = out;
             }
-            let input = if last == 0 {
-                StageInput::Tokens(&x)
-            } else {
-                StageInput::Hidden(&hidden)
-            };
+            let input = if last == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
             let l = self.stages[last].eval_loss(input, &y, batch, seq)?;
             sum += l.iter().map(|&v| v as f64).sum::<f64>();
             count += l.len();
@@ -267,8 +222,7 @@ impl<B: Backend> Pipeline<B> {
 
     /// Writes a checkpoint into `run_dir` (see `checkpoint`); returns its folder.
     pub fn save(&self, run_dir: &Path, keep: usize) -> Result<PathBuf> {
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("creating {}", run_dir.display()))?;
+        std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
         let tmp = run_dir.join(format!("ckpt-{:08}.tmp", self.step));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
@@ -287,11 +241,7 @@ impl<B: Backend> Pipeline<B> {
         let mut moments = Vec::new();
         for (s, (p, m, v)) in self.stages.iter().zip(&host) {
             for e in &s.layout().entries {
-                weights.push(NamedTensor {
-                    name: e.name.clone(),
-                    shape: e.shape.clone(),
-                    data: &p[e.range()],
-                });
+                weights.push(NamedTensor { name: e.name.clone(), shape: e.shape.clone(), data: &p[e.range()] });
                 moments.push(NamedTensor {
                     name: format!("exp_avg.{}", e.name),
                     shape: e.shape.clone(),
@@ -311,16 +261,9 @@ impl<B: Backend> Pipeline<B> {
             ("iota.step".to_string(), self.step.to_string()),
         ]);
         checkpoint::write_safetensors(&tmp.join("model.safetensors"), &weights, meta)?;
-        checkpoint::write_safetensors(
-            &tmp.join("optimizer.safetensors"),
-            &moments,
-            BTreeMap::new(),
-        )?;
-        let state = TrainState {
-            config: self.cfg.clone(),
-            step: self.step,
-            adam_t: self.optim.iter().map(|o| o.t).collect(),
-        };
+        checkpoint::write_safetensors(&tmp.join("optimizer.safetensors"), &moments, BTreeMap::new())?;
+        let state =
+            TrainState { config: self.cfg.clone(), step: self.step, adam_t: self.optim.iter().map(|o| o.t).collect() };
         std::fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(&state)?)?;
         checkpoint::publish(run_dir, &tmp, self.step, keep)
     }
@@ -328,17 +271,12 @@ impl<B: Backend> Pipeline<B> {
     /// Restores a pipeline from a checkpoint folder or run directory.
     pub fn load(be: Arc<B>, path: &Path) -> Result<Self> {
         let dir = checkpoint::resolve(path)?;
-        let state: TrainState = serde_json::from_slice(
-            &std::fs::read(dir.join("state.json")).context("reading state.json")?,
-        )
-        .context("state.json is not a valid trainer state")?;
+        let state: TrainState =
+            serde_json::from_slice(&std::fs::read(dir.join("state.json")).context("reading state.json")?)
+                .context("state.json is not a valid trainer state")?;
         let mut p = Pipeline::new(be, state.config.clone())?;
         if state.adam_t.len() != p.stages.len() {
-            bail!(
-                "state.json lists {} optimizer counters for {} stages",
-                state.adam_t.len(),
-                p.stages.len()
-            );
+            bail!("state.json lists {} optimizer counters for {} stages", state.adam_t.len(), p.stages.len());
         }
         let weights = checkpoint::read_safetensors(&dir.join("model.safetensors"))?;
         let moments = checkpoint::read_safetensors(&dir.join("optimizer.safetensors"))?;
@@ -349,11 +287,7 @@ impl<B: Backend> Pipeline<B> {
             for e in &layout.entries {
                 weights.copy_into(&e.name, &e.shape, &mut w[e.range()])?;
                 moments.copy_into(&format!("exp_avg.{}", e.name), &e.shape, &mut m[e.range()])?;
-                moments.copy_into(
-                    &format!("exp_avg_sq.{}", e.name),
-                    &e.shape,
-                    &mut v[e.range()],
-                )?;
+                moments.copy_into(&format!("exp_avg_sq.{}", e.name), &e.shape, &mut v[e.range()])?;
             }
             stage.set_params(&w)?;
             let be = stage.backend().clone();

@@ -6,10 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn iota(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args(args)
-        .output()
-        .expect("run iota")
+    Command::new(env!("CARGO_BIN_EXE_iota")).args(args).output().expect("run iota")
 }
 
 fn stderr(o: &Output) -> String {
@@ -17,11 +14,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn csv_rows(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("loss.csv"))
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect()
+    std::fs::read_to_string(dir.join("loss.csv")).unwrap().lines().map(String::from).collect()
 }
 
 #[test]
@@ -31,54 +24,24 @@ fn train_then_resume() {
     let out_s = out.to_str().unwrap();
     let data = dir.path().join("corpus.txt");
     std::fs::write(&data, iota_model::data::synthetic::grammar_text(3, 60_000)).unwrap();
-    let common = [
-        "train",
-        "--config",
-        "tiny",
-        "--data",
-        data.to_str().unwrap(),
-        "--batch",
-        "4",
-        "--seq",
-        "32",
-        "--stages",
-        "2",
-    ];
-    let o = iota(
-        &[
-            &common[..],
-            &["--steps", "4", "--out", out_s, "--eval-every", "2"],
-        ]
-        .concat(),
-    );
+    let common =
+        ["train", "--config", "tiny", "--data", data.to_str().unwrap(), "--batch", "4", "--seq", "32", "--stages", "2"];
+    let o = iota(&[&common[..], &["--steps", "4", "--out", out_s, "--eval-every", "2"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = csv_rows(&out);
-    assert_eq!(
-        rows[0],
-        "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,wire_bytes_per_token"
-    );
+    assert_eq!(rows[0], "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,wire_bytes_per_token");
     assert_eq!(rows.len(), 5);
     assert!(out.join("LATEST").exists());
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("checkpoint:"), "{stdout}");
 
-    let o = iota(
-        &[
-            &common[..],
-            &["--steps", "6", "--out", out_s, "--resume", out_s],
-        ]
-        .concat(),
-    );
+    let o = iota(&[&common[..], &["--steps", "6", "--out", out_s, "--resume", out_s]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("resumed at step 4"), "{}", stderr(&o));
     let rows = csv_rows(&out);
     assert_eq!(rows.len(), 7, "resumed run appends steps 4 and 5");
     assert!(rows[6].starts_with("5,"));
-    assert!(
-        iota_model::checkpoint::resolve(&out)
-            .unwrap()
-            .ends_with("ckpt-00000006")
-    );
+    assert!(iota_model::checkpoint::resolve(&out).unwrap().ends_with("ckpt-00000006"));
 }
 
 #[test]
@@ -111,10 +74,6 @@ fn bad_input_is_one_clear_error_line() {
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
         assert!(err.contains(want), "{extra:?}: expected '{want}' in: {err}");
         assert!(!err.contains("panicked"), "{extra:?} panicked: {err}");
-        assert_eq!(
-            err.lines().filter(|l| l.starts_with("error:")).count(),
-            1,
-            "{extra:?}: {err}"
-        );
+        assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{extra:?}: {err}");
     }
 }

@@ -38,17 +38,10 @@ fn compare(
     samples: usize,
     rng: &mut Rng,
 ) {
-    assert_eq!(
-        analytic.len(),
-        inputs[which].len(),
-        "{what}: gradient length"
-    );
+    assert_eq!(analytic.len(), inputs[which].len(), "{what}: gradient length");
     let n = analytic.len();
-    let idx: Vec<usize> = if n <= samples {
-        (0..n).collect()
-    } else {
-        (0..samples).map(|_| rng.below(n as u64) as usize).collect()
-    };
+    let idx: Vec<usize> =
+        if n <= samples { (0..n).collect() } else { (0..samples).map(|_| rng.below(n as u64) as usize).collect() };
     let (mut diff, mut na, mut nn) = (0.0f64, 0.0f64, 0.0f64);
     for &i in &idx {
         let mut x = inputs.to_vec();
@@ -144,10 +137,7 @@ fn rope_backward_and_reference() {
         let pos = (row % seq) as f64;
         for h in 0..heads {
             for (i, freq) in inv.iter().enumerate() {
-                let (a, b) = (
-                    row * stride + h * hd + i,
-                    row * stride + h * hd + i + hd / 2,
-                );
+                let (a, b) = (row * stride + h * hd + i, row * stride + h * hd + i + hd / 2);
                 let (x1, x2) = (inputs[0][a] as f64, inputs[0][b] as f64);
                 let ang = pos * freq;
                 assert!((y[a] as f64 - (x1 * ang.cos() - x2 * ang.sin())).abs() < 1e-5);
@@ -172,11 +162,7 @@ fn naive_attention(qkv: &[f32], d: AttnDims) -> Vec<f32> {
                 let scores: Vec<f64> = (0..=i)
                     .map(|j| {
                         let k = &qkv[(b * t + j) * qs + qd + kvh * hd..][..hd];
-                        q.iter()
-                            .zip(k)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>()
-                            / (hd as f64).sqrt()
+                        q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt()
                     })
                     .collect();
                 let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -184,8 +170,7 @@ fn naive_attention(qkv: &[f32], d: AttnDims) -> Vec<f32> {
                 for e in 0..hd {
                     let mut acc = 0.0;
                     for (j, s) in scores.iter().enumerate() {
-                        acc += (s - mx).exp() / z
-                            * qkv[(b * t + j) * qs + qd + d.kv_dim() + kvh * hd + e] as f64;
+                        acc += (s - mx).exp() / z * qkv[(b * t + j) * qs + qd + d.kv_dim() + kvh * hd + e] as f64;
                     }
                     out[(b * t + i) * qd + h * hd + e] = acc as f32;
                 }
@@ -200,13 +185,7 @@ fn attention_matches_naive_and_backward() {
     let be = CpuBackend::new();
     let mut rng = Rng::new(4);
     for (nh, nkv) in [(4, 2), (3, 3), (4, 1)] {
-        let d = AttnDims {
-            batch: 2,
-            seq: 7,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: 6,
-        };
+        let d = AttnDims { batch: 2, seq: 7, n_heads: nh, n_kv_heads: nkv, head_dim: 6 };
         let inputs = vec![randn(&mut rng, d.rows() * d.qkv_dim(), 1.0)];
         let run = |x: &[f32]| {
             let (mut out, mut probs) = (vec![0.0; d.rows() * d.q_dim()], vec![0.0; d.probs_len()]);
@@ -222,16 +201,7 @@ fn attention_matches_naive_and_backward() {
         let f = |x: &[Vec<f32>]| probe(&run(&x[0]).0, &r);
         let mut dqkv = vec![0.0; inputs[0].len()];
         be.attention_bwd(&mut dqkv, &r, &inputs[0], &probs, d);
-        compare(
-            &format!("attention {nh}/{nkv}"),
-            &inputs,
-            0,
-            &dqkv,
-            &f,
-            3e-3,
-            120,
-            &mut rng,
-        );
+        compare(&format!("attention {nh}/{nkv}"), &inputs, 0, &dqkv, &f, 3e-3, 120, &mut rng);
     }
 }
 
@@ -257,10 +227,7 @@ fn embedding_backward_is_scatter_add() {
     let be = CpuBackend::new();
     let mut rng = Rng::new(6);
     let (v, d) = (40, 8);
-    let tokens: Vec<u32> = (0..50)
-        .map(|_| rng.below(v as u64) as u32)
-        .chain([3, 3, 3])
-        .collect();
+    let tokens: Vec<u32> = (0..50).map(|_| rng.below(v as u64) as u32).chain([3, 3, 3]).collect();
     let inputs = vec![randn(&mut rng, v * d, 1.0)];
     let r = randn(&mut rng, tokens.len() * d, 1.0);
     let f = |x: &[Vec<f32>]| {
@@ -282,19 +249,13 @@ fn cross_entropy_gradient_and_padding() {
     let inputs = vec![randn(&mut rng, n * v, 3.0)];
     let f = |x: &[Vec<f32>]| {
         let mut l = x[0].clone();
-        be.cross_entropy(&mut l, &targets, n, v, real, 1.0)
-            .iter()
-            .map(|&x| x as f64)
-            .sum()
+        be.cross_entropy(&mut l, &targets, n, v, real, 1.0).iter().map(|&x| x as f64).sum()
     };
     let mut g = inputs[0].clone();
     let losses = be.cross_entropy(&mut g, &targets, n, v, real, 1.0);
     compare("cross_entropy", &inputs, 0, &g, &f, 1e-2, 60, &mut rng);
     for row in 0..n {
-        assert!(
-            g[row * v + real..(row + 1) * v].iter().all(|&x| x == 0.0),
-            "padding columns get no gradient"
-        );
+        assert!(g[row * v + real..(row + 1) * v].iter().all(|&x| x == 0.0), "padding columns get no gradient");
         // Reference loss: logsumexp over the real vocabulary minus the target logit.
         let x = &inputs[0][row * v..row * v + real];
         let lse = x.iter().map(|&a| (a as f64).exp()).sum::<f64>().ln();
@@ -327,12 +288,8 @@ fn whole_stages_match_finite_differences() {
     let specs = StageSpec::split(&cfg, 3).unwrap();
     let (batch, seq) = (2, 5);
     let n = batch * seq;
-    let tokens: Vec<u32> = (0..n)
-        .map(|_| rng.below(cfg.vocab_real as u64) as u32)
-        .collect();
-    let targets: Vec<u32> = (0..n)
-        .map(|_| rng.below(cfg.vocab_real as u64) as u32)
-        .collect();
+    let tokens: Vec<u32> = (0..n).map(|_| rng.below(cfg.vocab_real as u64) as u32).collect();
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(cfg.vocab_real as u64) as u32).collect();
     let w = cfg.bottleneck;
 
     for spec in &specs {
@@ -344,11 +301,7 @@ fn whole_stages_match_finite_differences() {
         // Probe loss as a function of (params, input activations).
         let f = |x: &[Vec<f32>]| -> f64 {
             let mut s = Stage::with_params(be.clone(), &cfg, spec.clone(), &x[0]).unwrap();
-            let input = if spec.has_embedding() {
-                StageInput::Tokens(&tokens)
-            } else {
-                StageInput::Hidden(&x[1])
-            };
+            let input = if spec.has_embedding() { StageInput::Tokens(&tokens) } else { StageInput::Hidden(&x[1]) };
             if is_tail {
                 let l = s.eval_loss(input, &targets, batch, seq).unwrap();
                 l.iter().map(|&v| v as f64).sum::<f64>() / n as f64
@@ -356,16 +309,9 @@ fn whole_stages_match_finite_differences() {
                 probe(&s.forward(0, input, batch, seq).unwrap(), &r)
             }
         };
-        let input = if spec.has_embedding() {
-            StageInput::Tokens(&tokens)
-        } else {
-            StageInput::Hidden(&hidden)
-        };
+        let input = if spec.has_embedding() { StageInput::Tokens(&tokens) } else { StageInput::Hidden(&hidden) };
         let din = if is_tail {
-            stage
-                .forward_backward(input, &targets, batch, seq, 1.0)
-                .unwrap()
-                .din
+            stage.forward_backward(input, &targets, batch, seq, 1.0).unwrap().din
         } else {
             stage.forward(7, input, batch, seq).unwrap();
             stage.backward(7, &r).unwrap()
@@ -378,9 +324,7 @@ fn whole_stages_match_finite_differences() {
             let off = e.offset;
             let len = e.len();
             let mut sampled_rng = Rng::new(off as u64);
-            let idx: Vec<usize> = (0..len.min(12))
-                .map(|_| off + sampled_rng.below(len as u64) as usize)
-                .collect();
+            let idx: Vec<usize> = (0..len.min(12)).map(|_| off + sampled_rng.below(len as u64) as usize).collect();
             let mut diff = 0.0f64;
             let (mut na, mut nn) = (0.0f64, 0.0f64);
             for &i in &idx {
@@ -407,16 +351,7 @@ fn whole_stages_match_finite_differences() {
             );
         }
         match din {
-            Some(din) => compare(
-                &format!("stage {} input", spec.index),
-                &inputs,
-                1,
-                &din,
-                &f,
-                3e-3,
-                40,
-                &mut rng,
-            ),
+            Some(din) => compare(&format!("stage {} input", spec.index), &inputs, 1, &din, &f, 3e-3, 40, &mut rng),
             None => assert!(spec.has_embedding()),
         }
     }

@@ -23,12 +23,7 @@ fn config(stages: usize, bottleneck: usize, codec: WireCodec, steps: u64) -> Tra
         seq: 64,
         grad_accum: 1,
         steps,
-        schedule: LrSchedule {
-            peak: 3e-3,
-            warmup: 10,
-            total: steps,
-            min_ratio: 0.1,
-        },
+        schedule: LrSchedule { peak: 3e-3, warmup: 10, total: steps, min_ratio: 0.1 },
         adamw: AdamWConfig::default(),
         codec,
         seed: 1234,
@@ -62,31 +57,17 @@ fn split_pipeline_equals_unsplit_model() {
     for stages in [2, 3, 4] {
         let mut split = Pipeline::new(be.clone(), config(stages, 0, WireCodec::F32, 10)).unwrap();
         let (ls, bytes) = split.accumulate(&x, &y, 1, 1.0).unwrap();
-        assert_eq!(
-            bytes,
-            (stages - 1) * 2 * 4 * 64 * 64 * 4,
-            "f32 d-wide boundaries, both directions"
-        );
+        assert_eq!(bytes, (stages - 1) * 2 * 4 * 64 * 64 * 4, "f32 d-wide boundaries, both directions");
         for (a, b) in lw.iter().zip(&ls) {
-            assert!(
-                (a - b).abs() <= 1e-6 * a.abs(),
-                "{stages} stages: loss {a} vs {b}"
-            );
+            assert!((a - b).abs() <= 1e-6 * a.abs(), "{stages} stages: loss {a} vs {b}");
         }
         let gs = grads_by_name(&split);
         assert_eq!(gs.len(), gw.len(), "same tensors");
         for (name, g) in &gw {
             let h = &gs[name];
             let scale = g.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
-            let worst = g
-                .iter()
-                .zip(h)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            assert!(
-                worst <= 1e-6 * scale,
-                "{stages} stages, {name}: gradient differs by {worst:e} (scale {scale:e})"
-            );
+            let worst = g.iter().zip(h).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(worst <= 1e-6 * scale, "{stages} stages, {name}: gradient differs by {worst:e} (scale {scale:e})");
         }
     }
 }
@@ -106,14 +87,8 @@ fn tiny_model_halves_its_loss() {
     }
     let after = p.eval(&data, 4).unwrap();
     println!("tiny: validation loss {first:.3} -> {after:.3} (last train loss {last:.3})");
-    assert!(
-        (first - (256f32).ln()).abs() < 0.3,
-        "starts near uniform: {first}"
-    );
-    assert!(
-        after < first / 2.0,
-        "loss must at least halve: {first} -> {after}"
-    );
+    assert!((first - (256f32).ln()).abs() < 0.3, "starts near uniform: {first}");
+    assert!(after < first / 2.0, "loss must at least halve: {first} -> {after}");
 }
 
 #[test]
@@ -124,9 +99,7 @@ fn same_seed_same_trajectory() {
         let mut c = config(2, 16, WireCodec::Int8Row, 6);
         c.seed = seed;
         let mut p = Pipeline::new(be.clone(), c).unwrap();
-        (0..6)
-            .map(|_| p.train_step(&data).unwrap().loss.to_bits())
-            .collect::<Vec<_>>()
+        (0..6).map(|_| p.train_step(&data).unwrap().loss.to_bits()).collect::<Vec<_>>()
     };
     let a = run(1);
     assert_eq!(a, run(1), "bitwise identical losses");
@@ -140,14 +113,10 @@ fn resume_continues_the_identical_trajectory() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(3, 16, WireCodec::Int4Row, 8);
     let mut straight = Pipeline::new(be.clone(), cfg.clone()).unwrap();
-    let full: Vec<u32> = (0..8)
-        .map(|_| straight.train_step(&data).unwrap().loss.to_bits())
-        .collect();
+    let full: Vec<u32> = (0..8).map(|_| straight.train_step(&data).unwrap().loss.to_bits()).collect();
 
     let mut first = Pipeline::new(be.clone(), cfg).unwrap();
-    let mut resumed: Vec<u32> = (0..4)
-        .map(|_| first.train_step(&data).unwrap().loss.to_bits())
-        .collect();
+    let mut resumed: Vec<u32> = (0..4).map(|_| first.train_step(&data).unwrap().loss.to_bits()).collect();
     first.save(dir.path(), 2).unwrap();
     drop(first);
     let mut second = Pipeline::load(be, dir.path()).unwrap();
@@ -155,29 +124,16 @@ fn resume_continues_the_identical_trajectory() {
     resumed.extend((0..4).map(|_| second.train_step(&data).unwrap().loss.to_bits()));
     assert_eq!(full, resumed);
     for (a, b) in straight.stages().iter().zip(second.stages()) {
-        assert_eq!(
-            a.params_host(),
-            b.params_host(),
-            "weights identical after resume"
-        );
+        assert_eq!(a.params_host(), b.params_host(), "weights identical after resume");
     }
     // The weights file is plain safetensors under Llama names.
     let ckpt = iota_model::checkpoint::resolve(dir.path()).unwrap();
     let st = iota_model::checkpoint::read_safetensors(&ckpt.join("model.safetensors")).unwrap();
     assert!(st.tensors.contains_key("model.embed_tokens.weight"));
-    assert!(
-        st.tensors
-            .contains_key("model.layers.3.mlp.down_proj.weight")
-    );
-    assert!(
-        st.tensors
-            .contains_key("model.layers.1.bottleneck.down_proj.weight")
-    );
+    assert!(st.tensors.contains_key("model.layers.3.mlp.down_proj.weight"));
+    assert!(st.tensors.contains_key("model.layers.1.bottleneck.down_proj.weight"));
     assert!(st.tensors.contains_key("lm_head.weight"));
-    assert_eq!(
-        st.tensors["model.layers.0.self_attn.k_proj.weight"].0,
-        vec![32, 64]
-    );
+    assert_eq!(st.tensors["model.layers.0.self_attn.k_proj.weight"].0, vec![32, 64]);
 }
 
 #[test]
@@ -185,22 +141,13 @@ fn bad_inputs_are_errors_not_panics() {
     let be = Arc::new(CpuBackend::new());
     let mut c = config(2, 16, WireCodec::Int8Row, 1);
     c.seq = 1000;
-    let err = Pipeline::new(be.clone(), c)
-        .err()
-        .expect("seq beyond max_seq is refused");
+    let err = Pipeline::new(be.clone(), c).err().expect("seq beyond max_seq is refused");
     assert!(err.to_string().contains("max_seq"));
     let mut p = Pipeline::new(be.clone(), config(2, 16, WireCodec::Int8Row, 1)).unwrap();
     let x = vec![300u32; 64];
     let err = p.accumulate(&x, &x, 1, 1.0).unwrap_err();
-    assert!(
-        format!("{err:#}").contains("outside the vocabulary"),
-        "{err:#}"
-    );
+    assert!(format!("{err:#}").contains("outside the vocabulary"), "{err:#}");
     let stage = &mut p.stages_mut()[1];
     assert!(stage.backward(99, &[0.0; 4]).is_err());
-    assert!(
-        stage
-            .forward(1, iota_model::StageInput::Hidden(&[0.0; 3]), 1, 64)
-            .is_err()
-    );
+    assert!(stage.forward(1, iota_model::StageInput::Hidden(&[0.0; 3]), 1, 64).is_err());
 }

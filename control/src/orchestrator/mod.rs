@@ -28,40 +28,12 @@ pub type Ms = u64;
 /// Something that happened, as the orchestrator sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Register {
-        peer: PeerId,
-        addr: String,
-        tokens_per_s: f64,
-    },
-    Heartbeat {
-        peer: PeerId,
-        tokens_per_s: f64,
-    },
-    Loss {
-        peer: PeerId,
-        mb: MbRef,
-        attempt: u32,
-        loss: f32,
-        tokens: u32,
-    },
-    BackwardDone {
-        peer: PeerId,
-        mb: MbRef,
-        attempt: u32,
-    },
-    UploadDone {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        key: String,
-        work: u64,
-    },
-    MergeDone {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        key: String,
-    },
+    Register { peer: PeerId, addr: String, tokens_per_s: f64 },
+    Heartbeat { peer: PeerId, tokens_per_s: f64 },
+    Loss { peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32 },
+    BackwardDone { peer: PeerId, mb: MbRef, attempt: u32 },
+    UploadDone { peer: PeerId, epoch: u64, stage: u32, key: String, work: u64 },
+    MergeDone { peer: PeerId, epoch: u64, stage: u32, key: String },
     Tick,
 }
 
@@ -170,11 +142,7 @@ impl Orchestrator {
     pub fn step(&mut self, now: Ms, ev: Event, rng: &mut Rng) -> Result<Vec<Out>, Refusal> {
         let mut out = Vec::new();
         match ev {
-            Event::Register {
-                peer,
-                addr,
-                tokens_per_s,
-            } => self.register(now, peer, addr, tokens_per_s, &mut out),
+            Event::Register { peer, addr, tokens_per_s } => self.register(now, peer, addr, tokens_per_s, &mut out),
             Event::Heartbeat { peer, tokens_per_s } => {
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
                 m.last_seen_ms = now;
@@ -186,13 +154,7 @@ impl Orchestrator {
                     m.joining = self.phase != Phase::Waiting;
                 }
             }
-            Event::Loss {
-                peer,
-                mb,
-                attempt,
-                loss,
-                tokens,
-            } => {
+            Event::Loss { peer, mb, attempt, loss, tokens } => {
                 self.known(&peer)?;
                 self.on_loss(peer, mb, attempt, loss, tokens);
             }
@@ -200,37 +162,17 @@ impl Orchestrator {
                 self.known(&peer)?;
                 self.on_backward_done(peer, mb, attempt);
             }
-            Event::UploadDone {
-                peer,
-                epoch,
-                stage,
-                key,
-                work,
-            } => {
+            Event::UploadDone { peer, epoch, stage, key, work } => {
                 self.known(&peer)?;
-                if epoch == self.epoch
-                    && matches!(self.phase, Phase::Uploading)
-                    && self.miners[&peer].stage == stage
-                {
-                    self.uploads
-                        .entry(stage)
-                        .or_default()
-                        .insert(peer, Upload { key, work });
+                if epoch == self.epoch && matches!(self.phase, Phase::Uploading) && self.miners[&peer].stage == stage {
+                    self.uploads.entry(stage).or_default().insert(peer, Upload { key, work });
                 } else {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::MergeDone {
-                peer,
-                epoch,
-                stage,
-                key,
-            } => {
+            Event::MergeDone { peer, epoch, stage, key } => {
                 self.known(&peer)?;
-                if epoch == self.epoch
-                    && matches!(self.phase, Phase::Merging)
-                    && self.aggregator(stage) == Some(peer)
-                {
+                if epoch == self.epoch && matches!(self.phase, Phase::Merging) && self.aggregator(stage) == Some(peer) {
                     self.merged.insert(stage, key);
                 } else {
                     self.counters.stale_reports += 1;
@@ -243,17 +185,11 @@ impl Orchestrator {
     }
 
     fn known(&self, p: &PeerId) -> Result<(), Refusal> {
-        if self.miners.contains_key(p) {
-            Ok(())
-        } else {
-            Err(Refusal::Unknown(*p))
-        }
+        if self.miners.contains_key(p) { Ok(()) } else { Err(Refusal::Unknown(*p)) }
     }
 
     fn healthy_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
-        self.miners
-            .values()
-            .filter(move |m| m.stage == stage && m.healthy)
+        self.miners.values().filter(move |m| m.stage == stage && m.healthy)
     }
 
     /// Miners that may carry micro-batches (healthy, holding this epoch's weights).
@@ -261,14 +197,7 @@ impl Orchestrator {
         self.healthy_in(stage).filter(|m| !m.joining)
     }
 
-    fn register(
-        &mut self,
-        now: Ms,
-        peer: PeerId,
-        addr: String,
-        tokens_per_s: f64,
-        out: &mut Vec<Out>,
-    ) {
+    fn register(&mut self, now: Ms, peer: PeerId, addr: String, tokens_per_s: f64, out: &mut Vec<Out>) {
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
@@ -315,11 +244,7 @@ impl Orchestrator {
         let peers: Vec<pb::PeerInfo> = self
             .miners
             .values()
-            .map(|m| pb::PeerInfo {
-                peer_id: m.peer.0.to_vec(),
-                data_addr: m.addr.clone(),
-                stage: m.stage,
-            })
+            .map(|m| pb::PeerInfo { peer_id: m.peer.0.to_vec(), data_addr: m.addr.clone(), stage: m.stage })
             .collect();
         for m in self.miners.values() {
             out.push(Out {
@@ -334,21 +259,14 @@ impl Orchestrator {
         }
         if self.phase != Phase::Waiting {
             // A newcomer mid-run is told the phase so it can wait for the next epoch.
-            out.push(Out {
-                to: peer,
-                cmd: self.phase_cmd(),
-            });
+            out.push(Out { to: peer, cmd: self.phase_cmd() });
         }
     }
 
     /// Where a stage's current weights are: empty before the first merge
     /// (initialise from the run seed).
     fn weights_key(&self, stage: u32) -> String {
-        if self.epoch == 0 {
-            String::new()
-        } else {
-            merged_key(self.epoch - 1, stage)
-        }
+        if self.epoch == 0 { String::new() } else { merged_key(self.epoch - 1, stage) }
     }
 
     fn in_flight_through(&self, peer: PeerId) -> Vec<u64> {
@@ -363,19 +281,10 @@ impl Orchestrator {
         (0..self.spec.stages)
             .map(|s| {
                 let cands: Vec<&MinerState> = self.active_in(s).collect();
-                let preferred: Vec<&MinerState> = cands
-                    .iter()
-                    .copied()
-                    .filter(|m| !avoid.contains(&m.peer))
-                    .collect();
-                let pool = if preferred.is_empty() {
-                    cands
-                } else {
-                    preferred
-                };
+                let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
+                let pool = if preferred.is_empty() { cands } else { preferred };
                 let least = pool.iter().map(|m| m.in_flight).min()?;
-                let best: Vec<&&MinerState> =
-                    pool.iter().filter(|m| m.in_flight == least).collect();
+                let best: Vec<&&MinerState> = pool.iter().filter(|m| m.in_flight == least).collect();
                 Some(best[rng.below(best.len() as u64) as usize].peer)
             })
             .collect()
@@ -396,12 +305,9 @@ impl Orchestrator {
         };
         let seq = r.seq;
         match &mut r.status {
-            MbStatus::InFlight {
-                attempt: a,
-                pathway,
-                loss: l,
-                ..
-            } if *a == attempt && pathway.last() == Some(&peer) => {
+            MbStatus::InFlight { attempt: a, pathway, loss: l, .. }
+                if *a == attempt && pathway.last() == Some(&peer) =>
+            {
                 if l.is_none() && loss.is_finite() {
                     *l = Some(loss);
                     self.counters.tokens += tokens as u64;
@@ -421,13 +327,7 @@ impl Orchestrator {
             return;
         };
         let seq = r.seq;
-        let MbStatus::InFlight {
-            attempt: a,
-            pathway,
-            backward_done,
-            ..
-        } = &mut r.status
-        else {
+        let MbStatus::InFlight { attempt: a, pathway, backward_done, .. } = &mut r.status else {
             self.counters.stale_reports += 1;
             return;
         };
@@ -443,13 +343,7 @@ impl Orchestrator {
     /// finished its backward (the two reports may arrive in either order).
     fn try_complete(&mut self, seq: u64) {
         let r = self.mbs.get_mut(&seq).expect("known micro-batch");
-        let MbStatus::InFlight {
-            pathway,
-            loss: Some(loss),
-            backward_done: true,
-            ..
-        } = &r.status
-        else {
+        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, .. } = &r.status else {
             return;
         };
         let (loss, pathway) = (*loss, pathway.clone());
@@ -472,10 +366,7 @@ impl Orchestrator {
         let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
         for seq in seqs {
             let r = self.mbs[&seq].clone();
-            let MbStatus::InFlight {
-                attempt, pathway, ..
-            } = &r.status
-            else {
+            let MbStatus::InFlight { attempt, pathway, .. } = &r.status else {
                 continue;
             };
             let (attempt, old) = (*attempt, pathway.clone());
@@ -494,18 +385,12 @@ impl Orchestrator {
             let mut avoid_list: Vec<PeerId> = old.clone();
             avoid_list.extend(avoid);
             let next = attempt + 1;
-            match (next < self.spec.max_attempts)
-                .then(|| self.pathway(&mut rng, &avoid_list))
-                .flatten()
-            {
+            match (next < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list)).flatten() {
                 Some(p) => {
                     self.counters.rerouted += 1;
                     self.set_in_flight(&p, 1);
                     for m in &p {
-                        out.push(Out {
-                            to: *m,
-                            cmd: route_cmd(self.epoch, &r, next, &p),
-                        });
+                        out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, next, &p) });
                     }
                     let deadline = now + self.spec.route_timeout_ms;
                     self.mbs.get_mut(&seq).unwrap().status = MbStatus::InFlight {
@@ -542,21 +427,14 @@ impl Orchestrator {
 
     /// Prefix of the merged weights the current epoch starts from.
     fn weights_prefix(&self) -> String {
-        if self.epoch == 0 {
-            String::new()
-        } else {
-            format!("epoch-{:06}/", self.epoch - 1)
-        }
+        if self.epoch == 0 { String::new() } else { format!("epoch-{:06}/", self.epoch - 1) }
     }
 
     fn broadcast_phase(&self, out: &mut Vec<Out>) {
         for m in self.miners.values().filter(|m| m.healthy) {
             let mut cmd = self.phase_cmd();
             if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
-                p.aggregator = self
-                    .aggregator(m.stage)
-                    .map(|a| a.0.to_vec())
-                    .unwrap_or_default();
+                p.aggregator = self.aggregator(m.stage).map(|a| a.0.to_vec()).unwrap_or_default();
             }
             out.push(Out { to: m.peer, cmd });
         }
@@ -571,11 +449,7 @@ impl Orchestrator {
     /// The miner that averages a stage: the lowest-index one that uploaded.
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
         let ups = self.uploads.get(&stage)?;
-        self.miners
-            .values()
-            .filter(|m| ups.contains_key(&m.peer) && m.healthy)
-            .min_by_key(|m| m.index)
-            .map(|m| m.peer)
+        self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.healthy).min_by_key(|m| m.index).map(|m| m.peer)
     }
 
     /// Moves the run along: health checks, issuing, timeouts, phase changes.
@@ -584,9 +458,7 @@ impl Orchestrator {
         let silent: Vec<PeerId> = self
             .miners
             .values()
-            .filter(|m| {
-                m.healthy && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms
-            })
+            .filter(|m| m.healthy && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms)
             .map(|m| m.peer)
             .collect();
         for p in silent {
@@ -596,9 +468,7 @@ impl Orchestrator {
         }
         match self.phase {
             Phase::Waiting => {
-                if (0..self.spec.stages)
-                    .all(|s| self.healthy_in(s).count() >= self.spec.replicas as usize)
-                {
+                if (0..self.spec.stages).all(|s| self.healthy_in(s).count() >= self.spec.replicas as usize) {
                     for m in self.miners.values_mut() {
                         m.joining = false;
                     }
@@ -609,14 +479,12 @@ impl Orchestrator {
             Phase::Uploading => {
                 let waiting_on = |s: u32| {
                     let ups = self.uploads.get(&s);
-                    self.active_in(s)
-                        .filter(|m| !ups.is_some_and(|u| u.contains_key(&m.peer)))
-                        .count()
+                    self.active_in(s).filter(|m| !ups.is_some_and(|u| u.contains_key(&m.peer))).count()
                 };
                 let all_in = (0..self.spec.stages).all(|s| waiting_on(s) == 0);
                 let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
-                let every_stage_has_one = (0..self.spec.stages)
-                    .all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
+                let every_stage_has_one =
+                    (0..self.spec.stages).all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
                 if (all_in || timed_out) && every_stage_has_one {
                     self.set_phase(now, Phase::Merging, out);
                 }
@@ -667,11 +535,7 @@ impl Orchestrator {
         if !expired.is_empty() {
             self.reroute_all(now, expired, None, out);
         }
-        let in_flight = self
-            .mbs
-            .values()
-            .filter(|r| matches!(r.status, MbStatus::InFlight { .. }))
-            .count() as u32;
+        let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
         let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
         while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
             let Some(p) = self.pathway(rng, &[]) else {
@@ -679,17 +543,9 @@ impl Orchestrator {
             };
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
-            let r = MbRecord {
-                seq,
-                mb,
-                samples: self.spec.batch,
-                status: MbStatus::Dropped,
-            };
+            let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
             for m in &p {
-                out.push(Out {
-                    to: *m,
-                    cmd: route_cmd(self.epoch, &r, 0, &p),
-                });
+                out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, 0, &p) });
             }
             self.set_in_flight(&p, 1);
             let status = MbStatus::InFlight {
@@ -703,10 +559,7 @@ impl Orchestrator {
             self.issued += 1;
             room -= 1;
         }
-        let finished = self
-            .mbs
-            .values()
-            .all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
+        let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
         if finished && self.issued == self.spec.micro_batches_per_epoch {
             self.set_phase(now, Phase::Uploading, out);
         }
@@ -714,15 +567,15 @@ impl Orchestrator {
 
     fn finish_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
         let (sum, n) = self.epoch_loss;
-        let count =
-            |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
+        let count = |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
         self.history.push(EpochSummary {
             epoch: self.epoch,
-            mean_loss: if n > 0 {
-                (sum / n as f64) as f32
-            } else {
-                f32::NAN
-            },
+            mean_loss: if n > 0 { (sum / n as f64) as f32 } else { f32::NAN },
+            losses: self
+                .mbs
+                .values()
+                .map(|r| if let MbStatus::Done { loss } = r.status { loss } else { f32::NAN })
+                .collect(),
             completed: count(|s| matches!(s, MbStatus::Done { .. })),
             dropped: count(|s| matches!(s, MbStatus::Dropped)),
         });
@@ -769,10 +622,7 @@ pub fn upload_prefix(epoch: u64) -> String {
 
 /// Object-store key of a stage's merged weights after `epoch`.
 pub fn merged_key(epoch: u64, stage: u32) -> String {
-    format!(
-        "{}stage-{stage:03}/merged.safetensors",
-        upload_prefix(epoch)
-    )
+    format!("{}stage-{stage:03}/merged.safetensors", upload_prefix(epoch))
 }
 
 #[cfg(test)]

@@ -30,20 +30,10 @@ pub struct RunSpec {
 
 impl RunSpec {
     pub fn validate(&self) -> Result<(), String> {
-        if self.stages == 0
-            || self.replicas == 0
-            || self.epochs == 0
-            || self.micro_batches_per_epoch == 0
-        {
-            return Err(
-                "stages, replicas, epochs and micro_batches_per_epoch must be positive".into(),
-            );
+        if self.stages == 0 || self.replicas == 0 || self.epochs == 0 || self.micro_batches_per_epoch == 0 {
+            return Err("stages, replicas, epochs and micro_batches_per_epoch must be positive".into());
         }
-        if self.batch == 0
-            || self.n_shards == 0
-            || self.max_in_flight == 0
-            || self.max_attempts == 0
-        {
+        if self.batch == 0 || self.n_shards == 0 || self.max_in_flight == 0 || self.max_attempts == 0 {
             return Err("batch, n_shards, max_in_flight and max_attempts must be positive".into());
         }
         Ok(())

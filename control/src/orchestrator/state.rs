@@ -36,16 +36,8 @@ pub struct MbRef {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MbStatus {
-    InFlight {
-        attempt: u32,
-        pathway: Vec<PeerId>,
-        deadline_ms: u64,
-        loss: Option<f32>,
-        backward_done: bool,
-    },
-    Done {
-        loss: f32,
-    },
+    InFlight { attempt: u32, pathway: Vec<PeerId>, deadline_ms: u64, loss: Option<f32>, backward_done: bool },
+    Done { loss: f32 },
     Dropped,
 }
 
@@ -84,6 +76,8 @@ pub(crate) struct Upload {
 pub struct EpochSummary {
     pub epoch: u64,
     pub mean_loss: f32,
+    /// Loss of every completed micro-batch, in issue order (NaN if dropped).
+    pub losses: Vec<f32>,
     pub completed: u64,
     pub dropped: u64,
 }

@@ -59,17 +59,9 @@ impl Sim {
     /// Lets time pass: alive miners heartbeat, then a tick.
     fn tick(&mut self, ms: Ms) {
         self.now += ms;
-        let alive: Vec<PeerId> = self
-            .o
-            .miners()
-            .map(|m| m.peer)
-            .filter(|p| !self.dead.contains(p))
-            .collect();
+        let alive: Vec<PeerId> = self.o.miners().map(|m| m.peer).filter(|p| !self.dead.contains(p)).collect();
         for p in alive {
-            self.ev(Event::Heartbeat {
-                peer: p,
-                tokens_per_s: 1.0,
-            });
+            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0 });
         }
         self.ev(Event::Tick);
     }
@@ -83,33 +75,17 @@ impl Sim {
             match cmd {
                 pb::command::Kind::Route(r) => {
                     self.routes_seen += 1;
-                    let path: Vec<PeerId> = r
-                        .pathway
-                        .iter()
-                        .map(|b| PeerId(b.as_slice().try_into().unwrap()))
-                        .collect();
+                    let path: Vec<PeerId> =
+                        r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
                     // Only the head drives a micro-batch, and only if the whole pathway is alive.
                     if path[0] != to || path.iter().any(|p| self.dead.contains(p)) {
                         continue;
                     }
-                    let mb = MbRef {
-                        epoch: r.epoch,
-                        shard: r.shard,
-                        first_sample: r.first_sample,
-                    };
+                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
                     // Head reports first sometimes: the order must not matter.
-                    let tail = Event::Loss {
-                        peer: *path.last().unwrap(),
-                        mb,
-                        attempt: r.attempt,
-                        loss: 2.0,
-                        tokens: 8,
-                    };
-                    let head = Event::BackwardDone {
-                        peer: path[0],
-                        mb,
-                        attempt: r.attempt,
-                    };
+                    let tail =
+                        Event::Loss { peer: *path.last().unwrap(), mb, attempt: r.attempt, loss: 2.0, tokens: 8 };
+                    let head = Event::BackwardDone { peer: path[0], mb, attempt: r.attempt };
                     if r.seq % 2 == 0 {
                         self.ev(tail);
                         self.ev(head);
@@ -122,17 +98,9 @@ impl Sim {
                 pb::command::Kind::Phase(p) => {
                     let m = self.o.miner(&to).unwrap().clone();
                     if p.phase == pb::Phase::Uploading as i32 {
-                        let key =
-                            format!("{}stage-{:03}/{}", p.upload_prefix, m.stage, to.to_hex());
-                        self.ev(Event::UploadDone {
-                            peer: to,
-                            epoch: p.epoch,
-                            stage: m.stage,
-                            key,
-                            work: m.work,
-                        });
-                    } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec()
-                    {
+                        let key = format!("{}stage-{:03}/{}", p.upload_prefix, m.stage, to.to_hex());
+                        self.ev(Event::UploadDone { peer: to, epoch: p.epoch, stage: m.stage, key, work: m.work });
+                    } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {
                         self.ev(Event::MergeDone {
                             peer: to,
                             epoch: p.epoch,
@@ -154,12 +122,7 @@ impl Sim {
             }
             self.tick(500);
         }
-        panic!(
-            "run did not finish: phase {:?}, epoch {}, {:?}",
-            self.o.phase(),
-            self.o.epoch(),
-            self.o.counters()
-        );
+        panic!("run did not finish: phase {:?}, epoch {}, {:?}", self.o.phase(), self.o.epoch(), self.o.counters());
     }
 }
 
@@ -167,72 +130,33 @@ impl Sim {
 fn waits_for_every_stage_then_balances_assignments() {
     let mut s = Sim::new(spec(3, 2, 1, 6, 2));
     for i in 0..5 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("127.0.0.1:{}", 9000 + i as u16),
-            tokens_per_s: 1.0,
-        });
+        s.ev(Event::Register { peer: peer(i), addr: format!("127.0.0.1:{}", 9000 + i as u16), tokens_per_s: 1.0 });
         assert_eq!(*s.o.phase(), Phase::Waiting);
     }
-    s.ev(Event::Register {
-        peer: peer(5),
-        addr: "127.0.0.1:9005".into(),
-        tokens_per_s: 1.0,
-    });
+    s.ev(Event::Register { peer: peer(5), addr: "127.0.0.1:9005".into(), tokens_per_s: 1.0 });
     assert_eq!(*s.o.phase(), Phase::Training);
     for st in 0..3 {
-        assert_eq!(
-            s.o.miners().filter(|m| m.stage == st).count(),
-            2,
-            "stage {st}"
-        );
+        assert_eq!(s.o.miners().filter(|m| m.stage == st).count(), 2, "stage {st}");
     }
     // Every miner got its assignment with the full peer list.
-    let assigns: Vec<&Out> = s
-        .inbox
-        .iter()
-        .filter(|o| matches!(o.cmd, pb::command::Kind::Assign(_)))
-        .collect();
+    let assigns: Vec<&Out> = s.inbox.iter().filter(|o| matches!(o.cmd, pb::command::Kind::Assign(_))).collect();
     let last = assigns.iter().rev().find(|o| o.to == peer(0)).unwrap();
-    let pb::command::Kind::Assign(a) = &last.cmd else {
-        unreachable!()
-    };
+    let pb::command::Kind::Assign(a) = &last.cmd else { unreachable!() };
     assert_eq!(a.peers.len(), 6);
     assert_eq!(a.num_stages, 3);
     // Two micro-batches in flight, each routed to one miner per stage, spread over replicas.
-    let routes: Vec<&pb::Route> = s
-        .inbox
-        .iter()
-        .filter_map(|o| {
-            if let pb::command::Kind::Route(r) = &o.cmd {
-                Some(r)
-            } else {
-                None
-            }
-        })
-        .collect();
-    assert_eq!(
-        routes.len(),
-        2 * 3,
-        "each of 2 routes goes to its 3 pathway members"
-    );
+    let routes: Vec<&pb::Route> =
+        s.inbox.iter().filter_map(|o| if let pb::command::Kind::Route(r) = &o.cmd { Some(r) } else { None }).collect();
+    assert_eq!(routes.len(), 2 * 3, "each of 2 routes goes to its 3 pathway members");
     let heads: BTreeSet<Vec<u8>> = routes.iter().map(|r| r.pathway[0].clone()).collect();
-    assert_eq!(
-        heads.len(),
-        2,
-        "the two micro-batches start on different head replicas"
-    );
+    assert_eq!(heads.len(), 2, "the two micro-batches start on different head replicas");
 }
 
 #[test]
 fn epochs_run_through_upload_and_merge_to_done() {
     let mut s = Sim::new(spec(3, 2, 3, 10, 3));
     for i in 0..6 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-        });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
     }
     s.run_until_done(200);
     let h = s.o.history();
@@ -250,52 +174,23 @@ fn epochs_run_through_upload_and_merge_to_done() {
 fn micro_batch_addresses_follow_the_trainer() {
     let sp = spec(1, 1, 2, 5, 1);
     // g = epoch * 5 + seq; shard g % 3; first sample (g / 3) * batch.
-    assert_eq!(
-        sp.micro_batch(0, 0),
-        MbRef {
-            epoch: 0,
-            shard: 0,
-            first_sample: 0
-        }
-    );
-    assert_eq!(
-        sp.micro_batch(0, 4),
-        MbRef {
-            epoch: 0,
-            shard: 1,
-            first_sample: 4
-        }
-    );
-    assert_eq!(
-        sp.micro_batch(1, 2),
-        MbRef {
-            epoch: 1,
-            shard: 1,
-            first_sample: 8
-        }
-    );
+    assert_eq!(sp.micro_batch(0, 0), MbRef { epoch: 0, shard: 0, first_sample: 0 });
+    assert_eq!(sp.micro_batch(0, 4), MbRef { epoch: 0, shard: 1, first_sample: 4 });
+    assert_eq!(sp.micro_batch(1, 2), MbRef { epoch: 1, shard: 1, first_sample: 8 });
 }
 
 #[test]
 fn dead_miner_work_is_rerouted_to_its_replica() {
     let mut s = Sim::new(spec(3, 2, 1, 12, 4));
     for i in 0..6 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-        });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
     }
     // A body miner dies before doing anything.
     let victim = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
     s.dead.insert(victim);
     s.run_until_done(200);
     let c = s.o.counters().clone();
-    assert_eq!(
-        c.completed + c.dropped,
-        12,
-        "every micro-batch accounted for"
-    );
+    assert_eq!(c.completed + c.dropped, 12, "every micro-batch accounted for");
     assert_eq!(c.dropped, 0, "its replica took the work");
     assert!(c.rerouted > 0);
     assert!(s.cancels_seen > 0, "old pathways were told to cancel");
@@ -307,16 +202,8 @@ fn dead_miner_work_is_rerouted_to_its_replica() {
 #[test]
 fn a_stage_with_no_live_miner_drops_after_max_attempts() {
     let mut s = Sim::new(spec(2, 1, 1, 3, 1));
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-    });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
     let tail = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
     s.dead.insert(tail);
     for _ in 0..40 {
@@ -327,61 +214,24 @@ fn a_stage_with_no_live_miner_drops_after_max_attempts() {
     // With no tail at all no pathway exists: what was issued is dropped, nothing completes.
     assert_eq!(c.completed, 0);
     assert!(c.dropped >= 1);
-    assert_eq!(
-        *s.o.phase(),
-        Phase::Training,
-        "an epoch cannot finish without a live tail"
-    );
+    assert_eq!(*s.o.phase(), Phase::Training, "an epoch cannot finish without a live tail");
 }
 
 #[test]
 fn stale_and_foreign_reports_are_not_applied() {
     let mut s = Sim::new(spec(2, 1, 1, 2, 1));
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-    });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
     let mb = s.o.spec().micro_batch(0, 0);
-    let (head, tail) = (
-        s.o.miners().find(|m| m.stage == 0).unwrap().peer,
-        s.o.miners().find(|m| m.stage == 1).unwrap().peer,
-    );
-    s.ev(Event::Loss {
-        peer: head,
-        mb,
-        attempt: 0,
-        loss: 1.0,
-        tokens: 1,
-    }); // not the tail
-    s.ev(Event::Loss {
-        peer: tail,
-        mb,
-        attempt: 7,
-        loss: 1.0,
-        tokens: 1,
-    }); // wrong attempt
-    s.ev(Event::BackwardDone {
-        peer: tail,
-        mb,
-        attempt: 0,
-    }); // not the head
+    let (head, tail) =
+        (s.o.miners().find(|m| m.stage == 0).unwrap().peer, s.o.miners().find(|m| m.stage == 1).unwrap().peer);
+    s.ev(Event::Loss { peer: head, mb, attempt: 0, loss: 1.0, tokens: 1 }); // not the tail
+    s.ev(Event::Loss { peer: tail, mb, attempt: 7, loss: 1.0, tokens: 1 }); // wrong attempt
+    s.ev(Event::BackwardDone { peer: tail, mb, attempt: 0 }); // not the head
     assert_eq!(s.o.counters().stale_reports, 3);
     assert_eq!(s.o.counters().completed, 0);
     let stranger = peer(9);
-    let r = s.o.step(
-        0,
-        Event::Heartbeat {
-            peer: stranger,
-            tokens_per_s: 1.0,
-        },
-        &mut Rng::new(1),
-    );
+    let r = s.o.step(0, Event::Heartbeat { peer: stranger, tokens_per_s: 1.0 }, &mut Rng::new(1));
     assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
 }
 
@@ -389,11 +239,7 @@ fn stale_and_foreign_reports_are_not_applied() {
 fn snapshot_round_trip_resumes_the_run() {
     let mut s = Sim::new(spec(2, 2, 2, 8, 2));
     for i in 0..4 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-        });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
     }
     // Run part of the first epoch, then "crash": keep only the snapshot.
     s.drain();

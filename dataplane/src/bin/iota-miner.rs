@@ -10,19 +10,13 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use iota_core::{Identity, PeerId};
 use iota_dataplane::probe::{self, ProbeReport};
-use iota_dataplane::{
-    Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file,
-};
+use iota_dataplane::{Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(
-    name = "iota-miner",
-    version,
-    about = "iota-rs miner: the data-plane daemon"
-)]
+#[command(name = "iota-miner", version, about = "iota-rs miner: the data-plane daemon")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -73,10 +67,7 @@ struct ProbeArgs {
 fn main() {
     iota_dataplane::init_logging();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let res = rt.block_on(async {
         match cli.cmd {
             Cmd::TransportProbe(a) => transport_probe(a).await,
@@ -89,21 +80,13 @@ fn main() {
 }
 
 fn parse_peer(s: &str) -> Result<PeerId> {
-    PeerId::from_hex(s.trim())
-        .with_context(|| format!("'{s}' is not a peer id (64 hex characters)"))
+    PeerId::from_hex(s.trim()).with_context(|| format!("'{s}' is not a peer id (64 hex characters)"))
 }
 
 fn endpoint(addr: SocketAddr, id: Identity, pool_mib: usize) -> Result<Endpoint> {
     let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
-    Endpoint::bind(
-        addr,
-        id,
-        PeerDirectory::new(),
-        ctx,
-        HostPool::new(pool_mib << 20),
-        TransportConfig::default(),
-    )
-    .with_context(|| format!("binding {addr}"))
+    Endpoint::bind(addr, id, PeerDirectory::new(), ctx, HostPool::new(pool_mib << 20), TransportConfig::default())
+        .with_context(|| format!("binding {addr}"))
 }
 
 fn print_report(r: &ProbeReport) {
@@ -125,11 +108,7 @@ async fn transport_probe(a: ProbeArgs) -> Result<()> {
     }
     if a.local {
         let rx = endpoint("127.0.0.1:0".parse()?, Identity::generate(), a.pool_mib)?;
-        let tx = Arc::new(endpoint(
-            "127.0.0.1:0".parse()?,
-            Identity::generate(),
-            a.pool_mib,
-        )?);
+        let tx = Arc::new(endpoint("127.0.0.1:0".parse()?, Identity::generate(), a.pool_mib)?);
         rx.directory().insert(tx.peer_id(), None);
         tx.directory().insert(rx.peer_id(), Some(rx.local_addr()?));
         let (frames, to) = (a.frames, rx.peer_id());
@@ -149,27 +128,17 @@ async fn transport_probe(a: ProbeArgs) -> Result<()> {
         for p in &a.allow {
             ep.directory().insert(parse_peer(p)?, None);
         }
-        println!(
-            "listening on {}; waiting for {} frames",
-            ep.local_addr()?,
-            a.frames
-        );
+        println!("listening on {}; waiting for {} frames", ep.local_addr()?, a.frames);
         // Acknowledgements go back on the connection the sender opened.
         probe::serve(&ep, a.frames).await?;
         println!("received {} frames", a.frames);
         return Ok(());
     }
-    let Some(addr) = a.connect else {
-        bail!("give --local, --listen ADDR or --connect ADDR")
-    };
+    let Some(addr) = a.connect else { bail!("give --local, --listen ADDR or --connect ADDR") };
     let peer = parse_peer(a.peer.as_deref().unwrap_or_default())?;
     let ep = Arc::new(endpoint("0.0.0.0:0".parse()?, id, a.pool_mib)?);
     ep.directory().insert(peer, Some(addr));
-    let r = tokio::time::timeout(
-        Duration::from_secs(3600),
-        probe::push(ep, peer, a.frames, a.size),
-    )
-    .await??;
+    let r = tokio::time::timeout(Duration::from_secs(3600), probe::push(ep, peer, a.frames, a.size)).await??;
     print_report(&r);
     Ok(())
 }

@@ -21,11 +21,7 @@ use iota_model::train::{Pipeline, TrainConfig};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(
-    name = "iota",
-    version,
-    about = "iota-rs: pipeline-parallel LLM pre-training, single-process tools"
-)]
+#[command(name = "iota", version, about = "iota-rs: pipeline-parallel LLM pre-training, single-process tools")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -177,10 +173,9 @@ fn presets(stages: usize) -> Result<()> {
 
 fn model_config(spec: &str) -> Result<ModelConfig> {
     if spec.ends_with(".json") {
-        let text = std::fs::read_to_string(spec)
-            .with_context(|| format!("reading model config {spec}"))?;
-        let c: ModelConfig = serde_json::from_str(&text)
-            .with_context(|| format!("{spec} is not a valid model config"))?;
+        let text = std::fs::read_to_string(spec).with_context(|| format!("reading model config {spec}"))?;
+        let c: ModelConfig =
+            serde_json::from_str(&text).with_context(|| format!("{spec} is not a valid model config"))?;
         c.validate()?;
         return Ok(c);
     }
@@ -192,8 +187,9 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
     let tokenizer = match a.tokenizer.as_str() {
         "auto" if model.vocab_real <= 256 => TokenizerKind::Byte,
         "auto" => TokenizerKind::Gpt2,
-        other => TokenizerKind::parse(other)
-            .with_context(|| format!("unknown tokenizer '{other}' (gpt2, byte, auto)"))?,
+        other => {
+            TokenizerKind::parse(other).with_context(|| format!("unknown tokenizer '{other}' (gpt2, byte, auto)"))?
+        }
     };
     // The embedding follows the tokenizer.
     model.vocab_real = tokenizer.vocab_real();
@@ -201,8 +197,8 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
     if let Some(b) = a.bottleneck {
         model.bottleneck = b;
     }
-    let codec = WireCodec::parse(&a.codec)
-        .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
+    let codec =
+        WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
     let warmup = a.warmup.unwrap_or((a.steps / 20).clamp(1, 100));
     let seq = a.seq.unwrap_or(model.max_seq.min(128));
     let cfg = TrainConfig {
@@ -213,17 +209,8 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
         seq,
         grad_accum: a.grad_accum,
         steps: a.steps,
-        schedule: LrSchedule {
-            peak: a.lr,
-            warmup,
-            total: a.steps,
-            min_ratio: a.min_lr_ratio,
-        },
-        adamw: AdamWConfig {
-            weight_decay: a.weight_decay,
-            grad_clip: a.grad_clip,
-            ..AdamWConfig::default()
-        },
+        schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
+        adamw: AdamWConfig { weight_decay: a.weight_decay, grad_clip: a.grad_clip, ..AdamWConfig::default() },
         codec,
         seed: a.seed,
     };
@@ -255,16 +242,13 @@ fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
 
 fn train(a: TrainArgs) -> Result<()> {
     if let Some(t) = a.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()
-            .context("setting the thread count")?;
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
     }
     let be = Arc::new(CpuBackend::new());
     let mut pipe = match &a.resume {
         Some(path) => {
-            let mut p = Pipeline::load(be.clone(), path)
-                .with_context(|| format!("resuming from {}", path.display()))?;
+            let mut p =
+                Pipeline::load(be.clone(), path).with_context(|| format!("resuming from {}", path.display()))?;
             p.cfg.steps = p.cfg.steps.max(a.steps);
             eprintln!("resumed at step {} from {}", p.step_count(), path.display());
             p
@@ -284,11 +268,7 @@ fn train(a: TrainArgs) -> Result<()> {
         m.d_model,
         m.n_layers,
         cfg.stages,
-        if cfg.stages > 1 && m.bottleneck > 0 {
-            m.bottleneck.to_string()
-        } else {
-            "off".into()
-        },
+        if cfg.stages > 1 && m.bottleneck > 0 { m.bottleneck.to_string() } else { "off".into() },
         cfg.codec.name(),
         iota_model::Backend::name(&*be)
     );
@@ -296,18 +276,12 @@ fn train(a: TrainArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
-            .context("installing the Ctrl-C handler")?;
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
     }
     let tty = std::io::stderr().is_terminal();
-    let bar = if tty {
-        ProgressBar::new(cfg.steps)
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = if tty { ProgressBar::new(cfg.steps) } else { ProgressBar::hidden() };
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?
-            .progress_chars("=> "),
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> "),
     );
     bar.set_position(pipe.step_count());
 
@@ -319,10 +293,7 @@ fn train(a: TrainArgs) -> Result<()> {
     while pipe.step_count() < cfg.steps {
         if stop.load(Ordering::SeqCst) {
             bar.abandon_with_message("interrupted");
-            eprintln!(
-                "interrupted at step {}: saving a checkpoint",
-                pipe.step_count()
-            );
+            eprintln!("interrupted at step {}: saving a checkpoint", pipe.step_count());
             break;
         }
         let t0 = Instant::now();
@@ -337,11 +308,7 @@ fn train(a: TrainArgs) -> Result<()> {
             );
         }
         let eval_now = (a.eval_every > 0 && step % a.eval_every == 0) || step == cfg.steps;
-        val = if eval_now {
-            Some(pipe.eval(&corpus, a.eval_batches)?)
-        } else {
-            None
-        };
+        val = if eval_now { Some(pipe.eval(&corpus, a.eval_batches)?) } else { None };
         let gnorm = r.grad_norms.iter().map(|g| g * g).sum::<f32>().sqrt();
         writeln!(
             csv,
@@ -408,10 +375,7 @@ fn open_csv(path: &Path, append: bool) -> Result<std::io::BufWriter<std::fs::Fil
         .with_context(|| format!("opening {}", path.display()))?;
     let mut w = std::io::BufWriter::new(f);
     if !(append && exists) {
-        writeln!(
-            w,
-            "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,wire_bytes_per_token"
-        )?;
+        writeln!(w, "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,wire_bytes_per_token")?;
     }
     Ok(w)
 }

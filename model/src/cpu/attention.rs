@@ -13,10 +13,7 @@ use super::ops::{SendPtr, softmax_in_place};
 use crate::backend::AttnDims;
 
 fn check(dims: &AttnDims, qkv_len: usize, probs_len: usize) {
-    assert!(
-        dims.n_heads.is_multiple_of(dims.n_kv_heads),
-        "heads not a multiple of kv heads"
-    );
+    assert!(dims.n_heads.is_multiple_of(dims.n_kv_heads), "heads not a multiple of kv heads");
     assert_eq!(qkv_len, dims.rows() * dims.qkv_dim(), "qkv buffer size");
     assert_eq!(probs_len, dims.probs_len(), "probs buffer size");
 }
@@ -73,22 +70,8 @@ pub fn attention(out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims
     let (t, nh) = (dims.seq, dims.n_heads);
     let scale = 1.0 / (dims.head_dim as f32).sqrt();
     let batch = dims.batch * nh;
-    log.record(GemmCall {
-        dst: v.square(),
-        lhs: v.head(),
-        rhs: v.head().t(),
-        acc: false,
-        batch,
-        parallel: false,
-    });
-    log.record(GemmCall {
-        dst: v.out_head(),
-        lhs: v.square(),
-        rhs: v.head(),
-        acc: false,
-        batch,
-        parallel: false,
-    });
+    log.record(GemmCall { dst: v.square(), lhs: v.head(), rhs: v.head().t(), acc: false, batch, parallel: false });
+    log.record(GemmCall { dst: v.out_head(), lhs: v.square(), rhs: v.head(), acc: false, batch, parallel: false });
     let out_ptr = SendPtr(out.as_mut_ptr());
     probs.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
         let (b, h) = (bh / nh, bh % nh);
@@ -128,21 +111,10 @@ pub fn attention(out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims
     });
 }
 
-pub fn attention_bwd(
-    dqkv: &mut [f32],
-    dout: &[f32],
-    qkv: &[f32],
-    probs: &[f32],
-    dims: AttnDims,
-    log: &GemmLog,
-) {
+pub fn attention_bwd(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], dims: AttnDims, log: &GemmLog) {
     check(&dims, qkv.len(), probs.len());
     assert_eq!(dqkv.len(), qkv.len(), "dqkv size");
-    assert_eq!(
-        dout.len(),
-        dims.rows() * dims.q_dim(),
-        "attention dout size"
-    );
+    assert_eq!(dout.len(), dims.rows() * dims.q_dim(), "attention dout size");
     let v = Views::new(&dims);
     let (t, nh, nkv) = (dims.seq, dims.n_heads, dims.n_kv_heads);
     let scale = 1.0 / (dims.head_dim as f32).sqrt();
@@ -154,14 +126,7 @@ pub fn attention_bwd(
         (v.head(), sq, v.head()),         // dQ = dS K
         (v.head(), sq.t(), v.head()),     // dK += dS^T Q
     ] {
-        log.record(GemmCall {
-            dst,
-            lhs,
-            rhs,
-            acc: false,
-            batch,
-            parallel: false,
-        });
+        log.record(GemmCall { dst, lhs, rhs, acc: false, batch, parallel: false });
     }
     let dptr = SendPtr(dqkv.as_mut_ptr());
     (0..dims.batch * nkv).into_par_iter().for_each(|bk| {
@@ -186,16 +151,7 @@ pub fn attention_bwd(
                     false,
                     false,
                 );
-                sgemm_raw(
-                    dptr.get().add(v.v(b, h)),
-                    v.head(),
-                    p.as_ptr(),
-                    sq.t(),
-                    d_o,
-                    v.out_head(),
-                    !first,
-                    false,
-                );
+                sgemm_raw(dptr.get().add(v.v(b, h)), v.head(), p.as_ptr(), sq.t(), d_o, v.out_head(), !first, false);
             }
             for (i, (dr, pr)) in ds.chunks_mut(t).zip(p.chunks(t)).enumerate() {
                 let live = i + 1;

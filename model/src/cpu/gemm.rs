@@ -17,39 +17,20 @@ pub struct Mat {
 impl Mat {
     /// A contiguous row-major matrix.
     pub fn rm(rows: usize, cols: usize) -> Mat {
-        Mat {
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
+        Mat { rows, cols, rs: cols, cs: 1 }
     }
     /// A row-major matrix whose rows are `stride` apart (a column block of a
     /// wider buffer).
     pub fn strided(rows: usize, cols: usize, stride: usize) -> Mat {
-        Mat {
-            rows,
-            cols,
-            rs: stride,
-            cs: 1,
-        }
+        Mat { rows, cols, rs: stride, cs: 1 }
     }
     /// The same memory read as its transpose.
     pub fn t(self) -> Mat {
-        Mat {
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-        }
+        Mat { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
     }
     /// One past the last element touched.
     pub fn extent(&self) -> usize {
-        if self.rows == 0 || self.cols == 0 {
-            0
-        } else {
-            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
-        }
+        if self.rows == 0 || self.cols == 0 { 0 } else { (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1 }
     }
 }
 
@@ -99,34 +80,14 @@ fn check(d: Mat, l: Mat, r: Mat) {
 }
 
 /// dst (+)= lhs @ rhs, checked against the slices' lengths.
-pub fn sgemm(
-    dst: &mut [f32],
-    d: Mat,
-    lhs: &[f32],
-    l: Mat,
-    rhs: &[f32],
-    r: Mat,
-    acc: bool,
-    parallel: bool,
-) {
+pub fn sgemm(dst: &mut [f32], d: Mat, lhs: &[f32], l: Mat, rhs: &[f32], r: Mat, acc: bool, parallel: bool) {
     check(d, l, r);
     assert!(d.extent() <= dst.len(), "gemm dst out of bounds");
     assert!(l.extent() <= lhs.len(), "gemm lhs out of bounds");
     assert!(r.extent() <= rhs.len(), "gemm rhs out of bounds");
     // SAFETY: every element the views address lies inside the slices (checked
     // above) and `dst` is exclusively borrowed.
-    unsafe {
-        sgemm_raw(
-            dst.as_mut_ptr(),
-            d,
-            lhs.as_ptr(),
-            l,
-            rhs.as_ptr(),
-            r,
-            acc,
-            parallel,
-        )
-    }
+    unsafe { sgemm_raw(dst.as_mut_ptr(), d, lhs.as_ptr(), l, rhs.as_ptr(), r, acc, parallel) }
 }
 
 /// # Safety
@@ -157,11 +118,7 @@ pub unsafe fn sgemm_raw(
         }
         return;
     }
-    let par = if parallel {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
+    let par = if parallel { Parallelism::Rayon(0) } else { Parallelism::None };
     unsafe {
         gemm::gemm(
             d.rows,
@@ -234,15 +191,6 @@ mod tests {
     #[should_panic(expected = "out of bounds")]
     fn out_of_bounds_view_is_refused() {
         let mut out = vec![0.0; 4];
-        sgemm(
-            &mut out,
-            Mat::rm(2, 3),
-            &[0.0; 6],
-            Mat::rm(2, 3),
-            &[0.0; 9],
-            Mat::rm(3, 3),
-            false,
-            false,
-        );
+        sgemm(&mut out, Mat::rm(2, 3), &[0.0; 6], Mat::rm(2, 3), &[0.0; 9], Mat::rm(3, 3), false, false);
     }
 }

@@ -33,14 +33,7 @@ impl CpuBackend {
     }
 
     fn gemm(&self, dst: &mut [f32], d: Mat, lhs: &[f32], l: Mat, rhs: &[f32], r: Mat, acc: bool) {
-        self.log.record(GemmCall {
-            dst: d,
-            lhs: l,
-            rhs: r,
-            acc,
-            batch: 1,
-            parallel: true,
-        });
+        self.log.record(GemmCall { dst: d, lhs: l, rhs: r, acc, batch: 1, parallel: true });
         sgemm(dst, d, lhs, l, rhs, r, acc, true);
     }
 }
@@ -95,64 +88,14 @@ impl Backend for CpuBackend {
         ops::gather_cols(dst, src, n, d, b, acc)
     }
 
-    fn matmul(
-        &self,
-        out: &mut [f32],
-        inp: &[f32],
-        w: &[f32],
-        n: usize,
-        c: usize,
-        oc: usize,
-        acc: bool,
-    ) {
-        self.gemm(
-            out,
-            Mat::rm(n, oc),
-            inp,
-            Mat::rm(n, c),
-            w,
-            Mat::rm(oc, c).t(),
-            acc,
-        );
+    fn matmul(&self, out: &mut [f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize, acc: bool) {
+        self.gemm(out, Mat::rm(n, oc), inp, Mat::rm(n, c), w, Mat::rm(oc, c).t(), acc);
     }
-    fn matmul_bwd_input(
-        &self,
-        dinp: &mut [f32],
-        dout: &[f32],
-        w: &[f32],
-        n: usize,
-        c: usize,
-        oc: usize,
-        acc: bool,
-    ) {
-        self.gemm(
-            dinp,
-            Mat::rm(n, c),
-            dout,
-            Mat::rm(n, oc),
-            w,
-            Mat::rm(oc, c),
-            acc,
-        );
+    fn matmul_bwd_input(&self, dinp: &mut [f32], dout: &[f32], w: &[f32], n: usize, c: usize, oc: usize, acc: bool) {
+        self.gemm(dinp, Mat::rm(n, c), dout, Mat::rm(n, oc), w, Mat::rm(oc, c), acc);
     }
-    fn matmul_bwd_weight(
-        &self,
-        dw: &mut [f32],
-        dout: &[f32],
-        inp: &[f32],
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        self.gemm(
-            dw,
-            Mat::rm(oc, c),
-            dout,
-            Mat::rm(n, oc).t(),
-            inp,
-            Mat::rm(n, c),
-            true,
-        );
+    fn matmul_bwd_weight(&self, dw: &mut [f32], dout: &[f32], inp: &[f32], n: usize, c: usize, oc: usize) {
+        self.gemm(dw, Mat::rm(oc, c), dout, Mat::rm(n, oc).t(), inp, Mat::rm(n, c), true);
     }
 
     fn embedding(&self, out: &mut [f32], tokens: &[u32], wte: &[f32], d: usize) {
@@ -162,16 +105,7 @@ impl Backend for CpuBackend {
         ops::embedding_bwd(dwte, dout, tokens, d)
     }
 
-    fn rmsnorm(
-        &self,
-        out: &mut [f32],
-        rstd: &mut [f32],
-        x: &[f32],
-        w: &[f32],
-        n: usize,
-        d: usize,
-        eps: f32,
-    ) {
+    fn rmsnorm(&self, out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], n: usize, d: usize, eps: f32) {
         ops::rmsnorm(out, rstd, x, w, n, d, eps)
     }
     fn rmsnorm_bwd(
@@ -204,14 +138,7 @@ impl Backend for CpuBackend {
     fn attention(&self, out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims) {
         attention::attention(out, probs, qkv, dims, &self.log)
     }
-    fn attention_bwd(
-        &self,
-        dqkv: &mut [f32],
-        dout: &[f32],
-        qkv: &[f32],
-        probs: &[f32],
-        dims: AttnDims,
-    ) {
+    fn attention_bwd(&self, dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], dims: AttnDims) {
         attention::attention_bwd(dqkv, dout, qkv, probs, dims, &self.log)
     }
 

@@ -101,10 +101,7 @@ pub(crate) fn softmax_in_place(row: &mut [f32], temp: f32, mul: f32) -> (f32, f3
             lanes[i] = lanes[i].max(c[i]);
         }
     }
-    let mx = rest.iter().fold(
-        lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
-        |a, &b| a.max(b),
-    );
+    let mx = rest.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| a.max(b));
     for v in row.iter_mut() {
         *v = fast_exp((*v - mx) * temp);
     }
@@ -122,80 +119,61 @@ pub fn fill(x: &mut [f32], v: f32) {
 
 pub fn copy(dst: &mut [f32], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "copy length mismatch");
-    dst.par_chunks_mut(ELEM_CHUNK)
-        .zip(src.par_chunks(ELEM_CHUNK))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+    dst.par_chunks_mut(ELEM_CHUNK).zip(src.par_chunks(ELEM_CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 pub fn add_assign(dst: &mut [f32], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "add length mismatch");
-    dst.par_chunks_mut(ELEM_CHUNK)
-        .zip(src.par_chunks(ELEM_CHUNK))
-        .for_each(|(d, s)| {
-            for (a, b) in d.iter_mut().zip(s) {
-                *a += *b;
-            }
-        });
+    dst.par_chunks_mut(ELEM_CHUNK).zip(src.par_chunks(ELEM_CHUNK)).for_each(|(d, s)| {
+        for (a, b) in d.iter_mut().zip(s) {
+            *a += *b;
+        }
+    });
 }
 
 pub fn scale(x: &mut [f32], s: f32) {
-    x.par_chunks_mut(ELEM_CHUNK)
-        .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+    x.par_chunks_mut(ELEM_CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v *= s));
 }
 
 pub fn sum_squares(x: &[f32]) -> f64 {
-    let partial: Vec<f64> = x
-        .par_chunks(ELEM_CHUNK)
-        .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
-        .collect();
+    let partial: Vec<f64> =
+        x.par_chunks(ELEM_CHUNK).map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>()).collect();
     partial.iter().sum()
 }
 
 pub fn scatter_cols(dst: &mut [f32], src: &[f32], n: usize, d: usize, b: usize, acc: bool) {
-    assert!(
-        b <= d && dst.len() == n * d && src.len() == n * b,
-        "scatter_cols shapes"
-    );
-    dst.par_chunks_mut(d)
-        .zip(src.par_chunks(b.max(1)))
-        .for_each(|(dr, sr)| {
-            if acc {
-                dr[..b].iter_mut().zip(sr).for_each(|(a, s)| *a += *s);
-            } else {
-                dr[..b].copy_from_slice(&sr[..b]);
-            }
-        });
+    assert!(b <= d && dst.len() == n * d && src.len() == n * b, "scatter_cols shapes");
+    dst.par_chunks_mut(d).zip(src.par_chunks(b.max(1))).for_each(|(dr, sr)| {
+        if acc {
+            dr[..b].iter_mut().zip(sr).for_each(|(a, s)| *a += *s);
+        } else {
+            dr[..b].copy_from_slice(&sr[..b]);
+        }
+    });
 }
 
 pub fn gather_cols(dst: &mut [f32], src: &[f32], n: usize, d: usize, b: usize, acc: bool) {
-    assert!(
-        b <= d && dst.len() == n * b && src.len() == n * d,
-        "gather_cols shapes"
-    );
+    assert!(b <= d && dst.len() == n * b && src.len() == n * d, "gather_cols shapes");
     if b == 0 {
         return;
     }
-    dst.par_chunks_mut(b)
-        .zip(src.par_chunks(d))
-        .for_each(|(dr, sr)| {
-            if acc {
-                dr.iter_mut().zip(&sr[..b]).for_each(|(a, s)| *a += *s);
-            } else {
-                dr.copy_from_slice(&sr[..b]);
-            }
-        });
+    dst.par_chunks_mut(b).zip(src.par_chunks(d)).for_each(|(dr, sr)| {
+        if acc {
+            dr.iter_mut().zip(&sr[..b]).for_each(|(a, s)| *a += *s);
+        } else {
+            dr.copy_from_slice(&sr[..b]);
+        }
+    });
 }
 
 pub fn embedding(out: &mut [f32], tokens: &[u32], wte: &[f32], d: usize) {
     assert_eq!(out.len(), tokens.len() * d, "embedding out shape");
     let vocab = wte.len() / d;
-    out.par_chunks_mut(d)
-        .zip(tokens.par_iter())
-        .for_each(|(row, &t)| {
-            let t = t as usize;
-            assert!(t < vocab, "token {t} outside vocabulary {vocab}");
-            row.copy_from_slice(&wte[t * d..(t + 1) * d]);
-        });
+    out.par_chunks_mut(d).zip(tokens.par_iter()).for_each(|(row, &t)| {
+        let t = t as usize;
+        assert!(t < vocab, "token {t} outside vocabulary {vocab}");
+        row.copy_from_slice(&wte[t * d..(t + 1) * d]);
+    });
 }
 
 /// Deterministic scatter-add: task `p` of `P` owns the vocabulary rows with
@@ -204,10 +182,7 @@ pub fn embedding(out: &mut [f32], tokens: &[u32], wte: &[f32], d: usize) {
 pub fn embedding_bwd(dwte: &mut [f32], dout: &[f32], tokens: &[u32], d: usize) {
     assert_eq!(dout.len(), tokens.len() * d, "embedding_bwd dout shape");
     let vocab = dwte.len() / d;
-    assert!(
-        tokens.iter().all(|&t| (t as usize) < vocab),
-        "token outside vocabulary"
-    );
+    assert!(tokens.iter().all(|&t| (t as usize) < vocab), "token outside vocabulary");
     const TASKS: usize = 16;
     let base = SendPtr(dwte.as_mut_ptr());
     (0..TASKS).into_par_iter().for_each(|p| {
@@ -225,30 +200,16 @@ pub fn embedding_bwd(dwte: &mut [f32], dout: &[f32], tokens: &[u32], d: usize) {
     });
 }
 
-pub fn rmsnorm(
-    out: &mut [f32],
-    rstd: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    n: usize,
-    d: usize,
-    eps: f32,
-) {
-    assert!(
-        out.len() == n * d && x.len() == n * d && rstd.len() == n && w.len() == d,
-        "rmsnorm shapes"
-    );
-    out.par_chunks_mut(d)
-        .zip(rstd.par_iter_mut())
-        .zip(x.par_chunks(d))
-        .for_each(|((o, r), xr)| {
-            let ms = sum8(xr, |v| v * v) / d as f32;
-            let s = 1.0 / (ms + eps).sqrt();
-            *r = s;
-            for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
-                *o = xv * s * wv;
-            }
-        });
+pub fn rmsnorm(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], n: usize, d: usize, eps: f32) {
+    assert!(out.len() == n * d && x.len() == n * d && rstd.len() == n && w.len() == d, "rmsnorm shapes");
+    out.par_chunks_mut(d).zip(rstd.par_iter_mut()).zip(x.par_chunks(d)).for_each(|((o, r), xr)| {
+        let ms = sum8(xr, |v| v * v) / d as f32;
+        let s = 1.0 / (ms + eps).sqrt();
+        *r = s;
+        for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
+            *o = xv * s * wv;
+        }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -280,12 +241,7 @@ pub fn rmsnorm_bwd(
         .map(|(((dxb, gb), xb), rb)| {
             let mut pdw = vec![0.0f32; d];
             let mut wg = vec![0.0f32; d];
-            for (((dxr, gr), xr), &r) in dxb
-                .chunks_mut(d)
-                .zip(gb.chunks(d))
-                .zip(xb.chunks(d))
-                .zip(rb)
-            {
+            for (((dxr, gr), xr), &r) in dxb.chunks_mut(d).zip(gb.chunks(d)).zip(xb.chunks(d)).zip(rb) {
                 for j in 0..d {
                     wg[j] = w[j] * gr[j];
                 }
@@ -318,29 +274,23 @@ pub fn rope(
 ) {
     let half = hd / 2;
     assert!(table.len() >= 2 * seq * half, "rope table too short");
-    assert!(
-        heads * hd <= row_stride && x.len() >= rows * row_stride,
-        "rope shapes"
-    );
+    assert!(heads * hd <= row_stride && x.len() >= rows * row_stride, "rope shapes");
     let (cos, sin) = table.split_at(seq * half);
     let sign = if inverse { -1.0 } else { 1.0 };
-    x.par_chunks_mut(row_stride)
-        .take(rows)
-        .enumerate()
-        .for_each(|(r, row)| {
-            let pos = r % seq;
-            let c = &cos[pos * half..(pos + 1) * half];
-            let s = &sin[pos * half..(pos + 1) * half];
-            for h in 0..heads {
-                let (a, b) = row[h * hd..(h + 1) * hd].split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (a[i], b[i]);
-                    let si = sign * s[i];
-                    a[i] = x1 * c[i] - x2 * si;
-                    b[i] = x2 * c[i] + x1 * si;
-                }
+    x.par_chunks_mut(row_stride).take(rows).enumerate().for_each(|(r, row)| {
+        let pos = r % seq;
+        let c = &cos[pos * half..(pos + 1) * half];
+        let s = &sin[pos * half..(pos + 1) * half];
+        for h in 0..heads {
+            let (a, b) = row[h * hd..(h + 1) * hd].split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                let si = sign * s[i];
+                a[i] = x1 * c[i] - x2 * si;
+                b[i] = x2 * c[i] + x1 * si;
             }
-        });
+        }
+    });
 }
 
 #[inline(always)]
@@ -350,34 +300,26 @@ fn sigmoid(x: f32) -> f32 {
 
 pub fn swiglu(out: &mut [f32], gu: &[f32], n: usize, f: usize) {
     assert!(out.len() == n * f && gu.len() == 2 * n * f, "swiglu shapes");
-    out.par_chunks_mut(f)
-        .zip(gu.par_chunks(2 * f))
-        .for_each(|(o, r)| {
-            let (g, u) = r.split_at(f);
-            for j in 0..f {
-                o[j] = g[j] * sigmoid(g[j]) * u[j];
-            }
-        });
+    out.par_chunks_mut(f).zip(gu.par_chunks(2 * f)).for_each(|(o, r)| {
+        let (g, u) = r.split_at(f);
+        for j in 0..f {
+            o[j] = g[j] * sigmoid(g[j]) * u[j];
+        }
+    });
 }
 
 pub fn swiglu_bwd(dgu: &mut [f32], dout: &[f32], gu: &[f32], n: usize, f: usize) {
-    assert!(
-        dgu.len() == 2 * n * f && dout.len() == n * f && gu.len() == 2 * n * f,
-        "swiglu_bwd shapes"
-    );
-    dgu.par_chunks_mut(2 * f)
-        .zip(dout.par_chunks(f))
-        .zip(gu.par_chunks(2 * f))
-        .for_each(|((dr, o), r)| {
-            let (g, u) = r.split_at(f);
-            let (dg, du) = dr.split_at_mut(f);
-            for j in 0..f {
-                let s = sigmoid(g[j]);
-                let silu = g[j] * s;
-                du[j] = o[j] * silu;
-                dg[j] = o[j] * u[j] * s * (1.0 + g[j] * (1.0 - s));
-            }
-        });
+    assert!(dgu.len() == 2 * n * f && dout.len() == n * f && gu.len() == 2 * n * f, "swiglu_bwd shapes");
+    dgu.par_chunks_mut(2 * f).zip(dout.par_chunks(f)).zip(gu.par_chunks(2 * f)).for_each(|((dr, o), r)| {
+        let (g, u) = r.split_at(f);
+        let (dg, du) = dr.split_at_mut(f);
+        for j in 0..f {
+            let s = sigmoid(g[j]);
+            let silu = g[j] * s;
+            du[j] = o[j] * silu;
+            dg[j] = o[j] * u[j] * s * (1.0 + g[j] * (1.0 - s));
+        }
+    });
 }
 
 pub fn cross_entropy(
@@ -388,10 +330,7 @@ pub fn cross_entropy(
     vocab_real: usize,
     dscale: f32,
 ) -> Vec<f32> {
-    assert!(
-        logits.len() == n * vocab && targets.len() == n && vocab_real <= vocab,
-        "cross_entropy shapes"
-    );
+    assert!(logits.len() == n * vocab && targets.len() == n && vocab_real <= vocab, "cross_entropy shapes");
     logits
         .par_chunks_mut(vocab)
         .zip(targets.par_iter())
@@ -410,10 +349,7 @@ pub fn cross_entropy(
 }
 
 pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamStep) {
-    assert!(
-        p.len() == g.len() && p.len() == m.len() && p.len() == v.len(),
-        "adamw lengths"
-    );
+    assert!(p.len() == g.len() && p.len() == m.len() && p.len() == v.len(), "adamw lengths");
     let bc1 = 1.0 - (h.beta1 as f64).powi(h.t as i32);
     let bc2 = 1.0 - (h.beta2 as f64).powi(h.t as i32);
     let step = (h.lr as f64 / bc1) as f32;
@@ -456,15 +392,10 @@ mod tests {
 
     #[test]
     fn softmax_matches_reference() {
-        let mut row: Vec<f32> = (0..37)
-            .map(|i| ((i * 7919) % 23) as f32 * 0.7 - 8.0)
-            .collect();
+        let mut row: Vec<f32> = (0..37).map(|i| ((i * 7919) % 23) as f32 * 0.7 - 8.0).collect();
         let orig = row.clone();
         let (mx, sum) = softmax_in_place(&mut row, 0.5, 2.0);
-        let z: f64 = orig
-            .iter()
-            .map(|&v| ((v as f64 - mx as f64) * 0.5).exp())
-            .sum();
+        let z: f64 = orig.iter().map(|&v| ((v as f64 - mx as f64) * 0.5).exp()).sum();
         assert!((sum as f64 - z).abs() / z < 1e-6);
         for (r, o) in row.iter().zip(&orig) {
             let want = 2.0 * ((*o as f64 - mx as f64) * 0.5).exp() / z;

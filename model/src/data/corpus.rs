@@ -20,30 +20,17 @@ impl Corpus {
     /// `val_fraction` of the tokens (at least two windows' worth when there
     /// is room) form the validation span; the rest is cut into at most
     /// `max_shards` shards of at least 4 windows each.
-    pub fn new(
-        tokens: Vec<u32>,
-        seq: usize,
-        max_shards: usize,
-        val_fraction: f64,
-    ) -> Result<Corpus, String> {
+    pub fn new(tokens: Vec<u32>, seq: usize, max_shards: usize, val_fraction: f64) -> Result<Corpus, String> {
         let window = seq + 1;
         let need = 6 * window;
         if tokens.len() < need {
-            return Err(format!(
-                "corpus has {} tokens; seq {seq} needs at least {need}",
-                tokens.len()
-            ));
+            return Err(format!("corpus has {} tokens; seq {seq} needs at least {need}", tokens.len()));
         }
         let val = ((tokens.len() as f64 * val_fraction) as usize).max(2 * window);
         let train = tokens.len() - val;
         let shards = (train / (4 * window)).clamp(1, max_shards.max(1));
         let shard_len = train / shards;
-        Ok(Corpus {
-            val_start: tokens.len() - val,
-            tokens,
-            shard_len,
-            shards,
-        })
+        Ok(Corpus { val_start: tokens.len() - val, tokens, shard_len, shards })
     }
 
     pub fn num_shards(&self) -> usize {
@@ -104,11 +91,7 @@ mod tests {
         let tokens: Vec<u32> = (0..10_000).collect();
         let c = Corpus::new(tokens, 16, 8, 0.05).unwrap();
         assert_eq!(c.num_shards(), 8);
-        let id = SampleId {
-            epoch: 2,
-            shard: 3,
-            index: 41,
-        };
+        let id = SampleId { epoch: 2, shard: 3, index: 41 };
         let a = c.sample(9, id, 16).to_vec();
         assert_eq!(a, c.sample(9, id, 16));
         assert_ne!(a, c.sample(10, id, 16));

@@ -3,29 +3,11 @@
 
 use iota_core::Rng;
 
-const SUBJECTS: &[&str] = &[
-    "the cat",
-    "a dog",
-    "the old man",
-    "my sister",
-    "the bird",
-    "a child",
-    "the king",
-    "our teacher",
-];
-const VERBS: &[&str] = &[
-    "sees", "likes", "finds", "follows", "paints", "helps", "calls", "keeps",
-];
-const OBJECTS: &[&str] = &[
-    "the red ball",
-    "a small house",
-    "the river",
-    "an apple",
-    "the green door",
-    "a long road",
-    "the moon",
-    "a song",
-];
+const SUBJECTS: &[&str] =
+    &["the cat", "a dog", "the old man", "my sister", "the bird", "a child", "the king", "our teacher"];
+const VERBS: &[&str] = &["sees", "likes", "finds", "follows", "paints", "helps", "calls", "keeps"];
+const OBJECTS: &[&str] =
+    &["the red ball", "a small house", "the river", "an apple", "the green door", "a long road", "the moon", "a song"];
 const ENDINGS: &[&str] = &[".", " today.", " again.", " at night."];
 
 /// About `bytes` bytes of sentences, the same for the same seed.

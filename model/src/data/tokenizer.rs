@@ -75,23 +75,18 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match self {
             Tokenizer::Byte => text.bytes().map(u32::from).collect(),
-            Tokenizer::Gpt2(bpe) => split_points(text)
-                .par_iter()
-                .map(|piece| bpe.encode_ordinary(piece))
-                .collect::<Vec<_>>()
-                .concat(),
+            Tokenizer::Gpt2(bpe) => {
+                split_points(text).par_iter().map(|piece| bpe.encode_ordinary(piece)).collect::<Vec<_>>().concat()
+            }
         }
     }
 
     pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Byte => {
-                String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>())
-                    .into_owned()
+                String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
             }
-            Tokenizer::Gpt2(bpe) => bpe
-                .decode(tokens)
-                .unwrap_or_else(|_| String::from("<undecodable>")),
+            Tokenizer::Gpt2(bpe) => bpe.decode(tokens).unwrap_or_else(|_| String::from("<undecodable>")),
         }
     }
 }
@@ -102,9 +97,7 @@ fn split_points(text: &str) -> Vec<&str> {
     let b = text.as_bytes();
     while text.len() - start > CHUNK {
         let mut cut = start + CHUNK;
-        while cut < b.len()
-            && !(b[cut - 1] == b'\n' && !b[cut].is_ascii_whitespace() && text.is_char_boundary(cut))
-        {
+        while cut < b.len() && !(b[cut - 1] == b'\n' && !b[cut].is_ascii_whitespace() && text.is_char_boundary(cut)) {
             cut += 1;
         }
         pieces.push(&text[start..cut]);
@@ -121,9 +114,7 @@ mod tests {
     #[test]
     fn gpt2_parallel_encoding_equals_serial_and_round_trips() {
         let tok = TokenizerKind::Gpt2.build().unwrap();
-        let Tokenizer::Gpt2(bpe) = &tok else {
-            unreachable!()
-        };
+        let Tokenizer::Gpt2(bpe) = &tok else { unreachable!() };
         let mut text = String::new();
         for i in 0..6000 {
             text.push_str(&format!(

@@ -1,0 +1,61 @@
+//! The run configuration: everything a miner needs to take part, handed out
+//! by the orchestrator at registration (as JSON).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use iota_model::train::TrainConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::orchestrator::RunSpec;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Shape of the swarm and the epochs (the orchestrator's view).
+    pub spec: RunSpec,
+    /// Model and optimisation (each miner's view). `train.stages` equals
+    /// `spec.stages`; `train.steps` is the length of the LR schedule in
+    /// optimizer steps of one miner.
+    pub train: TrainConfig,
+    /// Training corpus every head and tail loads; None = the generated toy
+    /// corpus for `train.seed`.
+    pub data: Option<PathBuf>,
+    /// Root of the local object store (uploads and merged weights).
+    pub store: PathBuf,
+    /// Largest number of data shards the corpus is cut into (the corpus
+    /// decides the actual number; `spec.n_shards` must equal it).
+    pub max_shards: usize,
+    /// Fraction of the corpus held out for validation.
+    pub val_fraction: f64,
+}
+
+impl RunConfig {
+    pub fn validate(&self) -> Result<()> {
+        self.spec.validate().map_err(anyhow::Error::msg)?;
+        self.train.validate()?;
+        if self.train.stages as u32 != self.spec.stages {
+            bail!("train.stages {} != spec.stages {}", self.train.stages, self.spec.stages);
+        }
+        if self.train.batch as u32 != self.spec.batch {
+            bail!("train.batch {} != spec.batch {}", self.train.batch, self.spec.batch);
+        }
+        if !self.spec.micro_batches_per_epoch.is_multiple_of(self.train.grad_accum as u64) {
+            bail!(
+                "micro-batches per epoch ({}) must be a multiple of grad_accum ({})",
+                self.spec.micro_batches_per_epoch,
+                self.train.grad_accum
+            );
+        }
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("run config serialises")
+    }
+
+    pub fn from_json(s: &str) -> Result<RunConfig> {
+        let c: RunConfig = serde_json::from_str(s)?;
+        c.validate()?;
+        Ok(c)
+    }
+}
