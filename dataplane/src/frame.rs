@@ -104,7 +104,7 @@ impl FrameError {
 /// What a receiver checks headers against; shared by all its connections.
 #[derive(Debug)]
 pub struct RunContext {
-    pub run_id: u64,
+    run_id: AtomicU64,
     pub limits: FrameLimits,
     epoch_min: AtomicU32,
     epoch_max: AtomicU32,
@@ -112,7 +112,19 @@ pub struct RunContext {
 
 impl RunContext {
     pub fn new(run_id: u64, limits: FrameLimits) -> Self {
-        RunContext { run_id, limits, epoch_min: AtomicU32::new(0), epoch_max: AtomicU32::new(0) }
+        RunContext {
+            run_id: AtomicU64::new(run_id),
+            limits,
+            epoch_min: AtomicU32::new(0),
+            epoch_max: AtomicU32::new(0),
+        }
+    }
+    pub fn run_id(&self) -> u64 {
+        self.run_id.load(Ordering::SeqCst)
+    }
+    /// A miner binds its endpoint before it learns the run it joins.
+    pub fn set_run_id(&self, id: u64) {
+        self.run_id.store(id, Ordering::SeqCst);
     }
     /// Accept frames of epochs `min..=max` (the control plane moves this).
     pub fn set_epoch_window(&self, min: u32, max: u32) {
@@ -178,8 +190,8 @@ pub fn check_header(h: &FrameHeader, ctx: &RunContext, peer: PeerId) -> Result<(
             h.payload_len
         )));
     }
-    if h.run_id != ctx.run_id {
-        return Err(FrameError::WrongRun { got: h.run_id, expected: ctx.run_id });
+    if h.run_id != ctx.run_id() {
+        return Err(FrameError::WrongRun { got: h.run_id, expected: ctx.run_id() });
     }
     let (min, max) = ctx.epoch_window();
     if h.epoch < min || h.epoch > max {

@@ -8,6 +8,7 @@
 pub mod fileio;
 pub mod frame;
 pub mod identity_file;
+pub mod miner;
 pub mod pool;
 pub mod probe;
 pub mod stats;

@@ -227,7 +227,7 @@ impl Endpoint {
         let inner = &self.inner;
         let lane = inner.lane(to, meta.direction);
         let mut lane = lane.lock().await;
-        let header = frame::build_header(meta, inner.ctx.run_id, lane.next_seq, &payload, &inner.id);
+        let header = frame::build_header(meta, inner.ctx.run_id(), lane.next_seq, &payload, &inner.id);
         let prefix = Bytes::from(frame::prefix_bytes(&header));
         let mut retried = false;
         loop {

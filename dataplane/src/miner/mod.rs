@@ -1,0 +1,216 @@
+//! The miner daemon: joins a run, then runs its stage worker.
+//!
+//! Async side (tokio): the QUIC endpoint, the orchestrator's command stream
+//! (re-subscribing if it drops, e.g. across an orchestrator restart),
+//! heartbeats, and a pump that sends the worker's frames and reports. Compute
+//! side: the `Worker` on its own thread, fed through a channel, so model math
+//! never blocks the network.
+
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use iota_control::client::ControlClient;
+use iota_control::run::RunConfig;
+use iota_core::Identity;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use self::worker::{Input, Output, Worker};
+use crate::fileio::FileIo;
+use crate::frame::{FrameLimits, RunContext};
+use crate::pool::HostPool;
+use crate::store::ObjectStore;
+use crate::tls::PeerDirectory;
+use crate::transport::{Endpoint, TransportConfig};
+
+#[derive(Clone, Debug)]
+pub struct MinerOptions {
+    /// Orchestrator URL, e.g. `http://127.0.0.1:7100`.
+    pub orchestrator: String,
+    /// UDP address the data plane binds.
+    pub listen: SocketAddr,
+    /// Address other miners should dial (default: the bound address).
+    pub advertise: Option<String>,
+    /// Receive pool budget (bytes).
+    pub pool_bytes: usize,
+    pub heartbeat: Duration,
+}
+
+impl MinerOptions {
+    pub fn local(orchestrator: String) -> Self {
+        MinerOptions {
+            orchestrator,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            advertise: None,
+            pool_bytes: 256 << 20,
+            heartbeat: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What a miner did, returned when the run ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MinerSummary {
+    pub stage: u32,
+    pub optimizer_steps: u64,
+    pub params: Vec<f32>,
+    pub rejected_frames: u64,
+}
+
+/// Joins the run at `opts.orchestrator` and works until it is done (or
+/// `stop` is set).
+pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<MinerSummary> {
+    let seed = *id.seed();
+    let id = Arc::new(id);
+    let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
+    let dir = PeerDirectory::new();
+    let ep = Arc::new(Endpoint::bind(
+        opts.listen,
+        Identity::from_seed(seed),
+        dir.clone(),
+        ctx.clone(),
+        HostPool::new(opts.pool_bytes),
+        TransportConfig::default(),
+    )?);
+    let addr = opts.advertise.clone().unwrap_or(ep.local_addr()?.to_string());
+    let mut client = connect(&opts.orchestrator, id.clone()).await?;
+    let reply = client.register(addr.clone(), 0.0, "cpu".into()).await.context("registering with the orchestrator")?;
+    let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
+    ctx.set_run_id(reply.run_id);
+    info!(index = reply.miner_index, addr, "registered");
+    let store = ObjectStore::local(&cfg.store, FileIo::start(false))?;
+
+    let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
+    let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
+    let epoch = Arc::new(AtomicU64::new(0));
+
+    // Orchestrator commands, re-subscribing when the stream drops.
+    let cmd_task = {
+        let (mut client, in_tx, stop) = (client.clone(), in_tx.clone(), stop.clone());
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let mut stream = match client.subscribe().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        if e.code() == tonic::Code::FailedPrecondition {
+                            let _ = client.register(addr.clone(), 0.0, "cpu".into()).await;
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        continue;
+                    }
+                };
+                while let Ok(Some(cmd)) = stream.message().await {
+                    if let Some(k) = cmd.kind
+                        && in_tx.send(Input::Command(k)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    // Frames from peers.
+    let frame_task = {
+        let (ep, in_tx) = (ep.clone(), in_tx.clone());
+        tokio::spawn(async move {
+            while let Some(f) = ep.recv().await {
+                if in_tx.send(Input::Frame(f)).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    // Heartbeats.
+    let hb_task = {
+        let (mut client, epoch, every, stop) = (client.clone(), epoch.clone(), opts.heartbeat, stop.clone());
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(every);
+            while !stop.load(Ordering::SeqCst) {
+                iv.tick().await;
+                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), 0, 0.0).await {
+                    tracing::debug!(error = %e, "heartbeat failed");
+                }
+            }
+        })
+    };
+    // Frames and reports out, in the order the worker produced them.
+    let pump = {
+        let (ep, mut client) = (ep.clone(), client.clone());
+        tokio::spawn(async move {
+            while let Some(o) = out_rx.recv().await {
+                match o {
+                    Output::Frame { to, meta, payload } => {
+                        if let Err(e) = ep.send(to, &meta, payload).await {
+                            warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route");
+                        }
+                    }
+                    Output::Report(k) => {
+                        if let Err(e) = client.report(k).await {
+                            warn!(error = %e, "report failed");
+                        }
+                    }
+                }
+            }
+        })
+    };
+    // The compute thread.
+    let rt = tokio::runtime::Handle::current();
+    let me = ep.peer_id();
+    let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
+    let stop_c = stop.clone();
+    let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
+        let mut w = Worker::new(me, cfg, store, rt, ep_dir, ep_ctx);
+        let mut out = Vec::new();
+        while let Some(input) = in_rx.blocking_recv() {
+            if let Err(e) = w.handle(input, &mut out) {
+                warn!(error = %format!("{e:#}"), "stage worker");
+            }
+            for o in out.drain(..) {
+                if out_tx.blocking_send(o).is_err() {
+                    break;
+                }
+            }
+            if w.done || stop_c.load(Ordering::SeqCst) {
+                break;
+            }
+        }
+        let stage = w.stage();
+        Ok(MinerSummary {
+            stage: stage.map_or(0, |s| s.spec().index as u32),
+            optimizer_steps: w.steps,
+            params: stage.map(|s| s.params_host()).unwrap_or_default(),
+            rejected_frames: w.rejected_frames,
+        })
+    })?;
+    let summary = tokio::task::spawn_blocking(move || compute.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("stage worker panicked"))??;
+    // Let the last frames and reports go out, then stop.
+    drop(in_tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in [cmd_task, frame_task, hb_task] {
+        t.abort();
+    }
+    ep.close();
+    Ok(summary)
+}
+
+async fn connect(url: &str, id: Arc<Identity>) -> Result<ControlClient> {
+    let mut last = None;
+    for _ in 0..50 {
+        match ControlClient::connect(url.to_string(), id.clone()).await {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(anyhow::anyhow!("cannot reach the orchestrator at {url}: {}", last.map(|e| e.to_string()).unwrap_or_default()))
+}

@@ -1,0 +1,494 @@
+//! The stage worker: a miner's compute, as a state machine run on its own
+//! thread. Inputs are orchestrator commands and data-plane frames; outputs
+//! are frames to send and reports to make.
+//!
+//! A micro-batch flows head -> ... -> tail (activations) and back (their
+//! gradients) along the pathway the orchestrator published in its `Route`.
+//! Each miner steps its optimizer after every `grad_accum` micro-batches it
+//! finished backward for. At the end of an epoch it uploads its stage
+//! weights; the stage's aggregator averages the uploads; every replica then
+//! starts the next epoch from the merged weights.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use iota_control::orchestrator::{merged_key, upload_prefix};
+use iota_control::pb;
+use iota_control::run::RunConfig;
+use iota_core::wire::Direction;
+use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
+use iota_model::checkpoint::{parse_safetensors, stage_bytes, stage_params};
+use iota_model::data::{Corpus, load_tokens, synthetic};
+use iota_model::optim::AdamW;
+use iota_model::{CpuBackend, Stage, StageInput, codec};
+use tracing::{debug, info, warn};
+
+use crate::frame::{FrameMeta, RunContext};
+use crate::store::ObjectStore;
+use crate::tls::PeerDirectory;
+use crate::transport::ReceivedFrame;
+
+/// What the worker reacts to.
+pub enum Input {
+    Command(pb::command::Kind),
+    Frame(ReceivedFrame),
+}
+
+/// What the worker wants done.
+#[derive(Debug)]
+pub enum Output {
+    Frame { to: PeerId, meta: FrameMeta, payload: Bytes },
+    Report(pb::report::Kind),
+}
+
+/// A micro-batch attempt: (epoch, shard, first sample, attempt).
+type MbKey = (u64, u32, u64, u32);
+
+/// Frames held back because their route has not arrived yet.
+const MAX_EARLY: usize = 256;
+
+pub struct Worker {
+    me: PeerId,
+    cfg: RunConfig,
+    be: Arc<CpuBackend>,
+    store: ObjectStore,
+    rt: tokio::runtime::Handle,
+    dir: Arc<PeerDirectory>,
+    ctx: Arc<RunContext>,
+    corpus: Option<Arc<Corpus>>,
+    stage: Option<Stage<CpuBackend>>,
+    optim: Option<AdamW<CpuBackend>>,
+    stage_index: u32,
+    epoch: u64,
+    /// Epoch whose merged weights the stage holds (None: initial weights).
+    weights_after: Option<u64>,
+    routes: HashMap<MbKey, pb::Route>,
+    early: VecDeque<(MbKey, ReceivedFrame)>,
+    accumulated: usize,
+    pub steps: u64,
+    /// Micro-batches this miner finished this epoch.
+    work: u64,
+    pub done: bool,
+    pub rejected_frames: u64,
+}
+
+fn mb_key(epoch: u64, shard: u32, first: u64, attempt: u32) -> MbKey {
+    (epoch, shard, first, attempt)
+}
+
+/// The 64-bit key a stage files saved activations under.
+fn stage_key(k: &MbKey) -> u64 {
+    iota_core::rng::derive(0x6d62, &[k.0, k.1 as u64, k.2, k.3 as u64])
+}
+
+impl Worker {
+    pub fn new(
+        me: PeerId,
+        cfg: RunConfig,
+        store: ObjectStore,
+        rt: tokio::runtime::Handle,
+        dir: Arc<PeerDirectory>,
+        ctx: Arc<RunContext>,
+    ) -> Worker {
+        Worker {
+            me,
+            cfg,
+            be: Arc::new(CpuBackend::new()),
+            store,
+            rt,
+            dir,
+            ctx,
+            corpus: None,
+            stage: None,
+            optim: None,
+            stage_index: 0,
+            epoch: 0,
+            weights_after: None,
+            routes: HashMap::new(),
+            early: VecDeque::new(),
+            accumulated: 0,
+            steps: 0,
+            work: 0,
+            done: false,
+            rejected_frames: 0,
+        }
+    }
+
+    pub fn stage(&self) -> Option<&Stage<CpuBackend>> {
+        self.stage.as_ref()
+    }
+
+    /// Handles one input; errors are reported to the caller, who logs them
+    /// (a failed micro-batch is re-routed by the orchestrator's timeout).
+    pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
+        match input {
+            Input::Command(c) => self.command(c, out),
+            Input::Frame(f) => self.frame(f, out),
+        }
+    }
+
+    fn command(&mut self, c: pb::command::Kind, out: &mut Vec<Output>) -> Result<()> {
+        match c {
+            pb::command::Kind::Assign(a) => self.assign(a),
+            pb::command::Kind::Phase(p) => self.phase(p, out),
+            pb::command::Kind::Route(r) => {
+                let key = mb_key(r.epoch, r.shard, r.first_sample, r.attempt);
+                if r.epoch != self.epoch || r.pathway.len() != self.cfg.spec.stages as usize {
+                    bail!("route for epoch {} with {} hops is not for this run state", r.epoch, r.pathway.len());
+                }
+                if r.pathway[self.stage_index as usize] != self.me.0 {
+                    return Ok(()); // not on this pathway at our stage
+                }
+                self.routes.insert(key, r);
+                if self.stage_index == 0 {
+                    self.head_forward(key, out)?;
+                }
+                // Frames that overtook their route.
+                let (ready, rest): (Vec<_>, Vec<_>) = self.early.drain(..).partition(|(k, _)| *k == key);
+                self.early = rest.into();
+                for (_, f) in ready {
+                    self.frame(f, out)?;
+                }
+                Ok(())
+            }
+            pb::command::Kind::Cancel(c) => {
+                let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
+                self.routes.remove(&key);
+                if let Some(s) = self.stage.as_mut() {
+                    s.discard(stage_key(&key));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn assign(&mut self, a: pb::Assignment) -> Result<()> {
+        for p in &a.peers {
+            let Ok(id) = <[u8; 32]>::try_from(p.peer_id.as_slice()) else { continue };
+            let id = PeerId(id);
+            if id != self.me {
+                self.dir.insert(id, p.data_addr.parse().ok());
+            }
+        }
+        if self.stage.is_some() && self.stage_index == a.stage {
+            return Ok(());
+        }
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages)?;
+        let spec = specs.get(a.stage as usize).context("assigned stage does not exist")?.clone();
+        let needs_data = spec.has_embedding() || spec.has_lm_head();
+        let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
+        if !a.weights_key.is_empty() {
+            let bytes = self
+                .rt
+                .block_on(self.store.get(&a.weights_key))
+                .with_context(|| format!("fetching {}", a.weights_key))?;
+            stage.set_params(&stage_params(stage.layout(), &bytes)?)?;
+            self.weights_after = Some(self.epoch.saturating_sub(1));
+        }
+        self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
+        self.stage = Some(stage);
+        self.stage_index = a.stage;
+        if needs_data && self.corpus.is_none() {
+            self.corpus = Some(Arc::new(load_corpus(&self.cfg)?));
+        }
+        info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
+        Ok(())
+    }
+
+    fn stage_dir(&self, epoch: u64) -> String {
+        format!("{}stage-{:03}/", upload_prefix(epoch), self.stage_index)
+    }
+
+    fn phase(&mut self, p: pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
+        let phase = pb::Phase::try_from(p.phase).unwrap_or(pb::Phase::Unspecified);
+        match phase {
+            pb::Phase::Training => {
+                self.epoch = p.epoch;
+                self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32);
+                self.routes.retain(|k, _| k.0 == p.epoch);
+                self.early.retain(|(k, _)| k.0 == p.epoch);
+                self.work = 0;
+                self.accumulated = 0;
+                if let Some(s) = self.stage.as_mut() {
+                    s.zero_grads();
+                }
+                if p.epoch > 0 && self.weights_after != Some(p.epoch - 1) && self.stage.is_some() {
+                    let key = merged_key(p.epoch - 1, self.stage_index);
+                    let bytes = self
+                        .rt
+                        .block_on(self.store.get(&key))
+                        .with_context(|| format!("fetching merged weights {key}"))?;
+                    let s = self.stage.as_mut().unwrap();
+                    let params = stage_params(s.layout(), &bytes)?;
+                    s.set_params(&params)?;
+                    self.weights_after = Some(p.epoch - 1);
+                    info!(epoch = p.epoch, "loaded merged weights");
+                }
+            }
+            pb::Phase::Uploading => {
+                let Some(s) = self.stage.as_mut() else { return Ok(()) };
+                // A partial accumulation at the epoch's end is dropped, not applied.
+                s.zero_grads();
+                self.accumulated = 0;
+                let meta = BTreeMap::from([("iota.work".to_string(), self.work.to_string())]);
+                let bytes = stage_bytes(s.layout(), &s.params_host(), meta)?;
+                let key = format!("{}{}.safetensors", self.stage_dir(p.epoch), self.me.to_hex());
+                self.rt.block_on(self.store.put(&key, bytes)).with_context(|| format!("uploading {key}"))?;
+                out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
+                    epoch: p.epoch,
+                    stage: self.stage_index,
+                    key,
+                    micro_batches: self.work,
+                })));
+            }
+            pb::Phase::Merging => {
+                if p.aggregator == self.me.0 {
+                    let key = self.merge(p.epoch)?;
+                    out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
+                        epoch: p.epoch,
+                        stage: self.stage_index,
+                        key,
+                        weights_hash: Vec::new(),
+                    })));
+                }
+            }
+            pb::Phase::Done => {
+                self.done = true;
+                if let (Some(s), true) = (self.stage.as_mut(), p.epoch > 0) {
+                    let key = merged_key(p.epoch - 1, self.stage_index);
+                    if self.weights_after != Some(p.epoch - 1) {
+                        let bytes = self.rt.block_on(self.store.get(&key))?;
+                        s.set_params(&stage_params(s.layout(), &bytes)?)?;
+                        self.weights_after = Some(p.epoch - 1);
+                    }
+                }
+            }
+            pb::Phase::Waiting | pb::Phase::Unspecified => {}
+        }
+        Ok(())
+    }
+
+    /// Parameter-server merge: the work-weighted mean of every replica's
+    /// upload for this stage and epoch, summed in f64 in key order so every
+    /// run of it gives the same bytes.
+    fn merge(&mut self, epoch: u64) -> Result<String> {
+        let s = self.stage.as_ref().context("merge before assignment")?;
+        let layout = s.layout().clone();
+        let dir = self.stage_dir(epoch);
+        let merged = merged_key(epoch, self.stage_index);
+        let keys: Vec<String> = self.rt.block_on(self.store.list(&dir))?.into_iter().filter(|k| *k != merged).collect();
+        if keys.is_empty() {
+            bail!("no uploads under {dir}");
+        }
+        let mut parts = Vec::new();
+        for k in &keys {
+            let bytes = self.rt.block_on(self.store.get(k))?;
+            let work: f64 =
+                parse_safetensors(&bytes)?.metadata.get("iota.work").and_then(|w| w.parse().ok()).unwrap_or(0.0);
+            parts.push((work, stage_params(&layout, &bytes).with_context(|| format!("upload {k}"))?));
+        }
+        let total: f64 = parts.iter().map(|p| p.0).sum();
+        let weight = |w: f64| if total > 0.0 { w / total } else { 1.0 / parts.len() as f64 };
+        let mut acc = vec![0.0f64; layout.total()];
+        for (w, p) in &parts {
+            let w = weight(*w);
+            for (a, x) in acc.iter_mut().zip(p) {
+                *a += w * *x as f64;
+            }
+        }
+        let params: Vec<f32> = acc.iter().map(|&a| a as f32).collect();
+        let meta = BTreeMap::from([("iota.merged_from".to_string(), keys.len().to_string())]);
+        self.rt.block_on(self.store.put(&merged, stage_bytes(&layout, &params, meta)?))?;
+        info!(epoch, stage = self.stage_index, replicas = keys.len(), "merged");
+        Ok(merged)
+    }
+
+    fn frame_meta(&self, r: &pb::Route, direction: Direction, rows: usize, width: usize) -> FrameMeta {
+        FrameMeta {
+            direction,
+            codec: self.cfg.train.codec,
+            stage: self.stage_index as u16,
+            epoch: r.epoch as u32,
+            shard: r.shard,
+            first_sample: r.first_sample,
+            samples: r.samples,
+            attempt: r.attempt,
+            shape: vec![rows as u32, width as u32],
+            answers: [0; 32],
+        }
+    }
+
+    fn tokens(&self, r: &pb::Route) -> Result<(Vec<u32>, Vec<u32>)> {
+        let corpus = self.corpus.as_ref().context("no corpus loaded")?;
+        let mb = MicroBatchId { first: SampleId { epoch: 0, shard: r.shard, index: r.first_sample }, len: r.samples };
+        Ok(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq))
+    }
+
+    fn send(&self, to: &[u8], meta: FrameMeta, data: &[f32], out: &mut Vec<Output>) -> Result<()> {
+        let to = PeerId(to.try_into().context("bad peer id in route")?);
+        let (rows, cols) = (meta.shape[0] as usize, meta.shape[1] as usize);
+        let bytes = codec::encode(self.cfg.train.codec, rows, cols, data)?;
+        out.push(Output::Frame { to, meta, payload: Bytes::from(bytes) });
+        Ok(())
+    }
+
+    fn head_forward(&mut self, key: MbKey, out: &mut Vec<Output>) -> Result<()> {
+        let r = self.routes[&key].clone();
+        let (x, y) = self.tokens(&r)?;
+        let (batch, seq) = (r.samples as usize, self.cfg.train.seq);
+        if self.cfg.spec.stages == 1 {
+            // The whole model on one miner: forward and backward at once.
+            let k = self.cfg.train.grad_accum as f32;
+            let t = self.stage.as_mut().unwrap().forward_backward(StageInput::Tokens(&x), &y, batch, seq, 1.0 / k)?;
+            self.report_loss(&r, &t.losses, out);
+            out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
+                epoch: r.epoch,
+                shard: r.shard,
+                first_sample: r.first_sample,
+                attempt: r.attempt,
+            })));
+            self.routes.remove(&key);
+            return self.finished_one();
+        }
+        let stage = self.stage.as_mut().context("route before assignment")?;
+        let mut h = stage.forward(stage_key(&key), StageInput::Tokens(&x), batch, seq)?;
+        let width = stage.boundary_width();
+        codec::round_trip(self.cfg.train.codec, batch * seq, width, &mut h)?;
+        let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width);
+        self.send(&r.pathway[1], meta, &h, out)
+    }
+
+    fn report_loss(&self, r: &pb::Route, losses: &[f32], out: &mut Vec<Output>) {
+        let mean = (losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len().max(1) as f64) as f32;
+        out.push(Output::Report(pb::report::Kind::Loss(pb::LossReport {
+            epoch: r.epoch,
+            shard: r.shard,
+            first_sample: r.first_sample,
+            attempt: r.attempt,
+            loss: mean,
+            tokens: losses.len() as u32,
+        })));
+    }
+
+    /// Counts a finished micro-batch; steps the optimizer every `grad_accum`.
+    fn finished_one(&mut self) -> Result<()> {
+        self.work += 1;
+        self.accumulated += 1;
+        if self.accumulated >= self.cfg.train.grad_accum {
+            let lr = self.cfg.train.schedule.at(self.steps);
+            let (s, o) = (self.stage.as_mut().unwrap(), self.optim.as_mut().unwrap());
+            let st = o.step(s, &self.cfg.train.adamw, lr);
+            if !st.applied {
+                warn!(step = self.steps, "non-finite gradient; update skipped");
+            }
+            s.zero_grads();
+            self.accumulated = 0;
+            self.steps += 1;
+        }
+        Ok(())
+    }
+
+    fn frame(&mut self, f: ReceivedFrame, out: &mut Vec<Output>) -> Result<()> {
+        let h = &f.header;
+        let key = mb_key(h.epoch as u64, h.shard, h.first_sample, h.attempt);
+        let Some(r) = self.routes.get(&key).cloned() else {
+            if h.epoch as u64 >= self.epoch {
+                if self.early.len() >= MAX_EARLY {
+                    self.early.pop_front();
+                    self.rejected_frames += 1;
+                }
+                self.early.push_back((key, f));
+            }
+            return Ok(());
+        };
+        let s = self.stage_index as usize;
+        let from_expected = match h.direction {
+            Direction::Activation => s > 0 && r.pathway[s - 1] == f.peer.0,
+            Direction::ActivationGrad => s + 1 < r.pathway.len() && r.pathway[s + 1] == f.peer.0,
+            _ => false,
+        };
+        if !from_expected || h.codec != self.cfg.train.codec.id() {
+            self.rejected_frames += 1;
+            debug!(peer = %f.peer, "frame not from the pathway neighbour (or wrong codec); dropped");
+            return Ok(());
+        }
+        let (batch, seq) = (r.samples as usize, self.cfg.train.seq);
+        let width = self.stage.as_ref().context("frame before assignment")?.boundary_width();
+        let rows = batch * seq;
+        if h.dims() != [rows as u32, width as u32] {
+            self.rejected_frames += 1;
+            bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
+        }
+        let direction = h.direction;
+        let data = codec::decode(self.cfg.train.codec, rows, width, &f.payload)?;
+        drop(f); // the pool buffer goes back before the compute
+        let is_tail = s + 1 == self.cfg.spec.stages as usize;
+        let codec = self.cfg.train.codec;
+        match (direction, is_tail) {
+            (Direction::Activation, true) => {
+                // Tail: loss, then the gradient goes back at once.
+                let (_, y) = self.tokens(&r)?;
+                let k = self.cfg.train.grad_accum as f32;
+                let t = self.stage.as_mut().unwrap().forward_backward(
+                    StageInput::Hidden(&data),
+                    &y,
+                    batch,
+                    seq,
+                    1.0 / k,
+                )?;
+                self.report_loss(&r, &t.losses, out);
+                let mut g = t.din.context("tail of a split model returns an input gradient")?;
+                codec::round_trip(codec, rows, width, &mut g)?;
+                let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width);
+                self.send(&r.pathway[s - 1], meta, &g, out)?;
+                self.routes.remove(&key);
+                self.finished_one()
+            }
+            (Direction::Activation, false) => {
+                let stage = self.stage.as_mut().unwrap();
+                let mut h2 = stage.forward(stage_key(&key), StageInput::Hidden(&data), batch, seq)?;
+                let w2 = stage.boundary_width();
+                codec::round_trip(codec, rows, w2, &mut h2)?;
+                let meta = self.frame_meta(&r, Direction::Activation, rows, w2);
+                self.send(&r.pathway[s + 1], meta, &h2, out)
+            }
+            (Direction::ActivationGrad, _) => {
+                let din = self.stage.as_mut().unwrap().backward(stage_key(&key), &data)?;
+                self.routes.remove(&key);
+                match din {
+                    Some(mut g) => {
+                        codec::round_trip(codec, rows, width, &mut g)?;
+                        let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width);
+                        self.send(&r.pathway[s - 1], meta, &g, out)?;
+                    }
+                    None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
+                        epoch: r.epoch,
+                        shard: r.shard,
+                        first_sample: r.first_sample,
+                        attempt: r.attempt,
+                    }))),
+                }
+                self.finished_one()
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Loads the run's corpus as the single-process trainer does (same shards,
+/// same addresses).
+pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
+    let tok = cfg.train.tokenizer.build()?;
+    let tokens = match &cfg.data {
+        Some(p) => load_tokens(p, &tok)?,
+        None => tok.encode(&synthetic::grammar_text(cfg.train.seed, 2_000_000)),
+    };
+    let c = Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).map_err(anyhow::Error::msg)?;
+    if c.num_shards() as u32 != cfg.spec.n_shards {
+        bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
+    }
+    Ok(c)
+}
