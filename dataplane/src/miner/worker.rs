@@ -478,17 +478,31 @@ impl Worker {
     }
 }
 
+/// The number of shards the run's corpus has (what `RunSpec::n_shards` must be).
+pub fn load_corpus_shards(cfg: &RunConfig) -> Result<u32> {
+    let mut c = cfg.clone();
+    c.spec.n_shards = 0;
+    match load_corpus_unchecked(&c) {
+        Ok(corpus) => Ok(corpus.num_shards() as u32),
+        Err(e) => Err(e),
+    }
+}
+
 /// Loads the run's corpus as the single-process trainer does (same shards,
 /// same addresses).
 pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
+    let c = load_corpus_unchecked(cfg)?;
+    if c.num_shards() as u32 != cfg.spec.n_shards {
+        bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
+    }
+    Ok(c)
+}
+
+fn load_corpus_unchecked(cfg: &RunConfig) -> Result<Corpus> {
     let tok = cfg.train.tokenizer.build()?;
     let tokens = match &cfg.data {
         Some(p) => load_tokens(p, &tok)?,
         None => tok.encode(&synthetic::grammar_text(cfg.train.seed, 2_000_000)),
     };
-    let c = Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).map_err(anyhow::Error::msg)?;
-    if c.num_shards() as u32 != cfg.spec.n_shards {
-        bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
-    }
-    Ok(c)
+    Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).map_err(anyhow::Error::msg)
 }

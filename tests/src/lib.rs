@@ -1,0 +1,141 @@
+//! Helpers for the workspace integration tests: an in-process swarm (an
+//! orchestrator served over gRPC on 127.0.0.1 and miners as tasks, talking
+//! QUIC to each other).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use iota_control::auth::AuthPolicy;
+use iota_control::orchestrator::{Orchestrator, RunSpec};
+use iota_control::pb::orchestrator_server::OrchestratorServer;
+use iota_control::run::RunConfig;
+use iota_control::service::OrchestratorService;
+use iota_control::store::Store;
+use iota_core::{Identity, ModelConfig, WireCodec};
+use iota_dataplane::miner::{self, MinerOptions, MinerSummary};
+use iota_model::data::TokenizerKind;
+use iota_model::optim::{AdamWConfig, LrSchedule};
+use iota_model::train::TrainConfig;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// A `tiny` run on the generated corpus.
+pub fn tiny_run(
+    dir: &std::path::Path,
+    stages: u32,
+    replicas: u32,
+    epochs: u64,
+    per_epoch: u64,
+    codec: WireCodec,
+) -> RunConfig {
+    let mut model = ModelConfig::preset("tiny").unwrap();
+    if codec == WireCodec::F32 {
+        model.bottleneck = 0;
+    }
+    let (batch, seq, accum) = (4usize, 64usize, 1usize);
+    let steps = epochs * per_epoch / (replicas as u64 * accum as u64);
+    let train = TrainConfig {
+        model,
+        tokenizer: TokenizerKind::Byte,
+        stages: stages as usize,
+        batch,
+        seq,
+        grad_accum: accum,
+        steps,
+        schedule: LrSchedule { peak: 3e-3, warmup: 5, total: steps, min_ratio: 0.1 },
+        adamw: AdamWConfig::default(),
+        codec,
+        seed: 11,
+    };
+    let mut cfg = RunConfig {
+        spec: RunSpec {
+            run_id: 99,
+            stages,
+            replicas,
+            epochs,
+            micro_batches_per_epoch: per_epoch,
+            batch: batch as u32,
+            n_shards: 0,
+            max_in_flight: 2 * replicas,
+            route_timeout_ms: 5_000,
+            heartbeat_timeout_ms: 3_000,
+            max_attempts: 4,
+            phase_timeout_ms: 20_000,
+        },
+        train,
+        data: None,
+        store: dir.join("store"),
+        max_shards: 16,
+        val_fraction: 0.02,
+    };
+    cfg.spec.n_shards = iota_dataplane::miner::worker::load_corpus_shards(&cfg).unwrap();
+    cfg
+}
+
+pub struct Swarm {
+    pub service: OrchestratorService,
+    pub url: String,
+    server: tokio::task::JoinHandle<()>,
+    ticker: tokio::task::JoinHandle<()>,
+    pub db: PathBuf,
+}
+
+impl Swarm {
+    /// Starts an orchestrator for `cfg` (state in `db`).
+    pub async fn start(cfg: &RunConfig, db: PathBuf) -> Swarm {
+        let service = OrchestratorService::new(
+            Orchestrator::new(cfg.spec.clone()).unwrap(),
+            Some(Store::open(&db).unwrap()),
+            cfg.to_json(),
+            AuthPolicy::default(),
+        )
+        .unwrap();
+        Self::serve(service, db, None).await
+    }
+
+    async fn serve(service: OrchestratorService, db: PathBuf, addr: Option<std::net::SocketAddr>) -> Swarm {
+        let listener = tokio::net::TcpListener::bind(addr.unwrap_or("127.0.0.1:0".parse().unwrap())).await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let svc = service.clone();
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(OrchestratorServer::new(svc))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await;
+        });
+        let ticker = service.spawn_ticker();
+        Swarm { service, url, server, ticker, db }
+    }
+
+    /// Kills the orchestrator (no clean shutdown) and starts a new one from
+    /// its database on the same address.
+    pub async fn restart(self, cfg: &RunConfig) -> Swarm {
+        let addr: std::net::SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
+        self.server.abort();
+        self.ticker.abort();
+        let _ = self.server.await;
+        let db = self.db.clone();
+        drop(self.service);
+        let service = OrchestratorService::new(
+            Orchestrator::new(cfg.spec.clone()).unwrap(),
+            Some(Store::open(&db).unwrap()),
+            cfg.to_json(),
+            AuthPolicy::default(),
+        )
+        .unwrap();
+        // The port may take a moment to be free again.
+        for _ in 0..50 {
+            if tokio::net::TcpListener::bind(addr).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Self::serve(service, db, Some(addr)).await
+    }
+
+    /// Starts a miner task.
+    pub fn miner(&self, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
+        let opts = MinerOptions::local(self.url.clone());
+        tokio::spawn(miner::run(opts, Identity::generate(), stop))
+    }
+}
