@@ -75,9 +75,18 @@ pub fn tiny_run(
 pub struct Swarm {
     pub service: OrchestratorService,
     pub url: String,
-    server: tokio::task::JoinHandle<()>,
-    ticker: tokio::task::JoinHandle<()>,
+    /// The orchestrator runs on its own runtime, so "crashing" it (dropping
+    /// the runtime) ends every task it had, connections included.
+    rt: Option<tokio::runtime::Runtime>,
     pub db: PathBuf,
+}
+
+impl Drop for Swarm {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Swarm {
@@ -94,28 +103,34 @@ impl Swarm {
     }
 
     async fn serve(service: OrchestratorService, db: PathBuf, addr: Option<std::net::SocketAddr>) -> Swarm {
-        let listener = tokio::net::TcpListener::bind(addr.unwrap_or("127.0.0.1:0".parse().unwrap())).await.unwrap();
+        let listener = std::net::TcpListener::bind(addr.unwrap_or("127.0.0.1:0".parse().unwrap())).unwrap();
+        listener.set_nonblocking(true).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let svc = service.clone();
-        let server = tokio::spawn(async move {
+        rt.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let _ = tonic::transport::Server::builder()
                 .add_service(OrchestratorServer::new(svc))
                 .serve_with_incoming(TcpListenerStream::new(listener))
                 .await;
         });
-        let ticker = service.spawn_ticker();
-        Swarm { service, url, server, ticker, db }
+        let ticker_svc = service.clone();
+        rt.spawn(async move {
+            ticker_svc.spawn_ticker().await.ok();
+        });
+        Swarm { service, url, rt: Some(rt), db }
     }
 
     /// Kills the orchestrator (no clean shutdown) and starts a new one from
     /// its database on the same address.
-    pub async fn restart(self, cfg: &RunConfig) -> Swarm {
+    pub async fn restart(mut self, cfg: &RunConfig) -> Swarm {
         let addr: std::net::SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
-        self.server.abort();
-        self.ticker.abort();
-        let _ = self.server.await;
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
         let db = self.db.clone();
-        drop(self.service);
+        drop(self);
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
             Some(Store::open(&db).unwrap()),
@@ -125,7 +140,7 @@ impl Swarm {
         .unwrap();
         // The port may take a moment to be free again.
         for _ in 0..50 {
-            if tokio::net::TcpListener::bind(addr).await.is_ok() {
+            if std::net::TcpListener::bind(addr).is_ok() {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -41,3 +41,87 @@ async fn three_stages_two_replicas_train_and_merge() {
         assert!(w[0] == w[1], "stage {stage} replicas differ after the merge");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequential_swarm_equals_the_single_process_trainer() {
+    use iota_model::CpuBackend;
+    use iota_model::train::Pipeline;
+
+    let dir = tempfile::tempdir().unwrap();
+    // 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
+    // micro-batch at a time.
+    let mut cfg = tiny_run(dir.path(), 3, 1, 2, 12, WireCodec::F32);
+    cfg.spec.max_in_flight = 1;
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+    }
+    let swarm_losses: Vec<f32> =
+        swarm.service.with_state(|o| o.history().iter().flat_map(|e| e.losses.clone()).collect());
+    assert_eq!(swarm_losses.len(), 24);
+
+    // The same run in one process.
+    let corpus = iota_dataplane::miner::worker::load_corpus(&cfg).unwrap();
+    let mut p = Pipeline::new(Arc::new(CpuBackend::new()), cfg.train.clone()).unwrap();
+    let trainer: Vec<f32> = (0..24).map(|_| p.train_step(&corpus).unwrap().loss).collect();
+    for (i, (a, b)) in swarm_losses.iter().zip(&trainer).enumerate() {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "micro-batch {i}: swarm {a} vs trainer {b}");
+    }
+    assert!(trainer[23] < trainer[0], "and it learns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_miner_work_is_rerouted_and_the_epoch_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(dir.path(), 3, 2, 2, 40, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let flags: Vec<Arc<AtomicBool>> = (0..6).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let miners: Vec<_> = flags.iter().map(|f| swarm.miner(f.clone())).collect();
+    // Once training is under way, kill a miner of the middle stage.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while swarm.service.with_state(|o| o.counters().completed) < 5 {
+        assert!(Instant::now() < deadline, "training did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let victim = swarm.service.with_state(|o| o.miners().find(|m| m.stage == 1).map(|m| m.index).unwrap());
+    // Miners register in spawn order, so index i is the i-th task.
+    flags[victim as usize].store(true, std::sync::atomic::Ordering::SeqCst);
+    for (i, m) in miners.into_iter().enumerate() {
+        let r = tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished");
+        if i != victim as usize {
+            r.unwrap().unwrap();
+        }
+    }
+    let (history, counters) = swarm.service.with_state(|o| (o.history().to_vec(), o.counters().clone()));
+    assert_eq!(history.len(), 2, "both epochs completed");
+    for e in &history {
+        assert_eq!(e.completed + e.dropped, 40);
+    }
+    assert!(counters.rerouted > 0, "the victim's micro-batches were re-routed");
+    assert!(counters.completed >= 70, "{counters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarted_orchestrator_resumes_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(dir.path(), 2, 1, 3, 16, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..2).map(|_| swarm.miner(stop.clone())).collect();
+    // Wait until the first epoch is complete, then crash and restart the orchestrator.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while swarm.service.with_state(|o| o.epoch()) < 1 {
+        assert!(Instant::now() < deadline, "first epoch did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let swarm = swarm.restart(&cfg).await;
+    assert!(swarm.service.with_state(|o| o.epoch()) >= 1, "the completed epoch survived the crash");
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history.len(), 3, "the run went on to its end");
+    assert!(history.iter().all(|e| e.completed + e.dropped == 16));
+}

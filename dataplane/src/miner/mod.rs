@@ -85,13 +85,15 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     info!(index = reply.miner_index, addr, "registered");
     let store = ObjectStore::local(&cfg.store, FileIo::start(false))?;
 
+    // `stop` is the caller's; `finished` ends this miner's own tasks.
+    let finished = Arc::new(AtomicBool::new(false));
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
     let epoch = Arc::new(AtomicU64::new(0));
 
     // Orchestrator commands, re-subscribing when the stream drops.
     let cmd_task = {
-        let (mut client, in_tx, stop) = (client.clone(), in_tx.clone(), stop.clone());
+        let (mut client, in_tx, stop) = (client.clone(), in_tx.clone(), finished.clone());
         let addr = addr.clone();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
@@ -129,7 +131,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     };
     // Heartbeats.
     let hb_task = {
-        let (mut client, epoch, every, stop) = (client.clone(), epoch.clone(), opts.heartbeat, stop.clone());
+        let (mut client, epoch, every, stop) = (client.clone(), epoch.clone(), opts.heartbeat, finished.clone());
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(every);
             while !stop.load(Ordering::SeqCst) {
@@ -195,7 +197,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     // Let the last frames and reports go out, then stop.
     drop(in_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
-    stop.store(true, Ordering::SeqCst);
+    finished.store(true, Ordering::SeqCst);
     for t in [cmd_task, frame_task, hb_task] {
         t.abort();
     }
