@@ -123,7 +123,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         let (ep, in_tx) = (ep.clone(), in_tx.clone());
         tokio::spawn(async move {
             while let Some(f) = ep.recv().await {
-                if in_tx.send(Input::Frame(f)).await.is_err() {
+                if in_tx.send(Input::Frame(Box::new(f))).await.is_err() {
                     return;
                 }
             }

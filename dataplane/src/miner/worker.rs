@@ -33,7 +33,7 @@ use crate::transport::ReceivedFrame;
 /// What the worker reacts to.
 pub enum Input {
     Command(pb::command::Kind),
-    Frame(ReceivedFrame),
+    Frame(Box<ReceivedFrame>),
 }
 
 /// What the worker wants done.
@@ -125,7 +125,7 @@ impl Worker {
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
         match input {
             Input::Command(c) => self.command(c, out),
-            Input::Frame(f) => self.frame(f, out),
+            Input::Frame(f) => self.frame(*f, out),
         }
     }
 
@@ -215,13 +215,15 @@ impl Worker {
                 if let Some(s) = self.stage.as_mut() {
                     s.zero_grads();
                 }
-                if p.epoch > 0 && self.weights_after != Some(p.epoch - 1) && self.stage.is_some() {
+                if p.epoch > 0
+                    && self.weights_after != Some(p.epoch - 1)
+                    && let Some(s) = self.stage.as_mut()
+                {
                     let key = merged_key(p.epoch - 1, self.stage_index);
                     let bytes = self
                         .rt
                         .block_on(self.store.get(&key))
                         .with_context(|| format!("fetching merged weights {key}"))?;
-                    let s = self.stage.as_mut().unwrap();
                     let params = stage_params(s.layout(), &bytes)?;
                     s.set_params(&params)?;
                     self.weights_after = Some(p.epoch - 1);
