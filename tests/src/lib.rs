@@ -68,7 +68,7 @@ pub fn tiny_run(
         max_shards: 16,
         val_fraction: 0.02,
     };
-    cfg.spec.n_shards = iota_dataplane::miner::worker::load_corpus_shards(&cfg).unwrap();
+    cfg.fix_shards().unwrap();
     cfg
 }
 

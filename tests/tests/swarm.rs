@@ -63,7 +63,7 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
     assert_eq!(swarm_losses.len(), 24);
 
     // The same run in one process.
-    let corpus = iota_dataplane::miner::worker::load_corpus(&cfg).unwrap();
+    let corpus = cfg.load_corpus().unwrap();
     let mut p = Pipeline::new(Arc::new(CpuBackend::new()), cfg.train.clone()).unwrap();
     let trainer: Vec<f32> = (0..24).map(|_| p.train_step(&corpus).unwrap().loss).collect();
     for (i, (a, b)) in swarm_losses.iter().zip(&trainer).enumerate() {

@@ -1,5 +1,5 @@
-//! `iota-miner`: the data-plane daemon of a GPU owner. For now it offers the
-//! transport probe; the stage worker arrives with the control plane.
+//! `iota-miner`: the daemon a GPU owner runs. `run` joins a training run;
+//! `transport-probe` measures the data plane.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +10,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use iota_core::{Identity, PeerId};
 use iota_dataplane::probe::{self, ProbeReport};
+use iota_dataplane::miner::{self, MinerOptions};
 use iota_dataplane::{Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -24,6 +26,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Join a training run: register with the orchestrator, take the stage it
+    /// assigns, and work until the run is done.
+    Run(RunArgs),
     /// Measure the QUIC data plane: send frames to a peer and report
     /// throughput and latency (send start to acknowledgement).
     ///
@@ -31,6 +36,30 @@ enum Cmd {
     /// peer id), then `--connect ADDR --peer ID` on the other, each with its
     /// own `--identity` file. One machine: `--local`.
     TransportProbe(ProbeArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Orchestrator URL.
+    #[arg(long, default_value = "http://127.0.0.1:7100")]
+    orchestrator: String,
+    /// UDP address the data plane listens on (port 0 = any free port). For
+    /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Address other miners should dial, if not the listen address (e.g.
+    /// behind NAT or when listening on 0.0.0.0).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// This miner's identity file (created if missing; keep it secret).
+    #[arg(long, default_value = "iota-miner.key")]
+    identity: PathBuf,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Receive pool budget in MiB.
+    #[arg(long, default_value_t = 256)]
+    pool_mib: usize,
 }
 
 #[derive(Args)]
@@ -70,6 +99,7 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let res = rt.block_on(async {
         match cli.cmd {
+            Cmd::Run(a) => run_miner(a).await,
             Cmd::TransportProbe(a) => transport_probe(a).await,
         }
     });
@@ -77,6 +107,26 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }
+}
+
+async fn run_miner(a: RunArgs) -> Result<()> {
+    if let Some(t) = a.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
+    }
+    let id = identity_file::load_or_create(&a.identity)?;
+    println!("peer id: {}", id.peer_id().to_hex());
+    let mut opts = MinerOptions::local(a.orchestrator);
+    opts.listen = a.listen;
+    opts.advertise = a.advertise.or_else(|| (!a.listen.ip().is_unspecified()).then(|| a.listen.to_string()));
+    opts.pool_bytes = a.pool_mib << 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    }
+    let s = miner::run(opts, id, stop).await?;
+    println!("stage {} done: {} optimizer steps", s.stage, s.optimizer_steps);
+    Ok(())
 }
 
 fn parse_peer(s: &str) -> Result<PeerId> {

@@ -77,7 +77,11 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         HostPool::new(opts.pool_bytes),
         TransportConfig::default(),
     )?);
-    let addr = opts.advertise.clone().unwrap_or(ep.local_addr()?.to_string());
+    let local = ep.local_addr()?;
+    if opts.advertise.is_none() && local.ip().is_unspecified() {
+        anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
+    }
+    let addr = opts.advertise.clone().unwrap_or(local.to_string());
     let mut client = connect(&opts.orchestrator, id.clone()).await?;
     let reply = client.register(addr.clone(), 0.0, "cpu".into()).await.context("registering with the orchestrator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;

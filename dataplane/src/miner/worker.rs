@@ -20,7 +20,7 @@ use iota_control::run::RunConfig;
 use iota_core::wire::Direction;
 use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
 use iota_model::checkpoint::{parse_safetensors, stage_bytes, stage_params};
-use iota_model::data::{Corpus, load_tokens, synthetic};
+use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{CpuBackend, Stage, StageInput, codec};
 use tracing::{debug, info, warn};
@@ -192,7 +192,7 @@ impl Worker {
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
-            self.corpus = Some(Arc::new(load_corpus(&self.cfg)?));
+            self.corpus = Some(Arc::new(self.cfg.load_corpus()?));
         }
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())
@@ -478,33 +478,4 @@ impl Worker {
             _ => Ok(()),
         }
     }
-}
-
-/// The number of shards the run's corpus has (what `RunSpec::n_shards` must be).
-pub fn load_corpus_shards(cfg: &RunConfig) -> Result<u32> {
-    let mut c = cfg.clone();
-    c.spec.n_shards = 0;
-    match load_corpus_unchecked(&c) {
-        Ok(corpus) => Ok(corpus.num_shards() as u32),
-        Err(e) => Err(e),
-    }
-}
-
-/// Loads the run's corpus as the single-process trainer does (same shards,
-/// same addresses).
-pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
-    let c = load_corpus_unchecked(cfg)?;
-    if c.num_shards() as u32 != cfg.spec.n_shards {
-        bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
-    }
-    Ok(c)
-}
-
-fn load_corpus_unchecked(cfg: &RunConfig) -> Result<Corpus> {
-    let tok = cfg.train.tokenizer.build()?;
-    let tokens = match &cfg.data {
-        Some(p) => load_tokens(p, &tok)?,
-        None => tok.encode(&synthetic::grammar_text(cfg.train.seed, 2_000_000)),
-    };
-    Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).map_err(anyhow::Error::msg)
 }
