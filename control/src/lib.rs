@@ -6,11 +6,13 @@
 //! - [`service`], [`store`], [`client`]: its gRPC shell, SQLite state, and a signing client.
 
 pub mod auth;
+pub mod cli;
 pub mod client;
 pub mod orchestrator;
 pub mod run;
 pub mod service;
 pub mod store;
+pub mod swarm;
 
 /// Generated from `proto/iota.proto`.
 pub mod pb {

@@ -280,7 +280,13 @@ impl Orchestrator {
     fn pathway(&self, rng: &mut Rng, avoid: &[PeerId]) -> Option<Vec<PeerId>> {
         (0..self.spec.stages)
             .map(|s| {
-                let cands: Vec<&MinerState> = self.active_in(s).collect();
+                // Miners holding this epoch's weights first; if a stage has
+                // none (e.g. all restarted), joining ones carry the work from
+                // the epoch's starting weights rather than stall the run.
+                let mut cands: Vec<&MinerState> = self.active_in(s).collect();
+                if cands.is_empty() {
+                    cands = self.healthy_in(s).collect();
+                }
                 let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
                 let pool = if preferred.is_empty() { cands } else { preferred };
                 let least = pool.iter().map(|m| m.in_flight).min()?;

@@ -255,3 +255,17 @@ fn snapshot_round_trip_resumes_the_run() {
     assert_eq!(t.o.history().len(), 2);
     assert!(t.o.history().iter().all(|e| e.completed + e.dropped == 8));
 }
+
+#[test]
+fn a_stage_whose_miners_all_restarted_does_not_stall() {
+    let mut s = Sim::new(spec(2, 1, 1, 6, 1));
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    s.drain();
+    // Both miners restart mid-epoch and register again (same identities).
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    assert!(s.o.miners().all(|m| m.joining));
+    s.run_until_done(100);
+    assert_eq!(s.o.history()[0].completed, 6);
+}

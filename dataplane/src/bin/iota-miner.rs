@@ -117,7 +117,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     println!("peer id: {}", id.peer_id().to_hex());
     let mut opts = MinerOptions::local(a.orchestrator);
     opts.listen = a.listen;
-    opts.advertise = a.advertise.or_else(|| (!a.listen.ip().is_unspecified()).then(|| a.listen.to_string()));
+    opts.advertise = a.advertise;
     opts.pool_bytes = a.pool_mib << 20;
     let stop = Arc::new(AtomicBool::new(false));
     {

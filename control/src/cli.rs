@@ -1,0 +1,181 @@
+//! Command-line settings of a run (shared by `orchestrator` and `swarm`), and
+//! the TOML config file that can provide them.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use iota_core::{ModelConfig, WireCodec};
+use iota_model::data::TokenizerKind;
+use iota_model::optim::{AdamWConfig, LrSchedule};
+use iota_model::train::TrainConfig;
+
+use crate::orchestrator::RunSpec;
+use crate::run::RunConfig;
+
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Model preset (tiny, small, 125m, 1b, 1.5b, 15b).
+    #[arg(long, default_value = "small")]
+    pub model: String,
+    /// Pipeline stages.
+    #[arg(long, default_value_t = 3)]
+    pub stages: u32,
+    /// Miners per stage (data-parallel replicas, merged every epoch).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u32,
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    /// Micro-batches per epoch (over all replicas).
+    #[arg(long, default_value_t = 48)]
+    pub micro_batches: u64,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Tokens per sequence (default: 128, or the model's max_seq if smaller).
+    #[arg(long)]
+    pub seq: Option<usize>,
+    /// Micro-batches each miner accumulates per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Peak learning rate (warm-up then cosine decay).
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f32,
+    /// Wire codec at stage boundaries: int8, int4, bf16, f32.
+    #[arg(long, default_value = "int8")]
+    pub codec: String,
+    /// Bottleneck width at boundaries (default: the preset's; 0 = off).
+    #[arg(long)]
+    pub bottleneck: Option<usize>,
+    /// Training corpus (text, .jsonl, .bin shards); default: a generated toy corpus.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Run directory: state database, object store, keys, logs.
+    #[arg(long, default_value = "runs/swarm")]
+    pub run_dir: PathBuf,
+    /// Micro-batches in the pipeline at once (default: 2 per replica).
+    #[arg(long)]
+    pub max_in_flight: Option<u32>,
+    /// Seconds before an unfinished micro-batch is re-routed.
+    #[arg(long, default_value_t = 30)]
+    pub route_timeout_s: u64,
+    /// Seconds of silence before a miner counts as unhealthy.
+    #[arg(long, default_value_t = 10)]
+    pub heartbeat_timeout_s: u64,
+    /// Issues of a micro-batch before it is counted as dropped.
+    #[arg(long, default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Seconds the upload or merge phase may take before moving on without laggards.
+    #[arg(long, default_value_t = 300)]
+    pub phase_timeout_s: u64,
+}
+
+impl RunArgs {
+    /// The run configuration these settings describe (loads the corpus once
+    /// to fix the number of data shards).
+    pub fn run_config(&self) -> Result<RunConfig> {
+        let mut model = ModelConfig::preset(&self.model)?;
+        let tokenizer = if model.vocab_real <= 256 { TokenizerKind::Byte } else { TokenizerKind::Gpt2 };
+        model.vocab_real = tokenizer.vocab_real();
+        model.vocab_size = tokenizer.vocab_padded();
+        if let Some(b) = self.bottleneck {
+            model.bottleneck = b;
+        }
+        let codec = WireCodec::parse(&self.codec).with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", self.codec))?;
+        if self.replicas == 0 || self.stages == 0 || self.micro_batches == 0 {
+            bail!("--stages, --replicas and --micro-batches must be positive");
+        }
+        let steps = (self.epochs * self.micro_batches / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
+        let seq = self.seq.unwrap_or(model.max_seq.min(128));
+        let train = TrainConfig {
+            model,
+            tokenizer,
+            stages: self.stages as usize,
+            batch: self.batch,
+            seq,
+            grad_accum: self.grad_accum,
+            steps,
+            schedule: LrSchedule { peak: self.lr, warmup: (steps / 20).clamp(1, 100), total: steps, min_ratio: 0.1 },
+            adamw: AdamWConfig::default(),
+            codec,
+            seed: self.seed,
+        };
+        let spec = RunSpec {
+            run_id: iota_core::rng::derive(self.seed, &[self.stages as u64, self.replicas as u64, self.epochs]),
+            stages: self.stages,
+            replicas: self.replicas,
+            epochs: self.epochs,
+            micro_batches_per_epoch: self.micro_batches,
+            batch: self.batch as u32,
+            n_shards: 1,
+            max_in_flight: self.max_in_flight.unwrap_or(2 * self.replicas),
+            route_timeout_ms: self.route_timeout_s * 1000,
+            heartbeat_timeout_ms: self.heartbeat_timeout_s * 1000,
+            max_attempts: self.max_attempts,
+            phase_timeout_ms: self.phase_timeout_s * 1000,
+        };
+        let data = self.data.as_ref().map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display()))).transpose()?;
+        let store = self.run_dir.join("store");
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let mut cfg = RunConfig { spec, train, data, store: std::fs::canonicalize(&store)?, max_shards: 64, val_fraction: 0.02 };
+        cfg.fix_shards()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Expands `--config-file PATH` into flags: each TOML key `k = v` becomes
+/// `--k v` placed right after the subcommand, so flags given on the command
+/// line (later) override the file.
+pub fn expand_config_file(args: Vec<String>) -> Result<Vec<String>> {
+    let Some(pos) = args.iter().position(|a| a == "--config-file" || a.starts_with("--config-file=")) else {
+        return Ok(args);
+    };
+    let (path, drop_n) = match args[pos].split_once('=') {
+        Some((_, p)) => (p.to_string(), 1),
+        None => (args.get(pos + 1).cloned().context("--config-file needs a path")?, 2),
+    };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let table: toml::Table = text.parse().with_context(|| format!("{path} is not valid TOML"))?;
+    let mut flags = Vec::new();
+    for (k, v) in table {
+        let value = match v {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => bail!("{path}: key '{k}' has an unsupported value {other}"),
+        };
+        flags.push(format!("--{}", k.replace('_', "-")));
+        flags.push(value);
+    }
+    let mut out: Vec<String> = args[..pos].to_vec();
+    out.extend(args[pos + drop_n..].iter().cloned());
+    // After the program name and subcommand.
+    let at = out.len().min(2);
+    out.splice(at..at, flags);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_becomes_flags_that_the_command_line_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run.toml");
+        std::fs::write(&p, "model = \"tiny\"\nepochs = 5\nlr = 0.001\n").unwrap();
+        let args: Vec<String> =
+            ["iota-control", "swarm", "--config-file", p.to_str().unwrap(), "--epochs", "2"].iter().map(|s| s.to_string()).collect();
+        let out = expand_config_file(args).unwrap();
+        assert_eq!(&out[..2], &["iota-control", "swarm"]);
+        let joined = out.join(" ");
+        assert!(joined.contains("--model tiny") && joined.contains("--lr 0.001"));
+        assert!(joined.ends_with("--epochs 2"), "command-line flags come last: {joined}");
+        std::fs::write(&p, "model = [1, 2]\n").unwrap();
+        assert!(expand_config_file(vec!["x".into(), "swarm".into(), "--config-file".into(), p.to_str().unwrap().into()]).is_err());
+    }
+}

@@ -1,0 +1,208 @@
+//! The local swarm: an orchestrator in this process and S x R `iota-miner`
+//! processes on loopback, with one progress bar and a summary at the end.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::process::{Child, Command};
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::auth::AuthPolicy;
+use crate::orchestrator::{EpochSummary, Orchestrator, Phase};
+use crate::pb::orchestrator_server::OrchestratorServer;
+use crate::run::RunConfig;
+use crate::service::OrchestratorService;
+use crate::store::Store;
+
+pub struct SwarmOptions {
+    pub cfg: RunConfig,
+    pub run_dir: PathBuf,
+    /// Where the orchestrator's gRPC listens.
+    pub listen: SocketAddr,
+    pub miner_bin: PathBuf,
+    pub threads_per_miner: usize,
+}
+
+pub struct SwarmReport {
+    pub history: Vec<EpochSummary>,
+    pub completed: u64,
+    pub rerouted: u64,
+    pub dropped: u64,
+    pub tokens: u64,
+    pub elapsed: Duration,
+    pub interrupted: bool,
+}
+
+/// Starts the orchestrator's gRPC server; returns its URL.
+pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the orchestrator on {listen}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(OrchestratorServer::new(svc))
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+        {
+            tracing::error!(error = %e, "orchestrator server stopped");
+        }
+    });
+    Ok((url, task))
+}
+
+/// Opens (or resumes) the run's orchestrator state in `run_dir`.
+pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path) -> Result<OrchestratorService> {
+    let store = Store::open(&run_dir.join("state.sqlite"))?;
+    OrchestratorService::new(Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?, Some(store), cfg.to_json(), AuthPolicy::default())
+}
+
+fn spawn_miner(o: &SwarmOptions, url: &str, i: u32) -> Result<Child> {
+    let logs = o.run_dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let log = std::fs::File::create(logs.join(format!("miner-{i}.log")))?;
+    let key = o.run_dir.join("keys").join(format!("miner-{i}.key"));
+    Command::new(&o.miner_bin)
+        .args(["run", "--orchestrator", url, "--listen", "127.0.0.1:0", "--threads"])
+        .arg(o.threads_per_miner.to_string())
+        .arg("--identity")
+        .arg(&key)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", o.miner_bin.display()))
+}
+
+/// Runs the swarm to the end of its epochs (or Ctrl-C).
+pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
+    let svc = orchestrator(&o.cfg, &o.run_dir)?;
+    let (url, server) = serve(svc.clone(), o.listen).await?;
+    let ticker = svc.spawn_ticker();
+    let spec = o.cfg.spec.clone();
+    let n = spec.stages * spec.replicas;
+    let mut children = Vec::new();
+    for i in 0..n {
+        children.push(spawn_miner(&o, &url, i)?);
+    }
+    eprintln!(
+        "swarm: orchestrator at {url}, {n} miners ({} stages x {} replicas), logs in {}",
+        spec.stages,
+        spec.replicas,
+        o.run_dir.join("logs").display()
+    );
+    let bar = ProgressBar::new(spec.epochs * spec.micro_batches_per_epoch);
+    bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?.progress_chars("=> "));
+    let start = Instant::now();
+    let (tokens0, mut last_tokens, mut last_t) = (svc.with_state(|o| o.counters().tokens), 0u64, Instant::now());
+    let mut tps = 0.0;
+    let mut interrupted = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => { interrupted = true; break; }
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        let (phase, epoch, c, healthy, history_done) = svc.with_state(|o| {
+            let healthy: Vec<usize> = (0..spec.stages).map(|s| o.miners().filter(|m| m.stage == s && m.healthy).count()).collect();
+            let done: u64 = o.history().iter().map(|e| e.completed + e.dropped).sum();
+            (o.phase().clone(), o.epoch(), o.counters().clone(), healthy, done)
+        });
+        let now = Instant::now();
+        let dt = now.duration_since(last_t).as_secs_f64();
+        if dt >= 1.0 {
+            tps = (c.tokens.saturating_sub(tokens0) - last_tokens) as f64 / dt;
+            last_tokens = c.tokens.saturating_sub(tokens0);
+            last_t = now;
+        }
+        let in_epoch = svc.with_state(|o| o.micro_batches().filter(|(_, s)| !matches!(s, crate::orchestrator::MbStatus::InFlight { .. })).count() as u64);
+        bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
+        bar.set_message(format!(
+            "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {}",
+            (epoch + 1).min(spec.epochs),
+            spec.epochs,
+            phase,
+            c.last_loss,
+            tps,
+            healthy,
+            c.rerouted,
+            c.dropped
+        ));
+        if phase == Phase::Done {
+            break;
+        }
+        // A miner that exits early is reported; the swarm carries on without it.
+        for (i, ch) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = ch.try_wait()
+                && !status.success()
+            {
+                bar.println(format!("miner {i} exited with {status}; see logs/miner-{i}.log"));
+            }
+        }
+        if children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+            bar.abandon_with_message("every miner exited before the run finished");
+            bail!("every miner exited before the run finished; see {}", o.run_dir.join("logs").display());
+        }
+    }
+    bar.finish_and_clear();
+    // Let miners see Done and exit; then make sure none is left behind.
+    let deadline = Instant::now() + Duration::from_secs(if interrupted { 0 } else { 20 });
+    for ch in children.iter_mut() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, ch.wait()).await.is_err() {
+            let _ = ch.kill().await;
+        }
+    }
+    svc.save();
+    ticker.abort();
+    server.abort();
+    let (history, c) = svc.with_state(|o| (o.history().to_vec(), o.counters().clone()));
+    Ok(SwarmReport {
+        history,
+        completed: c.completed,
+        rerouted: c.rerouted,
+        dropped: c.dropped,
+        tokens: c.tokens.saturating_sub(tokens0),
+        elapsed: start.elapsed(),
+        interrupted,
+    })
+}
+
+/// Bytes per token that cross stage boundaries (activations and their
+/// gradients, frame headers included).
+pub fn wire_bytes_per_token(cfg: &RunConfig) -> f64 {
+    let spec = iota_core::StageSpec::split(&cfg.train.model, cfg.train.stages).ok();
+    let width = spec.and_then(|s| s.first().map(|s| s.boundary_width)).unwrap_or(cfg.train.model.d_model);
+    let tokens = (cfg.train.batch * cfg.train.seq) as f64;
+    let per_frame = cfg.train.codec.row_bytes(width) as f64 * tokens + iota_core::wire::payload_offset() as f64;
+    2.0 * (cfg.train.stages.saturating_sub(1)) as f64 * per_frame / tokens
+}
+
+pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
+    println!("{:>5} {:>10} {:>10} {:>8}", "epoch", "mean loss", "completed", "dropped");
+    for e in &r.history {
+        println!("{:>5} {:>10.4} {:>10} {:>8}", e.epoch, e.mean_loss, e.completed, e.dropped);
+    }
+    println!(
+        "micro-batches: {} completed, {} re-routed, {} dropped; {} tokens in {:.1}s ({:.0} tokens/s)",
+        r.completed,
+        r.rerouted,
+        r.dropped,
+        r.tokens,
+        r.elapsed.as_secs_f64(),
+        r.tokens as f64 / r.elapsed.as_secs_f64().max(1e-9)
+    );
+    println!(
+        "boundary traffic: {:.1} bytes per token ({} codec, {} boundaries, both directions, headers included)",
+        wire_bytes_per_token(cfg),
+        cfg.train.codec.name(),
+        cfg.train.stages.saturating_sub(1)
+    );
+    if r.interrupted {
+        println!("interrupted; run the same command again to resume from the saved state");
+    }
+}
