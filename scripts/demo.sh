@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: train the `small` model (~22M parameters) split into 3
-# pipeline stages (int8 bottleneck at each boundary) on the King James Bible,
-# on the CPU. Extra arguments go to `iota train` (see `iota train --help`).
+# The main job: a local swarm (an orchestrator and 3 stages x 2 replicas of
+# miner processes on loopback) trains the `small` model (~22M parameters) on
+# the King James Bible. Extra arguments go to `iota-control swarm` (see
+# `iota-control swarm --help`); running it again resumes an interrupted run.
 source "$(dirname "$0")/lib.sh"
 ensure_build_tools
 ensure_cmd bible bible-kjv
@@ -9,6 +10,6 @@ mkdir -p data
 if [ ! -s data/kjv.txt ]; then
     bible "gen1:1-rev22:21" > data/kjv.txt.tmp && mv data/kjv.txt.tmp data/kjv.txt
 fi
-cargo build --release -q -p iota-model --bin iota
-exec target/release/iota train --config small --data data/kjv.txt --stages 3 --steps 300 --batch 8 --seq 128 \
-    --out runs/demo "$@"
+cargo build --release -q -p iota-control -p iota-dataplane -p iota-model
+exec target/release/iota-control swarm --model small --stages 3 --replicas 2 --epochs 6 --micro-batches 48 \
+    --data data/kjv.txt --run-dir runs/demo "$@"

@@ -83,7 +83,8 @@ impl RunArgs {
         if let Some(b) = self.bottleneck {
             model.bottleneck = b;
         }
-        let codec = WireCodec::parse(&self.codec).with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", self.codec))?;
+        let codec = WireCodec::parse(&self.codec)
+            .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", self.codec))?;
         if self.replicas == 0 || self.stages == 0 || self.micro_batches == 0 {
             bail!("--stages, --replicas and --micro-batches must be positive");
         }
@@ -116,10 +117,15 @@ impl RunArgs {
             max_attempts: self.max_attempts,
             phase_timeout_ms: self.phase_timeout_s * 1000,
         };
-        let data = self.data.as_ref().map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display()))).transpose()?;
+        let data = self
+            .data
+            .as_ref()
+            .map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display())))
+            .transpose()?;
         let store = self.run_dir.join("store");
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
-        let mut cfg = RunConfig { spec, train, data, store: std::fs::canonicalize(&store)?, max_shards: 64, val_fraction: 0.02 };
+        let mut cfg =
+            RunConfig { spec, train, data, store: std::fs::canonicalize(&store)?, max_shards: 64, val_fraction: 0.02 };
         cfg.fix_shards()?;
         cfg.validate()?;
         Ok(cfg)
@@ -168,14 +174,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("run.toml");
         std::fs::write(&p, "model = \"tiny\"\nepochs = 5\nlr = 0.001\n").unwrap();
-        let args: Vec<String> =
-            ["iota-control", "swarm", "--config-file", p.to_str().unwrap(), "--epochs", "2"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["iota-control", "swarm", "--config-file", p.to_str().unwrap(), "--epochs", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let out = expand_config_file(args).unwrap();
         assert_eq!(&out[..2], &["iota-control", "swarm"]);
         let joined = out.join(" ");
         assert!(joined.contains("--model tiny") && joined.contains("--lr 0.001"));
         assert!(joined.ends_with("--epochs 2"), "command-line flags come last: {joined}");
         std::fs::write(&p, "model = [1, 2]\n").unwrap();
-        assert!(expand_config_file(vec!["x".into(), "swarm".into(), "--config-file".into(), p.to_str().unwrap().into()]).is_err());
+        assert!(
+            expand_config_file(vec!["x".into(), "swarm".into(), "--config-file".into(), p.to_str().unwrap().into()])
+                .is_err()
+        );
     }
 }

@@ -39,7 +39,8 @@ pub struct SwarmReport {
 
 /// Starts the orchestrator's gRPC server; returns its URL.
 pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(String, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the orchestrator on {listen}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the orchestrator on {listen}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let task = tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
@@ -56,7 +57,12 @@ pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(Stri
 /// Opens (or resumes) the run's orchestrator state in `run_dir`.
 pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path) -> Result<OrchestratorService> {
     let store = Store::open(&run_dir.join("state.sqlite"))?;
-    OrchestratorService::new(Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?, Some(store), cfg.to_json(), AuthPolicy::default())
+    OrchestratorService::new(
+        Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?,
+        Some(store),
+        cfg.to_json(),
+        AuthPolicy::default(),
+    )
 }
 
 fn spawn_miner(o: &SwarmOptions, url: &str, i: u32) -> Result<Child> {
@@ -95,7 +101,10 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         o.run_dir.join("logs").display()
     );
     let bar = ProgressBar::new(spec.epochs * spec.micro_batches_per_epoch);
-    bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?.progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?
+            .progress_chars("=> "),
+    );
     let start = Instant::now();
     let (tokens0, mut last_tokens, mut last_t) = (svc.with_state(|o| o.counters().tokens), 0u64, Instant::now());
     let mut tps = 0.0;
@@ -108,7 +117,8 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
         let (phase, epoch, c, healthy, history_done) = svc.with_state(|o| {
-            let healthy: Vec<usize> = (0..spec.stages).map(|s| o.miners().filter(|m| m.stage == s && m.healthy).count()).collect();
+            let healthy: Vec<usize> =
+                (0..spec.stages).map(|s| o.miners().filter(|m| m.stage == s && m.healthy).count()).collect();
             let done: u64 = o.history().iter().map(|e| e.completed + e.dropped).sum();
             (o.phase().clone(), o.epoch(), o.counters().clone(), healthy, done)
         });
@@ -119,7 +129,10 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
             last_tokens = c.tokens.saturating_sub(tokens0);
             last_t = now;
         }
-        let in_epoch = svc.with_state(|o| o.micro_batches().filter(|(_, s)| !matches!(s, crate::orchestrator::MbStatus::InFlight { .. })).count() as u64);
+        let in_epoch = svc.with_state(|o| {
+            o.micro_batches().filter(|(_, s)| !matches!(s, crate::orchestrator::MbStatus::InFlight { .. })).count()
+                as u64
+        });
         bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
         bar.set_message(format!(
             "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {}",

@@ -13,7 +13,12 @@ use iota_control::swarm::{self, SwarmOptions};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "iota-control", version, args_override_self = true, about = "iota-rs control plane: orchestrator and local swarm")]
+#[command(
+    name = "iota-control",
+    version,
+    args_override_self = true,
+    about = "iota-rs control plane: orchestrator and local swarm"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -66,7 +71,8 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(args);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     if let Err(e) = rt.block_on(main_async(cli)) {
@@ -98,7 +104,10 @@ async fn main_async(cli: Cli) -> Result<()> {
             ticker.abort();
             server.abort();
             let s = svc.with_state(|o| o.status());
-            println!("epoch {}, {} micro-batches completed, {} re-routed, {} dropped", s.epoch, s.completed, s.rerouted, s.dropped);
+            println!(
+                "epoch {}, {} micro-batches completed, {} re-routed, {} dropped",
+                s.epoch, s.completed, s.rerouted, s.dropped
+            );
             Ok(())
         }
         Cmd::Swarm { run, listen, threads_per_miner, miner_bin, .. } => {
@@ -109,9 +118,19 @@ async fn main_async(cli: Cli) -> Result<()> {
                 None => std::env::current_exe()?.parent().context("no binary directory")?.join("iota-miner"),
             };
             if !miner_bin.exists() {
-                anyhow::bail!("{} not found; build it (package iota-dataplane) or pass --miner-bin", miner_bin.display());
+                anyhow::bail!(
+                    "{} not found; build it (package iota-dataplane) or pass --miner-bin",
+                    miner_bin.display()
+                );
             }
-            let report = swarm::run(SwarmOptions { cfg: cfg.clone(), run_dir: run.run_dir.clone(), listen, miner_bin, threads_per_miner }).await?;
+            let report = swarm::run(SwarmOptions {
+                cfg: cfg.clone(),
+                run_dir: run.run_dir.clone(),
+                listen,
+                miner_bin,
+                threads_per_miner,
+            })
+            .await?;
             swarm::print_summary(&cfg, &report);
             if report.interrupted {
                 std::process::exit(130);

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use iota_core::{Identity, PeerId};
-use iota_dataplane::probe::{self, ProbeReport};
 use iota_dataplane::miner::{self, MinerOptions};
+use iota_dataplane::probe::{self, ProbeReport};
 use iota_dataplane::{Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file};
 use std::sync::atomic::{AtomicBool, Ordering};
 
