@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md.
 
 mod stage_cpu;
+mod swarm;
 mod timing;
 mod transport;
 
@@ -27,6 +28,10 @@ enum Cmd {
     /// Move 1 GiB as frames over loopback with our QUIC data plane, plain TCP
     /// and TLS 1.3 over TCP; throughput, CPU per GiB, latency, ratios.
     Transport(transport::Args),
+    /// The local swarm (orchestrator + STAGES x REPLICAS miner processes)
+    /// against single-process training on the same tokens: tokens/s and the
+    /// final validation loss.
+    Swarm(swarm::Args),
 }
 
 fn main() {
@@ -34,6 +39,7 @@ fn main() {
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
         Cmd::Transport(a) => transport::run(a),
+        Cmd::Swarm(a) => swarm::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -6,6 +6,7 @@
 //! side: the `Worker` on its own thread, fed through a channel, so model math
 //! never blocks the network.
 
+pub mod merge;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -94,6 +95,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
     let epoch = Arc::new(AtomicU64::new(0));
+    let tokens = Arc::new(AtomicU64::new(0));
 
     // Orchestrator commands, re-subscribing when the stream drops.
     let cmd_task = {
@@ -135,12 +137,18 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     };
     // Heartbeats.
     let hb_task = {
-        let (mut client, epoch, every, stop) = (client.clone(), epoch.clone(), opts.heartbeat, finished.clone());
+        let (mut client, epoch, every, stop, tokens) =
+            (client.clone(), epoch.clone(), opts.heartbeat, finished.clone(), tokens.clone());
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(every);
+            let (mut last, mut at) = (0u64, std::time::Instant::now());
             while !stop.load(Ordering::SeqCst) {
                 iv.tick().await;
-                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), 0, 0.0).await {
+                // Throughput since the last heartbeat (the orchestrator uses it to balance stages).
+                let (now_tokens, now) = (tokens.load(Ordering::Relaxed), std::time::Instant::now());
+                let tps = (now_tokens - last) as f64 / now.duration_since(at).as_secs_f64().max(1e-3);
+                (last, at) = (now_tokens, now);
+                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), 0, tps).await {
                     tracing::debug!(error = %e, "heartbeat failed");
                 }
             }
@@ -173,6 +181,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let stop_c = stop.clone();
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let mut w = Worker::new(me, cfg, store, rt, ep_dir, ep_ctx);
+        w.tokens = tokens;
         let mut out = Vec::new();
         while let Some(input) = in_rx.blocking_recv() {
             if let Err(e) = w.handle(input, &mut out) {

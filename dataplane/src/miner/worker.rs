@@ -9,22 +9,23 @@
 //! weights; the stage's aggregator averages the uploads; every replica then
 //! starts the next epoch from the merged weights.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use iota_control::orchestrator::{merged_key, upload_prefix};
 use iota_control::pb;
 use iota_control::run::RunConfig;
 use iota_core::wire::Direction;
 use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
-use iota_model::checkpoint::{parse_safetensors, stage_bytes, stage_params};
+use iota_model::checkpoint::stage_params;
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{CpuBackend, Stage, StageInput, codec};
 use tracing::{debug, info, warn};
 
+use super::merge::{Merge, ParameterServer};
 use crate::frame::{FrameMeta, RunContext};
 use crate::store::ObjectStore;
 use crate::tls::PeerDirectory;
@@ -55,6 +56,9 @@ pub struct Worker {
     be: Arc<CpuBackend>,
     store: ObjectStore,
     rt: tokio::runtime::Handle,
+    merge: Box<dyn Merge>,
+    /// Tokens this miner pushed through its stage (for the throughput it reports).
+    pub tokens: Arc<AtomicU64>,
     dir: Arc<PeerDirectory>,
     ctx: Arc<RunContext>,
     corpus: Option<Arc<Corpus>>,
@@ -96,6 +100,8 @@ impl Worker {
             me,
             cfg,
             be: Arc::new(CpuBackend::new()),
+            merge: Box::new(ParameterServer::new(store.clone(), rt.clone())),
+            tokens: Arc::new(AtomicU64::new(0)),
             store,
             rt,
             dir,
@@ -198,10 +204,6 @@ impl Worker {
         Ok(())
     }
 
-    fn stage_dir(&self, epoch: u64) -> String {
-        format!("{}stage-{:03}/", upload_prefix(epoch), self.stage_index)
-    }
-
     fn phase(&mut self, p: pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
         let phase = pb::Phase::try_from(p.phase).unwrap_or(pb::Phase::Unspecified);
         match phase {
@@ -219,12 +221,7 @@ impl Worker {
                     && self.weights_after != Some(p.epoch - 1)
                     && let Some(s) = self.stage.as_mut()
                 {
-                    let key = merged_key(p.epoch - 1, self.stage_index);
-                    let bytes = self
-                        .rt
-                        .block_on(self.store.get(&key))
-                        .with_context(|| format!("fetching merged weights {key}"))?;
-                    let params = stage_params(s.layout(), &bytes)?;
+                    let params = self.merge.fetch(p.epoch - 1, self.stage_index, s.layout())?;
                     s.set_params(&params)?;
                     self.weights_after = Some(p.epoch - 1);
                     info!(epoch = p.epoch, "loaded merged weights");
@@ -235,10 +232,14 @@ impl Worker {
                 // A partial accumulation at the epoch's end is dropped, not applied.
                 s.zero_grads();
                 self.accumulated = 0;
-                let meta = BTreeMap::from([("iota.work".to_string(), self.work.to_string())]);
-                let bytes = stage_bytes(s.layout(), &s.params_host(), meta)?;
-                let key = format!("{}{}.safetensors", self.stage_dir(p.epoch), self.me.to_hex());
-                self.rt.block_on(self.store.put(&key, bytes)).with_context(|| format!("uploading {key}"))?;
+                let key = self.merge.contribute(
+                    p.epoch,
+                    self.stage_index,
+                    self.me,
+                    s.layout(),
+                    &s.params_host(),
+                    self.work,
+                )?;
                 out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
                     epoch: p.epoch,
                     stage: self.stage_index,
@@ -247,8 +248,10 @@ impl Worker {
                 })));
             }
             pb::Phase::Merging => {
-                if p.aggregator == self.me.0 {
-                    let key = self.merge(p.epoch)?;
+                if p.aggregator == self.me.0
+                    && let Some(s) = self.stage.as_ref()
+                {
+                    let key = self.merge.aggregate(p.epoch, self.stage_index, s.layout())?;
                     out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
                         epoch: p.epoch,
                         stage: self.stage_index,
@@ -259,53 +262,18 @@ impl Worker {
             }
             pb::Phase::Done => {
                 self.done = true;
-                if let (Some(s), true) = (self.stage.as_mut(), p.epoch > 0) {
-                    let key = merged_key(p.epoch - 1, self.stage_index);
-                    if self.weights_after != Some(p.epoch - 1) {
-                        let bytes = self.rt.block_on(self.store.get(&key))?;
-                        s.set_params(&stage_params(s.layout(), &bytes)?)?;
-                        self.weights_after = Some(p.epoch - 1);
-                    }
+                if p.epoch > 0
+                    && self.weights_after != Some(p.epoch - 1)
+                    && let Some(s) = self.stage.as_mut()
+                {
+                    let params = self.merge.fetch(p.epoch - 1, self.stage_index, s.layout())?;
+                    s.set_params(&params)?;
+                    self.weights_after = Some(p.epoch - 1);
                 }
             }
             pb::Phase::Waiting | pb::Phase::Unspecified => {}
         }
         Ok(())
-    }
-
-    /// Parameter-server merge: the work-weighted mean of every replica's
-    /// upload for this stage and epoch, summed in f64 in key order so every
-    /// run of it gives the same bytes.
-    fn merge(&mut self, epoch: u64) -> Result<String> {
-        let s = self.stage.as_ref().context("merge before assignment")?;
-        let layout = s.layout().clone();
-        let dir = self.stage_dir(epoch);
-        let merged = merged_key(epoch, self.stage_index);
-        let keys: Vec<String> = self.rt.block_on(self.store.list(&dir))?.into_iter().filter(|k| *k != merged).collect();
-        if keys.is_empty() {
-            bail!("no uploads under {dir}");
-        }
-        let mut parts = Vec::new();
-        for k in &keys {
-            let bytes = self.rt.block_on(self.store.get(k))?;
-            let work: f64 =
-                parse_safetensors(&bytes)?.metadata.get("iota.work").and_then(|w| w.parse().ok()).unwrap_or(0.0);
-            parts.push((work, stage_params(&layout, &bytes).with_context(|| format!("upload {k}"))?));
-        }
-        let total: f64 = parts.iter().map(|p| p.0).sum();
-        let weight = |w: f64| if total > 0.0 { w / total } else { 1.0 / parts.len() as f64 };
-        let mut acc = vec![0.0f64; layout.total()];
-        for (w, p) in &parts {
-            let w = weight(*w);
-            for (a, x) in acc.iter_mut().zip(p) {
-                *a += w * *x as f64;
-            }
-        }
-        let params: Vec<f32> = acc.iter().map(|&a| a as f32).collect();
-        let meta = BTreeMap::from([("iota.merged_from".to_string(), keys.len().to_string())]);
-        self.rt.block_on(self.store.put(&merged, stage_bytes(&layout, &params, meta)?))?;
-        info!(epoch, stage = self.stage_index, replicas = keys.len(), "merged");
-        Ok(merged)
     }
 
     fn frame_meta(&self, r: &pb::Route, direction: Direction, rows: usize, width: usize) -> FrameMeta {
@@ -355,6 +323,7 @@ impl Worker {
             self.routes.remove(&key);
             return self.finished_one();
         }
+        self.tokens.fetch_add((batch * seq) as u64, Ordering::Relaxed);
         let stage = self.stage.as_mut().context("route before assignment")?;
         let mut h = stage.forward(stage_key(&key), StageInput::Tokens(&x), batch, seq)?;
         let width = stage.boundary_width();
@@ -425,6 +394,9 @@ impl Worker {
             bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
         }
         let direction = h.direction;
+        if direction == Direction::Activation {
+            self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
+        }
         let data = codec::decode(self.cfg.train.codec, rows, width, &f.payload)?;
         drop(f); // the pool buffer goes back before the compute
         let is_tail = s + 1 == self.cfg.spec.stages as usize;

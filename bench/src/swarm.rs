@@ -1,0 +1,107 @@
+//! swarm: the local swarm (orchestrator + S x R miner processes) against
+//! single-process training of the same model on the same number of tokens,
+//! in one run: tokens/s, and the validation loss of the final weights (for
+//! the swarm: the last merged weights of every stage, put back together).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use iota_control::cli::RunArgs;
+use iota_control::orchestrator::merged_key;
+use iota_control::swarm::{self, SwarmOptions};
+use iota_model::CpuBackend;
+use iota_model::checkpoint::stage_params;
+use iota_model::train::Pipeline;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Validation batches for the final loss.
+    #[arg(long, default_value_t = 16)]
+    eval_batches: u64,
+}
+
+pub fn run(mut a: Args) -> Result<()> {
+    if a.run.run_dir == std::path::Path::new("runs/swarm") {
+        a.run.run_dir = std::env::temp_dir().join(format!("iota-bench-swarm-{}", std::process::id()));
+    }
+    let _ = std::fs::remove_dir_all(&a.run.run_dir);
+    std::fs::create_dir_all(&a.run.run_dir)?;
+    let cfg = a.run.run_config()?;
+    let corpus = cfg.load_corpus()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let miner_bin = std::env::current_exe()?.parent().context("binary dir")?.join("iota-miner");
+    anyhow::ensure!(miner_bin.exists(), "{} not found: build iota-dataplane in release first", miner_bin.display());
+    println!(
+        "swarm: {} {} stages x {} replicas, {} epochs x {} micro-batches of {} x {} tokens ({} tokens), codec {}",
+        a.run.model,
+        cfg.spec.stages,
+        cfg.spec.replicas,
+        cfg.spec.epochs,
+        cfg.spec.micro_batches_per_epoch,
+        cfg.train.batch,
+        cfg.train.seq,
+        cfg.spec.epochs * cfg.spec.micro_batches_per_epoch * (cfg.train.batch * cfg.train.seq) as u64,
+        cfg.train.codec.name()
+    );
+    let report = rt.block_on(swarm::run(SwarmOptions {
+        cfg: cfg.clone(),
+        run_dir: a.run.run_dir.clone(),
+        listen: "127.0.0.1:0".parse()?,
+        miner_bin,
+        threads_per_miner: 1,
+    }))?;
+    anyhow::ensure!(!report.interrupted, "interrupted");
+    let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();
+
+    // The swarm's final weights: the last merged file of every stage.
+    let be = Arc::new(CpuBackend::new());
+    let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
+    let last = cfg.spec.epochs - 1;
+    for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
+        let path = cfg.store.join(merged_key(last, s as u32));
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let p = stage_params(stage.layout(), &bytes)?;
+        stage.set_params(&p)?;
+    }
+    let swarm_val = merged.eval(&corpus, a.eval_batches)?;
+
+    // Single process, same model and tokens: every micro-batch the swarm
+    // trained, one optimizer step per grad_accum micro-batches.
+    let mut single_cfg = cfg.train.clone();
+    let total_mb = cfg.spec.epochs * cfg.spec.micro_batches_per_epoch;
+    single_cfg.steps = total_mb / cfg.train.grad_accum as u64;
+    single_cfg.schedule.total = single_cfg.steps;
+    single_cfg.schedule.warmup = (single_cfg.steps / 20).clamp(1, 100);
+    let mut single = Pipeline::new(be, single_cfg.clone())?;
+    let t0 = Instant::now();
+    let mut tokens = 0usize;
+    for _ in 0..single_cfg.steps {
+        tokens += single.train_step(&corpus)?.tokens;
+    }
+    let single_secs = t0.elapsed().as_secs_f64();
+    let single_tps = tokens as f64 / single_secs;
+    let single_val = single.eval(&corpus, a.eval_batches)?;
+
+    println!("\n  {:<34} {:>10} {:>10} {:>16}", "", "tokens/s", "seconds", "validation loss");
+    println!("  {:<34} {:>10.0} {:>10.1} {:>16.4}", "swarm (ours)", swarm_tps, report.elapsed.as_secs_f64(), swarm_val);
+    println!("  {:<34} {:>10.0} {:>10.1} {:>16.4}", "single process (baseline)", single_tps, single_secs, single_val);
+    println!(
+        "  ratios: throughput {:.2}x (goal >= 0.7x), final loss {:.3}x ({:+.1}%, goal within 2%)",
+        swarm_tps / single_tps,
+        swarm_val / single_val,
+        (swarm_val / single_val - 1.0) * 100.0
+    );
+    println!(
+        "  swarm: {} micro-batches completed, {} re-routed, {} dropped; epoch losses {:?}",
+        report.completed,
+        report.rerouted,
+        report.dropped,
+        report.history.iter().map(|e| (e.mean_loss * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+    );
+    let _ = std::fs::remove_dir_all(&a.run.run_dir);
+    Ok(())
+}
