@@ -3,7 +3,7 @@
 //! in one run: tokens/s, and the validation loss of the final weights (for
 //! the swarm: the last merged weights of every stage, put back together).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,7 +25,7 @@ pub struct Args {
 }
 
 pub fn run(mut a: Args) -> Result<()> {
-    if a.run.run_dir == std::path::Path::new("runs/swarm") {
+    if a.run.run_dir == Path::new("runs/swarm") {
         a.run.run_dir = std::env::temp_dir().join(format!("iota-bench-swarm-{}", std::process::id()));
     }
     let _ = std::fs::remove_dir_all(&a.run.run_dir);
