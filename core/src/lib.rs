@@ -11,6 +11,7 @@ pub mod error;
 pub mod identity;
 pub mod ids;
 pub mod layout;
+pub mod merge;
 pub mod rng;
 pub mod wire;
 
