@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use iota_core::{ModelConfig, WireCodec};
+use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::{ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 
-use crate::orchestrator::RunSpec;
+use crate::orchestrator::{MergeMethod, MergeSpec, RunSpec};
 use crate::run::RunConfig;
 
 #[derive(Args, Clone, Debug)]
@@ -70,6 +71,29 @@ pub struct RunArgs {
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = 300)]
     pub phase_timeout_s: u64,
+    /// How replicas merge each epoch: butterfly (all-reduce over the data
+    /// plane, two owners per slice) or parameter-server (upload, one
+    /// aggregator averages; the baseline).
+    #[arg(long, default_value = "butterfly")]
+    pub merge: String,
+    /// Codec of the butterfly's pseudo-gradient slices: bf16, int8 (per
+    /// 256-value block), f32.
+    #[arg(long, default_value = "bf16")]
+    pub merge_codec: String,
+    /// Butterfly reduce rule: centered-clip (robust to a Byzantine replica),
+    /// trimmed-mean, or mean (not robust).
+    #[arg(long, default_value = "centered-clip")]
+    pub merge_rule: String,
+    /// Outer learning rate on the merged pseudo-gradient (1 with momentum 0
+    /// = plain averaging).
+    #[arg(long, default_value_t = 1.0)]
+    pub outer_lr: f32,
+    /// Outer Nesterov momentum (DiLoCo uses 0.9 with outer lr 0.7).
+    #[arg(long, default_value_t = 0.0)]
+    pub outer_momentum: f32,
+    /// Butterfly partitions per replica (more: smaller messages, finer re-plans).
+    #[arg(long, default_value_t = 1)]
+    pub slices_per_replica: u32,
 }
 
 impl RunArgs {
@@ -103,6 +127,28 @@ impl RunArgs {
             codec,
             seed: self.seed,
         };
+        let merge = MergeSpec {
+            method: MergeMethod::parse(&self.merge)
+                .with_context(|| format!("unknown merge '{}' (butterfly, parameter-server)", self.merge))?,
+            slices_per_replica: self.slices_per_replica.max(1),
+            codec: match self.merge_codec.as_str() {
+                "bf16" => WireCodec::Bf16,
+                "int8" => WireCodec::Int8Row,
+                "f32" => WireCodec::F32,
+                other => bail!("unknown merge codec '{other}' (bf16, int8, f32)"),
+            },
+            rule: ReduceRule::parse(&self.merge_rule).with_context(|| {
+                format!("unknown merge rule '{}' (centered-clip, trimmed-mean, mean)", self.merge_rule)
+            })?,
+            outer: OuterOpt { lr: self.outer_lr, momentum: self.outer_momentum },
+            stage_params: StageSpec::split(&train.model, self.stages as usize)?
+                .iter()
+                .map(|s| ParamLayout::for_stage(&train.model, s).total() as u64)
+                .collect(),
+        };
+        if !(self.outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
+            bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");
+        }
         let spec = RunSpec {
             run_id: iota_core::rng::derive(self.seed, &[self.stages as u64, self.replicas as u64, self.epochs]),
             stages: self.stages,
@@ -116,6 +162,7 @@ impl RunArgs {
             heartbeat_timeout_ms: self.heartbeat_timeout_s * 1000,
             max_attempts: self.max_attempts,
             phase_timeout_ms: self.phase_timeout_s * 1000,
+            merge,
         };
         let data = self
             .data

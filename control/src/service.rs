@@ -253,7 +253,17 @@ impl OrchestratorRpc for OrchestratorService {
             pb::report::Kind::UploadDone(u) => {
                 Event::UploadDone { peer, epoch: u.epoch, stage: u.stage, key: u.key, work: u.micro_batches }
             }
-            pb::report::Kind::MergeDone(m) => Event::MergeDone { peer, epoch: m.epoch, stage: m.stage, key: m.key },
+            pb::report::Kind::MergeDone(m) => {
+                Event::MergeDone { peer, epoch: m.epoch, stage: m.stage, key: m.key, weights_hash: m.weights_hash }
+            }
+            pb::report::Kind::SliceDone(d) => Event::SliceDone {
+                peer,
+                epoch: d.epoch,
+                stage: d.stage,
+                partition: d.partition,
+                generation: d.generation,
+                hash: d.hash,
+            },
         };
         self.apply(ev)?;
         Ok(Response::new(pb::Ack {}))

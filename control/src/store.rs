@@ -96,6 +96,7 @@ mod tests {
             heartbeat_timeout_ms: 100,
             max_attempts: 2,
             phase_timeout_ms: 100,
+            merge: Default::default(),
         };
         let o = Orchestrator::new(spec.clone()).unwrap();
         {

@@ -27,6 +27,7 @@ fn spec() -> RunSpec {
         heartbeat_timeout_ms: 60_000,
         max_attempts: 3,
         phase_timeout_ms: 60_000,
+        merge: Default::default(),
     }
 }
 

@@ -199,6 +199,16 @@ impl Endpoint {
     pub fn peer_id(&self) -> PeerId {
         self.inner.id.peer_id()
     }
+
+    /// A whole signed frame as bytes, for a receiver that reads it from the
+    /// object store instead of a connection (`frame::decode_frame` checks
+    /// it). Sequence number 0: stored frames are not on a lane.
+    pub fn frame_bytes(&self, meta: &FrameMeta, payload: &[u8]) -> Vec<u8> {
+        let header = frame::build_header(meta, self.inner.ctx.run_id(), 0, payload, &self.inner.id);
+        let mut v = frame::prefix_bytes(&header);
+        v.extend_from_slice(payload);
+        v
+    }
     pub fn directory(&self) -> &Arc<PeerDirectory> {
         &self.inner.dir
     }

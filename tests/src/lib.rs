@@ -61,6 +61,7 @@ pub fn tiny_run(
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,
             phase_timeout_ms: 20_000,
+            merge: Default::default(),
         },
         train,
         data: None,

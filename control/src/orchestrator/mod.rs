@@ -11,14 +11,17 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
+pub mod butterfly;
 mod spec;
 mod state;
 
 use std::collections::BTreeMap;
 
+use iota_core::merge::{MergePlan, Participant};
 use iota_core::{PeerId, Rng};
 
-pub use self::spec::RunSpec;
+use self::butterfly::{MergeOut, Mismatch, StageMerge};
+pub use self::spec::{MergeMethod, MergeSpec, RunSpec};
 pub use self::state::{EpochSummary, MbRef, MbStatus, MinerState, Phase};
 use self::state::{MbRecord, Upload};
 use crate::pb;
@@ -33,7 +36,8 @@ pub enum Event {
     Loss { peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32 },
     BackwardDone { peer: PeerId, mb: MbRef, attempt: u32 },
     UploadDone { peer: PeerId, epoch: u64, stage: u32, key: String, work: u64 },
-    MergeDone { peer: PeerId, epoch: u64, stage: u32, key: String },
+    MergeDone { peer: PeerId, epoch: u64, stage: u32, key: String, weights_hash: Vec<u8> },
+    SliceDone { peer: PeerId, epoch: u64, stage: u32, partition: u32, generation: u32, hash: Vec<u8> },
     Tick,
 }
 
@@ -61,6 +65,12 @@ pub struct Counters {
     pub tokens: u64,
     pub stale_reports: u64,
     pub last_loss: f32,
+    /// Butterfly partitions whose two owners published different results.
+    #[serde(default)]
+    pub hash_mismatches: u64,
+    /// Butterfly merges after which the replicas' weights differed.
+    #[serde(default)]
+    pub divergent_merges: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -79,6 +89,12 @@ pub struct Orchestrator {
     epoch_loss: (f64, u64),
     counters: Counters,
     history: Vec<EpochSummary>,
+    /// Butterfly merges of the current epoch, per stage.
+    #[serde(default)]
+    butterfly: BTreeMap<u32, StageMerge>,
+    /// Every hash mismatch of the run, for validators.
+    #[serde(default)]
+    mismatches: Vec<Mismatch>,
 }
 
 fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::command::Kind {
@@ -110,6 +126,8 @@ impl Orchestrator {
             epoch_loss: (0.0, 0),
             counters: Counters::default(),
             history: Vec::new(),
+            butterfly: BTreeMap::new(),
+            mismatches: Vec::new(),
         })
     }
 
@@ -136,6 +154,14 @@ impl Orchestrator {
     }
     pub fn miner(&self, p: &PeerId) -> Option<&MinerState> {
         self.miners.get(p)
+    }
+    /// Every butterfly hash mismatch so far.
+    pub fn mismatches(&self) -> &[Mismatch] {
+        &self.mismatches
+    }
+    /// The current butterfly plan of a stage (Merging phase).
+    pub fn merge_plan(&self, stage: u32) -> Option<&MergePlan> {
+        self.butterfly.get(&stage).map(|m| &m.plan)
     }
 
     /// Applies one event at time `now`.
@@ -170,13 +196,37 @@ impl Orchestrator {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::MergeDone { peer, epoch, stage, key } => {
+            Event::MergeDone { peer, epoch, stage, key, weights_hash } => {
                 self.known(&peer)?;
-                if epoch == self.epoch && matches!(self.phase, Phase::Merging) && self.aggregator(stage) == Some(peer) {
-                    self.merged.insert(stage, key);
-                } else {
+                let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
+                let accepted = match self.spec.merge.method {
+                    MergeMethod::ParameterServer if current && self.aggregator(stage) == Some(peer) => {
+                        self.merged.insert(stage, key);
+                        true
+                    }
+                    MergeMethod::Butterfly if current => {
+                        let h = <[u8; 32]>::try_from(weights_hash.as_slice())
+                            .map_err(|_| Refusal::Invalid("weights hash must be 32 bytes".into()))?;
+                        self.butterfly.get_mut(&stage).is_some_and(|m| m.merge_done(peer, h))
+                    }
+                    _ => false,
+                };
+                if !accepted {
                     self.counters.stale_reports += 1;
                 }
+            }
+            Event::SliceDone { peer, epoch, stage, partition, generation, hash } => {
+                self.known(&peer)?;
+                let h = <[u8; 32]>::try_from(hash.as_slice())
+                    .map_err(|_| Refusal::Invalid("slice hash must be 32 bytes".into()))?;
+                let mut mo = Vec::new();
+                let accepted = epoch == self.epoch
+                    && matches!(self.phase, Phase::Merging)
+                    && self.butterfly.get_mut(&stage).is_some_and(|m| m.slice_done(peer, partition, generation, h, &mut mo));
+                if !accepted {
+                    self.counters.stale_reports += 1;
+                }
+                self.merge_outs(stage, mo, &mut out);
             }
             Event::Tick => {}
         }
@@ -266,7 +316,43 @@ impl Orchestrator {
     /// Where a stage's current weights are: empty before the first merge
     /// (initialise from the run seed).
     fn weights_key(&self, stage: u32) -> String {
-        if self.epoch == 0 { String::new() } else { merged_key(self.epoch - 1, stage) }
+        match (self.epoch, self.spec.merge.method) {
+            (0, _) => String::new(),
+            (e, MergeMethod::ParameterServer) => merged_key(e - 1, stage),
+            (e, MergeMethod::Butterfly) => weights_parts_prefix(e - 1, stage),
+        }
+    }
+
+    /// One butterfly plan per stage, over the miners that uploaded (i.e.
+    /// finished training), weighted by the work this orchestrator counted.
+    fn plan_merges(&mut self) {
+        self.butterfly.clear();
+        if self.spec.merge.method != MergeMethod::Butterfly {
+            return;
+        }
+        for s in 0..self.spec.stages {
+            let participants: Vec<Participant> = self
+                .uploads
+                .get(&s)
+                .map(|u| {
+                    u.keys()
+                        .filter_map(|p| self.miners.get(p))
+                        .filter(|m| m.healthy)
+                        .map(|m| Participant { peer: m.peer, work: m.work })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let params = self.spec.merge.stage_params[s as usize];
+            let plan = MergePlan::new(
+                self.epoch,
+                s,
+                participants,
+                params,
+                self.spec.run_id,
+                self.spec.merge.slices_per_replica,
+            );
+            self.butterfly.insert(s, StageMerge::new(plan));
+        }
     }
 
     fn in_flight_through(&self, peer: PeerId) -> Vec<u64> {
@@ -428,6 +514,7 @@ impl Orchestrator {
             phase: phase as i32,
             aggregator: Vec::new(),
             upload_prefix: prefix,
+            merge_plan: None,
         })
     }
 
@@ -438,12 +525,63 @@ impl Orchestrator {
 
     fn broadcast_phase(&self, out: &mut Vec<Out>) {
         for m in self.miners.values().filter(|m| m.healthy) {
-            let mut cmd = self.phase_cmd();
-            if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
-                p.aggregator = self.aggregator(m.stage).map(|a| a.0.to_vec()).unwrap_or_default();
-            }
-            out.push(Out { to: m.peer, cmd });
+            out.push(Out { to: m.peer, cmd: self.phase_cmd_for(m) });
         }
+    }
+
+    /// The phase as miner `m` hears it: in Merging, with its stage's
+    /// aggregator (parameter server) or plan (butterfly).
+    fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {
+        let mut cmd = self.phase_cmd();
+        if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
+            p.aggregator = self.aggregator(m.stage).map(|a| a.0.to_vec()).unwrap_or_default();
+            if let Some(bm) = self.butterfly.get(&m.stage)
+                && bm.plan.is_participant(&m.peer)
+            {
+                p.merge_plan = Some(plan_to_pb(&bm.plan));
+            }
+        }
+        cmd
+    }
+
+    /// Sends what a stage's butterfly merge asked for to its participants.
+    fn merge_outs(&mut self, stage: u32, mo: Vec<MergeOut>, out: &mut Vec<Out>) {
+        let Some(bm) = self.butterfly.get(&stage) else { return };
+        let mut to_record = Vec::new();
+        for o in mo {
+            for p in &bm.plan.participants {
+                let cmd = match &o {
+                    MergeOut::Plan => match self.miners.get(&p.peer) {
+                        Some(m) => self.phase_cmd_for(m),
+                        None => continue,
+                    },
+                    MergeOut::Verdict(v) => pb::command::Kind::Verdict(pb::SliceVerdict {
+                        epoch: self.epoch,
+                        stage,
+                        partition: v.partition,
+                        generation: v.generation,
+                        hash: v.hash.to_vec(),
+                        writer: v.writer.0.to_vec(),
+                    }),
+                };
+                out.push(Out { to: p.peer, cmd });
+            }
+        }
+        // New disputes go to the run's record and counters.
+        let known = self.mismatches.iter().filter(|m| m.epoch == self.epoch && m.stage == stage).count();
+        for m in bm.mismatches.iter().skip(known) {
+            to_record.push(m.clone());
+        }
+        // Deviants found by a referee update the recorded dispute.
+        for m in &bm.mismatches {
+            if let Some(r) = self.mismatches.iter_mut().find(|r| {
+                r.epoch == m.epoch && r.stage == m.stage && r.partition == m.partition && r.generation == m.generation
+            }) {
+                r.deviants = m.deviants.clone();
+            }
+        }
+        self.counters.hash_mismatches += to_record.len() as u64;
+        self.mismatches.extend(to_record);
     }
 
     fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
@@ -492,7 +630,38 @@ impl Orchestrator {
                 let every_stage_has_one =
                     (0..self.spec.stages).all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
                 if (all_in || timed_out) && every_stage_has_one {
+                    self.plan_merges();
                     self.set_phase(now, Phase::Merging, out);
+                }
+            }
+            Phase::Merging if self.spec.merge.method == MergeMethod::Butterfly => {
+                // Participants that went silent, or (after the timeout) that
+                // have not finished, are planned out; the stage completes
+                // without them and they rejoin by download.
+                let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
+                for s in 0..self.spec.stages {
+                    let Some(bm) = self.butterfly.get(&s) else { continue };
+                    let gone: Vec<PeerId> = bm
+                        .plan
+                        .participants
+                        .iter()
+                        .map(|p| p.peer)
+                        .filter(|p| {
+                            !self.miners.get(p).is_some_and(|m| m.healthy) || (timed_out && !bm.done.contains_key(p))
+                        })
+                        .collect();
+                    if !gone.is_empty() {
+                        let mut mo = Vec::new();
+                        self.butterfly.get_mut(&s).unwrap().drop_participants(&gone, &mut mo);
+                        self.merge_outs(s, mo, out);
+                    }
+                }
+                if timed_out {
+                    self.phase_since = now;
+                }
+                if self.butterfly.values().all(|m| m.complete()) {
+                    self.counters.divergent_merges += self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
+                    self.finish_epoch(now, rng, out);
                 }
             }
             Phase::Merging => {
@@ -522,6 +691,7 @@ impl Orchestrator {
         self.issued = 0;
         self.uploads.clear();
         self.merged.clear();
+        self.butterfly.clear();
         self.epoch_loss = (0.0, 0);
         for m in self.miners.values_mut() {
             m.work = 0;
@@ -617,6 +787,7 @@ impl Orchestrator {
             dropped: self.counters.dropped,
             last_loss: self.counters.last_loss,
             tokens: self.counters.tokens,
+            hash_mismatches: self.counters.hash_mismatches,
         }
     }
 }
@@ -624,6 +795,89 @@ impl Orchestrator {
 /// Object-store prefix where replicas upload their weights in `epoch`.
 pub fn upload_prefix(epoch: u64) -> String {
     format!("epoch-{epoch:06}/")
+}
+
+/// Object-store prefix of a stage's merged weights after a butterfly merge
+/// in `epoch`: one object per partition, `{offset:012}-{len:012}.f32`.
+pub fn weights_parts_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/weights/", upload_prefix(epoch))
+}
+
+/// Object-store prefix of a stage's outer momentum after `epoch`'s merge.
+pub fn momentum_parts_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/momentum/", upload_prefix(epoch))
+}
+
+/// Object-store prefix where a participant leaves a contribution it could
+/// not deliver over the data plane (a whole signed frame per object).
+pub fn contrib_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/contrib/", upload_prefix(epoch))
+}
+
+/// Name of the part object for `[offset, offset + len)`.
+pub fn part_name(offset: u64, len: u64) -> String {
+    format!("{offset:012}-{len:012}.f32")
+}
+
+/// Parses a part object's name back into (offset, len).
+pub fn parse_part_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.rsplit('/').next()?.strip_suffix(".f32")?;
+    let (a, b) = stem.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+pub fn plan_to_pb(p: &MergePlan) -> pb::MergePlan {
+    pb::MergePlan {
+        epoch: p.epoch,
+        stage: p.stage,
+        params: p.params,
+        participants: p
+            .participants
+            .iter()
+            .map(|x| pb::MergeParticipant { peer_id: x.peer.0.to_vec(), work: x.work })
+            .collect(),
+        partitions: p
+            .partitions
+            .iter()
+            .map(|x| pb::MergePartition {
+                offset: x.offset,
+                len: x.len,
+                owners: x.owners.iter().map(|o| o.0.to_vec()).collect(),
+                generation: x.generation,
+            })
+            .collect(),
+    }
+}
+
+/// A plan from the wire; structurally checked (`MergePlan::validate` checks
+/// it against the stage).
+pub fn plan_from_pb(p: &pb::MergePlan) -> Result<MergePlan, String> {
+    let peer = |b: &[u8]| <[u8; 32]>::try_from(b).map(PeerId).map_err(|_| "peer id must be 32 bytes".to_string());
+    if p.partitions.len() > 1 << 20 || p.participants.len() > 1 << 16 {
+        return Err("plan too large".into());
+    }
+    Ok(MergePlan {
+        epoch: p.epoch,
+        stage: p.stage,
+        params: p.params,
+        participants: p
+            .participants
+            .iter()
+            .map(|x| Ok(Participant { peer: peer(&x.peer_id)?, work: x.work }))
+            .collect::<Result<_, String>>()?,
+        partitions: p
+            .partitions
+            .iter()
+            .map(|x| {
+                Ok(iota_core::merge::Partition {
+                    offset: x.offset,
+                    len: x.len,
+                    owners: x.owners.iter().map(|o| peer(o)).collect::<Result<_, String>>()?,
+                    generation: x.generation,
+                })
+            })
+            .collect::<Result<_, String>>()?,
+    })
 }
 
 /// Object-store key of a stage's merged weights after `epoch`.

@@ -1,5 +1,7 @@
 //! What a run is: shape of the swarm, epoch length, timeouts.
 
+use iota_core::WireCodec;
+use iota_core::merge::{OuterOpt, ReduceRule};
 use serde::{Deserialize, Serialize};
 
 use super::state::MbRef;
@@ -26,6 +28,55 @@ pub struct RunSpec {
     pub max_attempts: u32,
     /// Uploading or merging longer than this moves on without the laggards.
     pub phase_timeout_ms: u64,
+    /// How the replicas of a stage merge at the end of an epoch.
+    #[serde(default)]
+    pub merge: MergeSpec,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MergeMethod {
+    /// Everyone uploads to the store, one aggregator averages (the baseline).
+    ParameterServer,
+    /// Butterfly all-reduce over the data plane, two owners per partition.
+    Butterfly,
+}
+
+impl MergeMethod {
+    pub fn parse(s: &str) -> Option<MergeMethod> {
+        match s {
+            "butterfly" => Some(MergeMethod::Butterfly),
+            "parameter-server" | "ps" => Some(MergeMethod::ParameterServer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MergeSpec {
+    pub method: MergeMethod,
+    /// Butterfly partitions per participant.
+    pub slices_per_replica: u32,
+    /// Codec of pseudo-gradient slices and merged updates on the wire.
+    pub codec: WireCodec,
+    pub rule: ReduceRule,
+    pub outer: OuterOpt,
+    /// Parameter count of every stage (the butterfly plan splits these).
+    pub stage_params: Vec<u64>,
+}
+
+impl Default for MergeSpec {
+    /// The parameter server averaging exactly (what runs saved before the
+    /// butterfly existed used).
+    fn default() -> Self {
+        MergeSpec {
+            method: MergeMethod::ParameterServer,
+            slices_per_replica: 1,
+            codec: WireCodec::Bf16,
+            rule: ReduceRule::Mean,
+            outer: OuterOpt::AVERAGE,
+            stage_params: Vec::new(),
+        }
+    }
 }
 
 impl RunSpec {
@@ -35,6 +86,12 @@ impl RunSpec {
         }
         if self.batch == 0 || self.n_shards == 0 || self.max_in_flight == 0 || self.max_attempts == 0 {
             return Err("batch, n_shards, max_in_flight and max_attempts must be positive".into());
+        }
+        if self.merge.method == MergeMethod::Butterfly && self.merge.stage_params.len() != self.stages as usize {
+            return Err("a butterfly merge needs the parameter count of every stage".into());
+        }
+        if self.merge.codec == WireCodec::Int4Row {
+            return Err("merge codec must be f32, bf16 or int8".into());
         }
         Ok(())
     }

@@ -20,6 +20,7 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         heartbeat_timeout_ms: 3_000,
         max_attempts: 3,
         phase_timeout_ms: 10_000,
+        merge: Default::default(),
     }
 }
 
@@ -36,6 +37,11 @@ struct Sim {
     inbox: VecDeque<Out>,
     routes_seen: u64,
     cancels_seen: u64,
+    /// Butterfly: owners that publish a wrong hash, and the verdicts each
+    /// miner has heard this epoch.
+    liars: BTreeSet<PeerId>,
+    verdicts: std::collections::BTreeMap<PeerId, BTreeSet<u32>>,
+    die_on_plan: Option<PeerId>,
 }
 
 impl Sim {
@@ -48,6 +54,9 @@ impl Sim {
             inbox: VecDeque::new(),
             routes_seen: 0,
             cancels_seen: 0,
+            liars: BTreeSet::new(),
+            verdicts: Default::default(),
+            die_on_plan: None,
         }
     }
 
@@ -97,15 +106,51 @@ impl Sim {
                 pb::command::Kind::Cancel(_) => self.cancels_seen += 1,
                 pb::command::Kind::Phase(p) => {
                     let m = self.o.miner(&to).unwrap().clone();
+                    if p.phase == pb::Phase::Training as i32 {
+                        self.verdicts.remove(&to);
+                    }
                     if p.phase == pb::Phase::Uploading as i32 {
                         let key = format!("{}stage-{:03}/{}", p.upload_prefix, m.stage, to.to_hex());
                         self.ev(Event::UploadDone { peer: to, epoch: p.epoch, stage: m.stage, key, work: m.work });
+                    } else if let Some(plan) = p.merge_plan.as_ref() {
+                        let plan = plan_from_pb(plan).unwrap();
+                        if self.die_on_plan == Some(to) {
+                            self.dead.insert(to);
+                            continue;
+                        }
+                        for k in plan.owned_by(&to) {
+                            let honest = [k as u8 + 1; 32];
+                            let hash = if self.liars.contains(&to) { [0xee; 32] } else { honest };
+                            self.ev(Event::SliceDone {
+                                peer: to,
+                                epoch: p.epoch,
+                                stage: m.stage,
+                                partition: k as u32,
+                                generation: plan.partitions[k].generation,
+                                hash: hash.to_vec(),
+                            });
+                        }
                     } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {
                         self.ev(Event::MergeDone {
                             peer: to,
                             epoch: p.epoch,
                             stage: m.stage,
                             key: merged_key(p.epoch, m.stage),
+                            weights_hash: Vec::new(),
+                        });
+                    }
+                }
+                pb::command::Kind::Verdict(v) => {
+                    let heard = self.verdicts.entry(to).or_default();
+                    heard.insert(v.partition);
+                    let n = self.o.merge_plan(v.stage).map_or(0, |p| p.partitions.len());
+                    if heard.len() == n {
+                        self.ev(Event::MergeDone {
+                            peer: to,
+                            epoch: v.epoch,
+                            stage: v.stage,
+                            key: String::new(),
+                            weights_hash: vec![7; 32],
                         });
                     }
                 }
@@ -268,4 +313,57 @@ fn a_stage_whose_miners_all_restarted_does_not_stall() {
     assert!(s.o.miners().all(|m| m.joining));
     s.run_until_done(100);
     assert_eq!(s.o.history()[0].completed, 6);
+}
+
+fn butterfly_spec(stages: u32, replicas: u32) -> RunSpec {
+    let mut s = spec(stages, replicas, 2, 6, 2);
+    s.merge.method = MergeMethod::Butterfly;
+    s.merge.stage_params = vec![10_000; stages as usize];
+    s
+}
+
+#[test]
+fn butterfly_epochs_merge_by_plan_and_verdicts() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+    }
+    sim.run_until_done(200);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
+    assert_eq!(sim.o.counters().hash_mismatches, 0);
+    assert_eq!(sim.o.counters().divergent_merges, 0);
+}
+
+#[test]
+fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    for i in 0..3 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+    }
+    sim.liars.insert(peer(1));
+    sim.run_until_done(200);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    // peer(1) owns two partitions per epoch; each is disputed, refereed by the third replica.
+    let ms = sim.o.mismatches();
+    assert_eq!(ms.len(), 4, "{ms:?}");
+    for m in ms {
+        assert_eq!(m.owners.len(), 2);
+        assert!(m.owners.iter().any(|(p, _)| *p == peer(1)));
+        assert_eq!(m.deviants, vec![peer(1)], "the referee names the liar");
+    }
+    assert_eq!(sim.o.counters().hash_mismatches, 4);
+}
+
+#[test]
+fn butterfly_participant_dying_mid_merge_is_planned_out() {
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    for i in 0..3 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+    }
+    // One replica dies when the first merge plan reaches it.
+    sim.die_on_plan = Some(peer(2));
+    sim.run_until_done(400);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
 }

@@ -6,6 +6,7 @@
 //! side: the `Worker` on its own thread, fed through a channel, so model math
 //! never blocks the network.
 
+pub mod butterfly;
 pub mod merge;
 pub mod worker;
 
@@ -124,6 +125,19 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             }
         })
     };
+    // Ticks for the merge's retries and store fallbacks.
+    let tick_task = {
+        let (in_tx, stop) = (in_tx.clone(), finished.clone());
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_millis(250));
+            while !stop.load(Ordering::SeqCst) {
+                iv.tick().await;
+                if in_tx.send(Input::Tick).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
     // Frames from peers.
     let frame_task = {
         let (ep, in_tx) = (ep.clone(), in_tx.clone());
@@ -156,13 +170,22 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     };
     // Frames and reports out, in the order the worker produced them.
     let pump = {
-        let (ep, mut client) = (ep.clone(), client.clone());
+        let (ep, mut client, store) = (ep.clone(), client.clone(), store.clone());
         tokio::spawn(async move {
             while let Some(o) = out_rx.recv().await {
                 match o {
-                    Output::Frame { to, meta, payload } => {
+                    Output::Frame { to, meta, payload, fallback } => {
+                        let bytes = fallback.is_some().then(|| payload.clone());
                         if let Err(e) = ep.send(to, &meta, payload).await {
-                            warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route");
+                            match (fallback, bytes) {
+                                (Some(key), Some(p)) => {
+                                    warn!(peer = %to, error = %e, key, "frame not delivered; left in the object store");
+                                    if let Err(e) = store.put(&key, ep.frame_bytes(&meta, &p)).await {
+                                        warn!(key, error = %e, "storing an undelivered frame failed");
+                                    }
+                                }
+                                _ => warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route"),
+                            }
                         }
                     }
                     Output::Report(k) => {
@@ -211,7 +234,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     drop(in_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
     finished.store(true, Ordering::SeqCst);
-    for t in [cmd_task, frame_task, hb_task] {
+    for t in [cmd_task, frame_task, hb_task, tick_task] {
         t.abort();
     }
     ep.close();

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use iota_control::orchestrator::MergeMethod;
 use iota_control::pb;
 use iota_control::run::RunConfig;
 use iota_core::wire::Direction;
@@ -25,6 +26,7 @@ use iota_model::optim::AdamW;
 use iota_model::{CpuBackend, Stage, StageInput, codec};
 use tracing::{debug, info, warn};
 
+use super::butterfly::Butterfly;
 use super::merge::{Merge, ParameterServer};
 use crate::frame::{FrameMeta, RunContext};
 use crate::store::ObjectStore;
@@ -35,12 +37,16 @@ use crate::transport::ReceivedFrame;
 pub enum Input {
     Command(pb::command::Kind),
     Frame(Box<ReceivedFrame>),
+    /// Time passed (the merge's retries and store fallbacks).
+    Tick,
 }
 
 /// What the worker wants done.
 #[derive(Debug)]
 pub enum Output {
-    Frame { to: PeerId, meta: FrameMeta, payload: Bytes },
+    /// `fallback`: an object-store key where the frame is left, signed, if
+    /// it cannot be delivered (the receiver looks there).
+    Frame { to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String> },
     Report(pb::report::Kind),
 }
 
@@ -96,11 +102,17 @@ impl Worker {
         dir: Arc<PeerDirectory>,
         ctx: Arc<RunContext>,
     ) -> Worker {
+        let merge: Box<dyn Merge> = match cfg.spec.merge.method {
+            MergeMethod::ParameterServer => Box::new(ParameterServer::new(store.clone(), rt.clone(), me)),
+            MergeMethod::Butterfly => {
+                Box::new(Butterfly::new(me, cfg.spec.merge.clone(), store.clone(), rt.clone(), ctx.clone()))
+            }
+        };
         Worker {
             me,
             cfg,
             be: Arc::new(CpuBackend::new()),
-            merge: Box::new(ParameterServer::new(store.clone(), rt.clone())),
+            merge,
             tokens: Arc::new(AtomicU64::new(0)),
             store,
             rt,
@@ -131,8 +143,32 @@ impl Worker {
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
         match input {
             Input::Command(c) => self.command(c, out),
+            Input::Frame(f) if f.header.direction == Direction::WeightSlice => {
+                self.merge.frame(*f, out)?;
+                self.take_merged()
+            }
             Input::Frame(f) => self.frame(*f, out),
+            Input::Tick => {
+                self.merge.tick(out)?;
+                self.take_merged()
+            }
         }
+    }
+
+    /// Replaces the stage's weights with a finished merge's result.
+    fn take_merged(&mut self) -> Result<()> {
+        if let Some((epoch, params)) = self.merge.take_merged()
+            && let Some(s) = self.stage.as_mut()
+        {
+            s.set_params(&params)?;
+            self.weights_after = Some(epoch);
+        }
+        Ok(())
+    }
+
+    /// Replaces the merge strategy (tests and the bench use this to inject faults).
+    pub fn set_merge(&mut self, m: Box<dyn Merge>) {
+        self.merge = m;
     }
 
     fn command(&mut self, c: pb::command::Kind, out: &mut Vec<Output>) -> Result<()> {
@@ -158,6 +194,10 @@ impl Worker {
                     self.frame(f, out)?;
                 }
                 Ok(())
+            }
+            pb::command::Kind::Verdict(v) => {
+                self.merge.verdict(v, out)?;
+                self.take_merged()
             }
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
@@ -186,7 +226,16 @@ impl Worker {
         let needs_data = spec.has_embedding() || spec.has_lm_head();
         let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
-        if !a.weights_key.is_empty() {
+        if a.weights_key.ends_with('/') {
+            // Butterfly: the merged stage is stored as partition objects.
+            let total = stage.layout().total() as u64;
+            let (w, covered) = self.rt.block_on(super::merge::read_range(&self.store, &a.weights_key, 0, total))?;
+            if covered != total {
+                bail!("merged weights under {} cover {covered} of {total} values", a.weights_key);
+            }
+            stage.set_params(&w)?;
+            self.weights_after = Some(self.epoch.saturating_sub(1));
+        } else if !a.weights_key.is_empty() {
             let bytes = self
                 .rt
                 .block_on(self.store.get(&a.weights_key))
@@ -226,38 +275,22 @@ impl Worker {
                     self.weights_after = Some(p.epoch - 1);
                     info!(epoch = p.epoch, "loaded merged weights");
                 }
+                if let Some(s) = self.stage.as_ref() {
+                    self.merge.epoch_started(p.epoch, self.stage_index, &s.params_host());
+                }
             }
             pb::Phase::Uploading => {
                 let Some(s) = self.stage.as_mut() else { return Ok(()) };
                 // A partial accumulation at the epoch's end is dropped, not applied.
                 s.zero_grads();
                 self.accumulated = 0;
-                let key = self.merge.contribute(
-                    p.epoch,
-                    self.stage_index,
-                    self.me,
-                    s.layout(),
-                    &s.params_host(),
-                    self.work,
-                )?;
-                out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
-                    epoch: p.epoch,
-                    stage: self.stage_index,
-                    key,
-                    micro_batches: self.work,
-                })));
+                let params = s.params_host();
+                self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
             }
             pb::Phase::Merging => {
-                if p.aggregator == self.me.0
-                    && let Some(s) = self.stage.as_ref()
-                {
-                    let key = self.merge.aggregate(p.epoch, self.stage_index, s.layout())?;
-                    out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
-                        epoch: p.epoch,
-                        stage: self.stage_index,
-                        key,
-                        weights_hash: Vec::new(),
-                    })));
+                if let Some(s) = self.stage.as_ref() {
+                    self.merge.merging(&p, self.stage_index, s.layout(), out)?;
+                    self.take_merged()?;
                 }
             }
             pb::Phase::Done => {
@@ -301,7 +334,7 @@ impl Worker {
         let to = PeerId(to.try_into().context("bad peer id in route")?);
         let (rows, cols) = (meta.shape[0] as usize, meta.shape[1] as usize);
         let bytes = codec::encode(self.cfg.train.codec, rows, cols, data)?;
-        out.push(Output::Frame { to, meta, payload: Bytes::from(bytes) });
+        out.push(Output::Frame { to, meta, payload: Bytes::from(bytes), fallback: None });
         Ok(())
     }
 

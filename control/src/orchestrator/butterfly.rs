@@ -1,0 +1,274 @@
+//! The orchestrator's side of one stage's butterfly merge, free of I/O: it
+//! holds the plan, collects the owners' slice hashes, accepts a result per
+//! partition (a verdict), sends a disputed partition to a referee, re-plans
+//! around participants that drop out, and knows when the stage is merged.
+//! The bench drives it directly, without gRPC.
+
+use std::collections::BTreeMap;
+
+use iota_core::PeerId;
+use iota_core::merge::MergePlan;
+use serde::{Deserialize, Serialize};
+
+/// The hash of a verdict that keeps a partition's previous weights.
+pub const KEEP_PREVIOUS: [u8; 32] = [0; 32];
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub partition: u32,
+    pub generation: u32,
+    pub hash: [u8; 32],
+    /// Stores the merged slice and its momentum in the object store.
+    pub writer: PeerId,
+}
+
+/// Two owners of a partition published different results.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    pub epoch: u64,
+    pub stage: u32,
+    pub partition: u32,
+    pub generation: u32,
+    /// Each owner with the hash it published.
+    pub owners: Vec<(PeerId, [u8; 32])>,
+    /// Set once a referee re-computed the partition: the owners whose hash
+    /// differs from the referee's.
+    pub deviants: Vec<PeerId>,
+}
+
+/// What the orchestrator should send after an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MergeOut {
+    /// The (changed) plan, to every participant.
+    Plan,
+    /// A verdict, to every participant.
+    Verdict(Verdict),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StageMerge {
+    pub plan: MergePlan,
+    /// Hashes per partition for its current generation, by owner.
+    reports: Vec<BTreeMap<PeerId, [u8; 32]>>,
+    pub verdicts: Vec<Option<Verdict>>,
+    /// Participants that finished, with the hash of their merged weights.
+    pub done: BTreeMap<PeerId, [u8; 32]>,
+    pub mismatches: Vec<Mismatch>,
+}
+
+impl StageMerge {
+    pub fn new(plan: MergePlan) -> StageMerge {
+        let k = plan.partitions.len();
+        StageMerge {
+            plan,
+            reports: vec![BTreeMap::new(); k],
+            verdicts: vec![None; k],
+            done: BTreeMap::new(),
+            mismatches: Vec::new(),
+        }
+    }
+
+    /// Every participant finished.
+    pub fn complete(&self) -> bool {
+        self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))
+    }
+
+    /// Whether every finished participant holds the same weights.
+    pub fn consistent(&self) -> bool {
+        self.done.values().all(|h| Some(h) == self.done.values().next())
+    }
+
+    /// An owner's result for a partition. Stale or foreign reports are
+    /// ignored (returns false) rather than refused: they are normal after a
+    /// re-plan.
+    pub fn slice_done(&mut self, peer: PeerId, k: u32, generation: u32, hash: [u8; 32], out: &mut Vec<MergeOut>) -> bool {
+        let ku = k as usize;
+        let Some(part) = self.plan.partitions.get(ku) else { return false };
+        if part.generation != generation || !part.owners.contains(&peer) || self.verdicts[ku].is_some() {
+            return false;
+        }
+        self.reports[ku].insert(peer, hash);
+        if self.reports[ku].len() < part.owners.len() {
+            return true;
+        }
+        let owners: Vec<(PeerId, [u8; 32])> = part.owners.iter().map(|o| (*o, self.reports[ku][o])).collect();
+        // A referee's answer settles an open dispute on this partition.
+        if owners.len() == 1
+            && let Some(m) =
+                self.mismatches.iter_mut().rev().find(|m| m.partition == k && m.deviants.is_empty() && m.generation < generation)
+        {
+            m.deviants = m.owners.iter().filter(|(_, h)| *h != hash).map(|(p, _)| *p).collect();
+        }
+        if owners.iter().all(|(_, h)| *h == owners[0].1) {
+            self.accept(k, generation, hash, owners[0].0, out);
+            return true;
+        }
+        self.mismatches.push(Mismatch {
+            epoch: self.plan.epoch,
+            stage: self.plan.stage,
+            partition: k,
+            generation,
+            owners,
+            deviants: Vec::new(),
+        });
+        match self.plan.referee_for(ku) {
+            Some(referee) => {
+                self.plan = self.plan.with_referee(ku, referee);
+                self.reports[ku].clear();
+                out.push(MergeOut::Plan);
+            }
+            // Nobody else can tell which owner is right: keep this slice's
+            // previous weights for this epoch.
+            None => self.accept(k, generation, KEEP_PREVIOUS, part.owners[0], out),
+        }
+        true
+    }
+
+    fn accept(&mut self, k: u32, generation: u32, hash: [u8; 32], writer: PeerId, out: &mut Vec<MergeOut>) {
+        let v = Verdict { partition: k, generation, hash, writer };
+        self.verdicts[k as usize] = Some(v.clone());
+        out.push(MergeOut::Verdict(v));
+    }
+
+    /// A participant finished with these merged weights.
+    pub fn merge_done(&mut self, peer: PeerId, weights_hash: [u8; 32]) -> bool {
+        if !self.plan.is_participant(&peer) || self.verdicts.iter().any(|v| v.is_none()) {
+            return false;
+        }
+        self.done.insert(peer, weights_hash);
+        true
+    }
+
+    /// Participants that went silent: partitions still open are re-planned
+    /// without them; accepted ones whose writer is gone get a new writer.
+    pub fn drop_participants(&mut self, gone: &[PeerId], out: &mut Vec<MergeOut>) {
+        let gone: Vec<PeerId> = gone.iter().copied().filter(|p| self.plan.is_participant(p)).collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut next = self.plan.without(&gone);
+        for k in 0..self.plan.partitions.len() {
+            match &mut self.verdicts[k] {
+                // Settled: owners and generation stay (minus the gone, who
+                // did their part); only the writer may have to move.
+                Some(v) => {
+                    let mut keep = self.plan.partitions[k].clone();
+                    keep.owners.retain(|o| !gone.contains(o));
+                    if gone.contains(&v.writer) {
+                        let fallback = next.participants.first().map(|p| p.peer);
+                        v.writer = keep.owners.first().copied().or(fallback).unwrap_or(v.writer);
+                        out.push(MergeOut::Verdict(v.clone()));
+                    }
+                    if keep.owners.is_empty() {
+                        keep.owners.push(v.writer);
+                    }
+                    next.partitions[k] = keep;
+                }
+                None => self.reports[k].clear(),
+            }
+        }
+        self.plan = next;
+        for p in &gone {
+            self.done.remove(p);
+        }
+        out.push(MergeOut::Plan);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iota_core::merge::Participant;
+
+    use super::*;
+
+    fn plan(r: usize) -> MergePlan {
+        let ps = (0..r).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
+        MergePlan::new(2, 1, ps, 10_000, 9, 1)
+    }
+
+    fn report_all(m: &mut StageMerge, wrong: Option<(usize, PeerId)>, out: &mut Vec<MergeOut>) {
+        for k in 0..m.plan.partitions.len() {
+            let part = m.plan.partitions[k].clone();
+            for o in &part.owners {
+                let h = if wrong == Some((k, *o)) { [9; 32] } else { [k as u8 + 1; 32] };
+                m.slice_done(*o, k as u32, part.generation, h, out);
+            }
+        }
+    }
+
+    #[test]
+    fn agreeing_owners_settle_every_partition() {
+        let mut m = StageMerge::new(plan(4));
+        let mut out = Vec::new();
+        report_all(&mut m, None, &mut out);
+        assert_eq!(out.len(), 4);
+        assert!(m.verdicts.iter().all(|v| v.is_some()));
+        assert!(m.mismatches.is_empty());
+        for p in m.plan.participants.clone() {
+            assert!(!m.complete());
+            assert!(m.merge_done(p.peer, [1; 32]));
+        }
+        assert!(m.complete() && m.consistent());
+        assert!(!m.merge_done(PeerId([77; 32]), [1; 32]), "strangers are ignored");
+    }
+
+    #[test]
+    fn a_wrong_owner_is_refereed_and_named() {
+        let mut m = StageMerge::new(plan(3));
+        let liar = m.plan.partitions[1].owners[1];
+        let mut out = Vec::new();
+        report_all(&mut m, Some((1, liar)), &mut out);
+        assert_eq!(m.mismatches.len(), 1);
+        assert!(out.contains(&MergeOut::Plan));
+        let part = m.plan.partitions[1].clone();
+        assert_eq!(part.owners.len(), 1);
+        assert!(!m.mismatches[0].owners.iter().any(|(p, _)| *p == part.owners[0]), "referee is a third replica");
+        assert!(m.verdicts[1].is_none());
+        // The referee computes the honest result.
+        out.clear();
+        assert!(m.slice_done(part.owners[0], 1, part.generation, [2; 32], &mut out));
+        assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
+        assert_eq!(m.mismatches[0].deviants, vec![liar]);
+        // A late report of the old generation changes nothing.
+        assert!(!m.slice_done(liar, 1, 0, [9; 32], &mut out));
+    }
+
+    #[test]
+    fn two_replicas_keep_previous_weights_on_dispute() {
+        let mut m = StageMerge::new(plan(2));
+        let liar = m.plan.partitions[0].owners[0];
+        let mut out = Vec::new();
+        report_all(&mut m, Some((0, liar)), &mut out);
+        assert_eq!(m.verdicts[0].as_ref().unwrap().hash, KEEP_PREVIOUS);
+        assert_eq!(m.mismatches.len(), 1);
+    }
+
+    #[test]
+    fn dropouts_replan_open_partitions_and_move_writers() {
+        let mut m = StageMerge::new(plan(4));
+        let mut out = Vec::new();
+        // Partition 0 settles; then its writer dies.
+        let p0 = m.plan.partitions[0].clone();
+        for o in &p0.owners {
+            m.slice_done(*o, 0, 0, [1; 32], &mut out);
+        }
+        let writer = m.verdicts[0].as_ref().unwrap().writer;
+        out.clear();
+        m.drop_participants(&[writer], &mut out);
+        m.plan.validate(10_000).unwrap();
+        assert_eq!(m.plan.participants.len(), 3);
+        assert_ne!(m.verdicts[0].as_ref().unwrap().writer, writer);
+        assert!(out.iter().any(|o| matches!(o, MergeOut::Verdict(_))));
+        assert_eq!(m.plan.partitions[0].generation, 0, "settled partitions are not recomputed");
+        for k in 1..4 {
+            assert_eq!(m.plan.partitions[k].generation, 1);
+            assert!(!m.plan.partitions[k].owners.contains(&writer));
+        }
+        report_all(&mut m, None, &mut out);
+        assert!(m.verdicts.iter().all(|v| v.is_some()));
+        for p in m.plan.participants.clone() {
+            m.merge_done(p.peer, [3; 32]);
+        }
+        assert!(m.complete());
+    }
+}

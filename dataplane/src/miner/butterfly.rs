@@ -1,0 +1,595 @@
+//! The butterfly merge, one replica's side (see `iota_core::merge` for the
+//! plan and the reduce, `iota_control::orchestrator::butterfly` for the
+//! orchestrator's side).
+//!
+//! 1. Uploading: the replica computes its pseudo-gradient
+//!    delta = theta_prev - theta_local and reports that it is ready.
+//! 2. Merging (plan): it sends slice k of delta, encoded with the merge codec,
+//!    to both owners of partition k (`WeightSlice` frames, kind 0). A slice
+//!    that cannot be delivered is left in the object store as a signed frame.
+//! 3. As an owner, once it holds every participant's slice k, it reduces it
+//!    (`reduce_slice`, momentum from the store), reports the hash of the
+//!    encoded update, and sends the update to the receivers the plan gives it
+//!    (kind 1).
+//! 4. The orchestrator accepts one hash per partition (a verdict). Each
+//!    replica applies the update with that hash: theta_next = theta_prev - u,
+//!    so every replica ends with the same bits. If it never received that
+//!    update, it reads the merged slice the verdict's writer stored.
+//! 5. The writer of each partition stores the merged slice and its momentum
+//!    (rejoining replicas and the next epoch's owners read them).
+//!
+//! `WeightSlice` frame fields: shard = partition index, first_sample = the
+//! partition's offset, samples = kind (0 contribution, 1 merged update),
+//! attempt = the partition's generation (updates), shape = [blocks, 256]
+//! (the slice zero-padded to whole blocks).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use iota_control::orchestrator::butterfly::KEEP_PREVIOUS;
+use iota_control::orchestrator::{
+    MergeSpec, contrib_prefix, momentum_parts_prefix, part_name, plan_from_pb, weights_parts_prefix,
+};
+use iota_control::pb;
+use iota_core::merge::{BLOCK, MergePlan, reduce_slice};
+use iota_core::wire::Direction;
+use iota_core::{ParamLayout, PeerId, WireCodec};
+use iota_model::codec;
+use tracing::{debug, info, warn};
+
+use super::merge::{Merge, f32_bytes, read_range};
+use super::worker::Output;
+use crate::frame::{FrameMeta, RunContext, decode_frame};
+use crate::store::ObjectStore;
+use crate::transport::ReceivedFrame;
+
+const KIND_CONTRIBUTION: u32 = 0;
+const KIND_UPDATE: u32 = 1;
+/// After this long without an expected slice, look in the object store.
+const STORE_FALLBACK_AFTER: Duration = Duration::from_millis(1500);
+
+/// Payload bytes this replica's merges sent and received (for the bench).
+#[derive(Debug, Default)]
+pub struct MergeStats {
+    pub sent_bytes: AtomicU64,
+    pub recv_bytes: AtomicU64,
+    pub store_fallbacks: AtomicU64,
+}
+
+/// A `WeightSlice` frame, checked and copied out of the receive pool.
+#[derive(Clone, Debug)]
+struct SliceMsg {
+    from: PeerId,
+    epoch: u64,
+    k: usize,
+    kind: u32,
+    generation: u32,
+    offset: u64,
+    rows: usize,
+    cols: usize,
+    codec: u8,
+    hash: [u8; 32],
+    payload: Bytes,
+}
+
+struct OwnResult {
+    generation: u32,
+    hash: [u8; 32],
+    payload: Bytes,
+    momentum: Vec<f32>,
+}
+
+pub struct Butterfly {
+    me: PeerId,
+    spec: MergeSpec,
+    store: ObjectStore,
+    rt: tokio::runtime::Handle,
+    ctx: Arc<RunContext>,
+    pub stats: Arc<MergeStats>,
+    /// Test hook: publish wrong updates, as a faulty or malicious owner would.
+    pub corrupt_updates: bool,
+    epoch: u64,
+    stage: u32,
+    theta_prev: Vec<f32>,
+    delta: Option<Vec<f32>>,
+    plan: Option<MergePlan>,
+    plan_at: Instant,
+    encoded: HashMap<usize, Bytes>,
+    sent: HashSet<(usize, PeerId)>,
+    contribs: HashMap<usize, BTreeMap<PeerId, Bytes>>,
+    early: VecDeque<SliceMsg>,
+    momentum_prev: HashMap<usize, Vec<f32>>,
+    results: HashMap<usize, OwnResult>,
+    candidates: HashMap<usize, Vec<([u8; 32], Bytes)>>,
+    verdicts: HashMap<usize, (pb::SliceVerdict, Instant)>,
+    theta_next: Vec<f32>,
+    finalized: Vec<bool>,
+    last_store_poll: Instant,
+    merged: Option<(u64, Vec<f32>)>,
+    finished: bool,
+}
+
+fn blocks(len: u64) -> usize {
+    len.div_ceil(BLOCK) as usize
+}
+
+/// Encodes a slice zero-padded to whole blocks, as [blocks, BLOCK].
+pub fn encode_slice(c: WireCodec, x: &[f32]) -> Result<Vec<u8>> {
+    let rows = blocks(x.len() as u64);
+    let mut padded = x.to_vec();
+    padded.resize(rows * BLOCK as usize, 0.0);
+    Ok(codec::encode(c, rows, BLOCK as usize, &padded)?)
+}
+
+/// Decodes a slice of `len` values written by `encode_slice`.
+pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
+    let mut v = codec::decode(c, blocks(len), BLOCK as usize, bytes)?;
+    v.truncate(len as usize);
+    Ok(v)
+}
+
+impl Butterfly {
+    pub fn new(
+        me: PeerId,
+        spec: MergeSpec,
+        store: ObjectStore,
+        rt: tokio::runtime::Handle,
+        ctx: Arc<RunContext>,
+    ) -> Butterfly {
+        Butterfly {
+            me,
+            spec,
+            store,
+            rt,
+            ctx,
+            stats: Arc::new(MergeStats::default()),
+            corrupt_updates: false,
+            epoch: 0,
+            stage: 0,
+            theta_prev: Vec::new(),
+            delta: None,
+            plan: None,
+            plan_at: Instant::now(),
+            encoded: HashMap::new(),
+            sent: HashSet::new(),
+            contribs: HashMap::new(),
+            early: VecDeque::new(),
+            momentum_prev: HashMap::new(),
+            results: HashMap::new(),
+            candidates: HashMap::new(),
+            verdicts: HashMap::new(),
+            theta_next: Vec::new(),
+            finalized: Vec::new(),
+            last_store_poll: Instant::now(),
+            merged: None,
+            finished: false,
+        }
+    }
+
+    fn reset(&mut self, epoch: u64, stage: u32) {
+        self.epoch = epoch;
+        self.stage = stage;
+        self.delta = None;
+        self.plan = None;
+        self.encoded.clear();
+        self.sent.clear();
+        self.contribs.clear();
+        self.early.clear();
+        self.momentum_prev.clear();
+        self.results.clear();
+        self.candidates.clear();
+        self.verdicts.clear();
+        self.theta_next.clear();
+        self.finalized.clear();
+        self.merged = None;
+        self.finished = false;
+    }
+
+    fn codec(&self) -> WireCodec {
+        self.spec.codec
+    }
+
+    fn meta(&self, k: usize, offset: u64, len: u64, kind: u32, generation: u32) -> FrameMeta {
+        FrameMeta {
+            direction: Direction::WeightSlice,
+            codec: self.codec(),
+            stage: self.stage as u16,
+            epoch: self.epoch as u32,
+            shard: k as u32,
+            first_sample: offset,
+            samples: kind,
+            attempt: generation,
+            shape: vec![blocks(len) as u32, BLOCK as u32],
+            answers: [0; 32],
+        }
+    }
+
+    fn send(&self, to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String>, out: &mut Vec<Output>) {
+        self.stats.sent_bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        out.push(Output::Frame { to, meta, payload, fallback });
+    }
+
+    /// Where a contribution to partition k is left if it cannot be delivered.
+    fn fallback_key(&self, k: usize, from: &PeerId) -> String {
+        format!("{}{k:06}/{}.frame", contrib_prefix(self.epoch, self.stage), from.to_hex())
+    }
+
+    /// Moves the merge as far as it can go.
+    fn pump(&mut self, out: &mut Vec<Output>) -> Result<()> {
+        let Some(plan) = self.plan.clone() else { return Ok(()) };
+        let Some(delta) = self.delta.as_ref() else { return Ok(()) };
+        // Contributions: to every current owner that has not had ours.
+        for (k, part) in plan.partitions.iter().enumerate() {
+            let range = part.offset as usize..(part.offset + part.len) as usize;
+            if !self.encoded.contains_key(&k) {
+                let bytes = encode_slice(self.codec(), &delta[range])?;
+                self.encoded.insert(k, Bytes::from(bytes));
+            }
+            let enc = self.encoded[&k].clone();
+            for o in &part.owners {
+                if *o == self.me {
+                    self.contribs.entry(k).or_default().entry(self.me).or_insert_with(|| enc.clone());
+                } else if self.sent.insert((k, *o)) {
+                    let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
+                    let fb = Some(self.fallback_key(k, &self.me));
+                    self.send(*o, meta, enc.clone(), fb, out);
+                }
+            }
+        }
+        // Frames that came before the plan that makes them acceptable.
+        for m in std::mem::take(&mut self.early) {
+            self.accept(m, true);
+        }
+        for k in plan.owned_by(&self.me).collect::<Vec<_>>() {
+            self.try_reduce(k, out)?;
+        }
+        for k in 0..plan.partitions.len() {
+            self.try_finalize(k)?;
+        }
+        if !self.finished && !self.finalized.is_empty() && self.finalized.iter().all(|&f| f) {
+            self.finished = true;
+            let hash = blake3::hash(&f32_bytes(&self.theta_next));
+            info!(epoch = self.epoch, stage = self.stage, "butterfly merge complete");
+            out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
+                epoch: self.epoch,
+                stage: self.stage,
+                key: weights_parts_prefix(self.epoch, self.stage),
+                weights_hash: hash.as_bytes().to_vec(),
+            })));
+            self.merged = Some((self.epoch, self.theta_next.clone()));
+        }
+        Ok(())
+    }
+
+    /// Takes in a checked slice message; `from_early` = it was held back.
+    fn accept(&mut self, m: SliceMsg, from_early: bool) {
+        let Some(plan) = self.plan.as_ref() else {
+            self.hold(m);
+            return;
+        };
+        if m.epoch != self.epoch {
+            if m.epoch > self.epoch {
+                self.hold(m);
+            }
+            return;
+        }
+        let Some(part) = plan.partitions.get(m.k) else { return };
+        let ok_shape = m.offset == part.offset
+            && m.rows == blocks(part.len)
+            && m.cols == BLOCK as usize
+            && m.codec == self.codec().id()
+            && plan.is_participant(&m.from);
+        if !ok_shape {
+            debug!(from = %m.from, k = m.k, "merge slice does not match the plan; dropped");
+            return;
+        }
+        if !from_early {
+            self.stats.recv_bytes.fetch_add(m.payload.len() as u64, Ordering::Relaxed);
+        }
+        match m.kind {
+            KIND_CONTRIBUTION if part.owners.contains(&self.me) => {
+                self.contribs.entry(m.k).or_default().entry(m.from).or_insert(m.payload);
+            }
+            // Perhaps for a plan (a referee's) that has not reached us yet.
+            KIND_CONTRIBUTION => self.hold(m),
+            KIND_UPDATE if part.owners.contains(&m.from) || m.generation > part.generation => {
+                let c = self.candidates.entry(m.k).or_default();
+                // Each owner sends at most one update per generation.
+                if c.len() < 8 && !c.iter().any(|(h, _)| *h == m.hash) {
+                    c.push((m.hash, m.payload));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn hold(&mut self, m: SliceMsg) {
+        // Bounded: a peer cannot make us buffer without limit.
+        let limit = 4 * self.plan.as_ref().map_or(64, |p| p.partitions.len().max(16));
+        if self.early.len() >= limit {
+            self.early.pop_front();
+        }
+        self.early.push_back(m);
+    }
+
+    fn momentum_for(&mut self, k: usize, offset: u64, len: u64) -> Result<Vec<f32>> {
+        if let Some(m) = self.momentum_prev.get(&k) {
+            return Ok(m.clone());
+        }
+        let m = if self.epoch == 0 || self.spec.outer.momentum == 0.0 {
+            vec![0.0; len as usize]
+        } else {
+            let prefix = momentum_parts_prefix(self.epoch - 1, self.stage);
+            let (m, covered) = self.rt.block_on(read_range(&self.store, &prefix, offset, len))?;
+            if covered < len {
+                warn!(k, covered, len, "outer momentum partly missing in the store; zeros used");
+            }
+            m
+        };
+        self.momentum_prev.insert(k, m.clone());
+        Ok(m)
+    }
+
+    fn try_reduce(&mut self, k: usize, out: &mut Vec<Output>) -> Result<()> {
+        let plan = self.plan.clone().expect("pump checked");
+        let part = &plan.partitions[k];
+        if self.results.get(&k).is_some_and(|r| r.generation == part.generation) {
+            return Ok(());
+        }
+        let Some(have) = self.contribs.get(&k) else { return Ok(()) };
+        if !plan.participants.iter().all(|p| have.contains_key(&p.peer)) {
+            return Ok(());
+        }
+        let decoded: Vec<Option<Vec<f32>>> = plan
+            .participants
+            .iter()
+            .map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok())
+            .collect();
+        let refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
+        let mut momentum = self.momentum_for(k, part.offset, part.len)?;
+        let (mut u, st) = reduce_slice(self.spec.rule, self.spec.outer, &refs, &plan.weights(), &mut momentum);
+        if st.rejected_non_finite > 0 || st.clipped > 0 {
+            warn!(k, rejected = st.rejected_non_finite, clipped = st.clipped, "robust reduce held back contributions");
+        }
+        if self.corrupt_updates {
+            u.iter_mut().for_each(|x| *x += 0.5);
+        }
+        let payload = Bytes::from(encode_slice(self.codec(), &u)?);
+        let hash = *blake3::hash(&payload).as_bytes();
+        out.push(Output::Report(pb::report::Kind::SliceDone(pb::SliceDone {
+            epoch: self.epoch,
+            stage: self.stage,
+            partition: k as u32,
+            generation: part.generation,
+            hash: hash.to_vec(),
+        })));
+        for p in &plan.participants {
+            if plan.sender_of(k, &p.peer) == Some(self.me) {
+                let meta = self.meta(k, part.offset, part.len, KIND_UPDATE, part.generation);
+                self.send(p.peer, meta, payload.clone(), None, out);
+            }
+        }
+        self.results.insert(k, OwnResult { generation: part.generation, hash, payload, momentum });
+        Ok(())
+    }
+
+    fn try_finalize(&mut self, k: usize) -> Result<()> {
+        if self.finalized.get(k).copied().unwrap_or(true) {
+            return Ok(());
+        }
+        let Some((v, at)) = self.verdicts.get(&k).cloned() else { return Ok(()) };
+        let plan = self.plan.as_ref().expect("pump checked");
+        let part = plan.partitions[k].clone();
+        let range = part.offset as usize..(part.offset + part.len) as usize;
+        let keep = v.hash == KEEP_PREVIOUS;
+        let payload = if keep {
+            None
+        } else {
+            self.results
+                .get(&k)
+                .filter(|r| r.hash[..] == v.hash[..])
+                .map(|r| r.payload.clone())
+                .or_else(|| self.candidates.get(&k)?.iter().find(|(h, _)| h[..] == v.hash[..]).map(|(_, p)| p.clone()))
+        };
+        let slice: Vec<f32> = match (keep, payload) {
+            (true, _) => self.theta_prev[range.clone()].to_vec(),
+            (false, Some(p)) => {
+                let u = decode_slice(self.codec(), part.len, &p)?;
+                self.theta_prev[range.clone()].iter().zip(&u).map(|(t, u)| t - u).collect()
+            }
+            (false, None) => {
+                if at.elapsed() < STORE_FALLBACK_AFTER {
+                    return Ok(());
+                }
+                let prefix = weights_parts_prefix(self.epoch, self.stage);
+                let (w, covered) = self.rt.block_on(read_range(&self.store, &prefix, part.offset, part.len))?;
+                if covered < part.len {
+                    return Ok(()); // the writer has not stored it yet
+                }
+                self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
+                w
+            }
+        };
+        self.theta_next[range].copy_from_slice(&slice);
+        self.finalized[k] = true;
+        if v.writer[..] == self.me.0[..] {
+            let name = part_name(part.offset, part.len);
+            let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
+            self.rt.block_on(self.store.put(&wkey, f32_bytes(&slice))).with_context(|| format!("storing {wkey}"))?;
+            let momentum = if keep {
+                Some(self.momentum_for(k, part.offset, part.len)?)
+            } else {
+                self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.momentum.clone())
+            };
+            match momentum {
+                Some(m) => {
+                    let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
+                    self.rt.block_on(self.store.put(&mkey, f32_bytes(&m)))?;
+                }
+                None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads contributions left in the store by participants that could not
+    /// reach us.
+    fn poll_store(&mut self) -> Result<()> {
+        let Some(plan) = self.plan.clone() else { return Ok(()) };
+        for k in plan.owned_by(&self.me).collect::<Vec<_>>() {
+            let have = self.contribs.get(&k).map(|c| c.len()).unwrap_or(0);
+            if have >= plan.participants.len() {
+                continue;
+            }
+            let prefix = format!("{}{k:06}/", contrib_prefix(self.epoch, self.stage));
+            for key in self.rt.block_on(self.store.list(&prefix)).unwrap_or_default() {
+                let Some(hex) = key.rsplit('/').next().and_then(|n| n.strip_suffix(".frame")) else { continue };
+                let Some(from) = PeerId::from_hex(hex).filter(|p| plan.is_participant(p)) else { continue };
+                if self.contribs.get(&k).is_some_and(|c| c.contains_key(&from)) {
+                    continue;
+                }
+                let bytes = self.rt.block_on(self.store.get(&key))?;
+                match decode_frame(&bytes, &self.ctx, from) {
+                    Ok((h, payload)) => {
+                        if let Some(m) = slice_msg(&h, from, payload) {
+                            self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
+                            self.accept(m, false);
+                        }
+                    }
+                    Err(e) => warn!(key, error = %e, "stored contribution rejected"),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
+    let (rows, cols) = h.rows_cols()?;
+    if h.direction != Direction::WeightSlice || h.ndim != 2 {
+        return None;
+    }
+    Some(SliceMsg {
+        from,
+        epoch: h.epoch as u64,
+        k: h.shard as usize,
+        kind: h.samples,
+        generation: h.attempt,
+        offset: h.first_sample,
+        rows,
+        cols,
+        codec: h.codec,
+        hash: h.payload_hash,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
+impl Merge for Butterfly {
+    fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
+        self.reset(epoch, stage);
+        self.theta_prev = params.to_vec();
+    }
+
+    fn contribute(
+        &mut self,
+        epoch: u64,
+        stage: u32,
+        _layout: &ParamLayout,
+        params: &[f32],
+        work: u64,
+        out: &mut Vec<Output>,
+    ) -> Result<()> {
+        if epoch != self.epoch || stage != self.stage || self.theta_prev.len() != params.len() {
+            // We never saw this epoch start (joined late): contribute nothing.
+            self.reset(epoch, stage);
+            self.theta_prev = params.to_vec();
+        }
+        self.delta = Some(self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect());
+        self.theta_next = self.theta_prev.clone();
+        out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
+            epoch,
+            stage,
+            key: String::new(),
+            micro_batches: work,
+        })));
+        Ok(())
+    }
+
+    fn merging(&mut self, p: &pb::PhaseChange, stage: u32, layout: &ParamLayout, out: &mut Vec<Output>) -> Result<()> {
+        let Some(pp) = p.merge_plan.as_ref() else {
+            return Ok(()); // not a participant: we rejoin by download
+        };
+        let plan = plan_from_pb(pp).map_err(anyhow::Error::msg)?;
+        plan.validate(layout.total() as u64).map_err(anyhow::Error::msg)?;
+        if plan.epoch != self.epoch || plan.stage != stage || p.epoch != self.epoch {
+            bail!("merge plan for epoch {} stage {}, we are at epoch {} stage {stage}", plan.epoch, plan.stage, self.epoch);
+        }
+        if self.delta.is_none() {
+            bail!("merge plan before this replica's contribution");
+        }
+        if !plan.is_participant(&self.me) {
+            return Ok(());
+        }
+        if self.finalized.len() != plan.partitions.len() {
+            self.finalized = vec![false; plan.partitions.len()];
+        }
+        self.plan = Some(plan);
+        self.plan_at = Instant::now();
+        self.pump(out)
+    }
+
+    fn verdict(&mut self, v: pb::SliceVerdict, out: &mut Vec<Output>) -> Result<()> {
+        if v.epoch != self.epoch || v.stage != self.stage || v.hash.len() != 32 {
+            return Ok(());
+        }
+        let k = v.partition as usize;
+        if self.plan.as_ref().is_none_or(|p| k >= p.partitions.len()) {
+            return Ok(());
+        }
+        // A new writer for a settled partition: store it if we hold it.
+        let rewrite = self.finalized.get(k).copied().unwrap_or(false) && v.writer[..] == self.me.0[..];
+        self.verdicts.insert(k, (v, Instant::now()));
+        if rewrite {
+            self.finalized[k] = false;
+        }
+        self.pump(out)
+    }
+
+    fn frame(&mut self, f: ReceivedFrame, out: &mut Vec<Output>) -> Result<()> {
+        let Some(m) = slice_msg(&f.header, f.peer, &f.payload) else {
+            bail!("malformed merge frame from {}", f.peer);
+        };
+        drop(f);
+        self.accept(m, false);
+        self.pump(out)
+    }
+
+    fn tick(&mut self, out: &mut Vec<Output>) -> Result<()> {
+        if self.plan.is_none() || self.finished {
+            return Ok(());
+        }
+        if self.plan_at.elapsed() >= STORE_FALLBACK_AFTER && self.last_store_poll.elapsed() >= Duration::from_secs(1) {
+            self.last_store_poll = Instant::now();
+            self.poll_store()?;
+        }
+        self.pump(out)
+    }
+
+    fn take_merged(&mut self) -> Option<(u64, Vec<f32>)> {
+        self.merged.take()
+    }
+
+    fn fetch(&mut self, epoch: u64, stage: u32, layout: &ParamLayout) -> Result<Vec<f32>> {
+        let prefix = weights_parts_prefix(epoch, stage);
+        let total = layout.total() as u64;
+        let (w, covered) = self.rt.block_on(read_range(&self.store, &prefix, 0, total))?;
+        if covered != total {
+            bail!("merged weights under {prefix} cover {covered} of {total} values");
+        }
+        Ok(w)
+    }
+}
