@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use iota_control::auth::AuthPolicy;
-use iota_control::orchestrator::{Orchestrator, RunSpec};
+use iota_control::orchestrator::{MergeMethod, MergeSpec, Orchestrator, RunSpec};
 use iota_control::pb::orchestrator_server::OrchestratorServer;
 use iota_control::run::RunConfig;
 use iota_control::service::OrchestratorService;
 use iota_control::store::Store;
-use iota_core::{Identity, ModelConfig, WireCodec};
+use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::{Identity, ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_dataplane::miner::{self, MinerOptions, MinerSummary};
 use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
@@ -61,7 +62,15 @@ pub fn tiny_run(
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,
             phase_timeout_ms: 20_000,
-            merge: Default::default(),
+            // The swarm's default: butterfly, bf16 slices, centered clipping, plain averaging.
+            merge: MergeSpec {
+                method: MergeMethod::Butterfly,
+                slices_per_replica: 1,
+                codec: WireCodec::Bf16,
+                rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
+                outer: OuterOpt::AVERAGE,
+                stage_params: Vec::new(),
+            },
         },
         train,
         data: None,
@@ -69,6 +78,11 @@ pub fn tiny_run(
         max_shards: 16,
         val_fraction: 0.02,
     };
+    cfg.spec.merge.stage_params = StageSpec::split(&cfg.train.model, stages as usize)
+        .unwrap()
+        .iter()
+        .map(|s| ParamLayout::for_stage(&cfg.train.model, s).total() as u64)
+        .collect();
     cfg.fix_shards().unwrap();
     cfg
 }
@@ -151,7 +165,17 @@ impl Swarm {
 
     /// Starts a miner task.
     pub fn miner(&self, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
-        let opts = MinerOptions::local(self.url.clone());
+        self.miner_with(|_| {}, stop)
+    }
+
+    /// Starts a miner task with changed options (fault injection).
+    pub fn miner_with(
+        &self,
+        change: impl FnOnce(&mut MinerOptions),
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
+        let mut opts = MinerOptions::local(self.url.clone());
+        change(&mut opts);
         tokio::spawn(miner::run(opts, Identity::generate(), stop))
     }
 }

@@ -81,7 +81,14 @@ impl StageMerge {
     /// An owner's result for a partition. Stale or foreign reports are
     /// ignored (returns false) rather than refused: they are normal after a
     /// re-plan.
-    pub fn slice_done(&mut self, peer: PeerId, k: u32, generation: u32, hash: [u8; 32], out: &mut Vec<MergeOut>) -> bool {
+    pub fn slice_done(
+        &mut self,
+        peer: PeerId,
+        k: u32,
+        generation: u32,
+        hash: [u8; 32],
+        out: &mut Vec<MergeOut>,
+    ) -> bool {
         let ku = k as usize;
         let Some(part) = self.plan.partitions.get(ku) else { return false };
         if part.generation != generation || !part.owners.contains(&peer) || self.verdicts[ku].is_some() {
@@ -94,8 +101,11 @@ impl StageMerge {
         let owners: Vec<(PeerId, [u8; 32])> = part.owners.iter().map(|o| (*o, self.reports[ku][o])).collect();
         // A referee's answer settles an open dispute on this partition.
         if owners.len() == 1
-            && let Some(m) =
-                self.mismatches.iter_mut().rev().find(|m| m.partition == k && m.deviants.is_empty() && m.generation < generation)
+            && let Some(m) = self
+                .mismatches
+                .iter_mut()
+                .rev()
+                .find(|m| m.partition == k && m.deviants.is_empty() && m.generation < generation)
         {
             m.deviants = m.owners.iter().filter(|(_, h)| *h != hash).map(|(p, _)| *p).collect();
         }

@@ -222,7 +222,10 @@ impl Orchestrator {
                 let mut mo = Vec::new();
                 let accepted = epoch == self.epoch
                     && matches!(self.phase, Phase::Merging)
-                    && self.butterfly.get_mut(&stage).is_some_and(|m| m.slice_done(peer, partition, generation, h, &mut mo));
+                    && self
+                        .butterfly
+                        .get_mut(&stage)
+                        .is_some_and(|m| m.slice_done(peer, partition, generation, h, &mut mo));
                 if !accepted {
                     self.counters.stale_reports += 1;
                 }
@@ -660,7 +663,8 @@ impl Orchestrator {
                     self.phase_since = now;
                 }
                 if self.butterfly.values().all(|m| m.complete()) {
-                    self.counters.divergent_merges += self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
+                    self.counters.divergent_merges +=
+                        self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
                     self.finish_epoch(now, rng, out);
                 }
             }

@@ -60,6 +60,18 @@ pub struct MergeStats {
     pub store_fallbacks: AtomicU64,
 }
 
+/// Faults a test or a chaos run injects into one replica's merge; a real
+/// miner never sets one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeFault {
+    /// Sends a pseudo-gradient a million times too large.
+    HugeDelta,
+    /// Sends a pseudo-gradient with a NaN in it.
+    NanDelta,
+    /// As an owner, publishes a wrong update.
+    CorruptUpdates,
+}
+
 /// A `WeightSlice` frame, checked and copied out of the receive pool.
 #[derive(Clone, Debug)]
 struct SliceMsg {
@@ -90,8 +102,7 @@ pub struct Butterfly {
     rt: tokio::runtime::Handle,
     ctx: Arc<RunContext>,
     pub stats: Arc<MergeStats>,
-    /// Test hook: publish wrong updates, as a faulty or malicious owner would.
-    pub corrupt_updates: bool,
+    pub fault: Option<MergeFault>,
     epoch: u64,
     stage: u32,
     theta_prev: Vec<f32>,
@@ -147,7 +158,7 @@ impl Butterfly {
             rt,
             ctx,
             stats: Arc::new(MergeStats::default()),
-            corrupt_updates: false,
+            fault: None,
             epoch: 0,
             stage: 0,
             theta_prev: Vec::new(),
@@ -226,7 +237,16 @@ impl Butterfly {
         for (k, part) in plan.partitions.iter().enumerate() {
             let range = part.offset as usize..(part.offset + part.len) as usize;
             if !self.encoded.contains_key(&k) {
-                let bytes = encode_slice(self.codec(), &delta[range])?;
+                let mut bytes = encode_slice(self.codec(), &delta[range])?;
+                if self.fault == Some(MergeFault::NanDelta) {
+                    // The encoder refuses NaN, so a hostile sender writes the
+                    // bytes itself: a NaN value (f32, bf16) or block scale (int8).
+                    let nan = match self.codec() {
+                        WireCodec::F32 => f32::NAN.to_le_bytes().to_vec(),
+                        _ => 0x7fc0u16.to_le_bytes().to_vec(),
+                    };
+                    bytes[..nan.len()].copy_from_slice(&nan);
+                }
                 self.encoded.insert(k, Bytes::from(bytes));
             }
             let enc = self.encoded[&k].clone();
@@ -344,18 +364,15 @@ impl Butterfly {
         if !plan.participants.iter().all(|p| have.contains_key(&p.peer)) {
             return Ok(());
         }
-        let decoded: Vec<Option<Vec<f32>>> = plan
-            .participants
-            .iter()
-            .map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok())
-            .collect();
+        let decoded: Vec<Option<Vec<f32>>> =
+            plan.participants.iter().map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok()).collect();
         let refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
         let mut momentum = self.momentum_for(k, part.offset, part.len)?;
         let (mut u, st) = reduce_slice(self.spec.rule, self.spec.outer, &refs, &plan.weights(), &mut momentum);
         if st.rejected_non_finite > 0 || st.clipped > 0 {
             warn!(k, rejected = st.rejected_non_finite, clipped = st.clipped, "robust reduce held back contributions");
         }
-        if self.corrupt_updates {
+        if self.fault == Some(MergeFault::CorruptUpdates) {
             u.iter_mut().for_each(|x| *x += 0.5);
         }
         let payload = Bytes::from(encode_slice(self.codec(), &u)?);
@@ -386,15 +403,14 @@ impl Butterfly {
         let part = plan.partitions[k].clone();
         let range = part.offset as usize..(part.offset + part.len) as usize;
         let keep = v.hash == KEEP_PREVIOUS;
-        let payload = if keep {
-            None
-        } else {
-            self.results
-                .get(&k)
-                .filter(|r| r.hash[..] == v.hash[..])
-                .map(|r| r.payload.clone())
-                .or_else(|| self.candidates.get(&k)?.iter().find(|(h, _)| h[..] == v.hash[..]).map(|(_, p)| p.clone()))
-        };
+        let payload =
+            if keep {
+                None
+            } else {
+                self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.payload.clone()).or_else(|| {
+                    self.candidates.get(&k)?.iter().find(|(h, _)| h[..] == v.hash[..]).map(|(_, p)| p.clone())
+                })
+            };
         let slice: Vec<f32> = match (keep, payload) {
             (true, _) => self.theta_prev[range.clone()].to_vec(),
             (false, Some(p)) => {
@@ -508,7 +524,12 @@ impl Merge for Butterfly {
             self.reset(epoch, stage);
             self.theta_prev = params.to_vec();
         }
-        self.delta = Some(self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect());
+        let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
+        match self.fault {
+            Some(MergeFault::HugeDelta) => delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0),
+            _ => {}
+        }
+        self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
         out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
             epoch,
@@ -526,7 +547,12 @@ impl Merge for Butterfly {
         let plan = plan_from_pb(pp).map_err(anyhow::Error::msg)?;
         plan.validate(layout.total() as u64).map_err(anyhow::Error::msg)?;
         if plan.epoch != self.epoch || plan.stage != stage || p.epoch != self.epoch {
-            bail!("merge plan for epoch {} stage {}, we are at epoch {} stage {stage}", plan.epoch, plan.stage, self.epoch);
+            bail!(
+                "merge plan for epoch {} stage {}, we are at epoch {} stage {stage}",
+                plan.epoch,
+                plan.stage,
+                self.epoch
+            );
         }
         if self.delta.is_none() {
             bail!("merge plan before this replica's contribution");

@@ -7,6 +7,7 @@
 //! never blocks the network.
 
 pub mod butterfly;
+pub mod local_merge;
 pub mod merge;
 pub mod worker;
 
@@ -41,6 +42,10 @@ pub struct MinerOptions {
     /// Receive pool budget (bytes).
     pub pool_bytes: usize,
     pub heartbeat: Duration,
+    /// Fault injection for tests and chaos runs (never set by `iota-miner run`).
+    pub merge_fault: Option<butterfly::MergeFault>,
+    /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
+    pub crash_on_merge_plan: bool,
 }
 
 impl MinerOptions {
@@ -51,6 +56,8 @@ impl MinerOptions {
             advertise: None,
             pool_bytes: 256 << 20,
             heartbeat: Duration::from_millis(500),
+            merge_fault: None,
+            crash_on_merge_plan: false,
         }
     }
 }
@@ -184,7 +191,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                                         warn!(key, error = %e, "storing an undelivered frame failed");
                                     }
                                 }
-                                _ => warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route"),
+                                _ => {
+                                    warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route")
+                                }
                             }
                         }
                     }
@@ -202,11 +211,26 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let me = ep.peer_id();
     let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
     let stop_c = stop.clone();
+    let (fault, crash_on_plan) = (opts.merge_fault, opts.crash_on_merge_plan);
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
-        let mut w = Worker::new(me, cfg, store, rt, ep_dir, ep_ctx);
+        let butterfly = cfg.spec.merge.method == iota_control::orchestrator::MergeMethod::Butterfly;
+        let merge_spec = cfg.spec.merge.clone();
+        let mut w = Worker::new(me, cfg, store.clone(), rt.clone(), ep_dir, ep_ctx.clone());
+        if butterfly && fault.is_some() {
+            let mut b = butterfly::Butterfly::new(me, merge_spec, store, rt, ep_ctx);
+            b.fault = fault;
+            w.set_merge(Box::new(b));
+        }
         w.tokens = tokens;
         let mut out = Vec::new();
         while let Some(input) = in_rx.blocking_recv() {
+            if crash_on_plan
+                && let Input::Command(iota_control::pb::command::Kind::Phase(p)) = &input
+                && p.merge_plan.is_some()
+            {
+                warn!("crashing on the merge plan, as asked (fault injection)");
+                break;
+            }
             if let Err(e) = w.handle(input, &mut out) {
                 warn!(error = %format!("{e:#}"), "stage worker");
             }

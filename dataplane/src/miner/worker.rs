@@ -46,7 +46,12 @@ pub enum Input {
 pub enum Output {
     /// `fallback`: an object-store key where the frame is left, signed, if
     /// it cannot be delivered (the receiver looks there).
-    Frame { to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String> },
+    Frame {
+        to: PeerId,
+        meta: FrameMeta,
+        payload: Bytes,
+        fallback: Option<String>,
+    },
     Report(pb::report::Kind),
 }
 

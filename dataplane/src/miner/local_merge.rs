@@ -1,0 +1,279 @@
+//! One stage's merge run on its own, in process: R replicas, each with a
+//! QUIC endpoint on 127.0.0.1 and its `Butterfly` on a thread, and the
+//! orchestrator's `StageMerge` as the coordinator. The tests check the
+//! merge's results with it and `iota-bench butterfly` measures it; the
+//! parameter-server baseline runs through the same store.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use iota_control::orchestrator::butterfly::{MergeOut, Mismatch, StageMerge};
+use iota_control::orchestrator::{MergeSpec, plan_to_pb};
+use iota_control::pb;
+use iota_core::layout::Init;
+use iota_core::merge::{MergePlan, Participant};
+use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
+use tokio::sync::mpsc;
+
+use super::butterfly::{Butterfly, MergeFault, MergeStats};
+use super::merge::Merge;
+use super::worker::Output;
+use crate::fileio::FileIo;
+use crate::frame::{FrameLimits, RunContext};
+use crate::pool::HostPool;
+use crate::store::ObjectStore;
+use crate::tls::PeerDirectory;
+use crate::transport::{Endpoint, ReceivedFrame, TransportConfig};
+
+/// One replica's part in a local merge.
+#[derive(Clone, Debug)]
+pub struct LocalReplica {
+    /// Its weights after training (theta_local).
+    pub params: Vec<f32>,
+    pub work: u64,
+    pub fault: Option<MergeFault>,
+    /// Crashes as the plan reaches it (never sends anything).
+    pub dies_on_plan: bool,
+}
+
+#[derive(Debug)]
+pub struct LocalMergeReport {
+    /// Each replica's merged weights (None: it died).
+    pub merged: Vec<Option<Vec<f32>>>,
+    pub sent_bytes: Vec<u64>,
+    pub recv_bytes: Vec<u64>,
+    pub store_fallbacks: u64,
+    pub elapsed: Duration,
+    pub mismatches: Vec<Mismatch>,
+    pub peers: Vec<PeerId>,
+}
+
+enum ToReplica {
+    Plan(pb::PhaseChange),
+    Verdict(pb::SliceVerdict),
+    Frame(Box<ReceivedFrame>),
+    Tick,
+}
+
+enum ToCoordinator {
+    Report(PeerId, pb::report::Kind),
+    Died(PeerId),
+}
+
+/// A one-tensor layout of `n` values (the merge only sees a flat vector).
+pub fn flat_layout(n: usize) -> ParamLayout {
+    ParamLayout {
+        entries: vec![ParamEntry {
+            name: "flat".into(),
+            shape: vec![n],
+            offset: 0,
+            init: Init::Const(0.0),
+            decay: false,
+        }],
+    }
+}
+
+/// Runs one butterfly merge of `replicas` (all starting the epoch from
+/// `theta_prev`) for `epoch` of stage 0, with the object store in `store_dir`.
+pub async fn run_local_butterfly(
+    spec: MergeSpec,
+    epoch: u64,
+    theta_prev: Arc<Vec<f32>>,
+    replicas: Vec<LocalReplica>,
+    store_dir: &Path,
+    timeout: Duration,
+) -> Result<LocalMergeReport> {
+    let r = replicas.len();
+    let n = theta_prev.len();
+    let ids: Vec<Identity> = (0..r).map(|_| Identity::generate()).collect();
+    let peers: Vec<PeerId> = ids.iter().map(|i| i.peer_id()).collect();
+    let dir = PeerDirectory::new();
+    let ctx = Arc::new(RunContext::new(7, FrameLimits::default()));
+    ctx.set_epoch_window(epoch as u32, epoch as u32);
+    let store = ObjectStore::local(store_dir, FileIo::start(false))?;
+    let mut eps = Vec::new();
+    for id in ids {
+        let ep = Arc::new(Endpoint::bind(
+            "127.0.0.1:0".parse()?,
+            id,
+            dir.clone(),
+            ctx.clone(),
+            HostPool::new(1 << 30),
+            TransportConfig::default(),
+        )?);
+        dir.insert(ep.peer_id(), Some(ep.local_addr()?));
+        eps.push(ep);
+    }
+    let rt = tokio::runtime::Handle::current();
+    let (co_tx, mut co_rx) = mpsc::unbounded_channel::<ToCoordinator>();
+    let mut to_replica = Vec::new();
+    let mut threads = Vec::new();
+    let mut stats: Vec<Arc<MergeStats>> = Vec::new();
+    let t0 = Instant::now();
+    for (i, rep) in replicas.iter().cloned().enumerate() {
+        let (tx, mut rx) = mpsc::unbounded_channel::<ToReplica>();
+        to_replica.push(tx.clone());
+        let ep = eps[i].clone();
+        // Frames in.
+        {
+            let (ep, tx) = (ep.clone(), tx.clone());
+            tokio::spawn(async move {
+                while let Some(f) = ep.recv().await {
+                    if tx.send(ToReplica::Frame(Box::new(f))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        // Frames and reports out.
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Output>();
+        {
+            let (ep, co_tx, store, me) = (ep.clone(), co_tx.clone(), store.clone(), peers[i]);
+            tokio::spawn(async move {
+                while let Some(o) = out_rx.recv().await {
+                    match o {
+                        Output::Frame { to, meta, payload, fallback } => {
+                            let copy = payload.clone();
+                            if ep.send(to, &meta, payload).await.is_err()
+                                && let Some(key) = fallback
+                            {
+                                let _ = store.put(&key, ep.frame_bytes(&meta, &copy)).await;
+                            }
+                        }
+                        Output::Report(k) => {
+                            let _ = co_tx.send(ToCoordinator::Report(me, k));
+                        }
+                    }
+                }
+            });
+        }
+        let mut b = Butterfly::new(peers[i], spec.clone(), store.clone(), rt.clone(), ctx.clone());
+        b.fault = rep.fault;
+        stats.push(b.stats.clone());
+        let (theta_prev, co_tx, me) = (theta_prev.clone(), co_tx.clone(), peers[i]);
+        let layout = flat_layout(n);
+        threads.push(std::thread::spawn(move || -> Result<Option<Vec<f32>>> {
+            b.epoch_started(epoch, 0, &theta_prev);
+            let mut out = Vec::new();
+            b.contribute(epoch, 0, &layout, &rep.params, rep.work, &mut out)?;
+            out.clear(); // UploadDone: the coordinator built the plan already
+            while let Some(m) = rx.blocking_recv() {
+                let r = match m {
+                    ToReplica::Plan(p) => {
+                        if rep.dies_on_plan {
+                            let _ = co_tx.send(ToCoordinator::Died(me));
+                            return Ok(None);
+                        }
+                        b.merging(&p, 0, &layout, &mut out)
+                    }
+                    ToReplica::Verdict(v) => b.verdict(v, &mut out),
+                    ToReplica::Frame(f) => b.frame(*f, &mut out),
+                    ToReplica::Tick => b.tick(&mut out),
+                };
+                if let Err(e) = r {
+                    tracing::warn!(error = %format!("{e:#}"), "local merge replica");
+                }
+                for o in out.drain(..) {
+                    let _ = out_tx.send(o);
+                }
+                if let Some((_, w)) = b.take_merged() {
+                    return Ok(Some(w));
+                }
+            }
+            bail!("replica channel closed before the merge finished")
+        }));
+    }
+    // Ticks.
+    {
+        let txs = to_replica.clone();
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                iv.tick().await;
+                if txs.iter().all(|t| t.send(ToReplica::Tick).is_err()) {
+                    return;
+                }
+            }
+        });
+    }
+    // The coordinator.
+    let participants = replicas.iter().zip(&peers).map(|(rep, p)| Participant { peer: *p, work: rep.work }).collect();
+    let mut sm = StageMerge::new(MergePlan::new(epoch, 0, participants, n as u64, 1234, spec.slices_per_replica));
+    let index: BTreeMap<PeerId, usize> = peers.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    let send_plan = |sm: &StageMerge| {
+        for p in &sm.plan.participants {
+            let pc = pb::PhaseChange {
+                epoch,
+                phase: pb::Phase::Merging as i32,
+                aggregator: Vec::new(),
+                upload_prefix: String::new(),
+                merge_plan: Some(plan_to_pb(&sm.plan)),
+            };
+            let _ = to_replica[index[&p.peer]].send(ToReplica::Plan(pc));
+        }
+    };
+    let apply = |sm: &StageMerge, outs: Vec<MergeOut>| {
+        for o in outs {
+            match o {
+                MergeOut::Plan => send_plan(sm),
+                MergeOut::Verdict(v) => {
+                    for p in &sm.plan.participants {
+                        let _ = to_replica[index[&p.peer]].send(ToReplica::Verdict(pb::SliceVerdict {
+                            epoch,
+                            stage: 0,
+                            partition: v.partition,
+                            generation: v.generation,
+                            hash: v.hash.to_vec(),
+                            writer: v.writer.0.to_vec(),
+                        }));
+                    }
+                }
+            }
+        }
+    };
+    send_plan(&sm);
+    let deadline = Instant::now() + timeout;
+    while !sm.complete() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, co_rx.recv()).await.context("local merge timed out")?;
+        let Some(msg) = msg else { bail!("coordinator channel closed") };
+        let mut outs = Vec::new();
+        match msg {
+            ToCoordinator::Died(p) => sm.drop_participants(&[p], &mut outs),
+            ToCoordinator::Report(p, pb::report::Kind::SliceDone(d)) => {
+                if let Ok(h) = <[u8; 32]>::try_from(d.hash.as_slice()) {
+                    sm.slice_done(p, d.partition, d.generation, h, &mut outs);
+                }
+            }
+            ToCoordinator::Report(p, pb::report::Kind::MergeDone(d)) => {
+                if let Ok(h) = <[u8; 32]>::try_from(d.weights_hash.as_slice()) {
+                    sm.merge_done(p, h);
+                }
+            }
+            ToCoordinator::Report(..) => {}
+        }
+        apply(&sm, outs);
+    }
+    let elapsed = t0.elapsed();
+    drop(to_replica);
+    let mut merged = Vec::new();
+    for t in threads {
+        merged.push(tokio::task::spawn_blocking(move || t.join()).await?.map_err(|_| anyhow::anyhow!("panicked"))??);
+    }
+    for ep in &eps {
+        ep.close();
+    }
+    Ok(LocalMergeReport {
+        merged,
+        sent_bytes: stats.iter().map(|s| s.sent_bytes.load(Ordering::Relaxed)).collect(),
+        recv_bytes: stats.iter().map(|s| s.recv_bytes.load(Ordering::Relaxed)).collect(),
+        store_fallbacks: stats.iter().map(|s| s.store_fallbacks.load(Ordering::Relaxed)).sum(),
+        elapsed,
+        mismatches: sm.mismatches.clone(),
+        peers,
+    })
+}

@@ -1,0 +1,185 @@
+//! The butterfly merge over real QUIC on 127.0.0.1: R replicas in process,
+//! the orchestrator's `StageMerge` coordinating.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iota_control::orchestrator::{MergeMethod, MergeSpec};
+use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::{Rng, WireCodec};
+use iota_dataplane::fileio::FileIo;
+use iota_dataplane::miner::butterfly::{Butterfly, MergeFault};
+use iota_dataplane::miner::local_merge::{LocalReplica, flat_layout, run_local_butterfly};
+use iota_dataplane::miner::merge::Merge;
+use iota_dataplane::store::ObjectStore;
+
+fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
+    MergeSpec {
+        method: MergeMethod::Butterfly,
+        slices_per_replica: slices,
+        codec,
+        rule,
+        outer: OuterOpt::AVERAGE,
+        stage_params: Vec::new(),
+    }
+}
+
+/// theta_prev and R trained replicas near it.
+fn replicas(r: usize, n: usize, seed: u64) -> (Arc<Vec<f32>>, Vec<LocalReplica>) {
+    let mut rng = Rng::new(seed);
+    let prev: Vec<f32> = (0..n).map(|_| rng.normal() * 0.05).collect();
+    let drift: Vec<f32> = (0..n).map(|_| rng.normal() * 0.01).collect();
+    let reps = (0..r)
+        .map(|i| LocalReplica {
+            params: prev.iter().zip(&drift).map(|(p, d)| p - d + rng.normal() * 0.003).collect(),
+            work: 10 + i as u64,
+            fault: None,
+            dies_on_plan: false,
+        })
+        .collect();
+    (Arc::new(prev), reps)
+}
+
+fn weighted_mean(reps: &[LocalReplica]) -> Vec<f32> {
+    let total: f64 = reps.iter().map(|r| r.work as f64).sum();
+    (0..reps[0].params.len())
+        .map(|j| (reps.iter().map(|r| r.work as f64 * r.params[j] as f64).sum::<f64>() / total) as f32)
+        .collect()
+}
+
+fn dist(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn butterfly_equals_the_mean_and_replicas_end_bitwise_identical() {
+    let n = 10_007; // odd, and not a multiple of the 256-value block
+    for r in [1usize, 2, 3, 5, 8] {
+        for slices in [1u32, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let (prev, reps) = replicas(r, n, r as u64);
+            let want = weighted_mean(&reps);
+            let rep =
+                run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, slices), 0, prev, reps, dir.path(), TIMEOUT)
+                    .await
+                    .unwrap();
+            let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+            let err = max_abs(&merged[0], &want);
+            assert!(err < 1e-6, "R={r} slices={slices}: max error {err}");
+            assert!(merged.iter().all(|m| m == &merged[0]), "R={r}: replicas differ");
+            assert!(rep.mismatches.is_empty());
+            println!("R={r} slices={slices}: sent {:?} received {:?}", rep.sent_bytes, rep.recv_bytes);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_slices_stay_within_codec_error() {
+    let n = 5_001;
+    for codec in [WireCodec::Bf16, WireCodec::Int8Row] {
+        let dir = tempfile::tempdir().unwrap();
+        let (prev, reps) = replicas(4, n, 3);
+        let want = weighted_mean(&reps);
+        let delta_scale = dist(&prev, &want);
+        let rep =
+            run_local_butterfly(spec(ReduceRule::Mean, codec, 1), 0, prev, reps, dir.path(), TIMEOUT).await.unwrap();
+        let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+        assert!(merged.iter().all(|m| m == &merged[0]), "{codec:?}: replicas differ");
+        let rel = dist(&merged[0], &want) / delta_scale;
+        // bf16: 2^-8 relative per value, twice (slices and update); int8: 1/127 of a block's max.
+        assert!(rel < 0.03, "{codec:?}: error {rel} of the update's size");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn robust_rule_contains_a_huge_or_nan_replica() {
+    let n = 4_099;
+    for fault in [MergeFault::HugeDelta, MergeFault::NanDelta] {
+        let dir = tempfile::tempdir().unwrap();
+        let (prev, mut reps) = replicas(5, n, 8);
+        let honest = weighted_mean(&reps[1..]);
+        let update = dist(&prev, &honest);
+        reps[0].fault = Some(fault);
+        let rule = ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 };
+        let rep =
+            run_local_butterfly(spec(rule, WireCodec::Bf16, 1), 0, prev.clone(), reps.clone(), dir.path(), TIMEOUT)
+                .await
+                .unwrap();
+        let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+        assert!(merged.iter().all(|m| m == &merged[0]));
+        assert!(merged[0].iter().all(|x| x.is_finite()), "{fault:?}: non-finite weights");
+        let rel = dist(&merged[0], &honest) / update;
+        assert!(rel < 0.5, "{fault:?}: {rel} of an honest update away from the honest mean");
+        // The plain mean is not robust to the same replica.
+        let dir = tempfile::tempdir().unwrap();
+        let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::Bf16, 1), 0, prev, reps, dir.path(), TIMEOUT)
+            .await
+            .unwrap();
+        let m = rep.merged[1].clone().unwrap();
+        if fault == MergeFault::HugeDelta {
+            assert!(dist(&m, &honest) / update > 100.0, "the mean follows the huge replica");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_owner_is_caught_by_hash_and_the_refereed_slice_wins() {
+    let n = 6_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (prev, mut reps) = replicas(3, n, 21);
+    let want = weighted_mean(&reps);
+    reps[1].fault = Some(MergeFault::CorruptUpdates);
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+        .await
+        .unwrap();
+    let liar = rep.peers[1];
+    // Replica 1 owns two of the three partitions: both disputes reported, with both owners.
+    assert_eq!(rep.mismatches.len(), 2, "{:?}", rep.mismatches);
+    for m in &rep.mismatches {
+        assert_eq!(m.owners.len(), 2);
+        assert!(m.owners.iter().any(|(p, _)| *p == liar));
+        assert_eq!(m.deviants, vec![liar], "the referee's result names the liar");
+    }
+    let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+    for m in &merged {
+        assert!(max_abs(m, &want) < 1e-6, "every replica, the liar too, holds the honest result");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_dying_mid_merge_is_planned_out_and_rejoins_by_download() {
+    let n = 8_192;
+    let dir = tempfile::tempdir().unwrap();
+    let (prev, mut reps) = replicas(4, n, 5);
+    reps[2].dies_on_plan = true;
+    let survivors: Vec<LocalReplica> = reps.iter().filter(|r| !r.dies_on_plan).cloned().collect();
+    let want = weighted_mean(&survivors);
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(rep.merged[2].is_none());
+    let merged: Vec<Vec<f32>> = rep.merged.iter().flatten().cloned().collect();
+    assert_eq!(merged.len(), 3);
+    assert!(merged.iter().all(|m| m == &merged[0]));
+    assert!(max_abs(&merged[0], &want) < 1e-6);
+    // The dead replica (or any newcomer) downloads the merged stage.
+    let store = ObjectStore::local(dir.path(), FileIo::start(false)).unwrap();
+    let me = iota_core::Identity::generate().peer_id();
+    let ctx = Arc::new(iota_dataplane::frame::RunContext::new(7, Default::default()));
+    let rt = tokio::runtime::Handle::current();
+    let spec = spec(ReduceRule::Mean, WireCodec::F32, 1);
+    let fetched = tokio::task::spawn_blocking(move || {
+        let mut b = Butterfly::new(me, spec, store, rt, ctx);
+        b.fetch(0, 0, &flat_layout(n))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(fetched, merged[0], "the stored stage is bitwise the merged one");
+}
