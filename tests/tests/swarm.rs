@@ -127,3 +127,63 @@ async fn restarted_orchestrator_resumes_the_run() {
     assert_eq!(history.len(), 3, "the run went on to its end");
     assert!(history.iter().all(|e| e.completed + e.dropped == 16));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byzantine_replica_is_contained_by_the_robust_merge() {
+    use iota_dataplane::miner::butterfly::MergeFault;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(dir.path(), 2, 3, 3, 18, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // The first miner (stage 0) sends pseudo-gradients a million times too large.
+    let mut miners = vec![swarm.miner_with(|o| o.merge_fault = Some(MergeFault::HugeDelta), stop.clone())];
+    miners.extend((0..5).map(|_| swarm.miner(stop.clone())));
+    let mut summaries = Vec::new();
+    for m in miners {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap());
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    println!("byzantine 2x3 tiny: {:?}", history.iter().map(|e| e.mean_loss).collect::<Vec<_>>());
+    assert_eq!(history.len(), 3);
+    assert!(history[2].mean_loss < history[0].mean_loss - 0.3, "the loss still falls: {history:?}");
+    for stage in 0..2 {
+        let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
+        assert_eq!(w.len(), 3);
+        assert!(w[0].iter().all(|x| x.is_finite()), "stage {stage} weights stay finite");
+        assert!(w.iter().all(|x| *x == w[0]), "stage {stage} replicas identical");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_by_download() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(dir.path(), 2, 2, 3, 16, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let crasher = swarm.miner_with(|o| o.crash_on_merge_plan = true, stop.clone());
+    let others: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
+    // The crasher stops when the first merge plan reaches it.
+    let crashed = tokio::time::timeout(Duration::from_secs(60), crasher).await.expect("crasher stopped").unwrap();
+    let crashed_stage = crashed.unwrap().stage;
+    // Once the orchestrator has noticed, a new miner joins and takes its place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while swarm.service.with_state(|o| o.miners().all(|m| m.healthy)) {
+        assert!(Instant::now() < deadline, "the crash was not noticed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let newcomer = swarm.miner(stop.clone());
+    let mut summaries = Vec::new();
+    for m in others.into_iter().chain([newcomer]) {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap());
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history.len(), 3, "every epoch completed: {history:?}");
+    assert_eq!(summaries[3].stage, crashed_stage, "the newcomer took the empty place");
+    for stage in 0..2 {
+        let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
+        assert_eq!(w.len(), 2);
+        assert!(w[0] == w[1], "stage {stage}: the newcomer holds the merged weights like its replica");
+    }
+}
