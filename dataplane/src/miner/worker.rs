@@ -285,6 +285,9 @@ impl Worker {
                 }
             }
             pb::Phase::Uploading => {
+                // Peers may start the next epoch before our Training command
+                // is processed: accept its frames from now on (held until routed).
+                self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32 + 1);
                 let Some(s) = self.stage.as_mut() else { return Ok(()) };
                 // A partial accumulation at the epoch's end is dropped, not applied.
                 s.zero_grads();
