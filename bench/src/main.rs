@@ -2,6 +2,7 @@
 //! in the same run, as a ratio. Results and reproduce commands are recorded in
 //! docs/BENCHMARKS.md.
 
+mod butterfly;
 mod stage_cpu;
 mod swarm;
 mod timing;
@@ -32,6 +33,10 @@ enum Cmd {
     /// against single-process training on the same tokens: tokens/s and the
     /// final validation loss.
     Swarm(swarm::Args),
+    /// One stage's butterfly merge with R in-process replicas on loopback
+    /// QUIC (R = 2, 4, 8, 16; P = 25M) against the parameter-server merge of
+    /// the same weights: bytes per replica, the aggregator's bytes, time.
+    Butterfly(butterfly::Args),
 }
 
 fn main() {
@@ -40,6 +45,7 @@ fn main() {
         Cmd::StageCpu(a) => stage_cpu::run(a),
         Cmd::Transport(a) => transport::run(a),
         Cmd::Swarm(a) => swarm::run(a),
+        Cmd::Butterfly(a) => butterfly::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

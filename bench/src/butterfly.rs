@@ -1,0 +1,189 @@
+//! butterfly: one stage's merge with R in-process replicas on loopback QUIC,
+//! against the parameter-server merge of the same weights through the same
+//! object store, in one run. Bytes per replica (ours: payload bytes sent and
+//! received on the data plane; the model 2P(R-1)/R x codec bytes for the
+//! scatter and P(R-2)/R for the gather), wall time, and the aggregator's
+//! bytes for the parameter server.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use iota_control::orchestrator::{MergeMethod, MergeSpec};
+use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::{Identity, Rng, WireCodec};
+use iota_dataplane::fileio::FileIo;
+use iota_dataplane::miner::local_merge::{LocalReplica, flat_layout, run_local_butterfly};
+use iota_dataplane::miner::merge::{Merge, ParameterServer};
+use iota_dataplane::miner::worker::Output;
+use iota_dataplane::store::ObjectStore;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Parameters of the stage being merged.
+    #[arg(long, default_value_t = 25_000_000)]
+    params: usize,
+    /// Replica counts to run, comma-separated.
+    #[arg(long, default_value = "2,4,8,16", value_delimiter = ',')]
+    replicas: Vec<usize>,
+    /// Slice codec: bf16, int8, f32.
+    #[arg(long, default_value = "bf16")]
+    codec: String,
+    /// Reduce rule: centered-clip, trimmed-mean, mean.
+    #[arg(long, default_value = "centered-clip")]
+    rule: String,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let codec = match a.codec.as_str() {
+        "bf16" => WireCodec::Bf16,
+        "int8" => WireCodec::Int8Row,
+        "f32" => WireCodec::F32,
+        c => anyhow::bail!("unknown codec {c}"),
+    };
+    let rule = ReduceRule::parse(&a.rule).context("unknown rule")?;
+    let spec = MergeSpec {
+        method: MergeMethod::Butterfly,
+        slices_per_replica: 1,
+        codec,
+        rule,
+        outer: OuterOpt::AVERAGE,
+        stage_params: Vec::new(),
+    };
+    let p = a.params;
+    let bytes_per_value = codec.payload_bytes(1, 256).unwrap() as f64 / 256.0;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    println!(
+        "butterfly: P = {p} parameters, codec {} ({bytes_per_value:.4} B/value), rule {}; parameter server: f32 safetensors",
+        codec.name(),
+        rule.name()
+    );
+    println!(
+        "\n  {:>3} | {:>10} {:>10} {:>10} {:>8} {:>8} | {:>8} | {:>9} {:>10} {:>8} | {:>6}",
+        "R", "sent MB", "recv MB", "2P(R-1)/R", "ratio", "model", "bfly s", "PS s", "aggr MB", "PS/rep", "speed"
+    );
+    let mut rng = Rng::new(1);
+    let prev: Vec<f32> = (0..p).map(|_| rng.normal() * 0.02).collect();
+    let prev = Arc::new(prev);
+    for &r in &a.replicas {
+        let reps: Vec<LocalReplica> = (0..r)
+            .map(|i| {
+                let mut rr = Rng::new(100 + i as u64);
+                LocalReplica {
+                    params: prev.iter().map(|x| x + rr.normal() * 0.001).collect(),
+                    work: 10,
+                    fault: None,
+                    dies_on_plan: false,
+                }
+            })
+            .collect();
+        let dir = tempdir()?;
+        let report = rt.block_on(run_local_butterfly(
+            spec.clone(),
+            0,
+            prev.clone(),
+            reps.clone(),
+            &dir,
+            Duration::from_secs(1800),
+        ))?;
+        let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
+        let (sent, recv) = (mean(&report.sent_bytes), mean(&report.recv_bytes));
+        let goal = 2.0 * p as f64 * (r as f64 - 1.0) / r as f64 * bytes_per_value;
+        // Ours sends the scatter (2P(R-1)/R) plus the gather (P(R-2)/R).
+        let model = p as f64 * (3.0 * r as f64 - 4.0) / r as f64 * bytes_per_value;
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // The parameter server on the same weights.
+        let dir = tempdir()?;
+        let (ps_secs, aggr_bytes, per_rep) = parameter_server(&rt, &dir, &reps)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "  {:>3} | {:>10.1} {:>10.1} {:>10.1} {:>7.3}x {:>7.3}x | {:>8.2} | {:>9.2} {:>10.1} {:>8.1} | {:>5.2}x",
+            r,
+            sent / 1e6,
+            recv / 1e6,
+            goal / 1e6,
+            sent / goal,
+            sent / model.max(1.0),
+            report.elapsed.as_secs_f64(),
+            ps_secs,
+            aggr_bytes as f64 / 1e6,
+            per_rep as f64 / 1e6,
+            ps_secs / report.elapsed.as_secs_f64()
+        );
+    }
+    println!(
+        "\n  sent/recv: data-plane payload per replica (mean); ratio: sent / 2P(R-1)/R x codec bytes; model: sent / P(3R-4)/R x codec bytes"
+    );
+    println!(
+        "  PS: every replica uploads f32 weights, one aggregator reads all R and writes the mean, all download it (local store, page cache)"
+    );
+    println!(
+        "  aggr MB: bytes through the aggregator; PS/rep: through every other replica; speed: PS time / butterfly time"
+    );
+    Ok(())
+}
+
+fn tempdir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!(
+        "iota-bench-bfly-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// Upload, aggregate, download: seconds, aggregator bytes, other replicas' bytes.
+fn parameter_server(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    reps: &[LocalReplica],
+) -> Result<(f64, u64, u64)> {
+    let store = ObjectStore::local(dir, FileIo::start(false))?;
+    let n = reps[0].params.len();
+    let layout = flat_layout(n);
+    let t0 = Instant::now();
+    // Uploads run concurrently, as replicas would.
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = reps
+            .iter()
+            .map(|r| {
+                let (store, layout, h) = (store.clone(), layout.clone(), rt.handle().clone());
+                s.spawn(move || -> Result<()> {
+                    let mut ps = ParameterServer::new(store, h, Identity::generate().peer_id());
+                    let mut out: Vec<Output> = Vec::new();
+                    ps.contribute(0, 0, &layout, &r.params, r.work, &mut out)
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| anyhow::anyhow!("upload panicked"))??;
+        }
+        Ok(())
+    })?;
+    let mut agg = ParameterServer::new(store.clone(), rt.handle().clone(), Identity::generate().peer_id());
+    agg.aggregate(0, 0, &layout)?;
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = (0..reps.len())
+            .map(|_| {
+                let (store, layout, h) = (store.clone(), layout.clone(), rt.handle().clone());
+                s.spawn(move || -> Result<()> {
+                    let mut ps = ParameterServer::new(store, h, Identity::generate().peer_id());
+                    ps.fetch(0, 0, &layout).map(|_| ())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| anyhow::anyhow!("download panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let w = (n * 4) as u64;
+    let r = reps.len() as u64;
+    // The aggregator (one of the replicas) reads the R-1 others' uploads and
+    // writes the mean that R-1 others read; the others upload once, download once.
+    Ok((secs, 2 * (r - 1) * w, 2 * w))
+}
