@@ -32,6 +32,67 @@ pub struct Args {
     /// Reduce rule: centered-clip, trimmed-mean, mean.
     #[arg(long, default_value = "centered-clip")]
     rule: String,
+    /// Only compare the reduce rules (no merges).
+    #[arg(long)]
+    rules_only: bool,
+}
+
+/// The reduce rules on synthetic pseudo-gradients: R = 8 replicas around a
+/// common direction with per-replica noise and different work, honest or
+/// with one Byzantine replica; error relative to the honest weighted mean.
+fn compare_rules() {
+    use iota_core::merge::reduce_slice;
+    let (r, n) = (8usize, 1usize << 20);
+    let mut rng = Rng::new(3);
+    let base: Vec<f32> = (0..n).map(|_| rng.normal() * 0.01).collect();
+    let honest: Vec<Vec<f32>> = (0..r).map(|_| base.iter().map(|b| b + rng.normal() * 0.004).collect()).collect();
+    let work: Vec<f64> = (0..r).map(|i| 10.0 + 4.0 * i as f64).collect();
+    let mean = |xs: &[Vec<f32>], w: &[f64]| -> Vec<f32> {
+        let t: f64 = w.iter().sum();
+        (0..n).map(|j| (xs.iter().zip(w).map(|(x, w)| w * x[j] as f64).sum::<f64>() / t) as f32).collect()
+    };
+    let dist = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let rules = [
+        ReduceRule::Mean,
+        ReduceRule::TrimmedMean { trim: 1 },
+        ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
+    ];
+    println!("reduce rules, R = {r}, {n} values, work-weighted; error = |result - honest weighted mean| / |honest mean|");
+    println!("  {:<14} {:>10} {:>12} {:>12} {:>12} {:>10}", "rule", "honest", "1 huge", "1 flipped", "1 NaN", "ns/value");
+    for rule in rules {
+        let mut row = Vec::new();
+        let mut secs = 0.0;
+        for attack in ["none", "huge", "flip", "nan"] {
+            let mut xs = honest.clone();
+            match attack {
+                "huge" => xs[0].iter_mut().for_each(|x| *x *= 1e4),
+                "flip" => xs[0].iter_mut().for_each(|x| *x *= -10.0),
+                "nan" => xs[0][5] = f32::NAN,
+                _ => {}
+            }
+            // The honest reference: all replicas, or all but the attacker.
+            let want = if attack == "none" { mean(&honest, &work) } else { mean(&honest[1..], &work[1..]) };
+            let total: f64 = work.iter().sum();
+            let w: Vec<f64> = work.iter().map(|x| x / total).collect();
+            let refs: Vec<Option<&[f32]>> = xs.iter().map(|x| Some(x.as_slice())).collect();
+            let mut m = vec![0.0; n];
+            let t0 = Instant::now();
+            let (u, _) = reduce_slice(rule, OuterOpt::AVERAGE, &refs, &w, &mut m);
+            secs += t0.elapsed().as_secs_f64();
+            let norm = dist(&want, &vec![0.0; n]);
+            row.push(if u.iter().all(|x| x.is_finite()) { dist(&u, &want) / norm } else { f64::NAN });
+        }
+        println!(
+            "  {:<14} {:>10.4} {:>12.4} {:>12.4} {:>12.4} {:>10.1}",
+            rule.name(),
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            secs / 4.0 / n as f64 * 1e9
+        );
+    }
+    println!();
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -50,6 +111,10 @@ pub fn run(a: Args) -> Result<()> {
         outer: OuterOpt::AVERAGE,
         stage_params: Vec::new(),
     };
+    compare_rules();
+    if a.rules_only {
+        return Ok(());
+    }
     let p = a.params;
     let bytes_per_value = codec.payload_bytes(1, 256).unwrap() as f64 / 256.0;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
