@@ -52,13 +52,15 @@ fn compare_rules() {
         (0..n).map(|j| (xs.iter().zip(w).map(|(x, w)| w * x[j] as f64).sum::<f64>() / t) as f32).collect()
     };
     let dist = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
-    let rules = [
-        ReduceRule::Mean,
-        ReduceRule::TrimmedMean { trim: 1 },
-        ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
-    ];
-    println!("reduce rules, R = {r}, {n} values, work-weighted; error = |result - honest weighted mean| / |honest mean|");
-    println!("  {:<14} {:>10} {:>12} {:>12} {:>12} {:>10}", "rule", "honest", "1 huge", "1 flipped", "1 NaN", "ns/value");
+    let rules =
+        [ReduceRule::Mean, ReduceRule::TrimmedMean { trim: 1 }, ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 }];
+    println!(
+        "reduce rules, R = {r}, {n} values, work-weighted; error = |result - honest weighted mean| / |honest mean|"
+    );
+    println!(
+        "  {:<14} {:>10} {:>12} {:>12} {:>12} {:>10}",
+        "rule", "honest", "1 huge", "1 flipped", "1 NaN", "ns/value"
+    );
     for rule in rules {
         let mut row = Vec::new();
         let mut secs = 0.0;

@@ -32,7 +32,7 @@ enum Cmd {
     /// The local swarm (orchestrator + STAGES x REPLICAS miner processes)
     /// against single-process training on the same tokens: tokens/s and the
     /// final validation loss.
-    Swarm(swarm::Args),
+    Swarm(Box<swarm::Args>),
     /// One stage's butterfly merge with R in-process replicas on loopback
     /// QUIC (R = 2, 4, 8, 16; P = 25M) against the parameter-server merge of
     /// the same weights: bytes per replica, the aggregator's bytes, time.
@@ -44,7 +44,7 @@ fn main() {
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
         Cmd::Transport(a) => transport::run(a),
-        Cmd::Swarm(a) => swarm::run(a),
+        Cmd::Swarm(a) => swarm::run(*a),
         Cmd::Butterfly(a) => butterfly::run(a),
     };
     if let Err(e) = res {

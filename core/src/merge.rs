@@ -535,7 +535,7 @@ mod tests {
 
     #[test]
     fn nesterov_matches_its_definition() {
-        let g = vec![vec![1.0f32, -2.0]];
+        let g = [vec![1.0f32, -2.0]];
         let refs: Vec<Option<&[f32]>> = g.iter().map(|x| Some(x.as_slice())).collect();
         let mut m = vec![0.5f32, 0.5];
         let o = OuterOpt { lr: 0.7, momentum: 0.9 };

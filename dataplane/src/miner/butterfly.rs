@@ -525,9 +525,8 @@ impl Merge for Butterfly {
             self.theta_prev = params.to_vec();
         }
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
-        match self.fault {
-            Some(MergeFault::HugeDelta) => delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0),
-            _ => {}
+        if self.fault == Some(MergeFault::HugeDelta) {
+            delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
         }
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
