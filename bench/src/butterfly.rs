@@ -141,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
                     work: 10,
                     fault: None,
                     dies_on_plan: false,
+                    isolated: false,
                 }
             })
             .collect();

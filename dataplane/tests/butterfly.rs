@@ -35,6 +35,7 @@ fn replicas(r: usize, n: usize, seed: u64) -> (Arc<Vec<f32>>, Vec<LocalReplica>)
             work: 10 + i as u64,
             fault: None,
             dies_on_plan: false,
+            isolated: false,
         })
         .collect();
     (Arc::new(prev), reps)
@@ -182,4 +183,67 @@ async fn a_replica_dying_mid_merge_is_planned_out_and_rejoins_by_download() {
     .unwrap()
     .unwrap();
     assert_eq!(fetched, merged[0], "the stored stage is bitwise the merged one");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_replica_merges_through_the_object_store() {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    let n = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (prev, mut reps) = replicas(3, n, 13);
+    let want = weighted_mean(&reps);
+    reps[0].isolated = true;
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(rep.store_fallbacks > 0, "slices went through the store");
+    let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+    assert!(merged.iter().all(|m| m == &merged[0]), "replicas differ");
+    assert!(max_abs(&merged[0], &want) < 1e-6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outer_nesterov_momentum_persists_across_merges_through_the_store() {
+    use iota_core::merge::{OuterOpt, reduce_slice};
+    let n = 2_500;
+    let dir = tempfile::tempdir().unwrap();
+    let outer = OuterOpt { lr: 0.7, momentum: 0.9 };
+    let mut s = spec(ReduceRule::Mean, WireCodec::F32, 1);
+    s.outer = outer;
+    // Epoch 0 with 3 replicas, epoch 1 with 4 (other identities, another plan).
+    let (prev0, reps0) = replicas(3, n, 31);
+    let m0 = run_local_butterfly(s.clone(), 0, prev0.clone(), reps0.clone(), dir.path(), TIMEOUT).await.unwrap();
+    let theta1 = m0.merged[0].clone().unwrap();
+    let mut rng = Rng::new(77);
+    let reps1: Vec<LocalReplica> = (0..4)
+        .map(|i| LocalReplica {
+            params: theta1.iter().map(|t| t - 0.002 + rng.normal() * 0.001).collect(),
+            work: 5 + i,
+            fault: None,
+            dies_on_plan: false,
+            isolated: false,
+        })
+        .collect();
+    let m1 = run_local_butterfly(s, 1, Arc::new(theta1.clone()), reps1.clone(), dir.path(), TIMEOUT).await.unwrap();
+    let theta2 = m1.merged[0].clone().unwrap();
+    // The same two outer steps computed directly.
+    let step = |prev: &[f32], reps: &[LocalReplica], m: &mut Vec<f32>| -> Vec<f32> {
+        let deltas: Vec<Vec<f32>> =
+            reps.iter().map(|r| prev.iter().zip(&r.params).map(|(p, l)| p - l).collect()).collect();
+        let total: f64 = reps.iter().map(|r| r.work as f64).sum();
+        let w: Vec<f64> = reps.iter().map(|r| r.work as f64 / total).collect();
+        let refs: Vec<Option<&[f32]>> = deltas.iter().map(|d| Some(d.as_slice())).collect();
+        let (u, _) = reduce_slice(ReduceRule::Mean, outer, &refs, &w, m);
+        prev.iter().zip(&u).map(|(p, u)| p - u).collect()
+    };
+    let mut m = vec![0.0f32; n];
+    let want1 = step(&prev0, &reps0, &mut m);
+    assert!(max_abs(&theta1, &want1) < 1e-6);
+    let want2 = step(&theta1, &reps1, &mut m);
+    let err = max_abs(&theta2, &want2);
+    assert!(err < 1e-6, "second merge used the stored momentum: error {err}");
+    // And the momentum mattered: without it the result differs.
+    let mut zero = vec![0.0f32; n];
+    let no_momentum = step(&theta1, &reps1, &mut zero);
+    assert!(max_abs(&theta2, &no_momentum) > 1e-4);
 }

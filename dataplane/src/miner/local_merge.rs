@@ -38,6 +38,9 @@ pub struct LocalReplica {
     pub fault: Option<MergeFault>,
     /// Crashes as the plan reaches it (never sends anything).
     pub dies_on_plan: bool,
+    /// Cut off from every peer (no one can dial it, it can dial no one):
+    /// all its slices go through the object store.
+    pub isolated: bool,
 }
 
 #[derive(Debug)]
@@ -96,16 +99,18 @@ pub async fn run_local_butterfly(
     ctx.set_epoch_window(epoch as u32, epoch as u32);
     let store = ObjectStore::local(store_dir, FileIo::start(false))?;
     let mut eps = Vec::new();
-    for id in ids {
-        let ep = Arc::new(Endpoint::bind(
-            "127.0.0.1:0".parse()?,
-            id,
-            dir.clone(),
-            ctx.clone(),
-            HostPool::new(1 << 30),
-            TransportConfig::default(),
-        )?);
-        dir.insert(ep.peer_id(), Some(ep.local_addr()?));
+    for (id, rep) in ids.into_iter().zip(&replicas) {
+        // An isolated replica knows no one and is known to no one.
+        let own_dir = if rep.isolated { PeerDirectory::new() } else { dir.clone() };
+        let mut tc = TransportConfig::default();
+        if rep.isolated {
+            tc.connect_timeout = Duration::from_millis(300);
+        }
+        let ep =
+            Arc::new(Endpoint::bind("127.0.0.1:0".parse()?, id, own_dir, ctx.clone(), HostPool::new(1 << 30), tc)?);
+        if !rep.isolated {
+            dir.insert(ep.peer_id(), Some(ep.local_addr()?));
+        }
         eps.push(ep);
     }
     let rt = tokio::runtime::Handle::current();
@@ -194,7 +199,9 @@ pub async fn run_local_butterfly(
             let mut iv = tokio::time::interval(Duration::from_millis(200));
             loop {
                 iv.tick().await;
-                if txs.iter().all(|t| t.send(ToReplica::Tick).is_err()) {
+                // Every replica gets its tick (no short-circuit); stop when all are gone.
+                let delivered = txs.iter().filter(|t| t.send(ToReplica::Tick).is_ok()).count();
+                if delivered == 0 {
                     return;
                 }
             }
