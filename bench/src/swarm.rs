@@ -9,8 +9,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use iota_control::cli::RunArgs;
-use iota_control::orchestrator::merged_key;
+use iota_control::orchestrator::{MergeMethod, merged_key, weights_parts_prefix};
 use iota_control::swarm::{self, SwarmOptions};
+use iota_dataplane::fileio::FileIo;
+use iota_dataplane::miner::merge::read_range;
+use iota_dataplane::store::ObjectStore;
 use iota_model::CpuBackend;
 use iota_model::checkpoint::stage_params;
 use iota_model::train::Pipeline;
@@ -61,10 +64,22 @@ pub fn run(mut a: Args) -> Result<()> {
     let be = Arc::new(CpuBackend::new());
     let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
     let last = cfg.spec.epochs - 1;
+    let store = ObjectStore::local(&cfg.store, FileIo::start(false))?;
     for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
-        let path = cfg.store.join(merged_key(last, s as u32));
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let p = stage_params(stage.layout(), &bytes)?;
+        let p = match cfg.spec.merge.method {
+            MergeMethod::ParameterServer => {
+                let path = cfg.store.join(merged_key(last, s as u32));
+                let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                stage_params(stage.layout(), &bytes)?
+            }
+            MergeMethod::Butterfly => {
+                let total = stage.layout().total() as u64;
+                let prefix = weights_parts_prefix(last, s as u32);
+                let (w, covered) = rt.block_on(read_range(&store, &prefix, 0, total))?;
+                anyhow::ensure!(covered == total, "{prefix} covers {covered} of {total} values");
+                w
+            }
+        };
         stage.set_params(&p)?;
     }
     let swarm_val = merged.eval(&corpus, a.eval_batches)?;

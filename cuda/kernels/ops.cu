@@ -1,0 +1,249 @@
+// The stage's element-wise and row-wise ops (the GEMMs go through
+// cuBLASLt). Each mirrors the CPU backend's op of the same name
+// (iota-model/src/cpu/ops.rs) and is checked against it by
+// `iota-miner selftest --device cuda`. Reductions use fixed trees (no
+// atomics), so results repeat bit for bit.
+
+#define BLOCK 256
+// NVRTC has no <math.h>, hence no INFINITY.
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+// out[i, :] = wte[tokens[i], :]
+extern "C" __global__ void embedding(float* __restrict__ out, const unsigned int* __restrict__ tokens,
+                                     const float* __restrict__ wte, int n, int d) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    const float* src = wte + (long long)tokens[i] * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)i * d + j] = src[j];
+}
+
+// dwte[v, :] += sum of dout[i, :] over the token positions of v, in token
+// order. The host groups positions by token (CSR: `starts[u]..starts[u+1]`
+// into `positions` for the u-th distinct token `ids[u]`); one block per
+// distinct token, so there are no conflicting writes and no atomics.
+extern "C" __global__ void embedding_bwd(float* __restrict__ dwte, const float* __restrict__ dout,
+                                         const unsigned int* __restrict__ ids, const int* __restrict__ starts,
+                                         const int* __restrict__ positions, int distinct, int d) {
+    int u = blockIdx.x;
+    if (u >= distinct) return;
+    float* dst = dwte + (long long)ids[u] * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float s = dst[j];
+        for (int k = starts[u]; k < starts[u + 1]; ++k) s += dout[(long long)positions[k] * d + j];
+        dst[j] = s;
+    }
+}
+
+// out = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps). One block per row.
+extern "C" __global__ void rmsnorm(float* __restrict__ out, float* __restrict__ rstd, const float* __restrict__ x,
+                                   const float* __restrict__ w, int n, int d, float eps) {
+    __shared__ float red[BLOCK];
+    int r = blockIdx.x;
+    if (r >= n) return;
+    const float* xr = x + (long long)r * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+    float s = rsqrtf(block_sum(ss, red) / d + eps);
+    if (threadIdx.x == 0) rstd[r] = s;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)r * d + j] = xr[j] * s * w[j];
+}
+
+// dx += r * w*g - x * (sum_j w*g*x) * r^3 / d per row; per-row-block partial
+// dw sums go to dw_partials[block_of_rows][d], added in order by
+// `sum_rows` (rows_per_block rows each).
+extern "C" __global__ void rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ dw_partials,
+                                       const float* __restrict__ dout, const float* __restrict__ x,
+                                       const float* __restrict__ w, const float* __restrict__ rstd, int n, int d,
+                                       int rows_per_block) {
+    __shared__ float red[BLOCK];
+    int first = blockIdx.x * rows_per_block;
+    float* pdw = dw_partials + (long long)blockIdx.x * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) pdw[j] = 0.0f;
+    for (int r = first; r < min(first + rows_per_block, n); ++r) {
+        const float* xr = x + (long long)r * d;
+        const float* gr = dout + (long long)r * d;
+        float rs = rstd[r];
+        float dot = 0.0f;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) dot += w[j] * gr[j] * xr[j];
+        float s = block_sum(dot, red) * rs * rs * rs / d;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            dx[(long long)r * d + j] += rs * w[j] * gr[j] - xr[j] * s;
+            pdw[j] += gr[j] * xr[j] * rs;
+        }
+    }
+}
+
+// out[j] += sum over b of partials[b][j], b in order.
+extern "C" __global__ void sum_rows(float* __restrict__ out, const float* __restrict__ partials, int blocks, int d) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    float s = out[j];
+    for (int b = 0; b < blocks; ++b) s += partials[(long long)b * d + j];
+    out[j] = s;
+}
+
+// Rotates the first `heads` head blocks of each row (row_stride apart) by
+// the table's angles: cos [seq, hd/2] then sin [seq, hd/2]; row r is at
+// position r % seq. `inverse` rotates back (RoPE's backward).
+extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ table, int rows, int seq,
+                                int row_stride, int heads, int hd, int inverse) {
+    int half = hd / 2;
+    long long total = (long long)rows * heads * half;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(t % half);
+        long long rh = t / half;
+        int h = (int)(rh % heads);
+        int r = (int)(rh / heads);
+        int pos = r % seq;
+        float c = table[pos * half + i];
+        float s = table[seq * half + pos * half + i] * (inverse ? -1.0f : 1.0f);
+        float* a = x + (long long)r * row_stride + h * hd;
+        float x1 = a[i], x2 = a[half + i];
+        a[i] = x1 * c - x2 * s;
+        a[half + i] = x2 * c + x1 * s;
+    }
+}
+
+__device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// out[n, f] = silu(gu[:, :f]) * gu[:, f:]
+extern "C" __global__ void swiglu(float* __restrict__ out, const float* __restrict__ gu, int n, int f) {
+    long long total = (long long)n * f;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        long long r = t / f;
+        int j = (int)(t % f);
+        float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+        out[t] = g * sigmoidf(g) * u;
+    }
+}
+
+extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ dout,
+                                      const float* __restrict__ gu, int n, int f) {
+    long long total = (long long)n * f;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        long long r = t / f;
+        int j = (int)(t % f);
+        float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+        float s = sigmoidf(g);
+        dgu[r * 2 * f + f + j] = dout[t] * g * s;
+        dgu[r * 2 * f + j] = dout[t] * u * s * (1.0f + g * (1.0f - s));
+    }
+}
+
+// Attention scores [bh, t, t] (from a strided-batched GEMM) -> causal
+// softmax of scale * scores, in place; one block per (head, query row).
+extern "C" __global__ void causal_softmax(float* __restrict__ att, int rows, int t, float scale) {
+    __shared__ float red[BLOCK];
+    int row = blockIdx.x;
+    if (row >= rows) return;
+    int q = row % t;  // query position: keys 0..=q are visible
+    float* a = att + (long long)row * t;
+    float m = NEG_INF;
+    for (int k = threadIdx.x; k <= q; k += blockDim.x) m = fmaxf(m, a[k] * scale);
+    m = block_max(m, red);
+    float s = 0.0f;
+    for (int k = threadIdx.x; k <= q; k += blockDim.x) s += expf(a[k] * scale - m);
+    s = block_sum(s, red);
+    float inv = 1.0f / s;
+    for (int k = threadIdx.x; k < t; k += blockDim.x) a[k] = k <= q ? expf(a[k] * scale - m) * inv : 0.0f;
+}
+
+// d(scores) = scale * p * (dp - sum_k p dp), in place over dp.
+extern "C" __global__ void causal_softmax_bwd(float* __restrict__ dp, const float* __restrict__ p, int rows, int t,
+                                              float scale) {
+    __shared__ float red[BLOCK];
+    int row = blockIdx.x;
+    if (row >= rows) return;
+    int q = row % t;
+    float* d = dp + (long long)row * t;
+    const float* pr = p + (long long)row * t;
+    float s = 0.0f;
+    for (int k = threadIdx.x; k <= q; k += blockDim.x) s += pr[k] * d[k];
+    s = block_sum(s, red);
+    for (int k = threadIdx.x; k < t; k += blockDim.x) d[k] = k <= q ? scale * pr[k] * (d[k] - s) : 0.0f;
+}
+
+// Fused softmax + cross-entropy per row: loss[r] = logsumexp - logit[target];
+// logits become dscale * (softmax - onehot), padding columns 0.
+extern "C" __global__ void cross_entropy(float* __restrict__ logits, const unsigned int* __restrict__ targets,
+                                         float* __restrict__ loss, int n, int vocab, int vocab_real, float dscale) {
+    __shared__ float red[BLOCK];
+    int r = blockIdx.x;
+    if (r >= n) return;
+    float* row = logits + (long long)r * vocab;
+    float m = NEG_INF;
+    for (int k = threadIdx.x; k < vocab_real; k += blockDim.x) m = fmaxf(m, row[k]);
+    m = block_max(m, red);
+    float s = 0.0f;
+    for (int k = threadIdx.x; k < vocab_real; k += blockDim.x) s += expf(row[k] - m);
+    s = block_sum(s, red);
+    unsigned int t = targets[r];
+    float lse = m + logf(s);
+    if (threadIdx.x == 0) loss[r] = lse - row[t];
+    __syncthreads();
+    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
+        float p = k < vocab_real ? expf(row[k] - lse) : 0.0f;
+        row[k] = k < vocab_real ? dscale * (p - (k == (int)t ? 1.0f : 0.0f)) : 0.0f;
+    }
+}
+
+// AdamW on fp32 master weights; also writes the bf16 compute copy when
+// `p_bf16` is not null. step_size = lr / (1 - beta1^t),
+// inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t), decay = 1 - lr * weight_decay.
+extern "C" __global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                 float* __restrict__ v, unsigned short* __restrict__ p_bf16, long long n, float beta1,
+                                 float beta2, float eps, float step_size, float inv_sqrt_bc2, float decay,
+                                 float grad_scale) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float gi = g[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+        p[i] = pi;
+        if (p_bf16) {
+            unsigned int b = __float_as_uint(pi);
+            p_bf16[i] = (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+// Per-block partial sums of squares (the grad norm), added in order on the host.
+extern "C" __global__ void sum_squares_partials(const float* __restrict__ x, long long n, double* __restrict__ partials) {
+    __shared__ double red[BLOCK];
+    double s = 0.0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) red[threadIdx.x] += red[threadIdx.x + st];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = red[0];
+}

@@ -1,0 +1,50 @@
+//! The kernel sources, embedded. Each file is one NVRTC program; its entry
+//! points are `extern "C"` so their names survive compilation unmangled.
+
+/// One `.cu` source and the functions it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+pub const KERNELS: &[Kernel] = &[
+    Kernel {
+        name: "codec",
+        source: include_str!("../kernels/codec.cu"),
+        functions: &["encode_int8_rows", "decode_int8_rows", "encode_bf16", "decode_bf16"],
+    },
+    Kernel {
+        name: "butterfly",
+        source: include_str!("../kernels/butterfly.cu"),
+        functions: &[
+            "nonfinite_partials",
+            "weighted_mean",
+            "coord_median",
+            "sq_dist_partials",
+            "clip_step",
+            "nesterov",
+            "apply_update",
+        ],
+    },
+    Kernel {
+        name: "ops",
+        source: include_str!("../kernels/ops.cu"),
+        functions: &[
+            "embedding",
+            "embedding_bwd",
+            "rmsnorm",
+            "rmsnorm_bwd",
+            "sum_rows",
+            "rope",
+            "swiglu",
+            "swiglu_bwd",
+            "causal_softmax",
+            "causal_softmax_bwd",
+            "cross_entropy",
+            "adamw",
+            "sum_squares_partials",
+        ],
+    },
+];
