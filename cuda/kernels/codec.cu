@@ -53,7 +53,8 @@ extern "C" __global__ void encode_int8_rows(const float* __restrict__ x, int row
         o[1] = (unsigned char)(sbits >> 8);
     }
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float q = fminf(fmaxf(rintf(row[j] * inv), -127.0f), 127.0f);
+        // roundf: halves away from zero, like the CPU encoder (Rust `round`).
+        float q = fminf(fmaxf(roundf(row[j] * inv), -127.0f), 127.0f);
         o[2 + j] = (unsigned char)(signed char)q;
     }
 }

@@ -7,7 +7,9 @@
 //! binaries start there; asking for a GPU then fails with a plain message
 //! instead of a panic.
 
+pub mod gpu;
 pub mod kernels;
+pub mod selftest;
 
 use std::path::{Path, PathBuf};
 

@@ -67,3 +67,15 @@ fn no_driver_is_a_plain_error_not_a_panic() {
         assert!(d.contains("no CUDA driver found"), "{d}");
     }
 }
+
+#[test]
+fn selftest_on_the_cpu_passes_and_cuda_without_a_driver_says_so() {
+    let checks = iota_cuda::selftest::run(iota_cuda::selftest::Device::Cpu).unwrap();
+    assert!(checks.len() >= 5);
+    assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
+    if !iota_cuda::driver_present() {
+        let err = iota_cuda::selftest::run(iota_cuda::selftest::Device::Cuda).expect_err("no GPU here").to_string();
+        assert!(err.contains("no CUDA driver found"), "{err}");
+        println!("not run here: the CUDA half of the selftest (no GPU)");
+    }
+}

@@ -36,6 +36,53 @@ enum Cmd {
     /// peer id), then `--connect ADDR --peer ID` on the other, each with its
     /// own `--identity` file. One machine: `--local`.
     TransportProbe(ProbeArgs),
+    /// Check the custom kernels (butterfly reduce slice, int8 wire codec)
+    /// against their CPU references on fresh random inputs; prints a table
+    /// and exits non-zero on any failure. `--device cpu` checks the CPU
+    /// references against plain re-computations (no GPU needed).
+    Selftest(SelftestArgs),
+}
+
+#[derive(Args)]
+struct SelftestArgs {
+    /// cpu or cuda.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+}
+
+fn selftest(a: SelftestArgs) -> Result<()> {
+    use iota_cuda::selftest::{Device, run};
+    let device = match a.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::Cuda,
+        d => anyhow::bail!("unknown device '{d}' (cpu, cuda)"),
+    };
+    if device == Device::Cuda {
+        // NVRTC from the fetch script's cache when it is not installed.
+        if !iota_cuda::nvrtc_present()
+            && let Some(home) = std::env::var_os("HOME")
+        {
+            let _ = iota_cuda::preload_nvrtc(&std::path::PathBuf::from(home).join(".cache/iota-rs/cuda-13.0/lib"));
+        }
+    }
+    let checks = run(device)?;
+    println!("{:<40} {:>14} {:>14} {:>10} {:>6} {:>10}", "op", "shape", "max rel err", "tolerance", "", "ms");
+    let mut failed = 0;
+    for c in &checks {
+        let ok = c.passed();
+        failed += usize::from(!ok);
+        println!(
+            "{:<40} {:>14} {:>14.3e} {:>10.1e} {:>6} {:>10.2}",
+            c.op,
+            c.shape,
+            c.max_rel_err,
+            c.tolerance,
+            if ok { "pass" } else { "FAIL" },
+            c.millis
+        );
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {} checks failed", checks.len());
+    Ok(())
 }
 
 #[derive(Args)]
@@ -101,6 +148,7 @@ fn main() {
         match cli.cmd {
             Cmd::Run(a) => run_miner(a).await,
             Cmd::TransportProbe(a) => transport_probe(a).await,
+            Cmd::Selftest(a) => selftest(a),
         }
     });
     if let Err(e) = res {

@@ -1,0 +1,221 @@
+//! A GPU with our kernels loaded, and the host side of the custom kernels
+//! the user named: the butterfly's per-slice reduce and the int8 wire codec.
+//! Each mirrors a CPU reference (`iota_core::merge::reduce_slice`,
+//! `iota_model::codec`) and `selftest` checks it against that reference.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use iota_core::merge::{OuterOpt, ReduceRule, ReduceStats};
+
+use crate::{CudaError, KERNELS};
+
+const THREADS: u32 = 256;
+/// Largest replica count the reduce kernels take (their per-thread arrays).
+pub const MAX_REPLICAS: usize = 64;
+
+fn drv(e: impl std::fmt::Debug) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub arch: &'static str,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// NVRTC wants a `&'static str` architecture; the devices we expect.
+fn arch_for(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        (m, _) if m >= 9 => "compute_90",
+        _ => "compute_80",
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` and compiles every kernel for it (once per
+    /// process). Fails with a plain error when there is no driver or no NVRTC.
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        if !crate::driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        let name = ctx.name().map_err(drv)?;
+        let arch = arch_for(major, minor);
+        let include = crate::find_headers().unwrap_or_else(|_| std::env::temp_dir());
+        let mut functions = HashMap::new();
+        for k in KERNELS {
+            let ptx = crate::compile(k, &include, arch)?;
+            let module = ctx.load_module(ptx).map_err(drv)?;
+            for f in k.functions {
+                functions.insert(*f, module.load_function(f).map_err(drv)?);
+            }
+        }
+        let stream = ctx.default_stream();
+        Ok(Gpu { ctx, stream, name, arch, functions })
+    }
+
+    pub fn function(&self, name: &str) -> &CudaFunction {
+        self.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
+    }
+
+    fn grid(&self, n: usize) -> LaunchConfig {
+        let blocks = (n as u64).div_ceil(THREADS as u64).clamp(1, 4096) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// The int8-per-row wire encoding of `x` ([rows, cols]), as bytes.
+    pub fn encode_int8_rows(&self, x: &[f32], rows: usize, cols: usize) -> Result<Vec<u8>, CudaError> {
+        let s = &self.stream;
+        let dx = s.clone_htod(x).map_err(drv)?;
+        let mut out: CudaSlice<u8> = s.alloc_zeros(rows * (cols + 2)).map_err(drv)?;
+        let (r, c) = (rows as i32, cols as i32);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = s.launch_builder(self.function("encode_int8_rows"));
+        b.arg(&dx).arg(&r).arg(&c).arg(&mut out);
+        // SAFETY: argument types and order match the kernel's signature.
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        s.clone_dtoh(&out).map_err(drv)
+    }
+
+    /// Decodes int8-per-row bytes; None when the input is invalid.
+    pub fn decode_int8_rows(&self, bytes: &[u8], rows: usize, cols: usize) -> Result<Option<Vec<f32>>, CudaError> {
+        let s = &self.stream;
+        let din = s.clone_htod(bytes).map_err(drv)?;
+        let mut out: CudaSlice<f32> = s.alloc_zeros(rows * cols).map_err(drv)?;
+        let mut bad: CudaSlice<i32> = s.alloc_zeros(1).map_err(drv)?;
+        let (r, c) = (rows as i32, cols as i32);
+        let null: u64 = 0; // no residual
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = s.launch_builder(self.function("decode_int8_rows"));
+        b.arg(&din).arg(&r).arg(&c).arg(&null).arg(&mut out).arg(&mut bad);
+        // SAFETY: as above; a null residual pointer is passed as a 64-bit zero.
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        if s.clone_dtoh(&bad).map_err(drv)?[0] != 0 {
+            return Ok(None);
+        }
+        Ok(Some(s.clone_dtoh(&out).map_err(drv)?))
+    }
+
+    /// `iota_core::merge::reduce_slice` on the device: same inputs, same
+    /// meaning, fp32 results within rounding of the CPU's (sums run in f64
+    /// but in a different order). Trimmed mean has no kernel yet: it runs on
+    /// the CPU reference.
+    pub fn reduce_slice(
+        &self,
+        rule: ReduceRule,
+        outer: OuterOpt,
+        contribs: &[Option<&[f32]>],
+        weights: &[f64],
+        momentum: &mut [f32],
+    ) -> Result<(Vec<f32>, ReduceStats), CudaError> {
+        if matches!(rule, ReduceRule::TrimmedMean { .. }) || contribs.len() > MAX_REPLICAS {
+            return Ok(iota_core::merge::reduce_slice(rule, outer, contribs, weights, momentum));
+        }
+        let s = &self.stream;
+        let n = momentum.len();
+        let r = contribs.len();
+        // Pack present, right-length contributions [r][n]; absent ones are zeros, weight 0.
+        let mut packed = vec![0.0f32; r * n];
+        let mut present = vec![false; r];
+        let mut stats = ReduceStats::default();
+        for (i, c) in contribs.iter().enumerate() {
+            match c {
+                Some(c) if c.len() == n => {
+                    packed[i * n..(i + 1) * n].copy_from_slice(c);
+                    present[i] = true;
+                }
+                Some(_) => stats.rejected_non_finite += 1,
+                None => {}
+            }
+        }
+        let dx = s.clone_htod(&packed).map_err(drv)?;
+        let (ri, ni) = (r as i32, n as i64);
+        let cfg = self.grid(n);
+        let blocks = cfg.grid_dim.0 as usize;
+        // Non-finite contributions are left out entirely.
+        let mut flags: CudaSlice<i32> = s.alloc_zeros(r * blocks).map_err(drv)?;
+        let mut b = s.launch_builder(self.function("nonfinite_partials"));
+        b.arg(&dx).arg(&ri).arg(&ni).arg(&mut flags);
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        let flags = s.clone_dtoh(&flags).map_err(drv)?;
+        let mut used = present.clone();
+        for i in 0..r {
+            if present[i] && flags[i * blocks..(i + 1) * blocks].iter().any(|&f| f != 0) {
+                used[i] = false;
+                stats.rejected_non_finite += 1;
+            }
+        }
+        let total: f64 = (0..r).filter(|&i| used[i]).map(|i| weights[i]).sum();
+        let count = used.iter().filter(|&&u| u).count();
+        let w: Vec<f64> = (0..r)
+            .map(|i| match (used[i], total > 0.0) {
+                (false, _) => 0.0,
+                (true, true) => weights[i] / total,
+                (true, false) => 1.0 / count as f64,
+            })
+            .collect();
+        let dw = s.clone_htod(&w).map_err(drv)?;
+        let mut g: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;
+        if count > 0 {
+            match rule {
+                ReduceRule::Mean | ReduceRule::TrimmedMean { .. } => {
+                    let mut b = s.launch_builder(self.function("weighted_mean"));
+                    b.arg(&dx).arg(&dw).arg(&ri).arg(&ni).arg(&mut g);
+                    unsafe { b.launch(cfg) }.map_err(drv)?;
+                }
+                ReduceRule::CenteredClip { tau_factor, iters } => {
+                    let use_i: Vec<i32> = used.iter().map(|&u| u as i32).collect();
+                    let duse = s.clone_htod(&use_i).map_err(drv)?;
+                    let mut b = s.launch_builder(self.function("coord_median"));
+                    b.arg(&dx).arg(&duse).arg(&ri).arg(&ni).arg(&mut g);
+                    unsafe { b.launch(cfg) }.map_err(drv)?;
+                    let mut partials: CudaSlice<f64> = s.alloc_zeros(r * blocks).map_err(drv)?;
+                    for _ in 0..iters.max(1) {
+                        let mut b = s.launch_builder(self.function("sq_dist_partials"));
+                        b.arg(&dx).arg(&g).arg(&ri).arg(&ni).arg(&mut partials);
+                        unsafe { b.launch(cfg) }.map_err(drv)?;
+                        let p = s.clone_dtoh(&partials).map_err(drv)?;
+                        let dist: Vec<f64> =
+                            (0..r).map(|i| p[i * blocks..(i + 1) * blocks].iter().sum::<f64>().sqrt()).collect();
+                        // tau from the used contributions' distances, as on the CPU.
+                        let mut d32: Vec<f32> = (0..r).filter(|&i| used[i]).map(|i| dist[i] as f32).collect();
+                        d32.sort_by(f32::total_cmp);
+                        let k = d32.len();
+                        let med = if k % 2 == 1 {
+                            d32[k / 2]
+                        } else {
+                            ((d32[k / 2 - 1] as f64 + d32[k / 2] as f64) / 2.0) as f32
+                        };
+                        let tau = tau_factor as f64 * med as f64;
+                        let scale: Vec<f64> =
+                            dist.iter().map(|&d| if d > tau && d > 0.0 { tau / d } else { 1.0 }).collect();
+                        stats.clipped = (0..r).filter(|&i| used[i] && scale[i] < 1.0).count();
+                        let dscale = s.clone_htod(&scale).map_err(drv)?;
+                        let mut b = s.launch_builder(self.function("clip_step"));
+                        b.arg(&dx).arg(&dw).arg(&dscale).arg(&ri).arg(&ni).arg(&mut g);
+                        unsafe { b.launch(cfg) }.map_err(drv)?;
+                    }
+                }
+            }
+        }
+        let mut dm = s.clone_htod(momentum).map_err(drv)?;
+        let mut du: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;
+        let mut b = s.launch_builder(self.function("nesterov"));
+        b.arg(&g).arg(&mut dm).arg(&mut du).arg(&outer.lr).arg(&outer.momentum).arg(&ni);
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        let m = s.clone_dtoh(&dm).map_err(drv)?;
+        momentum.copy_from_slice(&m);
+        Ok((s.clone_dtoh(&du).map_err(drv)?, stats))
+    }
+}
