@@ -198,8 +198,24 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                         }
                     }
                     Output::Report(k) => {
-                        if let Err(e) = client.report(k).await {
-                            warn!(error = %e, "report failed");
+                        // The orchestrator may be restarting: retry what
+                        // did not reach it (a lost merge report would stall
+                        // the stage until the phase timeout). Reports are
+                        // idempotent; stale ones are counted and ignored.
+                        let mut wait = Duration::from_millis(250);
+                        for attempt in 1.. {
+                            match client.report(k.clone()).await {
+                                Ok(_) => break,
+                                Err(e) if retryable(e.code()) && attempt < 40 => {
+                                    tracing::debug!(error = %e, attempt, "report failed; retrying");
+                                    tokio::time::sleep(wait).await;
+                                    wait = (wait * 2).min(Duration::from_secs(2));
+                                }
+                                Err(e) => {
+                                    warn!(error = %e, "report failed");
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
@@ -263,6 +279,14 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     }
     ep.close();
     Ok(summary)
+}
+
+/// Errors that say the orchestrator was unreachable, not that it refused.
+fn retryable(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+    )
 }
 
 async fn connect(url: &str, id: Arc<Identity>) -> Result<ControlClient> {
