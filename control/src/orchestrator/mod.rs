@@ -12,15 +12,19 @@
 //! the run is `Waiting` until every stage has `replicas` miners.
 
 pub mod butterfly;
+mod keys;
+mod merging;
 mod spec;
 mod state;
 
 use std::collections::BTreeMap;
 
-use iota_core::merge::{MergePlan, Participant};
+use iota_core::merge::MergePlan;
 use iota_core::{PeerId, Rng};
 
-use self::butterfly::{MergeOut, Mismatch, StageMerge};
+use self::butterfly::{Mismatch, StageMerge};
+pub use self::butterfly::{plan_from_pb, plan_to_pb};
+pub use self::keys::*;
 pub use self::spec::{MergeMethod, MergeSpec, RunSpec};
 pub use self::state::{EpochSummary, MbRef, MbStatus, MinerState, Phase};
 use self::state::{MbRecord, Upload};
@@ -326,38 +330,6 @@ impl Orchestrator {
         }
     }
 
-    /// One butterfly plan per stage, over the miners that uploaded (i.e.
-    /// finished training), weighted by the work this orchestrator counted.
-    fn plan_merges(&mut self) {
-        self.butterfly.clear();
-        if self.spec.merge.method != MergeMethod::Butterfly {
-            return;
-        }
-        for s in 0..self.spec.stages {
-            let participants: Vec<Participant> = self
-                .uploads
-                .get(&s)
-                .map(|u| {
-                    u.keys()
-                        .filter_map(|p| self.miners.get(p))
-                        .filter(|m| m.healthy)
-                        .map(|m| Participant { peer: m.peer, work: m.work })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let params = self.spec.merge.stage_params[s as usize];
-            let plan = MergePlan::new(
-                self.epoch,
-                s,
-                participants,
-                params,
-                self.spec.run_id,
-                self.spec.merge.slices_per_replica,
-            );
-            self.butterfly.insert(s, StageMerge::new(plan));
-        }
-    }
-
     fn in_flight_through(&self, peer: PeerId) -> Vec<u64> {
         self.mbs
             .values()
@@ -545,46 +517,6 @@ impl Orchestrator {
             }
         }
         cmd
-    }
-
-    /// Sends what a stage's butterfly merge asked for to its participants.
-    fn merge_outs(&mut self, stage: u32, mo: Vec<MergeOut>, out: &mut Vec<Out>) {
-        let Some(bm) = self.butterfly.get(&stage) else { return };
-        let mut to_record = Vec::new();
-        for o in mo {
-            for p in &bm.plan.participants {
-                let cmd = match &o {
-                    MergeOut::Plan => match self.miners.get(&p.peer) {
-                        Some(m) => self.phase_cmd_for(m),
-                        None => continue,
-                    },
-                    MergeOut::Verdict(v) => pb::command::Kind::Verdict(pb::SliceVerdict {
-                        epoch: self.epoch,
-                        stage,
-                        partition: v.partition,
-                        generation: v.generation,
-                        hash: v.hash.to_vec(),
-                        writer: v.writer.0.to_vec(),
-                    }),
-                };
-                out.push(Out { to: p.peer, cmd });
-            }
-        }
-        // New disputes go to the run's record and counters.
-        let known = self.mismatches.iter().filter(|m| m.epoch == self.epoch && m.stage == stage).count();
-        for m in bm.mismatches.iter().skip(known) {
-            to_record.push(m.clone());
-        }
-        // Deviants found by a referee update the recorded dispute.
-        for m in &bm.mismatches {
-            if let Some(r) = self.mismatches.iter_mut().find(|r| {
-                r.epoch == m.epoch && r.stage == m.stage && r.partition == m.partition && r.generation == m.generation
-            }) {
-                r.deviants = m.deviants.clone();
-            }
-        }
-        self.counters.hash_mismatches += to_record.len() as u64;
-        self.mismatches.extend(to_record);
     }
 
     fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
@@ -794,99 +726,6 @@ impl Orchestrator {
             hash_mismatches: self.counters.hash_mismatches,
         }
     }
-}
-
-/// Object-store prefix where replicas upload their weights in `epoch`.
-pub fn upload_prefix(epoch: u64) -> String {
-    format!("epoch-{epoch:06}/")
-}
-
-/// Object-store prefix of a stage's merged weights after a butterfly merge
-/// in `epoch`: one object per partition, `{offset:012}-{len:012}.f32`.
-pub fn weights_parts_prefix(epoch: u64, stage: u32) -> String {
-    format!("{}stage-{stage:03}/weights/", upload_prefix(epoch))
-}
-
-/// Object-store prefix of a stage's outer momentum after `epoch`'s merge.
-pub fn momentum_parts_prefix(epoch: u64, stage: u32) -> String {
-    format!("{}stage-{stage:03}/momentum/", upload_prefix(epoch))
-}
-
-/// Object-store prefix where a participant leaves a contribution it could
-/// not deliver over the data plane (a whole signed frame per object).
-pub fn contrib_prefix(epoch: u64, stage: u32) -> String {
-    format!("{}stage-{stage:03}/contrib/", upload_prefix(epoch))
-}
-
-/// Name of the part object for `[offset, offset + len)`.
-pub fn part_name(offset: u64, len: u64) -> String {
-    format!("{offset:012}-{len:012}.f32")
-}
-
-/// Parses a part object's name back into (offset, len).
-pub fn parse_part_name(name: &str) -> Option<(u64, u64)> {
-    let stem = name.rsplit('/').next()?.strip_suffix(".f32")?;
-    let (a, b) = stem.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-pub fn plan_to_pb(p: &MergePlan) -> pb::MergePlan {
-    pb::MergePlan {
-        epoch: p.epoch,
-        stage: p.stage,
-        params: p.params,
-        participants: p
-            .participants
-            .iter()
-            .map(|x| pb::MergeParticipant { peer_id: x.peer.0.to_vec(), work: x.work })
-            .collect(),
-        partitions: p
-            .partitions
-            .iter()
-            .map(|x| pb::MergePartition {
-                offset: x.offset,
-                len: x.len,
-                owners: x.owners.iter().map(|o| o.0.to_vec()).collect(),
-                generation: x.generation,
-            })
-            .collect(),
-    }
-}
-
-/// A plan from the wire; structurally checked (`MergePlan::validate` checks
-/// it against the stage).
-pub fn plan_from_pb(p: &pb::MergePlan) -> Result<MergePlan, String> {
-    let peer = |b: &[u8]| <[u8; 32]>::try_from(b).map(PeerId).map_err(|_| "peer id must be 32 bytes".to_string());
-    if p.partitions.len() > 1 << 20 || p.participants.len() > 1 << 16 {
-        return Err("plan too large".into());
-    }
-    Ok(MergePlan {
-        epoch: p.epoch,
-        stage: p.stage,
-        params: p.params,
-        participants: p
-            .participants
-            .iter()
-            .map(|x| Ok(Participant { peer: peer(&x.peer_id)?, work: x.work }))
-            .collect::<Result<_, String>>()?,
-        partitions: p
-            .partitions
-            .iter()
-            .map(|x| {
-                Ok(iota_core::merge::Partition {
-                    offset: x.offset,
-                    len: x.len,
-                    owners: x.owners.iter().map(|o| peer(o)).collect::<Result<_, String>>()?,
-                    generation: x.generation,
-                })
-            })
-            .collect::<Result<_, String>>()?,
-    })
-}
-
-/// Object-store key of a stage's merged weights after `epoch`.
-pub fn merged_key(epoch: u64, stage: u32) -> String {
-    format!("{}stage-{stage:03}/merged.safetensors", upload_prefix(epoch))
 }
 
 #[cfg(test)]

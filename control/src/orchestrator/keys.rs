@@ -1,0 +1,40 @@
+//! Where a run's objects live in the object store.
+
+/// Object-store prefix where replicas upload their weights in `epoch`.
+pub fn upload_prefix(epoch: u64) -> String {
+    format!("epoch-{epoch:06}/")
+}
+
+/// Object-store prefix of a stage's merged weights after a butterfly merge
+/// in `epoch`: one object per partition, `{offset:012}-{len:012}.f32`.
+pub fn weights_parts_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/weights/", upload_prefix(epoch))
+}
+
+/// Object-store prefix of a stage's outer momentum after `epoch`'s merge.
+pub fn momentum_parts_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/momentum/", upload_prefix(epoch))
+}
+
+/// Object-store prefix where a participant leaves a contribution it could
+/// not deliver over the data plane (a whole signed frame per object).
+pub fn contrib_prefix(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/contrib/", upload_prefix(epoch))
+}
+
+/// Name of the part object for `[offset, offset + len)`.
+pub fn part_name(offset: u64, len: u64) -> String {
+    format!("{offset:012}-{len:012}.f32")
+}
+
+/// Parses a part object's name back into (offset, len).
+pub fn parse_part_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.rsplit('/').next()?.strip_suffix(".f32")?;
+    let (a, b) = stem.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Object-store key of a stage's merged weights after `epoch`.
+pub fn merged_key(epoch: u64, stage: u32) -> String {
+    format!("{}stage-{stage:03}/merged.safetensors", upload_prefix(epoch))
+}
