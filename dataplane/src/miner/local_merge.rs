@@ -142,12 +142,7 @@ pub async fn run_local_butterfly(
                 while let Some(o) = out_rx.recv().await {
                     match o {
                         Output::Frame { to, meta, payload, fallback } => {
-                            let copy = payload.clone();
-                            if ep.send(to, &meta, payload).await.is_err()
-                                && let Some(key) = fallback
-                            {
-                                let _ = store.put(&key, ep.frame_bytes(&meta, &copy)).await;
-                            }
+                            super::deliver(&ep, &store, to, &meta, payload, fallback).await;
                         }
                         Output::Report(k) => {
                             let _ = co_tx.send(ToCoordinator::Report(me, k));

@@ -182,20 +182,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             while let Some(o) = out_rx.recv().await {
                 match o {
                     Output::Frame { to, meta, payload, fallback } => {
-                        let bytes = fallback.is_some().then(|| payload.clone());
-                        if let Err(e) = ep.send(to, &meta, payload).await {
-                            match (fallback, bytes) {
-                                (Some(key), Some(p)) => {
-                                    warn!(peer = %to, error = %e, key, "frame not delivered; left in the object store");
-                                    if let Err(e) = store.put(&key, ep.frame_bytes(&meta, &p)).await {
-                                        warn!(key, error = %e, "storing an undelivered frame failed");
-                                    }
-                                }
-                                _ => {
-                                    warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route")
-                                }
-                            }
-                        }
+                        deliver(&ep, &store, to, &meta, payload, fallback).await;
                     }
                     Output::Report(k) => {
                         // The orchestrator may be restarting: retry what
@@ -279,6 +266,29 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     }
     ep.close();
     Ok(summary)
+}
+
+/// Sends a frame; one that cannot be delivered and has a `fallback` key is
+/// left in the object store, signed, where its receiver looks for it.
+pub(crate) async fn deliver(
+    ep: &Endpoint,
+    store: &ObjectStore,
+    to: iota_core::PeerId,
+    meta: &crate::frame::FrameMeta,
+    payload: bytes::Bytes,
+    fallback: Option<String>,
+) {
+    let copy = fallback.is_some().then(|| payload.clone());
+    let Err(e) = ep.send(to, meta, payload).await else { return };
+    match (fallback, copy) {
+        (Some(key), Some(p)) => {
+            warn!(peer = %to, error = %e, key, "frame not delivered; left in the object store");
+            if let Err(e) = store.put(&key, ep.frame_bytes(meta, &p)).await {
+                warn!(key, error = %e, "storing an undelivered frame failed");
+            }
+        }
+        _ => warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route"),
+    }
 }
 
 /// Errors that say the orchestrator was unreachable, not that it refused.
