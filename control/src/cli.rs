@@ -25,6 +25,7 @@ pub struct RunArgs {
     /// Miners per stage (data-parallel replicas, merged every epoch).
     #[arg(long, default_value_t = 2)]
     pub replicas: u32,
+    /// Epochs to train; each ends with the replicas of every stage merging.
     #[arg(long, default_value_t = 3)]
     pub epochs: u64,
     /// Micro-batches per epoch (over all replicas).
