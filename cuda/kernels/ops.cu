@@ -247,3 +247,50 @@ extern "C" __global__ void sum_squares_partials(const float* __restrict__ x, lon
     }
     if (threadIdx.x == 0) partials[blockIdx.x] = red[0];
 }
+
+// ---- element-wise helpers for the Backend trait ----
+
+extern "C" __global__ void fill(float* __restrict__ x, long long n, float v) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+
+extern "C" __global__ void copy(float* __restrict__ dst, const float* __restrict__ src, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+extern "C" __global__ void add_assign(float* __restrict__ dst, const float* __restrict__ src, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+extern "C" __global__ void scale(float* __restrict__ x, long long n, float s) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+// dst[:, :b] (+)= src with dst [n, d], src [n, b]
+extern "C" __global__ void scatter_cols(float* __restrict__ dst, const float* __restrict__ src, int n, int d, int b,
+                                        int acc) {
+    long long total = (long long)n * b;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        long long r = t / b;
+        int j = (int)(t % b);
+        float v = src[t];
+        float* o = dst + r * d + j;
+        *o = acc ? *o + v : v;
+    }
+}
+
+// dst (+)= src[:, :b] with dst [n, b], src [n, d]
+extern "C" __global__ void gather_cols(float* __restrict__ dst, const float* __restrict__ src, int n, int d, int b,
+                                       int acc) {
+    long long total = (long long)n * b;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        long long r = t / b;
+        int j = (int)(t % b);
+        float v = src[r * d + j];
+        dst[t] = acc ? dst[t] + v : v;
+    }
+}

@@ -45,6 +45,12 @@ pub const KERNELS: &[Kernel] = &[
             "cross_entropy",
             "adamw",
             "sum_squares_partials",
+            "fill",
+            "copy",
+            "add_assign",
+            "scale",
+            "scatter_cols",
+            "gather_cols",
         ],
     },
 ];

@@ -7,6 +7,7 @@
 //! binaries start there; asking for a GPU then fails with a plain message
 //! instead of a panic.
 
+pub mod backend;
 pub mod gpu;
 pub mod kernels;
 pub mod selftest;

@@ -136,5 +136,183 @@ pub fn run(device: Device) -> Result<Vec<Check>, CudaError> {
         tolerance: 1.0,
         millis: 0.0,
     });
+    if let Some(g) = gpu {
+        backend_checks(std::sync::Arc::new(g), &mut out)?;
+    }
     Ok(out)
+}
+
+/// Every `Backend` op on the GPU against `CpuBackend`, same inputs.
+fn backend_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    use iota_model::CpuBackend;
+    use iota_model::backend::{AdamStep, AttnDims, Backend};
+
+    let cuda = crate::backend::CudaBackend::new(gpu)?;
+    let cpu = CpuBackend::new();
+    let mut rng = Rng::new(42);
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.normal()).collect() };
+    let mut push = |op: &str, shape: String, got: &[f32], want: &[f32], tol: f64, t0: Instant| {
+        out.push(Check {
+            op: op.into(),
+            shape,
+            max_rel_err: max_rel(got, want),
+            tolerance: tol,
+            millis: t0.elapsed().as_secs_f64() * 1e3,
+        });
+    };
+    let (n, c, oc) = (96usize, 128usize, 160usize);
+    // Runs `f` on both backends with the same host inputs; returns (gpu, cpu) host outputs.
+    macro_rules! both {
+        ($inputs:expr, $outs:expr, |$be:ident, $ins:ident, $os:ident| $body:block) => {{
+            fn run<B: Backend>($be: &B, inputs: &[Vec<f32>], outs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+                let ins_b: Vec<B::Buf> = inputs.iter().map(|v| $be.upload(v)).collect();
+                let mut os_b: Vec<B::Buf> = outs.iter().map(|v| $be.upload(v)).collect();
+                {
+                    let $ins = &ins_b;
+                    let $os = &mut os_b;
+                    $body
+                }
+                os_b.iter().map(|b| $be.to_host(b)).collect()
+            }
+            // Evaluated once: both backends get the very same inputs.
+            let (inputs, outs): (Vec<Vec<f32>>, Vec<Vec<f32>>) = ($inputs, $outs);
+            (run(&cuda, &inputs, &outs), run(&cpu, &inputs, &outs))
+        }};
+    }
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(n * c), rand(oc * c)], vec![rand(n * oc)], |be, i, o| {
+        let (a, w) = (be.all(&i[0]), be.all(&i[1]));
+        be.matmul(be.all_mut(&mut o[0]), a, w, 96, 128, 160, true);
+    });
+    push("matmul (acc)", format!("{n}x{c} @ {oc}x{c}^T"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(n * oc), rand(oc * c)], vec![rand(n * c)], |be, i, o| {
+        let (d, w) = (be.all(&i[0]), be.all(&i[1]));
+        be.matmul_bwd_input(be.all_mut(&mut o[0]), d, w, 96, 128, 160, false);
+    });
+    push("matmul_bwd_input", format!("{n}x{oc} @ {oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(n * oc), rand(n * c)], vec![rand(oc * c)], |be, i, o| {
+        let (d, x) = (be.all(&i[0]), be.all(&i[1]));
+        be.matmul_bwd_weight(be.all_mut(&mut o[0]), d, x, 96, 128, 160);
+    });
+    push("matmul_bwd_weight", format!("{oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(
+        vec![rand(n * c), rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
+        vec![vec![0.0; n * c], vec![0.0; n]],
+        |be, i, o| {
+            let (x, w) = (be.all(&i[0]), be.all(&i[1]));
+            let (a, b) = o.split_at_mut(1);
+            be.rmsnorm(be.all_mut(&mut a[0]), be.all_mut(&mut b[0]), x, w, 96, 128, 1e-5);
+        }
+    );
+    push("rmsnorm", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(n * 2 * c)], vec![vec![0.0; n * c]], |be, i, o| {
+        be.swiglu(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 128);
+    });
+    push("swiglu", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(n * c), rand(n * 2 * c)], vec![vec![0.0; n * 2 * c]], |be, i, o| {
+        be.swiglu_bwd(be.all_mut(&mut o[0]), be.all(&i[0]), be.all(&i[1]), 96, 128);
+    });
+    push("swiglu_bwd", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(
+        vec![rand(n * c), rand(n * c), rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
+        vec![rand(n * c), rand(c), vec![0.0; n * c], vec![0.0; n]],
+        |be, i, o| {
+            let (dx, rest) = o.split_at_mut(1);
+            let (dw, rest) = rest.split_at_mut(1);
+            let (y, r) = rest.split_at_mut(1);
+            be.rmsnorm(be.all_mut(&mut y[0]), be.all_mut(&mut r[0]), be.all(&i[1]), be.all(&i[2]), 96, 128, 1e-5);
+            be.rmsnorm_bwd(
+                be.all_mut(&mut dx[0]),
+                be.all_mut(&mut dw[0]),
+                be.all(&i[0]),
+                be.all(&i[1]),
+                be.all(&i[2]),
+                be.all(&r[0]),
+                96,
+                128,
+            );
+        }
+    );
+    push("rmsnorm_bwd dx", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push("rmsnorm_bwd dw", format!("{c}"), &g[1], &c_[1], 1e-5, Instant::now());
+    let t0 = Instant::now();
+    let table: Vec<f32> = (0..2 * 48 * 8).map(|i| ((i % 97) as f32 * 0.37).cos()).collect();
+    let (g, c_) = both!(vec![table], vec![rand(96 * 80)], |be, i, o| {
+        be.rope(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 48, 80, 4, 16, false);
+        be.rope(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 48, 80, 2, 16, true);
+    });
+    push("rope (+ inverse)", "96 rows, 4 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(vec![rand(300 * 64), rand(n * 64)], vec![vec![0.0; n * 64], rand(300 * 64)], |be, i, o| {
+        let tokens: Vec<u32> = (0..96u32).map(|k| (k * 7919) % 50).collect();
+        let (e, dw) = o.split_at_mut(1);
+        be.embedding(be.all_mut(&mut e[0]), &tokens, be.all(&i[0]), 64);
+        be.embedding_bwd(be.all_mut(&mut dw[0]), be.all(&i[1]), &tokens, 64);
+    });
+    push("embedding", "96 tokens x 64".into(), &g[0], &c_[0], 0.0, t0);
+    push("embedding_bwd (repeated tokens)", "96 tokens x 64".into(), &g[1], &c_[1], 1e-6, Instant::now());
+    let x = rand(100_000);
+    let t0 = Instant::now();
+    let xg = cuda.upload(&x);
+    let (sg, sc) = (cuda.sum_squares(cuda.all(&xg)), cpu.sum_squares(cpu.all(&cpu.upload(&x))));
+    push("sum_squares", "100000".into(), &[sg as f32], &[sc as f32], 1e-6, t0);
+    let dims = AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 };
+    let t0 = Instant::now();
+    let (g, c_) = both!(
+        vec![rand(dims.rows() * dims.qkv_dim())],
+        vec![vec![0.0; dims.rows() * dims.q_dim()], vec![0.0; dims.probs_len()]],
+        |be, i, o| {
+            let dims = AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 };
+            let (a, b) = o.split_at_mut(1);
+            be.attention(be.all_mut(&mut a[0]), be.all_mut(&mut b[0]), be.all(&i[0]), dims);
+        }
+    );
+    push("attention (GQA, causal)", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
+    let t0 = Instant::now();
+    let (g, c_) = both!(
+        vec![rand(dims.rows() * dims.qkv_dim()), rand(dims.rows() * dims.q_dim())],
+        vec![
+            vec![0.0; dims.rows() * dims.qkv_dim()],
+            vec![0.0; dims.rows() * dims.q_dim()],
+            vec![0.0; dims.probs_len()]
+        ],
+        |be, i, o| {
+            let dims = AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 };
+            let (a, rest) = o.split_at_mut(1);
+            let (ob, pb) = rest.split_at_mut(1);
+            be.attention(be.all_mut(&mut ob[0]), be.all_mut(&mut pb[0]), be.all(&i[0]), dims);
+            be.attention_bwd(be.all_mut(&mut a[0]), be.all(&i[1]), be.all(&i[0]), be.all(&pb[0]), dims);
+        }
+    );
+    push("attention_bwd", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-4, t0);
+    let (vocab, vreal) = (512usize, 500usize);
+    let targets: Vec<u32> = (0..n).map(|i| (i * 37 % vreal) as u32).collect();
+    let logits = rand(n * vocab);
+    let t0 = Instant::now();
+    let mut lg = cuda.upload(&logits);
+    let loss_g = cuda.cross_entropy(cuda.all_mut(&mut lg), &targets, n, vocab, vreal, 0.5);
+    let mut lc = cpu.upload(&logits);
+    let loss_c = cpu.cross_entropy(cpu.all_mut(&mut lc), &targets, n, vocab, vreal, 0.5);
+    push("cross_entropy loss", format!("{n}x{vocab}"), &loss_g, &loss_c, 1e-5, t0);
+    push("cross_entropy grad", format!("{n}x{vocab}"), &cuda.to_host(&lg), &cpu.to_host(&lc), 1e-5, Instant::now());
+    let t0 = Instant::now();
+    let (g, c_) = both!(
+        vec![rand(4096), rand(4096)],
+        vec![rand(4096), rand(4096).iter().map(|x| x.abs()).collect(), rand(4096)],
+        |be, i, o| {
+            let step =
+                AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, grad_scale: 0.5 };
+            let (m, rest) = o.split_at_mut(1);
+            let (v, p) = rest.split_at_mut(1);
+            be.adamw(be.all_mut(&mut p[0]), be.all(&i[0]), be.all_mut(&mut m[0]), be.all_mut(&mut v[0]), step);
+        }
+    );
+    push("adamw (params)", "4096".into(), &g[2], &c_[2], 1e-5, t0);
+    Ok(())
 }

@@ -1,0 +1,454 @@
+//! `CudaBackend`: the `Backend` trait on one GPU, fp32 throughout (the bf16
+//! GEMM path comes after this one is checked against the CPU). GEMMs go
+//! through cuBLAS (column-major; every row-major product below is written as
+//! its transpose), everything else through the kernels in `ops.cu`. One
+//! stream, so ops run in issue order; a view is a raw device pointer plus a
+//! length, borrowed from its buffer.
+//!
+//! The trait's methods return no errors: a CUDA failure here (out of
+//! memory, a lost device) panics with the driver's message, like an
+//! out-of-memory on the CPU aborts.
+//!
+//! Status: compiles and is compile-checked in CI; its numerics have not run
+//! on a GPU yet (`iota-miner selftest --device cuda` compares every op with
+//! the CPU backend).
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use iota_model::backend::{AdamStep, AttnDims, Backend};
+
+use crate::CudaError;
+use crate::gpu::Gpu;
+
+const THREADS: u32 = 256;
+
+/// Launches kernel `$name` with the arguments in the kernel's order.
+macro_rules! launch {
+    ($self:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
+        let mut b = $self.gpu.stream.launch_builder($self.gpu.function($name));
+        $( b.arg($arg); )*
+        // SAFETY: each call site passes the kernel's arguments in order and type.
+        ok(unsafe { b.launch($cfg) }, $name);
+    }};
+}
+
+/// A read-only view of part of a device buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct DRef<'a> {
+    ptr: u64,
+    len: usize,
+    _buf: PhantomData<&'a CudaSlice<f32>>,
+}
+
+/// A writable view of part of a device buffer.
+#[derive(Debug)]
+pub struct DMut<'a> {
+    ptr: u64,
+    len: usize,
+    _buf: PhantomData<&'a mut CudaSlice<f32>>,
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    blas: CudaBlas,
+}
+
+// The backend is used from one compute thread at a time; cuBLAS handles and
+// the stream are not shared across threads concurrently.
+unsafe impl Send for CudaBackend {}
+unsafe impl Sync for CudaBackend {}
+
+fn ok<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
+    r.unwrap_or_else(|e| panic!("CUDA {what} failed: {e:?}"))
+}
+
+impl CudaBackend {
+    pub fn new(gpu: Arc<Gpu>) -> Result<CudaBackend, CudaError> {
+        let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
+        Ok(CudaBackend { gpu, blas })
+    }
+
+    fn grid(&self, n: usize) -> LaunchConfig {
+        let blocks = (n as u64).div_ceil(THREADS as u64).clamp(1, 65_535) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    fn rows(&self, rows: usize) -> LaunchConfig {
+        LaunchConfig { grid_dim: (rows.max(1) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    fn ptr(&self, buf: &CudaSlice<f32>) -> u64 {
+        buf.device_ptr(&self.gpu.stream).0
+    }
+
+    /// Row-major C[m, n] (+)= op(A) op(B) written as the column-major
+    /// product cuBLAS computes: C^T = op(B)^T op(A)^T.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_cm(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+        beta: f32,
+    ) {
+        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let alpha = 1.0f32;
+        // SAFETY: pointers are device allocations sized by the callers' asserts.
+        let r = unsafe {
+            cudarc::cublas::result::sgemm(
+                *self.blas.handle(),
+                op(ta),
+                op(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha,
+                a as *const f32,
+                lda as i32,
+                b as *const f32,
+                ldb as i32,
+                &beta,
+                c as *mut f32,
+                ldc as i32,
+            )
+        };
+        ok(r, "sgemm");
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Ref<'a> = DRef<'a>;
+    type Mut<'a> = DMut<'a>;
+
+    fn name(&self) -> String {
+        format!("cuda ({}, {})", self.gpu.name, self.gpu.arch)
+    }
+
+    fn zeros(&self, n: usize) -> CudaSlice<f32> {
+        ok(self.gpu.stream.alloc_zeros(n.max(1)), "alloc")
+    }
+    fn upload(&self, host: &[f32]) -> CudaSlice<f32> {
+        if host.is_empty() {
+            return self.zeros(0);
+        }
+        ok(self.gpu.stream.clone_htod(host), "upload")
+    }
+    fn download(&self, buf: &CudaSlice<f32>, range: Range<usize>, out: &mut [f32]) {
+        assert_eq!(range.len(), out.len(), "download length");
+        if out.is_empty() {
+            return;
+        }
+        let view = buf.slice(range);
+        ok(self.gpu.stream.memcpy_dtoh(&view, out), "download");
+        ok(self.gpu.stream.synchronize(), "synchronize");
+    }
+    fn len(&self, buf: &CudaSlice<f32>) -> usize {
+        buf.len()
+    }
+    fn view<'a>(&self, buf: &'a CudaSlice<f32>, range: Range<usize>) -> DRef<'a> {
+        assert!(range.end <= buf.len(), "view out of range");
+        DRef { ptr: self.ptr(buf) + 4 * range.start as u64, len: range.len(), _buf: PhantomData }
+    }
+    fn view_mut<'a>(&self, buf: &'a mut CudaSlice<f32>, range: Range<usize>) -> DMut<'a> {
+        assert!(range.end <= buf.len(), "view out of range");
+        DMut { ptr: self.ptr(buf) + 4 * range.start as u64, len: range.len(), _buf: PhantomData }
+    }
+
+    fn fill(&self, x: DMut<'_>, value: f32) {
+        let n = x.len as i64;
+        launch!(self, "fill", self.grid(x.len), &x.ptr, &n, &value);
+    }
+    fn copy(&self, dst: DMut<'_>, src: DRef<'_>) {
+        assert_eq!(dst.len, src.len, "copy lengths");
+        let n = dst.len as i64;
+        launch!(self, "copy", self.grid(dst.len), &dst.ptr, &src.ptr, &n);
+    }
+    fn add_assign(&self, dst: DMut<'_>, src: DRef<'_>) {
+        assert_eq!(dst.len, src.len, "add_assign lengths");
+        let n = dst.len as i64;
+        launch!(self, "add_assign", self.grid(dst.len), &dst.ptr, &src.ptr, &n);
+    }
+    fn scale(&self, x: DMut<'_>, s: f32) {
+        let n = x.len as i64;
+        launch!(self, "scale", self.grid(x.len), &x.ptr, &n, &s);
+    }
+    fn sum_squares(&self, x: DRef<'_>) -> f64 {
+        let cfg = self.grid(x.len);
+        let blocks = cfg.grid_dim.0 as usize;
+        let partials: CudaSlice<f64> = ok(self.gpu.stream.alloc_zeros(blocks), "alloc");
+        let pp = partials.device_ptr(&self.gpu.stream).0;
+        let n = x.len as i64;
+        launch!(self, "sum_squares_partials", cfg, &x.ptr, &n, &pp);
+        let p = ok(self.gpu.stream.clone_dtoh(&partials), "download");
+        p.iter().sum()
+    }
+    fn scatter_cols(&self, dst: DMut<'_>, src: DRef<'_>, n: usize, d: usize, b: usize, acc: bool) {
+        assert!(dst.len == n * d && src.len == n * b && b <= d, "scatter_cols shapes");
+        let (ni, di, bi, ai) = (n as i32, d as i32, b as i32, acc as i32);
+        launch!(self, "scatter_cols", self.grid(n * b), &dst.ptr, &src.ptr, &ni, &di, &bi, &ai);
+    }
+    fn gather_cols(&self, dst: DMut<'_>, src: DRef<'_>, n: usize, d: usize, b: usize, acc: bool) {
+        assert!(dst.len == n * b && src.len == n * d && b <= d, "gather_cols shapes");
+        let (ni, di, bi, ai) = (n as i32, d as i32, b as i32, acc as i32);
+        launch!(self, "gather_cols", self.grid(n * b), &dst.ptr, &src.ptr, &ni, &di, &bi, &ai);
+    }
+
+    fn matmul(&self, out: DMut<'_>, inp: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
+        assert!(out.len == n * oc && inp.len == n * c && w.len == oc * c, "matmul shapes");
+        // out^T[oc, n] = w[oc, c] inp^T  (column-major: A = w^T stored c x oc)
+        self.sgemm_cm(true, false, oc, n, c, w.ptr, c, inp.ptr, c, out.ptr, oc, if acc { 1.0 } else { 0.0 });
+    }
+    fn matmul_bwd_input(&self, dinp: DMut<'_>, dout: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
+        assert!(dinp.len == n * c && dout.len == n * oc && w.len == oc * c, "matmul_bwd_input shapes");
+        self.sgemm_cm(false, false, c, n, oc, w.ptr, c, dout.ptr, oc, dinp.ptr, c, if acc { 1.0 } else { 0.0 });
+    }
+    fn matmul_bwd_weight(&self, dw: DMut<'_>, dout: DRef<'_>, inp: DRef<'_>, n: usize, c: usize, oc: usize) {
+        assert!(dw.len == oc * c && dout.len == n * oc && inp.len == n * c, "matmul_bwd_weight shapes");
+        self.sgemm_cm(false, true, c, oc, n, inp.ptr, c, dout.ptr, oc, dw.ptr, c, 1.0);
+    }
+
+    fn embedding(&self, out: DMut<'_>, tokens: &[u32], wte: DRef<'_>, d: usize) {
+        assert_eq!(out.len, tokens.len() * d, "embedding shapes");
+        let dt = ok(self.gpu.stream.clone_htod(tokens), "upload");
+        let tp = dt.device_ptr(&self.gpu.stream).0;
+        let (n, di) = (tokens.len() as i32, d as i32);
+        launch!(self, "embedding", self.rows(tokens.len()), &out.ptr, &tp, &wte.ptr, &n, &di);
+        ok(self.gpu.stream.synchronize(), "synchronize"); // `dt` is freed on return
+    }
+    fn embedding_bwd(&self, dwte: DMut<'_>, dout: DRef<'_>, tokens: &[u32], d: usize) {
+        assert_eq!(dout.len, tokens.len() * d, "embedding_bwd shapes");
+        // Group positions by token on the host (CSR), in token order.
+        let mut order: Vec<usize> = (0..tokens.len()).collect();
+        order.sort_by_key(|&i| (tokens[i], i));
+        let (mut ids, mut starts, mut positions) = (Vec::new(), Vec::new(), Vec::with_capacity(order.len()));
+        for &i in &order {
+            if ids.last() != Some(&tokens[i]) {
+                ids.push(tokens[i]);
+                starts.push(positions.len() as i32);
+            }
+            positions.push(i as i32);
+        }
+        starts.push(positions.len() as i32);
+        if ids.is_empty() {
+            return;
+        }
+        let s = &self.gpu.stream;
+        let (di, si, pi) = (
+            ok(s.clone_htod(&ids), "upload"),
+            ok(s.clone_htod(&starts), "upload"),
+            ok(s.clone_htod(&positions), "upload"),
+        );
+        let (ip, sp, pp) = (di.device_ptr(s).0, si.device_ptr(s).0, pi.device_ptr(s).0);
+        let (distinct, dd) = (ids.len() as i32, d as i32);
+        launch!(self, "embedding_bwd", self.rows(ids.len()), &dwte.ptr, &dout.ptr, &ip, &sp, &pp, &distinct, &dd);
+        ok(s.synchronize(), "synchronize");
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm(&self, out: DMut<'_>, rstd: DMut<'_>, x: DRef<'_>, w: DRef<'_>, n: usize, d: usize, eps: f32) {
+        assert!(out.len == n * d && x.len == n * d && rstd.len == n && w.len == d, "rmsnorm shapes");
+        let (ni, di) = (n as i32, d as i32);
+        launch!(self, "rmsnorm", self.rows(n), &out.ptr, &rstd.ptr, &x.ptr, &w.ptr, &ni, &di, &eps);
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_bwd(
+        &self,
+        dx: DMut<'_>,
+        dw: DMut<'_>,
+        dout: DRef<'_>,
+        x: DRef<'_>,
+        w: DRef<'_>,
+        rstd: DRef<'_>,
+        n: usize,
+        d: usize,
+    ) {
+        assert!(dx.len == n * d && dw.len == d && dout.len == n * d && x.len == n * d, "rmsnorm_bwd shapes");
+        const ROWS_PER_BLOCK: usize = 32;
+        let blocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
+        let partials: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(blocks * d), "alloc");
+        let pp = partials.device_ptr(&self.gpu.stream).0;
+        let (ni, di, rpb) = (n as i32, d as i32, ROWS_PER_BLOCK as i32);
+        launch!(
+            self,
+            "rmsnorm_bwd",
+            self.rows(blocks),
+            &dx.ptr,
+            &pp,
+            &dout.ptr,
+            &x.ptr,
+            &w.ptr,
+            &rstd.ptr,
+            &ni,
+            &di,
+            &rpb
+        );
+        let bi = blocks as i32;
+        launch!(self, "sum_rows", self.grid(d), &dw.ptr, &pp, &bi, &di);
+        ok(self.gpu.stream.synchronize(), "synchronize");
+        drop(partials);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: DMut<'_>,
+        table: DRef<'_>,
+        rows: usize,
+        seq: usize,
+        row_stride: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    ) {
+        assert!(heads * head_dim <= row_stride && x.len >= rows * row_stride, "rope shapes");
+        let (r, s, rs, h, hd, inv) =
+            (rows as i32, seq as i32, row_stride as i32, heads as i32, head_dim as i32, inverse as i32);
+        launch!(self, "rope", self.grid(rows * heads * head_dim / 2), &x.ptr, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
+    }
+
+    fn attention(&self, out: DMut<'_>, probs: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
+        let (t, hd, nh) = (dims.seq, dims.head_dim, dims.n_heads);
+        let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
+        let group = nh / dims.n_kv_heads;
+        assert!(
+            qkv.len == dims.rows() * qs && probs.len == dims.probs_len() && out.len == dims.rows() * qd,
+            "attention shapes"
+        );
+        let at = |b: usize, off: usize| qkv.ptr + 4 * (b * t * qs + off) as u64;
+        for b in 0..dims.batch {
+            for h in 0..nh {
+                let (q, k) = (at(b, h * hd), at(b, qd + (h / group) * hd));
+                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
+                // S[i, j] = Q[i, :] . K[j, :]
+                self.sgemm_cm(true, false, t, t, hd, k, qs, q, qs, p, t, 0.0);
+            }
+        }
+        let rows = (dims.batch * nh * t) as i32;
+        let (ti, scale) = (t as i32, 1.0 / (hd as f32).sqrt());
+        launch!(self, "causal_softmax", self.rows(rows as usize), &probs.ptr, &rows, &ti, &scale);
+        for b in 0..dims.batch {
+            for h in 0..nh {
+                let v = at(b, qd + kvd + (h / group) * hd);
+                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
+                let o = out.ptr + 4 * (b * t * qd + h * hd) as u64;
+                // O[t, hd] = P[t, t] V[t, hd]
+                self.sgemm_cm(false, false, hd, t, t, v, qs, p, t, o, qd, 0.0);
+            }
+        }
+    }
+
+    fn attention_bwd(&self, dqkv: DMut<'_>, dout: DRef<'_>, qkv: DRef<'_>, probs: DRef<'_>, dims: AttnDims) {
+        let (t, hd, nh) = (dims.seq, dims.head_dim, dims.n_heads);
+        let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
+        let group = nh / dims.n_kv_heads;
+        assert!(
+            dqkv.len == qkv.len && dout.len == dims.rows() * qd && probs.len == dims.probs_len(),
+            "attention_bwd shapes"
+        );
+        let ds: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(t * t), "alloc");
+        let dsp = ds.device_ptr(&self.gpu.stream).0;
+        let (ti, scale, one) = (t as i32, 1.0 / (hd as f32).sqrt(), t as i32);
+        let at = |base: u64, b: usize, off: usize| base + 4 * (b * t * qs + off) as u64;
+        for b in 0..dims.batch {
+            for h in 0..nh {
+                let first_in_group = h % group == 0;
+                let kv_off = (h / group) * hd;
+                let (q, k, v) =
+                    (at(qkv.ptr, b, h * hd), at(qkv.ptr, b, qd + kv_off), at(qkv.ptr, b, qd + kvd + kv_off));
+                let (dq, dk, dv) =
+                    (at(dqkv.ptr, b, h * hd), at(dqkv.ptr, b, qd + kv_off), at(dqkv.ptr, b, qd + kvd + kv_off));
+                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
+                let dof = dout.ptr + 4 * (b * t * qd + h * hd) as u64;
+                let acc = if first_in_group { 0.0 } else { 1.0 };
+                // dP = dO V^T  -> ds
+                self.sgemm_cm(true, false, t, t, hd, v, qs, dof, qd, dsp, t, 0.0);
+                // dV (+)= P^T dO
+                self.sgemm_cm(false, true, hd, t, t, dof, qd, p, t, dv, qs, acc);
+                // dS = scale * P * (dP - rowsum(P dP)), in place
+                launch!(self, "causal_softmax_bwd", self.rows(t), &dsp, &p, &one, &ti, &scale);
+                // The kernel takes `rows` rows of width t; here rows = t (one head).
+                // dQ = dS K
+                self.sgemm_cm(false, false, hd, t, t, k, qs, dsp, t, dq, qs, 0.0);
+                // dK (+)= dS^T Q
+                self.sgemm_cm(false, true, hd, t, t, q, qs, dsp, t, dk, qs, acc);
+            }
+        }
+        ok(self.gpu.stream.synchronize(), "synchronize");
+        drop(ds);
+    }
+
+    fn swiglu(&self, out: DMut<'_>, gu: DRef<'_>, n: usize, f: usize) {
+        assert!(out.len == n * f && gu.len == 2 * n * f, "swiglu shapes");
+        let (ni, fi) = (n as i32, f as i32);
+        launch!(self, "swiglu", self.grid(n * f), &out.ptr, &gu.ptr, &ni, &fi);
+    }
+    fn swiglu_bwd(&self, dgu: DMut<'_>, dout: DRef<'_>, gu: DRef<'_>, n: usize, f: usize) {
+        assert!(dgu.len == 2 * n * f && dout.len == n * f && gu.len == 2 * n * f, "swiglu_bwd shapes");
+        let (ni, fi) = (n as i32, f as i32);
+        launch!(self, "swiglu_bwd", self.grid(n * f), &dgu.ptr, &dout.ptr, &gu.ptr, &ni, &fi);
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: DMut<'_>,
+        targets: &[u32],
+        n: usize,
+        vocab: usize,
+        vocab_real: usize,
+        dscale: f32,
+    ) -> Vec<f32> {
+        assert!(logits.len == n * vocab && targets.len() == n && vocab_real <= vocab, "cross_entropy shapes");
+        assert!(targets.iter().all(|&t| (t as usize) < vocab_real), "target outside the vocabulary");
+        let s = &self.gpu.stream;
+        let dt = ok(s.clone_htod(targets), "upload");
+        let loss: CudaSlice<f32> = ok(s.alloc_zeros(n.max(1)), "alloc");
+        let (tp, lp) = (dt.device_ptr(s).0, loss.device_ptr(s).0);
+        let (ni, vi, vr) = (n as i32, vocab as i32, vocab_real as i32);
+        launch!(self, "cross_entropy", self.rows(n), &logits.ptr, &tp, &lp, &ni, &vi, &vr, &dscale);
+        let mut l = ok(s.clone_dtoh(&loss), "download");
+        l.truncate(n);
+        l
+    }
+
+    fn adamw(&self, p: DMut<'_>, g: DRef<'_>, m: DMut<'_>, v: DMut<'_>, step: AdamStep) {
+        assert!(p.len == g.len && p.len == m.len && p.len == v.len, "adamw lengths");
+        let bc1 = 1.0 - (step.beta1 as f64).powi(step.t as i32);
+        let bc2 = 1.0 - (step.beta2 as f64).powi(step.t as i32);
+        let step_size = (step.lr as f64 / bc1) as f32;
+        let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+        let decay = 1.0 - step.lr * step.weight_decay;
+        let (n, null) = (p.len as i64, 0u64);
+        launch!(
+            self,
+            "adamw",
+            self.grid(p.len),
+            &p.ptr,
+            &g.ptr,
+            &m.ptr,
+            &v.ptr,
+            &null,
+            &n,
+            &step.beta1,
+            &step.beta2,
+            &step.eps,
+            &step_size,
+            &inv_sqrt_bc2,
+            &decay,
+            &step.grad_scale
+        );
+    }
+}
