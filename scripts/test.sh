@@ -6,6 +6,7 @@ ensure_build_tools
 # NVRTC 13.0 from PyPI, so every .cu kernel is compile-checked without a GPU
 # (cuda/tests/nvrtc.rs); IOTA_REQUIRE_NVRTC makes a missing NVRTC fail.
 ensure_cmd python3 python3
+[ -e /etc/ssl/certs/ca-certificates.crt ] || ensure_cmd update-ca-certificates ca-certificates
 IOTA_CUDA_CACHE="$(python3 scripts/fetch-nvrtc.py)"
 export IOTA_CUDA_CACHE IOTA_REQUIRE_NVRTC=1
 cargo test --workspace --all-targets "$@"
