@@ -294,3 +294,16 @@ extern "C" __global__ void gather_cols(float* __restrict__ dst, const float* __r
         dst[t] = acc ? dst[t] + v : v;
     }
 }
+
+// f32 -> bf16 (round to nearest even; NaN stays NaN), the operands of the
+// bf16 GEMM path. Bit-identical to iota_core::codec::f32_to_bf16.
+extern "C" __global__ void cast_bf16(unsigned short* __restrict__ out, const float* __restrict__ x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned int b = __float_as_uint(x[i]);
+        if (x[i] != x[i]) {
+            out[i] = (unsigned short)((b >> 16) | 0x40u);
+        } else {
+            out[i] = (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+        }
+    }
+}

@@ -1,9 +1,19 @@
-//! `CudaBackend`: the `Backend` trait on one GPU, fp32 throughout (the bf16
-//! GEMM path comes after this one is checked against the CPU). GEMMs go
-//! through cuBLAS (column-major; every row-major product below is written as
-//! its transpose), everything else through the kernels in `ops.cu`. One
-//! stream, so ops run in issue order; a view is a raw device pointer plus a
-//! length, borrowed from its buffer.
+//! `CudaBackend`: the `Backend` trait on one GPU. Parameters, activations,
+//! gradients and optimizer state are fp32. The linear layers' GEMMs run in
+//! one of two precisions (`GemmPrecision`): fp32 through cuBLAS sgemm (the
+//! CPU reference's math, for checking), or bf16 through cuBLASLt (operands
+//! cast to bf16 by `cast_bf16` into scratch buffers, fp32 accumulation and
+//! output), the fast default. Attention's per-head GEMMs stay fp32. GEMMs
+//! are column-major, so every row-major product below is written as its
+//! transpose; everything else runs the kernels in `ops.cu`. One stream, so
+//! ops run in issue order; a view is a raw device pointer plus a length,
+//! borrowed from its buffer.
+//!
+//! Why cast per call rather than keep a bf16 copy of the weights: the copy
+//! would have to follow every write to the fp32 master (AdamW, a merge, a
+//! checkpoint load, a rejoin download), and a stale copy trains silently
+//! wrong. The cast reads 4 and writes 2 bytes per weight, under 10% of the
+//! GEMM's time at the `1b` shapes.
 //!
 //! The trait's methods return no errors: a CUDA failure here (out of
 //! memory, a lost device) panics with the driver's message, like an
@@ -15,7 +25,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::cublasOperation_t;
@@ -24,6 +34,38 @@ use iota_model::backend::{AdamStep, AttnDims, Backend};
 
 use crate::CudaError;
 use crate::gpu::Gpu;
+use crate::lt::{GemmShape, LtGemm};
+
+/// Precision of the linear layers' GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPrecision {
+    /// cuBLAS sgemm: matches the CPU reference to fp32 rounding.
+    F32,
+    /// cuBLASLt, bf16 operands, fp32 accumulation and output.
+    Bf16,
+}
+
+impl GemmPrecision {
+    pub fn parse(s: &str) -> Option<GemmPrecision> {
+        match s {
+            "fp32" | "f32" => Some(GemmPrecision::F32),
+            "bf16" => Some(GemmPrecision::Bf16),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmPrecision::F32 => "fp32",
+            GemmPrecision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Grow-only bf16 operand buffers of the bf16 GEMM path.
+struct Scratch {
+    a: Option<CudaSlice<u16>>,
+    b: Option<CudaSlice<u16>>,
+}
 
 const THREADS: u32 = 256;
 
@@ -56,6 +98,9 @@ pub struct DMut<'a> {
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     blas: CudaBlas,
+    precision: GemmPrecision,
+    lt: Option<LtGemm>,
+    scratch: Mutex<Scratch>,
 }
 
 // The backend is used from one compute thread at a time; cuBLAS handles and
@@ -68,9 +113,60 @@ fn ok<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
 }
 
 impl CudaBackend {
+    /// fp32 GEMMs (the reference precision).
     pub fn new(gpu: Arc<Gpu>) -> Result<CudaBackend, CudaError> {
+        CudaBackend::with_precision(gpu, GemmPrecision::F32)
+    }
+
+    pub fn with_precision(gpu: Arc<Gpu>, precision: GemmPrecision) -> Result<CudaBackend, CudaError> {
         let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| CudaError::Driver(format!("cuBLAS: {e:?}")))?;
-        Ok(CudaBackend { gpu, blas })
+        let lt = match precision {
+            GemmPrecision::Bf16 => Some(LtGemm::new(gpu.stream.clone(), gpu.compute.0)?),
+            GemmPrecision::F32 => None,
+        };
+        Ok(CudaBackend { gpu, blas, precision, lt, scratch: Mutex::new(Scratch { a: None, b: None }) })
+    }
+
+    pub fn precision(&self) -> GemmPrecision {
+        self.precision
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Waits for all work issued so far (for timing).
+    pub fn synchronize(&self) {
+        ok(self.gpu.stream.synchronize(), "synchronize");
+    }
+
+    /// Casts `len` contiguous f32 values at `src` into `buf` (grown to fit); returns its pointer.
+    fn cast_into(&self, buf: &mut Option<CudaSlice<u16>>, src: u64, len: usize) -> u64 {
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            // The old buffer's free is ordered on the stream after the GEMMs that read it.
+            *buf = Some(ok(self.gpu.stream.alloc_zeros::<u16>(len.max(1)), "alloc"));
+        }
+        let dst = buf.as_ref().expect("allocated above").device_ptr(&self.gpu.stream).0;
+        let n = len as i64;
+        launch!(self, "cast_bf16", self.grid(len), &dst, &src, &n);
+        dst
+    }
+
+    /// A linear layer's GEMM in the backend's precision. `a` and `b` are
+    /// whole contiguous matrices of `a_len` and `b_len` values.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_gemm(&self, s: GemmShape, a: u64, a_len: usize, b: u64, b_len: usize, c: u64, beta: f32) {
+        match &self.lt {
+            None => self.sgemm_cm(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, c, s.ldc, beta),
+            Some(lt) => {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                let Scratch { a: sa, b: sb } = &mut *scratch;
+                let a16 = self.cast_into(sa, a, a_len);
+                let b16 = self.cast_into(sb, b, b_len);
+                // SAFETY: the scratch buffers hold the casts of whole operands; `c` is the caller's output.
+                ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm");
+            }
+        }
     }
 
     fn grid(&self, n: usize) -> LaunchConfig {
@@ -135,7 +231,7 @@ impl Backend for CudaBackend {
     type Mut<'a> = DMut<'a>;
 
     fn name(&self) -> String {
-        format!("cuda ({}, {})", self.gpu.name, self.gpu.arch)
+        format!("cuda ({}, {}, {} GEMMs)", self.gpu.name, self.gpu.arch, self.precision.name())
     }
 
     fn zeros(&self, n: usize) -> CudaSlice<f32> {
@@ -210,15 +306,18 @@ impl Backend for CudaBackend {
     fn matmul(&self, out: DMut<'_>, inp: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
         assert!(out.len == n * oc && inp.len == n * c && w.len == oc * c, "matmul shapes");
         // out^T[oc, n] = w[oc, c] inp^T  (column-major: A = w^T stored c x oc)
-        self.sgemm_cm(true, false, oc, n, c, w.ptr, c, inp.ptr, c, out.ptr, oc, if acc { 1.0 } else { 0.0 });
+        let s = GemmShape { ta: true, tb: false, m: oc, n, k: c, lda: c, ldb: c, ldc: oc };
+        self.linear_gemm(s, w.ptr, w.len, inp.ptr, inp.len, out.ptr, if acc { 1.0 } else { 0.0 });
     }
     fn matmul_bwd_input(&self, dinp: DMut<'_>, dout: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
         assert!(dinp.len == n * c && dout.len == n * oc && w.len == oc * c, "matmul_bwd_input shapes");
-        self.sgemm_cm(false, false, c, n, oc, w.ptr, c, dout.ptr, oc, dinp.ptr, c, if acc { 1.0 } else { 0.0 });
+        let s = GemmShape { ta: false, tb: false, m: c, n, k: oc, lda: c, ldb: oc, ldc: c };
+        self.linear_gemm(s, w.ptr, w.len, dout.ptr, dout.len, dinp.ptr, if acc { 1.0 } else { 0.0 });
     }
     fn matmul_bwd_weight(&self, dw: DMut<'_>, dout: DRef<'_>, inp: DRef<'_>, n: usize, c: usize, oc: usize) {
         assert!(dw.len == oc * c && dout.len == n * oc && inp.len == n * c, "matmul_bwd_weight shapes");
-        self.sgemm_cm(false, true, c, oc, n, inp.ptr, c, dout.ptr, oc, dw.ptr, c, 1.0);
+        let s = GemmShape { ta: false, tb: true, m: c, n: oc, k: n, lda: c, ldb: oc, ldc: c };
+        self.linear_gemm(s, inp.ptr, inp.len, dout.ptr, dout.len, dw.ptr, 1.0);
     }
 
     fn embedding(&self, out: DMut<'_>, tokens: &[u32], wte: DRef<'_>, d: usize) {

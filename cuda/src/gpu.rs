@@ -24,6 +24,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub arch: &'static str,
+    /// Compute capability (major, minor).
+    pub compute: (i32, i32),
     functions: HashMap<&'static str, CudaFunction>,
 }
 
@@ -62,7 +64,7 @@ impl Gpu {
             }
         }
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, name, arch, functions })
+        Ok(Gpu { ctx, stream, name, arch, compute: (major, minor), functions })
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {

@@ -51,6 +51,7 @@ pub const KERNELS: &[Kernel] = &[
             "scale",
             "scatter_cols",
             "gather_cols",
+            "cast_bf16",
         ],
     },
 ];

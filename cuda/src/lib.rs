@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod gpu;
 pub mod kernels;
+pub mod lt;
 pub mod selftest;
 
 use std::path::{Path, PathBuf};
@@ -114,5 +115,75 @@ pub fn describe() -> String {
         (false, _) => CudaError::NoDriver.to_string(),
         (true, false) => CudaError::NoNvrtc.to_string(),
         (true, true) => "CUDA driver and NVRTC found".into(),
+    }
+}
+
+/// NVRTC from `scripts/fetch-nvrtc.py`'s cache when the system has none
+/// (a machine with the driver but not the toolkit). Does nothing when
+/// NVRTC is already loadable.
+pub fn ensure_nvrtc() {
+    if nvrtc_present() {
+        return;
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let _ = preload_nvrtc(&PathBuf::from(home).join(".cache/iota-rs/cuda-13.0/lib"));
+    }
+}
+
+/// Where a process computes, as a command line names it: `cpu`, `cuda`
+/// (GPU 0) or `cuda:N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeDevice {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for ComputeDevice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ComputeDevice, String> {
+        match s {
+            "cpu" => Ok(ComputeDevice::Cpu),
+            "cuda" => Ok(ComputeDevice::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(ComputeDevice::Cuda)
+                .ok_or_else(|| format!("unknown device '{s}' (cpu, cuda, cuda:N)")),
+        }
+    }
+}
+
+impl std::fmt::Display for ComputeDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ComputeDevice::Cpu => write!(f, "cpu"),
+            ComputeDevice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Opens GPU `ordinal` (loading NVRTC from the cache if needed) and builds a
+/// `CudaBackend` on it.
+pub fn open_backend(ordinal: usize, precision: backend::GemmPrecision) -> Result<backend::CudaBackend, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    ensure_nvrtc();
+    let gpu = std::sync::Arc::new(gpu::Gpu::open(ordinal)?);
+    backend::CudaBackend::with_precision(gpu, precision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse() {
+        assert_eq!("cpu".parse(), Ok(ComputeDevice::Cpu));
+        assert_eq!("cuda".parse(), Ok(ComputeDevice::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(ComputeDevice::Cuda(3)));
+        assert!("cuda:x".parse::<ComputeDevice>().is_err());
+        assert!("gpu".parse::<ComputeDevice>().unwrap_err().contains("cpu, cuda, cuda:N"));
+        assert_eq!(ComputeDevice::Cuda(2).to_string(), "cuda:2");
     }
 }

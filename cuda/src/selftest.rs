@@ -147,6 +147,7 @@ fn backend_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) ->
     use iota_model::CpuBackend;
     use iota_model::backend::{AdamStep, AttnDims, Backend};
 
+    bf16_gemm_checks(gpu.clone(), out)?;
     let cuda = crate::backend::CudaBackend::new(gpu)?;
     let cpu = CpuBackend::new();
     let mut rng = Rng::new(42);
@@ -314,5 +315,73 @@ fn backend_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) ->
         }
     );
     push("adamw (params)", "4096".into(), &g[2], &c_[2], 1e-5, t0);
+    Ok(())
+}
+
+/// The bf16 GEMM path (cuBLASLt) against the CPU: exactly (to accumulation
+/// order) on operands rounded to bf16 first, and within 1e-2 of the fp32
+/// product on the raw operands.
+fn bf16_gemm_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {
+    use iota_core::codec::{bf16_to_f32, f32_to_bf16};
+    use iota_model::CpuBackend;
+    use iota_model::backend::Backend;
+
+    let cuda = crate::backend::CudaBackend::with_precision(gpu, crate::backend::GemmPrecision::Bf16)?;
+    let cpu = CpuBackend::new();
+    let mut rng = Rng::new(7);
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| bf16_to_f32(f32_to_bf16(*x))).collect() };
+    // Odd sizes on purpose: no dimension a multiple of 8 in the first shape.
+    for (n, c, oc) in [(97usize, 131usize, 163usize), (512, 1024, 768)] {
+        for which in ["matmul", "matmul_bwd_input", "matmul_bwd_weight"] {
+            let (a_len, b_len, o_len) = match which {
+                "matmul" => (n * c, oc * c, n * oc),
+                "matmul_bwd_input" => (n * oc, oc * c, n * c),
+                _ => (n * oc, n * c, oc * c),
+            };
+            let a: Vec<f32> = (0..a_len).map(|_| rng.normal()).collect();
+            let b: Vec<f32> = (0..b_len).map(|_| rng.normal()).collect();
+            let o0: Vec<f32> = (0..o_len).map(|_| rng.normal()).collect();
+            #[allow(clippy::too_many_arguments)]
+            fn go<B: Backend>(
+                be: &B,
+                which: &str,
+                a: &[f32],
+                b: &[f32],
+                o0: &[f32],
+                n: usize,
+                c: usize,
+                oc: usize,
+            ) -> Vec<f32> {
+                let (a, b, mut o) = (be.upload(a), be.upload(b), be.upload(o0));
+                let (ar, br, om) = (be.all(&a), be.all(&b), be.all_mut(&mut o));
+                match which {
+                    "matmul" => be.matmul(om, ar, br, n, c, oc, true),
+                    "matmul_bwd_input" => be.matmul_bwd_input(om, ar, br, n, c, oc, true),
+                    _ => be.matmul_bwd_weight(om, ar, br, n, c, oc),
+                }
+                be.to_host(&o)
+            }
+            let t0 = Instant::now();
+            let got = go(&cuda, which, &a, &b, &o0, n, c, oc);
+            let millis = t0.elapsed().as_secs_f64() * 1e3;
+            let exact = go(&cpu, which, &round(&a), &round(&b), &o0, n, c, oc);
+            let fp32 = go(&cpu, which, &a, &b, &o0, n, c, oc);
+            let shape = format!("n{n} c{c} oc{oc}");
+            out.push(Check {
+                op: format!("bf16 {which} vs bf16-rounded"),
+                shape: shape.clone(),
+                max_rel_err: max_rel(&got, &exact),
+                tolerance: 1e-5,
+                millis,
+            });
+            out.push(Check {
+                op: format!("bf16 {which} vs fp32"),
+                shape,
+                max_rel_err: max_rel(&got, &fp32),
+                tolerance: 1e-2,
+                millis: 0.0,
+            });
+        }
+    }
     Ok(())
 }

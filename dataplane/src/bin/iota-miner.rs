@@ -58,12 +58,7 @@ fn selftest(a: SelftestArgs) -> Result<()> {
         d => anyhow::bail!("unknown device '{d}' (cpu, cuda)"),
     };
     if device == Device::Cuda {
-        // NVRTC from the fetch script's cache when it is not installed.
-        if !iota_cuda::nvrtc_present()
-            && let Some(home) = std::env::var_os("HOME")
-        {
-            let _ = iota_cuda::preload_nvrtc(&std::path::PathBuf::from(home).join(".cache/iota-rs/cuda-13.0/lib"));
-        }
+        iota_cuda::ensure_nvrtc();
     }
     let checks = run(device)?;
     println!("{:<40} {:>14} {:>14} {:>10} {:>6} {:>10}", "op", "shape", "max rel err", "tolerance", "", "ms");

@@ -12,10 +12,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use iota_core::codec::boundary_cost;
 use iota_core::config::PRESETS;
 use iota_core::{ModelConfig, WireCodec};
-use iota_model::CpuBackend;
+use iota_cuda::ComputeDevice;
+use iota_cuda::backend::GemmPrecision;
 use iota_model::data::{Corpus, TokenizerKind, load_tokens, synthetic};
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::{Pipeline, TrainConfig};
+use iota_model::{Backend, CpuBackend};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -114,6 +116,14 @@ struct TrainArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Compute device: cpu (the fp32 reference), cuda (GPU 0) or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: ComputeDevice,
+    /// Precision of the linear layers' GEMMs on CUDA: bf16 (cuBLASLt, bf16
+    /// operands, fp32 accumulation; fast) or fp32 (cuBLAS sgemm; matches the
+    /// CPU reference). Weights, activations and optimizer state stay fp32.
+    #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
+    gemm: GemmPrecision,
     /// When stderr is not a terminal, print a progress line every N steps.
     #[arg(long, default_value_t = 10)]
     log_every: u64,
@@ -240,11 +250,24 @@ fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
     Ok(corpus)
 }
 
+fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {
+    GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
+}
+
 fn train(a: TrainArgs) -> Result<()> {
     if let Some(t) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
     }
-    let be = Arc::new(CpuBackend::new());
+    match a.device {
+        ComputeDevice::Cpu => train_on(Arc::new(CpuBackend::new()), a),
+        ComputeDevice::Cuda(i) => {
+            let be = iota_cuda::open_backend(i, a.gemm).with_context(|| format!("opening {}", a.device))?;
+            train_on(Arc::new(be), a)
+        }
+    }
+}
+
+fn train_on<B: Backend + 'static>(be: Arc<B>, a: TrainArgs) -> Result<()> {
     let mut pipe = match &a.resume {
         Some(path) => {
             let mut p =
@@ -270,7 +293,7 @@ fn train(a: TrainArgs) -> Result<()> {
         cfg.stages,
         if cfg.stages > 1 && m.bottleneck > 0 { m.bottleneck.to_string() } else { "off".into() },
         cfg.codec.name(),
-        iota_model::Backend::name(&*be)
+        be.name()
     );
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -77,3 +77,26 @@ fn bad_input_is_one_clear_error_line() {
         assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{extra:?}: {err}");
     }
 }
+
+/// `--device cuda` on a machine without a GPU: one plain error, exit 2, no
+/// panic. On a machine with a GPU the same flag trains one step instead.
+#[test]
+fn cuda_device_without_gpu_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = ["train", "--config", "tiny", "--steps", "1", "--batch", "2", "--seq", "16", "--device", "cuda"];
+    let o = iota(&[&args[..], &["--out", out.to_str().unwrap()]].concat());
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    if iota_cuda::driver_present() {
+        eprintln!("a CUDA driver is present: checked that one step trains on it");
+        assert!(o.status.success(), "{err}");
+        assert_eq!(csv_rows(&out).len(), 2);
+    } else {
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("no CUDA driver found"), "{err}");
+    }
+    let o = iota(&["train", "--device", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cpu, cuda, cuda:N"), "{}", stderr(&o));
+}
