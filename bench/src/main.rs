@@ -4,6 +4,7 @@
 
 mod butterfly;
 mod stage_cpu;
+mod stage_gpu;
 mod swarm;
 mod timing;
 mod transport;
@@ -26,6 +27,11 @@ enum Cmd {
     /// ffn 1408, 4 blocks, bottleneck in and out) against the same GEMMs
     /// alone (the floor); also prints each preset's boundary compression.
     StageCpu(stage_cpu::Args),
+    /// Forward+backward of one body stage of the `1b` preset on the GPU
+    /// (CudaBackend) against the same stage in PyTorch on the same GPU
+    /// (bench/stage_ref.py, eager and torch.compile); achieved TFLOP/s
+    /// against the measured bf16 GEMM peak. Needs an NVIDIA GPU.
+    StageGpu(stage_gpu::Args),
     /// Move 1 GiB as frames over loopback with our QUIC data plane, plain TCP
     /// and TLS 1.3 over TCP; throughput, CPU per GiB, latency, ratios.
     Transport(transport::Args),
@@ -43,6 +49,7 @@ fn main() {
     iota_model::alloc::keep_freed_memory();
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
+        Cmd::StageGpu(a) => stage_gpu::run(a),
         Cmd::Transport(a) => transport::run(a),
         Cmd::Swarm(a) => swarm::run(*a),
         Cmd::Butterfly(a) => butterfly::run(a),

@@ -61,6 +61,20 @@ impl GemmPrecision {
     }
 }
 
+/// Shape and strides (in elements) of a strided-batched column-major GEMM.
+#[derive(Clone, Copy, Debug)]
+struct Batched {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    sa: usize,
+    ldb: usize,
+    sb: usize,
+    ldc: usize,
+    sc: usize,
+}
+
 /// Grow-only bf16 operand buffers of the bf16 GEMM path.
 struct Scratch {
     a: Option<CudaSlice<u16>>,
@@ -138,6 +152,57 @@ impl CudaBackend {
     /// Waits for all work issued so far (for timing).
     pub fn synchronize(&self) {
         ok(self.gpu.stream.synchronize(), "synchronize");
+    }
+
+    /// Measured bf16 GEMM throughput of cuBLASLt on this GPU (TFLOP/s): a
+    /// square `size`^3 GEMM on random operands, timed with CUDA events after
+    /// warm-up, median of `iters`. The roofline `stage-gpu` reports against.
+    pub fn bf16_gemm_tflops(&self, size: usize, iters: usize) -> Result<f64, CudaError> {
+        let lt = match &self.lt {
+            Some(lt) => lt,
+            None => &LtGemm::new(self.gpu.stream.clone(), self.gpu.compute.0)?,
+        };
+        let mut rng = iota_core::rng::Rng::new(11);
+        let host: Vec<f32> = (0..size * size).map(|_| rng.normal()).collect();
+        let src = self.upload(&host);
+        let (mut a, mut b) = (None, None);
+        let ap = self.cast_into(&mut a, self.ptr(&src), size * size);
+        let bp = self.cast_into(&mut b, self.ptr(&src), size * size);
+        let c = self.zeros(size * size);
+        let shape = GemmShape { ta: true, tb: false, m: size, n: size, k: size, lda: size, ldb: size, ldc: size };
+        let gemm = || {
+            // SAFETY: a, b hold size^2 bf16 values, c size^2 f32, alive past the synchronize below.
+            unsafe { lt.gemm(shape, ap, bp, self.ptr(&c), 0.0) }
+        };
+        for _ in 0..3 {
+            gemm()?;
+        }
+        let ev = |s: &Arc<cudarc::driver::CudaStream>| {
+            s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| CudaError::Driver(format!("{e:?}")))
+        };
+        let mut ms = Vec::with_capacity(iters);
+        for _ in 0..iters.max(1) {
+            let start = ev(&self.gpu.stream)?;
+            gemm()?;
+            let end = ev(&self.gpu.stream)?;
+            end.synchronize().map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+            ms.push(start.elapsed_ms(&end).map_err(|e| CudaError::Driver(format!("{e:?}")))? as f64);
+        }
+        ms.sort_by(f64::total_cmp);
+        let median = ms[ms.len() / 2];
+        Ok(2.0 * (size as f64).powi(3) / (median * 1e-3) / 1e12)
+    }
+
+    /// Runs `f` (work issued on this backend's stream) and returns the
+    /// stream time it took in milliseconds, measured with CUDA events.
+    pub fn time_ms(&self, f: impl FnOnce()) -> f64 {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ok(self.gpu.stream.record_event(flags), "event");
+        f();
+        let end = ok(self.gpu.stream.record_event(flags), "event");
+        ok(end.synchronize(), "event synchronize");
+        ok(start.elapsed_ms(&end), "event elapsed") as f64
     }
 
     /// Casts `len` contiguous f32 values at `src` into `buf` (grown to fit); returns its pointer.
@@ -222,6 +287,37 @@ impl CudaBackend {
             )
         };
         ok(r, "sgemm");
+    }
+
+    /// `batch` column-major sgemms whose operands sit at constant strides.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_batched(&self, ta: bool, tb: bool, s: Batched, a: u64, b: u64, c: u64, beta: f32, batch: usize) {
+        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let alpha = 1.0f32;
+        // SAFETY: pointers and strides address the callers' buffers, sized by their asserts.
+        let r = unsafe {
+            cudarc::cublas::result::sgemm_strided_batched(
+                *self.blas.handle(),
+                op(ta),
+                op(tb),
+                s.m as i32,
+                s.n as i32,
+                s.k as i32,
+                &alpha,
+                a as *const f32,
+                s.lda as i32,
+                s.sa as i64,
+                b as *const f32,
+                s.ldb as i32,
+                s.sb as i64,
+                &beta,
+                c as *mut f32,
+                s.ldc as i32,
+                s.sc as i64,
+                batch as i32,
+            )
+        };
+        ok(r, "sgemm_strided_batched");
     }
 }
 
@@ -419,71 +515,83 @@ impl Backend for CudaBackend {
         launch!(self, "rope", self.grid(rows * heads * head_dim / 2), &x.ptr, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
     }
 
+    // Attention runs as strided-batched GEMMs, one call per (sequence, head
+    // within its KV group) batched over the KV heads: head h = j*group + g
+    // reads KV head j, so for a fixed g its Q columns are `group*hd` apart and
+    // its K/V columns `hd` apart, both constant strides. The saved
+    // probabilities are laid out [batch][g][j][t][t] (the trait leaves their
+    // order to the backend), so each batch's score matrices are contiguous
+    // and the softmax kernels see plain rows.
     fn attention(&self, out: DMut<'_>, probs: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
-        let (t, hd, nh) = (dims.seq, dims.head_dim, dims.n_heads);
+        let (t, hd, nh, nkv) = (dims.seq, dims.head_dim, dims.n_heads, dims.n_kv_heads);
         let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
-        let group = nh / dims.n_kv_heads;
+        let group = nh / nkv;
         assert!(
             qkv.len == dims.rows() * qs && probs.len == dims.probs_len() && out.len == dims.rows() * qd,
             "attention shapes"
         );
-        let at = |b: usize, off: usize| qkv.ptr + 4 * (b * t * qs + off) as u64;
+        let (tt, f) = (t * t, 4u64);
         for b in 0..dims.batch {
-            for h in 0..nh {
-                let (q, k) = (at(b, h * hd), at(b, qd + (h / group) * hd));
-                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
-                // S[i, j] = Q[i, :] . K[j, :]
-                self.sgemm_cm(true, false, t, t, hd, k, qs, q, qs, p, t, 0.0);
+            let row0 = qkv.ptr + f * (b * t * qs) as u64;
+            for g in 0..group {
+                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
+                let (q, k) = (row0 + f * (g * hd) as u64, row0 + f * qd as u64);
+                // S_j[i, j'] = Q_h[i, :] . K_j[j', :]
+                let s1 = Batched { m: t, n: t, k: hd, lda: qs, sa: hd, ldb: qs, sb: group * hd, ldc: t, sc: tt };
+                self.sgemm_batched(true, false, s1, k, q, p, 0.0, nkv);
             }
         }
         let rows = (dims.batch * nh * t) as i32;
         let (ti, scale) = (t as i32, 1.0 / (hd as f32).sqrt());
         launch!(self, "causal_softmax", self.rows(rows as usize), &probs.ptr, &rows, &ti, &scale);
         for b in 0..dims.batch {
-            for h in 0..nh {
-                let v = at(b, qd + kvd + (h / group) * hd);
-                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
-                let o = out.ptr + 4 * (b * t * qd + h * hd) as u64;
-                // O[t, hd] = P[t, t] V[t, hd]
-                self.sgemm_cm(false, false, hd, t, t, v, qs, p, t, o, qd, 0.0);
+            let row0 = qkv.ptr + f * (b * t * qs) as u64;
+            for g in 0..group {
+                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
+                let v = row0 + f * (qd + kvd) as u64;
+                let o = out.ptr + f * (b * t * qd + g * hd) as u64;
+                // O_h[t, hd] = P_h[t, t] V_j[t, hd]
+                let s2 = Batched { m: hd, n: t, k: t, lda: qs, sa: hd, ldb: t, sb: tt, ldc: qd, sc: group * hd };
+                self.sgemm_batched(false, false, s2, v, p, o, 0.0, nkv);
             }
         }
     }
 
     fn attention_bwd(&self, dqkv: DMut<'_>, dout: DRef<'_>, qkv: DRef<'_>, probs: DRef<'_>, dims: AttnDims) {
-        let (t, hd, nh) = (dims.seq, dims.head_dim, dims.n_heads);
+        let (t, hd, nh, nkv) = (dims.seq, dims.head_dim, dims.n_heads, dims.n_kv_heads);
         let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
-        let group = nh / dims.n_kv_heads;
+        let group = nh / nkv;
         assert!(
             dqkv.len == qkv.len && dout.len == dims.rows() * qd && probs.len == dims.probs_len(),
             "attention_bwd shapes"
         );
-        let ds: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(t * t), "alloc");
+        let (tt, f) = (t * t, 4u64);
+        let ds: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(nkv * tt), "alloc");
         let dsp = ds.device_ptr(&self.gpu.stream).0;
-        let (ti, scale, one) = (t as i32, 1.0 / (hd as f32).sqrt(), t as i32);
-        let at = |base: u64, b: usize, off: usize| base + 4 * (b * t * qs + off) as u64;
+        let (rows, ti, scale) = ((nkv * t) as i32, t as i32, 1.0 / (hd as f32).sqrt());
         for b in 0..dims.batch {
-            for h in 0..nh {
-                let first_in_group = h % group == 0;
-                let kv_off = (h / group) * hd;
-                let (q, k, v) =
-                    (at(qkv.ptr, b, h * hd), at(qkv.ptr, b, qd + kv_off), at(qkv.ptr, b, qd + kvd + kv_off));
-                let (dq, dk, dv) =
-                    (at(dqkv.ptr, b, h * hd), at(dqkv.ptr, b, qd + kv_off), at(dqkv.ptr, b, qd + kvd + kv_off));
-                let p = probs.ptr + 4 * ((b * nh + h) * t * t) as u64;
-                let dof = dout.ptr + 4 * (b * t * qd + h * hd) as u64;
-                let acc = if first_in_group { 0.0 } else { 1.0 };
+            let (x0, dx0) = (qkv.ptr + f * (b * t * qs) as u64, dqkv.ptr + f * (b * t * qs) as u64);
+            for g in 0..group {
+                // The first head of each group writes dK/dV; the others add.
+                let acc = if g == 0 { 0.0 } else { 1.0 };
+                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
+                let (q, k, v) = (x0 + f * (g * hd) as u64, x0 + f * qd as u64, x0 + f * (qd + kvd) as u64);
+                let (dq, dk, dv) = (dx0 + f * (g * hd) as u64, dx0 + f * qd as u64, dx0 + f * (qd + kvd) as u64);
+                let dof = dout.ptr + f * (b * t * qd + g * hd) as u64;
                 // dP = dO V^T  -> ds
-                self.sgemm_cm(true, false, t, t, hd, v, qs, dof, qd, dsp, t, 0.0);
+                let s = Batched { m: t, n: t, k: hd, lda: qs, sa: hd, ldb: qd, sb: group * hd, ldc: t, sc: tt };
+                self.sgemm_batched(true, false, s, v, dof, dsp, 0.0, nkv);
                 // dV (+)= P^T dO
-                self.sgemm_cm(false, true, hd, t, t, dof, qd, p, t, dv, qs, acc);
-                // dS = scale * P * (dP - rowsum(P dP)), in place
-                launch!(self, "causal_softmax_bwd", self.rows(t), &dsp, &p, &one, &ti, &scale);
-                // The kernel takes `rows` rows of width t; here rows = t (one head).
+                let s = Batched { m: hd, n: t, k: t, lda: qd, sa: group * hd, ldb: t, sb: tt, ldc: qs, sc: hd };
+                self.sgemm_batched(false, true, s, dof, p, dv, acc, nkv);
+                // dS = scale * P * (dP - rowsum(P dP)), in place over the nkv*t rows
+                launch!(self, "causal_softmax_bwd", self.rows(nkv * t), &dsp, &p, &rows, &ti, &scale);
                 // dQ = dS K
-                self.sgemm_cm(false, false, hd, t, t, k, qs, dsp, t, dq, qs, 0.0);
+                let s = Batched { m: hd, n: t, k: t, lda: qs, sa: hd, ldb: t, sb: tt, ldc: qs, sc: group * hd };
+                self.sgemm_batched(false, false, s, k, dsp, dq, 0.0, nkv);
                 // dK (+)= dS^T Q
-                self.sgemm_cm(false, true, hd, t, t, q, qs, dsp, t, dk, qs, acc);
+                let s = Batched { m: hd, n: t, k: t, lda: qs, sa: group * hd, ldb: t, sb: tt, ldc: qs, sc: hd };
+                self.sgemm_batched(false, true, s, q, dsp, dk, acc, nkv);
             }
         }
         ok(self.gpu.stream.synchronize(), "synchronize");

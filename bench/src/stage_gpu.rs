@@ -1,0 +1,221 @@
+//! stage-gpu: one body pipeline stage of the `1b` preset (bottleneck decoder,
+//! its blocks, bottleneck encoder), forward+backward on `CudaBackend`,
+//! against the same stage in PyTorch on the same GPU in the same run
+//! (`bench/stage_ref.py`: eager, then torch.compile). Also prints the
+//! achieved TFLOP/s against the cuBLASLt bf16 GEMM peak measured here.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use iota_core::{ModelConfig, Rng, StageSpec};
+use iota_cuda::backend::{CudaBackend, GemmPrecision};
+use iota_model::{Backend, Stage, StageInput};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model preset whose block shape is measured.
+    #[arg(long, default_value = "1b")]
+    model: String,
+    /// Stages the model is split into; the bench runs the middle one.
+    #[arg(long, default_value_t = 4)]
+    stages: usize,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 1024)]
+    seq: usize,
+    /// Timed iterations (the median is reported), after --warmup untimed ones.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// Precision of our linear GEMMs: bf16 or fp32.
+    #[arg(long, default_value = "bf16")]
+    gemm: String,
+    /// Python with PyTorch, for the reference rows.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// The PyTorch reference script.
+    #[arg(long, default_value = "bench/stage_ref.py")]
+    torch_script: PathBuf,
+    /// PyTorch modes to run (eager, compile).
+    #[arg(long, default_value = "eager,compile")]
+    torch_modes: String,
+    /// Skip the PyTorch rows.
+    #[arg(long)]
+    no_torch: bool,
+}
+
+/// FLOPs of one forward of the stage per token, counting every GEMM the
+/// backends run (attention's score and value products over the full t x t
+/// square, as both implementations compute it). Backward is twice forward.
+fn forward_flops_per_token(c: &ModelConfig, blocks: usize, seq: usize) -> f64 {
+    let (d, f, b) = (c.d_model as f64, c.ffn_hidden as f64, c.bottleneck as f64);
+    let linear = d * c.qkv_dim() as f64 + c.q_dim() as f64 * d + d * 2.0 * f + f * d;
+    let attention = 2.0 * seq as f64 * c.q_dim() as f64;
+    blocks as f64 * 2.0 * (linear + attention) + 2.0 * (2.0 * b * d)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct TorchRow {
+    mode: String,
+    result: Result<f64, String>,
+}
+
+fn run_torch(a: &Args, c: &ModelConfig, blocks: usize) -> Result<(String, Vec<TorchRow>), String> {
+    let out = Command::new(&a.python)
+        .arg(&a.torch_script)
+        .args(["--d", &c.d_model.to_string(), "--heads", &c.n_heads.to_string()])
+        .args(["--kv-heads", &c.n_kv_heads.to_string(), "--ffn", &c.ffn_hidden.to_string()])
+        .args(["--layers", &blocks.to_string(), "--bottleneck", &c.bottleneck.to_string()])
+        .args(["--batch", &a.batch.to_string(), "--seq", &a.seq.to_string()])
+        .args(["--iters", &a.iters.to_string(), "--warmup", &a.warmup.to_string()])
+        .args(["--modes", &a.torch_modes, "--device", &format!("cuda:{}", a.gpu)])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", a.python))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(line) = stdout.lines().rev().find_map(|l| l.strip_prefix("RESULT ")) else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        return Err(format!("{} exited with {}: {last}", a.torch_script.display(), out.status));
+    };
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("unreadable RESULT line: {e}"))?;
+    let label = format!(
+        "PyTorch {} on {} ({})",
+        v["torch"].as_str().unwrap_or("?"),
+        v["device"].as_str().unwrap_or("?"),
+        v["dtype"].as_str().unwrap_or("?")
+    );
+    let rows = a
+        .torch_modes
+        .split(',')
+        .filter(|m| !m.is_empty())
+        .map(|m| {
+            let r = &v[m];
+            let result = match (r["ms"].as_f64(), r["error"].as_str()) {
+                (Some(ms), _) => Ok(ms),
+                (None, Some(e)) => Err(e.to_string()),
+                (None, None) => Err("no figure".into()),
+            };
+            TorchRow { mode: m.to_string(), result }
+        })
+        .collect();
+    Ok((label, rows))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let precision =
+        GemmPrecision::parse(&a.gemm).with_context(|| format!("unknown --gemm '{}' (bf16, fp32)", a.gemm))?;
+    let mut cfg = ModelConfig::preset(&a.model)?;
+    if a.seq > cfg.max_seq {
+        bail!("--seq {} exceeds the model's max_seq {}", a.seq, cfg.max_seq);
+    }
+    if a.stages < 3 {
+        bail!("--stages must be at least 3 so the middle stage is a body stage");
+    }
+    // A body stage has no embedding or LM head: the vocabulary does not enter.
+    cfg.vocab_size = 256;
+    cfg.vocab_real = 256;
+    let spec = StageSpec::split(&cfg, a.stages)?.remove(a.stages / 2);
+    let blocks = spec.layers.len();
+    let be = Arc::new(iota_cuda::open_backend(a.gpu, precision).context("opening the GPU")?);
+    let peak = be.bf16_gemm_tflops(8192, 10)?;
+
+    let mut stage = Stage::new(be.clone(), &cfg, spec, 1);
+    let n = a.batch * a.seq;
+    let w = stage.boundary_width();
+    let mut rng = Rng::new(7);
+    let mut z = vec![0.0f32; n * w];
+    let mut dz = vec![0.0f32; n * w];
+    rng.fill_normal(&mut z, 1.0);
+    rng.fill_normal(&mut dz, 1e-3);
+    let mut key = 0u64;
+    let mut step = |be: &CudaBackend| {
+        key += 1;
+        be.time_ms(|| {
+            stage.forward(key, StageInput::Hidden(&z), a.batch, a.seq).expect("forward");
+            stage.backward(key, &dz).expect("backward");
+        })
+    };
+    for _ in 0..a.warmup {
+        step(&be);
+    }
+    let ours = median((0..a.iters.max(1)).map(|_| step(&be)).collect());
+    let flops = forward_flops_per_token(&cfg, blocks, a.seq) * 3.0 * n as f64;
+
+    let torch = if a.no_torch { Err("skipped (--no-torch)".to_string()) } else { run_torch(&a, &cfg, blocks) };
+
+    println!(
+        "stage-gpu: {} middle stage of {}: d={} heads={}/{} ffn={} blocks={} (+ bottleneck {} in/out), batch {} x seq {} = {} tokens",
+        a.model,
+        a.stages,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.ffn_hidden,
+        blocks,
+        cfg.bottleneck,
+        a.batch,
+        a.seq,
+        n
+    );
+    println!("  ours: {}; {:.1} GFLOP per step (fwd+bwd)", be.name(), flops / 1e9);
+    println!("  bf16 GEMM peak measured here (cuBLASLt 8192^3): {peak:.0} TFLOP/s");
+    println!("  {:<40} {:>10} {:>12} {:>9} {:>8} {:>10}", "", "ms/step", "tokens/s", "TFLOP/s", "% peak", "ours / it");
+    let row = |name: &str, ms: f64| {
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!(
+            "  {:<40} {:>10.2} {:>12.0} {:>9.1} {:>7.1}% {:>9.2}x",
+            name,
+            ms,
+            n as f64 / ms * 1e3,
+            tf,
+            100.0 * tf / peak,
+            ms / ours
+        );
+    };
+    row("iota-rs CudaBackend", ours);
+    match &torch {
+        Ok((label, rows)) => {
+            println!("  reference: {label}");
+            for r in rows {
+                match &r.result {
+                    Ok(ms) => row(&format!("PyTorch {}", r.mode), *ms),
+                    Err(e) => println!("  PyTorch {:<32} failed: {e}", r.mode),
+                }
+            }
+            if let Some(Ok(eager)) = rows.iter().find(|r| r.mode == "eager").map(|r| &r.result) {
+                println!("  ratio ours / PyTorch eager (tokens/s): {:.2}x  (goal >= 1.0x)", eager / ours);
+            }
+        }
+        Err(e) => println!("  PyTorch reference: not run: {e}"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flop_count_matches_a_hand_count() {
+        // One block d=4, 2 heads x 2 (MHA), ffn 8, bottleneck 1, seq 3:
+        // qkv 4*12 + o 4*4 + gate_up 4*16 + down 8*4 = 160 MACs, attention
+        // 2 * 3 * 4 = 24 MACs, bottleneck 2 * 1 * 4 = 8 MACs; FLOPs = 2 x MACs.
+        let mut c = ModelConfig::preset("tiny").unwrap();
+        c.d_model = 4;
+        c.n_heads = 2;
+        c.n_kv_heads = 2;
+        c.ffn_hidden = 8;
+        c.bottleneck = 1;
+        assert_eq!(forward_flops_per_token(&c, 1, 3), 2.0 * (160.0 + 24.0) + 2.0 * 8.0);
+    }
+}
