@@ -11,6 +11,7 @@ pub mod backend;
 pub mod gpu;
 pub mod kernels;
 pub mod lt;
+pub mod pinned;
 pub mod selftest;
 
 use std::path::{Path, PathBuf};

@@ -137,7 +137,9 @@ pub fn run(device: Device) -> Result<Vec<Check>, CudaError> {
         millis: 0.0,
     });
     if let Some(g) = gpu {
-        backend_checks(std::sync::Arc::new(g), &mut out)?;
+        let g = std::sync::Arc::new(g);
+        pinned_receive_check(g.clone(), &x, rows, cols, &cpu_back, &mut out)?;
+        backend_checks(g, &mut out)?;
     }
     Ok(out)
 }
@@ -383,5 +385,52 @@ fn bf16_gemm_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) 
             });
         }
     }
+    Ok(())
+}
+
+/// The receive path: an int8 payload in page-locked memory, copied to the
+/// device asynchronously and decoded there with the residual add fused,
+/// against the CPU decode plus the same residual.
+fn pinned_receive_check(
+    gpu: std::sync::Arc<crate::gpu::Gpu>,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    cpu_back: &[f32],
+    out: &mut Vec<Check>,
+) -> Result<(), CudaError> {
+    use crate::pinned::{DeviceReceiver, PinnedAllocator};
+    let payload =
+        iota_model::codec::encode(WireCodec::Int8Row, rows, cols, x).map_err(|e| CudaError::Driver(e.to_string()))?;
+    let alloc = PinnedAllocator::new(&gpu);
+    let ptr = alloc.alloc(payload.len())?;
+    // SAFETY: ptr holds payload.len() page-locked bytes, freed below after the decode completed.
+    let pinned = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), payload.len()) };
+    pinned.copy_from_slice(&payload);
+    let residual: Vec<f32> = (0..rows * cols).map(|i| (i % 13) as f32 * 0.25).collect();
+    let want: Vec<f32> = cpu_back.iter().zip(&residual).map(|(a, b)| a + b).collect();
+    let s = &gpu.stream;
+    let res_d = s.clone_htod(&residual).map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+    let mut out_d = s.alloc_zeros::<f32>(rows * cols).map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+    let rx = DeviceReceiver::new(gpu.clone());
+    let t0 = Instant::now();
+    // SAFETY: `pinned` is page-locked and untouched until `wait` returns.
+    let valid = unsafe { rx.decode_int8(pinned, rows, cols, &mut out_d, Some(&res_d)) }?.wait()?;
+    let millis = t0.elapsed().as_secs_f64() * 1e3;
+    let got = s.clone_dtoh(&out_d).map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+    // A corrupted payload (code -128) must come back invalid.
+    pinned[2] = 0x80;
+    let mut junk = s.alloc_zeros::<f32>(rows * cols).map_err(|e| CudaError::Driver(format!("{e:?}")))?;
+    // SAFETY: as above.
+    let rejected = !unsafe { rx.decode_int8(pinned, rows, cols, &mut junk, None) }?.wait()?;
+    // SAFETY: allocated above; both decodes have completed.
+    unsafe { alloc.free(ptr) };
+    out.push(Check {
+        op: "pinned receive + int8 decode + residual".into(),
+        shape: format!("{rows} x {cols}"),
+        max_rel_err: if valid && rejected { max_rel(&got, &want) } else { f64::INFINITY },
+        tolerance: 0.0,
+        millis,
+    });
     Ok(())
 }

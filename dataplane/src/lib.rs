@@ -17,7 +17,7 @@ pub mod tls;
 pub mod transport;
 
 pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};
-pub use pool::{BufferPool, HostPool, PooledBuf};
+pub use pool::{AlignedHeap, BufferPool, HostMemory, HostPool, PinnedHeap, PooledBuf};
 pub use stats::StatsSnapshot;
 pub use tls::PeerDirectory;
 pub use transport::{Endpoint, ReceivedFrame, SendError, TransportConfig};

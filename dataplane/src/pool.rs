@@ -6,8 +6,10 @@
 //! has a byte budget: when it is spent, the transport stops reading, QUIC
 //! flow control stops the sender, and memory stays bounded.
 //!
-//! `HostPool` is the CPU implementation (64-byte aligned host memory); the
-//! CUDA backend provides one over page-locked memory behind the same trait.
+//! `HostPool` is the implementation: size classes under a budget, over a
+//! `HostMemory` that supplies the bytes: `AlignedHeap` (64-byte aligned host
+//! memory) on the CPU, `PinnedHeap` (page-locked, for asynchronous DMA to a
+//! GPU; see `iota_cuda::pinned`) on a CUDA miner.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::HashMap;
@@ -110,9 +112,56 @@ impl std::fmt::Debug for PooledBuf {
     }
 }
 
-/// 64-byte aligned host memory under a byte budget. Freed buffers are kept
-/// by power-of-two size class and reused.
+/// Where a pool's bytes come from.
+pub trait HostMemory: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// `bytes` (a power of two, >= `POOL_ALIGN`) aligned to `POOL_ALIGN`, or
+    /// `None` when the memory cannot be had.
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>>;
+    /// # Safety
+    /// `ptr` came from `alloc(bytes)` of this memory and is no longer used.
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
+}
+
+/// Ordinary heap memory, 64-byte aligned.
+pub struct AlignedHeap;
+
+impl HostMemory for AlignedHeap {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>> {
+        // SAFETY: the layout has non-zero size (bytes >= 64).
+        NonNull::new(unsafe { alloc(HostPool::layout(bytes)) })
+    }
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: allocated by `alloc` with this layout (the caller's contract).
+        unsafe { dealloc(ptr.as_ptr(), HostPool::layout(bytes)) }
+    }
+}
+
+/// Page-locked host memory of one GPU's context (cached, not
+/// write-combined), so received payloads can be copied to the device
+/// asynchronously. Page-aligned, so `POOL_ALIGN` holds.
+pub struct PinnedHeap(pub iota_cuda::pinned::PinnedAllocator);
+
+impl HostMemory for PinnedHeap {
+    fn name(&self) -> &'static str {
+        "page-locked"
+    }
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>> {
+        self.0.alloc(bytes).ok()
+    }
+    unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
+        // SAFETY: per the caller's contract.
+        unsafe { self.0.free(ptr) }
+    }
+}
+
+/// Buffers under a byte budget. Freed buffers are kept by power-of-two size
+/// class and reused.
 pub struct HostPool {
+    memory: Box<dyn HostMemory>,
     budget: usize,
     in_use: AtomicUsize,
     high_water: AtomicUsize,
@@ -130,8 +179,14 @@ fn class(len: usize) -> usize {
 }
 
 impl HostPool {
+    /// A pool of ordinary (64-byte aligned) heap memory.
     pub fn new(budget_bytes: usize) -> Arc<Self> {
+        HostPool::with_memory(budget_bytes, Box::new(AlignedHeap))
+    }
+
+    pub fn with_memory(budget_bytes: usize, memory: Box<dyn HostMemory>) -> Arc<Self> {
         Arc::new(HostPool {
+            memory,
             budget: budget_bytes,
             in_use: AtomicUsize::new(0),
             high_water: AtomicUsize::new(0),
@@ -139,6 +194,11 @@ impl HostPool {
             cached: AtomicUsize::new(0),
             notify: Notify::new(),
         })
+    }
+
+    /// The kind of memory it lends ("host", "page-locked").
+    pub fn memory_kind(&self) -> &'static str {
+        self.memory.name()
     }
 
     fn layout(cap: usize) -> Layout {
@@ -170,16 +230,13 @@ impl BufferPool for HostPool {
                 self.cached.fetch_sub(cap, Ordering::SeqCst);
                 p.0
             }
-            None => {
-                // SAFETY: the layout has non-zero size (cap >= 64).
-                match NonNull::new(unsafe { alloc(Self::layout(cap)) }) {
-                    Some(p) => p,
-                    None => {
-                        self.in_use.fetch_sub(cap, Ordering::SeqCst);
-                        return None;
-                    }
+            None => match self.memory.alloc(cap) {
+                Some(p) => p,
+                None => {
+                    self.in_use.fetch_sub(cap, Ordering::SeqCst);
+                    return None;
                 }
-            }
+            },
         };
         let home: Arc<dyn BufferPool> = self;
         // SAFETY: ptr owns cap >= len bytes from this pool until given back.
@@ -192,8 +249,8 @@ impl BufferPool for HostPool {
             self.cached.fetch_add(capacity, Ordering::SeqCst);
             self.free.lock().unwrap().entry(capacity).or_default().push(SendPtr(ptr));
         } else {
-            // SAFETY: ptr was allocated by `alloc` with this layout.
-            unsafe { dealloc(ptr.as_ptr(), Self::layout(capacity)) };
+            // SAFETY: ptr came from `self.memory.alloc(capacity)` and is back from its loan.
+            unsafe { self.memory.free(ptr, capacity) };
         }
         self.in_use.fetch_sub(capacity, Ordering::SeqCst);
         self.notify.notify_waiters();
@@ -217,8 +274,8 @@ impl Drop for HostPool {
     fn drop(&mut self) {
         for (cap, v) in self.free.get_mut().unwrap().drain() {
             for p in v {
-                // SAFETY: allocated by `alloc` with this layout, not on loan.
-                unsafe { dealloc(p.0.as_ptr(), Self::layout(cap)) };
+                // SAFETY: allocated by `self.memory.alloc(cap)`, not on loan.
+                unsafe { self.memory.free(p.0, cap) };
             }
         }
     }
@@ -256,5 +313,50 @@ mod tests {
         let b2 = pool.clone().try_take(120).unwrap();
         assert_eq!(b2.as_ptr(), p, "same size class reuses the buffer");
         assert_eq!(b2.len(), 120);
+    }
+
+    /// Counts what a pool asks of its memory.
+    struct Counting {
+        allocs: Arc<AtomicUsize>,
+        frees: Arc<AtomicUsize>,
+        limit: usize,
+    }
+
+    impl HostMemory for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn alloc(&self, bytes: usize) -> Option<NonNull<u8>> {
+            if self.allocs.load(Ordering::SeqCst) >= self.limit {
+                return None;
+            }
+            self.allocs.fetch_add(1, Ordering::SeqCst);
+            AlignedHeap.alloc(bytes)
+        }
+        unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+            self.frees.fetch_add(1, Ordering::SeqCst);
+            unsafe { AlignedHeap.free(ptr, bytes) }
+        }
+    }
+
+    #[test]
+    fn pool_memory_is_pluggable_reused_and_all_freed() {
+        let (allocs, frees) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mem = Counting { allocs: allocs.clone(), frees: frees.clone(), limit: 2 };
+        let pool = HostPool::with_memory(1 << 16, Box::new(mem));
+        assert_eq!(pool.memory_kind(), "counting");
+        let dynpool: Arc<dyn BufferPool> = pool.clone();
+        let a = dynpool.clone().try_take(1000).unwrap();
+        let b = dynpool.clone().try_take(1000).unwrap();
+        // The memory refuses a third allocation: the pool says no and gives the budget back.
+        assert!(dynpool.clone().try_take(1000).is_none());
+        assert_eq!(dynpool.in_use_bytes(), 2048);
+        drop(a);
+        let c = dynpool.clone().try_take(900).unwrap();
+        assert_eq!(allocs.load(Ordering::SeqCst), 2, "the freed buffer was reused, not reallocated");
+        drop((b, c));
+        drop(dynpool);
+        drop(pool);
+        assert_eq!(frees.load(Ordering::SeqCst), 2, "dropping the pool frees every cached buffer");
     }
 }
