@@ -56,6 +56,7 @@ pub fn run(mut a: Args) -> Result<()> {
         listen: "127.0.0.1:0".parse()?,
         miner_bin,
         threads_per_miner: 1,
+        miner_device: "cpu".into(),
     }))?;
     anyhow::ensure!(!report.interrupted, "interrupted");
     let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();

@@ -25,6 +25,8 @@ pub struct SwarmOptions {
     pub listen: SocketAddr,
     pub miner_bin: PathBuf,
     pub threads_per_miner: usize,
+    /// `--device` of every miner process (cpu, cuda, cuda:N); the miner validates it.
+    pub miner_device: String,
 }
 
 pub struct SwarmReport {
@@ -75,6 +77,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, i: u32) -> Result<Child> {
         .arg(o.threads_per_miner.to_string())
         .arg("--identity")
         .arg(&key)
+        .args(["--device", &o.miner_device])
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
         .stderr(log)

@@ -55,6 +55,9 @@ enum Cmd {
         /// The iota-miner binary (default: next to this one).
         #[arg(long)]
         miner_bin: Option<PathBuf>,
+        /// Where every miner computes: cpu, cuda (all on GPU 0) or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        miner_device: String,
         /// Read flags from a TOML file (keys are flag names; flags given
         /// on the command line win).
         #[arg(long)]
@@ -110,7 +113,7 @@ async fn main_async(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Swarm { run, listen, threads_per_miner, miner_bin, .. } => {
+        Cmd::Swarm { run, listen, threads_per_miner, miner_bin, miner_device, .. } => {
             std::fs::create_dir_all(&run.run_dir)?;
             let cfg = run.run_config()?;
             let miner_bin = match miner_bin {
@@ -129,6 +132,7 @@ async fn main_async(cli: Cli) -> Result<()> {
                 listen,
                 miner_bin,
                 threads_per_miner,
+                miner_device,
             })
             .await?;
             swarm::print_summary(&cfg, &report);

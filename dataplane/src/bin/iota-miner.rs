@@ -102,6 +102,17 @@ struct RunArgs {
     /// Receive pool budget in MiB.
     #[arg(long, default_value_t = 256)]
     pool_mib: usize,
+    /// Where the stage computes: cpu (the fp32 reference), cuda (GPU 0) or
+    /// cuda:N. `iota-miner selftest --device cuda` checks a GPU first.
+    #[arg(long, default_value = "cpu")]
+    device: iota_cuda::ComputeDevice,
+    /// GEMM precision on CUDA: bf16 (bf16 operands, fp32 accumulation) or fp32.
+    #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
+    gemm: iota_cuda::backend::GemmPrecision,
+}
+
+fn parse_gemm(s: &str) -> Result<iota_cuda::backend::GemmPrecision, String> {
+    iota_cuda::backend::GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
 }
 
 #[derive(Args)]
@@ -156,12 +167,18 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     if let Some(t) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
     }
+    if let iota_cuda::ComputeDevice::Cuda(_) = a.device {
+        // Fail before joining the run, not after taking an assignment.
+        anyhow::ensure!(iota_cuda::driver_present(), "{}", iota_cuda::CudaError::NoDriver);
+    }
     let id = identity_file::load_or_create(&a.identity)?;
     println!("peer id: {}", id.peer_id().to_hex());
     let mut opts = MinerOptions::local(a.orchestrator);
     opts.listen = a.listen;
     opts.advertise = a.advertise;
     opts.pool_bytes = a.pool_mib << 20;
+    opts.device = a.device;
+    opts.gemm = a.gemm;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

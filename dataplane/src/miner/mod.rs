@@ -20,6 +20,9 @@ use anyhow::{Context, Result};
 use iota_control::client::ControlClient;
 use iota_control::run::RunConfig;
 use iota_core::Identity;
+use iota_cuda::ComputeDevice;
+use iota_cuda::backend::GemmPrecision;
+use iota_model::Backend as _;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -46,6 +49,10 @@ pub struct MinerOptions {
     pub merge_fault: Option<butterfly::MergeFault>,
     /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
     pub crash_on_merge_plan: bool,
+    /// Where the stage computes.
+    pub device: ComputeDevice,
+    /// GEMM precision on CUDA.
+    pub gemm: GemmPrecision,
 }
 
 impl MinerOptions {
@@ -58,6 +65,8 @@ impl MinerOptions {
             heartbeat: Duration::from_millis(500),
             merge_fault: None,
             crash_on_merge_plan: false,
+            device: ComputeDevice::Cpu,
+            gemm: GemmPrecision::Bf16,
         }
     }
 }
@@ -100,7 +109,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
 
     // `stop` is the caller's; `finished` ends this miner's own tasks.
     let finished = Arc::new(AtomicBool::new(false));
-    let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
+    let (in_tx, in_rx) = mpsc::channel::<Input>(1024);
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
     let epoch = Arc::new(AtomicU64::new(0));
     let tokens = Arc::new(AtomicU64::new(0));
@@ -215,44 +224,28 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
     let stop_c = stop.clone();
     let (fault, crash_on_plan) = (opts.merge_fault, opts.crash_on_merge_plan);
+    let (device, gemm) = (opts.device, opts.gemm);
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_control::orchestrator::MergeMethod::Butterfly;
         let merge_spec = cfg.spec.merge.clone();
-        let mut w = Worker::new(me, cfg, store.clone(), rt.clone(), ep_dir, ep_ctx.clone());
-        if butterfly && fault.is_some() {
-            let mut b = butterfly::Butterfly::new(me, merge_spec, store, rt, ep_ctx);
+        let fault_merge = (butterfly && fault.is_some()).then(|| {
+            let mut b = butterfly::Butterfly::new(me, merge_spec, store.clone(), rt.clone(), ep_ctx.clone());
             b.fault = fault;
-            w.set_merge(Box::new(b));
-        }
-        w.tokens = tokens;
-        let mut out = Vec::new();
-        while let Some(input) = in_rx.blocking_recv() {
-            if crash_on_plan
-                && let Input::Command(iota_control::pb::command::Kind::Phase(p)) = &input
-                && p.merge_plan.is_some()
-            {
-                warn!("crashing on the merge plan, as asked (fault injection)");
-                break;
+            Box::new(b) as Box<dyn merge::Merge>
+        });
+        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, fault_merge };
+        // The backend is made on this thread: a CUDA context binds to the thread that uses it.
+        match device {
+            ComputeDevice::Cpu => {
+                let be = Arc::new(iota_model::CpuBackend::new());
+                compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
             }
-            if let Err(e) = w.handle(input, &mut out) {
-                warn!(error = %format!("{e:#}"), "stage worker");
-            }
-            for o in out.drain(..) {
-                if out_tx.blocking_send(o).is_err() {
-                    break;
-                }
-            }
-            if w.done || stop_c.load(Ordering::SeqCst) {
-                break;
+            ComputeDevice::Cuda(i) => {
+                let be = Arc::new(iota_cuda::open_backend(i, gemm).with_context(|| format!("opening {device}"))?);
+                info!(backend = %be.name(), "stage computes on the GPU");
+                compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
             }
         }
-        let stage = w.stage();
-        Ok(MinerSummary {
-            stage: stage.map_or(0, |s| s.spec().index as u32),
-            optimizer_steps: w.steps,
-            params: stage.map(|s| s.params_host()).unwrap_or_default(),
-            rejected_frames: w.rejected_frames,
-        })
     })?;
     let summary = tokio::task::spawn_blocking(move || compute.join())
         .await?
@@ -309,4 +302,52 @@ async fn connect(url: &str, id: Arc<Identity>) -> Result<ControlClient> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(anyhow::anyhow!("cannot reach the orchestrator at {url}: {}", last.map(|e| e.to_string()).unwrap_or_default()))
+}
+
+/// What the compute thread talks through.
+struct ComputeIo {
+    in_rx: mpsc::Receiver<Input>,
+    out_tx: mpsc::Sender<Output>,
+    stop: Arc<AtomicBool>,
+    crash_on_plan: bool,
+    tokens: Arc<AtomicU64>,
+    /// A fault-injecting merge to use instead of the configured one.
+    fault_merge: Option<Box<dyn merge::Merge>>,
+}
+
+/// The compute thread's loop: feed the worker, forward what it emits,
+/// stop when the run is done or the miner stops.
+fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: ComputeIo) -> Result<MinerSummary> {
+    if let Some(m) = io.fault_merge.take() {
+        w.set_merge(m);
+    }
+    w.tokens = io.tokens.clone();
+    let mut out = Vec::new();
+    while let Some(input) = io.in_rx.blocking_recv() {
+        if io.crash_on_plan
+            && let Input::Command(iota_control::pb::command::Kind::Phase(p)) = &input
+            && p.merge_plan.is_some()
+        {
+            warn!("crashing on the merge plan, as asked (fault injection)");
+            break;
+        }
+        if let Err(e) = w.handle(input, &mut out) {
+            warn!(error = %format!("{e:#}"), "stage worker");
+        }
+        for o in out.drain(..) {
+            if io.out_tx.blocking_send(o).is_err() {
+                break;
+            }
+        }
+        if w.done || io.stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    let stage = w.stage();
+    Ok(MinerSummary {
+        stage: stage.map_or(0, |s| s.spec().index as u32),
+        optimizer_steps: w.steps,
+        params: stage.map(|s| s.params_host()).unwrap_or_default(),
+        rejected_frames: w.rejected_frames,
+    })
 }

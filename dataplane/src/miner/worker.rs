@@ -23,7 +23,7 @@ use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
 use iota_model::checkpoint::stage_params;
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
-use iota_model::{CpuBackend, Stage, StageInput, codec};
+use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
 use tracing::{debug, info, warn};
 
 use super::butterfly::Butterfly;
@@ -61,10 +61,12 @@ type MbKey = (u64, u32, u64, u32);
 /// Frames held back because their route has not arrived yet.
 const MAX_EARLY: usize = 256;
 
-pub struct Worker {
+/// The stage side of a miner, on the backend it computes with (`CpuBackend`
+/// or `iota_cuda::backend::CudaBackend`).
+pub struct Worker<B: Backend = CpuBackend> {
     me: PeerId,
     cfg: RunConfig,
-    be: Arc<CpuBackend>,
+    be: Arc<B>,
     store: ObjectStore,
     rt: tokio::runtime::Handle,
     merge: Box<dyn Merge>,
@@ -73,8 +75,8 @@ pub struct Worker {
     dir: Arc<PeerDirectory>,
     ctx: Arc<RunContext>,
     corpus: Option<Arc<Corpus>>,
-    stage: Option<Stage<CpuBackend>>,
-    optim: Option<AdamW<CpuBackend>>,
+    stage: Option<Stage<B>>,
+    optim: Option<AdamW<B>>,
     stage_index: u32,
     epoch: u64,
     /// Epoch whose merged weights the stage holds (None: initial weights).
@@ -98,15 +100,16 @@ fn stage_key(k: &MbKey) -> u64 {
     iota_core::rng::derive(0x6d62, &[k.0, k.1 as u64, k.2, k.3 as u64])
 }
 
-impl Worker {
+impl<B: Backend + 'static> Worker<B> {
     pub fn new(
+        be: Arc<B>,
         me: PeerId,
         cfg: RunConfig,
         store: ObjectStore,
         rt: tokio::runtime::Handle,
         dir: Arc<PeerDirectory>,
         ctx: Arc<RunContext>,
-    ) -> Worker {
+    ) -> Worker<B> {
         let merge: Box<dyn Merge> = match cfg.spec.merge.method {
             MergeMethod::ParameterServer => Box::new(ParameterServer::new(store.clone(), rt.clone(), me)),
             MergeMethod::Butterfly => {
@@ -116,7 +119,7 @@ impl Worker {
         Worker {
             me,
             cfg,
-            be: Arc::new(CpuBackend::new()),
+            be,
             merge,
             tokens: Arc::new(AtomicU64::new(0)),
             store,
@@ -139,7 +142,7 @@ impl Worker {
         }
     }
 
-    pub fn stage(&self) -> Option<&Stage<CpuBackend>> {
+    pub fn stage(&self) -> Option<&Stage<B>> {
         self.stage.as_ref()
     }
 
