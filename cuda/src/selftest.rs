@@ -139,6 +139,7 @@ pub fn run(device: Device) -> Result<Vec<Check>, CudaError> {
     if let Some(g) = gpu {
         let g = std::sync::Arc::new(g);
         pinned_receive_check(g.clone(), &x, rows, cols, &cpu_back, &mut out)?;
+        nccl_check(&mut out)?;
         backend_checks(g, &mut out)?;
     }
     Ok(out)
@@ -430,6 +431,65 @@ fn pinned_receive_check(
         shape: format!("{rows} x {cols}"),
         max_rel_err: if valid && rejected { max_rel(&got, &want) } else { f64::INFINITY },
         tolerance: 0.0,
+        millis,
+    });
+    Ok(())
+}
+
+/// NCCL across every GPU of this machine (a 1-rank communicator when there
+/// is one): each rank all-reduces its own vector in place, one thread per
+/// rank (communicator set-up blocks until all ranks join), and every rank
+/// must end with the elementwise sum.
+fn nccl_check(out: &mut Vec<Check>) -> Result<(), CudaError> {
+    use cudarc::driver::{CudaContext, DevicePtr};
+    let nccl = iota_ffi::Nccl::load().map_err(|e| CudaError::Driver(e.to_string()))?;
+    let ranks = CudaContext::device_count().map_err(|e| CudaError::Driver(format!("{e:?}")))?.max(1) as usize;
+    let n = 1 << 20;
+    let vecs: Vec<Vec<f32>> = (0..ranks)
+        .map(|r| {
+            let mut rng = Rng::new(100 + r as u64);
+            (0..n).map(|_| rng.normal()).collect()
+        })
+        .collect();
+    let want: Vec<f32> = (0..n).map(|j| vecs.iter().map(|v| v[j] as f64).sum::<f64>() as f32).collect();
+    let id = nccl.unique_id().map_err(|e| CudaError::Driver(e.to_string()))?;
+    let t0 = Instant::now();
+    let results: Vec<Result<Vec<f32>, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|r| {
+                let (nccl, v) = (&nccl, &vecs[r]);
+                sc.spawn(move || -> Result<Vec<f32>, String> {
+                    let ctx = CudaContext::new(r).map_err(|e| format!("{e:?}"))?;
+                    ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+                    let stream = ctx.default_stream();
+                    let buf = stream.clone_htod(v).map_err(|e| format!("{e:?}"))?;
+                    let comm = nccl.init_rank(ranks as i32, id, r as i32).map_err(|e| e.to_string())?;
+                    let ptr = buf.device_ptr(&stream).0;
+                    // SAFETY: buf holds n f32 on this rank's device and outlives the synchronize below.
+                    unsafe { nccl.all_reduce_sum_f32(&comm, ptr, n, stream.cu_stream() as u64) }
+                        .map_err(|e| e.to_string())?;
+                    stream.synchronize().map_err(|e| format!("{e:?}"))?;
+                    let got = stream.clone_dtoh(&buf).map_err(|e| format!("{e:?}"))?;
+                    nccl.destroy(comm).map_err(|e| e.to_string())?;
+                    Ok(got)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("rank thread panicked".into()))).collect()
+    });
+    let millis = t0.elapsed().as_secs_f64() * 1e3;
+    let mut worst = 0.0f64;
+    for r in results {
+        worst = worst.max(match r {
+            Ok(got) => max_rel(&got, &want),
+            Err(e) => return Err(CudaError::Driver(format!("NCCL all-reduce: {e}"))),
+        });
+    }
+    out.push(Check {
+        op: format!("nccl all-reduce sum ({ranks} rank{})", if ranks == 1 { "" } else { "s" }),
+        shape: format!("{n}"),
+        max_rel_err: worst,
+        tolerance: 1e-6,
         millis,
     });
     Ok(())
