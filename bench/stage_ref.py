@@ -34,11 +34,9 @@ def rope_tables(seq, hd, theta, device):
 
 
 def rope(x, cos, sin):
-    # x: [batch, heads, seq, hd]; rotates pairs (2i, 2i+1).
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    r1 = x1 * cos - x2 * sin
-    r2 = x1 * sin + x2 * cos
-    return torch.stack((r1, r2), dim=-1).flatten(-2)
+    # x: [batch, heads, seq, hd]; rotates pairs (i, i + hd/2), as our kernels do.
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Stage(torch.nn.Module):

@@ -65,6 +65,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+#[derive(Debug)]
 struct TorchRow {
     mode: String,
     result: Result<f64, String>,
@@ -217,5 +218,38 @@ mod tests {
         c.ffn_hidden = 8;
         c.bottleneck = 1;
         assert_eq!(forward_flops_per_token(&c, 1, 3), 2.0 * (160.0 + 24.0) + 2.0 * 8.0);
+    }
+
+    fn args_for(script: &std::path::Path) -> Args {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
+        }
+        let mut a = Cli::parse_from(["x"]).a;
+        a.torch_script = script.to_path_buf();
+        a
+    }
+
+    #[test]
+    fn the_reference_result_line_is_parsed_and_failures_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ModelConfig::preset("1b").unwrap();
+        let ok = dir.path().join("ok.py");
+        std::fs::write(
+            &ok,
+            "import sys\nprint('warming up')\nprint('RESULT {\"torch\": \"2.11\", \"device\": \"H100\", \"dtype\": \"bf16-autocast\", \"eager\": {\"ms\": 12.5}, \"compile\": {\"error\": \"BackendCompilerFailed: no\"}}')\n",
+        )
+        .unwrap();
+        let (label, rows) = run_torch(&args_for(&ok), &c, 4).unwrap();
+        assert_eq!(label, "PyTorch 2.11 on H100 (bf16-autocast)");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].result, Ok(12.5));
+        assert!(rows[1].result.as_ref().unwrap_err().contains("BackendCompilerFailed"));
+        let bad = dir.path().join("bad.py");
+        std::fs::write(&bad, "import sys\nsys.stderr.write('ModuleNotFoundError: torch\\n')\nsys.exit(1)\n").unwrap();
+        let err = run_torch(&args_for(&bad), &c, 4).err().unwrap();
+        assert!(err.contains("ModuleNotFoundError: torch"), "{err}");
     }
 }
