@@ -60,8 +60,8 @@ extern "C" __global__ void encode_int8_rows(const float* __restrict__ x, int row
 }
 
 // Decodes and, when `residual` is not null, adds it (the bottleneck decode's
-// residual add, fused). Invalid input (non-finite scale, code -128) writes
-// NaN and sets *bad, which the host checks before using the result.
+// residual add, fused). Invalid input (non-finite scale, code -128, a value
+// that overflows) writes NaN or inf and sets *bad, which the host checks before using the result.
 extern "C" __global__ void decode_int8_rows(const unsigned char* __restrict__ in, int rows, int cols,
                                             const float* __restrict__ residual, float* __restrict__ out,
                                             int* __restrict__ bad) {
@@ -79,6 +79,9 @@ extern "C" __global__ void decode_int8_rows(const unsigned char* __restrict__ in
             continue;
         }
         float v = (float)q * scale;
+        // A huge (finite) scale can still overflow: the CPU decoder rejects
+        // any non-finite decoded value, and so does this one.
+        if (!isfinite(v)) *bad = 1;
         out[i] = residual ? v + residual[i] : v;
     }
 }

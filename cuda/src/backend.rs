@@ -111,6 +111,7 @@ pub struct DMut<'a> {
 
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
+    receiver: crate::pinned::DeviceReceiver,
     blas: CudaBlas,
     precision: GemmPrecision,
     lt: Option<LtGemm>,
@@ -138,7 +139,8 @@ impl CudaBackend {
             GemmPrecision::Bf16 => Some(LtGemm::new(gpu.stream.clone(), gpu.compute.0)?),
             GemmPrecision::F32 => None,
         };
-        Ok(CudaBackend { gpu, blas, precision, lt, scratch: Mutex::new(Scratch { a: None, b: None }) })
+        let receiver = crate::pinned::DeviceReceiver::new(gpu.clone());
+        Ok(CudaBackend { gpu, receiver, blas, precision, lt, scratch: Mutex::new(Scratch { a: None, b: None }) })
     }
 
     pub fn precision(&self) -> GemmPrecision {
@@ -350,6 +352,40 @@ impl Backend for CudaBackend {
     }
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()
+    }
+    /// int8 rows decode on the device: the payload (page-locked when it
+    /// comes from a `PinnedHeap` pool) is copied once, asynchronously, and
+    /// decoded by `decode_int8_rows`; other codecs decode on the host.
+    fn decode_wire(
+        &self,
+        codec: iota_core::WireCodec,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<CudaSlice<f32>, iota_core::CoreError> {
+        if codec != iota_core::WireCodec::Int8Row || rows * cols == 0 {
+            let v = iota_model::codec::decode(codec, rows, cols, bytes)?;
+            return Ok(self.upload(&v));
+        }
+        let expected = codec.payload_bytes(rows, cols).unwrap_or(usize::MAX);
+        if bytes.len() != expected {
+            return Err(iota_core::CoreError::PayloadLength {
+                codec: codec.name(),
+                rows,
+                cols,
+                expected,
+                got: bytes.len(),
+            });
+        }
+        let mut out = self.zeros(rows * cols);
+        // SAFETY: `bytes` outlives the `wait` below, which ends the copy's use of it.
+        let pending = unsafe { self.receiver.decode_int8(bytes, rows, cols, &mut out, None) };
+        match pending.and_then(|p| p.wait()) {
+            Ok(true) => Ok(out),
+            // The same verdict the CPU decoder gives such bytes.
+            Ok(false) => Err(iota_core::CoreError::NonFinite("int8 row scale or code")),
+            Err(e) => panic!("CUDA decode failed: {e}"),
+        }
     }
     fn view<'a>(&self, buf: &'a CudaSlice<f32>, range: Range<usize>) -> DRef<'a> {
         assert!(range.end <= buf.len(), "view out of range");

@@ -163,15 +163,19 @@ impl std::fmt::Display for ComputeDevice {
     }
 }
 
-/// Opens GPU `ordinal` (loading NVRTC from the cache if needed) and builds a
-/// `CudaBackend` on it.
-pub fn open_backend(ordinal: usize, precision: backend::GemmPrecision) -> Result<backend::CudaBackend, CudaError> {
+/// Opens GPU `ordinal` with the kernels compiled (loading NVRTC from the
+/// cache if needed).
+pub fn open_gpu(ordinal: usize) -> Result<std::sync::Arc<gpu::Gpu>, CudaError> {
     if !driver_present() {
         return Err(CudaError::NoDriver);
     }
     ensure_nvrtc();
-    let gpu = std::sync::Arc::new(gpu::Gpu::open(ordinal)?);
-    backend::CudaBackend::with_precision(gpu, precision)
+    Ok(std::sync::Arc::new(gpu::Gpu::open(ordinal)?))
+}
+
+/// Opens GPU `ordinal` and builds a `CudaBackend` on it.
+pub fn open_backend(ordinal: usize, precision: backend::GemmPrecision) -> Result<backend::CudaBackend, CudaError> {
+    backend::CudaBackend::with_precision(open_gpu(ordinal)?, precision)
 }
 
 #[cfg(test)]

@@ -318,6 +318,32 @@ fn backend_checks(gpu: std::sync::Arc<crate::gpu::Gpu>, out: &mut Vec<Check>) ->
         }
     );
     push("adamw (params)", "4096".into(), &g[2], &c_[2], 1e-5, t0);
+
+    // decode_wire: valid int8 bytes decode identically; bytes the CPU
+    // rejects (a scale so large that 127 x scale overflows) are rejected.
+    let (rows, cols) = (257usize, 96usize);
+    let x = rand(rows * cols);
+    let bytes =
+        iota_model::codec::encode(WireCodec::Int8Row, rows, cols, &x).map_err(|e| CudaError::Driver(e.to_string()))?;
+    let t0 = Instant::now();
+    let got = cuda.decode_wire(WireCodec::Int8Row, rows, cols, &bytes).map(|b| cuda.to_host(&b));
+    let want = cpu.decode_wire(WireCodec::Int8Row, rows, cols, &bytes).map_err(|e| CudaError::Driver(e.to_string()))?;
+    let mut huge = bytes.clone();
+    huge[0] = 0x7f;
+    huge[1] = 0x7f; // bf16 0x7f7f, the largest finite value
+    huge[2] = 127;
+    let both_reject = cuda.decode_wire(WireCodec::Int8Row, rows, cols, &huge).is_err()
+        && cpu.decode_wire(WireCodec::Int8Row, rows, cols, &huge).is_err();
+    out.push(Check {
+        op: "decode_wire int8 (+ overflow rejected)".into(),
+        shape: format!("{rows} x {cols}"),
+        max_rel_err: match got {
+            Ok(g) if both_reject => max_rel(&g, &want),
+            _ => f64::INFINITY,
+        },
+        tolerance: 0.0,
+        millis: t0.elapsed().as_secs_f64() * 1e3,
+    });
     Ok(())
 }
 

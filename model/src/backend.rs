@@ -100,6 +100,22 @@ pub trait Backend: Send + Sync {
         v
     }
 
+    /// Decodes a received boundary payload (`rows` x `cols`, wire `codec`)
+    /// into a buffer of this backend. The bytes are hostile: an invalid
+    /// encoding is an error, and a decoded buffer holds only finite values.
+    /// The default decodes on the host and uploads; a GPU backend copies the
+    /// bytes to the device and decodes there.
+    fn decode_wire(
+        &self,
+        codec: iota_core::WireCodec,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self::Buf, iota_core::CoreError> {
+        let v = crate::codec::decode(codec, rows, cols, bytes)?;
+        Ok(self.upload(&v))
+    }
+
     // ---- elementwise ----
     fn fill(&self, x: Self::Mut<'_>, value: f32);
     fn copy(&self, dst: Self::Mut<'_>, src: Self::Ref<'_>);

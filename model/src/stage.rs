@@ -54,6 +54,12 @@ pub enum StageInput<'a> {
     Hidden(&'a [f32]),
 }
 
+/// A stage's input once it is on the backend.
+enum Input<'a, B: Backend> {
+    Tokens(&'a [u32]),
+    Hidden(B::Buf),
+}
+
 /// A `Ctx` borrowing only the fields it needs, so `self.grads` stays free
 /// to borrow mutably beside it. The RoPE table must exist (`ensure_rope`).
 macro_rules! ctx {
@@ -226,6 +232,32 @@ impl<B: Backend> Stage<B> {
         }
     }
 
+    /// Validates a host input and moves it onto the backend.
+    fn accept<'a>(&self, input: StageInput<'a>, batch: usize, seq: usize) -> Result<Input<'a, B>, StageError> {
+        self.check_input(&input, batch, seq)?;
+        Ok(match input {
+            StageInput::Tokens(t) => Input::Tokens(t),
+            StageInput::Hidden(h) => Input::Hidden(self.be.upload(h)),
+        })
+    }
+
+    /// Validates boundary activations already on the backend (decoded there
+    /// by `Backend::decode_wire`, which guarantees finite values).
+    fn accept_buf(&self, z: B::Buf, batch: usize, seq: usize) -> Result<Input<'static, B>, StageError> {
+        if seq == 0 || seq > self.cfg.max_seq {
+            return Err(StageError::SeqLen { seq, max: self.cfg.max_seq });
+        }
+        if self.spec.has_embedding() {
+            return Err(self.role_err("take activations (it starts with the embedding)"));
+        }
+        let want = batch * seq * self.spec.boundary_width;
+        let got = self.be.len(&z);
+        if got != want {
+            return Err(StageError::Shape { what: "boundary activations", expected: want, got });
+        }
+        Ok(Input::Hidden(z))
+    }
+
     fn check_input(&self, input: &StageInput, batch: usize, seq: usize) -> Result<(), StageError> {
         if seq == 0 || seq > self.cfg.max_seq {
             return Err(StageError::SeqLen { seq, max: self.cfg.max_seq });
@@ -260,7 +292,7 @@ impl<B: Backend> Stage<B> {
     }
 
     /// Embedding or decoder, then the blocks.
-    fn run_forward(&mut self, input: StageInput, batch: usize, seq: usize) -> Saved<B> {
+    fn run_forward(&mut self, input: Input<B>, batch: usize, seq: usize) -> Saved<B> {
         self.ensure_rope(seq);
         let be = &*self.be;
         let c = ctx!(self, batch, seq);
@@ -268,20 +300,19 @@ impl<B: Backend> Stage<B> {
         let mut tokens = None;
         let mut z_in = None;
         let mut h = match input {
-            StageInput::Tokens(t) => {
+            Input::Tokens(t) => {
                 let mut h = be.zeros(n * d);
                 be.embedding(be.all_mut(&mut h), t, c.p(self.embed.as_ref().unwrap()), d);
                 tokens = Some(t.to_vec());
                 h
             }
-            StageInput::Hidden(x) => match &self.decode_up {
+            Input::Hidden(z) => match &self.decode_up {
                 Some(up) => {
-                    let z = be.upload(x);
                     let h = decode_forward(&c, up, &z);
                     z_in = Some(z);
                     h
                 }
-                None => be.upload(x),
+                None => z,
             },
         };
         let mut blocks = Vec::with_capacity(self.layers.len());
@@ -324,7 +355,20 @@ impl<B: Backend> Stage<B> {
         if self.spec.has_lm_head() {
             return Err(self.role_err("run forward alone (use forward_backward)"));
         }
-        self.check_input(&input, batch, seq)?;
+        let input = self.accept(input, batch, seq)?;
+        self.forward_input(key, input, batch, seq)
+    }
+
+    /// `forward` of boundary activations already on the backend.
+    pub fn forward_buf(&mut self, key: u64, z: B::Buf, batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
+        if self.spec.has_lm_head() {
+            return Err(self.role_err("run forward alone (use forward_backward)"));
+        }
+        let input = self.accept_buf(z, batch, seq)?;
+        self.forward_input(key, input, batch, seq)
+    }
+
+    fn forward_input(&mut self, key: u64, input: Input<B>, batch: usize, seq: usize) -> Result<Vec<f32>, StageError> {
         if self.saved.contains_key(&key) {
             return Err(StageError::Duplicate(key));
         }
@@ -359,8 +403,19 @@ impl<B: Backend> Stage<B> {
         if dout.iter().any(|v| !v.is_finite()) {
             return Err(StageError::NonFinite("output gradient"));
         }
-        let s = self.saved.remove(&key).unwrap();
         let dz = self.be.upload(dout);
+        self.backward_buf(key, dz)
+    }
+
+    /// `backward` with the output gradient already on the backend (decoded
+    /// there by `Backend::decode_wire`).
+    pub fn backward_buf(&mut self, key: u64, dz: B::Buf) -> Result<Option<Vec<f32>>, StageError> {
+        let s = self.saved.get(&key).ok_or(StageError::Unknown(key))?;
+        let want = s.batch * s.seq * self.spec.boundary_width;
+        if self.be.len(&dz) != want {
+            return Err(StageError::Shape { what: "output gradient", expected: want, got: self.be.len(&dz) });
+        }
+        let s = self.saved.remove(&key).unwrap();
         let dres = match (&self.encode, &s.enc) {
             (Some(idx), Some(acts)) => {
                 let c = ctx!(self, s.batch, s.seq);
@@ -383,7 +438,34 @@ impl<B: Backend> Stage<B> {
         seq: usize,
         loss_scale: f32,
     ) -> Result<TailOutput, StageError> {
-        let s = self.tail_forward(input, targets, batch, seq)?;
+        self.check_tail(targets, batch, seq)?;
+        let input = self.accept(input, batch, seq)?;
+        self.tail_forward_backward(input, targets, batch, seq, loss_scale)
+    }
+
+    /// `forward_backward` of boundary activations already on the backend.
+    pub fn forward_backward_buf(
+        &mut self,
+        z: B::Buf,
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        loss_scale: f32,
+    ) -> Result<TailOutput, StageError> {
+        self.check_tail(targets, batch, seq)?;
+        let input = self.accept_buf(z, batch, seq)?;
+        self.tail_forward_backward(input, targets, batch, seq, loss_scale)
+    }
+
+    fn tail_forward_backward(
+        &mut self,
+        input: Input<B>,
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        loss_scale: f32,
+    ) -> Result<TailOutput, StageError> {
+        let s = self.run_forward(input, batch, seq);
         let n = batch * seq;
         let c = ctx!(self, batch, seq);
         let (losses, dh) = head_forward_backward(
@@ -406,23 +488,17 @@ impl<B: Backend> Stage<B> {
         batch: usize,
         seq: usize,
     ) -> Result<Vec<f32>, StageError> {
-        let s = self.tail_forward(input, targets, batch, seq)?;
+        self.check_tail(targets, batch, seq)?;
+        let input = self.accept(input, batch, seq)?;
+        let s = self.run_forward(input, batch, seq);
         let c = ctx!(self, batch, seq);
         Ok(head_forward_backward(&c, self.head.as_ref().unwrap(), &s.h_out, targets, 0.0, None).0)
     }
 
-    fn tail_forward(
-        &mut self,
-        input: StageInput,
-        targets: &[u32],
-        batch: usize,
-        seq: usize,
-    ) -> Result<Saved<B>, StageError> {
+    fn check_tail(&self, targets: &[u32], batch: usize, seq: usize) -> Result<(), StageError> {
         if !self.spec.has_lm_head() {
             return Err(self.role_err("compute a loss (it has no LM head)"));
         }
-        self.check_input(&input, batch, seq)?;
-        self.check_tokens("targets", targets, batch * seq)?;
-        Ok(self.run_forward(input, batch, seq))
+        self.check_tokens("targets", targets, batch * seq)
     }
 }

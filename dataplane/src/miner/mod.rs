@@ -87,12 +87,22 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let id = Arc::new(id);
     let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
     let dir = PeerDirectory::new();
+    // On a GPU the receive pool is page-locked memory of its context, so a
+    // payload goes from the socket to the device with one host copy.
+    let (gpu, pool) = match opts.device {
+        ComputeDevice::Cpu => (None, HostPool::new(opts.pool_bytes)),
+        ComputeDevice::Cuda(i) => {
+            let gpu = iota_cuda::open_gpu(i).with_context(|| format!("opening {}", opts.device))?;
+            let heap = crate::pool::PinnedHeap(iota_cuda::pinned::PinnedAllocator::new(&gpu));
+            (Some(gpu), HostPool::with_memory(opts.pool_bytes, Box::new(heap)))
+        }
+    };
     let ep = Arc::new(Endpoint::bind(
         opts.listen,
         Identity::from_seed(seed),
         dir.clone(),
         ctx.clone(),
-        HostPool::new(opts.pool_bytes),
+        pool,
         TransportConfig::default(),
     )?);
     let local = ep.local_addr()?;
@@ -224,7 +234,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
     let stop_c = stop.clone();
     let (fault, crash_on_plan) = (opts.merge_fault, opts.crash_on_merge_plan);
-    let (device, gemm) = (opts.device, opts.gemm);
+    let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_control::orchestrator::MergeMethod::Butterfly;
         let merge_spec = cfg.spec.merge.clone();
@@ -234,14 +244,15 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             Box::new(b) as Box<dyn merge::Merge>
         });
         let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, fault_merge };
-        // The backend is made on this thread: a CUDA context binds to the thread that uses it.
-        match device {
-            ComputeDevice::Cpu => {
+        // The backend is made on this thread, with the context bound to it.
+        match gpu {
+            None => {
                 let be = Arc::new(iota_model::CpuBackend::new());
                 compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
             }
-            ComputeDevice::Cuda(i) => {
-                let be = Arc::new(iota_cuda::open_backend(i, gemm).with_context(|| format!("opening {device}"))?);
+            Some(gpu) => {
+                gpu.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))?;
+                let be = Arc::new(iota_cuda::backend::CudaBackend::with_precision(gpu, gemm)?);
                 info!(backend = %be.name(), "stage computes on the GPU");
                 compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
             }

@@ -441,7 +441,9 @@ impl<B: Backend + 'static> Worker<B> {
         if direction == Direction::Activation {
             self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
         }
-        let data = codec::decode(self.cfg.train.codec, rows, width, &f.payload)?;
+        // Straight from the pool buffer onto the backend (on a GPU: one
+        // asynchronous copy of the wire bytes, decoded on the device).
+        let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
         drop(f); // the pool buffer goes back before the compute
         let is_tail = s + 1 == self.cfg.spec.stages as usize;
         let codec = self.cfg.train.codec;
@@ -450,13 +452,7 @@ impl<B: Backend + 'static> Worker<B> {
                 // Tail: loss, then the gradient goes back at once.
                 let (_, y) = self.tokens(&r)?;
                 let k = self.cfg.train.grad_accum as f32;
-                let t = self.stage.as_mut().unwrap().forward_backward(
-                    StageInput::Hidden(&data),
-                    &y,
-                    batch,
-                    seq,
-                    1.0 / k,
-                )?;
+                let t = self.stage.as_mut().unwrap().forward_backward_buf(data, &y, batch, seq, 1.0 / k)?;
                 self.report_loss(&r, &t.losses, out);
                 let mut g = t.din.context("tail of a split model returns an input gradient")?;
                 codec::round_trip(codec, rows, width, &mut g)?;
@@ -467,14 +463,14 @@ impl<B: Backend + 'static> Worker<B> {
             }
             (Direction::Activation, false) => {
                 let stage = self.stage.as_mut().unwrap();
-                let mut h2 = stage.forward(stage_key(&key), StageInput::Hidden(&data), batch, seq)?;
+                let mut h2 = stage.forward_buf(stage_key(&key), data, batch, seq)?;
                 let w2 = stage.boundary_width();
                 codec::round_trip(codec, rows, w2, &mut h2)?;
                 let meta = self.frame_meta(&r, Direction::Activation, rows, w2);
                 self.send(&r.pathway[s + 1], meta, &h2, out)
             }
             (Direction::ActivationGrad, _) => {
-                let din = self.stage.as_mut().unwrap().backward(stage_key(&key), &data)?;
+                let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?;
                 self.routes.remove(&key);
                 match din {
                     Some(mut g) => {

@@ -53,6 +53,16 @@ impl Backend for CpuBackend {
     fn upload(&self, host: &[f32]) -> Vec<f32> {
         host.to_vec()
     }
+    fn decode_wire(
+        &self,
+        codec: iota_core::WireCodec,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Vec<f32>, iota_core::CoreError> {
+        // The decoded vector is the buffer: no upload copy.
+        crate::codec::decode(codec, rows, cols, bytes)
+    }
     fn download(&self, buf: &Vec<f32>, range: Range<usize>, out: &mut [f32]) {
         out.copy_from_slice(&buf[range]);
     }
