@@ -6,7 +6,7 @@
 //! background task feeds clock ticks. The state is saved to the `Store` when
 //! the epoch or phase changes, and at most every `SAVE_EVERY_MS` otherwise.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +37,9 @@ struct Core {
     pending: HashMap<PeerId, VecDeque<pb::Command>>,
     store: Option<Store>,
     saved: (u64, Phase, u64),
+    /// Miners of a run restored from saved state that have not subscribed
+    /// since: each is told the current phase when it does.
+    catch_up: HashSet<PeerId>,
 }
 
 impl Core {
@@ -116,9 +119,11 @@ impl OrchestratorService {
         run_config_json: String,
         policy: AuthPolicy,
     ) -> anyhow::Result<Self> {
+        let mut catch_up = HashSet::new();
         let orch = match store.as_ref().map(|s| s.load()).transpose()?.flatten() {
             Some(saved) if saved.spec().run_id == orch.spec().run_id => {
                 info!(epoch = saved.epoch(), phase = ?saved.phase(), "resuming run from saved state");
+                catch_up = saved.miners().map(|m| m.peer).collect();
                 saved
             }
             Some(saved) => {
@@ -134,6 +139,7 @@ impl OrchestratorService {
             subscribers: HashMap::new(),
             pending: HashMap::new(),
             store,
+            catch_up,
         };
         Ok(OrchestratorService {
             core: Arc::new(Mutex::new(core)),
@@ -232,6 +238,14 @@ impl OrchestratorRpc for OrchestratorService {
                 return Err(Status::failed_precondition(format!("peer {peer} must register first")));
             }
             core.subscribers.insert(peer, tx);
+            // First subscription after a restart from saved state: tell the
+            // miner where the run stands (the miner ignores a repeat of the
+            // training phase it is already in).
+            if core.catch_up.remove(&peer)
+                && let Some(cmd) = core.orch.phase_for(&peer)
+            {
+                core.deliver(vec![Out { to: peer, cmd }]);
+            }
             core.flush();
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -107,6 +107,11 @@ impl Drop for Swarm {
 impl Swarm {
     /// Starts an orchestrator for `cfg` (state in `db`).
     pub async fn start(cfg: &RunConfig, db: PathBuf) -> Swarm {
+        // IOTA_TEST_LOG=1 (with RUST_LOG as usual) shows the miners' and
+        // orchestrator's logs, for chasing a failure.
+        if std::env::var_os("IOTA_TEST_LOG").is_some() {
+            iota_dataplane::init_logging();
+        }
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
             Some(Store::open(&db).unwrap()),

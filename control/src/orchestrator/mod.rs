@@ -506,6 +506,16 @@ impl Orchestrator {
 
     /// The phase as miner `m` hears it: in Merging, with its stage's
     /// aggregator (parameter server) or plan (butterfly).
+    /// The phase command for miner `peer` as things stand now (None for an
+    /// unknown or unhealthy miner). An orchestrator restored from its saved
+    /// state sends it to each miner that subscribes again: commands the old
+    /// process had queued died with it, and a miner that missed a phase
+    /// change would otherwise refuse every route of the new epoch.
+    pub fn phase_for(&self, peer: &PeerId) -> Option<pb::command::Kind> {
+        let m = self.miners.get(peer)?;
+        m.healthy.then(|| self.phase_cmd_for(m))
+    }
+
     fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {
         let mut cmd = self.phase_cmd();
         if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {

@@ -79,6 +79,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     optim: Option<AdamW<B>>,
     stage_index: u32,
     epoch: u64,
+    /// The epoch whose training phase this worker has started, if it is in one.
+    training: Option<u64>,
     /// Epoch whose merged weights the stage holds (None: initial weights).
     weights_after: Option<u64>,
     routes: HashMap<MbKey, pb::Route>,
@@ -131,6 +133,7 @@ impl<B: Backend + 'static> Worker<B> {
             optim: None,
             stage_index: 0,
             epoch: 0,
+            training: None,
             weights_after: None,
             routes: HashMap::new(),
             early: VecDeque::new(),
@@ -229,6 +232,8 @@ impl<B: Backend + 'static> Worker<B> {
         if self.stage.is_some() && self.stage_index == a.stage {
             return Ok(());
         }
+        // A new stage starts its training phase afresh when told.
+        self.training = None;
         let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages)?;
         let spec = specs.get(a.stage as usize).context("assigned stage does not exist")?.clone();
         let needs_data = spec.has_embedding() || spec.has_lm_head();
@@ -265,6 +270,13 @@ impl<B: Backend + 'static> Worker<B> {
         let phase = pb::Phase::try_from(p.phase).unwrap_or(pb::Phase::Unspecified);
         match phase {
             pb::Phase::Training => {
+                // A repeat (an orchestrator restarted from saved state says
+                // where the run stands) must not restart the epoch: it would
+                // drop the accumulation and move the merge's reference point.
+                if self.training == Some(p.epoch) {
+                    return Ok(());
+                }
+                self.training = Some(p.epoch);
                 self.epoch = p.epoch;
                 self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32);
                 self.routes.retain(|k, _| k.0 == p.epoch);
@@ -288,6 +300,7 @@ impl<B: Backend + 'static> Worker<B> {
                 }
             }
             pb::Phase::Uploading => {
+                self.training = None;
                 // Peers may start the next epoch before our Training command
                 // is processed: accept its frames from now on (held until routed).
                 self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32 + 1);
