@@ -581,18 +581,24 @@ impl Orchestrator {
             }
             Phase::Merging if self.spec.merge.method == MergeMethod::Butterfly => {
                 // Participants that went silent, or (after the timeout) that
-                // have not finished, are planned out; the stage completes
-                // without them and they rejoin by download.
+                // have not finished while another has, are planned out; the
+                // stage completes without them and they rejoin by download.
+                // While no participant of a stage has finished, the healthy
+                // ones are waited for: planning them all out would "complete"
+                // the stage with no merged weights written, and its replicas
+                // would start the next epoch from different weights.
                 let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
                 for s in 0..self.spec.stages {
                     let Some(bm) = self.butterfly.get(&s) else { continue };
+                    let someone_done = !bm.done.is_empty();
                     let gone: Vec<PeerId> = bm
                         .plan
                         .participants
                         .iter()
                         .map(|p| p.peer)
                         .filter(|p| {
-                            !self.miners.get(p).is_some_and(|m| m.healthy) || (timed_out && !bm.done.contains_key(p))
+                            !self.miners.get(p).is_some_and(|m| m.healthy)
+                                || (timed_out && someone_done && !bm.done.contains_key(p))
                         })
                         .collect();
                     if !gone.is_empty() {

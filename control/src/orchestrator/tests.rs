@@ -42,6 +42,9 @@ struct Sim {
     liars: BTreeSet<PeerId>,
     verdicts: std::collections::BTreeMap<PeerId, BTreeSet<u32>>,
     die_on_plan: Option<PeerId>,
+    /// Miners that heartbeat but sit on their merge commands until released.
+    stalled: BTreeSet<PeerId>,
+    held: Vec<Out>,
 }
 
 impl Sim {
@@ -57,6 +60,8 @@ impl Sim {
             liars: BTreeSet::new(),
             verdicts: Default::default(),
             die_on_plan: None,
+            stalled: BTreeSet::new(),
+            held: Vec::new(),
         }
     }
 
@@ -79,6 +84,12 @@ impl Sim {
     fn drain(&mut self) {
         while let Some(Out { to, cmd }) = self.inbox.pop_front() {
             if self.dead.contains(&to) {
+                continue;
+            }
+            let merge_work = matches!(&cmd, pb::command::Kind::Verdict(_))
+                || matches!(&cmd, pb::command::Kind::Phase(p) if p.merge_plan.is_some());
+            if merge_work && self.stalled.contains(&to) {
+                self.held.push(Out { to, cmd });
                 continue;
             }
             match cmd {
@@ -365,5 +376,39 @@ fn butterfly_participant_dying_mid_merge_is_planned_out() {
     sim.die_on_plan = Some(peer(2));
     sim.run_until_done(400);
     assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
+}
+
+#[test]
+fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
+    let mut sim = Sim::new(butterfly_spec(1, 2));
+    for i in 0..2 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+    }
+    // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
+    // the dead peer time out), so nobody finishes before the phase timeout.
+    sim.die_on_plan = Some(peer(1));
+    sim.stalled.insert(peer(0));
+    for _ in 0..100 {
+        sim.drain();
+        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
+            break;
+        }
+        sim.tick(500);
+    }
+    assert_eq!(sim.o.phase(), &Phase::Merging);
+    // Three phase timeouts pass (10 s each).
+    for _ in 0..60 {
+        sim.drain();
+        sim.tick(500);
+    }
+    assert_eq!(sim.o.phase(), &Phase::Merging, "the stage is not completed with nobody's weights");
+    let plan = sim.o.merge_plan(0).expect("stage 0 still merging");
+    assert_eq!(plan.participants.iter().map(|p| p.peer).collect::<Vec<_>>(), vec![peer(0)]);
+    // The survivor finishes: the epoch completes and the run goes on.
+    sim.stalled.clear();
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.run_until_done(400);
     assert_eq!(sim.o.history().len(), 2);
 }

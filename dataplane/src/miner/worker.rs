@@ -276,7 +276,6 @@ impl<B: Backend + 'static> Worker<B> {
                 if self.training == Some(p.epoch) {
                     return Ok(());
                 }
-                self.training = Some(p.epoch);
                 self.epoch = p.epoch;
                 self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32);
                 self.routes.retain(|k, _| k.0 == p.epoch);
@@ -298,6 +297,8 @@ impl<B: Backend + 'static> Worker<B> {
                 if let Some(s) = self.stage.as_ref() {
                     self.merge.epoch_started(p.epoch, self.stage_index, &s.params_host());
                 }
+                // Only now: a repeat after a failed weights fetch tries again.
+                self.training = Some(p.epoch);
             }
             pb::Phase::Uploading => {
                 self.training = None;
