@@ -1,0 +1,70 @@
+//! What miners are told of the run's phase: the phase command (with a
+//! stage's aggregator or merge plan while merging) and its broadcast.
+
+use iota_core::PeerId;
+
+use super::butterfly::plan_to_pb;
+use super::keys::upload_prefix;
+use super::{MinerState, Ms, Orchestrator, Out, Phase};
+use crate::pb;
+
+impl Orchestrator {
+    pub(super) fn phase_cmd(&self) -> pb::command::Kind {
+        let (phase, prefix) = match self.phase {
+            Phase::Waiting => (pb::Phase::Waiting, String::new()),
+            Phase::Training => (pb::Phase::Training, self.weights_prefix()),
+            Phase::Uploading => (pb::Phase::Uploading, upload_prefix(self.epoch)),
+            Phase::Merging => (pb::Phase::Merging, upload_prefix(self.epoch)),
+            Phase::Done => (pb::Phase::Done, self.weights_prefix()),
+        };
+        pb::command::Kind::Phase(pb::PhaseChange {
+            epoch: self.epoch,
+            phase: phase as i32,
+            aggregator: Vec::new(),
+            upload_prefix: prefix,
+            merge_plan: None,
+        })
+    }
+
+    /// Prefix of the merged weights the current epoch starts from.
+    pub(super) fn weights_prefix(&self) -> String {
+        if self.epoch == 0 { String::new() } else { format!("epoch-{:06}/", self.epoch - 1) }
+    }
+
+    pub(super) fn broadcast_phase(&self, out: &mut Vec<Out>) {
+        for m in self.miners.values().filter(|m| m.healthy) {
+            out.push(Out { to: m.peer, cmd: self.phase_cmd_for(m) });
+        }
+    }
+
+    /// The phase as miner `m` hears it: in Merging, with its stage's
+    /// aggregator (parameter server) or plan (butterfly).
+    /// The phase command for miner `peer` as things stand now (None for an
+    /// unknown or unhealthy miner). An orchestrator restored from its saved
+    /// state sends it to each miner that subscribes again: commands the old
+    /// process had queued died with it, and a miner that missed a phase
+    /// change would otherwise refuse every route of the new epoch.
+    pub fn phase_for(&self, peer: &PeerId) -> Option<pb::command::Kind> {
+        let m = self.miners.get(peer)?;
+        m.healthy.then(|| self.phase_cmd_for(m))
+    }
+
+    pub(super) fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {
+        let mut cmd = self.phase_cmd();
+        if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
+            p.aggregator = self.aggregator(m.stage).map(|a| a.0.to_vec()).unwrap_or_default();
+            if let Some(bm) = self.butterfly.get(&m.stage)
+                && bm.plan.is_participant(&m.peer)
+            {
+                p.merge_plan = Some(plan_to_pb(&bm.plan));
+            }
+        }
+        cmd
+    }
+
+    pub(super) fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
+        self.phase = p;
+        self.phase_since = now;
+        self.broadcast_phase(out);
+    }
+}
