@@ -80,7 +80,7 @@ impl RunConfig {
     }
 
     fn load_corpus_unchecked(&self) -> Result<Corpus> {
-        let tok = self.train.tokenizer.build()?;
+        let tok = iota_model::data::Tokenizer::new(self.train.tokenizer)?;
         let tokens = match &self.data {
             Some(p) => load_tokens(p, &tok)?,
             None => tok.encode(&synthetic::grammar_text(self.train.seed, 2_000_000)),

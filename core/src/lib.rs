@@ -13,6 +13,7 @@ pub mod ids;
 pub mod layout;
 pub mod merge;
 pub mod rng;
+pub mod train_config;
 pub mod wire;
 
 pub use codec::WireCodec;

@@ -1,49 +1,10 @@
 //! AdamW with decoupled weight decay, global grad-norm clipping, and the
 //! learning-rate schedule (linear warm-up, cosine decay to a floor).
 
-use serde::{Deserialize, Serialize};
-
 use crate::backend::{AdamStep, Backend};
 use crate::stage::Stage;
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdamWConfig {
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// Clip the gradient's global L2 norm to this (0 = no clipping).
-    pub grad_clip: f32,
-}
-
-impl Default for AdamWConfig {
-    fn default() -> Self {
-        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: 1.0 }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LrSchedule {
-    pub peak: f32,
-    pub warmup: u64,
-    pub total: u64,
-    /// The rate decays to `peak * min_ratio` at `total` steps.
-    pub min_ratio: f32,
-}
-
-impl LrSchedule {
-    /// Learning rate of 0-based step `step`.
-    pub fn at(&self, step: u64) -> f32 {
-        if step < self.warmup {
-            return self.peak * (step + 1) as f32 / self.warmup as f32;
-        }
-        let span = self.total.saturating_sub(self.warmup).max(1);
-        let progress = ((step - self.warmup) as f64 / span as f64).min(1.0);
-        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
-        let floor = self.min_ratio as f64;
-        (self.peak as f64 * (floor + (1.0 - floor) * cos)) as f32
-    }
-}
+pub use iota_core::train_config::{AdamWConfig, LrSchedule};
 
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -7,63 +7,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use iota_core::{MicroBatchId, ModelConfig, SampleId, StageSpec, WireCodec};
+use iota_core::{MicroBatchId, SampleId, StageSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::checkpoint::{self, NamedTensor};
 use crate::codec;
-use crate::data::{Corpus, TokenizerKind};
-use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+pub use iota_core::train_config::TrainConfig;
+
+use crate::data::Corpus;
+use crate::optim::AdamW;
 use crate::stage::{Stage, StageInput};
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainConfig {
-    pub model: ModelConfig,
-    pub tokenizer: TokenizerKind,
-    pub stages: usize,
-    pub batch: usize,
-    pub seq: usize,
-    /// Micro-batches per optimizer step.
-    pub grad_accum: usize,
-    pub steps: u64,
-    pub schedule: LrSchedule,
-    pub adamw: AdamWConfig,
-    /// Codec of boundary tensors (both directions).
-    pub codec: WireCodec,
-    pub seed: u64,
-}
-
-impl TrainConfig {
-    pub fn validate(&self) -> Result<()> {
-        self.model.validate()?;
-        if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
-            bail!("--batch, --seq and --grad-accum must be positive");
-        }
-        if self.seq > self.model.max_seq {
-            bail!("--seq {} exceeds the model's max_seq {}", self.seq, self.model.max_seq);
-        }
-        if self.stages == 0 || self.stages > self.model.n_layers {
-            bail!("--stages {} must be between 1 and the model's {} layers", self.stages, self.model.n_layers);
-        }
-        if self.tokenizer.vocab_real() > self.model.vocab_real {
-            bail!(
-                "tokenizer {} emits {} ids but the model has {}",
-                self.tokenizer.name(),
-                self.tokenizer.vocab_real(),
-                self.model.vocab_real
-            );
-        }
-        if !(self.schedule.peak > 0.0 && self.schedule.peak.is_finite()) {
-            bail!("--lr must be a positive number");
-        }
-        Ok(())
-    }
-
-    pub fn tokens_per_step(&self) -> usize {
-        self.batch * self.seq * self.grad_accum
-    }
-}
 
 /// What one optimizer step did.
 #[derive(Clone, Debug, PartialEq)]

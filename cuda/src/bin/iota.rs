@@ -229,7 +229,7 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
 }
 
 fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
-    let tok = cfg.tokenizer.build()?;
+    let tok = iota_model::data::Tokenizer::new(cfg.tokenizer)?;
     let t0 = Instant::now();
     let tokens = match &a.data {
         Some(p) => load_tokens(p, &tok)?,

@@ -5,44 +5,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum TokenizerKind {
-    Gpt2,
-    Byte,
-}
-
-impl TokenizerKind {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "gpt2" | "r50k" => Some(TokenizerKind::Gpt2),
-            "byte" | "bytes" => Some(TokenizerKind::Byte),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            TokenizerKind::Gpt2 => "gpt2",
-            TokenizerKind::Byte => "byte",
-        }
-    }
-    /// Tokens it can emit.
-    pub fn vocab_real(self) -> usize {
-        match self {
-            TokenizerKind::Gpt2 => iota_core::config::GPT2_VOCAB,
-            TokenizerKind::Byte => 256,
-        }
-    }
-    /// Embedding rows to allocate (padded to a multiple of 64).
-    pub fn vocab_padded(self) -> usize {
-        self.vocab_real().div_ceil(64) * 64
-    }
-    pub fn build(self) -> anyhow::Result<Tokenizer> {
-        Ok(match self {
-            TokenizerKind::Byte => Tokenizer::Byte,
-            TokenizerKind::Gpt2 => Tokenizer::Gpt2(Arc::new(tiktoken_rs::r50k_base()?)),
-        })
-    }
-}
+pub use iota_core::train_config::TokenizerKind;
 
 #[derive(Clone)]
 pub enum Tokenizer {
@@ -54,6 +17,14 @@ pub enum Tokenizer {
 const CHUNK: usize = 64 << 10;
 
 impl Tokenizer {
+    /// The tokenizer of `kind` (GPT-2's ranks are embedded: no download).
+    pub fn new(kind: TokenizerKind) -> anyhow::Result<Tokenizer> {
+        Ok(match kind {
+            TokenizerKind::Byte => Tokenizer::Byte,
+            TokenizerKind::Gpt2 => Tokenizer::Gpt2(Arc::new(tiktoken_rs::r50k_base()?)),
+        })
+    }
+
     pub fn kind(&self) -> TokenizerKind {
         match self {
             Tokenizer::Gpt2(_) => TokenizerKind::Gpt2,
@@ -113,7 +84,7 @@ mod tests {
 
     #[test]
     fn gpt2_parallel_encoding_equals_serial_and_round_trips() {
-        let tok = TokenizerKind::Gpt2.build().unwrap();
+        let tok = Tokenizer::new(TokenizerKind::Gpt2).unwrap();
         let Tokenizer::Gpt2(bpe) = &tok else { unreachable!() };
         let mut text = String::new();
         for i in 0..6000 {

@@ -1,0 +1,130 @@
+//! What a training run is configured with: the model, the tokenizer kind,
+//! the batch shape, the optimiser and its schedule. Pure data shared by the
+//! single-process trainer, the run configuration miners receive, and the
+//! control plane; the code that acts on it lives in `iota-model`.
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::WireCodec;
+use crate::config::ModelConfig;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub tokenizer: TokenizerKind,
+    pub stages: usize,
+    pub batch: usize,
+    pub seq: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub schedule: LrSchedule,
+    pub adamw: AdamWConfig,
+    /// Codec of boundary tensors (both directions).
+    pub codec: WireCodec,
+    pub seed: u64,
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
+            bail!("--batch, --seq and --grad-accum must be positive");
+        }
+        if self.seq > self.model.max_seq {
+            bail!("--seq {} exceeds the model's max_seq {}", self.seq, self.model.max_seq);
+        }
+        if self.stages == 0 || self.stages > self.model.n_layers {
+            bail!("--stages {} must be between 1 and the model's {} layers", self.stages, self.model.n_layers);
+        }
+        if self.tokenizer.vocab_real() > self.model.vocab_real {
+            bail!(
+                "tokenizer {} emits {} ids but the model has {}",
+                self.tokenizer.name(),
+                self.tokenizer.vocab_real(),
+                self.model.vocab_real
+            );
+        }
+        if !(self.schedule.peak > 0.0 && self.schedule.peak.is_finite()) {
+            bail!("--lr must be a positive number");
+        }
+        Ok(())
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch * self.seq * self.grad_accum
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Clip the gradient's global L2 norm to this (0 = no clipping).
+    pub grad_clip: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: 1.0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LrSchedule {
+    pub peak: f32,
+    pub warmup: u64,
+    pub total: u64,
+    /// The rate decays to `peak * min_ratio` at `total` steps.
+    pub min_ratio: f32,
+}
+
+impl LrSchedule {
+    /// Learning rate of 0-based step `step`.
+    pub fn at(&self, step: u64) -> f32 {
+        if step < self.warmup {
+            return self.peak * (step + 1) as f32 / self.warmup as f32;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1);
+        let progress = ((step - self.warmup) as f64 / span as f64).min(1.0);
+        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        let floor = self.min_ratio as f64;
+        (self.peak as f64 * (floor + (1.0 - floor) * cos)) as f32
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TokenizerKind {
+    Gpt2,
+    Byte,
+}
+
+impl TokenizerKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "gpt2" | "r50k" => Some(TokenizerKind::Gpt2),
+            "byte" | "bytes" => Some(TokenizerKind::Byte),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenizerKind::Gpt2 => "gpt2",
+            TokenizerKind::Byte => "byte",
+        }
+    }
+    /// Tokens it can emit.
+    pub fn vocab_real(self) -> usize {
+        match self {
+            TokenizerKind::Gpt2 => crate::config::GPT2_VOCAB,
+            TokenizerKind::Byte => 256,
+        }
+    }
+    /// Embedding rows to allocate (padded to a multiple of 64).
+    pub fn vocab_padded(self) -> usize {
+        self.vocab_real().div_ceil(64) * 64
+    }
+}
