@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use iota_control::orchestrator::{MergeMethod, MergeSpec};
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Identity, Rng, WireCodec};
 use iota_dataplane::fileio::FileIo;
-use iota_dataplane::miner::local_merge::{LocalReplica, flat_layout, run_local_butterfly};
+use iota_dataplane::local_store::LocalDirStore;
+use iota_dataplane::miner::events::Output;
+use iota_dataplane::miner::merge::local::{LocalReplica, flat_layout, run_local_butterfly};
 use iota_dataplane::miner::merge::{Merge, ParameterServer};
-use iota_dataplane::miner::worker::Output;
-use iota_dataplane::store::ObjectStore;
+use iota_protocol::{MergeMethod, MergeSpec};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -209,7 +209,7 @@ fn parameter_server(
     dir: &std::path::Path,
     reps: &[LocalReplica],
 ) -> Result<(f64, u64, u64)> {
-    let store = ObjectStore::local(dir, FileIo::start(false))?;
+    let store = LocalDirStore::shared(dir, FileIo::start(false))?;
     let n = reps[0].params.len();
     let layout = flat_layout(n);
     let t0 = Instant::now();

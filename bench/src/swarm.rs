@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use iota_control::cli::RunArgs;
-use iota_control::orchestrator::{MergeMethod, merged_key, weights_parts_prefix};
 use iota_control::swarm::{self, SwarmOptions};
 use iota_dataplane::fileio::FileIo;
+use iota_dataplane::local_store::LocalDirStore;
 use iota_dataplane::miner::merge::read_range;
-use iota_dataplane::store::ObjectStore;
 use iota_model::CpuBackend;
 use iota_model::checkpoint::stage_params;
 use iota_model::train::Pipeline;
+use iota_protocol::MergeMethod;
+use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -34,7 +35,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let _ = std::fs::remove_dir_all(&a.run.run_dir);
     std::fs::create_dir_all(&a.run.run_dir)?;
     let cfg = a.run.run_config()?;
-    let corpus = cfg.load_corpus()?;
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let miner_bin = std::env::current_exe()?.parent().context("binary dir")?.join("iota-miner");
     anyhow::ensure!(miner_bin.exists(), "{} not found: build iota-dataplane in release first", miner_bin.display());
@@ -65,7 +66,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let be = Arc::new(CpuBackend::new());
     let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
     let last = cfg.spec.epochs - 1;
-    let store = ObjectStore::local(&cfg.store, FileIo::start(false))?;
+    let store = LocalDirStore::shared(&cfg.store, FileIo::start(false))?;
     for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
         let p = match cfg.spec.merge.method {
             MergeMethod::ParameterServer => {

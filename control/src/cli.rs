@@ -11,8 +11,7 @@ use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 
-use crate::orchestrator::{MergeMethod, MergeSpec, RunSpec};
-use crate::run::RunConfig;
+use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
@@ -174,7 +173,7 @@ impl RunArgs {
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
         let mut cfg =
             RunConfig { spec, train, data, store: std::fs::canonicalize(&store)?, max_shards: 64, val_fraction: 0.02 };
-        cfg.fix_shards()?;
+        iota_dataplane::corpus::fix_shards(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }

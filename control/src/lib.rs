@@ -1,20 +1,14 @@
 //! iota-control: the control plane.
 //!
-//! - [`pb`]: the generated gRPC types and services (`proto/iota.proto`);
-//! - [`auth`]: signed request envelopes (signature, timestamp, nonce, rate);
 //! - [`orchestrator`]: the run's state machine (sans I/O);
-//! - [`service`], [`store`], [`client`]: its gRPC shell, SQLite state, and a signing client.
+//! - [`service`], [`state_db`]: its gRPC shell and its durable state (SQLite);
+//! - [`cli`], [`swarm`]: run flags and files, and the local swarm launcher.
+//!
+//! The wire schema, signed envelopes, the client and the run configuration
+//! are shared with the data plane and live in `iota-protocol`.
 
-pub mod auth;
 pub mod cli;
-pub mod client;
 pub mod orchestrator;
-pub mod run;
 pub mod service;
-pub mod store;
+pub mod state_db;
 pub mod swarm;
-
-/// Generated from `proto/iota.proto`.
-pub mod pb {
-    tonic::include_proto!("iota.v1");
-}

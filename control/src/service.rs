@@ -3,7 +3,7 @@
 //! Every RPC: verify the signed envelope (`auth`), turn the body into an
 //! `Event`, step the state machine, and deliver the resulting commands to the
 //! miners' `Subscribe` streams (queued while a miner is not subscribed). A
-//! background task feeds clock ticks. The state is saved to the `Store` when
+//! background task feeds clock ticks. The state is saved to the `StateDb` when
 //! the epoch or phase changes, and at most every `SAVE_EVERY_MS` otherwise.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -18,10 +18,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::auth::{AuthPolicy, Verifier, now_ms};
-use crate::orchestrator::{Event, MbRef, Orchestrator, Out, Phase, Refusal};
-use crate::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
-use crate::store::Store;
+use iota_protocol::MbRef;
+use iota_protocol::auth::{AuthPolicy, Verifier, now_ms};
+use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
+
+use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal};
+use crate::state_db::StateDb;
 
 const SAVE_EVERY_MS: u64 = 2_000;
 /// Commands kept for a miner that is not listening (it catches up on subscribe).
@@ -35,7 +37,7 @@ struct Core {
     rng: Rng,
     subscribers: HashMap<PeerId, mpsc::Sender<Result<pb::Command, Status>>>,
     pending: HashMap<PeerId, VecDeque<pb::Command>>,
-    store: Option<Store>,
+    store: Option<StateDb>,
     saved: (u64, Phase, u64),
     /// Miners of a run restored from saved state that have not subscribed
     /// since: each is told the current phase when it does.
@@ -115,7 +117,7 @@ impl OrchestratorService {
     /// (the run resumes).
     pub fn new(
         orch: Orchestrator,
-        store: Option<Store>,
+        store: Option<StateDb>,
         run_config_json: String,
         policy: AuthPolicy,
     ) -> anyhow::Result<Self> {

@@ -11,12 +11,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::process::{Child, Command};
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::auth::AuthPolicy;
+use iota_protocol::RunConfig;
+use iota_protocol::auth::AuthPolicy;
+use iota_protocol::pb::orchestrator_server::OrchestratorServer;
+
 use crate::orchestrator::{EpochSummary, Orchestrator, Phase};
-use crate::pb::orchestrator_server::OrchestratorServer;
-use crate::run::RunConfig;
 use crate::service::OrchestratorService;
-use crate::store::Store;
+use crate::state_db::StateDb;
 
 pub struct SwarmOptions {
     pub cfg: RunConfig,
@@ -58,7 +59,7 @@ pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(Stri
 
 /// Opens (or resumes) the run's orchestrator state in `run_dir`.
 pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path) -> Result<OrchestratorService> {
-    let store = Store::open(&run_dir.join("state.sqlite"))?;
+    let store = StateDb::open(&run_dir.join("state.sqlite"))?;
     OrchestratorService::new(
         Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?,
         Some(store),

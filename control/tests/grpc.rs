@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iota_control::auth::{AuthPolicy, now_ms, sign, sign_with_nonce};
-use iota_control::client::ControlClient;
-use iota_control::orchestrator::{Orchestrator, Phase, RunSpec};
-use iota_control::pb::{self, orchestrator_server::OrchestratorServer};
+use iota_control::orchestrator::{Orchestrator, Phase};
 use iota_control::service::OrchestratorService;
-use iota_control::store::Store;
+use iota_control::state_db::StateDb;
 use iota_core::Identity;
+use iota_protocol::RunSpec;
+use iota_protocol::auth::{AuthPolicy, now_ms, sign, sign_with_nonce};
+use iota_protocol::client::ControlClient;
+use iota_protocol::pb::{self, orchestrator_server::OrchestratorServer};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
 
@@ -88,7 +89,7 @@ async fn hostile_requests_get_the_right_status() {
     let mut junk = sign(&id, m, &body, now_ms());
     junk.body = vec![0xff; 3];
     junk.signature =
-        id.sign(&iota_control::auth::signing_bytes(m, junk.timestamp_ms, &junk.nonce, &junk.body)).to_vec();
+        id.sign(&iota_protocol::auth::signing_bytes(m, junk.timestamp_ms, &junk.nonce, &junk.body)).to_vec();
     assert_eq!(c.raw_heartbeat(junk).await.unwrap_err().code(), Code::InvalidArgument);
     // Status works for anyone with a valid signature.
     let st = client(&url, 3).await.status().await.unwrap();
@@ -130,7 +131,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     let db = dir.path().join("state.sqlite");
     let svc = OrchestratorService::new(
         Orchestrator::new(spec()).unwrap(),
-        Some(Store::open(&db).unwrap()),
+        Some(StateDb::open(&db).unwrap()),
         "{}".into(),
         AuthPolicy::default(),
     )
@@ -147,7 +148,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     drop(svc);
     let svc2 = OrchestratorService::new(
         Orchestrator::new(spec()).unwrap(),
-        Some(Store::open(&db).unwrap()),
+        Some(StateDb::open(&db).unwrap()),
         "{}".into(),
         AuthPolicy::default(),
     )
@@ -163,7 +164,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     assert!(
         OrchestratorService::new(
             Orchestrator::new(other).unwrap(),
-            Some(Store::open(&db).unwrap()),
+            Some(StateDb::open(&db).unwrap()),
             "{}".into(),
             AuthPolicy::default()
         )

@@ -5,14 +5,15 @@
 //! - [`transport`]: the QUIC endpoint (lanes, reconnects, backpressure);
 //! - [`pool`]: bounded receive pools (`HostPool`; CUDA pinned memory later).
 
+pub mod corpus;
 pub mod fileio;
 pub mod frame;
 pub mod identity_file;
+pub mod local_store;
 pub mod miner;
 pub mod pool;
 pub mod probe;
 pub mod stats;
-pub mod store;
 pub mod tls;
 pub mod transport;
 

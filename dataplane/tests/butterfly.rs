@@ -4,14 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iota_control::orchestrator::{MergeMethod, MergeSpec};
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Rng, WireCodec};
 use iota_dataplane::fileio::FileIo;
-use iota_dataplane::miner::butterfly::{Butterfly, MergeFault};
-use iota_dataplane::miner::local_merge::{LocalReplica, flat_layout, run_local_butterfly};
-use iota_dataplane::miner::merge::Merge;
-use iota_dataplane::store::ObjectStore;
+use iota_dataplane::local_store::LocalDirStore;
+use iota_dataplane::miner::merge::local::{LocalReplica, flat_layout, run_local_butterfly};
+use iota_dataplane::miner::merge::{Butterfly, Merge, MergeFault};
+use iota_protocol::{MergeMethod, MergeSpec};
 
 fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
     MergeSpec {
@@ -170,7 +169,7 @@ async fn a_replica_dying_mid_merge_is_planned_out_and_rejoins_by_download() {
     assert!(merged.iter().all(|m| m == &merged[0]));
     assert!(max_abs(&merged[0], &want) < 1e-6);
     // The dead replica (or any newcomer) downloads the merged stage.
-    let store = ObjectStore::local(dir.path(), FileIo::start(false)).unwrap();
+    let store = LocalDirStore::shared(dir.path(), FileIo::start(false)).unwrap();
     let me = iota_core::Identity::generate().peer_id();
     let ctx = Arc::new(iota_dataplane::frame::RunContext::new(7, Default::default()));
     let rt = tokio::runtime::Handle::current();

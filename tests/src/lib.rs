@@ -6,18 +6,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use iota_control::auth::AuthPolicy;
-use iota_control::orchestrator::{MergeMethod, MergeSpec, Orchestrator, RunSpec};
-use iota_control::pb::orchestrator_server::OrchestratorServer;
-use iota_control::run::RunConfig;
+use iota_control::orchestrator::Orchestrator;
 use iota_control::service::OrchestratorService;
-use iota_control::store::Store;
+use iota_control::state_db::StateDb;
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Identity, ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_dataplane::miner::{self, MinerOptions, MinerSummary};
 use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
+use iota_protocol::auth::AuthPolicy;
+use iota_protocol::pb::orchestrator_server::OrchestratorServer;
+use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 use tokio_stream::wrappers::TcpListenerStream;
 
 /// A `tiny` run on the generated corpus.
@@ -83,7 +83,7 @@ pub fn tiny_run(
         .iter()
         .map(|s| ParamLayout::for_stage(&cfg.train.model, s).total() as u64)
         .collect();
-    cfg.fix_shards().unwrap();
+    iota_dataplane::corpus::fix_shards(&mut cfg).unwrap();
     cfg
 }
 
@@ -114,7 +114,7 @@ impl Swarm {
         }
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
-            Some(Store::open(&db).unwrap()),
+            Some(StateDb::open(&db).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
         )
@@ -153,7 +153,7 @@ impl Swarm {
         drop(self);
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
-            Some(Store::open(&db).unwrap()),
+            Some(StateDb::open(&db).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
         )

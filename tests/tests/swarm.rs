@@ -65,7 +65,7 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
     assert_eq!(swarm_losses.len(), 24);
 
     // The same run in one process.
-    let corpus = cfg.load_corpus().unwrap();
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg).unwrap();
     let mut p = Pipeline::new(Arc::new(CpuBackend::new()), cfg.train.clone()).unwrap();
     let trainer: Vec<f32> = (0..24).map(|_| p.train_step(&corpus).unwrap().loss).collect();
     for (i, (a, b)) in swarm_losses.iter().zip(&trainer).enumerate() {
@@ -130,7 +130,7 @@ async fn restarted_orchestrator_resumes_the_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_byzantine_replica_is_contained_by_the_robust_merge() {
-    use iota_dataplane::miner::butterfly::MergeFault;
+    use iota_dataplane::miner::merge::MergeFault;
     let dir = tempfile::tempdir().unwrap();
     let cfg = tiny_run(dir.path(), 2, 3, 3, 18, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;

@@ -3,9 +3,10 @@
 
 use iota_core::merge::{MergePlan, Participant};
 
-use super::butterfly::{MergeOut, StageMerge};
-use super::{MergeMethod, Orchestrator, Out};
-use crate::pb;
+use iota_core::merge::{MergeOut, StageMerge};
+use iota_protocol::{MergeMethod, pb};
+
+use super::{Orchestrator, Out};
 
 impl Orchestrator {
     /// Sends what a stage's butterfly merge asked for to its participants.

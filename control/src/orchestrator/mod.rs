@@ -11,25 +11,19 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
-pub mod butterfly;
-mod keys;
 mod merging;
 mod phase;
-mod spec;
 mod state;
 
 use std::collections::BTreeMap;
 
-use iota_core::merge::MergePlan;
+use iota_core::merge::{MergePlan, Mismatch, StageMerge};
 use iota_core::{PeerId, Rng};
+use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
+use iota_protocol::{MbRef, MergeMethod, RunSpec, pb};
 
-use self::butterfly::{Mismatch, StageMerge};
-pub use self::butterfly::{plan_from_pb, plan_to_pb};
-pub use self::keys::*;
-pub use self::spec::{MergeMethod, MergeSpec, RunSpec};
-pub use self::state::{EpochSummary, MbRef, MbStatus, MinerState, Phase};
+pub use self::state::{EpochSummary, MbStatus, MinerState, Phase};
 use self::state::{MbRecord, Upload};
-use crate::pb;
 
 pub type Ms = u64;
 

@@ -3,10 +3,10 @@
 
 use iota_core::PeerId;
 
-use super::butterfly::plan_to_pb;
-use super::keys::upload_prefix;
+use iota_protocol::store_keys::upload_prefix;
+use iota_protocol::{pb, plan_to_pb};
+
 use super::{MinerState, Ms, Orchestrator, Out, Phase};
-use crate::pb;
 
 impl Orchestrator {
     pub(super) fn phase_cmd(&self) -> pb::command::Kind {

@@ -1,9 +1,10 @@
 //! The orchestrator's records.
 
 use iota_core::PeerId;
+use iota_protocol::MbRef;
 use serde::{Deserialize, Serialize};
 
-use crate::pb;
+use iota_protocol::pb;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
@@ -24,14 +25,6 @@ impl Phase {
             Phase::Done => pb::Phase::Done,
         }
     }
-}
-
-/// A micro-batch: the run epoch it belongs to and its samples' address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct MbRef {
-    pub epoch: u64,
-    pub shard: u32,
-    pub first_sample: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

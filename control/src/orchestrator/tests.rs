@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, VecDeque};
 use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
+use iota_protocol::plan_from_pb;
 
 fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
     RunSpec {

@@ -6,8 +6,8 @@
 //! side: the `Worker` on its own thread, fed through a channel, so model math
 //! never blocks the network.
 
-pub mod butterfly;
-pub mod local_merge;
+mod deliver;
+pub mod events;
 pub mod merge;
 pub mod worker;
 
@@ -17,20 +17,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use iota_control::client::ControlClient;
-use iota_control::run::RunConfig;
 use iota_core::Identity;
 use iota_cuda::ComputeDevice;
 use iota_cuda::backend::GemmPrecision;
 use iota_model::Backend as _;
+use iota_protocol::RunConfig;
+use iota_protocol::client::ControlClient;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use self::worker::{Input, Output, Worker};
+use self::deliver::deliver;
+use self::events::{Input, Output};
+use self::worker::Worker;
 use crate::fileio::FileIo;
 use crate::frame::{FrameLimits, RunContext};
+use crate::local_store::LocalDirStore;
 use crate::pool::HostPool;
-use crate::store::ObjectStore;
 use crate::tls::PeerDirectory;
 use crate::transport::{Endpoint, TransportConfig};
 
@@ -46,7 +48,7 @@ pub struct MinerOptions {
     pub pool_bytes: usize,
     pub heartbeat: Duration,
     /// Fault injection for tests and chaos runs (never set by `iota-miner run`).
-    pub merge_fault: Option<butterfly::MergeFault>,
+    pub merge_fault: Option<merge::MergeFault>,
     /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
     pub crash_on_merge_plan: bool,
     /// Where the stage computes.
@@ -115,7 +117,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     ctx.set_run_id(reply.run_id);
     info!(index = reply.miner_index, addr, "registered");
-    let store = ObjectStore::local(&cfg.store, FileIo::start(false))?;
+    let store = LocalDirStore::shared(&cfg.store, FileIo::start(false))?;
 
     // `stop` is the caller's; `finished` ends this miner's own tasks.
     let finished = Arc::new(AtomicBool::new(false));
@@ -236,10 +238,10 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (fault, crash_on_plan) = (opts.merge_fault, opts.crash_on_merge_plan);
     let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
-        let butterfly = cfg.spec.merge.method == iota_control::orchestrator::MergeMethod::Butterfly;
+        let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
         let merge_spec = cfg.spec.merge.clone();
         let fault_merge = (butterfly && fault.is_some()).then(|| {
-            let mut b = butterfly::Butterfly::new(me, merge_spec, store.clone(), rt.clone(), ep_ctx.clone());
+            let mut b = merge::Butterfly::new(me, merge_spec, store.clone(), rt.clone(), ep_ctx.clone());
             b.fault = fault;
             Box::new(b) as Box<dyn merge::Merge>
         });
@@ -270,29 +272,6 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     }
     ep.close();
     Ok(summary)
-}
-
-/// Sends a frame; one that cannot be delivered and has a `fallback` key is
-/// left in the object store, signed, where its receiver looks for it.
-pub(crate) async fn deliver(
-    ep: &Endpoint,
-    store: &ObjectStore,
-    to: iota_core::PeerId,
-    meta: &crate::frame::FrameMeta,
-    payload: bytes::Bytes,
-    fallback: Option<String>,
-) {
-    let copy = fallback.is_some().then(|| payload.clone());
-    let Err(e) = ep.send(to, meta, payload).await else { return };
-    match (fallback, copy) {
-        (Some(key), Some(p)) => {
-            warn!(peer = %to, error = %e, key, "frame not delivered; left in the object store");
-            if let Err(e) = store.put(&key, ep.frame_bytes(meta, &p)).await {
-                warn!(key, error = %e, "storing an undelivered frame failed");
-            }
-        }
-        _ => warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route"),
-    }
 }
 
 /// Errors that say the orchestrator was unreachable, not that it refused.
@@ -336,7 +315,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     let mut out = Vec::new();
     while let Some(input) = io.in_rx.blocking_recv() {
         if io.crash_on_plan
-            && let Input::Command(iota_control::pb::command::Kind::Phase(p)) = &input
+            && let Input::Command(iota_protocol::pb::command::Kind::Phase(p)) = &input
             && p.merge_plan.is_some()
         {
             warn!("crashing on the merge plan, as asked (fault injection)");

@@ -15,45 +15,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use iota_control::orchestrator::MergeMethod;
-use iota_control::pb;
-use iota_control::run::RunConfig;
 use iota_core::wire::Direction;
 use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
 use iota_model::checkpoint::stage_params;
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
+use iota_protocol::{MergeMethod, RunConfig, SharedStore, pb};
 use tracing::{debug, info, warn};
 
-use super::butterfly::Butterfly;
-use super::merge::{Merge, ParameterServer};
+use super::events::{Input, Output};
+use super::merge::{Butterfly, Merge, ParameterServer};
 use crate::frame::{FrameMeta, RunContext};
-use crate::store::ObjectStore;
 use crate::tls::PeerDirectory;
 use crate::transport::ReceivedFrame;
-
-/// What the worker reacts to.
-pub enum Input {
-    Command(pb::command::Kind),
-    Frame(Box<ReceivedFrame>),
-    /// Time passed (the merge's retries and store fallbacks).
-    Tick,
-}
-
-/// What the worker wants done.
-#[derive(Debug)]
-pub enum Output {
-    /// `fallback`: an object-store key where the frame is left, signed, if
-    /// it cannot be delivered (the receiver looks there).
-    Frame {
-        to: PeerId,
-        meta: FrameMeta,
-        payload: Bytes,
-        fallback: Option<String>,
-    },
-    Report(pb::report::Kind),
-}
 
 /// A micro-batch attempt: (epoch, shard, first sample, attempt).
 type MbKey = (u64, u32, u64, u32);
@@ -67,7 +42,7 @@ pub struct Worker<B: Backend = CpuBackend> {
     me: PeerId,
     cfg: RunConfig,
     be: Arc<B>,
-    store: ObjectStore,
+    store: SharedStore,
     rt: tokio::runtime::Handle,
     merge: Box<dyn Merge>,
     /// Tokens this miner pushed through its stage (for the throughput it reports).
@@ -107,7 +82,7 @@ impl<B: Backend + 'static> Worker<B> {
         be: Arc<B>,
         me: PeerId,
         cfg: RunConfig,
-        store: ObjectStore,
+        store: SharedStore,
         rt: tokio::runtime::Handle,
         dir: Arc<PeerDirectory>,
         ctx: Arc<RunContext>,
@@ -260,7 +235,7 @@ impl<B: Backend + 'static> Worker<B> {
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
-            self.corpus = Some(Arc::new(self.cfg.load_corpus()?));
+            self.corpus = Some(Arc::new(crate::corpus::load_corpus(&self.cfg)?));
         }
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())

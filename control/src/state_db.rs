@@ -14,13 +14,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::orchestrator::Orchestrator;
 
-pub struct Store {
+pub struct StateDb {
     conn: Connection,
 }
 
-impl Store {
+impl StateDb {
     /// Opens (creating if needed) the state database at `path`.
-    pub fn open(path: &Path) -> Result<Store> {
+    pub fn open(path: &Path) -> Result<StateDb> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -44,7 +44,7 @@ impl Store {
                 PRIMARY KEY (run_id, epoch)
             );",
         )?;
-        Ok(Store { conn })
+        Ok(StateDb { conn })
     }
 
     /// Saves the state (and the summary of every finished epoch).
@@ -77,7 +77,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrator::RunSpec;
+    use iota_protocol::RunSpec;
 
     #[test]
     fn save_then_load() {
@@ -100,12 +100,12 @@ mod tests {
         };
         let o = Orchestrator::new(spec.clone()).unwrap();
         {
-            let mut s = Store::open(&p).unwrap();
+            let mut s = StateDb::open(&p).unwrap();
             assert!(s.load().unwrap().is_none());
             s.save(&o, 5).unwrap();
             s.save(&o, 6).unwrap();
         }
-        let s = Store::open(&p).unwrap();
+        let s = StateDb::open(&p).unwrap();
         let back = s.load().unwrap().unwrap();
         assert_eq!(back.spec(), &spec);
     }

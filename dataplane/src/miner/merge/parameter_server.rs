@@ -1,103 +1,26 @@
-//! How the replicas of a stage combine their work at the end of an epoch.
-//!
-//! The worker drives a `Merge` with the phases, commands and frames it
-//! receives. Two implementations:
-//! - `Butterfly` (default, `butterfly.rs`): an all-reduce over the data
-//!   plane, each partition reduced by two owners and checked by hash.
-//! - `ParameterServer`: every replica uploads its weights to the object
-//!   store, one aggregator averages them, everyone downloads the result.
-//!   Simple and correct; the baseline the butterfly is measured against.
+//! The parameter-server merge: every replica uploads its weights to the
+//! object store, one aggregator averages them, everyone downloads the result.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
-use iota_control::orchestrator::{merged_key, parse_part_name, upload_prefix};
-use iota_control::pb;
 use iota_core::{ParamLayout, PeerId};
 use iota_model::checkpoint::{parse_safetensors, stage_bytes, stage_params};
+use iota_protocol::store_keys::{merged_key, upload_prefix};
+use iota_protocol::{SharedStore, pb};
 use tracing::info;
 
-use super::worker::Output;
-use crate::store::ObjectStore;
-use crate::transport::ReceivedFrame;
-
-pub trait Merge: Send {
-    /// The weights every replica of the stage holds as `epoch` starts (the
-    /// merge's reference point, theta_prev).
-    fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]);
-    /// Uploading phase: this replica's trained weights and its work count.
-    /// Reports `UploadDone` (for the butterfly: "ready, nothing uploaded").
-    fn contribute(
-        &mut self,
-        epoch: u64,
-        stage: u32,
-        layout: &ParamLayout,
-        params: &[f32],
-        work: u64,
-        out: &mut Vec<Output>,
-    ) -> Result<()>;
-    /// Merging phase (sent again when the butterfly plan changes).
-    fn merging(&mut self, p: &pb::PhaseChange, stage: u32, layout: &ParamLayout, out: &mut Vec<Output>) -> Result<()>;
-    /// The orchestrator accepted a partition's result.
-    fn verdict(&mut self, _v: pb::SliceVerdict, _out: &mut Vec<Output>) -> Result<()> {
-        Ok(())
-    }
-    /// A `WeightSlice` frame from a peer.
-    fn frame(&mut self, _f: ReceivedFrame, _out: &mut Vec<Output>) -> Result<()> {
-        Ok(())
-    }
-    /// Time passed (retries, store fallbacks).
-    fn tick(&mut self, _out: &mut Vec<Output>) -> Result<()> {
-        Ok(())
-    }
-    /// The merged weights of `epoch`, once, as soon as this replica has them.
-    fn take_merged(&mut self) -> Option<(u64, Vec<f32>)> {
-        None
-    }
-    /// Downloads the merged weights of `epoch` (a replica that missed the
-    /// merge, or a newcomer).
-    fn fetch(&mut self, epoch: u64, stage: u32, layout: &ParamLayout) -> Result<Vec<f32>>;
-}
-
-/// Reads `[offset, offset + len)` of a vector stored as part objects under
-/// `prefix` (names from `part_name`). Returns the values and how many of
-/// them were covered by some part (the rest are zero).
-pub async fn read_range(store: &ObjectStore, prefix: &str, offset: u64, len: u64) -> Result<(Vec<f32>, u64)> {
-    let mut out = vec![0.0f32; len as usize];
-    let mut covered = 0u64;
-    let end = offset + len;
-    for key in store.list(prefix).await.unwrap_or_default() {
-        let Some((o, l)) = parse_part_name(&key) else { continue };
-        let (lo, hi) = (o.max(offset), (o + l).min(end));
-        if lo >= hi {
-            continue;
-        }
-        let bytes = store.get(&key).await.with_context(|| format!("reading {key}"))?;
-        if bytes.len() as u64 != l * 4 {
-            bail!("part {key} holds {} bytes, its name says {} values", bytes.len(), l);
-        }
-        for i in lo..hi {
-            let b = ((i - o) * 4) as usize;
-            out[(i - offset) as usize] = f32::from_le_bytes(bytes[b..b + 4].try_into().unwrap());
-        }
-        covered += hi - lo;
-    }
-    Ok((out, covered))
-}
-
-/// Little-endian f32 bytes of `x` (the part objects' format).
-pub fn f32_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
+use super::Merge;
+use crate::miner::events::Output;
 
 pub struct ParameterServer {
-    store: ObjectStore,
+    store: SharedStore,
     rt: tokio::runtime::Handle,
     me: PeerId,
 }
 
 impl ParameterServer {
-    pub fn new(store: ObjectStore, rt: tokio::runtime::Handle, me: PeerId) -> Self {
+    pub fn new(store: SharedStore, rt: tokio::runtime::Handle, me: PeerId) -> Self {
         ParameterServer { store, rt, me }
     }
 

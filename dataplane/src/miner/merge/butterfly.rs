@@ -1,5 +1,5 @@
 //! The butterfly merge, one replica's side (see `iota_core::merge` for the
-//! plan and the reduce, `iota_control::orchestrator::butterfly` for the
+//! plan and the reduce, `iota_core::merge::stage` for the
 //! orchestrator's side).
 //!
 //! 1. Uploading: the replica computes its pseudo-gradient
@@ -30,21 +30,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use iota_control::orchestrator::butterfly::KEEP_PREVIOUS;
-use iota_control::orchestrator::{
-    MergeSpec, contrib_prefix, momentum_parts_prefix, part_name, plan_from_pb, weights_parts_prefix,
-};
-use iota_control::pb;
-use iota_core::merge::{BLOCK, MergePlan, reduce_slice};
+use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, reduce_slice};
 use iota_core::wire::Direction;
 use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_model::codec;
+use iota_protocol::store_keys::{contrib_prefix, momentum_parts_prefix, part_name, weights_parts_prefix};
+use iota_protocol::{MergeSpec, SharedStore, pb, plan_from_pb};
 use tracing::{debug, info, warn};
 
-use super::merge::{Merge, f32_bytes, read_range};
-use super::worker::Output;
+use super::{Merge, f32_bytes, read_range};
 use crate::frame::{FrameMeta, RunContext, decode_frame};
-use crate::store::ObjectStore;
+use crate::miner::events::Output;
 use crate::transport::ReceivedFrame;
 
 const KIND_CONTRIBUTION: u32 = 0;
@@ -98,7 +94,7 @@ struct OwnResult {
 pub struct Butterfly {
     me: PeerId,
     spec: MergeSpec,
-    store: ObjectStore,
+    store: SharedStore,
     rt: tokio::runtime::Handle,
     ctx: Arc<RunContext>,
     pub stats: Arc<MergeStats>,
@@ -147,7 +143,7 @@ impl Butterfly {
     pub fn new(
         me: PeerId,
         spec: MergeSpec,
-        store: ObjectStore,
+        store: SharedStore,
         rt: tokio::runtime::Handle,
         ctx: Arc<RunContext>,
     ) -> Butterfly {

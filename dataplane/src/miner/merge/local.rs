@@ -11,21 +11,19 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use iota_control::orchestrator::butterfly::{MergeOut, Mismatch, StageMerge};
-use iota_control::orchestrator::{MergeSpec, plan_to_pb};
-use iota_control::pb;
 use iota_core::layout::Init;
-use iota_core::merge::{MergePlan, Participant};
+use iota_core::merge::{MergeOut, MergePlan, Mismatch, Participant, StageMerge};
 use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
+use iota_protocol::{MergeSpec, pb, plan_to_pb};
 use tokio::sync::mpsc;
 
-use super::butterfly::{Butterfly, MergeFault, MergeStats};
-use super::merge::Merge;
-use super::worker::Output;
+use super::{Butterfly, Merge, MergeFault, MergeStats};
 use crate::fileio::FileIo;
 use crate::frame::{FrameLimits, RunContext};
+use crate::local_store::LocalDirStore;
+use crate::miner::deliver::deliver;
+use crate::miner::events::Output;
 use crate::pool::HostPool;
-use crate::store::ObjectStore;
 use crate::tls::PeerDirectory;
 use crate::transport::{Endpoint, ReceivedFrame, TransportConfig};
 
@@ -97,7 +95,7 @@ pub async fn run_local_butterfly(
     let dir = PeerDirectory::new();
     let ctx = Arc::new(RunContext::new(7, FrameLimits::default()));
     ctx.set_epoch_window(epoch as u32, epoch as u32);
-    let store = ObjectStore::local(store_dir, FileIo::start(false))?;
+    let store = LocalDirStore::shared(store_dir, FileIo::start(false))?;
     let mut eps = Vec::new();
     for (id, rep) in ids.into_iter().zip(&replicas) {
         // An isolated replica knows no one and is known to no one.
@@ -142,7 +140,7 @@ pub async fn run_local_butterfly(
                 while let Some(o) = out_rx.recv().await {
                     match o {
                         Output::Frame { to, meta, payload, fallback } => {
-                            super::deliver(&ep, &store, to, &meta, payload, fallback).await;
+                            deliver(&ep, &store, to, &meta, payload, fallback).await;
                         }
                         Output::Report(k) => {
                             let _ = co_tx.send(ToCoordinator::Report(me, k));

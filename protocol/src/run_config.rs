@@ -4,11 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use iota_model::data::{Corpus, load_tokens, synthetic};
-use iota_model::train::TrainConfig;
+use iota_core::train_config::TrainConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::orchestrator::RunSpec;
+use crate::run_spec::RunSpec;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunConfig {
@@ -58,33 +57,5 @@ impl RunConfig {
         let c: RunConfig = serde_json::from_str(s)?;
         c.validate()?;
         Ok(c)
-    }
-}
-
-impl RunConfig {
-    /// Loads the corpus exactly as the single-process trainer does (same
-    /// shards, same sample addresses), checking it has `spec.n_shards`.
-    pub fn load_corpus(&self) -> Result<Corpus> {
-        let c = self.load_corpus_unchecked()?;
-        if c.num_shards() as u32 != self.spec.n_shards {
-            bail!("corpus has {} shards but the run expects {}", c.num_shards(), self.spec.n_shards);
-        }
-        Ok(c)
-    }
-
-    /// Loads the corpus and sets `spec.n_shards` from it (the launcher does this once).
-    pub fn fix_shards(&mut self) -> Result<Corpus> {
-        let c = self.load_corpus_unchecked()?;
-        self.spec.n_shards = c.num_shards() as u32;
-        Ok(c)
-    }
-
-    fn load_corpus_unchecked(&self) -> Result<Corpus> {
-        let tok = iota_model::data::Tokenizer::new(self.train.tokenizer)?;
-        let tokens = match &self.data {
-            Some(p) => load_tokens(p, &tok)?,
-            None => tok.encode(&synthetic::grammar_text(self.train.seed, 2_000_000)),
-        };
-        Corpus::new(tokens, self.train.seq, self.max_shards, self.val_fraction).map_err(anyhow::Error::msg)
     }
 }

@@ -4,8 +4,6 @@ use iota_core::WireCodec;
 use iota_core::merge::{OuterOpt, ReduceRule};
 use serde::{Deserialize, Serialize};
 
-use super::state::MbRef;
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunSpec {
     pub run_id: u64,
@@ -109,4 +107,12 @@ impl RunSpec {
             first_sample: (g / self.n_shards as u64) * self.batch as u64,
         }
     }
+}
+
+/// A micro-batch: the run epoch it belongs to and its samples' address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MbRef {
+    pub epoch: u64,
+    pub shard: u32,
+    pub first_sample: u64,
 }

@@ -1,0 +1,291 @@
+//! The reduce of one partition: a (robust) weighted mean of the
+//! participants' pseudo-gradients, then the outer optimizer.
+
+use serde::{Deserialize, Serialize};
+
+/// How an owner combines the participants' pseudo-gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ReduceRule {
+    /// Work-weighted mean. Not robust: one replica can move it anywhere.
+    Mean,
+    /// Coordinate-wise: drop the `trim` lowest and highest values, then the
+    /// work-weighted mean of the rest.
+    TrimmedMean { trim: u32 },
+    /// Centered clipping (Karimireddy, He, Jaggi 2021): start at the
+    /// coordinate-wise median; `iters` times, move by the weighted mean of
+    /// each contribution's offset, each offset's norm clipped to tau, where
+    /// tau is `tau_factor` times the median offset norm.
+    CenteredClip { tau_factor: f32, iters: u32 },
+}
+
+impl ReduceRule {
+    pub fn parse(s: &str) -> Option<ReduceRule> {
+        match s {
+            "mean" => Some(ReduceRule::Mean),
+            "trimmed-mean" => Some(ReduceRule::TrimmedMean { trim: 1 }),
+            "centered-clip" => Some(ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 }),
+            _ => None,
+        }
+    }
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReduceRule::Mean => "mean",
+            ReduceRule::TrimmedMean { .. } => "trimmed-mean",
+            ReduceRule::CenteredClip { .. } => "centered-clip",
+        }
+    }
+}
+
+/// The outer optimizer: SGD with Nesterov momentum on the pseudo-gradient.
+/// lr 1 and momentum 0 make the merge a plain average of the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OuterOpt {
+    pub lr: f32,
+    pub momentum: f32,
+}
+
+impl OuterOpt {
+    pub const AVERAGE: OuterOpt = OuterOpt { lr: 1.0, momentum: 0.0 };
+}
+
+/// What one slice reduce did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReduceStats {
+    /// Contributions left out because they held a non-finite value.
+    pub rejected_non_finite: usize,
+    /// Contributions whose offset was clipped (centered clipping).
+    pub clipped: usize,
+}
+
+/// Reduces one partition. `contribs[i]` is participant i's pseudo-gradient
+/// slice (None if it never arrived) and `weights[i]` its work weight;
+/// `momentum` is the outer momentum slice, updated in place. Returns the
+/// update u (theta_next = theta_prev - u). Sums run in f64 in participant
+/// order, so two owners given the same inputs produce the same bits.
+pub fn reduce_slice(
+    rule: ReduceRule,
+    outer: OuterOpt,
+    contribs: &[Option<&[f32]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+) -> (Vec<f32>, ReduceStats) {
+    let n = momentum.len();
+    let mut stats = ReduceStats::default();
+    // Contributions that may take part: present, right length, all finite.
+    let mut used: Vec<(&[f32], f64)> = Vec::with_capacity(contribs.len());
+    for (c, &w) in contribs.iter().zip(weights) {
+        let Some(c) = c else { continue };
+        if c.len() != n || !c.iter().all(|x| x.is_finite()) {
+            stats.rejected_non_finite += 1;
+            continue;
+        }
+        used.push((c, w));
+    }
+    let mut g = vec![0.0f32; n];
+    if !used.is_empty() {
+        let total: f64 = used.iter().map(|u| u.1).sum();
+        let norm: Vec<f64> =
+            used.iter().map(|u| if total > 0.0 { u.1 / total } else { 1.0 / used.len() as f64 }).collect();
+        match rule {
+            ReduceRule::Mean => weighted_mean(&used, &norm, &mut g),
+            ReduceRule::TrimmedMean { trim } => trimmed_mean(&used, &norm, trim as usize, &mut g),
+            ReduceRule::CenteredClip { tau_factor, iters } => {
+                stats.clipped = centered_clip(&used, &norm, tau_factor, iters, &mut g)
+            }
+        }
+    }
+    // Nesterov: m <- mu m + g; u = lr (g + mu m).
+    let (lr, mu) = (outer.lr, outer.momentum);
+    let u = g
+        .iter()
+        .zip(momentum.iter_mut())
+        .map(|(&g, m)| {
+            *m = mu * *m + g;
+            lr * (g + mu * *m)
+        })
+        .collect();
+    (u, stats)
+}
+
+fn weighted_mean(used: &[(&[f32], f64)], w: &[f64], out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let s: f64 = used.iter().zip(w).map(|((c, _), w)| w * c[j] as f64).sum();
+        *o = s as f32;
+    }
+}
+
+fn trimmed_mean(used: &[(&[f32], f64)], w: &[f64], trim: usize, out: &mut [f32]) {
+    let r = used.len();
+    // Never trim everything: keep at least one value per coordinate.
+    let trim = trim.min(r.saturating_sub(1) / 2);
+    let mut col: Vec<(f32, f64)> = Vec::with_capacity(r);
+    for (j, o) in out.iter_mut().enumerate() {
+        col.clear();
+        col.extend(used.iter().zip(w).map(|((c, _), w)| (c[j], *w)));
+        col.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let kept = &col[trim..r - trim];
+        let wsum: f64 = kept.iter().map(|k| k.1).sum();
+        let s: f64 = kept.iter().map(|k| k.1 * k.0 as f64).sum();
+        *o = if wsum > 0.0 {
+            (s / wsum) as f32
+        } else {
+            (kept.iter().map(|k| k.0 as f64).sum::<f64>() / kept.len() as f64) as f32
+        };
+    }
+}
+
+fn median_of(v: &mut [f32]) -> f32 {
+    v.sort_by(f32::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0) as f32 }
+}
+
+fn centered_clip(used: &[(&[f32], f64)], w: &[f64], tau_factor: f32, iters: u32, out: &mut [f32]) -> usize {
+    let r = used.len();
+    let mut col = vec![0.0f32; r];
+    for (j, o) in out.iter_mut().enumerate() {
+        for (i, (c, _)) in used.iter().enumerate() {
+            col[i] = c[j];
+        }
+        *o = median_of(&mut col);
+    }
+    let mut clipped = vec![false; r];
+    for _ in 0..iters.max(1) {
+        let dist: Vec<f64> = used
+            .iter()
+            .map(|(c, _)| c.iter().zip(out.iter()).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>().sqrt())
+            .collect();
+        let mut d32: Vec<f32> = dist.iter().map(|&d| d as f32).collect();
+        let tau = tau_factor as f64 * median_of(&mut d32) as f64;
+        let scale: Vec<f64> = dist
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                if d > tau && d > 0.0 {
+                    clipped[i] = true;
+                    tau / d
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        for (j, o) in out.iter_mut().enumerate() {
+            let v = *o as f64;
+            let step: f64 = used.iter().zip(w).zip(&scale).map(|(((c, _), w), s)| w * s * (c[j] as f64 - v)).sum();
+            *o = (v + step) as f32;
+        }
+    }
+    clipped.iter().filter(|&&c| c).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn honest(r: usize, n: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = Rng::new(seed);
+        let base: Vec<f32> = (0..n).map(|_| rng.normal() * 0.01).collect();
+        (0..r).map(|_| base.iter().map(|&b| b + rng.normal() * 0.002).collect()).collect()
+    }
+
+    fn mean_of(xs: &[Vec<f32>], w: &[f64]) -> Vec<f32> {
+        let t: f64 = w.iter().sum();
+        (0..xs[0].len()).map(|j| (xs.iter().zip(w).map(|(x, w)| w * x[j] as f64).sum::<f64>() / t) as f32).collect()
+    }
+
+    fn dist(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
+    }
+
+    fn norm(a: &[f32]) -> f64 {
+        a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt()
+    }
+
+    #[test]
+    fn mean_with_lr_one_and_no_momentum_is_the_weighted_mean() {
+        let xs = honest(5, 1001, 1);
+        let w = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let wn: Vec<f64> = w.iter().map(|x| x / 15.0).collect();
+        let refs: Vec<Option<&[f32]>> = xs.iter().map(|x| Some(x.as_slice())).collect();
+        let mut m = vec![0.0; 1001];
+        let (u, st) = reduce_slice(ReduceRule::Mean, OuterOpt::AVERAGE, &refs, &wn, &mut m);
+        assert!(dist(&u, &mean_of(&xs, &w)) < 1e-6 * norm(&u));
+        assert_eq!(st, ReduceStats::default());
+        assert_eq!(m, u, "momentum holds the last pseudo-gradient");
+    }
+
+    #[test]
+    fn nesterov_matches_its_definition() {
+        let g = [vec![1.0f32, -2.0]];
+        let refs: Vec<Option<&[f32]>> = g.iter().map(|x| Some(x.as_slice())).collect();
+        let mut m = vec![0.5f32, 0.5];
+        let o = OuterOpt { lr: 0.7, momentum: 0.9 };
+        let (u, _) = reduce_slice(ReduceRule::Mean, o, &refs, &[1.0], &mut m);
+        // m = 0.9*0.5 + g; u = 0.7 (g + 0.9 m)
+        let m0 = 0.9 * 0.5 + 1.0;
+        assert!((m[0] - m0).abs() < 1e-6);
+        assert!((u[0] - 0.7 * (1.0 + 0.9 * m0)).abs() < 1e-6);
+        assert!((u[1] - 0.7 * (-2.0 + 0.9 * (0.9 * 0.5 - 2.0))).abs() < 1e-6);
+    }
+
+    #[test]
+    fn robust_rules_bound_a_byzantine_replica() {
+        let n = 4096;
+        for r in [3usize, 5, 8] {
+            let xs = honest(r, n, r as u64);
+            let w = vec![1.0 / r as f64; r];
+            let honest_mean = mean_of(&xs[1..], &w[1..]);
+            let scale = norm(&honest_mean);
+            for attack in ["huge", "nan", "flip"] {
+                let mut bad = xs.clone();
+                match attack {
+                    "huge" => bad[0].iter_mut().for_each(|x| *x *= 1e6),
+                    "nan" => bad[0][17] = f32::NAN,
+                    _ => bad[0].iter_mut().for_each(|x| *x *= -20.0),
+                }
+                let refs: Vec<Option<&[f32]>> = bad.iter().map(|x| Some(x.as_slice())).collect();
+                for rule in
+                    [ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 }, ReduceRule::TrimmedMean { trim: 1 }]
+                {
+                    let mut m = vec![0.0; n];
+                    let (u, st) = reduce_slice(rule, OuterOpt::AVERAGE, &refs, &w, &mut m);
+                    assert!(u.iter().all(|x| x.is_finite()), "{rule:?} {attack}");
+                    let err = dist(&u, &honest_mean) / scale;
+                    assert!(err < 0.5, "{rule:?} r={r} {attack}: relative error {err}");
+                    if attack == "nan" {
+                        assert_eq!(st.rejected_non_finite, 1);
+                    }
+                }
+                let mut m = vec![0.0; n];
+                let (u, _) = reduce_slice(ReduceRule::Mean, OuterOpt::AVERAGE, &refs, &w, &mut m);
+                if attack != "nan" {
+                    assert!(dist(&u, &honest_mean) / scale > 1.0, "the plain mean is not robust ({attack})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn centered_clip_leaves_honest_replicas_alone() {
+        let xs = honest(5, 2048, 9);
+        let w = vec![0.2; 5];
+        let refs: Vec<Option<&[f32]>> = xs.iter().map(|x| Some(x.as_slice())).collect();
+        let mut m = vec![0.0; 2048];
+        let (u, st) =
+            reduce_slice(ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 }, OuterOpt::AVERAGE, &refs, &w, &mut m);
+        let err = dist(&u, &mean_of(&xs, &w)) / norm(&u);
+        assert_eq!(st.clipped, 0);
+        assert!(err < 1e-3, "relative error {err}");
+    }
+
+    #[test]
+    fn missing_and_empty_contributions() {
+        let mut m = vec![0.25f32; 3];
+        let (u, _) =
+            reduce_slice(ReduceRule::Mean, OuterOpt { lr: 1.0, momentum: 0.5 }, &[None, None], &[0.5, 0.5], &mut m);
+        // No input: g = 0, the momentum still decays and moves the weights.
+        assert_eq!(m, vec![0.125; 3]);
+        assert_eq!(u, vec![0.0625; 3]);
+    }
+}

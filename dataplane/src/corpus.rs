@@ -1,0 +1,33 @@
+//! The run's corpus, loaded by every role that needs tokens (head and tail
+//! miners, the launcher, validators) exactly as the single-process trainer
+//! loads it: same shards, same sample addresses.
+
+use anyhow::{Result, bail};
+use iota_model::data::{Corpus, Tokenizer, load_tokens, synthetic};
+use iota_protocol::RunConfig;
+
+/// Loads the corpus exactly as the single-process trainer does (same
+/// shards, same sample addresses), checking it has `spec.n_shards`.
+pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
+    let c = load_corpus_unchecked(cfg)?;
+    if c.num_shards() as u32 != cfg.spec.n_shards {
+        bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
+    }
+    Ok(c)
+}
+
+/// Loads the corpus and sets `spec.n_shards` from it (the launcher does this once).
+pub fn fix_shards(cfg: &mut RunConfig) -> Result<Corpus> {
+    let c = load_corpus_unchecked(cfg)?;
+    cfg.spec.n_shards = c.num_shards() as u32;
+    Ok(c)
+}
+
+fn load_corpus_unchecked(cfg: &RunConfig) -> Result<Corpus> {
+    let tok = Tokenizer::new(cfg.train.tokenizer)?;
+    let tokens = match &cfg.data {
+        Some(p) => load_tokens(p, &tok)?,
+        None => tok.encode(&synthetic::grammar_text(cfg.train.seed, 2_000_000)),
+    };
+    Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).map_err(anyhow::Error::msg)
+}

@@ -1,0 +1,32 @@
+//! What flows into the stage worker and out of it: the async shell feeds it
+//! commands, frames and ticks, and carries out the frames and reports it
+//! asks for. The merge implementations produce the same outputs.
+
+use bytes::Bytes;
+use iota_core::PeerId;
+use iota_protocol::pb;
+
+use crate::frame::FrameMeta;
+use crate::transport::ReceivedFrame;
+
+/// What the worker reacts to.
+pub enum Input {
+    Command(pb::command::Kind),
+    Frame(Box<ReceivedFrame>),
+    /// Time passed (the merge's retries and store fallbacks).
+    Tick,
+}
+
+/// What the worker wants done.
+#[derive(Debug)]
+pub enum Output {
+    /// `fallback`: an object-store key where the frame is left, signed, if
+    /// it cannot be delivered (the receiver looks there).
+    Frame {
+        to: PeerId,
+        meta: FrameMeta,
+        payload: Bytes,
+        fallback: Option<String>,
+    },
+    Report(pb::report::Kind),
+}

@@ -1,0 +1,66 @@
+//! How the replicas of a stage combine their work at the end of an epoch.
+//!
+//! The worker drives a `Merge` with the phases, commands and frames it
+//! receives. Two implementations:
+//! - `Butterfly` (default, `butterfly.rs`): an all-reduce over the data
+//!   plane, each partition reduced by two owners and checked by hash.
+//! - `ParameterServer`: every replica uploads its weights to the object
+//!   store, one aggregator averages them, everyone downloads the result.
+//!   Simple and correct; the baseline the butterfly is measured against
+//!   (`parameter_server.rs`).
+//!
+//! `parts.rs` reads and writes vectors stored as part objects; `local.rs`
+//! runs one stage's butterfly in process (tests, the bench).
+
+mod butterfly;
+pub mod local;
+mod parameter_server;
+mod parts;
+
+use anyhow::Result;
+use iota_core::ParamLayout;
+use iota_protocol::pb;
+
+pub use self::butterfly::{Butterfly, MergeFault, MergeStats};
+pub use self::parameter_server::ParameterServer;
+pub use self::parts::{f32_bytes, read_range};
+use super::events::Output;
+use crate::transport::ReceivedFrame;
+
+pub trait Merge: Send {
+    /// The weights every replica of the stage holds as `epoch` starts (the
+    /// merge's reference point, theta_prev).
+    fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]);
+    /// Uploading phase: this replica's trained weights and its work count.
+    /// Reports `UploadDone` (for the butterfly: "ready, nothing uploaded").
+    fn contribute(
+        &mut self,
+        epoch: u64,
+        stage: u32,
+        layout: &ParamLayout,
+        params: &[f32],
+        work: u64,
+        out: &mut Vec<Output>,
+    ) -> Result<()>;
+    /// Merging phase (sent again when the butterfly plan changes).
+    fn merging(&mut self, p: &pb::PhaseChange, stage: u32, layout: &ParamLayout, out: &mut Vec<Output>) -> Result<()>;
+    /// The orchestrator accepted a partition's result.
+    fn verdict(&mut self, _v: pb::SliceVerdict, _out: &mut Vec<Output>) -> Result<()> {
+        Ok(())
+    }
+    /// A `WeightSlice` frame from a peer.
+    fn frame(&mut self, _f: ReceivedFrame, _out: &mut Vec<Output>) -> Result<()> {
+        Ok(())
+    }
+    /// Time passed (retries, store fallbacks).
+    fn tick(&mut self, _out: &mut Vec<Output>) -> Result<()> {
+        Ok(())
+    }
+    /// The merged weights of `epoch`, once, as soon as this replica has them.
+    fn take_merged(&mut self) -> Option<(u64, Vec<f32>)> {
+        None
+    }
+    /// Downloads the merged weights of `epoch` (a replica that missed the
+    /// merge, or a newcomer).
+    fn fetch(&mut self, epoch: u64, stage: u32, layout: &ParamLayout) -> Result<Vec<f32>>;
+}

@@ -1,0 +1,31 @@
+//! iota-protocol: what every networked role (orchestrator, miner, validator)
+//! shares, and nothing that only one of them does.
+//!
+//! - [`pb`]: the gRPC schema (`proto/iota.proto`) and its generated types;
+//! - [`auth`]: signed request envelopes (sign, and the server's verifier);
+//! - [`client`]: the typed, signing client of the orchestrator;
+//! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
+//!   it and as a miner receives it;
+//! - [`store_keys`], [`object_store`]: where a run's objects live and the
+//!   store interface;
+//! - [`plan_pb`]: the butterfly merge plan on the wire.
+//!
+//! It depends on `iota-core` only: no model, no data plane.
+
+pub mod auth;
+pub mod client;
+pub mod object_store;
+pub mod plan_pb;
+pub mod run_config;
+pub mod run_spec;
+pub mod store_keys;
+
+pub use object_store::{ObjectStore, SharedStore};
+pub use plan_pb::{plan_from_pb, plan_to_pb};
+pub use run_config::RunConfig;
+pub use run_spec::{MbRef, MergeMethod, MergeSpec, RunSpec};
+
+/// Generated from `proto/iota.proto`.
+pub mod pb {
+    tonic::include_proto!("iota.v1");
+}
