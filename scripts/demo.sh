@@ -10,6 +10,6 @@ mkdir -p data
 if [ ! -s data/kjv.txt ]; then
     bible "gen1:1-rev22:21" > data/kjv.txt.tmp && mv data/kjv.txt.tmp data/kjv.txt
 fi
-cargo build --release -q -p iota-control -p iota-dataplane -p iota-cuda
+cargo build --release -q -p iota-control -p iota-dataplane -p iota-cli
 exec target/release/iota-control swarm --model small --stages 3 --replicas 2 --epochs 6 --micro-batches 48 \
     --data data/kjv.txt --run-dir runs/demo "$@"

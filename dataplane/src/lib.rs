@@ -5,6 +5,7 @@
 //! - [`transport`]: the QUIC endpoint (lanes, reconnects, backpressure);
 //! - [`pool`]: bounded receive pools (`HostPool`; CUDA pinned memory later).
 
+pub mod commands;
 pub mod corpus;
 pub mod fileio;
 pub mod frame;

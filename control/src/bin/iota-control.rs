@@ -1,69 +1,11 @@
-//! `iota-control`: the run operator's tool: the orchestrator, and the local
-//! swarm that runs a whole run on one machine.
+//! `iota-control`: the run operator's tool (see `iota-control --help`).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
-use iota_control::cli::{RunArgs, expand_config_file};
-use iota_control::swarm::{self, SwarmOptions};
+use clap::Parser;
+use iota_control::cli::expand_config_file;
+use iota_control::commands::{Cli, run};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Parser)]
-#[command(
-    name = "iota-control",
-    version,
-    args_override_self = true,
-    about = "iota-rs control plane: orchestrator and local swarm"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run the orchestrator: miners (`iota-miner run --orchestrator URL`)
-    /// register with it and train until the run's epochs are done. State is
-    /// kept in RUN_DIR/state.sqlite; restarting resumes the run.
-    Orchestrator {
-        #[command(flatten)]
-        run: RunArgs,
-        /// gRPC listen address.
-        #[arg(long, default_value = "127.0.0.1:7100")]
-        listen: SocketAddr,
-        /// Read flags from a TOML file (keys are flag names; flags given
-        /// on the command line win).
-        #[arg(long)]
-        config_file: Option<PathBuf>,
-    },
-    /// Run a whole swarm on this machine: an orchestrator and STAGES x
-    /// REPLICAS miner processes on loopback. Ctrl-C stops everything;
-    /// running the same command again resumes.
-    Swarm {
-        #[command(flatten)]
-        run: RunArgs,
-        /// gRPC listen address of the orchestrator (port 0 = any).
-        #[arg(long, default_value = "127.0.0.1:0")]
-        listen: SocketAddr,
-        /// Compute threads per miner process.
-        #[arg(long, default_value_t = 1)]
-        threads_per_miner: usize,
-        /// The iota-miner binary (default: next to this one).
-        #[arg(long)]
-        miner_bin: Option<PathBuf>,
-        /// Where every miner computes: cpu, cuda (all on GPU 0) or cuda:N.
-        #[arg(long, default_value = "cpu")]
-        miner_device: String,
-        /// Read flags from a TOML file (keys are flag names; flags given
-        /// on the command line win).
-        #[arg(long)]
-        config_file: Option<PathBuf>,
-    },
-}
 
 fn main() {
     let args = match expand_config_file(std::env::args().collect()) {
@@ -77,69 +19,8 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    if let Err(e) = rt.block_on(main_async(cli)) {
+    if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(2);
-    }
-}
-
-async fn main_async(cli: Cli) -> Result<()> {
-    match cli.cmd {
-        Cmd::Orchestrator { run, listen, .. } => {
-            let cfg = run.run_config()?;
-            std::fs::create_dir_all(&run.run_dir)?;
-            let svc = swarm::orchestrator(&cfg, &run.run_dir)?;
-            let (url, server) = swarm::serve(svc.clone(), listen).await?;
-            let ticker = svc.spawn_ticker();
-            println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
-            loop {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => break,
-                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
-                        if svc.with_state(|o| *o.phase() == iota_control::orchestrator::Phase::Done) {
-                            break;
-                        }
-                    }
-                }
-            }
-            svc.save();
-            ticker.abort();
-            server.abort();
-            let s = svc.with_state(|o| o.status());
-            println!(
-                "epoch {}, {} micro-batches completed, {} re-routed, {} dropped",
-                s.epoch, s.completed, s.rerouted, s.dropped
-            );
-            Ok(())
-        }
-        Cmd::Swarm { run, listen, threads_per_miner, miner_bin, miner_device, .. } => {
-            std::fs::create_dir_all(&run.run_dir)?;
-            let cfg = run.run_config()?;
-            let miner_bin = match miner_bin {
-                Some(p) => p,
-                None => std::env::current_exe()?.parent().context("no binary directory")?.join("iota-miner"),
-            };
-            if !miner_bin.exists() {
-                anyhow::bail!(
-                    "{} not found; build it (package iota-dataplane) or pass --miner-bin",
-                    miner_bin.display()
-                );
-            }
-            let report = swarm::run(SwarmOptions {
-                cfg: cfg.clone(),
-                run_dir: run.run_dir.clone(),
-                listen,
-                miner_bin,
-                threads_per_miner,
-                miner_device,
-            })
-            .await?;
-            swarm::print_summary(&cfg, &report);
-            if report.interrupted {
-                std::process::exit(130);
-            }
-            Ok(())
-        }
     }
 }

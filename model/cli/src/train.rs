@@ -1,185 +1,22 @@
-//! `iota`: the single-process trainer and model tools.
+//! `iota train`: the single-process trainer on the CPU or a GPU, with a
+//! progress bar, a loss log and checkpoints.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use iota_core::codec::boundary_cost;
-use iota_core::config::PRESETS;
 use iota_core::{ModelConfig, WireCodec};
 use iota_cuda::ComputeDevice;
-use iota_cuda::backend::GemmPrecision;
 use iota_model::data::{Corpus, TokenizerKind, load_tokens, synthetic};
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::{Pipeline, TrainConfig};
 use iota_model::{Backend, CpuBackend};
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Parser)]
-#[command(name = "iota", version, about = "iota-rs: pipeline-parallel LLM pre-training, single-process tools")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-#[allow(clippy::large_enum_variant)] // parsed once
-enum Cmd {
-    /// Train a model in one process, optionally split into pipeline stages
-    /// (every stage boundary goes through the bottleneck and wire codec, as in
-    /// a swarm). Writes loss.csv and safetensors checkpoints to --out.
-    Train(TrainArgs),
-    /// List the model presets: parameter counts, shapes, and the bytes per
-    /// token that cross a stage boundary with each codec.
-    Presets {
-        /// Also print per-stage parameter counts for this many stages.
-        #[arg(long, default_value_t = 3)]
-        stages: usize,
-    },
-}
-
-#[derive(Args)]
-struct TrainArgs {
-    /// Model preset (tiny, small, 125m, 1b, 1.5b, 15b) or a JSON file holding a ModelConfig.
-    #[arg(long, default_value = "small")]
-    config: String,
-    /// Training corpus: a UTF-8 text file, JSON-lines with a "text" field (.jsonl),
-    /// uint16 token shards (.bin, raw or llm.c header), or a directory of .bin shards.
-    /// Without it, a generated toy corpus is used.
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Tokenizer: gpt2 (BPE, offline), byte, or auto (byte for tiny, gpt2 otherwise).
-    #[arg(long, default_value = "auto")]
-    tokenizer: String,
-    /// Optimizer steps to reach (a resumed run continues up to this step).
-    #[arg(long, default_value_t = 300)]
-    steps: u64,
-    /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Tokens per sequence (default: 128, or the model's max_seq if smaller).
-    #[arg(long)]
-    seq: Option<usize>,
-    /// Micro-batches accumulated per optimizer step.
-    #[arg(long, default_value_t = 1)]
-    grad_accum: usize,
-    /// Peak learning rate (linear warm-up, then cosine decay to --min-lr-ratio x peak).
-    #[arg(long, default_value_t = 2e-3)]
-    lr: f32,
-    /// Warm-up steps (default: 5% of --steps, at most 100).
-    #[arg(long)]
-    warmup: Option<u64>,
-    #[arg(long, default_value_t = 0.1)]
-    min_lr_ratio: f32,
-    /// Decoupled AdamW weight decay (matrices only, never norm gains).
-    #[arg(long, default_value_t = 0.1)]
-    weight_decay: f32,
-    /// Clip each stage's gradient L2 norm to this (0 = off).
-    #[arg(long, default_value_t = 1.0)]
-    grad_clip: f32,
-    /// Pipeline stages to split the model into (run in this one process).
-    #[arg(long, default_value_t = 1)]
-    stages: usize,
-    /// Wire codec at stage boundaries: int8, int4, bf16 or f32.
-    #[arg(long, default_value = "int8")]
-    codec: String,
-    /// Bottleneck width at stage boundaries (default: the preset's; 0 = off,
-    /// the full residual crosses).
-    #[arg(long)]
-    bottleneck: Option<usize>,
-    /// Seed of initialisation and data order.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Run directory: loss.csv and checkpoints go here.
-    #[arg(long, default_value = "runs/train")]
-    out: PathBuf,
-    /// Resume from a checkpoint folder or a run directory (its LATEST checkpoint).
-    /// The model and trainer settings come from the checkpoint.
-    #[arg(long)]
-    resume: Option<PathBuf>,
-    /// Evaluate validation loss every N steps (0 = only at the end).
-    #[arg(long, default_value_t = 50)]
-    eval_every: u64,
-    /// Validation batches per evaluation.
-    #[arg(long, default_value_t = 4)]
-    eval_batches: u64,
-    /// Write a checkpoint every N steps (0 = only at the end; Ctrl-C also saves).
-    #[arg(long, default_value_t = 0)]
-    checkpoint_every: u64,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Compute device: cpu (the fp32 reference), cuda (GPU 0) or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: ComputeDevice,
-    /// Precision of the linear layers' GEMMs on CUDA: bf16 (cuBLASLt, bf16
-    /// operands, fp32 accumulation; fast) or fp32 (cuBLAS sgemm; matches the
-    /// CPU reference). Weights, activations and optimizer state stay fp32.
-    #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
-    gemm: GemmPrecision,
-    /// When stderr is not a terminal, print a progress line every N steps.
-    #[arg(long, default_value_t = 10)]
-    log_every: u64,
-}
-
-fn main() {
-    iota_model::alloc::keep_freed_memory();
-    let cli = Cli::parse();
-    let res = match cli.cmd {
-        Cmd::Train(a) => train(a),
-        Cmd::Presets { stages } => presets(stages),
-    };
-    if let Err(e) = res {
-        eprintln!("error: {e:#}");
-        std::process::exit(2);
-    }
-}
-
-fn presets(stages: usize) -> Result<()> {
-    println!(
-        "{:<6} {:>15} {:>5} {:>6} {:>6} {:>6} {:>7} {:>4} | {:>9} {:>9} {:>9} | per-stage params ({stages} stages)",
-        "preset", "params", "d", "layers", "heads", "ffn", "vocab", "b", "bf16 B/t", "int8", "int4"
-    );
-    for name in PRESETS {
-        let c = ModelConfig::preset(name)?;
-        let cost = |codec| boundary_cost(c.d_model, c.bottleneck, codec);
-        let (i8c, i4c) = (cost(WireCodec::Int8Row), cost(WireCodec::Int4Row));
-        let per_stage = c
-            .stage_param_counts(stages.min(c.n_layers).max(1))?
-            .iter()
-            .map(|p| p.to_string())
-            .collect::<Vec<_>>()
-            .join(" / ");
-        println!(
-            "{:<6} {:>15} {:>5} {:>6} {:>6} {:>6} {:>7} {:>4} | {:>9} {:>4}B {:>4.0}x {:>4}B {:>4.0}x | {}",
-            name,
-            c.param_count(),
-            c.d_model,
-            c.n_layers,
-            format!("{}/{}", c.n_heads, c.n_kv_heads),
-            c.ffn_hidden,
-            c.vocab_size,
-            c.bottleneck,
-            2 * c.d_model,
-            i8c.bytes_per_token,
-            i8c.ratio,
-            i4c.bytes_per_token,
-            i4c.ratio,
-            per_stage
-        );
-    }
-    println!(
-        "B/t: bytes per token crossing a stage boundary (one direction); ratio against the bf16 d-wide hidden state."
-    );
-    Ok(())
-}
+use crate::args::TrainArgs;
 
 fn model_config(spec: &str) -> Result<ModelConfig> {
     if spec.ends_with(".json") {
@@ -250,11 +87,8 @@ fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
     Ok(corpus)
 }
 
-fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {
-    GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
-}
-
-fn train(a: TrainArgs) -> Result<()> {
+/// `iota train`.
+pub fn train(a: TrainArgs) -> Result<()> {
     if let Some(t) = a.threads {
         rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
     }

@@ -1,0 +1,247 @@
+//! The `iota-miner` command line: `run` joins a training run, `selftest`
+//! checks the compute kernels, `transport-probe` measures the data plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use iota_core::{Identity, PeerId};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::miner::{self, MinerOptions};
+use crate::probe::{self, ProbeReport};
+use crate::{Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, TransportConfig, identity_file};
+
+#[derive(Parser)]
+#[command(name = "iota-miner", version, about = "iota-rs miner: the data-plane daemon")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Join a training run: register with the orchestrator, take the stage it
+    /// assigns, and work until the run is done.
+    Run(RunArgs),
+    /// Measure the QUIC data plane: send frames to a peer and report
+    /// throughput and latency (send start to acknowledgement).
+    ///
+    /// Two machines: start `--listen ADDR --allow PEER` on one (it prints its
+    /// peer id), then `--connect ADDR --peer ID` on the other, each with its
+    /// own `--identity` file. One machine: `--local`.
+    TransportProbe(ProbeArgs),
+    /// Check the custom kernels (butterfly reduce slice, int8 wire codec)
+    /// against their CPU references on fresh random inputs; prints a table
+    /// and exits non-zero on any failure. `--device cpu` checks the CPU
+    /// references against plain re-computations (no GPU needed).
+    Selftest(SelftestArgs),
+}
+
+#[derive(Args)]
+pub struct SelftestArgs {
+    /// cpu or cuda.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+}
+
+fn selftest(a: SelftestArgs) -> Result<()> {
+    use iota_cuda::selftest::{Device, run};
+    let device = match a.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::Cuda,
+        d => anyhow::bail!("unknown device '{d}' (cpu, cuda)"),
+    };
+    if device == Device::Cuda {
+        iota_cuda::ensure_nvrtc();
+    }
+    let checks = run(device)?;
+    println!("{:<40} {:>14} {:>14} {:>10} {:>6} {:>10}", "op", "shape", "max rel err", "tolerance", "", "ms");
+    let mut failed = 0;
+    for c in &checks {
+        let ok = c.passed();
+        failed += usize::from(!ok);
+        println!(
+            "{:<40} {:>14} {:>14.3e} {:>10.1e} {:>6} {:>10.2}",
+            c.op,
+            c.shape,
+            c.max_rel_err,
+            c.tolerance,
+            if ok { "pass" } else { "FAIL" },
+            c.millis
+        );
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {} checks failed", checks.len());
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Orchestrator URL.
+    #[arg(long, default_value = "http://127.0.0.1:7100")]
+    orchestrator: String,
+    /// UDP address the data plane listens on (port 0 = any free port). For
+    /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Address other miners should dial, if not the listen address (e.g.
+    /// behind NAT or when listening on 0.0.0.0).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// This miner's identity file (created if missing; keep it secret).
+    #[arg(long, default_value = "iota-miner.key")]
+    identity: PathBuf,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Receive pool budget in MiB.
+    #[arg(long, default_value_t = 256)]
+    pool_mib: usize,
+    /// Where the stage computes: cpu (the fp32 reference), cuda (GPU 0) or
+    /// cuda:N. `iota-miner selftest --device cuda` checks a GPU first.
+    #[arg(long, default_value = "cpu")]
+    device: iota_cuda::ComputeDevice,
+    /// GEMM precision on CUDA: bf16 (bf16 operands, fp32 accumulation) or fp32.
+    #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
+    gemm: iota_cuda::backend::GemmPrecision,
+}
+
+fn parse_gemm(s: &str) -> Result<iota_cuda::backend::GemmPrecision, String> {
+    iota_cuda::backend::GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
+}
+
+#[derive(Args)]
+pub struct ProbeArgs {
+    /// Run both ends in this process over 127.0.0.1.
+    #[arg(long, conflicts_with_all = ["listen", "connect"])]
+    local: bool,
+    /// Receive on this UDP address.
+    #[arg(long, conflicts_with = "connect")]
+    listen: Option<SocketAddr>,
+    /// Send to the prober listening at this address.
+    #[arg(long, requires = "peer")]
+    connect: Option<SocketAddr>,
+    /// Peer id (hex) of the listener to send to.
+    #[arg(long)]
+    peer: Option<String>,
+    /// Peer ids (hex) allowed to send to this listener.
+    #[arg(long)]
+    allow: Vec<String>,
+    /// This node's identity file (created if missing; keep it secret).
+    #[arg(long, default_value = "iota-probe.key")]
+    identity: PathBuf,
+    /// Frames to send.
+    #[arg(long, default_value_t = 1000)]
+    frames: u64,
+    /// Payload bytes per frame (a multiple of 4).
+    #[arg(long, default_value_t = 256 << 10)]
+    size: usize,
+    /// Receive pool budget in MiB.
+    #[arg(long, default_value_t = 256)]
+    pool_mib: usize,
+}
+
+/// Runs one parsed command line (on its own tokio runtime).
+pub fn run(cli: Cli) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    rt.block_on(async {
+        match cli.cmd {
+            Cmd::Run(a) => run_miner(a).await,
+            Cmd::TransportProbe(a) => transport_probe(a).await,
+            Cmd::Selftest(a) => selftest(a),
+        }
+    })
+}
+
+async fn run_miner(a: RunArgs) -> Result<()> {
+    if let Some(t) = a.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting the thread count")?;
+    }
+    if let iota_cuda::ComputeDevice::Cuda(_) = a.device {
+        // Fail before joining the run, not after taking an assignment.
+        anyhow::ensure!(iota_cuda::driver_present(), "{}", iota_cuda::CudaError::NoDriver);
+    }
+    let id = identity_file::load_or_create(&a.identity)?;
+    println!("peer id: {}", id.peer_id().to_hex());
+    let mut opts = MinerOptions::local(a.orchestrator);
+    opts.listen = a.listen;
+    opts.advertise = a.advertise;
+    opts.pool_bytes = a.pool_mib << 20;
+    opts.device = a.device;
+    opts.gemm = a.gemm;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    }
+    let s = miner::run(opts, id, stop).await?;
+    println!("stage {} done: {} optimizer steps", s.stage, s.optimizer_steps);
+    Ok(())
+}
+
+fn parse_peer(s: &str) -> Result<PeerId> {
+    PeerId::from_hex(s.trim()).with_context(|| format!("'{s}' is not a peer id (64 hex characters)"))
+}
+
+fn endpoint(addr: SocketAddr, id: Identity, pool_mib: usize) -> Result<Endpoint> {
+    let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
+    Endpoint::bind(addr, id, PeerDirectory::new(), ctx, HostPool::new(pool_mib << 20), TransportConfig::default())
+        .with_context(|| format!("binding {addr}"))
+}
+
+fn print_report(r: &ProbeReport) {
+    println!(
+        "{} frames x {} bytes in {:.3}s: {:.3} GB/s, {:.0} frames/s, latency p50 {:.2} ms, p99 {:.2} ms",
+        r.frames,
+        r.frame_bytes,
+        r.elapsed.as_secs_f64(),
+        r.gbps(),
+        r.frames as f64 / r.elapsed.as_secs_f64(),
+        r.latency(0.5).as_secs_f64() * 1e3,
+        r.latency(0.99).as_secs_f64() * 1e3
+    );
+}
+
+async fn transport_probe(a: ProbeArgs) -> Result<()> {
+    if a.size == 0 || !a.size.is_multiple_of(4) {
+        bail!("--size must be a positive multiple of 4");
+    }
+    if a.local {
+        let rx = endpoint("127.0.0.1:0".parse()?, Identity::generate(), a.pool_mib)?;
+        let tx = Arc::new(endpoint("127.0.0.1:0".parse()?, Identity::generate(), a.pool_mib)?);
+        rx.directory().insert(tx.peer_id(), None);
+        tx.directory().insert(rx.peer_id(), Some(rx.local_addr()?));
+        let (frames, to) = (a.frames, rx.peer_id());
+        let server = tokio::spawn(async move { probe::serve(&rx, frames).await });
+        let r = probe::push(tx, to, a.frames, a.size).await?;
+        server.await??;
+        print_report(&r);
+        return Ok(());
+    }
+    let id = identity_file::load_or_create(&a.identity)?;
+    println!("peer id: {}", id.peer_id().to_hex());
+    if let Some(addr) = a.listen {
+        if a.allow.is_empty() {
+            bail!("--listen needs at least one --allow PEER (the sender's peer id)");
+        }
+        let ep = endpoint(addr, id, a.pool_mib)?;
+        for p in &a.allow {
+            ep.directory().insert(parse_peer(p)?, None);
+        }
+        println!("listening on {}; waiting for {} frames", ep.local_addr()?, a.frames);
+        // Acknowledgements go back on the connection the sender opened.
+        probe::serve(&ep, a.frames).await?;
+        println!("received {} frames", a.frames);
+        return Ok(());
+    }
+    let Some(addr) = a.connect else { bail!("give --local, --listen ADDR or --connect ADDR") };
+    let peer = parse_peer(a.peer.as_deref().unwrap_or_default())?;
+    let ep = Arc::new(endpoint("0.0.0.0:0".parse()?, id, a.pool_mib)?);
+    ep.directory().insert(peer, Some(addr));
+    let r = tokio::time::timeout(Duration::from_secs(3600), probe::push(ep, peer, a.frames, a.size)).await??;
+    print_report(&r);
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! The `iota` command line: what each command and flag means (`--help`
+//! prints these doc comments).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use iota_cuda::ComputeDevice;
+use iota_cuda::backend::GemmPrecision;
+
+#[derive(Parser)]
+#[command(name = "iota", version, about = "iota-rs: pipeline-parallel LLM pre-training, single-process tools")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
+pub enum Cmd {
+    /// Train a model in one process, optionally split into pipeline stages
+    /// (every stage boundary goes through the bottleneck and wire codec, as in
+    /// a swarm). Writes loss.csv and safetensors checkpoints to --out.
+    Train(TrainArgs),
+    /// List the model presets: parameter counts, shapes, and the bytes per
+    /// token that cross a stage boundary with each codec.
+    Presets {
+        /// Also print per-stage parameter counts for this many stages.
+        #[arg(long, default_value_t = 3)]
+        stages: usize,
+    },
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Model preset (tiny, small, 125m, 1b, 1.5b, 15b) or a JSON file holding a ModelConfig.
+    #[arg(long, default_value = "small")]
+    pub config: String,
+    /// Training corpus: a UTF-8 text file, JSON-lines with a "text" field (.jsonl),
+    /// uint16 token shards (.bin, raw or llm.c header), or a directory of .bin shards.
+    /// Without it, a generated toy corpus is used.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Tokenizer: gpt2 (BPE, offline), byte, or auto (byte for tiny, gpt2 otherwise).
+    #[arg(long, default_value = "auto")]
+    pub tokenizer: String,
+    /// Optimizer steps to reach (a resumed run continues up to this step).
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Tokens per sequence (default: 128, or the model's max_seq if smaller).
+    #[arg(long)]
+    pub seq: Option<usize>,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Peak learning rate (linear warm-up, then cosine decay to --min-lr-ratio x peak).
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f32,
+    /// Warm-up steps (default: 5% of --steps, at most 100).
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    #[arg(long, default_value_t = 0.1)]
+    pub min_lr_ratio: f32,
+    /// Decoupled AdamW weight decay (matrices only, never norm gains).
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
+    /// Clip each stage's gradient L2 norm to this (0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f32,
+    /// Pipeline stages to split the model into (run in this one process).
+    #[arg(long, default_value_t = 1)]
+    pub stages: usize,
+    /// Wire codec at stage boundaries: int8, int4, bf16 or f32.
+    #[arg(long, default_value = "int8")]
+    pub codec: String,
+    /// Bottleneck width at stage boundaries (default: the preset's; 0 = off,
+    /// the full residual crosses).
+    #[arg(long)]
+    pub bottleneck: Option<usize>,
+    /// Seed of initialisation and data order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Run directory: loss.csv and checkpoints go here.
+    #[arg(long, default_value = "runs/train")]
+    pub out: PathBuf,
+    /// Resume from a checkpoint folder or a run directory (its LATEST checkpoint).
+    /// The model and trainer settings come from the checkpoint.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Evaluate validation loss every N steps (0 = only at the end).
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: u64,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 4)]
+    pub eval_batches: u64,
+    /// Write a checkpoint every N steps (0 = only at the end; Ctrl-C also saves).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Compute device: cpu (the fp32 reference), cuda (GPU 0) or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: ComputeDevice,
+    /// Precision of the linear layers' GEMMs on CUDA: bf16 (cuBLASLt, bf16
+    /// operands, fp32 accumulation; fast) or fp32 (cuBLAS sgemm; matches the
+    /// CPU reference). Weights, activations and optimizer state stay fp32.
+    #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
+    pub gemm: GemmPrecision,
+    /// When stderr is not a terminal, print a progress line every N steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: u64,
+}
+
+fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {
+    GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
+}
