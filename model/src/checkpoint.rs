@@ -119,29 +119,48 @@ pub fn stage_params(layout: &iota_core::ParamLayout, bytes: &[u8]) -> Result<Vec
 }
 
 /// Publishes a fully written checkpoint folder `tmp` as `ckpt-<step>` in
-/// `run_dir`, points `LATEST` at it, and keeps only the newest `keep`.
+/// `run_dir`, points `LATEST` at it, and prunes older checkpoints of this
+/// run so that the newest `keep` (counting this one) remain.
+///
+/// Pruning goes by the step number parsed from each folder name, and only
+/// touches checkpoints with a *lower* step than the one just written: a
+/// folder with a higher step belongs to another timeline (a run resumed from
+/// an earlier checkpoint, or an older run in the same directory) and is left
+/// alone, as is anything whose name is not exactly `ckpt-<digits>`.
 pub fn publish(run_dir: &Path, tmp: &Path, step: u64, keep: usize) -> Result<PathBuf> {
     let name = format!("ckpt-{step:08}");
     let dst = run_dir.join(&name);
     if dst.exists() {
+        // The same step written again (a resumed run re-saving the step it
+        // resumed at): the contents are the same training state.
         std::fs::remove_dir_all(&dst).with_context(|| format!("replacing {}", dst.display()))?;
     }
     std::fs::rename(tmp, &dst).with_context(|| format!("moving checkpoint into {}", dst.display()))?;
     let latest_tmp = run_dir.join("LATEST.tmp");
     std::fs::write(&latest_tmp, format!("{name}\n")).context("writing LATEST")?;
     std::fs::rename(&latest_tmp, run_dir.join("LATEST")).context("updating LATEST")?;
-    let mut old: Vec<PathBuf> = std::fs::read_dir(run_dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ckpt-") && !n.ends_with(".tmp"))
+    let mut older: Vec<(u64, PathBuf)> = std::fs::read_dir(run_dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let s = checkpoint_step(e.file_name().to_str()?)?;
+            (s < step && e.file_type().ok()?.is_dir()).then(|| (s, e.path()))
         })
         .collect();
-    old.sort();
-    let drop = old.len().saturating_sub(keep.max(1));
-    for p in old.into_iter().take(drop) {
-        let _ = std::fs::remove_dir_all(p);
+    older.sort();
+    let drop = older.len().saturating_sub(keep.max(1) - 1);
+    for (_, p) in older.into_iter().take(drop) {
+        std::fs::remove_dir_all(&p).with_context(|| format!("pruning {}", p.display()))?;
     }
     Ok(dst)
+}
+
+/// The step of a checkpoint folder named `ckpt-<digits>`.
+pub fn checkpoint_step(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("ckpt-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Resolves `--resume PATH`: a checkpoint folder itself, or a run directory
@@ -202,5 +221,54 @@ mod tests {
         assert!(!dir.path().join("ckpt-00000010").exists());
         assert!(dir.path().join("ckpt-00000020").exists());
         assert!(resolve(&dir.path().join("missing")).is_err());
+    }
+
+    fn write_ckpt(dir: &Path, step: u64, keep: usize) -> PathBuf {
+        let tmp = dir.join(format!("ckpt-{step:08}.tmp"));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("model.safetensors"), step.to_string()).unwrap();
+        publish(dir, &tmp, step, keep).unwrap()
+    }
+
+    #[test]
+    fn a_restarted_run_keeps_the_checkpoint_it_just_wrote() {
+        // An earlier run left steps 200 and 300; a new run in the same
+        // directory writes step 10. Sorting names pruned step 10 itself.
+        let dir = tempfile::tempdir().unwrap();
+        write_ckpt(dir.path(), 200, 2);
+        write_ckpt(dir.path(), 300, 2);
+        let just = write_ckpt(dir.path(), 10, 2);
+        assert!(just.join("model.safetensors").exists(), "the checkpoint just written was pruned");
+        assert_eq!(resolve(dir.path()).unwrap(), just);
+        // The other timeline's checkpoints are not this run's to prune.
+        assert!(dir.path().join("ckpt-00000200").exists());
+        assert!(dir.path().join("ckpt-00000300").exists());
+        // This run's own older checkpoints are pruned as it goes on.
+        write_ckpt(dir.path(), 20, 2);
+        write_ckpt(dir.path(), 30, 2);
+        assert!(!dir.path().join("ckpt-00000010").exists());
+        assert!(dir.path().join("ckpt-00000020").exists());
+        assert!(dir.path().join("ckpt-00000030").exists());
+    }
+
+    #[test]
+    fn pruning_orders_by_step_number_not_by_name() {
+        // Steps past the zero padding sort wrongly as names.
+        let dir = tempfile::tempdir().unwrap();
+        write_ckpt(dir.path(), 99_999_999, 2);
+        write_ckpt(dir.path(), 100_000_000, 2);
+        let last = write_ckpt(dir.path(), 100_000_001, 2);
+        assert!(last.exists());
+        assert!(dir.path().join("ckpt-100000000").exists());
+        assert!(!dir.path().join("ckpt-99999999").exists());
+        // Names that are not exactly ckpt-<digits> are never touched.
+        std::fs::create_dir_all(dir.path().join("ckpt-notes")).unwrap();
+        std::fs::create_dir_all(dir.path().join("ckpt-00000001.bak")).unwrap();
+        write_ckpt(dir.path(), 100_000_002, 1);
+        assert!(dir.path().join("ckpt-notes").exists());
+        assert!(dir.path().join("ckpt-00000001.bak").exists());
+        assert_eq!(checkpoint_step("ckpt-00000042"), Some(42));
+        assert_eq!(checkpoint_step("ckpt-"), None);
+        assert_eq!(checkpoint_step("ckpt-+1"), None);
     }
 }
