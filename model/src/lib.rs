@@ -28,4 +28,5 @@ pub use tensor::Tensor;
 pub mod checkpoint;
 pub mod data;
 pub mod optim;
+pub mod run_dir;
 pub mod train;

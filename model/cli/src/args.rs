@@ -82,11 +82,14 @@ pub struct TrainArgs {
     /// Seed of initialisation and data order.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Run directory: loss.csv and checkpoints go here.
-    #[arg(long, default_value = "runs/train")]
-    pub out: PathBuf,
+    /// Run directory: loss.csv, checkpoints and run.json (the run's settings)
+    /// go here. A directory holding another run is refused (see --new-run).
+    /// Default: runs/train, or the run directory being resumed.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Resume from a checkpoint folder or a run directory (its LATEST checkpoint).
-    /// The model and trainer settings come from the checkpoint.
+    /// The model, trainer settings and corpus come from the run; a flag that
+    /// contradicts them is refused. --steps may extend the run.
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Evaluate validation loss every N steps (0 = only at the end).
@@ -112,6 +115,15 @@ pub struct TrainArgs {
     /// When stderr is not a terminal, print a progress line every N steps.
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
+    /// Start a new run in --out even though it holds another one: the old
+    /// run's files (loss.csv, checkpoints, LATEST, run.json) move into
+    /// OUT/archive-N first. Nothing is deleted.
+    #[arg(long)]
+    pub new_run: bool,
+    /// The flags given on the command line (filled in after parsing): on
+    /// --resume, each of these must agree with the checkpoint.
+    #[arg(skip)]
+    pub explicit: Vec<String>,
 }
 
 fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {

@@ -2,21 +2,23 @@
 //! progress bar, a loss log and checkpoints.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use iota_core::{ModelConfig, WireCodec};
 use iota_cuda::ComputeDevice;
 use iota_model::data::{Corpus, TokenizerKind, load_tokens, synthetic};
 use iota_model::optim::{AdamWConfig, LrSchedule};
+use iota_model::run_dir::{self, Claim};
 use iota_model::train::{Pipeline, TrainConfig};
 use iota_model::{Backend, CpuBackend};
 
 use crate::args::TrainArgs;
+use crate::run_settings::{DataSource, RUN_FILES, check_resume_flags, recorded_data, run_dir_of, settings};
 
 fn model_config(spec: &str) -> Result<ModelConfig> {
     if spec.ends_with(".json") {
@@ -29,7 +31,8 @@ fn model_config(spec: &str) -> Result<ModelConfig> {
     Ok(ModelConfig::preset(spec)?)
 }
 
-fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
+/// The run the flags describe.
+pub fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
     let mut model = model_config(&a.config)?;
     let tokenizer = match a.tokenizer.as_str() {
         "auto" if model.vocab_real <= 256 => TokenizerKind::Byte,
@@ -65,10 +68,12 @@ fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
     Ok(cfg)
 }
 
-fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
+/// Loads the corpus at `path` (or the generated toy corpus) as the trainer
+/// addresses it.
+fn load_corpus(path: Option<&Path>, cfg: &TrainConfig) -> Result<(Corpus, DataSource)> {
     let tok = iota_model::data::Tokenizer::new(cfg.tokenizer)?;
     let t0 = Instant::now();
-    let tokens = match &a.data {
+    let tokens = match path {
         Some(p) => load_tokens(p, &tok)?,
         None => {
             eprintln!("note: no --data given; training on a generated toy corpus");
@@ -84,7 +89,69 @@ fn load_corpus(a: &TrainArgs, cfg: &TrainConfig) -> Result<Corpus> {
         corpus.num_shards(),
         t0.elapsed().as_secs_f64()
     );
-    Ok(corpus)
+    let path =
+        path.map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display()))).transpose()?;
+    let source = DataSource { path, id: corpus.id().clone() };
+    Ok((corpus, source))
+}
+
+/// A new run in `--out` (default `runs/train`), which must not hold another.
+fn start<B: Backend>(be: Arc<B>, a: &TrainArgs) -> Result<(Pipeline<B>, Corpus, PathBuf)> {
+    let cfg = build_config(a)?;
+    let (corpus, data) = load_corpus(a.data.as_deref(), &cfg)?;
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("runs/train"));
+    match run_dir::claim(&out, &settings(&cfg, &data)?, RUN_FILES, a.new_run)? {
+        Claim::Fresh => {}
+        Claim::Archived(to) => eprintln!("note: the previous run in {} moved into {}", out.display(), to.display()),
+        Claim::Same => bail!(
+            "{} already holds this run; continue it with --resume {}, or pass --new-run to start it over (the old files move into {}/archive-N)",
+            out.display(),
+            out.display(),
+            out.display()
+        ),
+    }
+    Ok((Pipeline::new(be, cfg)?, corpus, out))
+}
+
+/// Continues the run of checkpoint `path` with its own settings and corpus;
+/// writes into its run directory unless `--out` says otherwise.
+fn resume<B: Backend>(be: Arc<B>, a: &TrainArgs, path: &Path) -> Result<(Pipeline<B>, Corpus, PathBuf)> {
+    let mut p = Pipeline::load(be, path).with_context(|| format!("resuming from {}", path.display()))?;
+    check_resume_flags(a, &p.cfg)?;
+    let from = run_dir_of(path);
+    let recorded = recorded_data(&from)?;
+    let data_path = a.data.clone().or_else(|| recorded.as_ref().and_then(|d| d.path.clone()));
+    let (corpus, data) = load_corpus(data_path.as_deref(), &p.cfg)?;
+    if let Some(r) = &recorded
+        && r.id != data.id
+    {
+        bail!(
+            "the corpus loaded ({} tokens, blake3 {}) is not the one this run trained on ({} tokens, blake3 {}{})",
+            data.id.tokens,
+            &data.id.blake3[..16],
+            r.id.tokens,
+            &r.id.blake3[..16],
+            r.path.as_ref().map_or(String::new(), |p| format!(", from {}", p.display()))
+        );
+    }
+    let out = a.out.clone().unwrap_or_else(|| from.clone());
+    // A run written before run directories recorded their settings adopts
+    // them now; any other directory must hold this run or none.
+    let adopt = run_dir::read_settings(&out)?.is_none() && same_dir(&out, &from);
+    let run_files = if adopt { &[][..] } else { RUN_FILES };
+    if let Claim::Archived(to) = run_dir::claim(&out, &settings(&p.cfg, &data)?, run_files, a.new_run)? {
+        eprintln!("note: the previous run in {} moved into {}", out.display(), to.display());
+    }
+    p.cfg.steps = p.cfg.steps.max(a.steps);
+    eprintln!("resumed at step {} from {}", p.step_count(), path.display());
+    Ok((p, corpus, out))
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// `iota train`.
@@ -102,20 +169,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
 }
 
 fn train_on<B: Backend + 'static>(be: Arc<B>, a: TrainArgs) -> Result<()> {
-    let mut pipe = match &a.resume {
-        Some(path) => {
-            let mut p =
-                Pipeline::load(be.clone(), path).with_context(|| format!("resuming from {}", path.display()))?;
-            p.cfg.steps = p.cfg.steps.max(a.steps);
-            eprintln!("resumed at step {} from {}", p.step_count(), path.display());
-            p
-        }
-        None => Pipeline::new(be.clone(), build_config(&a)?)?,
+    let (mut pipe, corpus, out) = match &a.resume {
+        Some(path) => resume(be.clone(), &a, path)?,
+        None => start(be.clone(), &a)?,
     };
     let cfg = pipe.cfg.clone();
-    let corpus = load_corpus(&a, &cfg)?;
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let csv_path = a.out.join("loss.csv");
+    let csv_path = out.join("loss.csv");
     let mut csv = open_csv(&csv_path, a.resume.is_some())?;
     let m = &cfg.model;
     eprintln!(
@@ -191,13 +250,13 @@ fn train_on<B: Backend + 'static>(be: Arc<B>, a: TrainArgs) -> Result<()> {
             eprintln!("step {step}/{}: {msg}", cfg.steps);
         }
         if a.checkpoint_every > 0 && step % a.checkpoint_every == 0 && step < cfg.steps {
-            pipe.save(&a.out, 2)?;
+            pipe.save(&out, 2)?;
         }
         last = Some(r);
     }
     bar.finish_and_clear();
     csv.flush()?;
-    let ckpt = pipe.save(&a.out, 2)?;
+    let ckpt = pipe.save(&out, 2)?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "trained steps {}..{} in {:.1}s ({:.0} tokens/s)",
@@ -216,7 +275,7 @@ fn train_on<B: Backend + 'static>(be: Arc<B>, a: TrainArgs) -> Result<()> {
     println!("loss log:   {}", csv_path.display());
     println!("checkpoint: {}", ckpt.display());
     if stop.load(Ordering::SeqCst) {
-        println!("resume with: iota train --resume {}", a.out.display());
+        println!("resume with: iota train --resume {}", out.display());
     }
     Ok(())
 }

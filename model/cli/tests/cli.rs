@@ -100,3 +100,78 @@ fn cuda_device_without_gpu_says_so() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("cpu, cuda, cuda:N"), "{}", stderr(&o));
 }
+
+/// A run directory holds one run: another run there is refused with the
+/// settings that differ, the same run again points at --resume, and
+/// --new-run archives the old files instead of overwriting them.
+#[test]
+fn a_run_directory_is_never_silently_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.to_str().unwrap();
+    let data = dir.path().join("corpus.txt");
+    std::fs::write(&data, iota_model::data::synthetic::grammar_text(5, 40_000)).unwrap();
+    let base = ["train", "--config", "tiny", "--data", data.to_str().unwrap(), "--batch", "2", "--seq", "16"];
+    let o = iota(&[&base[..], &["--steps", "2", "--out", out_s]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log_before = std::fs::read(out.join("loss.csv")).unwrap();
+
+    // Different settings: refused, naming each difference; nothing touched.
+    let o = iota(&[&base[..], &["--steps", "2", "--out", out_s, "--lr", "0.001", "--seed", "7"]].concat());
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for want in ["holds another run", "schedule.peak: 0.002", "seed: 42 -> 7", "--new-run"] {
+        assert!(err.contains(want), "expected '{want}' in: {err}");
+    }
+    assert_eq!(std::fs::read(out.join("loss.csv")).unwrap(), log_before);
+
+    // The same run again would overwrite it: refused, pointing at --resume.
+    let o = iota(&[&base[..], &["--steps", "2", "--out", out_s]].concat());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("loss.csv")).unwrap(), log_before);
+
+    // --new-run: the old run moves into archive-1, the new one starts.
+    let o = iota(&[&base[..], &["--steps", "2", "--out", out_s, "--seed", "7", "--new-run"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("archive-1"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("archive-1").join("loss.csv")).unwrap(), log_before);
+    assert!(iota_model::checkpoint::resolve(&out.join("archive-1")).is_ok());
+    assert!(iota_model::checkpoint::resolve(&out).unwrap().ends_with("ckpt-00000002"));
+}
+
+/// --resume continues with the run's own settings and corpus: contradicting
+/// flags and another corpus are refused; without --data it reloads the
+/// corpus the run recorded.
+#[test]
+fn resume_refuses_conflicting_flags_and_another_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.to_str().unwrap();
+    let data = dir.path().join("corpus.txt");
+    let other = dir.path().join("other.txt");
+    std::fs::write(&data, iota_model::data::synthetic::grammar_text(5, 40_000)).unwrap();
+    std::fs::write(&other, iota_model::data::synthetic::grammar_text(6, 40_000)).unwrap();
+    let args = ["train", "--config", "tiny", "--batch", "2", "--seq", "16", "--steps", "2"];
+    let o = iota(&[&args[..], &["--data", data.to_str().unwrap(), "--out", out_s]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = iota(&["train", "--resume", out_s, "--steps", "3", "--lr", "0.01", "--batch", "4"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--lr 0.01 (the checkpoint has 0.002)"), "{err}");
+    assert!(err.contains("--batch 4 (the checkpoint has 2)"), "{err}");
+
+    let o = iota(&["train", "--resume", out_s, "--steps", "3", "--data", other.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("not the one this run trained on"), "{err}");
+
+    // Agreeing flags are fine; the corpus comes from run.json; the
+    // checkpoint goes back into the run's own directory.
+    let o = iota(&["train", "--resume", out_s, "--steps", "3", "--batch", "2"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("toy corpus"), "{err}");
+    assert!(iota_model::checkpoint::resolve(&out).unwrap().ends_with("ckpt-00000003"));
+}

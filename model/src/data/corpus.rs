@@ -9,7 +9,28 @@
 use iota_core::rng::derive;
 use iota_core::{MicroBatchId, SampleId};
 
+/// What identifies a corpus's content: its token count and the BLAKE3 hash
+/// of its tokens (u32 little-endian). Two processes that loaded the same
+/// corpus with the same tokenizer agree on it, wherever the file lives.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CorpusId {
+    pub tokens: u64,
+    pub blake3: String,
+}
+
+impl CorpusId {
+    pub fn of(tokens: &[u32]) -> CorpusId {
+        let mut h = blake3::Hasher::new();
+        for chunk in tokens.chunks(1 << 14) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|t| t.to_le_bytes()).collect();
+            h.update(&bytes);
+        }
+        CorpusId { tokens: tokens.len() as u64, blake3: h.finalize().to_hex().to_string() }
+    }
+}
+
 pub struct Corpus {
+    id: CorpusId,
     tokens: Vec<u32>,
     shard_len: usize,
     shards: usize,
@@ -30,7 +51,12 @@ impl Corpus {
         let train = tokens.len() - val;
         let shards = (train / (4 * window)).clamp(1, max_shards.max(1));
         let shard_len = train / shards;
-        Ok(Corpus { val_start: tokens.len() - val, tokens, shard_len, shards })
+        Ok(Corpus { id: CorpusId::of(&tokens), val_start: tokens.len() - val, tokens, shard_len, shards })
+    }
+
+    /// The content this corpus was built from.
+    pub fn id(&self) -> &CorpusId {
+        &self.id
     }
 
     pub fn num_shards(&self) -> usize {

@@ -6,6 +6,6 @@ pub mod load;
 pub mod synthetic;
 pub mod tokenizer;
 
-pub use corpus::Corpus;
+pub use corpus::{Corpus, CorpusId};
 pub use load::{DataError, load_tokens};
 pub use tokenizer::{Tokenizer, TokenizerKind};
