@@ -154,20 +154,6 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Parameter count of the unsplit model (one stage, so no bottleneck).
-    pub fn param_count(&self) -> usize {
-        crate::layout::ParamLayout::for_stage(self, &crate::layout::StageSpec::whole(self)).total()
-    }
-
-    /// Exact parameter count of every stage when split into `stages` stages
-    /// (includes the bottleneck projections at each boundary).
-    pub fn stage_param_counts(&self, stages: usize) -> Result<Vec<usize>, ConfigError> {
-        Ok(crate::layout::StageSpec::split(self, stages)?
-            .iter()
-            .map(|s| crate::layout::ParamLayout::for_stage(self, s).total())
-            .collect())
-    }
-
     /// RoPE inverse frequencies (one per rotated pair), Llama-3 scaled when
     /// the config says so.
     pub fn rope_inv_freq(&self) -> Vec<f64> {

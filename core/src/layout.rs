@@ -41,6 +41,24 @@ pub struct StageSpec {
     pub encode_out: bool,
 }
 
+/// Sizes of a model follow from its layout (here, so that `config` does not
+/// depend on `layout`, which reads the config).
+impl ModelConfig {
+    /// Parameter count of the unsplit model (one stage, so no bottleneck).
+    pub fn param_count(&self) -> usize {
+        ParamLayout::for_stage(self, &StageSpec::whole(self)).total()
+    }
+
+    /// Exact parameter count of every stage when split into `stages` stages
+    /// (includes the bottleneck projections at each boundary).
+    pub fn stage_param_counts(&self, stages: usize) -> Result<Vec<usize>, ConfigError> {
+        Ok(StageSpec::split(self, stages)?
+            .iter()
+            .map(|s| ParamLayout::for_stage(self, s).total())
+            .collect())
+    }
+}
+
 impl StageSpec {
     /// The unsplit model as one stage.
     pub fn whole(cfg: &ModelConfig) -> StageSpec {
