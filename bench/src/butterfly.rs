@@ -151,7 +151,7 @@ pub fn run(a: Args) -> Result<()> {
             0,
             prev.clone(),
             reps.clone(),
-            &dir,
+            dir.path(),
             Duration::from_secs(1800),
         ))?;
         let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
@@ -159,12 +159,12 @@ pub fn run(a: Args) -> Result<()> {
         let goal = 2.0 * p as f64 * (r as f64 - 1.0) / r as f64 * bytes_per_value;
         // Ours sends the scatter (2P(R-1)/R) plus the gather (P(R-2)/R).
         let model = p as f64 * (3.0 * r as f64 - 4.0) / r as f64 * bytes_per_value;
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(dir);
 
         // The parameter server on the same weights.
         let dir = tempdir()?;
-        let (ps_secs, aggr_bytes, per_rep) = parameter_server(&rt, &dir, &reps)?;
-        let _ = std::fs::remove_dir_all(&dir);
+        let (ps_secs, aggr_bytes, per_rep) = parameter_server(&rt, dir.path(), &reps)?;
+        drop(dir);
         println!(
             "  {:>3} | {:>10.1} {:>10.1} {:>10.1} {:>7.3}x {:>7.3}x | {:>8.2} | {:>9.2} {:>10.1} {:>8.1} | {:>5.2}x",
             r,
@@ -192,15 +192,9 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn tempdir() -> Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!(
-        "iota-bench-bfly-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
+/// A fresh folder of the benchmark's own, removed when dropped.
+fn tempdir() -> Result<tempfile::TempDir> {
+    Ok(tempfile::Builder::new().prefix("iota-bench-bfly-").tempdir()?)
 }
 
 /// Upload, aggregate, download: seconds, aggregator bytes, other replicas' bytes.

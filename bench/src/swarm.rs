@@ -26,15 +26,28 @@ pub struct Args {
     /// Validation batches for the final loss.
     #[arg(long, default_value_t = 16)]
     eval_batches: u64,
+    /// Keep the benchmark's run folder (printed) instead of removing it.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The benchmark works in a folder it creates itself, and removes only that
+/// (when the returned guard drops): inside `--run-dir` when one is given, in
+/// the system's temporary directory otherwise. It never deletes a folder
+/// the user pointed it at.
+fn work_dir(run_dir: &Path) -> Result<tempfile::TempDir> {
+    if run_dir == Path::new("runs/swarm") {
+        return Ok(tempfile::Builder::new().prefix("iota-bench-swarm-").tempdir()?);
+    }
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    Ok(tempfile::Builder::new().prefix("bench-swarm-").tempdir_in(run_dir)?)
 }
 
 pub fn run(mut a: Args) -> Result<()> {
-    if a.run.run_dir == Path::new("runs/swarm") {
-        a.run.run_dir = std::env::temp_dir().join(format!("iota-bench-swarm-{}", std::process::id()));
-    }
-    let _ = std::fs::remove_dir_all(&a.run.run_dir);
-    std::fs::create_dir_all(&a.run.run_dir)?;
+    let work = work_dir(&a.run.run_dir)?;
+    a.run.run_dir = work.path().to_path_buf();
     let cfg = a.run.run_config()?;
+    a.run.claim_run_dir(&cfg)?;
     let corpus = iota_dataplane::corpus::load_corpus(&cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let miner_bin = std::env::current_exe()?.parent().context("binary dir")?.join("iota-miner");
@@ -119,6 +132,26 @@ pub fn run(mut a: Args) -> Result<()> {
         report.dropped,
         report.history.iter().map(|e| (e.mean_loss * 1000.0).round() / 1000.0).collect::<Vec<_>>()
     );
-    let _ = std::fs::remove_dir_all(&a.run.run_dir);
+    if a.keep {
+        println!("  run folder kept: {}", work.keep().display());
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_benchmark_removes_only_the_folder_it_made() {
+        let user = tempfile::tempdir().unwrap();
+        std::fs::write(user.path().join("precious.txt"), b"the user's").unwrap();
+        let work = work_dir(user.path()).unwrap();
+        assert!(work.path().starts_with(user.path()) && work.path() != user.path());
+        std::fs::write(work.path().join("state.sqlite"), b"bench").unwrap();
+        let made = work.path().to_path_buf();
+        drop(work);
+        assert!(!made.exists());
+        assert_eq!(std::fs::read(user.path().join("precious.txt")).unwrap(), b"the user's");
+    }
 }

@@ -11,6 +11,7 @@ use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 
+use iota_model::run_dir::{self, Claim};
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 
 #[derive(Args, Clone, Debug)]
@@ -53,9 +54,16 @@ pub struct RunArgs {
     pub data: Option<PathBuf>,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Run directory: state database, object store, keys, logs.
+    /// Run directory: run.json (the run's settings), state database, object
+    /// store, keys, logs. The same settings resume the run there; other
+    /// settings are refused, naming what differs (see --new-run).
     #[arg(long, default_value = "runs/swarm")]
     pub run_dir: PathBuf,
+    /// Start a new run in --run-dir even though it holds another one: the
+    /// old run's state, store, logs and run.json move into RUN_DIR/archive-N
+    /// first (nothing is deleted; miner keys stay).
+    #[arg(long)]
+    pub new_run: bool,
     /// Micro-batches in the pipeline at once (default: 2 per replica).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
@@ -150,7 +158,8 @@ impl RunArgs {
             bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");
         }
         let spec = RunSpec {
-            run_id: iota_core::rng::derive(self.seed, &[self.stages as u64, self.replicas as u64, self.epochs]),
+            // Derived from all the other settings below, once they are known.
+            run_id: 0,
             stages: self.stages,
             replicas: self.replicas,
             epochs: self.epochs,
@@ -169,14 +178,54 @@ impl RunArgs {
             .as_ref()
             .map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display())))
             .transpose()?;
-        let store = self.run_dir.join("store");
-        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
-        let mut cfg =
-            RunConfig { spec, train, data, store: std::fs::canonicalize(&store)?, max_shards: 64, val_fraction: 0.02 };
+        let store = std::path::absolute(self.run_dir.join("store"))
+            .with_context(|| format!("locating {}", self.run_dir.display()))?;
+        let mut cfg = RunConfig { spec, train, data, store, max_shards: 64, val_fraction: 0.02, corpus: None };
         iota_dataplane::corpus::fix_shards(&mut cfg)?;
+        cfg.spec.run_id = run_id(&settings(&cfg)?);
         cfg.validate()?;
         Ok(cfg)
     }
+
+    /// Makes `--run-dir` hold this run: a fresh directory records its
+    /// settings; the same settings resume; other settings (or state of a run
+    /// whose settings are unknown) are refused unless `--new-run`, which
+    /// archives the old run first. Creates the object store folder.
+    pub fn claim_run_dir(&self, cfg: &RunConfig) -> Result<()> {
+        match run_dir::claim(&self.run_dir, &settings(cfg)?, RUN_FILES, self.new_run)? {
+            Claim::Fresh | Claim::Same => {}
+            Claim::Archived(to) => {
+                eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())
+            }
+        }
+        std::fs::create_dir_all(&cfg.store).with_context(|| format!("creating {}", cfg.store.display()))
+    }
+}
+
+/// Files of a run inside its directory (besides `run.json`); miner keys
+/// (`keys/`) are identities, not run state, and stay.
+const RUN_FILES: &[&str] = &["state.sqlite*", "store", "logs"];
+
+/// The settings that define a run: its whole configuration except what is
+/// derived from them (the run id) or from where the run directory is (the
+/// store path).
+fn settings(cfg: &RunConfig) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(cfg)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("store");
+        if let Some(spec) = m.get_mut("spec").and_then(|s| s.as_object_mut()) {
+            spec.remove("run_id");
+        }
+    }
+    Ok(v)
+}
+
+/// A run's id: the first 8 bytes of the BLAKE3 hash of its settings, so two
+/// runs with different settings never share an id (or state, or keys in the
+/// store).
+fn run_id(settings: &serde_json::Value) -> u64 {
+    let h = blake3::hash(settings.to_string().as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// Expands `--config-file PATH` into flags: each TOML key `k = v` becomes
@@ -214,7 +263,48 @@ pub fn expand_config_file(args: Vec<String>) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(dir: &std::path::Path, extra: &[&str]) -> RunArgs {
+        let base = ["x", "--model", "tiny", "--stages", "2", "--replicas", "1", "--run-dir", dir.to_str().unwrap()];
+        Flags::parse_from(base.iter().chain(extra)).run
+    }
+
+    #[test]
+    fn a_run_directory_holds_one_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = args(dir.path(), &[]);
+        let cfg = run.run_config().unwrap();
+        run.claim_run_dir(&cfg).unwrap();
+        assert!(cfg.store.is_absolute() && cfg.store.is_dir());
+        std::fs::write(dir.path().join("state.sqlite"), b"the first run's state").unwrap();
+        // The same command resumes: same settings, same run id.
+        let again = args(dir.path(), &[]).run_config().unwrap();
+        assert_eq!(again.spec.run_id, cfg.spec.run_id);
+        run.claim_run_dir(&again).unwrap();
+        // Other settings: refused, naming them; the state is untouched. They
+        // also make another run id (the id was seed/stages/replicas/epochs only).
+        let other_run = args(dir.path(), &["--lr", "0.001", "--merge-rule", "mean"]);
+        let other = other_run.run_config().unwrap();
+        assert_ne!(other.spec.run_id, cfg.spec.run_id);
+        let err = other_run.claim_run_dir(&other).unwrap_err().to_string();
+        assert!(err.contains("train.schedule.peak: 0.002") && err.contains("spec.merge.rule"), "{err}");
+        assert!(err.contains("--new-run"), "{err}");
+        assert_eq!(std::fs::read(dir.path().join("state.sqlite")).unwrap(), b"the first run's state");
+        // --new-run archives the old run and starts the new one there.
+        let new_run = args(dir.path(), &["--lr", "0.001", "--merge-rule", "mean", "--new-run"]);
+        new_run.claim_run_dir(&new_run.run_config().unwrap()).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("archive-1/state.sqlite")).unwrap(), b"the first run's state");
+        assert!(!dir.path().join("state.sqlite").exists());
+    }
 
     #[test]
     fn config_file_becomes_flags_that_the_command_line_overrides() {

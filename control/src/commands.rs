@@ -72,7 +72,7 @@ async fn run_async(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Orchestrator { run, listen, .. } => {
             let cfg = run.run_config()?;
-            std::fs::create_dir_all(&run.run_dir)?;
+            run.claim_run_dir(&cfg)?;
             let svc = swarm::orchestrator(&cfg, &run.run_dir)?;
             let (url, server) = swarm::serve(svc.clone(), listen).await?;
             let ticker = svc.spawn_ticker();
@@ -98,8 +98,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Swarm { run, listen, threads_per_miner, miner_bin, miner_device, .. } => {
-            std::fs::create_dir_all(&run.run_dir)?;
             let cfg = run.run_config()?;
+            run.claim_run_dir(&cfg)?;
             let miner_bin = match miner_bin {
                 Some(p) => p,
                 None => std::env::current_exe()?.parent().context("no binary directory")?.join("iota-miner"),

@@ -10,16 +10,29 @@ use iota_protocol::RunConfig;
 /// shards, same sample addresses), checking it has `spec.n_shards`.
 pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
     let c = load_corpus_unchecked(cfg)?;
+    if let Some(want) = &cfg.corpus
+        && want != c.id()
+    {
+        bail!(
+            "the corpus loaded ({} tokens, blake3 {}) is not the run's ({} tokens, blake3 {})",
+            c.id().tokens,
+            &c.id().blake3[..16],
+            want.tokens,
+            &want.blake3[..16]
+        );
+    }
     if c.num_shards() as u32 != cfg.spec.n_shards {
         bail!("corpus has {} shards but the run expects {}", c.num_shards(), cfg.spec.n_shards);
     }
     Ok(c)
 }
 
-/// Loads the corpus and sets `spec.n_shards` from it (the launcher does this once).
+/// Loads the corpus and records its shard count and content in the run
+/// configuration (the launcher does this once).
 pub fn fix_shards(cfg: &mut RunConfig) -> Result<Corpus> {
     let c = load_corpus_unchecked(cfg)?;
     cfg.spec.n_shards = c.num_shards() as u32;
+    cfg.corpus = Some(c.id().clone());
     Ok(c)
 }
 

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use iota_core::ids::CorpusId;
 use iota_core::train_config::TrainConfig;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,10 @@ pub struct RunConfig {
     pub max_shards: usize,
     /// Fraction of the corpus held out for validation.
     pub val_fraction: f64,
+    /// The corpus's content (token count and hash): every role that loads
+    /// the corpus checks it got the same tokens. Set by the launcher.
+    #[serde(default)]
+    pub corpus: Option<CorpusId>,
 }
 
 impl RunConfig {

@@ -77,6 +77,7 @@ pub fn tiny_run(
         store: dir.join("store"),
         max_shards: 16,
         val_fraction: 0.02,
+        corpus: None,
     };
     cfg.spec.merge.stage_params = StageSpec::split(&cfg.train.model, stages as usize)
         .unwrap()

@@ -187,3 +187,20 @@ async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_b
         assert!(w[0] == w[1], "stage {stage}: the newcomer holds the merged weights like its replica");
     }
 }
+
+/// A role whose copy of the corpus differs from the launcher's refuses to
+/// train on it (the run configuration carries the corpus's hash).
+#[test]
+fn a_miner_with_another_corpus_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("corpus.txt");
+    std::fs::write(&data, iota_model::data::synthetic::grammar_text(1, 50_000)).unwrap();
+    let mut cfg = tiny_run(dir.path(), 2, 1, 1, 4, WireCodec::Int8Row);
+    cfg.data = Some(data.clone());
+    iota_dataplane::corpus::fix_shards(&mut cfg).unwrap();
+    assert!(iota_dataplane::corpus::load_corpus(&cfg).is_ok());
+    // Same length, other text: the shard count matches, the content does not.
+    std::fs::write(&data, iota_model::data::synthetic::grammar_text(2, 50_000)).unwrap();
+    let err = iota_dataplane::corpus::load_corpus(&cfg).err().expect("refused").to_string();
+    assert!(err.contains("not the run's"), "{err}");
+}

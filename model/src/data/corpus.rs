@@ -6,28 +6,9 @@
 //! shard: any process holding the corpus and the seed (a head stage, the
 //! tail loading its own targets, a validator) gets the same tokens.
 
+pub use iota_core::ids::CorpusId;
 use iota_core::rng::derive;
 use iota_core::{MicroBatchId, SampleId};
-
-/// What identifies a corpus's content: its token count and the BLAKE3 hash
-/// of its tokens (u32 little-endian). Two processes that loaded the same
-/// corpus with the same tokenizer agree on it, wherever the file lives.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CorpusId {
-    pub tokens: u64,
-    pub blake3: String,
-}
-
-impl CorpusId {
-    pub fn of(tokens: &[u32]) -> CorpusId {
-        let mut h = blake3::Hasher::new();
-        for chunk in tokens.chunks(1 << 14) {
-            let bytes: Vec<u8> = chunk.iter().flat_map(|t| t.to_le_bytes()).collect();
-            h.update(&bytes);
-        }
-        CorpusId { tokens: tokens.len() as u64, blake3: h.finalize().to_hex().to_string() }
-    }
-}
 
 pub struct Corpus {
     id: CorpusId,
