@@ -52,10 +52,7 @@ impl ModelConfig {
     /// Exact parameter count of every stage when split into `stages` stages
     /// (includes the bottleneck projections at each boundary).
     pub fn stage_param_counts(&self, stages: usize) -> Result<Vec<usize>, ConfigError> {
-        Ok(StageSpec::split(self, stages)?
-            .iter()
-            .map(|s| ParamLayout::for_stage(self, s).total())
-            .collect())
+        Ok(StageSpec::split(self, stages)?.iter().map(|s| ParamLayout::for_stage(self, s).total()).collect())
     }
 }
 
