@@ -158,6 +158,16 @@ impl Gpu {
                 stats.rejected_non_finite += 1;
             }
         }
+        // A weight of 0 is not enough to leave a rejected contribution out:
+        // 0 x NaN (or inf) is NaN in the kernels' sums. Its row becomes zeros.
+        let dx = if used == present {
+            dx
+        } else {
+            for i in (0..r).filter(|&i| present[i] && !used[i]) {
+                packed[i * n..(i + 1) * n].fill(0.0);
+            }
+            s.clone_htod(&packed).map_err(drv)?
+        };
         let total: f64 = (0..r).filter(|&i| used[i]).map(|i| weights[i]).sum();
         let count = used.iter().filter(|&&u| u).count();
         let w: Vec<f64> = (0..r)
