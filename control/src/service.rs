@@ -8,10 +8,11 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iota_core::{PeerId, Rng};
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -153,7 +154,7 @@ impl OrchestratorService {
     /// Steps the state machine with `ev` now and delivers the commands.
     pub fn apply(&self, ev: Event) -> Result<(), Status> {
         let now = now_ms();
-        let mut core = self.core.lock().unwrap();
+        let mut core = self.core.lock();
         let Core { orch, rng, .. } = &mut *core;
         let outs = orch.step(now, ev, rng).map_err(|e| match e {
             Refusal::Unknown(p) => Status::failed_precondition(format!("peer {p} must register first")),
@@ -178,12 +179,12 @@ impl OrchestratorService {
 
     /// A read-only look at the state machine.
     pub fn with_state<R>(&self, f: impl FnOnce(&Orchestrator) -> R) -> R {
-        f(&self.core.lock().unwrap().orch)
+        f(&self.core.lock().orch)
     }
 
     /// Saves now (on shutdown).
     pub fn save(&self) {
-        self.core.lock().unwrap().persist(now_ms(), true);
+        self.core.lock().persist(now_ms(), true);
     }
 
     fn verify<M: prost::Message + Default>(
@@ -211,7 +212,12 @@ impl OrchestratorRpc for OrchestratorService {
         if !body.tokens_per_s.is_finite() || body.tokens_per_s < 0.0 {
             return Err(Status::invalid_argument("tokens_per_s must be a non-negative number"));
         }
-        self.apply(Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s })?;
+        self.apply(Event::Register {
+            peer,
+            addr: body.data_addr,
+            tokens_per_s: body.tokens_per_s,
+            device: body.device,
+        })?;
         let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
         info!(peer = %peer, index, "miner registered");
         Ok(Response::new(pb::RegisterReply {
@@ -224,7 +230,7 @@ impl OrchestratorRpc for OrchestratorService {
     async fn heartbeat(&self, req: Request<pb::Signed>) -> Result<Response<pb::HeartbeatReply>, Status> {
         let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify("/iota.v1.Orchestrator/Heartbeat", req)?;
         let tps = if body.tokens_per_s.is_finite() { body.tokens_per_s.max(0.0) } else { 0.0 };
-        self.apply(Event::Heartbeat { peer, tokens_per_s: tps })?;
+        self.apply(Event::Heartbeat { peer, tokens_per_s: tps, in_flight: body.in_flight })?;
         let (epoch, phase) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32));
         Ok(Response::new(pb::HeartbeatReply { epoch, phase }))
     }
@@ -235,7 +241,7 @@ impl OrchestratorRpc for OrchestratorService {
         let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify("/iota.v1.Orchestrator/Subscribe", req)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
-            let mut core = self.core.lock().unwrap();
+            let mut core = self.core.lock();
             if core.orch.miner(&peer).is_none() {
                 return Err(Status::failed_precondition(format!("peer {peer} must register first")));
             }

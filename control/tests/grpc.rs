@@ -171,3 +171,22 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
         .is_err()
     );
 }
+
+/// A panic while the service holds its state lock (a bug somewhere in the
+/// state machine) must not turn every later request into a panic: the lock
+/// does not poison.
+#[tokio::test]
+async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
+    let svc =
+        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
+    let s = svc.clone();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.with_state(|_| panic!("a bug"))));
+    assert!(r.is_err());
+    let (url, _server) = serve(svc.clone()).await;
+    let mut c = client(&url, 1).await;
+    c.register("127.0.0.1:9000".into(), 10.0, "cuda:0 (bf16 gemms)".into()).await.unwrap();
+    c.heartbeat(0, 3, 250.0).await.unwrap();
+    // What the miner says about itself is kept (it was dropped before).
+    let m = svc.with_state(|o| o.miners().next().cloned()).unwrap();
+    assert_eq!((m.device.as_str(), m.reported_in_flight, m.tokens_per_s), ("cuda:0 (bf16 gemms)", 3, 250.0));
+}

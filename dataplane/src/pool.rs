@@ -14,8 +14,10 @@
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use tokio::sync::Notify;
 
@@ -224,7 +226,7 @@ impl BufferPool for HostPool {
                 Err(now) => cur = now,
             }
         }
-        let reused = self.free.lock().unwrap().get_mut(&cap).and_then(|v| v.pop());
+        let reused = self.free.lock().get_mut(&cap).and_then(|v| v.pop());
         let ptr = match reused {
             Some(p) => {
                 self.cached.fetch_sub(cap, Ordering::SeqCst);
@@ -247,7 +249,7 @@ impl BufferPool for HostPool {
         // Keep freed memory for reuse, but never more than the budget.
         if self.cached.load(Ordering::SeqCst) + capacity <= self.budget {
             self.cached.fetch_add(capacity, Ordering::SeqCst);
-            self.free.lock().unwrap().entry(capacity).or_default().push(SendPtr(ptr));
+            self.free.lock().entry(capacity).or_default().push(SendPtr(ptr));
         } else {
             // SAFETY: ptr came from `self.memory.alloc(capacity)` and is back from its loan.
             unsafe { self.memory.free(ptr, capacity) };
@@ -272,7 +274,7 @@ impl BufferPool for HostPool {
 
 impl Drop for HostPool {
     fn drop(&mut self) {
-        for (cap, v) in self.free.get_mut().unwrap().drain() {
+        for (cap, v) in self.free.get_mut().drain() {
             for p in v {
                 // SAFETY: allocated by `self.memory.alloc(cap)`, not on loan.
                 unsafe { self.memory.free(p.0, cap) };

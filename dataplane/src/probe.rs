@@ -5,7 +5,9 @@
 //! arrives (so it includes queueing under load).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use iota_core::wire::Direction;
@@ -103,7 +105,7 @@ pub async fn push(ep: Arc<Endpoint>, to: PeerId, frames: u64, size: usize) -> an
                 }
                 // The ack may overtake the sender's bookkeeping: wait for it.
                 loop {
-                    if let Some(t) = sent_at.lock().unwrap().remove(&f.header.answers) {
+                    if let Some(t) = sent_at.lock().remove(&f.header.answers) {
                         lat.push(now - t);
                         break;
                     }
@@ -120,7 +122,7 @@ pub async fn push(ep: Arc<Endpoint>, to: PeerId, frames: u64, size: usize) -> an
         // The frame id is known only after signing; record the start time
         // under it as soon as the send returns.
         let id = ep.send(to, &meta, payload.clone()).await?;
-        sent_at.lock().unwrap().insert(id, t);
+        sent_at.lock().insert(id, t);
     }
     let (latencies, end) = acks.await??;
     Ok(ProbeReport { frames, frame_bytes: size, elapsed: end - start, latencies })

@@ -1,8 +1,8 @@
 //! Counters of one endpoint: what it sent and received, what it rejected and
 //! why, and how many times payload bytes were copied on the way in.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::frame::FrameError;
@@ -45,7 +45,7 @@ impl StatsSnapshot {
 
 impl Stats {
     pub fn reject(&self, e: &FrameError) {
-        *self.rejected.lock().unwrap().entry(e.kind()).or_default() += 1;
+        *self.rejected.lock().entry(e.kind()).or_default() += 1;
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -58,7 +58,7 @@ impl Stats {
             payload_copies: l(&self.payload_copies),
             connects: l(&self.connects),
             send_failures: l(&self.send_failures),
-            rejected: self.rejected.lock().unwrap().clone(),
+            rejected: self.rejected.lock().clone(),
         }
     }
 }

@@ -10,7 +10,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use iota_core::{Identity, PeerId};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -42,16 +44,16 @@ impl PeerDirectory {
         Arc::new(Self::default())
     }
     pub fn insert(&self, peer: PeerId, addr: Option<SocketAddr>) {
-        self.peers.write().unwrap().insert(peer, PeerEntry { addr });
+        self.peers.write().insert(peer, PeerEntry { addr });
     }
     pub fn remove(&self, peer: &PeerId) -> bool {
-        self.peers.write().unwrap().remove(peer).is_some()
+        self.peers.write().remove(peer).is_some()
     }
     pub fn contains(&self, peer: &PeerId) -> bool {
-        self.peers.read().unwrap().contains_key(peer)
+        self.peers.read().contains_key(peer)
     }
     pub fn addr(&self, peer: &PeerId) -> Option<SocketAddr> {
-        self.peers.read().unwrap().get(peer).and_then(|e| e.addr)
+        self.peers.read().get(peer).and_then(|e| e.addr)
     }
 }
 

@@ -18,7 +18,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -295,14 +297,13 @@ impl Inner {
     fn lane(&self, to: PeerId, d: Direction) -> Arc<tokio::sync::Mutex<Lane>> {
         self.lanes
             .lock()
-            .unwrap()
             .entry((to, d))
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Lane { stream: None, next_seq: 0 })))
             .clone()
     }
 
     fn guard(&self, from: PeerId, d: Direction) -> Arc<SeqGuard> {
-        self.guards.lock().unwrap().entry((from, d)).or_default().clone()
+        self.guards.lock().entry((from, d)).or_default().clone()
     }
 
     /// The live connection to `to`, dialling it if needed.

@@ -6,8 +6,8 @@
 //! (never seen within the window), and a per-identity rate limit. Each
 //! failure maps to a gRPC status a client can act on.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use iota_core::{Identity, PeerId};
@@ -80,11 +80,24 @@ struct Bucket {
     at_ms: u64,
 }
 
+/// Identities with a rate-limit bucket at once. Buckets refill within
+/// `burst / rate_per_s` seconds and are then forgotten (a full bucket is the
+/// same as none), so only identities active in that window count.
+pub const MAX_BUCKETS: usize = 1 << 16;
+
+/// Per-identity token buckets, pruned as they refill.
+#[derive(Default)]
+struct Buckets {
+    map: HashMap<PeerId, Bucket>,
+    /// Prune when the map grows past this (amortises the sweep).
+    prune_at: usize,
+}
+
 /// Replay and rate-limit state of a server.
 pub struct Verifier {
     policy: AuthPolicy,
     seen: Mutex<Seen>,
-    buckets: Mutex<HashMap<PeerId, Bucket>>,
+    buckets: Mutex<Buckets>,
 }
 
 /// Nonces seen within the skew window, oldest first.
@@ -96,7 +109,11 @@ struct Seen {
 
 impl Verifier {
     pub fn new(policy: AuthPolicy) -> Self {
-        Verifier { policy, seen: Mutex::new(Seen::default()), buckets: Mutex::new(HashMap::new()) }
+        Verifier {
+            policy,
+            seen: Mutex::new(Seen::default()),
+            buckets: Mutex::new(Buckets { map: HashMap::new(), prune_at: 1024 }),
+        }
     }
 
     /// Verifies an envelope for `method` at server time `now_ms`; returns the
@@ -135,7 +152,7 @@ impl Verifier {
     }
 
     fn check_nonce(&self, peer: PeerId, nonce: [u8; NONCE_LEN], ts: u64, now_ms: u64) -> Result<(), Status> {
-        let mut seen = self.seen.lock().unwrap();
+        let mut seen = self.seen.lock();
         // Forget nonces whose timestamps left the window: a replay of them is
         // refused by the timestamp check instead.
         let horizon = now_ms.saturating_sub(2 * self.policy.max_skew.as_millis() as u64);
@@ -155,8 +172,17 @@ impl Verifier {
     }
 
     fn check_rate(&self, peer: PeerId, now_ms: u64) -> Result<(), Status> {
-        let mut b = self.buckets.lock().unwrap();
-        let e = b.entry(peer).or_insert(Bucket { tokens: self.policy.burst, at_ms: now_ms });
+        let mut b = self.buckets.lock();
+        let refill_ms = (self.policy.burst / self.policy.rate_per_s * 1000.0).ceil() as u64;
+        if b.map.len() >= b.prune_at {
+            // A bucket idle for a whole refill is full again: forget it.
+            b.map.retain(|_, e| now_ms.saturating_sub(e.at_ms) < refill_ms);
+            b.prune_at = (2 * b.map.len()).max(1024);
+        }
+        if b.map.len() >= MAX_BUCKETS && !b.map.contains_key(&peer) {
+            return Err(Status::new(Code::ResourceExhausted, "too many active identities; retry shortly"));
+        }
+        let e = b.map.entry(peer).or_insert(Bucket { tokens: self.policy.burst, at_ms: now_ms });
         let dt = now_ms.saturating_sub(e.at_ms) as f64 / 1000.0;
         e.tokens = (e.tokens + dt * self.policy.rate_per_s).min(self.policy.burst);
         e.at_ms = now_ms.max(e.at_ms);
@@ -229,6 +255,31 @@ mod tests {
     }
 
     #[test]
+    fn rate_buckets_of_idle_identities_are_forgotten() {
+        let v = Verifier::new(AuthPolicy { rate_per_s: 10.0, burst: 5.0, ..AuthPolicy::default() });
+        // 5,000 identities, one request each, spread over 50 s: buckets
+        // refill in 0.5 s, so only the recent ones may stay.
+        let mut now = 1_000_000u64;
+        for i in 0..5_000u32 {
+            let mut seed = [0u8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            let id = Identity::from_seed(seed);
+            v.verify::<HeartbeatRequest>(M, &sign(&id, M, &body(), now), now).unwrap();
+            now += 10;
+        }
+        let held = v.buckets.lock().map.len();
+        assert!(held <= 2 * 1024, "{held} buckets held for identities idle for seconds");
+        // A busy identity keeps its (empty) bucket through a prune.
+        let a = Identity::from_seed([1; 32]);
+        for _ in 0..5 {
+            v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now).unwrap();
+        }
+        v.buckets.lock().prune_at = 0;
+        let e = v.verify::<HeartbeatRequest>(M, &sign(&a, M, &body(), now), now).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+    }
+
+    #[test]
     fn old_nonces_are_forgotten_but_stay_refused_by_time() {
         let v = Verifier::new(AuthPolicy::default());
         let id = Identity::from_seed([3; 32]);
@@ -237,7 +288,7 @@ mod tests {
         // Much later the nonce table is pruned, yet the replay still fails (timestamp).
         let later = 10 * 60_000;
         let _ = v.verify::<HeartbeatRequest>(M, &sign(&id, M, &body(), later), later);
-        assert!(v.seen.lock().unwrap().set.len() == 1);
+        assert!(v.seen.lock().set.len() == 1);
         assert_eq!(v.verify::<HeartbeatRequest>(M, &s, later).unwrap_err().code(), Code::Unauthenticated);
     }
 }

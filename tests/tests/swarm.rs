@@ -204,3 +204,126 @@ fn a_miner_with_another_corpus_refuses_it() {
     let err = iota_dataplane::corpus::load_corpus(&cfg).err().expect("refused").to_string();
     assert!(err.contains("not the run's"), "{err}");
 }
+
+/// The frames a miner sends carry the real hash chain: the head's forward
+/// frame answers the hash of its input tokens, a body's forward frame the
+/// forward frame it was computed from, and a gradient the forward frame it
+/// is the gradient of (was always zeros). The heartbeat's in-flight count
+/// follows the micro-batches routed through the miner.
+#[test]
+fn frames_answer_what_they_were_computed_from() {
+    use iota_core::Identity;
+    use iota_core::wire::Direction;
+    use iota_dataplane::frame::{FrameLimits, FrameMeta, RunContext, build_header};
+    use iota_dataplane::miner::events::{Input, Output};
+    use iota_dataplane::miner::worker::{Worker, tokens_hash};
+    use iota_dataplane::pool::BufferPool;
+    use iota_dataplane::{HostPool, PeerDirectory, ReceivedFrame};
+    use iota_protocol::pb;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(dir.path(), 3, 1, 1, 4, WireCodec::Int8Row);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let store = iota_dataplane::local_store::LocalDirStore::shared(
+        dir.path().join("store"),
+        iota_dataplane::fileio::FileIo::start(false),
+    )
+    .unwrap();
+    let ids: Vec<Identity> = (1..=3u8).map(|i| Identity::from_seed([i; 32])).collect();
+    let peers: Vec<pb::PeerInfo> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| pb::PeerInfo {
+            peer_id: id.peer_id().0.to_vec(),
+            data_addr: format!("127.0.0.1:{}", 9000 + i),
+            stage: i as u32,
+        })
+        .collect();
+    let ctx = Arc::new(RunContext::new(cfg.spec.run_id, FrameLimits::default()));
+    let worker = |stage: u32| {
+        let me = ids[stage as usize].peer_id();
+        let mut w = Worker::new(
+            Arc::new(iota_model::CpuBackend::new()),
+            me,
+            cfg.clone(),
+            store.clone(),
+            rt.handle().clone(),
+            PeerDirectory::new(),
+            ctx.clone(),
+        );
+        let mut out = Vec::new();
+        let assign = pb::Assignment { stage, num_stages: 3, weights_key: String::new(), peers: peers.clone() };
+        w.handle(Input::Command(pb::command::Kind::Assign(assign)), &mut out).unwrap();
+        let training = pb::PhaseChange { epoch: 0, phase: pb::Phase::Training as i32, ..Default::default() };
+        w.handle(Input::Command(pb::command::Kind::Phase(training)), &mut out).unwrap();
+        w
+    };
+    let route = pb::Route {
+        epoch: 0,
+        shard: 0,
+        first_sample: 0,
+        samples: cfg.train.batch as u32,
+        attempt: 0,
+        pathway: ids.iter().map(|i| i.peer_id().0.to_vec()).collect(),
+        seq: 0,
+    };
+    let sent = |out: &mut Vec<Output>| -> (iota_core::PeerId, FrameMeta, bytes::Bytes) {
+        let frames: Vec<_> = out
+            .drain(..)
+            .filter_map(|o| match o {
+                Output::Frame { to, meta, payload, .. } => Some((to, meta, payload)),
+                Output::Report(_) => None,
+            })
+            .collect();
+        assert_eq!(frames.len(), 1, "one frame out");
+        frames.into_iter().next().unwrap()
+    };
+    let pool = HostPool::new(1 << 24);
+    let received = |from: &Identity, meta: &FrameMeta, payload: &[u8]| {
+        let header = build_header(meta, cfg.spec.run_id, 0, payload, from);
+        let mut buf = pool.clone().try_take(payload.len()).unwrap();
+        buf.copy_from_slice(payload);
+        ReceivedFrame { header, payload: buf, peer: from.peer_id() }
+    };
+
+    // Head: the frame answers its tokens.
+    let mut head = worker(0);
+    let mut out = Vec::new();
+    head.handle(Input::Command(pb::command::Kind::Route(route.clone())), &mut out).unwrap();
+    let (to, act0, payload0) = sent(&mut out);
+    assert_eq!(to, ids[1].peer_id());
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg).unwrap();
+    let mb =
+        iota_core::MicroBatchId { first: iota_core::SampleId { epoch: 0, shard: 0, index: 0 }, len: route.samples };
+    let (x, _) = corpus.micro_batch(cfg.train.seed, mb, cfg.train.seq);
+    assert_eq!(act0.answers, tokens_hash(&x));
+    assert_eq!(head.in_flight.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // Body: its forward frame answers the one it received ...
+    let mut body = worker(1);
+    body.handle(Input::Command(pb::command::Kind::Route(route.clone())), &mut out).unwrap();
+    let f0 = received(&ids[0], &act0, &payload0);
+    let id0 = f0.header.frame_id();
+    body.handle(Input::Frame(Box::new(f0)), &mut out).unwrap();
+    let (to, act1, payload1) = sent(&mut out);
+    assert_eq!(to, ids[2].peer_id());
+    assert_eq!(act1.direction, Direction::Activation);
+    assert_eq!(act1.answers, id0);
+    assert_eq!(body.in_flight.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // ... the tail's gradient answers the body's forward frame ...
+    let mut tail = worker(2);
+    tail.handle(Input::Command(pb::command::Kind::Route(route.clone())), &mut out).unwrap();
+    let f1 = received(&ids[1], &act1, &payload1);
+    let id1 = f1.header.frame_id();
+    tail.handle(Input::Frame(Box::new(f1)), &mut out).unwrap();
+    let (to, grad2, gpayload2) = sent(&mut out);
+    assert_eq!((to, grad2.direction, grad2.answers), (ids[1].peer_id(), Direction::ActivationGrad, id1));
+    assert_eq!(tail.in_flight.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // ... and the body's gradient answers the forward frame it came in.
+    body.handle(Input::Frame(Box::new(received(&ids[2], &grad2, &gpayload2))), &mut out).unwrap();
+    let (to, grad1, _) = sent(&mut out);
+    assert_eq!((to, grad1.direction, grad1.answers), (ids[0].peer_id(), Direction::ActivationGrad, id0));
+    assert_eq!(body.in_flight.load(std::sync::atomic::Ordering::Relaxed), 0);
+}

@@ -30,13 +30,52 @@ pub type Ms = u64;
 /// Something that happened, as the orchestrator sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Register { peer: PeerId, addr: String, tokens_per_s: f64 },
-    Heartbeat { peer: PeerId, tokens_per_s: f64 },
-    Loss { peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32 },
-    BackwardDone { peer: PeerId, mb: MbRef, attempt: u32 },
-    UploadDone { peer: PeerId, epoch: u64, stage: u32, key: String, work: u64 },
-    MergeDone { peer: PeerId, epoch: u64, stage: u32, key: String, weights_hash: Vec<u8> },
-    SliceDone { peer: PeerId, epoch: u64, stage: u32, partition: u32, generation: u32, hash: Vec<u8> },
+    Register {
+        peer: PeerId,
+        addr: String,
+        tokens_per_s: f64,
+        device: String,
+    },
+    /// `in_flight`: micro-batches the miner says it holds (its own count).
+    Heartbeat {
+        peer: PeerId,
+        tokens_per_s: f64,
+        in_flight: u32,
+    },
+    Loss {
+        peer: PeerId,
+        mb: MbRef,
+        attempt: u32,
+        loss: f32,
+        tokens: u32,
+    },
+    BackwardDone {
+        peer: PeerId,
+        mb: MbRef,
+        attempt: u32,
+    },
+    UploadDone {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        key: String,
+        work: u64,
+    },
+    MergeDone {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        key: String,
+        weights_hash: Vec<u8>,
+    },
+    SliceDone {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        partition: u32,
+        generation: u32,
+        hash: Vec<u8>,
+    },
     Tick,
 }
 
@@ -167,11 +206,14 @@ impl Orchestrator {
     pub fn step(&mut self, now: Ms, ev: Event, rng: &mut Rng) -> Result<Vec<Out>, Refusal> {
         let mut out = Vec::new();
         match ev {
-            Event::Register { peer, addr, tokens_per_s } => self.register(now, peer, addr, tokens_per_s, &mut out),
-            Event::Heartbeat { peer, tokens_per_s } => {
+            Event::Register { peer, addr, tokens_per_s, device } => {
+                self.register(now, peer, addr, tokens_per_s, device, &mut out)
+            }
+            Event::Heartbeat { peer, tokens_per_s, in_flight } => {
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
                 m.last_seen_ms = now;
                 m.tokens_per_s = tokens_per_s;
+                m.reported_in_flight = in_flight;
                 if !m.healthy {
                     // Back from a silence: it lost its in-flight work; it
                     // rejoins by download at the next epoch.
@@ -249,11 +291,12 @@ impl Orchestrator {
         self.healthy_in(stage).filter(|m| !m.joining)
     }
 
-    fn register(&mut self, now: Ms, peer: PeerId, addr: String, tokens_per_s: f64, out: &mut Vec<Out>) {
+    fn register(&mut self, now: Ms, peer: PeerId, addr: String, tokens_per_s: f64, device: String, out: &mut Vec<Out>) {
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
             m.addr = addr;
+            m.device = device;
             m.tokens_per_s = tokens_per_s;
             m.last_seen_ms = now;
             let lost: Vec<u64> = self.in_flight_through(peer);
@@ -287,7 +330,9 @@ impl Orchestrator {
                     joining: self.phase != Phase::Waiting,
                     last_seen_ms: now,
                     tokens_per_s,
+                    device,
                     in_flight: 0,
+                    reported_in_flight: 0,
                     work: 0,
                 },
             );

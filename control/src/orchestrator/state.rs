@@ -54,7 +54,14 @@ pub struct MinerState {
     pub joining: bool,
     pub last_seen_ms: u64,
     pub tokens_per_s: f64,
+    /// What it computes on, as it says (`cpu`, `cuda:0 (bf16 gemms)`).
+    #[serde(default)]
+    pub device: String,
+    /// Micro-batches routed through it and not finished (the orchestrator's count).
     pub in_flight: u32,
+    /// The same, as the miner last reported it.
+    #[serde(default)]
+    pub reported_in_flight: u32,
     /// Micro-batches it helped complete this epoch (weights the merge).
     pub work: u64,
 }

@@ -76,7 +76,7 @@ impl Sim {
         self.now += ms;
         let alive: Vec<PeerId> = self.o.miners().map(|m| m.peer).filter(|p| !self.dead.contains(p)).collect();
         for p in alive {
-            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0 });
+            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0, in_flight: 0 });
         }
         self.ev(Event::Tick);
     }
@@ -187,10 +187,15 @@ impl Sim {
 fn waits_for_every_stage_then_balances_assignments() {
     let mut s = Sim::new(spec(3, 2, 1, 6, 2));
     for i in 0..5 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("127.0.0.1:{}", 9000 + i as u16), tokens_per_s: 1.0 });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("127.0.0.1:{}", 9000 + i as u16),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+        });
         assert_eq!(*s.o.phase(), Phase::Waiting);
     }
-    s.ev(Event::Register { peer: peer(5), addr: "127.0.0.1:9005".into(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(5), addr: "127.0.0.1:9005".into(), tokens_per_s: 1.0, device: "cpu".into() });
     assert_eq!(*s.o.phase(), Phase::Training);
     for st in 0..3 {
         assert_eq!(s.o.miners().filter(|m| m.stage == st).count(), 2, "stage {st}");
@@ -213,7 +218,7 @@ fn waits_for_every_stage_then_balances_assignments() {
 fn epochs_run_through_upload_and_merge_to_done() {
     let mut s = Sim::new(spec(3, 2, 3, 10, 3));
     for i in 0..6 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     }
     s.run_until_done(200);
     let h = s.o.history();
@@ -240,7 +245,7 @@ fn micro_batch_addresses_follow_the_trainer() {
 fn dead_miner_work_is_rerouted_to_its_replica() {
     let mut s = Sim::new(spec(3, 2, 1, 12, 4));
     for i in 0..6 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     }
     // A body miner dies before doing anything.
     let victim = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
@@ -259,8 +264,8 @@ fn dead_miner_work_is_rerouted_to_its_replica() {
 #[test]
 fn a_stage_with_no_live_miner_drops_after_max_attempts() {
     let mut s = Sim::new(spec(2, 1, 1, 3, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     let tail = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
     s.dead.insert(tail);
     for _ in 0..40 {
@@ -277,8 +282,8 @@ fn a_stage_with_no_live_miner_drops_after_max_attempts() {
 #[test]
 fn stale_and_foreign_reports_are_not_applied() {
     let mut s = Sim::new(spec(2, 1, 1, 2, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     let mb = s.o.spec().micro_batch(0, 0);
     let (head, tail) =
         (s.o.miners().find(|m| m.stage == 0).unwrap().peer, s.o.miners().find(|m| m.stage == 1).unwrap().peer);
@@ -288,7 +293,7 @@ fn stale_and_foreign_reports_are_not_applied() {
     assert_eq!(s.o.counters().stale_reports, 3);
     assert_eq!(s.o.counters().completed, 0);
     let stranger = peer(9);
-    let r = s.o.step(0, Event::Heartbeat { peer: stranger, tokens_per_s: 1.0 }, &mut Rng::new(1));
+    let r = s.o.step(0, Event::Heartbeat { peer: stranger, tokens_per_s: 1.0, in_flight: 0 }, &mut Rng::new(1));
     assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
 }
 
@@ -296,7 +301,7 @@ fn stale_and_foreign_reports_are_not_applied() {
 fn snapshot_round_trip_resumes_the_run() {
     let mut s = Sim::new(spec(2, 2, 2, 8, 2));
     for i in 0..4 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0 });
+        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     }
     // Run part of the first epoch, then "crash": keep only the snapshot.
     s.drain();
@@ -316,12 +321,12 @@ fn snapshot_round_trip_resumes_the_run() {
 #[test]
 fn a_stage_whose_miners_all_restarted_does_not_stall() {
     let mut s = Sim::new(spec(2, 1, 1, 6, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     s.drain();
     // Both miners restart mid-epoch and register again (same identities).
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0 });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0 });
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
     assert!(s.o.miners().all(|m| m.joining));
     s.run_until_done(100);
     assert_eq!(s.o.history()[0].completed, 6);
@@ -338,7 +343,7 @@ fn butterfly_spec(stages: u32, replicas: u32) -> RunSpec {
 fn butterfly_epochs_merge_by_plan_and_verdicts() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
     sim.run_until_done(200);
     assert_eq!(sim.o.phase(), &Phase::Done);
@@ -351,7 +356,7 @@ fn butterfly_epochs_merge_by_plan_and_verdicts() {
 fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
     sim.liars.insert(peer(1));
     sim.run_until_done(200);
@@ -371,7 +376,7 @@ fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
 fn butterfly_participant_dying_mid_merge_is_planned_out() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
     // One replica dies when the first merge plan reaches it.
     sim.die_on_plan = Some(peer(2));
@@ -384,7 +389,7 @@ fn butterfly_participant_dying_mid_merge_is_planned_out() {
 fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     let mut sim = Sim::new(butterfly_spec(1, 2));
     for i in 0..2 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0 });
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
     // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
     // the dead peer time out), so nobody finishes before the phase timeout.

@@ -13,7 +13,7 @@ pub mod worker;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -113,7 +113,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     }
     let addr = opts.advertise.clone().unwrap_or(local.to_string());
     let mut client = connect(&opts.orchestrator, id.clone()).await?;
-    let reply = client.register(addr.clone(), 0.0, "cpu".into()).await.context("registering with the orchestrator")?;
+    let device = device_label(opts.device, opts.gemm);
+    let reply =
+        client.register(addr.clone(), 0.0, device.clone()).await.context("registering with the orchestrator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     ctx.set_run_id(reply.run_id);
     info!(index = reply.miner_index, addr, "registered");
@@ -125,18 +127,22 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
     let epoch = Arc::new(AtomicU64::new(0));
     let tokens = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicU32::new(0));
+    // The last throughput measured (f64 bits), for re-registrations.
+    let measured_tps = Arc::new(AtomicU64::new(0));
 
     // Orchestrator commands, re-subscribing when the stream drops.
     let cmd_task = {
         let (mut client, in_tx, stop) = (client.clone(), in_tx.clone(), finished.clone());
-        let addr = addr.clone();
+        let (addr, device, measured_tps) = (addr.clone(), device.clone(), measured_tps.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let mut stream = match client.subscribe().await {
                     Ok(s) => s,
                     Err(e) => {
                         if e.code() == tonic::Code::FailedPrecondition {
-                            let _ = client.register(addr.clone(), 0.0, "cpu".into()).await;
+                            let tps = f64::from_bits(measured_tps.load(Ordering::Relaxed));
+                            let _ = client.register(addr.clone(), tps, device.clone()).await;
                         }
                         tokio::time::sleep(Duration::from_millis(300)).await;
                         continue;
@@ -181,6 +187,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let hb_task = {
         let (mut client, epoch, every, stop, tokens) =
             (client.clone(), epoch.clone(), opts.heartbeat, finished.clone(), tokens.clone());
+        let (in_flight, measured_tps) = (in_flight.clone(), measured_tps.clone());
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(every);
             let (mut last, mut at) = (0u64, std::time::Instant::now());
@@ -190,7 +197,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                 let (now_tokens, now) = (tokens.load(Ordering::Relaxed), std::time::Instant::now());
                 let tps = (now_tokens - last) as f64 / now.duration_since(at).as_secs_f64().max(1e-3);
                 (last, at) = (now_tokens, now);
-                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), 0, tps).await {
+                measured_tps.store(tps.to_bits(), Ordering::Relaxed);
+                let busy = in_flight.load(Ordering::Relaxed);
+                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), busy, tps).await {
                     tracing::debug!(error = %e, "heartbeat failed");
                 }
             }
@@ -245,7 +254,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             b.fault = fault;
             Box::new(b) as Box<dyn merge::Merge>
         });
-        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, fault_merge };
+        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, in_flight, fault_merge };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
             None => {
@@ -272,6 +281,14 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     }
     ep.close();
     Ok(summary)
+}
+
+/// What a miner tells the orchestrator it computes on.
+fn device_label(device: ComputeDevice, gemm: GemmPrecision) -> String {
+    match device {
+        ComputeDevice::Cpu => "cpu".into(),
+        ComputeDevice::Cuda(_) => format!("{device} ({gemm:?} GEMMs)").to_lowercase(),
+    }
 }
 
 /// Errors that say the orchestrator was unreachable, not that it refused.
@@ -301,6 +318,7 @@ struct ComputeIo {
     stop: Arc<AtomicBool>,
     crash_on_plan: bool,
     tokens: Arc<AtomicU64>,
+    in_flight: Arc<AtomicU32>,
     /// A fault-injecting merge to use instead of the configured one.
     fault_merge: Option<Box<dyn merge::Merge>>,
 }
@@ -312,6 +330,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         w.set_merge(m);
     }
     w.tokens = io.tokens.clone();
+    w.in_flight = io.in_flight.clone();
     let mut out = Vec::new();
     while let Some(input) = io.in_rx.blocking_recv() {
         if io.crash_on_plan

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -47,6 +47,9 @@ pub struct Worker<B: Backend = CpuBackend> {
     merge: Box<dyn Merge>,
     /// Tokens this miner pushed through its stage (for the throughput it reports).
     pub tokens: Arc<AtomicU64>,
+    /// Micro-batches routed through this miner and not finished here yet
+    /// (what its heartbeat reports).
+    pub in_flight: Arc<AtomicU32>,
     dir: Arc<PeerDirectory>,
     ctx: Arc<RunContext>,
     corpus: Option<Arc<Corpus>>,
@@ -59,6 +62,10 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// Epoch whose merged weights the stage holds (None: initial weights).
     weights_after: Option<u64>,
     routes: HashMap<MbKey, pb::Route>,
+    /// The id of the forward frame each micro-batch arrived in: the frames
+    /// this miner sends for it answer that one (the hash chain validators
+    /// audit a pathway with).
+    inbound: HashMap<MbKey, [u8; 32]>,
     early: VecDeque<(MbKey, ReceivedFrame)>,
     accumulated: usize,
     pub steps: u64,
@@ -66,6 +73,16 @@ pub struct Worker<B: Backend = CpuBackend> {
     work: u64,
     pub done: bool,
     pub rejected_frames: u64,
+}
+
+/// What the head's forward frame answers: the BLAKE3 hash of its input
+/// tokens (u32 little-endian), so a pathway's chain starts at its data.
+pub fn tokens_hash(tokens: &[u32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
 }
 
 fn mb_key(epoch: u64, shard: u32, first: u64, attempt: u32) -> MbKey {
@@ -99,6 +116,7 @@ impl<B: Backend + 'static> Worker<B> {
             be,
             merge,
             tokens: Arc::new(AtomicU64::new(0)),
+            in_flight: Arc::new(AtomicU32::new(0)),
             store,
             rt,
             dir,
@@ -111,6 +129,7 @@ impl<B: Backend + 'static> Worker<B> {
             training: None,
             weights_after: None,
             routes: HashMap::new(),
+            inbound: HashMap::new(),
             early: VecDeque::new(),
             accumulated: 0,
             steps: 0,
@@ -127,6 +146,13 @@ impl<B: Backend + 'static> Worker<B> {
     /// Handles one input; errors are reported to the caller, who logs them
     /// (a failed micro-batch is re-routed by the orchestrator's timeout).
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
+        let r = self.dispatch(input, out);
+        self.inbound.retain(|k, _| self.routes.contains_key(k));
+        self.in_flight.store(self.routes.len() as u32, Ordering::Relaxed);
+        r
+    }
+
+    fn dispatch(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
         match input {
             Input::Command(c) => self.command(c, out),
             Input::Frame(f) if f.header.direction == Direction::WeightSlice => {
@@ -309,7 +335,16 @@ impl<B: Backend + 'static> Worker<B> {
         Ok(())
     }
 
-    fn frame_meta(&self, r: &pb::Route, direction: Direction, rows: usize, width: usize) -> FrameMeta {
+    /// `answers`: the id of the frame (or, at the head, the hash of the
+    /// tokens) this frame was computed from.
+    fn frame_meta(
+        &self,
+        r: &pb::Route,
+        direction: Direction,
+        rows: usize,
+        width: usize,
+        answers: [u8; 32],
+    ) -> FrameMeta {
         FrameMeta {
             direction,
             codec: self.cfg.train.codec,
@@ -320,7 +355,7 @@ impl<B: Backend + 'static> Worker<B> {
             samples: r.samples,
             attempt: r.attempt,
             shape: vec![rows as u32, width as u32],
-            answers: [0; 32],
+            answers,
         }
     }
 
@@ -361,7 +396,7 @@ impl<B: Backend + 'static> Worker<B> {
         let mut h = stage.forward(stage_key(&key), StageInput::Tokens(&x), batch, seq)?;
         let width = stage.boundary_width();
         codec::round_trip(self.cfg.train.codec, batch * seq, width, &mut h)?;
-        let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width);
+        let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width, tokens_hash(&x));
         self.send(&r.pathway[1], meta, &h, out)
     }
 
@@ -429,7 +464,12 @@ impl<B: Backend + 'static> Worker<B> {
         let direction = h.direction;
         if direction == Direction::Activation {
             self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
+            self.inbound.insert(key, h.frame_id());
         }
+        // What this miner's next frame for the micro-batch answers: the
+        // forward frame it came in (a gradient answers the activation it
+        // is the gradient of).
+        let answers = self.inbound.get(&key).copied().unwrap_or([0; 32]);
         // Straight from the pool buffer onto the backend (on a GPU: one
         // asynchronous copy of the wire bytes, decoded on the device).
         let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
@@ -445,7 +485,7 @@ impl<B: Backend + 'static> Worker<B> {
                 self.report_loss(&r, &t.losses, out);
                 let mut g = t.din.context("tail of a split model returns an input gradient")?;
                 codec::round_trip(codec, rows, width, &mut g)?;
-                let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width);
+                let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                 self.send(&r.pathway[s - 1], meta, &g, out)?;
                 self.routes.remove(&key);
                 self.finished_one()
@@ -455,7 +495,7 @@ impl<B: Backend + 'static> Worker<B> {
                 let mut h2 = stage.forward_buf(stage_key(&key), data, batch, seq)?;
                 let w2 = stage.boundary_width();
                 codec::round_trip(codec, rows, w2, &mut h2)?;
-                let meta = self.frame_meta(&r, Direction::Activation, rows, w2);
+                let meta = self.frame_meta(&r, Direction::Activation, rows, w2, answers);
                 self.send(&r.pathway[s + 1], meta, &h2, out)
             }
             (Direction::ActivationGrad, _) => {
@@ -464,7 +504,7 @@ impl<B: Backend + 'static> Worker<B> {
                 match din {
                     Some(mut g) => {
                         codec::round_trip(codec, rows, width, &mut g)?;
-                        let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width);
+                        let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                         self.send(&r.pathway[s - 1], meta, &g, out)?;
                     }
                     None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
