@@ -9,4 +9,5 @@ ensure_cmd python3 python3
 [ -e /etc/ssl/certs/ca-certificates.crt ] || ensure_cmd update-ca-certificates ca-certificates
 IOTA_CUDA_CACHE="$(python3 scripts/fetch-nvrtc.py)"
 export IOTA_CUDA_CACHE IOTA_REQUIRE_NVRTC=1
+python3 scripts/check-graph.py
 cargo test --workspace --all-targets "$@"

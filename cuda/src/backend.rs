@@ -32,9 +32,9 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use iota_model::backend::{AdamStep, AttnDims, Backend};
 
-use crate::CudaError;
 use crate::gpu::Gpu;
 use crate::lt::{GemmShape, LtGemm};
+use crate::runtime::CudaError;
 
 /// Precision of the linear layers' GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

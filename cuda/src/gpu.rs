@@ -9,7 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use iota_core::merge::{OuterOpt, ReduceRule, ReduceStats};
 
-use crate::{CudaError, KERNELS};
+use crate::kernels::KERNELS;
+use crate::runtime::CudaError;
 
 const THREADS: u32 = 256;
 /// Largest replica count the reduce kernels take (their per-thread arrays).
@@ -47,17 +48,17 @@ impl Gpu {
     /// Opens GPU `ordinal` and compiles every kernel for it (once per
     /// process). Fails with a plain error when there is no driver or no NVRTC.
     pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
-        if !crate::driver_present() {
+        if !crate::runtime::driver_present() {
             return Err(CudaError::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
         let (major, minor) = ctx.compute_capability().map_err(drv)?;
         let name = ctx.name().map_err(drv)?;
         let arch = arch_for(major, minor);
-        let include = crate::find_headers().unwrap_or_else(|_| std::env::temp_dir());
+        let include = crate::runtime::find_headers().unwrap_or_else(|_| std::env::temp_dir());
         let mut functions = HashMap::new();
         for k in KERNELS {
-            let ptx = crate::compile(k, &include, arch)?;
+            let ptx = crate::runtime::compile(k, &include, arch)?;
             let module = ctx.load_module(ptx).map_err(drv)?;
             for f in k.functions {
                 functions.insert(*f, module.load_function(f).map_err(drv)?);

@@ -14,7 +14,7 @@ use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::CudaError;
+use crate::runtime::CudaError;
 
 fn err(what: &str, e: impl std::fmt::Debug) -> CudaError {
     CudaError::Driver(format!("cuBLASLt {what}: {e:?}"))

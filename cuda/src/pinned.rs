@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use iota_core::WireCodec;
 
-use crate::CudaError;
 use crate::gpu::Gpu;
+use crate::runtime::CudaError;
 
 fn drv(e: impl std::fmt::Debug) -> CudaError {
     CudaError::Driver(format!("{e:?}"))

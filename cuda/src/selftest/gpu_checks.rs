@@ -8,9 +8,10 @@ use std::time::Instant;
 use iota_core::WireCodec;
 use iota_core::rng::Rng;
 
-use super::{Check, codec_input, max_rel};
-use crate::CudaError;
+use super::check::{Check, max_rel};
+use super::rows::codec_input;
 use crate::gpu::Gpu;
+use crate::runtime::CudaError;
 
 /// Appends every GPU-only check to `out`, in the table's order.
 pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {

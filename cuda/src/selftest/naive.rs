@@ -23,8 +23,8 @@
 
 use iota_core::merge::{OuterOpt, ReduceRule};
 
-use super::Kernels;
-use crate::CudaError;
+use super::check::Kernels;
+use crate::runtime::CudaError;
 
 /// The naive references as a [`Kernels`].
 pub struct Naive;

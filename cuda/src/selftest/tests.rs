@@ -6,6 +6,8 @@ use iota_core::WireCodec;
 use iota_core::codec::{bf16_to_f32, f32_to_bf16, f32_to_bf16_up};
 use iota_core::merge::{OuterOpt, ReduceRule, reduce_slice};
 
+use super::check::max_rel;
+use super::rows::*;
 use super::*;
 
 const REDUCE_MEAN: &str = "butterfly reduce (mean)";

@@ -3,9 +3,14 @@
 
 use std::path::PathBuf;
 
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use iota_core::{ModelConfig, WireCodec};
 use iota_cuda::ComputeDevice;
 use iota_cuda::backend::GemmPrecision;
+use iota_model::data::TokenizerKind;
+use iota_model::optim::{AdamWConfig, LrSchedule};
+use iota_model::train::TrainConfig;
 
 #[derive(Parser)]
 #[command(name = "iota", version, about = "iota-rs: pipeline-parallel LLM pre-training, single-process tools")]
@@ -128,4 +133,54 @@ pub struct TrainArgs {
 
 fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {
     GemmPrecision::parse(s).ok_or_else(|| format!("unknown GEMM precision '{s}' (bf16, fp32)"))
+}
+
+fn model_config(spec: &str) -> Result<ModelConfig> {
+    if spec.ends_with(".json") {
+        let text = std::fs::read_to_string(spec).with_context(|| format!("reading model config {spec}"))?;
+        let c: ModelConfig =
+            serde_json::from_str(&text).with_context(|| format!("{spec} is not a valid model config"))?;
+        c.validate()?;
+        return Ok(c);
+    }
+    Ok(ModelConfig::preset(spec)?)
+}
+
+impl TrainArgs {
+    /// The run the flags describe.
+    pub fn train_config(&self) -> Result<TrainConfig> {
+        let a = self;
+        let mut model = model_config(&a.config)?;
+        let tokenizer = match a.tokenizer.as_str() {
+            "auto" if model.vocab_real <= 256 => TokenizerKind::Byte,
+            "auto" => TokenizerKind::Gpt2,
+            other => TokenizerKind::parse(other)
+                .with_context(|| format!("unknown tokenizer '{other}' (gpt2, byte, auto)"))?,
+        };
+        // The embedding follows the tokenizer.
+        model.vocab_real = tokenizer.vocab_real();
+        model.vocab_size = tokenizer.vocab_padded();
+        if let Some(b) = a.bottleneck {
+            model.bottleneck = b;
+        }
+        let codec = WireCodec::parse(&a.codec)
+            .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
+        let warmup = a.warmup.unwrap_or((a.steps / 20).clamp(1, 100));
+        let seq = a.seq.unwrap_or(model.max_seq.min(128));
+        let cfg = TrainConfig {
+            model,
+            tokenizer,
+            stages: a.stages,
+            batch: a.batch,
+            seq,
+            grad_accum: a.grad_accum,
+            steps: a.steps,
+            schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
+            adamw: AdamWConfig { weight_decay: a.weight_decay, grad_clip: a.grad_clip, ..AdamWConfig::default() },
+            codec,
+            seed: a.seed,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }

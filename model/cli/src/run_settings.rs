@@ -75,7 +75,7 @@ pub fn check_resume_flags(a: &TrainArgs, ckpt: &TrainConfig) -> Result<()> {
     if !a.explicit.iter().any(|f| run_defining.contains(&f.as_str())) {
         return Ok(());
     }
-    let want = crate::train::build_config(a).context("the flags given with --resume")?;
+    let want = a.train_config().context("the flags given with --resume")?;
     let mut conflicts = Vec::new();
     for flag in a.explicit.iter().filter(|f| run_defining.contains(&f.as_str())) {
         let (given, saved) = match flag.as_str() {

@@ -9,64 +9,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use iota_core::{ModelConfig, WireCodec};
 use iota_cuda::ComputeDevice;
-use iota_model::data::{Corpus, TokenizerKind, load_tokens, synthetic};
-use iota_model::optim::{AdamWConfig, LrSchedule};
+use iota_model::data::{Corpus, load_tokens, synthetic};
 use iota_model::run_dir::{self, Claim};
 use iota_model::train::{Pipeline, TrainConfig};
 use iota_model::{Backend, CpuBackend};
 
 use crate::args::TrainArgs;
 use crate::run_settings::{DataSource, RUN_FILES, check_resume_flags, recorded_data, run_dir_of, settings};
-
-fn model_config(spec: &str) -> Result<ModelConfig> {
-    if spec.ends_with(".json") {
-        let text = std::fs::read_to_string(spec).with_context(|| format!("reading model config {spec}"))?;
-        let c: ModelConfig =
-            serde_json::from_str(&text).with_context(|| format!("{spec} is not a valid model config"))?;
-        c.validate()?;
-        return Ok(c);
-    }
-    Ok(ModelConfig::preset(spec)?)
-}
-
-/// The run the flags describe.
-pub fn build_config(a: &TrainArgs) -> Result<TrainConfig> {
-    let mut model = model_config(&a.config)?;
-    let tokenizer = match a.tokenizer.as_str() {
-        "auto" if model.vocab_real <= 256 => TokenizerKind::Byte,
-        "auto" => TokenizerKind::Gpt2,
-        other => {
-            TokenizerKind::parse(other).with_context(|| format!("unknown tokenizer '{other}' (gpt2, byte, auto)"))?
-        }
-    };
-    // The embedding follows the tokenizer.
-    model.vocab_real = tokenizer.vocab_real();
-    model.vocab_size = tokenizer.vocab_padded();
-    if let Some(b) = a.bottleneck {
-        model.bottleneck = b;
-    }
-    let codec =
-        WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
-    let warmup = a.warmup.unwrap_or((a.steps / 20).clamp(1, 100));
-    let seq = a.seq.unwrap_or(model.max_seq.min(128));
-    let cfg = TrainConfig {
-        model,
-        tokenizer,
-        stages: a.stages,
-        batch: a.batch,
-        seq,
-        grad_accum: a.grad_accum,
-        steps: a.steps,
-        schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
-        adamw: AdamWConfig { weight_decay: a.weight_decay, grad_clip: a.grad_clip, ..AdamWConfig::default() },
-        codec,
-        seed: a.seed,
-    };
-    cfg.validate()?;
-    Ok(cfg)
-}
 
 /// Loads the corpus at `path` (or the generated toy corpus) as the trainer
 /// addresses it.
@@ -97,7 +47,7 @@ fn load_corpus(path: Option<&Path>, cfg: &TrainConfig) -> Result<(Corpus, DataSo
 
 /// A new run in `--out` (default `runs/train`), which must not hold another.
 fn start<B: Backend>(be: Arc<B>, a: &TrainArgs) -> Result<(Pipeline<B>, Corpus, PathBuf)> {
-    let cfg = build_config(a)?;
+    let cfg = a.train_config()?;
     let (corpus, data) = load_corpus(a.data.as_deref(), &cfg)?;
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("runs/train"));
     match run_dir::claim(&out, &settings(&cfg, &data)?, RUN_FILES, a.new_run)? {
