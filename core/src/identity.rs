@@ -5,7 +5,9 @@
 
 use std::fmt;
 
-use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use curve25519_dalek::edwards::CompressedEdwardsY;
+use ed25519_dalek::{Signature, VerifyingKey};
+use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde::{Deserialize, Serialize};
 
 /// A node's public identity (its Ed25519 public key). Serialised as 64 hex
@@ -27,9 +29,25 @@ impl<'de> Deserialize<'de> for PeerId {
 }
 
 impl PeerId {
-    /// Verifies an Ed25519 signature by this identity.
+    /// Verifies an Ed25519 signature by this identity, strictly: the key
+    /// must be a canonical encoding of a point that is not of small order,
+    /// and the signature's R must be canonical and not of small order and its
+    /// S fully reduced. A permissive verifier accepts a small-order key with
+    /// a "universal" signature that is valid for every message, and several
+    /// encodings of one signature (malleability); both are refused here.
     pub fn verify(&self, msg: &[u8], sig: &[u8; 64]) -> bool {
-        UnparsedPublicKey::new(&ED25519, &self.0).verify(msg, sig).is_ok()
+        if !self.is_acceptable() {
+            return false;
+        }
+        let Ok(key) = VerifyingKey::from_bytes(&self.0) else { return false };
+        key.verify_strict(msg, &Signature::from_bytes(sig)).is_ok()
+    }
+
+    /// Whether this can be anybody's key: a canonically encoded curve point
+    /// of large order. Identities failing this are refused everywhere.
+    pub fn is_acceptable(&self) -> bool {
+        let Some(point) = CompressedEdwardsY(self.0).decompress() else { return false };
+        point.compress().0 == self.0 && !point.is_small_order()
     }
 
     pub fn to_hex(&self) -> String {
@@ -136,8 +154,79 @@ mod tests {
         assert_eq!(PeerId::from_hex(&a.peer_id().to_hex()), Some(a.peer_id()));
         assert_eq!(PeerId::from_hex("zz"), None);
         assert!(!format!("{a:?}").contains(&format!("{:02x}{:02x}", 7, 7)));
+        assert!(a.peer_id().is_acceptable());
         // PKCS#8 form is accepted by ring and yields the same public key.
         let k = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&a.pkcs8_der()).unwrap();
         assert_eq!(k.public_key().as_ref(), &a.peer_id().0);
+    }
+
+    /// The eight points of small order, encoded canonically, plus the
+    /// non-canonical encodings of the same points (y + p, and the sign bit
+    /// set on x = 0): the "weak keys" of the EdDSA literature.
+    fn weak_keys() -> Vec<[u8; 32]> {
+        use curve25519_dalek::constants::EIGHT_TORSION;
+        let mut keys: Vec<[u8; 32]> = EIGHT_TORSION.iter().map(|p| p.compress().0).collect();
+        // p = 2^255 - 19; y = 0 and y = 1 have non-canonical twins y + p
+        // (both below 2^255): 0 + p and 1 + p.
+        let mut p = [0xffu8; 32];
+        p[0] = 0xed;
+        p[31] = 0x7f;
+        let mut p1 = p;
+        p1[0] = 0xee;
+        keys.push(p);
+        keys.push(p1);
+        // The identity (y = 1, x = 0) with the sign bit set.
+        let mut neg_zero = [0u8; 32];
+        neg_zero[0] = 1;
+        neg_zero[31] = 0x80;
+        keys.push(neg_zero);
+        keys
+    }
+
+    #[test]
+    fn weak_keys_and_their_universal_signatures_are_refused() {
+        // R = the identity point, S = 0 verifies for every message under a
+        // small-order key when the verifier does not check the key's order.
+        let mut identity_point = [0u8; 32];
+        identity_point[0] = 1;
+        let mut universal = [0u8; 64];
+        universal[..32].copy_from_slice(&identity_point);
+        for key in weak_keys() {
+            let peer = PeerId(key);
+            for msg in [&b"register"[..], b"anything at all"] {
+                assert!(!peer.verify(msg, &universal), "universal signature accepted for {key:02x?}");
+            }
+            // R = the key itself, S = 0: also valid for any message under a
+            // permissive, cofactored check.
+            let mut sig = [0u8; 64];
+            sig[..32].copy_from_slice(&key);
+            assert!(!peer.verify(b"register", &sig), "R = A, S = 0 accepted for {key:02x?}");
+            assert!(!peer.is_acceptable(), "{key:02x?} accepted as a key");
+        }
+    }
+
+    #[test]
+    fn malleated_signatures_are_refused() {
+        let a = Identity::from_seed([9; 32]);
+        let sig = a.sign(b"heartbeat");
+        assert!(a.peer_id().verify(b"heartbeat", &sig));
+        // S + L encodes the same scalar: a second valid-looking signature.
+        const L: [u8; 32] = [
+            0xed, 0xd3, 0xf5, 0x5c, 0x1a, 0x63, 0x12, 0x58, 0xd6, 0x9c, 0xf7, 0xa2, 0xde, 0xf9, 0xde, 0x14, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+        ];
+        let mut m = sig;
+        let mut carry = 0u16;
+        for i in 0..32 {
+            let v = m[32 + i] as u16 + L[i] as u16 + carry;
+            m[32 + i] = v as u8;
+            carry = v >> 8;
+        }
+        assert_eq!(carry, 0);
+        assert!(!a.peer_id().verify(b"heartbeat", &m), "S + L accepted");
+        // A small-order R with the honest S does not verify either.
+        let mut r = sig;
+        r[..32].copy_from_slice(&curve25519_dalek::constants::EIGHT_TORSION[1].compress().0);
+        assert!(!a.peer_id().verify(b"heartbeat", &r));
     }
 }

@@ -122,6 +122,11 @@ impl Verifier {
         let peer: [u8; 32] =
             s.peer_id.as_slice().try_into().map_err(|_| Status::invalid_argument("peer_id must be 32 bytes"))?;
         let peer = PeerId(peer);
+        if !peer.is_acceptable() {
+            return Err(Status::unauthenticated(
+                "peer_id is not an acceptable Ed25519 key (small order or non-canonical)",
+            ));
+        }
         let nonce: [u8; NONCE_LEN] =
             s.nonce.as_slice().try_into().map_err(|_| Status::invalid_argument("nonce must be 16 bytes"))?;
         let sig: [u8; 64] =
