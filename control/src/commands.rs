@@ -77,6 +77,10 @@ async fn run_async(cli: Cli) -> Result<()> {
             let (url, server) = swarm::serve(svc.clone(), listen).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
+            println!(
+                "orchestrator key: {} (miners: iota-miner run --orchestrator {url} --orchestrator-key <this key>)",
+                svc.identity().peer_id().to_hex()
+            );
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => break,

@@ -8,6 +8,7 @@
 //! The wire schema, signed envelopes, the client and the run configuration
 //! are shared with the data plane and live in `iota-protocol`.
 
+pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod orchestrator;

@@ -1,17 +1,21 @@
 //! The gRPC shell around the orchestrator state machine.
 //!
-//! Every RPC: verify the signed envelope (`auth`), turn the body into an
-//! `Event`, step the state machine, and deliver the resulting commands to the
-//! miners' `Subscribe` streams (queued while a miner is not subscribed). A
-//! background task feeds clock ticks. The state is saved to the `StateDb` when
-//! the epoch or phase changes, and at most every `SAVE_EVERY_MS` otherwise.
+//! Every RPC: verify the signed envelope (`auth`), check the body's fields
+//! (`fields`), turn it into an `Event`, step the state machine, and deliver
+//! the resulting commands to the miners' `Subscribe` streams, each signed by
+//! the orchestrator for that stream and numbered (queued, up to a bound,
+//! while a miner is not subscribed). Replies that change what a miner does
+//! are signed too. Every refusal is counted and logged (`audit`). A
+//! background task feeds clock ticks. The state is saved to the `StateDb`
+//! when the epoch or phase changes, and at most every `SAVE_EVERY_MS`
+//! otherwise.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iota_core::{PeerId, Rng};
+use iota_core::{Identity, PeerId, Rng};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -20,23 +24,58 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use iota_protocol::MbRef;
-use iota_protocol::auth::{AuthPolicy, Verifier, now_ms};
+use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
+use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE};
+use iota_protocol::fields;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
+use iota_protocol::refusal::{Reason, Rejected};
 
+use crate::audit::Audit;
 use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal};
 use crate::state_db::StateDb;
 
 const SAVE_EVERY_MS: u64 = 2_000;
-/// Commands kept for a miner that is not listening (it catches up on subscribe).
-const MAX_PENDING: usize = 100_000;
-const STREAM_BUFFER: usize = 4096;
+/// Commands kept for a miner that is not listening; past this the oldest go.
+pub const MAX_PENDING: usize = 4_096;
+/// Commands buffered in a subscriber's stream.
+const STREAM_BUFFER: usize = 1_024;
+
+/// A miner's open command stream.
+struct Subscriber {
+    tx: mpsc::Sender<Result<pb::ServerSigned, Status>>,
+    /// The Subscribe request's nonce: every command of this stream is
+    /// signed bound to it.
+    nonce: Vec<u8>,
+    next_seq: u64,
+}
+
+impl Subscriber {
+    /// Signs `cmd` as the stream's next and queues it; gives it back when
+    /// the stream has no room (or is gone).
+    fn send(&mut self, id: &Identity, aud: &Audience, to: &PeerId, cmd: pb::Command) -> Result<(), pb::Command> {
+        if self.tx.is_closed() || self.tx.capacity() == 0 {
+            return Err(cmd);
+        }
+        let signed = sign_server(id, aud, to, SUBSCRIBE, &self.nonce, self.next_seq, &cmd);
+        match self.tx.try_send(Ok(signed)) {
+            Ok(()) => {
+                self.next_seq += 1;
+                Ok(())
+            }
+            Err(_) => Err(cmd),
+        }
+    }
+}
 
 pub const TICK: Duration = Duration::from_millis(100);
 
 struct Core {
     orch: Orchestrator,
     rng: Rng,
-    subscribers: HashMap<PeerId, mpsc::Sender<Result<pb::Command, Status>>>,
+    /// Signs what goes to miners.
+    id: Arc<Identity>,
+    aud: Audience,
+    subscribers: HashMap<PeerId, Subscriber>,
     pending: HashMap<PeerId, VecDeque<pb::Command>>,
     store: Option<StateDb>,
     saved: (u64, Phase, u64),
@@ -50,19 +89,14 @@ impl Core {
         for Out { to, cmd } in outs {
             let cmd = pb::Command { kind: Some(cmd) };
             let queue = self.pending.entry(to).or_default();
-            if queue.is_empty()
-                && let Some(tx) = self.subscribers.get(&to)
-            {
-                match tx.try_send(Ok(cmd)) {
+            let cmd = match self.subscribers.get_mut(&to) {
+                Some(sub) if queue.is_empty() => match sub.send(&self.id, &self.aud, &to, cmd) {
                     Ok(()) => continue,
-                    Err(mpsc::error::TrySendError::Full(Ok(c))) | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
-                        queue.push_back(c);
-                    }
-                    Err(_) => {}
-                }
-            } else {
-                queue.push_back(cmd);
-            }
+                    Err(c) => c,
+                },
+                _ => cmd,
+            };
+            queue.push_back(cmd);
             if queue.len() > MAX_PENDING {
                 queue.pop_front();
                 warn!(peer = %to, "command queue overflow; dropping the oldest command");
@@ -73,21 +107,17 @@ impl Core {
 
     /// Moves queued commands into subscribers' streams while they have room.
     fn flush(&mut self) {
-        for (peer, queue) in self.pending.iter_mut() {
-            let Some(tx) = self.subscribers.get(peer) else {
-                continue;
-            };
+        let Core { pending, subscribers, id, aud, .. } = self;
+        for (peer, queue) in pending.iter_mut() {
+            let Some(sub) = subscribers.get_mut(peer) else { continue };
             while let Some(c) = queue.pop_front() {
-                match tx.try_send(Ok(c)) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(Ok(c))) | Err(mpsc::error::TrySendError::Closed(Ok(c))) => {
-                        queue.push_front(c);
-                        break;
-                    }
-                    Err(_) => break,
+                if let Err(c) = sub.send(id, aud, peer, c) {
+                    queue.push_front(c);
+                    break;
                 }
             }
         }
+        pending.retain(|_, q| !q.is_empty());
     }
 
     fn persist(&mut self, now: u64, force: bool) {
@@ -110,17 +140,21 @@ impl Core {
 pub struct OrchestratorService {
     core: Arc<Mutex<Core>>,
     verifier: Arc<Verifier>,
+    audit: Arc<Audit>,
+    id: Arc<Identity>,
     run_config_json: Arc<String>,
 }
 
 impl OrchestratorService {
     /// `store`: where state is saved; a state already in it wins over `orch`
-    /// (the run resumes).
+    /// (the run resumes). `id`: the orchestrator's identity, which signs
+    /// what it sends and which miners pin.
     pub fn new(
         orch: Orchestrator,
         store: Option<StateDb>,
         run_config_json: String,
         policy: AuthPolicy,
+        id: Arc<Identity>,
     ) -> anyhow::Result<Self> {
         let mut catch_up = HashSet::new();
         let orch = match store.as_ref().map(|s| s.load()).transpose()?.flatten() {
@@ -134,11 +168,15 @@ impl OrchestratorService {
             }
             None => orch,
         };
-        let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), now_ms()]);
+        let started = now_ms();
+        let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), started]);
+        let aud = Audience { run_id: orch.spec().run_id, orchestrator: id.peer_id() };
         let core = Core {
             saved: (u64::MAX, Phase::Waiting, 0),
             orch,
             rng,
+            id: id.clone(),
+            aud,
             subscribers: HashMap::new(),
             pending: HashMap::new(),
             store,
@@ -146,19 +184,21 @@ impl OrchestratorService {
         };
         Ok(OrchestratorService {
             core: Arc::new(Mutex::new(core)),
-            verifier: Arc::new(Verifier::new(policy)),
+            verifier: Arc::new(Verifier::new(policy, aud, started)),
+            audit: Arc::new(Audit::default()),
+            id,
             run_config_json: Arc::new(run_config_json),
         })
     }
 
     /// Steps the state machine with `ev` now and delivers the commands.
-    pub fn apply(&self, ev: Event) -> Result<(), Status> {
+    pub fn apply(&self, ev: Event) -> Result<(), Rejected> {
         let now = now_ms();
         let mut core = self.core.lock();
         let Core { orch, rng, .. } = &mut *core;
         let outs = orch.step(now, ev, rng).map_err(|e| match e {
-            Refusal::Unknown(p) => Status::failed_precondition(format!("peer {p} must register first")),
-            Refusal::Invalid(m) => Status::invalid_argument(m),
+            Refusal::Unknown(p) => Rejected::new(Reason::NotRegistered, format!("peer {p} must register first")),
+            Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
         })?;
         core.deliver(outs);
         core.persist(now, false);
@@ -187,12 +227,34 @@ impl OrchestratorService {
         self.core.lock().persist(now_ms(), true);
     }
 
-    fn verify<M: prost::Message + Default>(
-        &self,
-        method: &str,
-        req: Request<pb::Signed>,
-    ) -> Result<(PeerId, M), Status> {
-        self.verifier.verify(method, req.get_ref(), now_ms())
+    /// The orchestrator's identity (miners pin it).
+    pub fn identity(&self) -> &Arc<Identity> {
+        &self.id
+    }
+
+    /// Refused requests so far, by reason.
+    pub fn refusals(&self) -> std::collections::BTreeMap<String, u64> {
+        self.audit.counts()
+    }
+
+    /// Counts and logs a refusal; the status the caller gets.
+    fn refuse(&self, method: &str, r: Rejected) -> Status {
+        self.audit.refused(method, &r, now_ms());
+        r.status()
+    }
+
+    fn verify<M: prost::Message + Default>(&self, method: &str, s: &pb::Signed) -> Result<(PeerId, M), Status> {
+        self.verifier.verify(method, s, now_ms()).map_err(|r| self.refuse(method, r))
+    }
+
+    /// Applies an event a request carried; a refusal is counted against it.
+    fn apply_for(&self, method: &str, peer: PeerId, ev: Event) -> Result<(), Status> {
+        self.apply(ev).map_err(|r| self.refuse(method, r.from(peer)))
+    }
+
+    /// Signs a reply to `peer`'s request (its nonce binds the reply to it).
+    fn signed<M: prost::Message>(&self, peer: &PeerId, method: &str, req: &pb::Signed, reply: &M) -> pb::ServerSigned {
+        sign_server(&self.id, self.verifier.audience(), peer, method, &req.nonce, 0, reply)
     }
 }
 
@@ -200,52 +262,50 @@ fn mb(epoch: u64, shard: u32, first_sample: u64) -> MbRef {
     MbRef { epoch, shard, first_sample }
 }
 
-type CommandStream = Pin<Box<dyn Stream<Item = Result<pb::Command, Status>> + Send>>;
+type CommandStream = Pin<Box<dyn Stream<Item = Result<pb::ServerSigned, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl OrchestratorRpc for OrchestratorService {
-    async fn register(&self, req: Request<pb::Signed>) -> Result<Response<pb::RegisterReply>, Status> {
-        let (peer, body): (PeerId, pb::RegisterRequest) = self.verify("/iota.v1.Orchestrator/Register", req)?;
-        if body.role != pb::Role::Miner as i32 {
-            return Err(Status::invalid_argument("only miners register with the orchestrator for now"));
-        }
-        if !body.tokens_per_s.is_finite() || body.tokens_per_s < 0.0 {
-            return Err(Status::invalid_argument("tokens_per_s must be a non-negative number"));
-        }
-        self.apply(Event::Register {
-            peer,
-            addr: body.data_addr,
-            tokens_per_s: body.tokens_per_s,
-            device: body.device,
-        })?;
-        let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
-        info!(peer = %peer, index, "miner registered");
-        Ok(Response::new(pb::RegisterReply {
-            miner_index: index,
-            run_id,
-            run_config_json: (*self.run_config_json).clone(),
-        }))
+    async fn hello(&self, _req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloReply>, Status> {
+        Ok(Response::new(sign_hello(&self.id, self.verifier.audience().run_id, now_ms())))
     }
 
-    async fn heartbeat(&self, req: Request<pb::Signed>) -> Result<Response<pb::HeartbeatReply>, Status> {
-        let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify("/iota.v1.Orchestrator/Heartbeat", req)?;
-        let tps = if body.tokens_per_s.is_finite() { body.tokens_per_s.max(0.0) } else { 0.0 };
-        self.apply(Event::Heartbeat { peer, tokens_per_s: tps, in_flight: body.in_flight })?;
+    async fn register(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
+        let env = req.into_inner();
+        let (peer, body): (PeerId, pb::RegisterRequest) = self.verify(REGISTER, &env)?;
+        fields::register(&body).map_err(|r| self.refuse(REGISTER, r.from(peer)))?;
+        let ev = Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s, device: body.device };
+        self.apply_for(REGISTER, peer, ev)?;
+        let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
+        info!(peer = %peer, index, "miner registered");
+        let reply = pb::RegisterReply { miner_index: index, run_id, run_config_json: (*self.run_config_json).clone() };
+        Ok(Response::new(self.signed(&peer, REGISTER, &env, &reply)))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
+        let env = req.into_inner();
+        let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify(HEARTBEAT, &env)?;
+        fields::heartbeat(&body).map_err(|r| self.refuse(HEARTBEAT, r.from(peer)))?;
+        let ev = Event::Heartbeat { peer, tokens_per_s: body.tokens_per_s, in_flight: body.in_flight };
+        self.apply_for(HEARTBEAT, peer, ev)?;
         let (epoch, phase) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32));
-        Ok(Response::new(pb::HeartbeatReply { epoch, phase }))
+        Ok(Response::new(self.signed(&peer, HEARTBEAT, &env, &pb::HeartbeatReply { epoch, phase })))
     }
 
     type SubscribeStream = CommandStream;
 
     async fn subscribe(&self, req: Request<pb::Signed>) -> Result<Response<CommandStream>, Status> {
-        let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify("/iota.v1.Orchestrator/Subscribe", req)?;
+        let env = req.into_inner();
+        let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify(SUBSCRIBE, &env)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
             let mut core = self.core.lock();
             if core.orch.miner(&peer).is_none() {
-                return Err(Status::failed_precondition(format!("peer {peer} must register first")));
+                drop(core);
+                let r = Rejected::new(Reason::NotRegistered, format!("peer {peer} must register first")).from(peer);
+                return Err(self.refuse(SUBSCRIBE, r));
             }
-            core.subscribers.insert(peer, tx);
+            core.subscribers.insert(peer, Subscriber { tx, nonce: env.nonce, next_seq: 0 });
             // First subscription after a restart from saved state: tell the
             // miner where the run stands (the miner ignores a repeat of the
             // training phase it is already in).
@@ -260,8 +320,11 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn report(&self, req: Request<pb::Signed>) -> Result<Response<pb::Ack>, Status> {
-        let (peer, body): (PeerId, pb::Report) = self.verify("/iota.v1.Orchestrator/Report", req)?;
-        let ev = match body.kind.ok_or_else(|| Status::invalid_argument("empty report"))? {
+        let env = req.into_inner();
+        let (peer, body): (PeerId, pb::Report) = self.verify(REPORT, &env)?;
+        fields::report(&body).map_err(|r| self.refuse(REPORT, r.from(peer)))?;
+        let Some(kind) = body.kind else { unreachable!("fields::report refuses an empty report") };
+        let ev = match kind {
             pb::report::Kind::Loss(l) => Event::Loss {
                 peer,
                 mb: mb(l.epoch, l.shard, l.first_sample),
@@ -287,12 +350,14 @@ impl OrchestratorRpc for OrchestratorService {
                 hash: d.hash,
             },
         };
-        self.apply(ev)?;
+        self.apply_for(REPORT, peer, ev)?;
         Ok(Response::new(pb::Ack {}))
     }
 
     async fn status(&self, req: Request<pb::Signed>) -> Result<Response<pb::RunStatus>, Status> {
-        let _: (PeerId, pb::StatusRequest) = self.verify("/iota.v1.Orchestrator/Status", req)?;
-        Ok(Response::new(self.with_state(|o| o.status())))
+        let _: (PeerId, pb::StatusRequest) = self.verify(STATUS, req.get_ref())?;
+        let mut st = self.with_state(|o| o.status());
+        st.refusals = self.audit.counts().into_iter().collect();
+        Ok(Response::new(st))
     }
 }

@@ -57,18 +57,22 @@ pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(Stri
     Ok((url, task))
 }
 
-/// Opens (or resumes) the run's orchestrator state in `run_dir`.
+/// Opens (or resumes) the run's orchestrator state in `run_dir`, with the
+/// orchestrator identity kept in `run_dir/keys/orchestrator.key` (made on
+/// first use; miners pin its public half).
 pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path) -> Result<OrchestratorService> {
     let store = StateDb::open(&run_dir.join("state.sqlite"))?;
+    let id = iota_dataplane::identity_file::load_or_create(&run_dir.join("keys").join("orchestrator.key"))?;
     OrchestratorService::new(
         Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?,
         Some(store),
         cfg.to_json(),
         AuthPolicy::default(),
+        std::sync::Arc::new(id),
     )
 }
 
-fn spawn_miner(o: &SwarmOptions, url: &str, i: u32) -> Result<Child> {
+fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> Result<Child> {
     let logs = o.run_dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     let log = std::fs::File::create(logs.join(format!("miner-{i}.log")))?;
@@ -79,6 +83,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, i: u32) -> Result<Child> {
         .arg("--identity")
         .arg(&key)
         .args(["--device", &o.miner_device])
+        .args(["--orchestrator-key", orchestrator_key])
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
         .stderr(log)
@@ -96,7 +101,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     let n = spec.stages * spec.replicas;
     let mut children = Vec::new();
     for i in 0..n {
-        children.push(spawn_miner(&o, &url, i)?);
+        children.push(spawn_miner(&o, &url, &svc.identity().peer_id().to_hex(), i)?);
     }
     eprintln!(
         "swarm: orchestrator at {url}, {n} miners ({} stages x {} replicas), logs in {}",

@@ -32,6 +32,11 @@ fn spec() -> RunSpec {
     }
 }
 
+/// The orchestrator's identity in these tests.
+fn orch_id() -> Arc<Identity> {
+    Arc::new(Identity::from_seed([100; 32]))
+}
+
 /// Serves `svc` on a free port; returns its URL and the server task.
 async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -47,13 +52,21 @@ async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>
 }
 
 async fn client(url: &str, seed: u8) -> ControlClient {
-    ControlClient::connect(url.to_string(), Arc::new(Identity::from_seed([seed; 32]))).await.unwrap()
+    ControlClient::connect(url.to_string(), Arc::new(Identity::from_seed([seed; 32])), Some(orch_id().peer_id()))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn hostile_requests_get_the_right_status() {
-    let svc =
-        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+        orch_id(),
+    )
+    .unwrap();
     let (url, _server) = serve(svc).await;
     let mut c = client(&url, 1).await;
     let id = c.identity().clone();
@@ -69,27 +82,28 @@ async fn hostile_requests_get_the_right_status() {
     let m = "/iota.v1.Orchestrator/Heartbeat";
     let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1.0 };
     // A good request, then the very same envelope again.
-    let good = sign(&id, m, &body, now_ms());
+    let good = sign(&id, c.audience(), m, &body, now_ms());
     c.raw_heartbeat(good.clone()).await.unwrap();
     assert_eq!(c.raw_heartbeat(good).await.unwrap_err().code(), Code::AlreadyExists);
     // Bad signature.
-    let mut bad = sign(&id, m, &body, now_ms());
+    let mut bad = sign(&id, c.audience(), m, &body, now_ms());
     bad.signature[3] ^= 0x10;
     assert_eq!(c.raw_heartbeat(bad).await.unwrap_err().code(), Code::Unauthenticated);
     // Stale timestamp (an hour old), correctly signed.
-    let stale = sign_with_nonce(&id, m, &body, now_ms() - 3_600_000, [7; 16]);
+    let stale = sign_with_nonce(&id, c.audience(), m, &body, now_ms() - 3_600_000, [7; 16]);
     let e = c.raw_heartbeat(stale).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
     assert!(e.message().contains("stale timestamp"), "{}", e.message());
     // Someone else's identity with our signature.
-    let mut forged = sign(&id, m, &body, now_ms());
+    let mut forged = sign(&id, c.audience(), m, &body, now_ms());
     forged.peer_id = Identity::from_seed([2; 32]).peer_id().0.to_vec();
     assert_eq!(c.raw_heartbeat(forged).await.unwrap_err().code(), Code::Unauthenticated);
     // Garbage body under a valid signature.
-    let mut junk = sign(&id, m, &body, now_ms());
+    let mut junk = sign(&id, c.audience(), m, &body, now_ms());
     junk.body = vec![0xff; 3];
-    junk.signature =
-        id.sign(&iota_protocol::auth::signing_bytes(m, junk.timestamp_ms, &junk.nonce, &junk.body)).to_vec();
+    junk.signature = id
+        .sign(&iota_protocol::auth::signing_bytes(c.audience(), m, junk.timestamp_ms, &junk.nonce, &junk.body))
+        .to_vec();
     assert_eq!(c.raw_heartbeat(junk).await.unwrap_err().code(), Code::InvalidArgument);
     // Status works for anyone with a valid signature.
     let st = client(&url, 3).await.status().await.unwrap();
@@ -98,8 +112,14 @@ async fn hostile_requests_get_the_right_status() {
 
 #[tokio::test]
 async fn subscribers_receive_assignments_and_routes() {
-    let svc =
-        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+        orch_id(),
+    )
+    .unwrap();
     let (url, _server) = serve(svc.clone()).await;
     let mut a = client(&url, 1).await;
     let mut b = client(&url, 2).await;
@@ -111,7 +131,7 @@ async fn subscribers_receive_assignments_and_routes() {
     let mut kinds = Vec::new();
     for s in [&mut sa, &mut sb] {
         loop {
-            let cmd = tokio::time::timeout(Duration::from_secs(5), s.message()).await.unwrap().unwrap().unwrap();
+            let cmd = tokio::time::timeout(Duration::from_secs(5), s.next()).await.unwrap().unwrap().unwrap();
             let k = cmd.kind.unwrap();
             let is_route = matches!(k, pb::command::Kind::Route(_));
             kinds.push(k);
@@ -134,6 +154,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
         Some(StateDb::open(&db).unwrap()),
         "{}".into(),
         AuthPolicy::default(),
+        orch_id(),
     )
     .unwrap();
     let (url, server) = serve(svc.clone()).await;
@@ -151,6 +172,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
         Some(StateDb::open(&db).unwrap()),
         "{}".into(),
         AuthPolicy::default(),
+        orch_id(),
     )
     .unwrap();
     let after = svc2.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
@@ -166,7 +188,8 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
             Orchestrator::new(other).unwrap(),
             Some(StateDb::open(&db).unwrap()),
             "{}".into(),
-            AuthPolicy::default()
+            AuthPolicy::default(),
+            orch_id(),
         )
         .is_err()
     );
@@ -177,8 +200,14 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
 /// does not poison.
 #[tokio::test]
 async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
-    let svc =
-        OrchestratorService::new(Orchestrator::new(spec()).unwrap(), None, "{}".into(), AuthPolicy::default()).unwrap();
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+        orch_id(),
+    )
+    .unwrap();
     let s = svc.clone();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.with_state(|_| panic!("a bug"))));
     assert!(r.is_err());

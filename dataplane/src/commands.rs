@@ -83,6 +83,12 @@ pub struct RunArgs {
     /// Orchestrator URL.
     #[arg(long, default_value = "http://127.0.0.1:7100")]
     orchestrator: String,
+    /// The orchestrator's identity (64 hex characters; `iota-control
+    /// orchestrator` prints it). The miner refuses a server with another key
+    /// and every reply or command it did not sign. Without it the miner
+    /// trusts whichever orchestrator answers, and says so.
+    #[arg(long, value_parser = parse_peer)]
+    orchestrator_key: Option<PeerId>,
     /// UDP address the data plane listens on (port 0 = any free port). For
     /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -172,6 +178,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.pool_bytes = a.pool_mib << 20;
     opts.device = a.device;
     opts.gemm = a.gemm;
+    opts.orchestrator_key = a.orchestrator_key;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -182,8 +189,8 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_peer(s: &str) -> Result<PeerId> {
-    PeerId::from_hex(s.trim()).with_context(|| format!("'{s}' is not a peer id (64 hex characters)"))
+fn parse_peer(s: &str) -> Result<PeerId, String> {
+    PeerId::from_hex(s.trim()).ok_or_else(|| format!("'{s}' is not a peer id (64 hex characters)"))
 }
 
 fn endpoint(addr: SocketAddr, id: Identity, pool_mib: usize) -> Result<Endpoint> {
@@ -229,7 +236,7 @@ async fn transport_probe(a: ProbeArgs) -> Result<()> {
         }
         let ep = endpoint(addr, id, a.pool_mib)?;
         for p in &a.allow {
-            ep.directory().insert(parse_peer(p)?, None);
+            ep.directory().insert(parse_peer(p).map_err(anyhow::Error::msg)?, None);
         }
         println!("listening on {}; waiting for {} frames", ep.local_addr()?, a.frames);
         // Acknowledgements go back on the connection the sender opened.
@@ -238,7 +245,7 @@ async fn transport_probe(a: ProbeArgs) -> Result<()> {
         return Ok(());
     }
     let Some(addr) = a.connect else { bail!("give --local, --listen ADDR or --connect ADDR") };
-    let peer = parse_peer(a.peer.as_deref().unwrap_or_default())?;
+    let peer = parse_peer(a.peer.as_deref().unwrap_or_default()).map_err(anyhow::Error::msg)?;
     let ep = Arc::new(endpoint("0.0.0.0:0".parse()?, id, a.pool_mib)?);
     ep.directory().insert(peer, Some(addr));
     let r = tokio::time::timeout(Duration::from_secs(3600), probe::push(ep, peer, a.frames, a.size)).await??;

@@ -1,27 +1,56 @@
 //! A signing client of the orchestrator (used by miners, the swarm and tests).
+//!
+//! `connect` asks the server who it is (`Hello`) and checks the answer
+//! against the pinned orchestrator key, so every request is signed for that
+//! orchestrator and run only, and every reply and command that changes what
+//! the caller does is checked to come from it.
 
 use std::sync::Arc;
 
-use iota_core::Identity;
+use anyhow::Context;
+use iota_core::{Identity, PeerId};
 use tonic::transport::Channel;
 
-use crate::auth::{now_ms, sign};
+use crate::auth::{Audience, now_ms, open_hello, open_server, sign};
 use crate::pb::{self, orchestrator_client::OrchestratorClient};
+
+pub const REGISTER: &str = "/iota.v1.Orchestrator/Register";
+pub const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";
+pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";
+pub const REPORT: &str = "/iota.v1.Orchestrator/Report";
+pub const STATUS: &str = "/iota.v1.Orchestrator/Status";
 
 #[derive(Clone)]
 pub struct ControlClient {
     rpc: OrchestratorClient<Channel>,
     id: Arc<Identity>,
+    aud: Audience,
+}
+
+fn forged(e: String) -> tonic::Status {
+    tonic::Status::unauthenticated(format!("orchestrator reply refused: {e}"))
 }
 
 impl ControlClient {
-    /// Connects to `endpoint` (e.g. `http://127.0.0.1:7100`).
-    pub async fn connect(endpoint: String, id: Arc<Identity>) -> Result<Self, tonic::transport::Error> {
-        Ok(ControlClient { rpc: OrchestratorClient::connect(endpoint).await?, id })
+    /// Connects to `endpoint` (e.g. `http://127.0.0.1:7100`) and checks it is
+    /// the orchestrator `pinned` (any orchestrator when None: trust on first
+    /// use, for tests and one-machine runs).
+    pub async fn connect(endpoint: String, id: Arc<Identity>, pinned: Option<PeerId>) -> anyhow::Result<Self> {
+        let mut rpc = OrchestratorClient::connect(endpoint.clone())
+            .await
+            .with_context(|| format!("cannot reach the orchestrator at {endpoint}"))?;
+        let hello = rpc.hello(pb::HelloRequest {}).await.context("asking the orchestrator who it is")?.into_inner();
+        let aud = open_hello(&hello, pinned).map_err(anyhow::Error::msg)?;
+        Ok(ControlClient { rpc, id, aud })
     }
 
     pub fn identity(&self) -> &Arc<Identity> {
         &self.id
+    }
+
+    /// The orchestrator and run this client signs for.
+    pub fn audience(&self) -> &Audience {
+        &self.aud
     }
 
     pub async fn register(
@@ -31,8 +60,9 @@ impl ControlClient {
         device: String,
     ) -> Result<pb::RegisterReply, tonic::Status> {
         let body = pb::RegisterRequest { role: pb::Role::Miner as i32, data_addr, tokens_per_s, device };
-        let s = sign(&self.id, "/iota.v1.Orchestrator/Register", &body, now_ms());
-        Ok(self.rpc.register(s).await?.into_inner())
+        let s = sign(&self.id, &self.aud, REGISTER, &body, now_ms());
+        let reply = self.rpc.register(s.clone()).await?.into_inner();
+        open_server(&self.aud, &self.id.peer_id(), REGISTER, &s.nonce, 0, &reply).map_err(forged)
     }
 
     pub async fn heartbeat(
@@ -42,28 +72,54 @@ impl ControlClient {
         tokens_per_s: f64,
     ) -> Result<pb::HeartbeatReply, tonic::Status> {
         let body = pb::HeartbeatRequest { epoch, in_flight, tokens_per_s };
-        let s = sign(&self.id, "/iota.v1.Orchestrator/Heartbeat", &body, now_ms());
-        Ok(self.rpc.heartbeat(s).await?.into_inner())
+        let s = sign(&self.id, &self.aud, HEARTBEAT, &body, now_ms());
+        self.raw_heartbeat(s).await
     }
 
-    pub async fn subscribe(&mut self) -> Result<tonic::Streaming<pb::Command>, tonic::Status> {
-        let s = sign(&self.id, "/iota.v1.Orchestrator/Subscribe", &pb::SubscribeRequest {}, now_ms());
-        Ok(self.rpc.subscribe(s).await?.into_inner())
+    /// The caller's command stream; each command is checked as it arrives.
+    pub async fn subscribe(&mut self) -> Result<CommandStream, tonic::Status> {
+        let s = sign(&self.id, &self.aud, SUBSCRIBE, &pb::SubscribeRequest {}, now_ms());
+        let inner = self.rpc.subscribe(s.clone()).await?.into_inner();
+        Ok(CommandStream { inner, aud: self.aud, me: self.id.peer_id(), nonce: s.nonce, next_seq: 0 })
     }
 
     pub async fn report(&mut self, kind: pb::report::Kind) -> Result<(), tonic::Status> {
-        let s = sign(&self.id, "/iota.v1.Orchestrator/Report", &pb::Report { kind: Some(kind) }, now_ms());
+        let s = sign(&self.id, &self.aud, REPORT, &pb::Report { kind: Some(kind) }, now_ms());
         self.rpc.report(s).await?;
         Ok(())
     }
 
     pub async fn status(&mut self) -> Result<pb::RunStatus, tonic::Status> {
-        let s = sign(&self.id, "/iota.v1.Orchestrator/Status", &pb::StatusRequest {}, now_ms());
+        let s = sign(&self.id, &self.aud, STATUS, &pb::StatusRequest {}, now_ms());
         Ok(self.rpc.status(s).await?.into_inner())
     }
 
-    /// Sends a pre-built envelope as-is (tests of hostile requests).
+    /// Sends a pre-built envelope as-is (tests of hostile requests); the
+    /// reply is checked like any other.
     pub async fn raw_heartbeat(&mut self, s: pb::Signed) -> Result<pb::HeartbeatReply, tonic::Status> {
-        Ok(self.rpc.heartbeat(s).await?.into_inner())
+        let reply = self.rpc.heartbeat(s.clone()).await?.into_inner();
+        open_server(&self.aud, &self.id.peer_id(), HEARTBEAT, &s.nonce, 0, &reply).map_err(forged)
+    }
+}
+
+/// The orchestrator's commands to this caller, checked one by one: signed
+/// by the orchestrator for this subscription, in sequence.
+pub struct CommandStream {
+    inner: tonic::Streaming<pb::ServerSigned>,
+    aud: Audience,
+    me: PeerId,
+    nonce: Vec<u8>,
+    next_seq: u64,
+}
+
+impl CommandStream {
+    /// The next command; `Ok(None)` when the server ended the stream. A
+    /// command that fails its check ends the stream with an error (the
+    /// caller subscribes again).
+    pub async fn next(&mut self) -> Result<Option<pb::Command>, tonic::Status> {
+        let Some(m) = self.inner.message().await? else { return Ok(None) };
+        let cmd = open_server(&self.aud, &self.me, SUBSCRIBE, &self.nonce, self.next_seq, &m).map_err(forged)?;
+        self.next_seq += 1;
+        Ok(Some(cmd))
     }
 }

@@ -2,7 +2,10 @@
 //! shares, and nothing that only one of them does.
 //!
 //! - [`pb`]: the gRPC schema (`proto/iota.proto`) and its generated types;
-//! - [`auth`]: signed request envelopes (sign, and the server's verifier);
+//! - [`auth`]: signed request envelopes (sign, and the server's verifier)
+//!   and the orchestrator's signed replies and commands;
+//! - [`refusal`], [`fields`]: why a request is refused, and the rules its
+//!   fields must meet;
 //! - [`client`]: the typed, signing client of the orchestrator;
 //! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
 //!   it and as a miner receives it;
@@ -14,8 +17,10 @@
 
 pub mod auth;
 pub mod client;
+pub mod fields;
 pub mod object_store;
 pub mod plan_pb;
+pub mod refusal;
 pub mod run_config;
 pub mod run_spec;
 pub mod store_keys;

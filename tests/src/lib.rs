@@ -105,6 +105,12 @@ impl Drop for Swarm {
     }
 }
 
+/// The test orchestrator's identity (the same across a restart, as a real
+/// orchestrator keeps its key file).
+pub fn orchestrator_identity() -> Arc<Identity> {
+    Arc::new(Identity::from_seed([0x0c; 32]))
+}
+
 impl Swarm {
     /// Starts an orchestrator for `cfg` (state in `db`).
     pub async fn start(cfg: &RunConfig, db: PathBuf) -> Swarm {
@@ -118,6 +124,7 @@ impl Swarm {
             Some(StateDb::open(&db).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
+            orchestrator_identity(),
         )
         .unwrap();
         Self::serve(service, db, None).await
@@ -157,6 +164,7 @@ impl Swarm {
             Some(StateDb::open(&db).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
+            orchestrator_identity(),
         )
         .unwrap();
         // The port may take a moment to be free again.
@@ -181,6 +189,7 @@ impl Swarm {
         stop: Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
         let mut opts = MinerOptions::local(self.url.clone());
+        opts.orchestrator_key = Some(self.service.identity().peer_id());
         change(&mut opts);
         tokio::spawn(miner::run(opts, Identity::generate(), stop))
     }

@@ -718,6 +718,8 @@ impl Orchestrator {
             completed: self.counters.completed,
             rerouted: self.counters.rerouted,
             dropped: self.counters.dropped,
+            // The service adds its own refusal counts.
+            refusals: Default::default(),
             last_loss: self.counters.last_loss,
             tokens: self.counters.tokens,
             hash_mismatches: self.counters.hash_mismatches,

@@ -166,7 +166,7 @@ impl Sim {
                         });
                     }
                 }
-                pb::command::Kind::Assign(_) => {}
+                pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_) => {}
             }
         }
     }

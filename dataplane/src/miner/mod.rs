@@ -55,6 +55,10 @@ pub struct MinerOptions {
     pub device: ComputeDevice,
     /// GEMM precision on CUDA.
     pub gemm: GemmPrecision,
+    /// The orchestrator's identity, pinned: the miner refuses a server with
+    /// another key, and every reply and command not signed by it. None:
+    /// trust the first orchestrator answering (warned about).
+    pub orchestrator_key: Option<iota_core::PeerId>,
 }
 
 impl MinerOptions {
@@ -69,6 +73,7 @@ impl MinerOptions {
             crash_on_merge_plan: false,
             device: ComputeDevice::Cpu,
             gemm: GemmPrecision::Bf16,
+            orchestrator_key: None,
         }
     }
 }
@@ -112,7 +117,11 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
     }
     let addr = opts.advertise.clone().unwrap_or(local.to_string());
-    let mut client = connect(&opts.orchestrator, id.clone()).await?;
+    if opts.orchestrator_key.is_none() {
+        warn!("no --orchestrator-key given: trusting whichever orchestrator answers at {}", opts.orchestrator);
+    }
+    let mut client = connect(&opts.orchestrator, id.clone(), opts.orchestrator_key).await?;
+    info!(orchestrator = %client.audience().orchestrator.to_hex(), run = client.audience().run_id, "connected");
     let device = device_label(opts.device, opts.gemm);
     let reply =
         client.register(addr.clone(), 0.0, device.clone()).await.context("registering with the orchestrator")?;
@@ -148,7 +157,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                         continue;
                     }
                 };
-                while let Ok(Some(cmd)) = stream.message().await {
+                while let Ok(Some(cmd)) = stream.next().await {
                     if let Some(k) = cmd.kind
                         && in_tx.send(Input::Command(k)).await.is_err()
                     {
@@ -299,16 +308,19 @@ fn retryable(code: tonic::Code) -> bool {
     )
 }
 
-async fn connect(url: &str, id: Arc<Identity>) -> Result<ControlClient> {
+async fn connect(url: &str, id: Arc<Identity>, pinned: Option<iota_core::PeerId>) -> Result<ControlClient> {
     let mut last = None;
     for _ in 0..50 {
-        match ControlClient::connect(url.to_string(), id.clone()).await {
+        match ControlClient::connect(url.to_string(), id.clone(), pinned).await {
             Ok(c) => return Ok(c),
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(anyhow::anyhow!("cannot reach the orchestrator at {url}: {}", last.map(|e| e.to_string()).unwrap_or_default()))
+    Err(anyhow::anyhow!(
+        "cannot reach the orchestrator at {url}: {}",
+        last.map(|e| format!("{e:#}")).unwrap_or_default()
+    ))
 }
 
 /// What the compute thread talks through.

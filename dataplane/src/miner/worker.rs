@@ -186,6 +186,10 @@ impl<B: Backend + 'static> Worker<B> {
     fn command(&mut self, c: pb::command::Kind, out: &mut Vec<Output>) -> Result<()> {
         match c {
             pb::command::Kind::Assign(a) => self.assign(a),
+            pb::command::Kind::Peers(p) => {
+                self.add_peers(&p.peers);
+                Ok(())
+            }
             pb::command::Kind::Phase(p) => self.phase(p, out),
             pb::command::Kind::Route(r) => {
                 let key = mb_key(r.epoch, r.shard, r.first_sample, r.attempt);
@@ -222,14 +226,19 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
-    fn assign(&mut self, a: pb::Assignment) -> Result<()> {
-        for p in &a.peers {
+    /// Miners this one may exchange frames with (and where to dial them).
+    fn add_peers(&mut self, peers: &[pb::PeerInfo]) {
+        for p in peers {
             let Ok(id) = <[u8; 32]>::try_from(p.peer_id.as_slice()) else { continue };
             let id = PeerId(id);
             if id != self.me {
                 self.dir.insert(id, p.data_addr.parse().ok());
             }
         }
+    }
+
+    fn assign(&mut self, a: pb::Assignment) -> Result<()> {
+        self.add_peers(&a.peers);
         if self.stage.is_some() && self.stage_index == a.stage {
             return Ok(());
         }

@@ -1,0 +1,198 @@
+//! The rules every request body's fields must meet, the same for every
+//! method that carries them. A broken rule is an `InvalidField` refusal whose
+//! message names the field.
+
+use std::net::SocketAddr;
+
+use crate::object_store::check_key;
+use crate::pb;
+use crate::refusal::{Reason, Rejected};
+
+/// Longest `device` string (bytes, printable ASCII).
+pub const MAX_DEVICE_LEN: usize = 64;
+/// Longest `data_addr` (an IP address and port).
+pub const MAX_ADDR_LEN: usize = 64;
+/// Largest throughput a miner may claim (tokens/s).
+pub const MAX_TOKENS_PER_S: f64 = 1e9;
+/// Largest in-flight count a miner may report.
+pub const MAX_IN_FLIGHT: u32 = 1 << 16;
+/// Longest object-store key in a report.
+pub const MAX_KEY_LEN: usize = 512;
+/// Most tokens one loss report may cover.
+pub const MAX_LOSS_TOKENS: u32 = 1 << 24;
+
+fn bad(field: &str, why: impl std::fmt::Display) -> Rejected {
+    Rejected::new(Reason::InvalidField, format!("field {field}: {why}"))
+}
+
+fn tokens_per_s(field: &str, v: f64) -> Result<(), Rejected> {
+    if !v.is_finite() || !(0.0..=MAX_TOKENS_PER_S).contains(&v) {
+        return Err(bad(field, format!("must be a number in [0, {MAX_TOKENS_PER_S:e}], got {v}")));
+    }
+    Ok(())
+}
+
+/// A data-plane address other miners can dial: `IP:PORT`, port not 0, the
+/// IP neither unspecified, multicast nor broadcast.
+pub fn data_addr(field: &str, s: &str) -> Result<SocketAddr, Rejected> {
+    if s.is_empty() || s.len() > MAX_ADDR_LEN {
+        return Err(bad(field, format!("must be IP:PORT of at most {MAX_ADDR_LEN} bytes")));
+    }
+    let a: SocketAddr = s.parse().map_err(|_| bad(field, "is not an IP:PORT socket address"))?;
+    let ip = a.ip();
+    let broadcast = matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+    if a.port() == 0 || ip.is_unspecified() || ip.is_multicast() || broadcast {
+        return Err(bad(field, "must be a dialable unicast address with a port"));
+    }
+    Ok(a)
+}
+
+fn printable(field: &str, s: &str, max: usize) -> Result<(), Rejected> {
+    if s.len() > max || !s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(bad(field, format!("must be at most {max} printable ASCII characters")));
+    }
+    Ok(())
+}
+
+fn hash32(field: &str, h: &[u8]) -> Result<(), Rejected> {
+    if h.len() != 32 {
+        return Err(bad(field, format!("must be 32 bytes, got {}", h.len())));
+    }
+    Ok(())
+}
+
+/// An object key, or a key prefix ending in '/' (merged butterfly weights
+/// are a folder of part objects).
+fn store_key(field: &str, k: &str) -> Result<(), Rejected> {
+    let stem = k.strip_suffix('/').unwrap_or(k);
+    if k.len() > MAX_KEY_LEN || check_key(stem).is_err() {
+        return Err(bad(field, format!("must be a relative object key of at most {MAX_KEY_LEN} bytes")));
+    }
+    Ok(())
+}
+
+/// The role the body names (closed enum; unknown values refused).
+pub fn role(r: i32) -> Result<pb::Role, Rejected> {
+    match pb::Role::try_from(r) {
+        Ok(pb::Role::Unspecified) | Err(_) => Err(bad("role", format!("unknown role {r}"))),
+        Ok(role) => Ok(role),
+    }
+}
+
+pub fn register(r: &pb::RegisterRequest) -> Result<(), Rejected> {
+    let role = role(r.role)?;
+    if role != pb::Role::Miner {
+        return Err(Rejected::new(
+            Reason::WrongRole,
+            format!("role {}: only miners register for now", role.as_str_name()),
+        ));
+    }
+    data_addr("data_addr", &r.data_addr)?;
+    tokens_per_s("tokens_per_s", r.tokens_per_s)?;
+    printable("device", &r.device, MAX_DEVICE_LEN)
+}
+
+pub fn heartbeat(h: &pb::HeartbeatRequest) -> Result<(), Rejected> {
+    tokens_per_s("tokens_per_s", h.tokens_per_s)?;
+    if h.in_flight > MAX_IN_FLIGHT {
+        return Err(bad("in_flight", format!("must be at most {MAX_IN_FLIGHT}")));
+    }
+    Ok(())
+}
+
+pub fn report(r: &pb::Report) -> Result<(), Rejected> {
+    use pb::report::Kind;
+    match r.kind.as_ref().ok_or_else(|| bad("kind", "a report must say what it reports"))? {
+        Kind::Loss(l) => {
+            if !l.loss.is_finite() || l.loss < 0.0 {
+                return Err(bad("loss.loss", "must be a finite non-negative number"));
+            }
+            if l.tokens == 0 || l.tokens > MAX_LOSS_TOKENS {
+                return Err(bad("loss.tokens", format!("must be in [1, {MAX_LOSS_TOKENS}]")));
+            }
+        }
+        Kind::BackwardDone(_) => {}
+        // The butterfly's "ready" carries no key.
+        Kind::UploadDone(u) if u.key.is_empty() => {}
+        Kind::UploadDone(u) => store_key("upload_done.key", &u.key)?,
+        Kind::MergeDone(m) => {
+            if !m.key.is_empty() {
+                store_key("merge_done.key", &m.key)?;
+            }
+            if !m.weights_hash.is_empty() {
+                hash32("merge_done.weights_hash", &m.weights_hash)?;
+            }
+        }
+        Kind::SliceDone(d) => hash32("slice_done.hash", &d.hash)?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(addr: &str, tps: f64, device: &str) -> pb::RegisterRequest {
+        pb::RegisterRequest {
+            role: pb::Role::Miner as i32,
+            data_addr: addr.into(),
+            tokens_per_s: tps,
+            device: device.into(),
+        }
+    }
+
+    #[test]
+    fn register_fields() {
+        assert!(register(&reg("127.0.0.1:9000", 10.0, "cuda:0 (bf16 gemms)")).is_ok());
+        assert!(register(&reg("[::1]:9000", 0.0, "cpu")).is_ok());
+        for (r, field) in [
+            (reg("", 1.0, "cpu"), "data_addr"),
+            (reg("localhost:9000", 1.0, "cpu"), "data_addr"),
+            (reg("127.0.0.1:0", 1.0, "cpu"), "data_addr"),
+            (reg("0.0.0.0:9000", 1.0, "cpu"), "data_addr"),
+            (reg("224.0.0.1:9000", 1.0, "cpu"), "data_addr"),
+            (reg(&"1".repeat(512 << 10), 1.0, "cpu"), "data_addr"),
+            (reg("127.0.0.1:9000", f64::NAN, "cpu"), "tokens_per_s"),
+            (reg("127.0.0.1:9000", -1.0, "cpu"), "tokens_per_s"),
+            (reg("127.0.0.1:9000", f64::INFINITY, "cpu"), "tokens_per_s"),
+            (reg("127.0.0.1:9000", 1.0, &"x".repeat(512 << 10)), "device"),
+            (reg("127.0.0.1:9000", 1.0, "gpu\n[ERROR] forged log line"), "device"),
+        ] {
+            let e = register(&r).unwrap_err();
+            assert_eq!(e.reason, Reason::InvalidField);
+            assert!(e.message.contains(field), "{field}: {}", e.message);
+        }
+        let mut v = reg("127.0.0.1:9000", 1.0, "cpu");
+        v.role = pb::Role::Validator as i32;
+        assert_eq!(register(&v).unwrap_err().reason, Reason::WrongRole);
+        v.role = 99;
+        assert!(register(&v).unwrap_err().message.contains("role"));
+    }
+
+    #[test]
+    fn heartbeat_and_report_fields() {
+        let hb = |tps: f64, n: u32| pb::HeartbeatRequest { epoch: 0, in_flight: n, tokens_per_s: tps };
+        assert!(heartbeat(&hb(5.0, 3)).is_ok());
+        for h in [hb(f64::NAN, 0), hb(-1.0, 0), hb(f64::INFINITY, 0), hb(1.0, u32::MAX)] {
+            assert_eq!(heartbeat(&h).unwrap_err().reason, Reason::InvalidField);
+        }
+        let loss = |l: f32, t: u32| pb::Report {
+            kind: Some(pb::report::Kind::Loss(pb::LossReport { loss: l, tokens: t, ..Default::default() })),
+        };
+        assert!(report(&loss(2.5, 512)).is_ok());
+        assert!(report(&loss(f32::NAN, 512)).is_err());
+        assert!(report(&loss(2.5, 0)).is_err());
+        assert!(report(&pb::Report { kind: None }).is_err());
+        let up = |k: &str| pb::Report {
+            kind: Some(pb::report::Kind::UploadDone(pb::UploadDone { key: k.into(), ..Default::default() })),
+        };
+        assert!(report(&up("epoch-000001/stage-000/x.safetensors")).is_ok());
+        assert!(report(&up("../../etc/passwd")).unwrap_err().message.contains("upload_done.key"));
+        assert!(report(&up("epoch-000001/stage-000/weights/")).is_ok());
+        assert!(report(&up("epoch-000001//")).is_err());
+        let slice = pb::Report {
+            kind: Some(pb::report::Kind::SliceDone(pb::SliceDone { hash: vec![1; 31], ..Default::default() })),
+        };
+        assert!(report(&slice).unwrap_err().message.contains("slice_done.hash"));
+    }
+}

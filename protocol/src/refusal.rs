@@ -1,0 +1,122 @@
+//! Why a request was refused: one closed set of reasons shared by the
+//! verifier, the field checks and the orchestrator service, each with the
+//! gRPC status a client sees and a stable name the server counts it under.
+
+use iota_core::PeerId;
+use tonic::{Code, Status};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// The envelope's fields have the wrong sizes.
+    MalformedEnvelope,
+    /// The caller's key is of small order or not canonically encoded.
+    WeakKey,
+    BodyTooLarge,
+    BadSignature,
+    /// Timestamp outside the server's window.
+    StaleTimestamp,
+    /// Signed before this server process started (a replay across restarts).
+    BeforeStart,
+    ReplayedNonce,
+    RateLimited,
+    TooManyIdentities,
+    /// The body does not decode as the method's message.
+    BadBody,
+    /// A field is out of range, too long or not parseable.
+    InvalidField,
+    /// The caller must register first.
+    NotRegistered,
+    /// The run (or the caller's stage) holds as many miners as it takes.
+    RunFull,
+    /// The caller's role may not call this method.
+    WrongRole,
+    /// The state machine refused the event (stale or inconsistent report).
+    Refused,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 15] = [
+        Reason::MalformedEnvelope,
+        Reason::WeakKey,
+        Reason::BodyTooLarge,
+        Reason::BadSignature,
+        Reason::StaleTimestamp,
+        Reason::BeforeStart,
+        Reason::ReplayedNonce,
+        Reason::RateLimited,
+        Reason::TooManyIdentities,
+        Reason::BadBody,
+        Reason::InvalidField,
+        Reason::NotRegistered,
+        Reason::RunFull,
+        Reason::WrongRole,
+        Reason::Refused,
+    ];
+
+    /// The name refusals are counted under (metrics, `RunStatus.refusals`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::MalformedEnvelope => "malformed_envelope",
+            Reason::WeakKey => "weak_key",
+            Reason::BodyTooLarge => "body_too_large",
+            Reason::BadSignature => "bad_signature",
+            Reason::StaleTimestamp => "stale_timestamp",
+            Reason::BeforeStart => "signed_before_start",
+            Reason::ReplayedNonce => "replayed_nonce",
+            Reason::RateLimited => "rate_limited",
+            Reason::TooManyIdentities => "too_many_identities",
+            Reason::BadBody => "bad_body",
+            Reason::InvalidField => "invalid_field",
+            Reason::NotRegistered => "not_registered",
+            Reason::RunFull => "run_full",
+            Reason::WrongRole => "wrong_role",
+            Reason::Refused => "refused_by_state",
+        }
+    }
+
+    pub fn code(self) -> Code {
+        match self {
+            Reason::MalformedEnvelope | Reason::BodyTooLarge | Reason::BadBody | Reason::InvalidField => {
+                Code::InvalidArgument
+            }
+            Reason::WeakKey | Reason::BadSignature | Reason::StaleTimestamp | Reason::BeforeStart => {
+                Code::Unauthenticated
+            }
+            Reason::ReplayedNonce => Code::AlreadyExists,
+            Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull => Code::ResourceExhausted,
+            Reason::NotRegistered | Reason::Refused => Code::FailedPrecondition,
+            Reason::WrongRole => Code::PermissionDenied,
+        }
+    }
+}
+
+/// A refused request: the reason, a message for the caller, and who sent
+/// it when the envelope said (a refused envelope's identity is a claim,
+/// not a fact, unless its signature verified).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejected {
+    pub reason: Reason,
+    pub message: String,
+    pub peer: Option<PeerId>,
+}
+
+impl Rejected {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Rejected {
+        Rejected { reason, message: message.into(), peer: None }
+    }
+
+    pub fn from(mut self, peer: PeerId) -> Rejected {
+        self.peer = Some(peer);
+        self
+    }
+
+    pub fn status(&self) -> Status {
+        Status::new(self.reason.code(), self.message.clone())
+    }
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason.name(), self.message)
+    }
+}
