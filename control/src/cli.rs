@@ -76,6 +76,16 @@ pub struct RunArgs {
     /// Issues of a micro-batch before it is counted as dropped.
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
+    /// Miners a stage takes at most (replicas plus spares; default four
+    /// times --replicas). Registrations past it are refused, so a flood of
+    /// fresh identities cannot grow the orchestrator without bound.
+    #[arg(long)]
+    pub max_miners_per_stage: Option<u32>,
+    /// Seconds a registered miner has to open its command stream; until it
+    /// does it is not counted, routed or announced, and after this it is
+    /// forgotten.
+    #[arg(long, default_value_t = 30)]
+    pub registration_timeout_s: u64,
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = 300)]
     pub phase_timeout_s: u64,
@@ -172,6 +182,8 @@ impl RunArgs {
             max_attempts: self.max_attempts,
             phase_timeout_ms: self.phase_timeout_s * 1000,
             merge,
+            miners_per_stage_cap: self.max_miners_per_stage.unwrap_or(0),
+            registration_timeout_ms: self.registration_timeout_s * 1000,
         };
         let data = self
             .data

@@ -199,6 +199,9 @@ impl OrchestratorService {
         let outs = orch.step(now, ev, rng).map_err(|e| match e {
             Refusal::Unknown(p) => Rejected::new(Reason::NotRegistered, format!("peer {p} must register first")),
             Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
+            Refusal::Full(n) => {
+                Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes"))
+            }
         })?;
         core.deliver(outs);
         core.persist(now, false);
@@ -306,15 +309,29 @@ impl OrchestratorRpc for OrchestratorService {
                 return Err(self.refuse(SUBSCRIBE, r));
             }
             core.subscribers.insert(peer, Subscriber { tx, nonce: env.nonce, next_seq: 0 });
+            // Whatever was queued for an earlier stream is superseded by
+            // what the subscription itself brings (its assignment first).
+            let queued = core.pending.remove(&peer).unwrap_or_default();
+            let now = now_ms();
+            let Core { orch, rng, .. } = &mut *core;
+            let mut outs = orch.step(now, Event::Subscribed { peer }, rng).unwrap_or_default();
             // First subscription after a restart from saved state: tell the
             // miner where the run stands (the miner ignores a repeat of the
             // training phase it is already in).
             if core.catch_up.remove(&peer)
                 && let Some(cmd) = core.orch.phase_for(&peer)
             {
-                core.deliver(vec![Out { to: peer, cmd }]);
+                outs.push(Out { to: peer, cmd });
             }
-            core.flush();
+            core.deliver(outs);
+            for cmd in queued {
+                if let Some(kind) = cmd.kind
+                    && !matches!(kind, pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_))
+                {
+                    core.deliver(vec![Out { to: peer, cmd: kind }]);
+                }
+            }
+            core.persist(now, false);
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

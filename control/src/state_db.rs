@@ -97,6 +97,8 @@ mod tests {
             max_attempts: 2,
             phase_timeout_ms: 100,
             merge: Default::default(),
+            miners_per_stage_cap: 0,
+            registration_timeout_ms: 30_000,
         };
         let o = Orchestrator::new(spec.clone()).unwrap();
         {

@@ -29,6 +29,8 @@ fn spec() -> RunSpec {
         max_attempts: 3,
         phase_timeout_ms: 60_000,
         merge: Default::default(),
+        miners_per_stage_cap: 0,
+        registration_timeout_ms: 30_000,
     }
 }
 
@@ -162,6 +164,10 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     let mut b = client(&url, 2).await;
     a.register("127.0.0.1:1".into(), 1.0, "cpu".into()).await.unwrap();
     b.register("127.0.0.1:2".into(), 1.0, "cpu".into()).await.unwrap();
+    // Registered but not listening: not yet miners of the run.
+    assert_eq!(svc.with_state(|o| o.phase().clone()), Phase::Waiting);
+    let _sa = a.subscribe().await.unwrap();
+    let _sb = b.subscribe().await.unwrap();
     let before = svc.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
     assert_eq!(before, (0, Phase::Training, 2));
     // Crash: the server goes away without a chance to save anything more.

@@ -29,6 +29,18 @@ pub struct RunSpec {
     /// How the replicas of a stage merge at the end of an epoch.
     #[serde(default)]
     pub merge: MergeSpec,
+    /// Miners a stage takes at most (replicas plus spares); registrations
+    /// past it are refused. 0 = four times `replicas`.
+    #[serde(default)]
+    pub miners_per_stage_cap: u32,
+    /// A registration whose miner has not opened its command stream this
+    /// long after is forgotten.
+    #[serde(default = "default_registration_timeout_ms")]
+    pub registration_timeout_ms: u64,
+}
+
+fn default_registration_timeout_ms() -> u64 {
+    30_000
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +90,16 @@ impl Default for MergeSpec {
 }
 
 impl RunSpec {
+    /// Miners a stage takes at most.
+    pub fn max_miners_per_stage(&self) -> u32 {
+        if self.miners_per_stage_cap == 0 { 4 * self.replicas } else { self.miners_per_stage_cap }
+    }
+
+    /// Miners the run takes at most.
+    pub fn max_miners(&self) -> u64 {
+        self.stages as u64 * self.max_miners_per_stage() as u64
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.stages == 0 || self.replicas == 0 || self.epochs == 0 || self.micro_batches_per_epoch == 0 {
             return Err("stages, replicas, epochs and micro_batches_per_epoch must be positive".into());
@@ -87,6 +109,9 @@ impl RunSpec {
         }
         if self.merge.method == MergeMethod::Butterfly && self.merge.stage_params.len() != self.stages as usize {
             return Err("a butterfly merge needs the parameter count of every stage".into());
+        }
+        if self.miners_per_stage_cap != 0 && self.miners_per_stage_cap < self.replicas {
+            return Err("a stage's miner cap must be at least its replicas".into());
         }
         if self.merge.codec == WireCodec::Int4Row {
             return Err("merge codec must be f32, bf16 or int8".into());

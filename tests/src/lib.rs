@@ -71,6 +71,8 @@ pub fn tiny_run(
                 outer: OuterOpt::AVERAGE,
                 stage_params: Vec::new(),
             },
+            miners_per_stage_cap: 0,
+            registration_timeout_ms: 30_000,
         },
         train,
         data: None,

@@ -42,6 +42,11 @@ pub enum Event {
         tokens_per_s: f64,
         in_flight: u32,
     },
+    /// The miner opened its command stream (the service delivers what this
+    /// returns on it).
+    Subscribed {
+        peer: PeerId,
+    },
     Loss {
         peer: PeerId,
         mb: MbRef,
@@ -93,6 +98,8 @@ pub enum Refusal {
     Unknown(PeerId),
     #[error("{0}")]
     Invalid(String),
+    #[error("the run holds {0} miners, as many as it takes")]
+    Full(usize),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -207,7 +214,7 @@ impl Orchestrator {
         let mut out = Vec::new();
         match ev {
             Event::Register { peer, addr, tokens_per_s, device } => {
-                self.register(now, peer, addr, tokens_per_s, device, &mut out)
+                self.register(now, peer, addr, tokens_per_s, device, &mut out)?
             }
             Event::Heartbeat { peer, tokens_per_s, in_flight } => {
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
@@ -272,7 +279,8 @@ impl Orchestrator {
                 }
                 self.merge_outs(stage, mo, &mut out);
             }
-            Event::Tick => {}
+            Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
+            Event::Tick => self.expire_registrations(now),
         }
         self.advance(now, rng, &mut out);
         Ok(out)
@@ -283,7 +291,7 @@ impl Orchestrator {
     }
 
     fn healthy_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
-        self.miners.values().filter(move |m| m.stage == stage && m.healthy)
+        self.miners.values().filter(move |m| m.stage == stage && m.live())
     }
 
     /// Miners that may carry micro-batches (healthy, holding this epoch's weights).
@@ -291,10 +299,19 @@ impl Orchestrator {
         self.healthy_in(stage).filter(|m| !m.joining)
     }
 
-    fn register(&mut self, now: Ms, peer: PeerId, addr: String, tokens_per_s: f64, device: String, out: &mut Vec<Out>) {
+    fn register(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        addr: String,
+        tokens_per_s: f64,
+        device: String,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
+            let moved = m.addr != addr;
             m.addr = addr;
             m.device = device;
             m.tokens_per_s = tokens_per_s;
@@ -303,61 +320,103 @@ impl Orchestrator {
             let m = self.miners.get_mut(&peer).unwrap();
             m.healthy = true;
             m.joining = self.phase != Phase::Waiting;
+            let announce = moved && m.subscribed;
             self.reroute_all(now, lost, Some(peer), out);
-        } else {
-            // Fewest healthy replicas first, then the stage with the least throughput.
-            let stage = (0..self.spec.stages)
-                .min_by(|&a, &b| {
-                    let key = |s: u32| {
-                        let n = self.healthy_in(s).count();
-                        let t: f64 = self.healthy_in(s).map(|m| m.tokens_per_s).sum();
-                        (n, t)
-                    };
-                    let (ka, kb) = (key(a), key(b));
-                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
-                })
-                .unwrap_or(0);
-            let index = self.next_index;
-            self.next_index += 1;
-            self.miners.insert(
-                peer,
-                MinerState {
-                    peer,
-                    index,
-                    addr,
-                    stage,
-                    healthy: true,
-                    joining: self.phase != Phase::Waiting,
-                    last_seen_ms: now,
-                    tokens_per_s,
-                    device,
-                    in_flight: 0,
-                    reported_in_flight: 0,
-                    work: 0,
-                },
-            );
+            if announce {
+                self.announce(peer, out);
+            }
+            return Ok(());
         }
-        // Everyone learns the new peer list; the newcomer learns its stage.
-        let peers: Vec<pb::PeerInfo> = self
+        let per_stage = self.spec.max_miners_per_stage() as usize;
+        let registered = |s: u32| self.miners.values().filter(|m| m.stage == s).count();
+        // Fewest live replicas first (claims not yet subscribed count too, so
+        // a burst of registrations spreads), then the least throughput.
+        let stage = (0..self.spec.stages)
+            .filter(|&s| registered(s) < per_stage)
+            .min_by(|&a, &b| {
+                let key = |s: u32| {
+                    let n = self.miners.values().filter(|m| m.stage == s && (m.live() || !m.subscribed)).count();
+                    let t: f64 = self.healthy_in(s).map(|m| m.tokens_per_s).sum();
+                    (n, t)
+                };
+                let (ka, kb) = (key(a), key(b));
+                ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
+            })
+            .ok_or(Refusal::Full(self.miners.len()))?;
+        let index = self.next_index;
+        self.next_index += 1;
+        self.miners.insert(
+            peer,
+            MinerState {
+                peer,
+                index,
+                addr,
+                stage,
+                healthy: true,
+                subscribed: false,
+                registered_ms: now,
+                joining: self.phase != Phase::Waiting,
+                last_seen_ms: now,
+                tokens_per_s,
+                device,
+                in_flight: 0,
+                reported_in_flight: 0,
+                work: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// A miner opened its command stream: it gets its assignment (the whole
+    /// peer list, as it may have missed changes), and the first time, the
+    /// others learn of it and it hears the phase.
+    fn subscribed(&mut self, now: Ms, peer: PeerId, out: &mut Vec<Out>) -> Result<(), Refusal> {
+        let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
+        let first = !m.subscribed;
+        m.subscribed = true;
+        m.last_seen_ms = now;
+        let m = m.clone();
+        out.push(Out { to: peer, cmd: self.assignment(&m) });
+        if first {
+            self.announce(peer, out);
+            if self.phase != Phase::Waiting {
+                // A newcomer mid-run waits for the next epoch.
+                out.push(Out { to: peer, cmd: self.phase_cmd_for(&m) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every other subscribed miner where `peer` is.
+    fn announce(&self, peer: PeerId, out: &mut Vec<Out>) {
+        let m = &self.miners[&peer];
+        let info = pb::PeerInfo { peer_id: m.peer.0.to_vec(), data_addr: m.addr.clone(), stage: m.stage };
+        for other in self.miners.values().filter(|o| o.subscribed && o.peer != peer) {
+            out.push(Out { to: other.peer, cmd: pb::command::Kind::Peers(pb::Peers { peers: vec![info.clone()] }) });
+        }
+    }
+
+    /// `m`'s stage and every subscribed miner it may exchange frames with.
+    fn assignment(&self, m: &MinerState) -> pb::command::Kind {
+        let peers = self
             .miners
             .values()
-            .map(|m| pb::PeerInfo { peer_id: m.peer.0.to_vec(), data_addr: m.addr.clone(), stage: m.stage })
+            .filter(|o| o.subscribed)
+            .map(|o| pb::PeerInfo { peer_id: o.peer.0.to_vec(), data_addr: o.addr.clone(), stage: o.stage })
             .collect();
-        for m in self.miners.values() {
-            out.push(Out {
-                to: m.peer,
-                cmd: pb::command::Kind::Assign(pb::Assignment {
-                    stage: m.stage,
-                    num_stages: self.spec.stages,
-                    weights_key: self.weights_key(m.stage),
-                    peers: peers.clone(),
-                }),
-            });
-        }
-        if self.phase != Phase::Waiting {
-            // A newcomer mid-run is told the phase so it can wait for the next epoch.
-            out.push(Out { to: peer, cmd: self.phase_cmd() });
-        }
+        pb::command::Kind::Assign(pb::Assignment {
+            stage: m.stage,
+            num_stages: self.spec.stages,
+            weights_key: self.weights_key(m.stage),
+            peers,
+        })
+    }
+
+    /// Registrations that never subscribed within the timeout are forgotten
+    /// (they were never counted, routed or announced).
+    fn expire_registrations(&mut self, now: Ms) {
+        let timeout = self.spec.registration_timeout_ms;
+        self.miners.retain(|_, m| m.subscribed || now.saturating_sub(m.registered_ms) <= timeout);
     }
 
     /// Where a stage's current weights are: empty before the first merge
@@ -519,7 +578,7 @@ impl Orchestrator {
     /// The miner that averages a stage: the lowest-index one that uploaded.
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
         let ups = self.uploads.get(&stage)?;
-        self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.healthy).min_by_key(|m| m.index).map(|m| m.peer)
+        self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.live()).min_by_key(|m| m.index).map(|m| m.peer)
     }
 
     /// Moves the run along: health checks, issuing, timeouts, phase changes.
@@ -528,7 +587,7 @@ impl Orchestrator {
         let silent: Vec<PeerId> = self
             .miners
             .values()
-            .filter(|m| m.healthy && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms)
+            .filter(|m| m.live() && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms)
             .map(|m| m.peer)
             .collect();
         for p in silent {
@@ -691,7 +750,7 @@ impl Orchestrator {
         self.epoch += 1;
         // Everyone, newcomers included, now starts from the merged weights.
         for m in self.miners.values_mut() {
-            if m.healthy {
+            if m.live() {
                 m.joining = false;
             }
         }

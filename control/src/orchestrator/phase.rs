@@ -32,7 +32,7 @@ impl Orchestrator {
     }
 
     pub(super) fn broadcast_phase(&self, out: &mut Vec<Out>) {
-        for m in self.miners.values().filter(|m| m.healthy) {
+        for m in self.miners.values().filter(|m| m.live()) {
             out.push(Out { to: m.peer, cmd: self.phase_cmd_for(m) });
         }
     }
@@ -46,7 +46,7 @@ impl Orchestrator {
     /// change would otherwise refuse every route of the new epoch.
     pub fn phase_for(&self, peer: &PeerId) -> Option<pb::command::Kind> {
         let m = self.miners.get(peer)?;
-        m.healthy.then(|| self.phase_cmd_for(m))
+        m.live().then(|| self.phase_cmd_for(m))
     }
 
     pub(super) fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {

@@ -49,6 +49,14 @@ pub struct MinerState {
     pub addr: String,
     pub stage: u32,
     pub healthy: bool,
+    /// It has opened its command stream at least once. Until it does it is
+    /// a claim, not a miner: not counted, not routed, not announced to
+    /// peers, and forgotten after `registration_timeout_ms`.
+    #[serde(default = "yes")]
+    pub subscribed: bool,
+    /// When it registered (ms).
+    #[serde(default)]
+    pub registered_ms: u64,
     /// Registered (or came back) mid-epoch: holds no current weights, so it
     /// carries no micro-batches until the next epoch starts from the merge.
     pub joining: bool,
@@ -64,6 +72,18 @@ pub struct MinerState {
     pub reported_in_flight: u32,
     /// Micro-batches it helped complete this epoch (weights the merge).
     pub work: u64,
+}
+
+/// Miners in states saved before subscription was tracked had subscribed.
+fn yes() -> bool {
+    true
+}
+
+impl MinerState {
+    /// Takes part in the run: subscribed and heard from recently.
+    pub fn live(&self) -> bool {
+        self.healthy && self.subscribed
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -22,6 +22,8 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         max_attempts: 3,
         phase_timeout_ms: 10_000,
         merge: Default::default(),
+        miners_per_stage_cap: 0,
+        registration_timeout_ms: 30_000,
     }
 }
 
@@ -66,9 +68,16 @@ impl Sim {
         }
     }
 
+    /// Applies an event; a registering miner subscribes at once, as an
+    /// honest one does.
     fn ev(&mut self, e: Event) {
+        let registered = if let Event::Register { peer, .. } = &e { Some(*peer) } else { None };
         let out = self.o.step(self.now, e, &mut self.rng).unwrap();
         self.inbox.extend(out);
+        if let Some(peer) = registered {
+            let out = self.o.step(self.now, Event::Subscribed { peer }, &mut self.rng).unwrap();
+            self.inbox.extend(out);
+        }
     }
 
     /// Lets time pass: alive miners heartbeat, then a tick.
@@ -200,12 +209,25 @@ fn waits_for_every_stage_then_balances_assignments() {
     for st in 0..3 {
         assert_eq!(s.o.miners().filter(|m| m.stage == st).count(), 2, "stage {st}");
     }
-    // Every miner got its assignment with the full peer list.
-    let assigns: Vec<&Out> = s.inbox.iter().filter(|o| matches!(o.cmd, pb::command::Kind::Assign(_))).collect();
-    let last = assigns.iter().rev().find(|o| o.to == peer(0)).unwrap();
-    let pb::command::Kind::Assign(a) = &last.cmd else { unreachable!() };
-    assert_eq!(a.peers.len(), 6);
-    assert_eq!(a.num_stages, 3);
+    // Every miner got its assignment, then heard of each later peer: it
+    // knows all six, and no message carried the whole list to everyone.
+    for i in 0..6 {
+        let mut known = BTreeSet::new();
+        for o in s.inbox.iter().filter(|o| o.to == peer(i)) {
+            match &o.cmd {
+                pb::command::Kind::Assign(a) => {
+                    assert_eq!(a.num_stages, 3);
+                    known.extend(a.peers.iter().map(|p| p.peer_id.clone()));
+                }
+                pb::command::Kind::Peers(p) => {
+                    assert_eq!(p.peers.len(), 1);
+                    known.extend(p.peers.iter().map(|p| p.peer_id.clone()));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(known.len(), 6, "miner {i}");
+    }
     // Two micro-batches in flight, each routed to one miner per stage, spread over replicas.
     let routes: Vec<&pb::Route> =
         s.inbox.iter().filter_map(|o| if let pb::command::Kind::Route(r) = &o.cmd { Some(r) } else { None }).collect();
@@ -417,4 +439,38 @@ fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     sim.inbox.extend(held);
     sim.run_until_done(400);
     assert_eq!(sim.o.history().len(), 2);
+}
+
+/// Registrations are claims until the miner subscribes: they do not fill a
+/// stage (a Sybil flood cannot start the run and be routed work), they are
+/// forgotten after the timeout, and past the cap they are refused.
+#[test]
+fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
+    let mut sp = spec(2, 1, 1, 4, 1);
+    sp.miners_per_stage_cap = 3;
+    let mut s = Sim::new(sp);
+    let fake =
+        |i: u8| Event::Register { peer: peer(100 + i), addr: String::new(), tokens_per_s: 1e6, device: "x".into() };
+    for i in 0..6 {
+        let out = s.o.step(s.now, fake(i), &mut s.rng).unwrap();
+        assert!(out.is_empty(), "nothing is sent for a claim");
+    }
+    assert_eq!(s.o.miners().count(), 6);
+    assert_eq!(*s.o.phase(), Phase::Waiting, "claims do not start the run");
+    // Both stages are at their cap of 3: the next identity is refused.
+    assert_eq!(s.o.step(s.now, fake(6), &mut s.rng).unwrap_err(), Refusal::Full(6));
+    // The timeout forgets them, and real miners get their places.
+    s.now += 30_001;
+    s.ev(Event::Tick);
+    assert_eq!(s.o.miners().count(), 0);
+    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    assert_eq!(*s.o.phase(), Phase::Training);
+    // Subscribed miners never expire by the registration timeout.
+    s.now += 60_000;
+    let _ = s.o.step(s.now, Event::Tick, &mut s.rng);
+    assert_eq!(s.o.miners().count(), 2);
+    // A stranger cannot subscribe.
+    let r = s.o.step(s.now, Event::Subscribed { peer: peer(9) }, &mut s.rng);
+    assert_eq!(r.unwrap_err(), Refusal::Unknown(peer(9)));
 }
