@@ -1,0 +1,14 @@
+//! The workspace's integration tests, in one binary (one link on a
+//! 2-core CI machine): whole swarms in one process (`swarm`), and a hostile
+//! client written from docs/PROTOCOL.md against the orchestrator (`hostile`).
+//!
+//! The binary counts the bytes each thread has allocated and not freed
+//! (`alloc_count`), so a test can measure what a server keeps per miner
+//! without other tests' allocations mixing in.
+
+mod alloc_count;
+mod hostile;
+mod swarm;
+
+#[global_allocator]
+static ALLOC: alloc_count::Counting = alloc_count::Counting;
