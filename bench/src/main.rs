@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md.
 
 mod butterfly;
+mod control;
 mod stage_cpu;
 mod stage_gpu;
 mod swarm;
@@ -11,8 +12,11 @@ mod transport;
 
 use clap::{Parser, Subcommand};
 
+// mimalloc, with per-thread byte counts (the control bench measures what the
+// orchestrator keeps per miner; one thread-local add per call otherwise).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: iota_model::alloc::ThreadCounted<mimalloc::MiMalloc> =
+    iota_model::alloc::ThreadCounted(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "iota-bench", version, about = "iota-rs benchmarks (each with a same-run baseline)")]
@@ -43,6 +47,10 @@ enum Cmd {
     /// QUIC (R = 2, 4, 8, 16; P = 25M) against the parameter-server merge of
     /// the same weights: bytes per replica, the aggregator's bytes, time.
     Butterfly(butterfly::Args),
+    /// The orchestrator on one core: registrations/s and signed RPCs/s
+    /// (server side, in process) against one Ed25519 verification, and the
+    /// bytes it keeps per registered miner at 100 / 1,000 / 10,000 miners.
+    Control(control::Args),
 }
 
 fn main() {
@@ -53,6 +61,7 @@ fn main() {
         Cmd::Transport(a) => transport::run(a),
         Cmd::Swarm(a) => swarm::run(*a),
         Cmd::Butterfly(a) => butterfly::run(a),
+        Cmd::Control(a) => control::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -214,7 +214,10 @@ impl Orchestrator {
         let mut out = Vec::new();
         match ev {
             Event::Register { peer, addr, tokens_per_s, device } => {
-                self.register(now, peer, addr, tokens_per_s, device, &mut out)?
+                if self.register(now, peer, addr, tokens_per_s, device, &mut out)? {
+                    // A new claim changes nothing until it subscribes.
+                    return Ok(out);
+                }
             }
             Event::Heartbeat { peer, tokens_per_s, in_flight } => {
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
@@ -280,7 +283,10 @@ impl Orchestrator {
                 self.merge_outs(stage, mo, &mut out);
             }
             Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
-            Event::Tick => self.expire_registrations(now),
+            Event::Tick => {
+                self.expire_registrations(now);
+                self.check_health(now, &mut out);
+            }
         }
         self.advance(now, rng, &mut out);
         Ok(out)
@@ -299,6 +305,7 @@ impl Orchestrator {
         self.healthy_in(stage).filter(|m| !m.joining)
     }
 
+    /// Registers `peer`; true when it is a new claim (not yet subscribed).
     fn register(
         &mut self,
         now: Ms,
@@ -307,7 +314,7 @@ impl Orchestrator {
         tokens_per_s: f64,
         device: String,
         out: &mut Vec<Out>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<bool, Refusal> {
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
@@ -325,24 +332,29 @@ impl Orchestrator {
             if announce {
                 self.announce(peer, out);
             }
-            return Ok(());
+            return Ok(false);
         }
+        // One pass over the miners: per stage, how many are registered,
+        // how many count (live, or a claim not yet subscribed, so a burst
+        // of registrations spreads), and their throughput.
+        let stages = self.spec.stages as usize;
+        let (mut registered, mut counted, mut tps) = (vec![0usize; stages], vec![0usize; stages], vec![0f64; stages]);
+        for m in self.miners.values() {
+            let s = m.stage as usize;
+            registered[s] += 1;
+            if m.live() || !m.subscribed {
+                counted[s] += 1;
+            }
+            if m.live() {
+                tps[s] += m.tokens_per_s;
+            }
+        }
+        // Fewest counted first, then the least throughput.
         let per_stage = self.spec.max_miners_per_stage() as usize;
-        let registered = |s: u32| self.miners.values().filter(|m| m.stage == s).count();
-        // Fewest live replicas first (claims not yet subscribed count too, so
-        // a burst of registrations spreads), then the least throughput.
-        let stage = (0..self.spec.stages)
-            .filter(|&s| registered(s) < per_stage)
-            .min_by(|&a, &b| {
-                let key = |s: u32| {
-                    let n = self.miners.values().filter(|m| m.stage == s && (m.live() || !m.subscribed)).count();
-                    let t: f64 = self.healthy_in(s).map(|m| m.tokens_per_s).sum();
-                    (n, t)
-                };
-                let (ka, kb) = (key(a), key(b));
-                ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
-            })
-            .ok_or(Refusal::Full(self.miners.len()))?;
+        let stage = (0..stages)
+            .filter(|&s| registered[s] < per_stage)
+            .min_by(|&a, &b| counted[a].cmp(&counted[b]).then(tps[a].total_cmp(&tps[b])).then(a.cmp(&b)))
+            .ok_or(Refusal::Full(self.miners.len()))? as u32;
         let index = self.next_index;
         self.next_index += 1;
         self.miners.insert(
@@ -364,7 +376,7 @@ impl Orchestrator {
                 work: 0,
             },
         );
-        Ok(())
+        Ok(true)
     }
 
     /// A miner opened its command stream: it gets its assignment (the whole
@@ -581,9 +593,9 @@ impl Orchestrator {
         self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.live()).min_by_key(|m| m.index).map(|m| m.peer)
     }
 
-    /// Moves the run along: health checks, issuing, timeouts, phase changes.
-    fn advance(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
-        // Health: silent miners are unhealthy; their work is re-routed.
+    /// Health, as time passes: silent miners are unhealthy; their work is
+    /// re-routed.
+    fn check_health(&mut self, now: Ms, out: &mut Vec<Out>) {
         let silent: Vec<PeerId> = self
             .miners
             .values()
@@ -595,9 +607,17 @@ impl Orchestrator {
             let lost = self.in_flight_through(p);
             self.reroute_all(now, lost, Some(p), out);
         }
+    }
+
+    /// Moves the run along: issuing, timeouts, phase changes.
+    fn advance(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
         match self.phase {
             Phase::Waiting => {
-                if (0..self.spec.stages).all(|s| self.healthy_in(s).count() >= self.spec.replicas as usize) {
+                let mut live = vec![0usize; self.spec.stages as usize];
+                for m in self.miners.values().filter(|m| m.live()) {
+                    live[m.stage as usize] += 1;
+                }
+                if live.iter().all(|&n| n >= self.spec.replicas as usize) {
                     for m in self.miners.values_mut() {
                         m.joining = false;
                     }

@@ -21,7 +21,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::alloc_count::live_on_this_thread;
+use iota_model::alloc::live_on_this_thread;
 
 const REGISTER: &str = "/iota.v1.Orchestrator/Register";
 const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";

@@ -3,12 +3,12 @@
 //! client written from docs/PROTOCOL.md against the orchestrator (`hostile`).
 //!
 //! The binary counts the bytes each thread has allocated and not freed
-//! (`alloc_count`), so a test can measure what a server keeps per miner
+//! (`iota_model::alloc::ThreadCounted`), so a test can measure what a server keeps per miner
 //! without other tests' allocations mixing in.
 
-mod alloc_count;
 mod hostile;
 mod swarm;
 
 #[global_allocator]
-static ALLOC: alloc_count::Counting = alloc_count::Counting;
+static ALLOC: iota_model::alloc::ThreadCounted<std::alloc::System> =
+    iota_model::alloc::ThreadCounted(std::alloc::System);
