@@ -48,7 +48,7 @@ pub fn run(mut a: Args) -> Result<()> {
     a.run.run_dir = work.path().to_path_buf();
     let cfg = a.run.run_config()?;
     a.run.claim_run_dir(&cfg)?;
-    let corpus = iota_dataplane::corpus::load_corpus(&cfg)?;
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg, a.run.data_path()?.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let miner_bin = std::env::current_exe()?.parent().context("binary dir")?.join("iota-miner");
     anyhow::ensure!(miner_bin.exists(), "{} not found: build iota-dataplane in release first", miner_bin.display());
@@ -64,8 +64,11 @@ pub fn run(mut a: Args) -> Result<()> {
         cfg.spec.epochs * cfg.spec.micro_batches_per_epoch * (cfg.train.batch * cfg.train.seq) as u64,
         cfg.train.codec.name()
     );
+    let store_dir = a.run.store_dir()?;
     let report = rt.block_on(swarm::run(SwarmOptions {
         cfg: cfg.clone(),
+        data: a.run.data_path()?,
+        store: store_dir.clone(),
         run_dir: a.run.run_dir.clone(),
         listen: "127.0.0.1:0".parse()?,
         miner_bin,
@@ -79,11 +82,11 @@ pub fn run(mut a: Args) -> Result<()> {
     let be = Arc::new(CpuBackend::new());
     let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
     let last = cfg.spec.epochs - 1;
-    let store = LocalDirStore::shared(&cfg.store, FileIo::start(false))?;
+    let store = LocalDirStore::shared(&store_dir, FileIo::start(false))?;
     for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
         let p = match cfg.spec.merge.method {
             MergeMethod::ParameterServer => {
-                let path = cfg.store.join(merged_key(last, s as u32));
+                let path = store_dir.join(merged_key(last, s as u32));
                 let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
                 stage_params(stage.layout(), &bytes)?
             }

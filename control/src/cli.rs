@@ -185,18 +185,25 @@ impl RunArgs {
             miners_per_stage_cap: self.max_miners_per_stage.unwrap_or(0),
             registration_timeout_ms: self.registration_timeout_s * 1000,
         };
-        let data = self
-            .data
-            .as_ref()
-            .map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display())))
-            .transpose()?;
-        let store = std::path::absolute(self.run_dir.join("store"))
-            .with_context(|| format!("locating {}", self.run_dir.display()))?;
-        let mut cfg = RunConfig { spec, train, data, store, max_shards: 64, val_fraction: 0.02, corpus: None };
-        iota_dataplane::corpus::fix_shards(&mut cfg)?;
-        cfg.spec.run_id = run_id(&settings(&cfg)?);
+        let data = self.data_path()?;
+        let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None };
+        iota_dataplane::corpus::fix_shards(&mut cfg, data.as_deref())?;
+        cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref())?);
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The corpus file or folder, canonical (None: the generated toy corpus).
+    pub fn data_path(&self) -> Result<Option<PathBuf>> {
+        self.data
+            .as_ref()
+            .map(|p| std::fs::canonicalize(p).with_context(|| format!("cannot read {}", p.display())))
+            .transpose()
+    }
+
+    /// The run's local object store: `RUN_DIR/store`, absolute.
+    pub fn store_dir(&self) -> Result<PathBuf> {
+        std::path::absolute(self.run_dir.join("store")).with_context(|| format!("locating {}", self.run_dir.display()))
     }
 
     /// Makes `--run-dir` hold this run: a fresh directory records its
@@ -204,13 +211,14 @@ impl RunArgs {
     /// whose settings are unknown) are refused unless `--new-run`, which
     /// archives the old run first. Creates the object store folder.
     pub fn claim_run_dir(&self, cfg: &RunConfig) -> Result<()> {
-        match run_dir::claim(&self.run_dir, &settings(cfg)?, RUN_FILES, self.new_run)? {
+        match run_dir::claim(&self.run_dir, &settings(cfg, self.data_path()?.as_deref())?, RUN_FILES, self.new_run)? {
             Claim::Fresh | Claim::Same => {}
             Claim::Archived(to) => {
                 eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())
             }
         }
-        std::fs::create_dir_all(&cfg.store).with_context(|| format!("creating {}", cfg.store.display()))
+        let store = self.store_dir()?;
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))
     }
 }
 
@@ -219,15 +227,14 @@ impl RunArgs {
 const RUN_FILES: &[&str] = &["state.sqlite*", "store", "logs"];
 
 /// The settings that define a run: its whole configuration except what is
-/// derived from them (the run id) or from where the run directory is (the
-/// store path).
-fn settings(cfg: &RunConfig) -> Result<serde_json::Value> {
+/// derived from them (the run id), and where the corpus was read from.
+fn settings(cfg: &RunConfig, data: Option<&std::path::Path>) -> Result<serde_json::Value> {
     let mut v = serde_json::to_value(cfg)?;
     if let Some(m) = v.as_object_mut() {
-        m.remove("store");
         if let Some(spec) = m.get_mut("spec").and_then(|s| s.as_object_mut()) {
             spec.remove("run_id");
         }
+        m.insert("data".into(), serde_json::to_value(data)?);
     }
     Ok(v)
 }
@@ -296,7 +303,16 @@ mod tests {
         let run = args(dir.path(), &[]);
         let cfg = run.run_config().unwrap();
         run.claim_run_dir(&cfg).unwrap();
-        assert!(cfg.store.is_absolute() && cfg.store.is_dir());
+        assert!(run.store_dir().unwrap().is_absolute() && run.store_dir().unwrap().is_dir());
+        // What miners receive names no path of the orchestrator's host.
+        let json = cfg.to_json();
+        let here = dir.path().to_str().unwrap();
+        assert!(!json.contains(here) && !json.contains("\"store\""), "{json}");
+        let corpus = dir.path().join("corpus.txt");
+        std::fs::write(&corpus, iota_model::data::synthetic::grammar_text(4, 30_000)).unwrap();
+        let with_data = args(dir.path(), &["--data", corpus.to_str().unwrap()]).run_config().unwrap();
+        assert!(!with_data.to_json().contains("corpus.txt"));
+        assert_ne!(with_data.corpus, cfg.corpus, "the corpus is named by its content");
         std::fs::write(dir.path().join("state.sqlite"), b"the first run's state").unwrap();
         // The same command resumes: same settings, same run id.
         let again = args(dir.path(), &[]).run_config().unwrap();

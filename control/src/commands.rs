@@ -77,9 +77,12 @@ async fn run_async(cli: Cli) -> Result<()> {
             let (url, server) = swarm::serve(svc.clone(), listen).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
+            println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             println!(
-                "orchestrator key: {} (miners: iota-miner run --orchestrator {url} --orchestrator-key <this key>)",
-                svc.identity().peer_id().to_hex()
+                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {} --store {}{}",
+                svc.identity().peer_id().to_hex(),
+                run.store_dir()?.display(),
+                run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()))
             );
             loop {
                 tokio::select! {
@@ -116,6 +119,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             }
             let report = swarm::run(SwarmOptions {
                 cfg: cfg.clone(),
+                data: run.data_path()?,
+                store: run.store_dir()?,
                 run_dir: run.run_dir.clone(),
                 listen,
                 miner_bin,

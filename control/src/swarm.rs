@@ -21,6 +21,10 @@ use crate::state_db::StateDb;
 
 pub struct SwarmOptions {
     pub cfg: RunConfig,
+    /// Where the miners read the corpus (None: the generated toy corpus).
+    pub data: Option<PathBuf>,
+    /// The object store directory every miner shares.
+    pub store: PathBuf,
     pub run_dir: PathBuf,
     /// Where the orchestrator's gRPC listens.
     pub listen: SocketAddr,
@@ -84,6 +88,9 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .arg(&key)
         .args(["--device", &o.miner_device])
         .args(["--orchestrator-key", orchestrator_key])
+        .arg("--store")
+        .arg(&o.store)
+        .args(o.data.iter().flat_map(|d| [std::ffi::OsStr::new("--data"), d.as_os_str()]))
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
         .stderr(log)

@@ -89,6 +89,15 @@ pub struct RunArgs {
     /// trusts whichever orchestrator answers, and says so.
     #[arg(long, value_parser = parse_peer)]
     orchestrator_key: Option<PeerId>,
+    /// The object store directory of the run (shared by the orchestrator and
+    /// every miner; `iota-control orchestrator` prints it).
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// The run's corpus on this machine (text, .jsonl, .bin shards). Without
+    /// it the generated toy corpus is used; either way it must be the
+    /// run's (checked by its hash).
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// UDP address the data plane listens on (port 0 = any free port). For
     /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -179,6 +188,8 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.device = a.device;
     opts.gemm = a.gemm;
     opts.orchestrator_key = a.orchestrator_key;
+    opts.store = a.store;
+    opts.data = a.data;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

@@ -1,6 +1,9 @@
 //! The run's corpus, loaded by every role that needs tokens (head and tail
 //! miners, the launcher, validators) exactly as the single-process trainer
-//! loads it: same shards, same sample addresses.
+//! loads it: same shards, same sample addresses. `data` is where this
+//! process finds it (None: the generated toy corpus for the run's seed).
+
+use std::path::Path;
 
 use anyhow::{Result, bail};
 use iota_model::data::{Corpus, Tokenizer, load_tokens, synthetic};
@@ -8,15 +11,16 @@ use iota_protocol::RunConfig;
 
 /// Loads the corpus exactly as the single-process trainer does (same
 /// shards, same sample addresses), checking it has `spec.n_shards`.
-pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
-    let c = load_corpus_unchecked(cfg)?;
+pub fn load_corpus(cfg: &RunConfig, data: Option<&Path>) -> Result<Corpus> {
+    let c = load_corpus_unchecked(cfg, data)?;
     if let Some(want) = &cfg.corpus
         && want != c.id()
     {
         bail!(
-            "the corpus loaded ({} tokens, blake3 {}) is not the run's ({} tokens, blake3 {})",
+            "the corpus loaded ({} tokens, blake3 {}, from {}) is not the run's ({} tokens, blake3 {}): give --data the run's corpus",
             c.id().tokens,
             &c.id().blake3[..16],
+            data.map_or("the generated toy corpus".into(), |p| p.display().to_string()),
             want.tokens,
             &want.blake3[..16]
         );
@@ -29,16 +33,16 @@ pub fn load_corpus(cfg: &RunConfig) -> Result<Corpus> {
 
 /// Loads the corpus and records its shard count and content in the run
 /// configuration (the launcher does this once).
-pub fn fix_shards(cfg: &mut RunConfig) -> Result<Corpus> {
-    let c = load_corpus_unchecked(cfg)?;
+pub fn fix_shards(cfg: &mut RunConfig, data: Option<&Path>) -> Result<Corpus> {
+    let c = load_corpus_unchecked(cfg, data)?;
     cfg.spec.n_shards = c.num_shards() as u32;
     cfg.corpus = Some(c.id().clone());
     Ok(c)
 }
 
-fn load_corpus_unchecked(cfg: &RunConfig) -> Result<Corpus> {
+fn load_corpus_unchecked(cfg: &RunConfig, data: Option<&Path>) -> Result<Corpus> {
     let tok = Tokenizer::new(cfg.train.tokenizer)?;
-    let tokens = match &cfg.data {
+    let tokens = match data {
         Some(p) => load_tokens(p, &tok)?,
         None => tok.encode(&synthetic::grammar_text(cfg.train.seed, 2_000_000)),
     };

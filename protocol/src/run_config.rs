@@ -1,7 +1,8 @@
 //! The run configuration: everything a miner needs to take part, handed out
-//! by the orchestrator at registration (as JSON).
-
-use std::path::PathBuf;
+//! by the orchestrator at registration (as JSON). It holds no host paths:
+//! where a miner finds the corpus and the object store is its own business
+//! (`iota-miner run --data --store`); the corpus is named by its content
+//! (`corpus`), which the miner checks.
 
 use anyhow::{Result, bail};
 use iota_core::ids::CorpusId;
@@ -18,11 +19,6 @@ pub struct RunConfig {
     /// `spec.stages`; `train.steps` is the length of the LR schedule in
     /// optimizer steps of one miner.
     pub train: TrainConfig,
-    /// Training corpus every head and tail loads; None = the generated toy
-    /// corpus for `train.seed`.
-    pub data: Option<PathBuf>,
-    /// Root of the local object store (uploads and merged weights).
-    pub store: PathBuf,
     /// Largest number of data shards the corpus is cut into (the corpus
     /// decides the actual number; `spec.n_shards` must equal it).
     pub max_shards: usize,

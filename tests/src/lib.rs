@@ -21,14 +21,7 @@ use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 use tokio_stream::wrappers::TcpListenerStream;
 
 /// A `tiny` run on the generated corpus.
-pub fn tiny_run(
-    dir: &std::path::Path,
-    stages: u32,
-    replicas: u32,
-    epochs: u64,
-    per_epoch: u64,
-    codec: WireCodec,
-) -> RunConfig {
+pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: WireCodec) -> RunConfig {
     let mut model = ModelConfig::preset("tiny").unwrap();
     if codec == WireCodec::F32 {
         model.bottleneck = 0;
@@ -75,8 +68,6 @@ pub fn tiny_run(
             registration_timeout_ms: 30_000,
         },
         train,
-        data: None,
-        store: dir.join("store"),
         max_shards: 16,
         val_fraction: 0.02,
         corpus: None,
@@ -86,7 +77,7 @@ pub fn tiny_run(
         .iter()
         .map(|s| ParamLayout::for_stage(&cfg.train.model, s).total() as u64)
         .collect();
-    iota_dataplane::corpus::fix_shards(&mut cfg).unwrap();
+    iota_dataplane::corpus::fix_shards(&mut cfg, None).unwrap();
     cfg
 }
 
@@ -192,6 +183,8 @@ impl Swarm {
     ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
         let mut opts = MinerOptions::local(self.url.clone());
         opts.orchestrator_key = Some(self.service.identity().peer_id());
+        // The store beside the state database, as a run directory holds it.
+        opts.store = Some(self.db.with_file_name("store"));
         change(&mut opts);
         tokio::spawn(miner::run(opts, Identity::generate(), stop))
     }

@@ -12,6 +12,7 @@ pub mod merge;
 pub mod worker;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -59,6 +60,12 @@ pub struct MinerOptions {
     /// another key, and every reply and command not signed by it. None:
     /// trust the first orchestrator answering (warned about).
     pub orchestrator_key: Option<iota_core::PeerId>,
+    /// The run's corpus on this machine (None: the generated toy corpus);
+    /// checked against the run's corpus hash.
+    pub data: Option<PathBuf>,
+    /// The object store directory the orchestrator and every miner share
+    /// (an S3 store replaces it across machines).
+    pub store: Option<PathBuf>,
 }
 
 impl MinerOptions {
@@ -74,6 +81,8 @@ impl MinerOptions {
             device: ComputeDevice::Cpu,
             gemm: GemmPrecision::Bf16,
             orchestrator_key: None,
+            data: None,
+            store: None,
         }
     }
 }
@@ -90,6 +99,9 @@ pub struct MinerSummary {
 /// Joins the run at `opts.orchestrator` and works until it is done (or
 /// `stop` is set).
 pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<MinerSummary> {
+    let store_dir = opts.store.clone().context(
+        "no object store: give --store DIR, the store directory of the run (iota-control orchestrator prints it)",
+    )?;
     let seed = *id.seed();
     let id = Arc::new(id);
     let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
@@ -128,7 +140,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     ctx.set_run_id(reply.run_id);
     info!(index = reply.miner_index, addr, "registered");
-    let store = LocalDirStore::shared(&cfg.store, FileIo::start(false))?;
+    let store = LocalDirStore::shared(&store_dir, FileIo::start(false))
+        .with_context(|| format!("opening the object store {}", store_dir.display()))?;
+    let data = opts.data.clone();
 
     // `stop` is the caller's; `finished` ends this miner's own tasks.
     let finished = Arc::new(AtomicBool::new(false));
@@ -268,13 +282,13 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         match gpu {
             None => {
                 let be = Arc::new(iota_model::CpuBackend::new());
-                compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
+                compute_loop(Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx), io)
             }
             Some(gpu) => {
                 gpu.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))?;
                 let be = Arc::new(iota_cuda::backend::CudaBackend::with_precision(gpu, gemm)?);
                 info!(backend = %be.name(), "stage computes on the GPU");
-                compute_loop(Worker::new(be, me, cfg, store, rt, ep_dir, ep_ctx), io)
+                compute_loop(Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx), io)
             }
         }
     })?;

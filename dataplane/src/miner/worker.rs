@@ -41,6 +41,8 @@ const MAX_EARLY: usize = 256;
 pub struct Worker<B: Backend = CpuBackend> {
     me: PeerId,
     cfg: RunConfig,
+    /// Where this miner reads the run's corpus (None: the toy corpus).
+    data: Option<std::path::PathBuf>,
     be: Arc<B>,
     store: SharedStore,
     rt: tokio::runtime::Handle,
@@ -99,6 +101,7 @@ impl<B: Backend + 'static> Worker<B> {
         be: Arc<B>,
         me: PeerId,
         cfg: RunConfig,
+        data: Option<std::path::PathBuf>,
         store: SharedStore,
         rt: tokio::runtime::Handle,
         dir: Arc<PeerDirectory>,
@@ -113,6 +116,7 @@ impl<B: Backend + 'static> Worker<B> {
         Worker {
             me,
             cfg,
+            data,
             be,
             merge,
             tokens: Arc::new(AtomicU64::new(0)),
@@ -270,7 +274,7 @@ impl<B: Backend + 'static> Worker<B> {
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
-            self.corpus = Some(Arc::new(crate::corpus::load_corpus(&self.cfg)?));
+            self.corpus = Some(Arc::new(crate::corpus::load_corpus(&self.cfg, self.data.as_deref())?));
         }
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())

@@ -11,7 +11,7 @@ use iota_tests::{Swarm, tiny_run};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_stages_two_replicas_train_and_merge() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 3, 2, 3, 24, WireCodec::Int8Row);
+    let cfg = tiny_run(3, 2, 3, 24, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
@@ -50,7 +50,7 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
     let dir = tempfile::tempdir().unwrap();
     // 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
     // micro-batch at a time.
-    let mut cfg = tiny_run(dir.path(), 3, 1, 2, 12, WireCodec::F32);
+    let mut cfg = tiny_run(3, 1, 2, 12, WireCodec::F32);
     cfg.spec.max_in_flight = 1;
     // One replica: the parameter server's "average" of it is exact.
     cfg.spec.merge = Default::default();
@@ -65,7 +65,7 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
     assert_eq!(swarm_losses.len(), 24);
 
     // The same run in one process.
-    let corpus = iota_dataplane::corpus::load_corpus(&cfg).unwrap();
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg, None).unwrap();
     let mut p = Pipeline::new(Arc::new(CpuBackend::new()), cfg.train.clone()).unwrap();
     let trainer: Vec<f32> = (0..24).map(|_| p.train_step(&corpus).unwrap().loss).collect();
     for (i, (a, b)) in swarm_losses.iter().zip(&trainer).enumerate() {
@@ -77,7 +77,7 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_miner_work_is_rerouted_and_the_epoch_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 3, 2, 2, 40, WireCodec::Int8Row);
+    let cfg = tiny_run(3, 2, 2, 40, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let flags: Vec<Arc<AtomicBool>> = (0..6).map(|_| Arc::new(AtomicBool::new(false))).collect();
     let miners: Vec<_> = flags.iter().map(|f| swarm.miner(f.clone())).collect();
@@ -108,7 +108,7 @@ async fn killed_miner_work_is_rerouted_and_the_epoch_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restarted_orchestrator_resumes_the_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 2, 1, 3, 16, WireCodec::Int8Row);
+    let cfg = tiny_run(2, 1, 3, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let miners: Vec<_> = (0..2).map(|_| swarm.miner(stop.clone())).collect();
@@ -132,7 +132,7 @@ async fn restarted_orchestrator_resumes_the_run() {
 async fn a_byzantine_replica_is_contained_by_the_robust_merge() {
     use iota_dataplane::miner::merge::MergeFault;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 2, 3, 3, 18, WireCodec::Int8Row);
+    let cfg = tiny_run(2, 3, 3, 18, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     // The first miner (stage 0) sends pseudo-gradients a million times too large.
@@ -158,7 +158,7 @@ async fn a_byzantine_replica_is_contained_by_the_robust_merge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_by_download() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 2, 2, 3, 16, WireCodec::Int8Row);
+    let cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let crasher = swarm.miner_with(|o| o.crash_on_merge_plan = true, stop.clone());
@@ -195,13 +195,12 @@ fn a_miner_with_another_corpus_refuses_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("corpus.txt");
     std::fs::write(&data, iota_model::data::synthetic::grammar_text(1, 50_000)).unwrap();
-    let mut cfg = tiny_run(dir.path(), 2, 1, 1, 4, WireCodec::Int8Row);
-    cfg.data = Some(data.clone());
-    iota_dataplane::corpus::fix_shards(&mut cfg).unwrap();
-    assert!(iota_dataplane::corpus::load_corpus(&cfg).is_ok());
+    let mut cfg = tiny_run(2, 1, 1, 4, WireCodec::Int8Row);
+    iota_dataplane::corpus::fix_shards(&mut cfg, Some(&data)).unwrap();
+    assert!(iota_dataplane::corpus::load_corpus(&cfg, Some(&data)).is_ok());
     // Same length, other text: the shard count matches, the content does not.
     std::fs::write(&data, iota_model::data::synthetic::grammar_text(2, 50_000)).unwrap();
-    let err = iota_dataplane::corpus::load_corpus(&cfg).err().expect("refused").to_string();
+    let err = iota_dataplane::corpus::load_corpus(&cfg, Some(&data)).err().expect("refused").to_string();
     assert!(err.contains("not the run's"), "{err}");
 }
 
@@ -222,7 +221,7 @@ fn frames_answer_what_they_were_computed_from() {
     use iota_protocol::pb;
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(dir.path(), 3, 1, 1, 4, WireCodec::Int8Row);
+    let cfg = tiny_run(3, 1, 1, 4, WireCodec::Int8Row);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let store = iota_dataplane::local_store::LocalDirStore::shared(
         dir.path().join("store"),
@@ -246,6 +245,7 @@ fn frames_answer_what_they_were_computed_from() {
             Arc::new(iota_model::CpuBackend::new()),
             me,
             cfg.clone(),
+            None,
             store.clone(),
             rt.handle().clone(),
             PeerDirectory::new(),
@@ -292,7 +292,7 @@ fn frames_answer_what_they_were_computed_from() {
     head.handle(Input::Command(pb::command::Kind::Route(route.clone())), &mut out).unwrap();
     let (to, act0, payload0) = sent(&mut out);
     assert_eq!(to, ids[1].peer_id());
-    let corpus = iota_dataplane::corpus::load_corpus(&cfg).unwrap();
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg, None).unwrap();
     let mb =
         iota_core::MicroBatchId { first: iota_core::SampleId { epoch: 0, shard: 0, index: 0 }, len: route.samples };
     let (x, _) = corpus.micro_batch(cfg.train.seed, mb, cfg.train.seq);
