@@ -232,6 +232,15 @@ async fn every_field_is_checked_and_every_refusal_counted() {
         assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e}");
         assert!(e.message().contains(field), "{field}: {}", e.message());
     }
+    // Bodies past the server's limits: 1 MiB (ours, counted) and gRPC's own
+    // 4 MiB message limit (refused by tonic before anything else runs).
+    let mut big = c.sign(srv, HEARTBEAT, &pb::HeartbeatRequest::default());
+    big.body = vec![0; 2 << 20];
+    assert_eq!(rpc.heartbeat(big).await.unwrap_err().code(), Code::InvalidArgument);
+    let mut huge = c.sign(srv, HEARTBEAT, &pb::HeartbeatRequest::default());
+    huge.body = vec![0; 5 << 20];
+    let e = rpc.heartbeat(huge).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e}");
     // A forgery and a replay, then ask what was refused.
     let mut forged = c.sign(srv, HEARTBEAT, &pb::HeartbeatRequest::default());
     forged.body.push(1);
@@ -243,6 +252,7 @@ async fn every_field_is_checked_and_every_refusal_counted() {
     assert_eq!(st.refusals.get("invalid_field"), Some(&9), "{:?}", st.refusals);
     assert_eq!(st.refusals.get("bad_signature"), Some(&1), "{:?}", st.refusals);
     assert_eq!(st.refusals.get("replayed_nonce"), Some(&1), "{:?}", st.refusals);
+    assert_eq!(st.refusals.get("body_too_large"), Some(&1), "{:?}", st.refusals);
 }
 
 #[tokio::test]
