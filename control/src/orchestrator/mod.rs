@@ -11,6 +11,7 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
+mod membership;
 mod merging;
 mod phase;
 mod state;
@@ -292,145 +293,6 @@ impl Orchestrator {
         Ok(out)
     }
 
-    fn known(&self, p: &PeerId) -> Result<(), Refusal> {
-        if self.miners.contains_key(p) { Ok(()) } else { Err(Refusal::Unknown(*p)) }
-    }
-
-    fn healthy_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
-        self.miners.values().filter(move |m| m.stage == stage && m.live())
-    }
-
-    /// Miners that may carry micro-batches (healthy, holding this epoch's weights).
-    fn active_in(&self, stage: u32) -> impl Iterator<Item = &MinerState> {
-        self.healthy_in(stage).filter(|m| !m.joining)
-    }
-
-    /// Registers `peer`; true when it is a new claim (not yet subscribed).
-    fn register(
-        &mut self,
-        now: Ms,
-        peer: PeerId,
-        addr: String,
-        tokens_per_s: f64,
-        device: String,
-        out: &mut Vec<Out>,
-    ) -> Result<bool, Refusal> {
-        if let Some(m) = self.miners.get_mut(&peer) {
-            // A restart of a known miner: same stage; its in-flight work is
-            // lost (re-routed by the health check) and it reloads weights.
-            let moved = m.addr != addr;
-            m.addr = addr;
-            m.device = device;
-            m.tokens_per_s = tokens_per_s;
-            m.last_seen_ms = now;
-            let lost: Vec<u64> = self.in_flight_through(peer);
-            let m = self.miners.get_mut(&peer).unwrap();
-            m.healthy = true;
-            m.joining = self.phase != Phase::Waiting;
-            let announce = moved && m.subscribed;
-            self.reroute_all(now, lost, Some(peer), out);
-            if announce {
-                self.announce(peer, out);
-            }
-            return Ok(false);
-        }
-        // One pass over the miners: per stage, how many are registered,
-        // how many count (live, or a claim not yet subscribed, so a burst
-        // of registrations spreads), and their throughput.
-        let stages = self.spec.stages as usize;
-        let (mut registered, mut counted, mut tps) = (vec![0usize; stages], vec![0usize; stages], vec![0f64; stages]);
-        for m in self.miners.values() {
-            let s = m.stage as usize;
-            registered[s] += 1;
-            if m.live() || !m.subscribed {
-                counted[s] += 1;
-            }
-            if m.live() {
-                tps[s] += m.tokens_per_s;
-            }
-        }
-        // Fewest counted first, then the least throughput.
-        let per_stage = self.spec.max_miners_per_stage() as usize;
-        let stage = (0..stages)
-            .filter(|&s| registered[s] < per_stage)
-            .min_by(|&a, &b| counted[a].cmp(&counted[b]).then(tps[a].total_cmp(&tps[b])).then(a.cmp(&b)))
-            .ok_or(Refusal::Full(self.miners.len()))? as u32;
-        let index = self.next_index;
-        self.next_index += 1;
-        self.miners.insert(
-            peer,
-            MinerState {
-                peer,
-                index,
-                addr,
-                stage,
-                healthy: true,
-                subscribed: false,
-                registered_ms: now,
-                joining: self.phase != Phase::Waiting,
-                last_seen_ms: now,
-                tokens_per_s,
-                device,
-                in_flight: 0,
-                reported_in_flight: 0,
-                work: 0,
-            },
-        );
-        Ok(true)
-    }
-
-    /// A miner opened its command stream: it gets its assignment (the whole
-    /// peer list, as it may have missed changes), and the first time, the
-    /// others learn of it and it hears the phase.
-    fn subscribed(&mut self, now: Ms, peer: PeerId, out: &mut Vec<Out>) -> Result<(), Refusal> {
-        let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
-        let first = !m.subscribed;
-        m.subscribed = true;
-        m.last_seen_ms = now;
-        let m = m.clone();
-        out.push(Out { to: peer, cmd: self.assignment(&m) });
-        if first {
-            self.announce(peer, out);
-            if self.phase != Phase::Waiting {
-                // A newcomer mid-run waits for the next epoch.
-                out.push(Out { to: peer, cmd: self.phase_cmd_for(&m) });
-            }
-        }
-        Ok(())
-    }
-
-    /// Tells every other subscribed miner where `peer` is.
-    fn announce(&self, peer: PeerId, out: &mut Vec<Out>) {
-        let m = &self.miners[&peer];
-        let info = pb::PeerInfo { peer_id: m.peer.0.to_vec(), data_addr: m.addr.clone(), stage: m.stage };
-        for other in self.miners.values().filter(|o| o.subscribed && o.peer != peer) {
-            out.push(Out { to: other.peer, cmd: pb::command::Kind::Peers(pb::Peers { peers: vec![info.clone()] }) });
-        }
-    }
-
-    /// `m`'s stage and every subscribed miner it may exchange frames with.
-    fn assignment(&self, m: &MinerState) -> pb::command::Kind {
-        let peers = self
-            .miners
-            .values()
-            .filter(|o| o.subscribed)
-            .map(|o| pb::PeerInfo { peer_id: o.peer.0.to_vec(), data_addr: o.addr.clone(), stage: o.stage })
-            .collect();
-        pb::command::Kind::Assign(pb::Assignment {
-            stage: m.stage,
-            num_stages: self.spec.stages,
-            weights_key: self.weights_key(m.stage),
-            peers,
-        })
-    }
-
-    /// Registrations that never subscribed within the timeout are forgotten
-    /// (they were never counted, routed or announced).
-    fn expire_registrations(&mut self, now: Ms) {
-        let timeout = self.spec.registration_timeout_ms;
-        self.miners.retain(|_, m| m.subscribed || now.saturating_sub(m.registered_ms) <= timeout);
-    }
-
     /// Where a stage's current weights are: empty before the first merge
     /// (initialise from the run seed).
     fn weights_key(&self, stage: u32) -> String {
@@ -591,22 +453,6 @@ impl Orchestrator {
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
         let ups = self.uploads.get(&stage)?;
         self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.live()).min_by_key(|m| m.index).map(|m| m.peer)
-    }
-
-    /// Health, as time passes: silent miners are unhealthy; their work is
-    /// re-routed.
-    fn check_health(&mut self, now: Ms, out: &mut Vec<Out>) {
-        let silent: Vec<PeerId> = self
-            .miners
-            .values()
-            .filter(|m| m.live() && now.saturating_sub(m.last_seen_ms) > self.spec.heartbeat_timeout_ms)
-            .map(|m| m.peer)
-            .collect();
-        for p in silent {
-            self.miners.get_mut(&p).unwrap().healthy = false;
-            let lost = self.in_flight_through(p);
-            self.reroute_all(now, lost, Some(p), out);
-        }
     }
 
     /// Moves the run along: issuing, timeouts, phase changes.
