@@ -15,8 +15,8 @@ use iota_dataplane::fileio::FileIo;
 use iota_dataplane::local_store::LocalDirStore;
 use iota_dataplane::miner::events::Output;
 use iota_dataplane::miner::merge::local::{LocalReplica, flat_layout, run_local_butterfly};
-use iota_dataplane::miner::merge::{Merge, ParameterServer};
-use iota_protocol::{MergeMethod, MergeSpec};
+use iota_dataplane::miner::merge::{Merge, ParameterServer, load_weights};
+use iota_protocol::{MergeMethod, MergeSpec, StoredObject, pb};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -153,6 +153,7 @@ pub fn run(a: Args) -> Result<()> {
             reps.clone(),
             dir.path(),
             Duration::from_secs(1800),
+            &[],
         ))?;
         let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
         let (sent, recv) = (mean(&report.sent_bytes), mean(&report.recv_bytes));
@@ -207,34 +208,38 @@ fn parameter_server(
     let n = reps[0].params.len();
     let layout = flat_layout(n);
     let t0 = Instant::now();
-    // Uploads run concurrently, as replicas would.
-    std::thread::scope(|s| -> Result<()> {
+    // Uploads run concurrently, as replicas would; each announces its object
+    // (the orchestrator's work count is the replica's here).
+    let uploads = std::thread::scope(|s| -> Result<Vec<StoredObject>> {
         let hs: Vec<_> = reps
             .iter()
             .map(|r| {
                 let (store, layout, h) = (store.clone(), layout.clone(), rt.handle().clone());
-                s.spawn(move || -> Result<()> {
-                    let mut ps = ParameterServer::new(store, h, Identity::generate().peer_id());
+                s.spawn(move || -> Result<StoredObject> {
+                    let me = Identity::generate().peer_id();
+                    let mut ps = ParameterServer::new(store, h, me);
                     let mut out: Vec<Output> = Vec::new();
-                    ps.contribute(0, 0, &layout, &r.params, r.work, &mut out)
+                    ps.contribute(0, 0, &layout, &r.params, r.work, &mut out)?;
+                    match out.pop() {
+                        Some(Output::Report(pb::report::Kind::UploadDone(u))) => {
+                            let o = StoredObject::from_pb(&u.object.unwrap_or_default(), Some(me))
+                                .map_err(anyhow::Error::msg)?;
+                            Ok(StoredObject { work: r.work, ..o })
+                        }
+                        _ => anyhow::bail!("no upload announced"),
+                    }
                 })
             })
             .collect();
-        for h in hs {
-            h.join().map_err(|_| anyhow::anyhow!("upload panicked"))??;
-        }
-        Ok(())
+        hs.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("upload panicked"))?).collect()
     })?;
     let mut agg = ParameterServer::new(store.clone(), rt.handle().clone(), Identity::generate().peer_id());
-    agg.aggregate(0, 0, &layout)?;
+    let merged = agg.aggregate(0, 0, &layout, &uploads, &mut Vec::new())?;
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = (0..reps.len())
             .map(|_| {
-                let (store, layout, h) = (store.clone(), layout.clone(), rt.handle().clone());
-                s.spawn(move || -> Result<()> {
-                    let mut ps = ParameterServer::new(store, h, Identity::generate().peer_id());
-                    ps.fetch(0, 0, &layout).map(|_| ())
-                })
+                let (store, layout, merged) = (store.clone(), layout.clone(), merged.clone());
+                s.spawn(move || -> Result<()> { rt.block_on(load_weights(&store, &[merged], &layout)).0.map(|_| ()) })
             })
             .collect();
         for h in hs {

@@ -9,15 +9,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use iota_control::cli::RunArgs;
+use iota_control::state_db::StateDb;
 use iota_control::swarm::{self, SwarmOptions};
 use iota_dataplane::fileio::FileIo;
 use iota_dataplane::local_store::LocalDirStore;
-use iota_dataplane::miner::merge::read_range;
+use iota_dataplane::miner::merge::load_weights;
 use iota_model::CpuBackend;
-use iota_model::checkpoint::stage_params;
 use iota_model::train::Pipeline;
-use iota_protocol::MergeMethod;
-use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -81,23 +79,13 @@ pub fn run(mut a: Args) -> Result<()> {
     // The swarm's final weights: the last merged file of every stage.
     let be = Arc::new(CpuBackend::new());
     let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
-    let last = cfg.spec.epochs - 1;
+    // Read as a newcomer would: the objects the orchestrator recorded,
+    // checked against their announcements.
     let store = LocalDirStore::shared(&store_dir, FileIo::start(false))?;
+    let state = StateDb::open(&a.run.run_dir.join("state.sqlite"))?.load()?.context("no saved orchestrator state")?;
     for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
-        let p = match cfg.spec.merge.method {
-            MergeMethod::ParameterServer => {
-                let path = store_dir.join(merged_key(last, s as u32));
-                let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-                stage_params(stage.layout(), &bytes)?
-            }
-            MergeMethod::Butterfly => {
-                let total = stage.layout().total() as u64;
-                let prefix = weights_parts_prefix(last, s as u32);
-                let (w, covered) = rt.block_on(read_range(&store, &prefix, 0, total))?;
-                anyhow::ensure!(covered == total, "{prefix} covers {covered} of {total} values");
-                w
-            }
-        };
+        let objects = state.stage_weights(s as u32);
+        let p = rt.block_on(load_weights(&store, &objects, stage.layout())).0?;
         stage.set_params(&p)?;
     }
     let swarm_val = merged.eval(&corpus, a.eval_batches)?;

@@ -23,12 +23,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use iota_protocol::MbRef;
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
 use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE};
 use iota_protocol::fields;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
 use iota_protocol::refusal::{Reason, Rejected};
+use iota_protocol::{MbRef, StoredObject};
 
 use crate::audit::Audit;
 use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal};
@@ -200,6 +200,7 @@ impl OrchestratorService {
         let outs = orch.step(now, ev, rng).map_err(|e| match e {
             Refusal::Unknown(p) => Rejected::new(Reason::NotRegistered, format!("peer {p} must register first")),
             Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
+            Refusal::NotYours(m) => Rejected::new(Reason::NotYours, m),
             Refusal::Full(n) => {
                 Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes"))
             }
@@ -249,6 +250,12 @@ impl OrchestratorService {
 
     fn verify<M: prost::Message + Default>(&self, method: &str, s: &pb::Signed) -> Result<(PeerId, M), Status> {
         self.verifier.verify(method, s, now_ms()).map_err(|r| self.refuse(method, r))
+    }
+
+    /// An object announced in `peer`'s report (the signer is its writer).
+    fn announced(&self, peer: PeerId, o: &pb::StoredObject) -> Result<StoredObject, Status> {
+        StoredObject::from_pb(o, Some(peer))
+            .map_err(|e| self.refuse(REPORT, Rejected::new(Reason::InvalidField, format!("object: {e}")).from(peer)))
     }
 
     /// Applies an event a request carried; a refusal is counted against it.
@@ -353,11 +360,39 @@ impl OrchestratorRpc for OrchestratorService {
             pb::report::Kind::BackwardDone(b) => {
                 Event::BackwardDone { peer, mb: mb(b.epoch, b.shard, b.first_sample), attempt: b.attempt }
             }
-            pb::report::Kind::UploadDone(u) => {
-                Event::UploadDone { peer, epoch: u.epoch, stage: u.stage, key: u.key, work: u.micro_batches }
-            }
-            pb::report::Kind::MergeDone(m) => {
-                Event::MergeDone { peer, epoch: m.epoch, stage: m.stage, key: m.key, weights_hash: m.weights_hash }
+            pb::report::Kind::UploadDone(u) => Event::UploadDone {
+                peer,
+                epoch: u.epoch,
+                stage: u.stage,
+                key: u.key,
+                work: u.micro_batches,
+                object: u.object.map(|o| self.announced(peer, &o)).transpose()?,
+            },
+            pb::report::Kind::MergeDone(m) => Event::MergeDone {
+                peer,
+                epoch: m.epoch,
+                stage: m.stage,
+                key: m.key,
+                weights_hash: m.weights_hash,
+                object: m.object.map(|o| self.announced(peer, &o)).transpose()?,
+            },
+            pb::report::Kind::Stored(st) => Event::Stored {
+                peer,
+                epoch: st.epoch,
+                stage: st.stage,
+                object: self.announced(peer, &st.object.unwrap_or_default())?,
+            },
+            pb::report::Kind::BadObject(b) => {
+                let object = StoredObject::from_pb(&b.object.unwrap_or_default(), None)
+                    .map_err(|e| self.refuse(REPORT, Rejected::new(Reason::InvalidField, e).from(peer)))?;
+                warn!(
+                    key = %object.key,
+                    writer = %object.writer,
+                    reporter = %peer,
+                    reason = %b.reason,
+                    "a reader found a store object that does not match its announcement"
+                );
+                Event::BadObject { peer, epoch: b.epoch, stage: b.stage, object, reason: b.reason }
             }
             pb::report::Kind::SliceDone(d) => Event::SliceDone {
                 peer,

@@ -9,7 +9,7 @@ use iota_core::{Rng, WireCodec};
 use iota_dataplane::fileio::FileIo;
 use iota_dataplane::local_store::LocalDirStore;
 use iota_dataplane::miner::merge::local::{LocalReplica, flat_layout, run_local_butterfly};
-use iota_dataplane::miner::merge::{Butterfly, Merge, MergeFault};
+use iota_dataplane::miner::merge::{MergeFault, load_weights};
 use iota_protocol::{MergeMethod, MergeSpec};
 
 fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
@@ -65,10 +65,17 @@ async fn butterfly_equals_the_mean_and_replicas_end_bitwise_identical() {
             let dir = tempfile::tempdir().unwrap();
             let (prev, reps) = replicas(r, n, r as u64);
             let want = weighted_mean(&reps);
-            let rep =
-                run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, slices), 0, prev, reps, dir.path(), TIMEOUT)
-                    .await
-                    .unwrap();
+            let rep = run_local_butterfly(
+                spec(ReduceRule::Mean, WireCodec::F32, slices),
+                0,
+                prev,
+                reps,
+                dir.path(),
+                TIMEOUT,
+                &[],
+            )
+            .await
+            .unwrap();
             let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
             let err = max_abs(&merged[0], &want);
             assert!(err < 1e-6, "R={r} slices={slices}: max error {err}");
@@ -87,8 +94,9 @@ async fn compressed_slices_stay_within_codec_error() {
         let (prev, reps) = replicas(4, n, 3);
         let want = weighted_mean(&reps);
         let delta_scale = dist(&prev, &want);
-        let rep =
-            run_local_butterfly(spec(ReduceRule::Mean, codec, 1), 0, prev, reps, dir.path(), TIMEOUT).await.unwrap();
+        let rep = run_local_butterfly(spec(ReduceRule::Mean, codec, 1), 0, prev, reps, dir.path(), TIMEOUT, &[])
+            .await
+            .unwrap();
         let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
         assert!(merged.iter().all(|m| m == &merged[0]), "{codec:?}: replicas differ");
         let rel = dist(&merged[0], &want) / delta_scale;
@@ -107,10 +115,17 @@ async fn robust_rule_contains_a_huge_or_nan_replica() {
         let update = dist(&prev, &honest);
         reps[0].fault = Some(fault);
         let rule = ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 };
-        let rep =
-            run_local_butterfly(spec(rule, WireCodec::Bf16, 1), 0, prev.clone(), reps.clone(), dir.path(), TIMEOUT)
-                .await
-                .unwrap();
+        let rep = run_local_butterfly(
+            spec(rule, WireCodec::Bf16, 1),
+            0,
+            prev.clone(),
+            reps.clone(),
+            dir.path(),
+            TIMEOUT,
+            &[],
+        )
+        .await
+        .unwrap();
         let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
         assert!(merged.iter().all(|m| m == &merged[0]));
         assert!(merged[0].iter().all(|x| x.is_finite()), "{fault:?}: non-finite weights");
@@ -118,9 +133,10 @@ async fn robust_rule_contains_a_huge_or_nan_replica() {
         assert!(rel < 0.5, "{fault:?}: {rel} of an honest update away from the honest mean");
         // The plain mean is not robust to the same replica.
         let dir = tempfile::tempdir().unwrap();
-        let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::Bf16, 1), 0, prev, reps, dir.path(), TIMEOUT)
-            .await
-            .unwrap();
+        let rep =
+            run_local_butterfly(spec(ReduceRule::Mean, WireCodec::Bf16, 1), 0, prev, reps, dir.path(), TIMEOUT, &[])
+                .await
+                .unwrap();
         let m = rep.merged[1].clone().unwrap();
         if fault == MergeFault::HugeDelta {
             assert!(dist(&m, &honest) / update > 100.0, "the mean follows the huge replica");
@@ -135,7 +151,7 @@ async fn a_wrong_owner_is_caught_by_hash_and_the_refereed_slice_wins() {
     let (prev, mut reps) = replicas(3, n, 21);
     let want = weighted_mean(&reps);
     reps[1].fault = Some(MergeFault::CorruptUpdates);
-    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT, &[])
         .await
         .unwrap();
     let liar = rep.peers[1];
@@ -160,7 +176,7 @@ async fn a_replica_dying_mid_merge_is_planned_out_and_rejoins_by_download() {
     reps[2].dies_on_plan = true;
     let survivors: Vec<LocalReplica> = reps.iter().filter(|r| !r.dies_on_plan).cloned().collect();
     let want = weighted_mean(&survivors);
-    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT, &[])
         .await
         .unwrap();
     assert!(rep.merged[2].is_none());
@@ -170,17 +186,9 @@ async fn a_replica_dying_mid_merge_is_planned_out_and_rejoins_by_download() {
     assert!(max_abs(&merged[0], &want) < 1e-6);
     // The dead replica (or any newcomer) downloads the merged stage.
     let store = LocalDirStore::shared(dir.path(), FileIo::start(false)).unwrap();
-    let me = iota_core::Identity::generate().peer_id();
-    let ctx = Arc::new(iota_dataplane::frame::RunContext::new(7, Default::default()));
-    let rt = tokio::runtime::Handle::current();
-    let spec = spec(ReduceRule::Mean, WireCodec::F32, 1);
-    let fetched = tokio::task::spawn_blocking(move || {
-        let mut b = Butterfly::new(me, spec, store, rt, ctx);
-        b.fetch(0, 0, &flat_layout(n))
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let (fetched, bad) = load_weights(&store, &rep.weights_objects, &flat_layout(n)).await;
+    assert!(bad.is_empty());
+    let fetched = fetched.unwrap();
     assert_eq!(fetched, merged[0], "the stored stage is bitwise the merged one");
 }
 
@@ -192,7 +200,7 @@ async fn an_unreachable_replica_merges_through_the_object_store() {
     let (prev, mut reps) = replicas(3, n, 13);
     let want = weighted_mean(&reps);
     reps[0].isolated = true;
-    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT)
+    let rep = run_local_butterfly(spec(ReduceRule::Mean, WireCodec::F32, 1), 0, prev, reps, dir.path(), TIMEOUT, &[])
         .await
         .unwrap();
     assert!(rep.store_fallbacks > 0, "slices went through the store");
@@ -211,7 +219,7 @@ async fn outer_nesterov_momentum_persists_across_merges_through_the_store() {
     s.outer = outer;
     // Epoch 0 with 3 replicas, epoch 1 with 4 (other identities, another plan).
     let (prev0, reps0) = replicas(3, n, 31);
-    let m0 = run_local_butterfly(s.clone(), 0, prev0.clone(), reps0.clone(), dir.path(), TIMEOUT).await.unwrap();
+    let m0 = run_local_butterfly(s.clone(), 0, prev0.clone(), reps0.clone(), dir.path(), TIMEOUT, &[]).await.unwrap();
     let theta1 = m0.merged[0].clone().unwrap();
     let mut rng = Rng::new(77);
     let reps1: Vec<LocalReplica> = (0..4)
@@ -223,7 +231,10 @@ async fn outer_nesterov_momentum_persists_across_merges_through_the_store() {
             isolated: false,
         })
         .collect();
-    let m1 = run_local_butterfly(s, 1, Arc::new(theta1.clone()), reps1.clone(), dir.path(), TIMEOUT).await.unwrap();
+    let m1 =
+        run_local_butterfly(s, 1, Arc::new(theta1.clone()), reps1.clone(), dir.path(), TIMEOUT, &m0.momentum_objects)
+            .await
+            .unwrap();
     let theta2 = m1.merged[0].clone().unwrap();
     // The same two outer steps computed directly.
     let step = |prev: &[f32], reps: &[LocalReplica], m: &mut Vec<f32>| -> Vec<f32> {
@@ -245,4 +256,40 @@ async fn outer_nesterov_momentum_persists_across_merges_through_the_store() {
     let mut zero = vec![0.0f32; n];
     let no_momentum = step(&theta1, &reps1, &mut zero);
     assert!(max_abs(&theta2, &no_momentum) > 1e-4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_storing_other_bytes_than_it_announced_is_named_and_its_objects_unused() {
+    let n = 4_096;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(ReduceRule::Mean, WireCodec::F32, 2);
+    s.outer = OuterOpt { lr: 0.7, momentum: 0.9 };
+    let (prev, mut reps) = replicas(3, n, 41);
+    reps[1].fault = Some(MergeFault::LyingWriter);
+    let m0 = run_local_butterfly(s.clone(), 0, prev, reps, dir.path(), TIMEOUT, &[]).await.unwrap();
+    let liar = m0.peers[1];
+    let lied: Vec<_> = m0.weights_objects.iter().filter(|o| o.writer == liar).collect();
+    assert!(!lied.is_empty() && lied.len() < m0.weights_objects.len(), "the liar writes some partitions");
+    // The merge itself is unaffected: every replica holds the same weights.
+    let merged: Vec<Vec<f32>> = m0.merged.iter().map(|m| m.clone().unwrap()).collect();
+    assert!(merged.iter().all(|m| m == &merged[0]));
+    // A newcomer loading the stage finds the liar's parts, and only those,
+    // different from their announcement, and fails rather than load them.
+    let store = LocalDirStore::shared(dir.path(), FileIo::start(false)).unwrap();
+    let (got, bad) = load_weights(&store, &m0.weights_objects, &flat_layout(n)).await;
+    assert!(got.is_err());
+    assert_eq!(bad.len(), lied.len());
+    assert!(bad.iter().all(|b| b.object.writer == liar && b.reason.contains("hash")), "{bad:?}");
+    // The next merge reads the momentum: the liar's parts are rejected
+    // (zeros used for their ranges) and the merge still completes, equal
+    // on every replica and finite.
+    let theta1 = Arc::new(merged[0].clone());
+    let (_, reps1) = replicas(3, n, 43);
+    let reps1: Vec<LocalReplica> = reps1
+        .into_iter()
+        .map(|r| LocalReplica { params: theta1.iter().zip(&r.params).map(|(t, p)| t + p * 0.01).collect(), ..r })
+        .collect();
+    let m1 = run_local_butterfly(s, 1, theta1, reps1, dir.path(), TIMEOUT, &m0.momentum_objects).await.unwrap();
+    let merged1: Vec<Vec<f32>> = m1.merged.iter().map(|m| m.clone().unwrap()).collect();
+    assert!(merged1.iter().all(|m| m == &merged1[0] && m.iter().all(|v| v.is_finite())));
 }

@@ -4,6 +4,9 @@
 
 use std::net::SocketAddr;
 
+use iota_core::PeerId;
+
+use crate::manifest::StoredObject;
 use crate::object_store::check_key;
 use crate::pb;
 use crate::refusal::{Reason, Rejected};
@@ -16,10 +19,20 @@ pub const MAX_ADDR_LEN: usize = 64;
 pub const MAX_TOKENS_PER_S: f64 = 1e9;
 /// Largest in-flight count a miner may report.
 pub const MAX_IN_FLIGHT: u32 = 1 << 16;
-/// Longest object-store key in a report.
-pub const MAX_KEY_LEN: usize = 512;
+pub use crate::object_store::MAX_KEY_LEN;
 /// Most tokens one loss report may cover.
 pub const MAX_LOSS_TOKENS: u32 = 1 << 24;
+
+/// Longest reason in a `BadObject` report.
+pub const MAX_REASON_LEN: usize = 256;
+
+/// An object announced in a report: the signer is the writer, so the
+/// object may not name another.
+fn announced(field: &str, o: &pb::StoredObject) -> Result<(), Rejected> {
+    let unnamed = pb::StoredObject { writer: Vec::new(), ..o.clone() };
+    StoredObject::from_pb(&unnamed, Some(PeerId([0; 32]))).map_err(|e| bad(field, e))?;
+    Ok(())
+}
 
 fn bad(field: &str, why: impl std::fmt::Display) -> Rejected {
     Rejected::new(Reason::InvalidField, format!("field {field}: {why}"))
@@ -113,8 +126,15 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
         }
         Kind::BackwardDone(_) => {}
         // The butterfly's "ready" carries no key.
-        Kind::UploadDone(u) if u.key.is_empty() => {}
-        Kind::UploadDone(u) => store_key("upload_done.key", &u.key)?,
+        // The butterfly's "ready" carries no key.
+        Kind::UploadDone(u) => {
+            if !u.key.is_empty() {
+                store_key("upload_done.key", &u.key)?;
+            }
+            if let Some(o) = &u.object {
+                announced("upload_done.object", o)?;
+            }
+        }
         Kind::MergeDone(m) => {
             if !m.key.is_empty() {
                 store_key("merge_done.key", &m.key)?;
@@ -122,8 +142,20 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
             if !m.weights_hash.is_empty() {
                 hash32("merge_done.weights_hash", &m.weights_hash)?;
             }
+            if let Some(o) = &m.object {
+                announced("merge_done.object", o)?;
+            }
         }
         Kind::SliceDone(d) => hash32("slice_done.hash", &d.hash)?,
+        Kind::Stored(s) => {
+            announced("stored.object", s.object.as_ref().ok_or_else(|| bad("stored.object", "missing"))?)?
+        }
+        Kind::BadObject(b) => {
+            let o = b.object.as_ref().ok_or_else(|| bad("bad_object.object", "missing"))?;
+            // As the orchestrator handed it on: the writer is named.
+            StoredObject::from_pb(o, None).map_err(|e| bad("bad_object.object", e))?;
+            printable("bad_object.reason", &b.reason, MAX_REASON_LEN)?;
+        }
     }
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
 //!   it and as a miner receives it;
 //! - [`store_keys`], [`object_store`]: where a run's objects live and the
-//!   store interface;
+//!   store interface; [`manifest`]: announced objects readers verify;
 //! - [`plan_pb`]: the butterfly merge plan on the wire.
 //!
 //! It depends on `iota-core` only: no model, no data plane.
@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod client;
 pub mod fields;
+pub mod manifest;
 pub mod object_store;
 pub mod plan_pb;
 pub mod refusal;
@@ -25,6 +26,7 @@ pub mod run_config;
 pub mod run_spec;
 pub mod store_keys;
 
+pub use manifest::StoredObject;
 pub use object_store::{ObjectStore, SharedStore};
 pub use plan_pb::{plan_from_pb, plan_to_pb};
 pub use run_config::RunConfig;

@@ -26,6 +26,9 @@ pub trait ObjectStore: Send + Sync {
     fn list<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Vec<String>>;
 }
 
+/// Longest object-store key a report or an announcement may carry.
+pub const MAX_KEY_LEN: usize = 512;
+
 /// A store shared between tasks and threads.
 pub type SharedStore = Arc<dyn ObjectStore>;
 

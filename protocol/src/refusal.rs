@@ -32,10 +32,12 @@ pub enum Reason {
     WrongRole,
     /// The state machine refused the event (stale or inconsistent report).
     Refused,
+    /// An announcement of a store object the caller was not asked to write.
+    NotYours,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::MalformedEnvelope,
         Reason::WeakKey,
         Reason::BodyTooLarge,
@@ -51,6 +53,7 @@ impl Reason {
         Reason::RunFull,
         Reason::WrongRole,
         Reason::Refused,
+        Reason::NotYours,
     ];
 
     /// The name refusals are counted under (metrics, `RunStatus.refusals`).
@@ -71,6 +74,7 @@ impl Reason {
             Reason::RunFull => "run_full",
             Reason::WrongRole => "wrong_role",
             Reason::Refused => "refused_by_state",
+            Reason::NotYours => "not_yours",
         }
     }
 
@@ -85,7 +89,7 @@ impl Reason {
             Reason::ReplayedNonce => Code::AlreadyExists,
             Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull => Code::ResourceExhausted,
             Reason::NotRegistered | Reason::Refused => Code::FailedPrecondition,
-            Reason::WrongRole => Code::PermissionDenied,
+            Reason::WrongRole | Reason::NotYours => Code::PermissionDenied,
         }
     }
 }

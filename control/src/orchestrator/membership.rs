@@ -137,6 +137,7 @@ impl Orchestrator {
             num_stages: self.spec.stages,
             weights_key: self.weights_key(m.stage),
             peers,
+            weights: self.weights_manifest(m.stage),
         })
     }
 

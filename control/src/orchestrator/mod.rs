@@ -13,6 +13,7 @@
 
 mod membership;
 mod merging;
+mod objects;
 mod phase;
 mod state;
 
@@ -21,9 +22,9 @@ use std::collections::BTreeMap;
 use iota_core::merge::{MergePlan, Mismatch, StageMerge};
 use iota_core::{PeerId, Rng};
 use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
-use iota_protocol::{MbRef, MergeMethod, RunSpec, pb};
+use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
-pub use self::state::{EpochSummary, MbStatus, MinerState, Phase};
+pub use self::state::{BadObjectRecord, EpochSummary, MAX_BAD_OBJECTS, MbStatus, MinerState, Phase, StageObjects};
 use self::state::{MbRecord, Upload};
 
 pub type Ms = u64;
@@ -66,6 +67,8 @@ pub enum Event {
         stage: u32,
         key: String,
         work: u64,
+        /// Parameter server: the uploaded object.
+        object: Option<StoredObject>,
     },
     MergeDone {
         peer: PeerId,
@@ -73,6 +76,23 @@ pub enum Event {
         stage: u32,
         key: String,
         weights_hash: Vec<u8>,
+        /// Parameter server: the merged object.
+        object: Option<StoredObject>,
+    },
+    /// A butterfly writer stored a merged slice or its momentum.
+    Stored {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        object: StoredObject,
+    },
+    /// A reader found an object that does not match its announcement.
+    BadObject {
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        object: StoredObject,
+        reason: String,
     },
     SliceDone {
         peer: PeerId,
@@ -101,6 +121,9 @@ pub enum Refusal {
     Invalid(String),
     #[error("the run holds {0} miners, as many as it takes")]
     Full(usize),
+    /// An announcement of a store object the announcer was not asked to write.
+    #[error("{0}")]
+    NotYours(String),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -117,6 +140,12 @@ pub struct Counters {
     /// Butterfly merges after which the replicas' weights differed.
     #[serde(default)]
     pub divergent_merges: u64,
+    /// Objects a reader found different from their announcement.
+    #[serde(default)]
+    pub bad_objects: u64,
+    /// Announcements of objects the announcer was not asked to write.
+    #[serde(default)]
+    pub foreign_objects: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -141,6 +170,12 @@ pub struct Orchestrator {
     /// Every hash mismatch of the run, for validators.
     #[serde(default)]
     mismatches: Vec<Mismatch>,
+    /// Accepted store objects by epoch and stage (the current weights' epoch
+    /// and later), which readers are handed.
+    #[serde(default)]
+    objects: BTreeMap<u64, BTreeMap<u32, StageObjects>>,
+    #[serde(default)]
+    bad_objects: Vec<BadObjectRecord>,
 }
 
 fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::command::Kind {
@@ -174,6 +209,8 @@ impl Orchestrator {
             history: Vec::new(),
             butterfly: BTreeMap::new(),
             mismatches: Vec::new(),
+            objects: BTreeMap::new(),
+            bad_objects: Vec::new(),
         })
     }
 
@@ -240,19 +277,35 @@ impl Orchestrator {
                 self.known(&peer)?;
                 self.on_backward_done(peer, mb, attempt);
             }
-            Event::UploadDone { peer, epoch, stage, key, work } => {
+            Event::UploadDone { peer, epoch, stage, key, work, object } => {
                 self.known(&peer)?;
                 if epoch == self.epoch && matches!(self.phase, Phase::Uploading) && self.miners[&peer].stage == stage {
+                    match (self.spec.merge.method, object) {
+                        (MergeMethod::ParameterServer, Some(o)) => {
+                            self.check_upload(peer, epoch, stage, &o)
+                                .inspect_err(|_| self.counters.foreign_objects += 1)?;
+                            self.record_upload(peer, epoch, stage, o);
+                        }
+                        (MergeMethod::ParameterServer, None) => {
+                            return Err(Refusal::Invalid("a parameter-server upload must announce its object".into()));
+                        }
+                        (MergeMethod::Butterfly, _) => {}
+                    }
                     self.uploads.entry(stage).or_default().insert(peer, Upload { key, work });
                 } else {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::MergeDone { peer, epoch, stage, key, weights_hash } => {
+            Event::MergeDone { peer, epoch, stage, key, weights_hash, object } => {
                 self.known(&peer)?;
                 let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
                 let accepted = match self.spec.merge.method {
                     MergeMethod::ParameterServer if current && self.aggregator(stage) == Some(peer) => {
+                        self.record_merged(epoch, stage, object).inspect_err(|e| {
+                            if matches!(e, Refusal::NotYours(_)) {
+                                self.counters.foreign_objects += 1;
+                            }
+                        })?;
                         self.merged.insert(stage, key);
                         true
                     }
@@ -282,6 +335,15 @@ impl Orchestrator {
                     self.counters.stale_reports += 1;
                 }
                 self.merge_outs(stage, mo, &mut out);
+            }
+            Event::Stored { peer, epoch, stage, object } => {
+                self.known(&peer)?;
+                self.on_stored(peer, epoch, stage, object, &mut out)
+                    .inspect_err(|_| self.counters.foreign_objects += 1)?;
+            }
+            Event::BadObject { peer, epoch, stage, object, reason } => {
+                self.known(&peer)?;
+                self.on_bad_object(peer, epoch, stage, object, reason)?;
             }
             Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
             Event::Tick => {
@@ -550,6 +612,7 @@ impl Orchestrator {
         self.uploads.clear();
         self.merged.clear();
         self.butterfly.clear();
+        self.prune_objects();
         self.epoch_loss = (0.0, 0);
         for m in self.miners.values_mut() {
             m.work = 0;
@@ -648,6 +711,8 @@ impl Orchestrator {
             last_loss: self.counters.last_loss,
             tokens: self.counters.tokens,
             hash_mismatches: self.counters.hash_mismatches,
+            bad_objects: self.counters.bad_objects,
+            foreign_objects: self.counters.foreign_objects,
         }
     }
 }

@@ -23,6 +23,9 @@ impl Orchestrator {
             aggregator: Vec::new(),
             upload_prefix: prefix,
             merge_plan: None,
+            weights: Vec::new(),
+            momentum: Vec::new(),
+            uploads: Vec::new(),
         })
     }
 
@@ -51,13 +54,23 @@ impl Orchestrator {
 
     pub(super) fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {
         let mut cmd = self.phase_cmd();
-        if let (Phase::Merging, pb::command::Kind::Phase(p)) = (&self.phase, &mut cmd) {
-            p.aggregator = self.aggregator(m.stage).map(|a| a.0.to_vec()).unwrap_or_default();
-            if let Some(bm) = self.butterfly.get(&m.stage)
-                && bm.plan.is_participant(&m.peer)
-            {
-                p.merge_plan = Some(plan_to_pb(&bm.plan));
+        let pb::command::Kind::Phase(p) = &mut cmd else { unreachable!("phase_cmd makes a phase command") };
+        match self.phase {
+            Phase::Merging => {
+                let aggregator = self.aggregator(m.stage);
+                p.aggregator = aggregator.map(|a| a.0.to_vec()).unwrap_or_default();
+                if aggregator == Some(m.peer) {
+                    p.uploads = self.uploads_manifest(m.stage);
+                }
+                if let Some(bm) = self.butterfly.get(&m.stage)
+                    && bm.plan.is_participant(&m.peer)
+                {
+                    p.merge_plan = Some(plan_to_pb(&bm.plan));
+                    p.momentum = self.momentum_manifest(m.stage);
+                }
             }
+            Phase::Training | Phase::Done => p.weights = self.weights_manifest(m.stage),
+            Phase::Waiting | Phase::Uploading => {}
         }
         cmd
     }

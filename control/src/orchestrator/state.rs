@@ -1,7 +1,10 @@
 //! The orchestrator's records.
 
+use std::collections::BTreeMap;
+
 use iota_core::PeerId;
 use iota_protocol::MbRef;
+use iota_protocol::StoredObject;
 use serde::{Deserialize, Serialize};
 
 use iota_protocol::pb;
@@ -100,4 +103,31 @@ pub struct EpochSummary {
     pub losses: Vec<f32>,
     pub completed: u64,
     pub dropped: u64,
+}
+
+/// Most bad-object reports the run keeps (the oldest are forgotten).
+pub const MAX_BAD_OBJECTS: usize = 1024;
+
+/// A stage's accepted objects of one epoch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageObjects {
+    /// Butterfly: merged weights, one part per partition, by offset.
+    pub weights: BTreeMap<u64, StoredObject>,
+    /// Butterfly: outer momentum after the merge, by offset.
+    pub momentum: BTreeMap<u64, StoredObject>,
+    /// Parameter server: each replica's upload.
+    pub uploads: BTreeMap<PeerId, StoredObject>,
+    /// Parameter server: the aggregator's merged stage.
+    pub merged: Option<StoredObject>,
+}
+
+/// A reader's report that an object did not match its announcement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BadObjectRecord {
+    pub epoch: u64,
+    pub stage: u32,
+    pub key: String,
+    pub writer: PeerId,
+    pub reporter: PeerId,
+    pub reason: String,
 }

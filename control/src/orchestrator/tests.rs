@@ -6,6 +6,7 @@ use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
 use iota_protocol::plan_from_pb;
+use iota_protocol::store_keys::{momentum_parts_prefix, part_name};
 
 fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
     RunSpec {
@@ -48,6 +49,13 @@ struct Sim {
     /// Miners that heartbeat but sit on their merge commands until released.
     stalled: BTreeSet<PeerId>,
     held: Vec<Out>,
+    /// Parameter server: the uploads each stage's aggregator was handed.
+    aggregated: std::collections::BTreeMap<u32, Vec<pb::StoredObject>>,
+    /// `Stored` commands each miner received.
+    stored_heard: Vec<(PeerId, pb::Stored)>,
+    phases_heard: Vec<(PeerId, pb::PhaseChange)>,
+    /// Miners do not upload (a test announces uploads itself).
+    skip_uploads: bool,
 }
 
 impl Sim {
@@ -65,6 +73,10 @@ impl Sim {
             die_on_plan: None,
             stalled: BTreeSet::new(),
             held: Vec::new(),
+            aggregated: Default::default(),
+            stored_heard: Vec::new(),
+            phases_heard: Vec::new(),
+            skip_uploads: false,
         }
     }
 
@@ -126,13 +138,19 @@ impl Sim {
                 }
                 pb::command::Kind::Cancel(_) => self.cancels_seen += 1,
                 pb::command::Kind::Phase(p) => {
+                    self.phases_heard.push((to, p.clone()));
                     let m = self.o.miner(&to).unwrap().clone();
                     if p.phase == pb::Phase::Training as i32 {
                         self.verdicts.remove(&to);
                     }
-                    if p.phase == pb::Phase::Uploading as i32 {
-                        let key = format!("{}stage-{:03}/{}", p.upload_prefix, m.stage, to.to_hex());
-                        self.ev(Event::UploadDone { peer: to, epoch: p.epoch, stage: m.stage, key, work: m.work });
+                    if p.phase == pb::Phase::Uploading as i32 && !self.skip_uploads {
+                        let key = format!("{}stage-{:03}/{}.safetensors", p.upload_prefix, m.stage, to.to_hex());
+                        // A parameter-server replica announces its upload; it
+                        // claims far more work than it did (the merge must not care).
+                        let object = (self.o.spec().merge.method == MergeMethod::ParameterServer)
+                            .then(|| StoredObject::of(&key, to.0.as_slice(), to));
+                        let work = m.work * 1000 + 1;
+                        self.ev(Event::UploadDone { peer: to, epoch: p.epoch, stage: m.stage, key, work, object });
                     } else if let Some(plan) = p.merge_plan.as_ref() {
                         let plan = plan_from_pb(plan).unwrap();
                         if self.die_on_plan == Some(to) {
@@ -152,16 +170,31 @@ impl Sim {
                             });
                         }
                     } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {
+                        self.aggregated.insert(m.stage, p.uploads.clone());
+                        let key = merged_key(p.epoch, m.stage);
                         self.ev(Event::MergeDone {
                             peer: to,
                             epoch: p.epoch,
                             stage: m.stage,
-                            key: merged_key(p.epoch, m.stage),
+                            object: Some(StoredObject::of(&key, b"merged", to)),
+                            key,
                             weights_hash: Vec::new(),
                         });
                     }
                 }
                 pb::command::Kind::Verdict(v) => {
+                    // The partition's writer stores and announces its slice
+                    // and momentum before it reports the merge done.
+                    if v.writer == to.0.to_vec() {
+                        let part = self.o.merge_plan(v.stage).unwrap().partitions[v.partition as usize].clone();
+                        let name = part_name(part.offset, part.len);
+                        let bytes = vec![v.partition as u8; part.len as usize * 4];
+                        for prefix in [weights_parts_prefix(v.epoch, v.stage), momentum_parts_prefix(v.epoch, v.stage)]
+                        {
+                            let object = StoredObject::part(&format!("{prefix}{name}"), &bytes, part.offset, to);
+                            self.ev(Event::Stored { peer: to, epoch: v.epoch, stage: v.stage, object });
+                        }
+                    }
                     let heard = self.verdicts.entry(to).or_default();
                     heard.insert(v.partition);
                     let n = self.o.merge_plan(v.stage).map_or(0, |p| p.partitions.len());
@@ -172,9 +205,11 @@ impl Sim {
                             stage: v.stage,
                             key: String::new(),
                             weights_hash: vec![7; 32],
+                            object: None,
                         });
                     }
                 }
+                pb::command::Kind::Stored(st) => self.stored_heard.push((to, st)),
                 pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_) => {}
             }
         }
@@ -473,4 +508,132 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
     // A stranger cannot subscribe.
     let r = s.o.step(s.now, Event::Subscribed { peer: peer(9) }, &mut s.rng);
     assert_eq!(r.unwrap_err(), Refusal::Unknown(peer(9)));
+}
+
+/// The objects `to` was handed in its last phase command of `phase` for `epoch`.
+fn handed(
+    sim: &Sim,
+    to: PeerId,
+    epoch: u64,
+    phase: pb::Phase,
+    pick: fn(&pb::PhaseChange) -> &Vec<pb::StoredObject>,
+) -> Vec<StoredObject> {
+    let p =
+        sim.phases_heard.iter().rev().find(|(t, p)| *t == to && p.epoch == epoch && p.phase == phase as i32).unwrap();
+    iota_protocol::manifest::from_pb_list(pick(&p.1)).unwrap()
+}
+
+#[test]
+fn announced_slices_reach_readers_and_foreign_announcements_are_refused() {
+    let mut sim = Sim::new(butterfly_spec(2, 2));
+    for i in 0..4 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.run_until_done(200);
+    let stage1: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 1).map(|m| m.peer).collect();
+    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
+    // Epoch 1's training tells each replica what epoch 0's merge stored:
+    // one part per partition, covering the stage, each by its writer.
+    let weights = handed(&sim, stage1[0], 1, pb::Phase::Training, |p| &p.weights);
+    let mut covered = 0;
+    for w in &weights {
+        assert_eq!(w.offset, covered);
+        assert!(w.key.starts_with(&weights_parts_prefix(0, 1)), "{}", w.key);
+        assert!(stage1.contains(&w.writer));
+        covered += w.values;
+    }
+    assert_eq!(covered, 10_000);
+    // Epoch 1's merge starts from epoch 0's momentum.
+    let momentum = handed(&sim, stage1[0], 1, pb::Phase::Merging, |p| &p.momentum);
+    assert_eq!(momentum.iter().map(|m| m.values).sum::<u64>(), 10_000);
+    assert!(momentum.iter().all(|m| m.key.starts_with(&momentum_parts_prefix(0, 1))));
+    // The other replica heard of each slice its peer wrote.
+    assert!(sim.stored_heard.iter().any(|(to, st)| stage1.contains(to) && st.stage == 1));
+    assert_eq!(sim.o.counters().foreign_objects, 0);
+
+    // A stage-0 miner announces objects under stage 1's prefixes: a real
+    // partition range, a range of its own making, and a key it made up.
+    // All are refused as not its to write and none is handed to anyone.
+    let intruder = stage0[0];
+    let plan_part = weights[0].clone();
+    let tries = [
+        StoredObject { writer: intruder, ..plan_part.clone() },
+        StoredObject::part(&format!("{}{}", weights_parts_prefix(1, 1), part_name(0, 4)), &[0; 16], 0, intruder),
+        StoredObject::part("epoch-000001/stage-001/momentum/x.f32", &[0; 16], 0, intruder),
+    ];
+    let before = sim.o.objects.clone();
+    for object in tries {
+        let r = sim.o.step(sim.now, Event::Stored { peer: intruder, epoch: 1, stage: 1, object }, &mut sim.rng);
+        assert!(matches!(r, Err(Refusal::NotYours(_))), "{r:?}");
+    }
+    assert_eq!(sim.o.counters().foreign_objects, 3);
+    assert_eq!(sim.o.objects, before);
+
+    // A reader's report against a handed-out object names its writer; a
+    // report about an object nobody announced is refused.
+    let reporter = stage1.iter().copied().find(|p| *p != weights[0].writer).unwrap();
+    let ev =
+        |object: StoredObject| Event::BadObject { peer: reporter, epoch: 0, stage: 1, object, reason: "hash".into() };
+    sim.o.step(sim.now, ev(weights[0].clone()), &mut sim.rng).unwrap();
+    // Said twice, counted once.
+    sim.o.step(sim.now, ev(weights[0].clone()), &mut sim.rng).unwrap();
+    let bad = sim.o.bad_objects();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(
+        (bad[0].writer, bad[0].reporter, bad[0].key.as_str()),
+        (weights[0].writer, reporter, weights[0].key.as_str())
+    );
+    let made_up = StoredObject { hash: [9; 32], ..weights[0].clone() };
+    assert!(sim.o.step(sim.now, ev(made_up), &mut sim.rng).is_err());
+    assert_eq!(sim.o.counters().bad_objects, 1);
+}
+
+#[test]
+fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
+    let mut sim = Sim::new(spec(1, 2, 2, 8, 2));
+    for i in 0..2 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.run_until_done(200);
+    let ups = iota_protocol::manifest::from_pb_list(&sim.aggregated[&0]).unwrap();
+    assert_eq!(ups.len(), 2);
+    // Each replica claimed work * 1000 + 1; the aggregator is told the
+    // orchestrator's count: every micro-batch of a 1-stage run passes
+    // through one of the two replicas.
+    assert_eq!(ups.iter().map(|u| u.work).sum::<u64>(), 8);
+    for u in &ups {
+        assert_eq!(u.key, format!("epoch-000001/stage-000/{}.safetensors", u.writer.to_hex()));
+    }
+    // The merged stage the aggregator announced is what the next epoch (here:
+    // the end of the run) is handed.
+    let last = sim.phases_heard.iter().rev().find(|(_, p)| p.phase == pb::Phase::Done as i32).unwrap();
+    let merged = iota_protocol::manifest::from_pb_list(&last.1.weights).unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].key, merged_key(1, 0));
+
+    // An upload announced under another replica's key is refused.
+    let mut s2 = Sim::new(spec(1, 2, 1, 4, 2));
+    for i in 0..2 {
+        s2.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    s2.skip_uploads = true;
+    for _ in 0..50 {
+        s2.drain();
+        if *s2.o.phase() == Phase::Uploading {
+            break;
+        }
+        s2.tick(500);
+    }
+    assert_eq!(*s2.o.phase(), Phase::Uploading);
+    let key = format!("epoch-000000/stage-000/{}.safetensors", peer(1).to_hex());
+    let ev = Event::UploadDone {
+        peer: peer(0),
+        epoch: 0,
+        stage: 0,
+        key: key.clone(),
+        work: 1,
+        object: Some(StoredObject::of(&key, b"x", peer(0))),
+    };
+    assert!(matches!(s2.o.step(s2.now, ev, &mut s2.rng), Err(Refusal::NotYours(_))));
+    assert_eq!(s2.o.counters().foreign_objects, 1);
 }

@@ -90,6 +90,7 @@ impl MinerOptions {
 /// What a miner did, returned when the run ends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MinerSummary {
+    pub peer: iota_core::PeerId,
     pub stage: u32,
     pub optimizer_steps: u64,
     pub params: Vec<f32>,
@@ -380,6 +381,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     }
     let stage = w.stage();
     Ok(MinerSummary {
+        peer: w.peer(),
         stage: stage.map_or(0, |s| s.spec().index as u32),
         optimizer_steps: w.steps,
         params: stage.map(|s| s.params_host()).unwrap_or_default(),

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use iota_core::wire::Direction;
-use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
-use iota_model::checkpoint::stage_params;
+use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
+use iota_protocol::manifest::from_pb_list;
 use iota_protocol::{MergeMethod, RunConfig, SharedStore, pb};
 use tracing::{debug, info, warn};
 
@@ -143,6 +143,10 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
+    pub fn peer(&self) -> PeerId {
+        self.me
+    }
+
     pub fn stage(&self) -> Option<&Stage<B>> {
         self.stage.as_ref()
     }
@@ -189,7 +193,11 @@ impl<B: Backend + 'static> Worker<B> {
 
     fn command(&mut self, c: pb::command::Kind, out: &mut Vec<Output>) -> Result<()> {
         match c {
-            pb::command::Kind::Assign(a) => self.assign(a),
+            pb::command::Kind::Assign(a) => self.assign(a, out),
+            pb::command::Kind::Stored(st) => {
+                self.merge.stored(st, out)?;
+                self.take_merged()
+            }
             pb::command::Kind::Peers(p) => {
                 self.add_peers(&p.peers);
                 Ok(())
@@ -241,7 +249,7 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
-    fn assign(&mut self, a: pb::Assignment) -> Result<()> {
+    fn assign(&mut self, a: pb::Assignment, out: &mut Vec<Output>) -> Result<()> {
         self.add_peers(&a.peers);
         if self.stage.is_some() && self.stage_index == a.stage {
             return Ok(());
@@ -253,21 +261,18 @@ impl<B: Backend + 'static> Worker<B> {
         let needs_data = spec.has_embedding() || spec.has_lm_head();
         let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
-        if a.weights_key.ends_with('/') {
-            // Butterfly: the merged stage is stored as partition objects.
-            let total = stage.layout().total() as u64;
-            let (w, covered) = self.rt.block_on(super::merge::read_range(&self.store, &a.weights_key, 0, total))?;
-            if covered != total {
-                bail!("merged weights under {} cover {covered} of {total} values", a.weights_key);
-            }
+        if !a.weights_key.is_empty() {
+            // The stage's merged weights, as their writers announced them.
+            let w = load_announced(
+                &self.rt,
+                &self.store,
+                &a.weights,
+                a.stage,
+                stage.layout(),
+                self.epoch.saturating_sub(1),
+                out,
+            )?;
             stage.set_params(&w)?;
-            self.weights_after = Some(self.epoch.saturating_sub(1));
-        } else if !a.weights_key.is_empty() {
-            let bytes = self
-                .rt
-                .block_on(self.store.get(&a.weights_key))
-                .with_context(|| format!("fetching {}", a.weights_key))?;
-            stage.set_params(&stage_params(stage.layout(), &bytes)?)?;
             self.weights_after = Some(self.epoch.saturating_sub(1));
         }
         self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
@@ -303,7 +308,15 @@ impl<B: Backend + 'static> Worker<B> {
                     && self.weights_after != Some(p.epoch - 1)
                     && let Some(s) = self.stage.as_mut()
                 {
-                    let params = self.merge.fetch(p.epoch - 1, self.stage_index, s.layout())?;
+                    let params = load_announced(
+                        &self.rt,
+                        &self.store,
+                        &p.weights,
+                        self.stage_index,
+                        s.layout(),
+                        p.epoch - 1,
+                        out,
+                    )?;
                     s.set_params(&params)?;
                     self.weights_after = Some(p.epoch - 1);
                     info!(epoch = p.epoch, "loaded merged weights");
@@ -338,7 +351,15 @@ impl<B: Backend + 'static> Worker<B> {
                     && self.weights_after != Some(p.epoch - 1)
                     && let Some(s) = self.stage.as_mut()
                 {
-                    let params = self.merge.fetch(p.epoch - 1, self.stage_index, s.layout())?;
+                    let params = load_announced(
+                        &self.rt,
+                        &self.store,
+                        &p.weights,
+                        self.stage_index,
+                        s.layout(),
+                        p.epoch - 1,
+                        out,
+                    )?;
                     s.set_params(&params)?;
                     self.weights_after = Some(p.epoch - 1);
                 }
@@ -532,4 +553,23 @@ impl<B: Backend + 'static> Worker<B> {
             _ => Ok(()),
         }
     }
+}
+
+/// Loads a stage's weights from announced objects (see `load_weights`).
+fn load_announced(
+    rt: &tokio::runtime::Handle,
+    store: &SharedStore,
+    objects: &[pb::StoredObject],
+    stage: u32,
+    layout: &ParamLayout,
+    epoch: u64,
+    out: &mut Vec<Output>,
+) -> Result<Vec<f32>> {
+    let objects = from_pb_list(objects).map_err(|e| anyhow::anyhow!("weights objects: {e}"))?;
+    let (got, bad) = rt.block_on(super::merge::load_weights(store, &objects, layout));
+    for b in bad {
+        warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored weights rejected");
+        out.push(b.report(epoch, stage));
+    }
+    got.with_context(|| format!("loading the merged weights of epoch {epoch} stage {stage}"))
 }

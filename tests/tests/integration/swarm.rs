@@ -252,7 +252,8 @@ fn frames_answer_what_they_were_computed_from() {
             ctx.clone(),
         );
         let mut out = Vec::new();
-        let assign = pb::Assignment { stage, num_stages: 3, weights_key: String::new(), peers: peers.clone() };
+        let assign =
+            pb::Assignment { stage, num_stages: 3, weights_key: String::new(), peers: peers.clone(), weights: vec![] };
         w.handle(Input::Command(pb::command::Kind::Assign(assign)), &mut out).unwrap();
         let training = pb::PhaseChange { epoch: 0, phase: pb::Phase::Training as i32, ..Default::default() };
         w.handle(Input::Command(pb::command::Kind::Phase(training)), &mut out).unwrap();
@@ -326,4 +327,67 @@ fn frames_answer_what_they_were_computed_from() {
     let (to, grad1, _) = sent(&mut out);
     assert_eq!((to, grad1.direction, grad1.answers), (ids[0].peer_id(), Direction::ActivationGrad, id0));
     assert_eq!(body.in_flight.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+/// Issue 21's planted objects in a real swarm: a miner plants part objects
+/// with overflowing lengths and a part whose bytes differ from its
+/// announcement under the other stage's `weights/` and `momentum/`
+/// prefixes, and a writer stores other bytes than it announced. Nobody
+/// stops, the run completes, and the orchestrator holds each offender by
+/// name: the planter's announcements refused, the liar's objects reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planted_and_lying_store_objects_stop_nobody_and_are_pinned_on_their_writers() {
+    use iota_core::merge::OuterOpt;
+    use iota_dataplane::miner::merge::MergeFault;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
+    // With outer momentum, every merge reads the previous one's momentum parts.
+    cfg.spec.merge.outer = OuterOpt { lr: 0.7, momentum: 0.9 };
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners = vec![
+        swarm.miner_with(|o| o.merge_fault = Some(MergeFault::PlantObjects), stop.clone()),
+        swarm.miner_with(|o| o.merge_fault = Some(MergeFault::LyingWriter), stop.clone()),
+        swarm.miner(stop.clone()),
+        swarm.miner(stop.clone()),
+    ];
+    let mut summaries = Vec::new();
+    for m in miners {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap());
+    }
+    let (planter, liar) = (summaries[0].peer, summaries[1].peer);
+    let (history, counters, bad, status) = swarm
+        .service
+        .with_state(|o| (o.history().to_vec(), o.counters().clone(), o.bad_objects().to_vec(), o.status()));
+    assert_eq!(history.len(), 3, "every epoch completed: {history:?}");
+    assert!(history.iter().all(|e| e.completed + e.dropped == 16));
+    for stage in 0..2 {
+        let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
+        assert_eq!(w.len(), 2);
+        assert!(w[0].iter().all(|x| x.is_finite()), "stage {stage} weights stay finite");
+        assert!(w[0] == w[1], "stage {stage} replicas identical");
+    }
+    // Each merge, the planter announced 3 objects under 3 prefixes of the
+    // other stage: the overflowing ones fail the field rules, the
+    // mismatched ones are refused as not its to write.
+    let refusals = swarm.service.refusals();
+    assert!(refusals.get("invalid_field").copied().unwrap_or(0) >= 6, "{refusals:?}");
+    assert!(refusals.get("not_yours").copied().unwrap_or(0) >= 3, "{refusals:?}");
+    assert!(counters.foreign_objects >= 3 && status.foreign_objects == counters.foreign_objects);
+    // No planted object is ever handed to a reader (the planter writes its
+    // own stage's slices honestly).
+    for stage in 0..2 {
+        let objects = swarm.service.with_state(|o| o.stage_weights(stage));
+        assert!(!objects.is_empty());
+        let foreign = stage != summaries[0].stage;
+        assert!(
+            objects.iter().all(|o| !(foreign && o.writer == planter) && !o.key.contains("4611686018427387")),
+            "{objects:?}"
+        );
+    }
+    // The liar's objects were read (momentum) and reported against it, and
+    // only against it.
+    assert!(!bad.is_empty(), "the liar's stored objects were reported");
+    assert!(bad.iter().all(|b| b.writer == liar), "{bad:?}");
 }

@@ -14,9 +14,11 @@
 //! 4. The orchestrator accepts one hash per partition (a verdict). Each
 //!    replica applies the update with that hash: theta_next = theta_prev - u,
 //!    so every replica ends with the same bits. If it never received that
-//!    update, it reads the merged slice the verdict's writer stored.
+//!    update, it reads the merged slice the verdict's writer stored
+//!    (announced to it by a `Stored` command).
 //! 5. The writer of each partition stores the merged slice and its momentum
-//!    (rejoining replicas and the next epoch's owners read them).
+//!    and announces both (`Stored` reports): rejoining replicas and the next
+//!    epoch's owners read them, checked against the announcement.
 //!
 //! `WeightSlice` frame fields: shard = partition index, first_sample = the
 //! partition's offset, samples = kind (0 contribution, 1 merged update),
@@ -34,11 +36,13 @@ use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, reduce_slice};
 use iota_core::wire::Direction;
 use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_model::codec;
+use iota_protocol::manifest::from_pb_list;
 use iota_protocol::store_keys::{contrib_prefix, momentum_parts_prefix, part_name, weights_parts_prefix};
-use iota_protocol::{MergeSpec, SharedStore, pb, plan_from_pb};
+use iota_protocol::{MergeSpec, SharedStore, StoredObject, pb, plan_from_pb};
 use tracing::{debug, info, warn};
 
-use super::{Merge, f32_bytes, read_range};
+use super::parts::read_parts;
+use super::{Merge, f32_bytes};
 use crate::frame::{FrameMeta, RunContext, decode_frame};
 use crate::miner::events::Output;
 use crate::transport::ReceivedFrame;
@@ -66,6 +70,14 @@ pub enum MergeFault {
     NanDelta,
     /// As an owner, publishes a wrong update.
     CorruptUpdates,
+    /// As a partition's writer, announces the right hash and stores other
+    /// bytes (another miner overwriting them looks the same to readers).
+    LyingWriter,
+    /// When a merge starts, plants objects under every other stage's
+    /// `weights/` and `momentum/` prefixes and announces them: part names
+    /// whose lengths overflow (issue 21's crash inputs) and a part whose
+    /// bytes differ from the hash it announces.
+    PlantObjects,
 }
 
 /// A `WeightSlice` frame, checked and copied out of the receive pool.
@@ -110,6 +122,10 @@ pub struct Butterfly {
     contribs: HashMap<usize, BTreeMap<PeerId, Bytes>>,
     early: VecDeque<SliceMsg>,
     momentum_prev: HashMap<usize, Vec<f32>>,
+    /// The stage's momentum parts after the previous merge, as announced.
+    momentum_objects: Vec<StoredObject>,
+    /// Merged slices of this merge stored by their writers, by offset.
+    stored_weights: HashMap<u64, StoredObject>,
     results: HashMap<usize, OwnResult>,
     candidates: HashMap<usize, Vec<([u8; 32], Bytes)>>,
     verdicts: HashMap<usize, (pb::SliceVerdict, Instant)>,
@@ -166,6 +182,8 @@ impl Butterfly {
             contribs: HashMap::new(),
             early: VecDeque::new(),
             momentum_prev: HashMap::new(),
+            momentum_objects: Vec::new(),
+            stored_weights: HashMap::new(),
             results: HashMap::new(),
             candidates: HashMap::new(),
             verdicts: HashMap::new(),
@@ -187,6 +205,8 @@ impl Butterfly {
         self.contribs.clear();
         self.early.clear();
         self.momentum_prev.clear();
+        self.momentum_objects.clear();
+        self.stored_weights.clear();
         self.results.clear();
         self.candidates.clear();
         self.verdicts.clear();
@@ -264,7 +284,7 @@ impl Butterfly {
             self.try_reduce(k, out)?;
         }
         for k in 0..plan.partitions.len() {
-            self.try_finalize(k)?;
+            self.try_finalize(k, out)?;
         }
         if !self.finished && !self.finalized.is_empty() && self.finalized.iter().all(|&f| f) {
             self.finished = true;
@@ -275,6 +295,7 @@ impl Butterfly {
                 stage: self.stage,
                 key: weights_parts_prefix(self.epoch, self.stage),
                 weights_hash: hash.as_bytes().to_vec(),
+                object: None,
             })));
             self.merged = Some((self.epoch, self.theta_next.clone()));
         }
@@ -332,19 +353,22 @@ impl Butterfly {
         self.early.push_back(m);
     }
 
-    fn momentum_for(&mut self, k: usize, offset: u64, len: u64) -> Result<Vec<f32>> {
+    fn momentum_for(&mut self, k: usize, offset: u64, len: u64, out: &mut Vec<Output>) -> Result<Vec<f32>> {
         if let Some(m) = self.momentum_prev.get(&k) {
             return Ok(m.clone());
         }
         let m = if self.epoch == 0 || self.spec.outer.momentum == 0.0 {
             vec![0.0; len as usize]
         } else {
-            let prefix = momentum_parts_prefix(self.epoch - 1, self.stage);
-            let (m, covered) = self.rt.block_on(read_range(&self.store, &prefix, offset, len))?;
-            if covered < len {
-                warn!(k, covered, len, "outer momentum partly missing in the store; zeros used");
+            let r = self.rt.block_on(read_parts(&self.store, &self.momentum_objects, offset, len))?;
+            for b in &r.bad {
+                warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored momentum rejected");
+                out.push(b.report(self.epoch - 1, self.stage));
             }
-            m
+            if r.covered < len {
+                warn!(k, covered = r.covered, len, "outer momentum partly missing in the store; zeros used");
+            }
+            r.values
         };
         self.momentum_prev.insert(k, m.clone());
         Ok(m)
@@ -363,7 +387,7 @@ impl Butterfly {
         let decoded: Vec<Option<Vec<f32>>> =
             plan.participants.iter().map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok()).collect();
         let refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
-        let mut momentum = self.momentum_for(k, part.offset, part.len)?;
+        let mut momentum = self.momentum_for(k, part.offset, part.len, out)?;
         let (mut u, st) = reduce_slice(self.spec.rule, self.spec.outer, &refs, &plan.weights(), &mut momentum);
         if st.rejected_non_finite > 0 || st.clipped > 0 {
             warn!(k, rejected = st.rejected_non_finite, clipped = st.clipped, "robust reduce held back contributions");
@@ -390,7 +414,7 @@ impl Butterfly {
         Ok(())
     }
 
-    fn try_finalize(&mut self, k: usize) -> Result<()> {
+    fn try_finalize(&mut self, k: usize, out: &mut Vec<Output>) -> Result<()> {
         if self.finalized.get(k).copied().unwrap_or(true) {
             return Ok(());
         }
@@ -417,13 +441,22 @@ impl Butterfly {
                 if at.elapsed() < STORE_FALLBACK_AFTER {
                     return Ok(());
                 }
-                let prefix = weights_parts_prefix(self.epoch, self.stage);
-                let (w, covered) = self.rt.block_on(read_range(&self.store, &prefix, part.offset, part.len))?;
-                if covered < part.len {
-                    return Ok(()); // the writer has not stored it yet
+                // The writer announces the slice once it has stored it.
+                let Some(obj) = self.stored_weights.get(&part.offset).filter(|o| o.values == part.len).cloned() else {
+                    return Ok(());
+                };
+                let r = self.rt.block_on(read_parts(&self.store, &[obj], part.offset, part.len))?;
+                for b in &r.bad {
+                    warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored slice rejected");
+                    out.push(b.report(self.epoch, self.stage));
+                    // Wait for a new writer's announcement.
+                    self.stored_weights.remove(&part.offset);
+                }
+                if r.covered < part.len {
+                    return Ok(());
                 }
                 self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
-                w
+                r.values
             }
         };
         self.theta_next[range].copy_from_slice(&slice);
@@ -431,21 +464,90 @@ impl Butterfly {
         if v.writer[..] == self.me.0[..] {
             let name = part_name(part.offset, part.len);
             let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
-            self.rt.block_on(self.store.put(&wkey, f32_bytes(&slice))).with_context(|| format!("storing {wkey}"))?;
+            let bytes = f32_bytes(&slice);
+            self.announce(StoredObject::part(&wkey, &bytes, part.offset, self.me), out);
+            self.rt
+                .block_on(self.store.put(&wkey, self.stored_bytes(bytes)))
+                .with_context(|| format!("storing {wkey}"))?;
             let momentum = if keep {
-                Some(self.momentum_for(k, part.offset, part.len)?)
+                Some(self.momentum_for(k, part.offset, part.len, out)?)
             } else {
                 self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.momentum.clone())
             };
             match momentum {
                 Some(m) => {
                     let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
-                    self.rt.block_on(self.store.put(&mkey, f32_bytes(&m)))?;
+                    let bytes = f32_bytes(&m);
+                    self.announce(StoredObject::part(&mkey, &bytes, part.offset, self.me), out);
+                    self.rt.block_on(self.store.put(&mkey, self.stored_bytes(bytes)))?;
                 }
                 None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
             }
         }
         Ok(())
+    }
+
+    /// Tells the orchestrator what this writer stores (the report goes out
+    /// after the put it precedes here: outputs leave once this step ends).
+    fn announce(&self, o: StoredObject, out: &mut Vec<Output>) {
+        out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
+            epoch: self.epoch,
+            stage: self.stage,
+            object: Some(o.to_pb()),
+        })));
+    }
+
+    /// The bytes this writer really stores: a `LyingWriter` stores others
+    /// than it announced.
+    fn stored_bytes(&self, mut bytes: Vec<u8>) -> Vec<u8> {
+        if self.fault == Some(MergeFault::LyingWriter)
+            && let Some(b) = bytes.first_mut()
+        {
+            *b ^= 0x40;
+        }
+        bytes
+    }
+
+    /// The `PlantObjects` adversary (a test tool, never on by default).
+    fn plant(&self, out: &mut Vec<Output>) {
+        let stages = self.spec.stage_params.len().max(2) as u32;
+        for stage in (0..stages).filter(|s| *s != self.stage) {
+            let prefixes = [
+                weights_parts_prefix(self.epoch, stage),
+                momentum_parts_prefix(self.epoch, stage),
+                momentum_parts_prefix(self.epoch.saturating_sub(1), stage),
+            ];
+            for prefix in prefixes {
+                let planted: [(String, Vec<u8>, pb::StoredObject); 3] = [
+                    // 2^62 values in no bytes, and in 4 bytes.
+                    (
+                        format!("{prefix}000000000000-4611686018427387904.f32"),
+                        Vec::new(),
+                        pb::StoredObject { values: 1 << 62, ..Default::default() },
+                    ),
+                    (
+                        format!("{prefix}000000000000-4611686018427387905.f32"),
+                        vec![0; 4],
+                        pb::StoredObject { values: (1 << 62) + 1, size: 4, ..Default::default() },
+                    ),
+                    // 4 values whose bytes are not the ones announced.
+                    (format!("{prefix}{}", part_name(0, 4)), f32_bytes(&[1e30; 4]), {
+                        StoredObject::part("x", &f32_bytes(&[0.0; 4]), 0, self.me).to_pb()
+                    }),
+                ];
+                for (key, bytes, announced) in planted {
+                    if let Err(e) = self.rt.block_on(self.store.put(&key, bytes)) {
+                        warn!(key, error = %e, "planting failed");
+                    }
+                    let object = pb::StoredObject { key, hash: vec![0x5a; 32], writer: Vec::new(), ..announced };
+                    out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
+                        epoch: self.epoch,
+                        stage,
+                        object: Some(object),
+                    })));
+                }
+            }
+        }
     }
 
     /// Reads contributions left in the store by participants that could not
@@ -457,8 +559,17 @@ impl Butterfly {
             if have >= plan.participants.len() {
                 continue;
             }
+            // Contributions are whole signed frames: the signature is
+            // checked before anything in them is parsed.
             let prefix = format!("{}{k:06}/", contrib_prefix(self.epoch, self.stage));
-            for key in self.rt.block_on(self.store.list(&prefix)).unwrap_or_default() {
+            let keys = match self.rt.block_on(self.store.list(&prefix)) {
+                Ok(keys) => keys,
+                Err(e) => {
+                    warn!(prefix, error = %e, "listing stored contributions failed; retrying later");
+                    continue;
+                }
+            };
+            for key in keys {
                 let Some(hex) = key.rsplit('/').next().and_then(|n| n.strip_suffix(".frame")) else { continue };
                 let Some(from) = PeerId::from_hex(hex).filter(|p| plan.is_participant(p)) else { continue };
                 if self.contribs.get(&k).is_some_and(|c| c.contains_key(&from)) {
@@ -531,6 +642,7 @@ impl Merge for Butterfly {
             stage,
             key: String::new(),
             micro_batches: work,
+            object: None,
         })));
         Ok(())
     }
@@ -557,6 +669,10 @@ impl Merge for Butterfly {
         }
         if self.finalized.len() != plan.partitions.len() {
             self.finalized = vec![false; plan.partitions.len()];
+        }
+        self.momentum_objects = from_pb_list(&p.momentum).map_err(|e| anyhow::anyhow!("momentum objects: {e}"))?;
+        if self.fault == Some(MergeFault::PlantObjects) && self.plan.is_none() {
+            self.plant(out);
         }
         self.plan = Some(plan);
         self.plan_at = Instant::now();
@@ -604,13 +720,14 @@ impl Merge for Butterfly {
         self.merged.take()
     }
 
-    fn fetch(&mut self, epoch: u64, stage: u32, layout: &ParamLayout) -> Result<Vec<f32>> {
-        let prefix = weights_parts_prefix(epoch, stage);
-        let total = layout.total() as u64;
-        let (w, covered) = self.rt.block_on(read_range(&self.store, &prefix, 0, total))?;
-        if covered != total {
-            bail!("merged weights under {prefix} cover {covered} of {total} values");
+    fn stored(&mut self, s: pb::Stored, out: &mut Vec<Output>) -> Result<()> {
+        if s.epoch != self.epoch || s.stage != self.stage {
+            return Ok(());
         }
-        Ok(w)
+        let o = StoredObject::from_pb(&s.object.unwrap_or_default(), None).map_err(anyhow::Error::msg)?;
+        if o.is_part() && o.key.starts_with(&weights_parts_prefix(self.epoch, self.stage)) {
+            self.stored_weights.insert(o.offset, o);
+        }
+        self.pump(out)
     }
 }

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use iota_core::layout::Init;
 use iota_core::merge::{MergeOut, MergePlan, Mismatch, Participant, StageMerge};
 use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
-use iota_protocol::{MergeSpec, pb, plan_to_pb};
+use iota_protocol::{MergeSpec, StoredObject, pb, plan_to_pb};
 use tokio::sync::mpsc;
 
 use super::{Butterfly, Merge, MergeFault, MergeStats};
@@ -51,11 +51,16 @@ pub struct LocalMergeReport {
     pub elapsed: Duration,
     pub mismatches: Vec<Mismatch>,
     pub peers: Vec<PeerId>,
+    /// The merged weights and momentum as their writers announced them
+    /// (what a newcomer, or the next merge, is handed).
+    pub weights_objects: Vec<StoredObject>,
+    pub momentum_objects: Vec<StoredObject>,
 }
 
 enum ToReplica {
     Plan(pb::PhaseChange),
     Verdict(pb::SliceVerdict),
+    Stored(pb::Stored),
     Frame(Box<ReceivedFrame>),
     Tick,
 }
@@ -79,7 +84,8 @@ pub fn flat_layout(n: usize) -> ParamLayout {
 }
 
 /// Runs one butterfly merge of `replicas` (all starting the epoch from
-/// `theta_prev`) for `epoch` of stage 0, with the object store in `store_dir`.
+/// `theta_prev`) for `epoch` of stage 0, with the object store in `store_dir`;
+/// `momentum`: the previous merge's announced momentum parts.
 pub async fn run_local_butterfly(
     spec: MergeSpec,
     epoch: u64,
@@ -87,6 +93,7 @@ pub async fn run_local_butterfly(
     replicas: Vec<LocalReplica>,
     store_dir: &Path,
     timeout: Duration,
+    momentum: &[StoredObject],
 ) -> Result<LocalMergeReport> {
     let r = replicas.len();
     let n = theta_prev.len();
@@ -169,6 +176,7 @@ pub async fn run_local_butterfly(
                         b.merging(&p, 0, &layout, &mut out)
                     }
                     ToReplica::Verdict(v) => b.verdict(v, &mut out),
+                    ToReplica::Stored(st) => b.stored(st, &mut out),
                     ToReplica::Frame(f) => b.frame(*f, &mut out),
                     ToReplica::Tick => b.tick(&mut out),
                 };
@@ -212,6 +220,9 @@ pub async fn run_local_butterfly(
                 aggregator: Vec::new(),
                 upload_prefix: String::new(),
                 merge_plan: Some(plan_to_pb(&sm.plan)),
+                weights: Vec::new(),
+                momentum: momentum.iter().map(StoredObject::to_pb).collect(),
+                uploads: Vec::new(),
             };
             let _ = to_replica[index[&p.peer]].send(ToReplica::Plan(pc));
         }
@@ -236,6 +247,7 @@ pub async fn run_local_butterfly(
         }
     };
     send_plan(&sm);
+    let (mut weights_objects, mut momentum_objects) = (Vec::new(), Vec::new());
     let deadline = Instant::now() + timeout;
     while !sm.complete() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -252,6 +264,27 @@ pub async fn run_local_butterfly(
             ToCoordinator::Report(p, pb::report::Kind::MergeDone(d)) => {
                 if let Ok(h) = <[u8; 32]>::try_from(d.weights_hash.as_slice()) {
                     sm.merge_done(p, h);
+                }
+            }
+            // As the orchestrator does: only the partition's writer may
+            // announce its slice; the weights go to the other replicas.
+            ToCoordinator::Report(p, pb::report::Kind::Stored(st)) => {
+                let Some(o) = st.object.as_ref().and_then(|o| StoredObject::from_pb(o, Some(p)).ok()) else { continue };
+                let writer = sm.plan.partitions.iter().position(|q| q.offset == o.offset && q.len == o.values);
+                if writer.and_then(|k| sm.verdicts.get(k)?.as_ref()).is_none_or(|v| v.writer != p) {
+                    continue;
+                }
+                if o.key.contains("/weights/") {
+                    weights_objects.retain(|w: &StoredObject| w.offset != o.offset);
+                    weights_objects.push(o);
+                    for (q, tx) in peers.iter().zip(&to_replica) {
+                        if *q != p {
+                            let _ = tx.send(ToReplica::Stored(st.clone()));
+                        }
+                    }
+                } else {
+                    momentum_objects.retain(|w: &StoredObject| w.offset != o.offset);
+                    momentum_objects.push(o);
                 }
             }
             ToCoordinator::Report(..) => {}
@@ -275,5 +308,7 @@ pub async fn run_local_butterfly(
         elapsed,
         mismatches: sm.mismatches.clone(),
         peers,
+        weights_objects,
+        momentum_objects,
     })
 }

@@ -9,7 +9,8 @@
 //!   Simple and correct; the baseline the butterfly is measured against
 //!   (`parameter_server.rs`).
 //!
-//! `parts.rs` reads and writes vectors stored as part objects; `local.rs`
+//! `parts.rs` reads announced objects (checked before parsing) and vectors
+//! stored as part objects; `local.rs`
 //! runs one stage's butterfly in process (tests, the bench).
 
 mod butterfly;
@@ -23,7 +24,7 @@ use iota_protocol::pb;
 
 pub use self::butterfly::{Butterfly, MergeFault, MergeStats};
 pub use self::parameter_server::ParameterServer;
-pub use self::parts::{f32_bytes, read_range};
+pub use self::parts::{BadRead, PartsRead, f32_bytes, get_verified, load_weights, read_parts};
 use super::events::Output;
 use crate::transport::ReceivedFrame;
 
@@ -60,7 +61,8 @@ pub trait Merge: Send {
     fn take_merged(&mut self) -> Option<(u64, Vec<f32>)> {
         None
     }
-    /// Downloads the merged weights of `epoch` (a replica that missed the
-    /// merge, or a newcomer).
-    fn fetch(&mut self, epoch: u64, stage: u32, layout: &ParamLayout) -> Result<Vec<f32>>;
+    /// A writer of the current merge stored (and announced) an object.
+    fn stored(&mut self, _s: pb::Stored, _out: &mut Vec<Output>) -> Result<()> {
+        Ok(())
+    }
 }

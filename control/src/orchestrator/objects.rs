@@ -1,0 +1,179 @@
+//! Store objects announced by their writers: who may announce what, the
+//! records readers are handed, and reports of objects that did not match.
+//!
+//! Any miner can write any key of a shared store, so a reader never lists
+//! the store or trusts a name: it reads the keys in these records and checks
+//! each object's size and hash before parsing it. An announcement is
+//! accepted only from the miner the merge asked to write that object: the
+//! verdict's writer of a butterfly partition (its merged slice and
+//! momentum), a replica for its own upload, the aggregator for the merged
+//! stage. Anything else is refused as `NotYours`, which the service logs
+//! with the announcer.
+
+use iota_core::PeerId;
+use iota_protocol::store_keys::{merged_key, momentum_parts_prefix, part_name, upload_prefix, weights_parts_prefix};
+use iota_protocol::{MergeMethod, StoredObject, pb};
+
+use super::state::{BadObjectRecord, MAX_BAD_OBJECTS, StageObjects};
+use super::{Orchestrator, Out, Refusal};
+
+impl Orchestrator {
+    fn stage_objects(&mut self, epoch: u64, stage: u32) -> &mut StageObjects {
+        self.objects.entry(epoch).or_default().entry(stage).or_default()
+    }
+
+    fn objects_of(&self, epoch: u64, stage: u32) -> Option<&StageObjects> {
+        self.objects.get(&epoch)?.get(&stage)
+    }
+
+    /// Keeps the records of the epoch the current weights come from and
+    /// later ones.
+    pub(super) fn prune_objects(&mut self) {
+        let keep_from = self.epoch.saturating_sub(1);
+        self.objects.retain(|&e, _| e >= keep_from);
+    }
+
+    /// A `Stored` report: a butterfly writer stored a merged slice or its
+    /// momentum.
+    pub(super) fn on_stored(
+        &mut self,
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        obj: StoredObject,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        let not_yours = |why: &str| Refusal::NotYours(format!("object {}: {why}", obj.key));
+        let bm = self
+            .butterfly
+            .get(&stage)
+            .filter(|m| m.plan.epoch == epoch)
+            .ok_or_else(|| not_yours("no butterfly merge of that epoch and stage is in progress"))?;
+        let k = bm
+            .plan
+            .partitions
+            .iter()
+            .position(|p| p.offset == obj.offset && p.len == obj.values && obj.is_part())
+            .ok_or_else(|| not_yours("its range is not a partition of the merge plan"))?;
+        if bm.verdicts.get(k).and_then(|v| v.as_ref()).is_none_or(|v| v.writer != peer) {
+            return Err(not_yours("the announcer is not the partition's writer"));
+        }
+        let name = part_name(obj.offset, obj.values);
+        let weights = obj.key == format!("{}{name}", weights_parts_prefix(epoch, stage));
+        if !weights && obj.key != format!("{}{name}", momentum_parts_prefix(epoch, stage)) {
+            return Err(not_yours("not the key of that partition's weights or momentum"));
+        }
+        let participants: Vec<PeerId> = bm.plan.participants.iter().map(|p| p.peer).filter(|p| *p != peer).collect();
+        let so = self.stage_objects(epoch, stage);
+        if weights {
+            so.weights.insert(obj.offset, obj.clone());
+            // Replicas that never got the accepted update read it from here.
+            let cmd = pb::Stored { epoch, stage, object: Some(obj.to_pb()) };
+            for to in participants {
+                out.push(Out { to, cmd: pb::command::Kind::Stored(cmd.clone()) });
+            }
+        } else {
+            so.momentum.insert(obj.offset, obj);
+        }
+        Ok(())
+    }
+
+    /// The object a parameter-server upload announced: the replica's own key.
+    pub(super) fn check_upload(&self, peer: PeerId, epoch: u64, stage: u32, obj: &StoredObject) -> Result<(), Refusal> {
+        let own = format!("{}stage-{stage:03}/{}.safetensors", upload_prefix(epoch), peer.to_hex());
+        if obj.key != own || obj.is_part() {
+            return Err(Refusal::NotYours(format!("object {}: a replica uploads to {own} only", obj.key)));
+        }
+        Ok(())
+    }
+
+    pub(super) fn record_upload(&mut self, peer: PeerId, epoch: u64, stage: u32, obj: StoredObject) {
+        self.stage_objects(epoch, stage).uploads.insert(peer, obj);
+    }
+
+    /// The object the aggregator's merge announced.
+    pub(super) fn record_merged(&mut self, epoch: u64, stage: u32, obj: Option<StoredObject>) -> Result<(), Refusal> {
+        let obj = obj.ok_or_else(|| Refusal::Invalid("a parameter-server merge must announce its object".into()))?;
+        if obj.key != merged_key(epoch, stage) || obj.is_part() {
+            return Err(Refusal::NotYours(format!(
+                "object {}: the merged stage is {}",
+                obj.key,
+                merged_key(epoch, stage)
+            )));
+        }
+        self.stage_objects(epoch, stage).merged = Some(obj);
+        Ok(())
+    }
+
+    /// A reader says an object it was handed does not match.
+    pub(super) fn on_bad_object(
+        &mut self,
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        obj: StoredObject,
+        reason: String,
+    ) -> Result<(), Refusal> {
+        let so = self.objects_of(epoch, stage);
+        let recorded = so.into_iter().flat_map(|s| {
+            s.weights.values().chain(s.momentum.values()).chain(s.uploads.values()).chain(s.merged.iter())
+        });
+        let Some(rec) = recorded.into_iter().find(|r| r.key == obj.key && r.hash == obj.hash) else {
+            return Err(Refusal::Invalid(format!("object {} is not one this orchestrator handed out", obj.key)));
+        };
+        let writer = rec.writer;
+        if self.bad_objects.iter().any(|b| b.key == obj.key && b.reporter == peer) {
+            return Ok(());
+        }
+        if self.bad_objects.len() >= MAX_BAD_OBJECTS {
+            self.bad_objects.remove(0);
+        }
+        self.counters.bad_objects += 1;
+        self.bad_objects.push(BadObjectRecord { epoch, stage, key: obj.key, writer, reporter: peer, reason });
+        Ok(())
+    }
+
+    /// Every bad-object report the run keeps (for validators and `status`).
+    pub fn bad_objects(&self) -> &[BadObjectRecord] {
+        &self.bad_objects
+    }
+
+    /// What a stage's current weights are stored as (the merge of the
+    /// previous epoch; after the run, its result); empty before the first
+    /// merge.
+    pub fn stage_weights(&self, stage: u32) -> Vec<StoredObject> {
+        let Some(prev) = self.epoch.checked_sub(1) else { return Vec::new() };
+        let Some(so) = self.objects_of(prev, stage) else { return Vec::new() };
+        match self.spec.merge.method {
+            MergeMethod::Butterfly => so.weights.values().cloned().collect(),
+            MergeMethod::ParameterServer => so.merged.iter().cloned().collect(),
+        }
+    }
+
+    pub(super) fn weights_manifest(&self, stage: u32) -> Vec<pb::StoredObject> {
+        self.stage_weights(stage).iter().map(StoredObject::to_pb).collect()
+    }
+
+    /// The outer momentum a butterfly merge of this epoch starts from.
+    pub(super) fn momentum_manifest(&self, stage: u32) -> Vec<pb::StoredObject> {
+        let Some(prev) = self.epoch.checked_sub(1) else { return Vec::new() };
+        self.objects_of(prev, stage)
+            .map(|so| so.momentum.values().map(StoredObject::to_pb).collect())
+            .unwrap_or_default()
+    }
+
+    /// The uploads an aggregator averages, each weighted by the work this
+    /// orchestrator counted for its writer (never the upload's own claim).
+    pub(super) fn uploads_manifest(&self, stage: u32) -> Vec<pb::StoredObject> {
+        let Some(so) = self.objects_of(self.epoch, stage) else { return Vec::new() };
+        let ups = self.uploads.get(&stage);
+        so.uploads
+            .iter()
+            .filter(|(p, _)| ups.is_some_and(|u| u.contains_key(p)))
+            .map(|(p, o)| {
+                let work = self.miners.get(p).map_or(0, |m| m.work);
+                pb::StoredObject { work, ..o.to_pb() }
+            })
+            .collect()
+    }
+}
