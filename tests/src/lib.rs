@@ -2,6 +2,8 @@
 //! orchestrator served over gRPC on 127.0.0.1 and miners as tasks, talking
 //! QUIC to each other).
 
+pub mod fuzz_bodies;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

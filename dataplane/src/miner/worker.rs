@@ -97,6 +97,9 @@ fn stage_key(k: &MbKey) -> u64 {
 }
 
 impl<B: Backend + 'static> Worker<B> {
+    // Everything a worker runs with comes from the miner's shell at once;
+    // a struct for it would only be unpacked here.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         be: Arc<B>,
         me: PeerId,

@@ -1,11 +1,13 @@
 //! The workspace's integration tests, in one binary (one link on a
 //! 2-core CI machine): whole swarms in one process (`swarm`), and a hostile
-//! client written from docs/PROTOCOL.md against the orchestrator (`hostile`).
+//! client written from docs/PROTOCOL.md against the orchestrator (`hostile`),
+//! and every fuzz target's body over its committed seeds (`fuzz_replay`).
 //!
 //! The binary counts the bytes each thread has allocated and not freed
 //! (`iota_model::alloc::ThreadCounted`), so a test can measure what a server keeps per miner
 //! without other tests' allocations mixing in.
 
+mod fuzz_replay;
 mod hostile;
 mod swarm;
 

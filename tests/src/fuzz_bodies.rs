@@ -1,0 +1,405 @@
+//! The body of every fuzz target, as plain functions: `fuzz/fuzz_targets/*`
+//! call them under libFuzzer, and the integration test `fuzz_replay` runs
+//! them over every committed seed and past crash input (`fuzz/seeds/`) on
+//! every CI run. Each must never panic on any input; the assertions inside
+//! are the properties the fuzzer hunts for violations of.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+
+use iota_control::orchestrator::{Event, Orchestrator, Phase};
+use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::{Identity, PeerId, Rng, WireCodec};
+use iota_dataplane::frame::{FrameLimits, RunContext, decode_frame, parse_header};
+use iota_dataplane::miner::merge::local::flat_layout;
+use iota_dataplane::miner::merge::{load_weights, read_parts};
+use iota_model::checkpoint::{parse_safetensors, stage_params};
+use iota_protocol::auth::{Audience, AuthPolicy, Verifier, open_server, signing_bytes};
+use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, SUBSCRIBE};
+use iota_protocol::object_store::StoreFuture;
+use iota_protocol::{MbRef, MergeMethod, MergeSpec, ObjectStore, RunSpec, SharedStore, StoredObject, fields, pb};
+use prost::Message;
+
+/// A target's body.
+pub type Body = fn(&[u8]);
+
+/// Every target by name (the seed folders are named after them).
+pub const TARGETS: &[(&str, Body)] = &[
+    ("frame_decode", frame_decode),
+    ("codec_decode", codec_decode),
+    ("control_request", control_request),
+    ("store_objects", store_objects),
+    ("safetensors", safetensors),
+    ("orchestrator_events", orchestrator_events),
+];
+
+/// Reads the input front to back; past its end every read is 0.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        let Some((&b, rest)) = self.0.split_first() else { return 0 };
+        self.0 = rest;
+        b
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        (0..8).fold(0u64, |a, i| a | (self.u8() as u64) << (8 * i))
+    }
+    fn take(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Frame decoding on arbitrary bytes: an accepted frame has a valid
+/// signature and a payload of the promised length.
+pub fn frame_decode(data: &[u8]) {
+    static CTX: OnceLock<RunContext> = OnceLock::new();
+    let ctx = CTX.get_or_init(|| {
+        let c = RunContext::new(7, FrameLimits { max_payload: 1 << 20, max_dim: 1 << 16 });
+        c.set_epoch_window(0, 3);
+        c
+    });
+    let peer = Identity::from_seed([1; 32]).peer_id();
+    if let Ok((h, payload)) = decode_frame(data, ctx, peer) {
+        assert_eq!(payload.len() as u64, h.payload_len);
+        assert!(h.verify_signature());
+    }
+    let _ = parse_header(data);
+}
+
+/// Wire codec decoding: accepted tensors have rows x cols finite values.
+pub fn codec_decode(data: &[u8]) {
+    let mut b = Bytes(data);
+    let (codec, rows, cols) = (b.u8(), b.u16() as usize, b.u16() as usize);
+    let Ok(codec) = WireCodec::from_id(codec % 4) else { return };
+    if let Ok(v) = iota_model::codec::decode(codec, rows, cols, b.0) {
+        assert_eq!(v.len(), rows * cols);
+        assert!(v.iter().all(|x| x.is_finite()));
+    }
+}
+
+/// The orchestrator's request path: a hostile envelope; the bytes as the
+/// body of a correctly signed request (past the signature) through every
+/// field rule; a client opening them as a server message.
+pub fn control_request(data: &[u8]) {
+    const NOW: u64 = 1_700_000_000_000;
+    let Some((&sel, rest)) = data.split_first() else { return };
+    let orch = Identity::from_seed([2; 32]);
+    let aud = Audience { run_id: 7, orchestrator: orch.peer_id() };
+    let v = Verifier::new(AuthPolicy::default(), aud, 0);
+    if let Ok(s) = pb::Signed::decode(rest) {
+        let _ = v.verify::<pb::RegisterRequest>(REGISTER, &s, NOW);
+        let _ = v.verify::<pb::Report>(REPORT, &s, NOW);
+    }
+    let who = signer();
+    let method = [REGISTER, HEARTBEAT, REPORT][sel as usize % 3];
+    let nonce = [sel; 16];
+    let sig = who.sign(&signing_bytes(&aud, method, NOW, &nonce, rest));
+    let env = pb::Signed {
+        peer_id: who.peer_id().0.to_vec(),
+        timestamp_ms: NOW,
+        nonce: nonce.to_vec(),
+        body: rest.to_vec(),
+        signature: sig.to_vec(),
+    };
+    match sel % 3 {
+        0 => {
+            if let Ok((_, b)) = v.verify::<pb::RegisterRequest>(method, &env, NOW) {
+                let _ = fields::register(&b);
+            }
+        }
+        1 => {
+            if let Ok((_, b)) = v.verify::<pb::HeartbeatRequest>(method, &env, NOW) {
+                let _ = fields::heartbeat(&b);
+            }
+        }
+        _ => {
+            if let Ok((peer, b)) = v.verify::<pb::Report>(method, &env, NOW)
+                && fields::report(&b).is_ok()
+                && let Some(pb::report::Kind::Stored(st)) = &b.kind
+            {
+                // What the service makes of an announcement that passed.
+                let o = StoredObject::from_pb(st.object.as_ref().unwrap(), Some(peer));
+                assert!(o.is_ok_and(|o| o.values == 0 || o.size == 4 * o.values));
+            }
+        }
+    }
+    if let Ok(m) = pb::ServerSigned::decode(rest) {
+        let _ = open_server::<pb::Command>(&aud, &who.peer_id(), SUBSCRIBE, &nonce, m.seq, &m);
+    }
+}
+
+fn signer() -> &'static Identity {
+    static ID: OnceLock<Identity> = OnceLock::new();
+    ID.get_or_init(|| Identity::from_seed([3; 32]))
+}
+
+/// An object store in memory whose operations complete at once.
+#[derive(Default)]
+struct MemStore(Mutex<HashMap<String, Vec<u8>>>);
+
+impl ObjectStore for MemStore {
+    fn put<'a>(&'a self, key: &'a str, data: Vec<u8>) -> StoreFuture<'a, ()> {
+        self.0.lock().unwrap().insert(key.to_string(), data);
+        Box::pin(std::future::ready(Ok(())))
+    }
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Vec<u8>> {
+        let r = self.0.lock().unwrap().get(key).cloned().ok_or_else(|| std::io::ErrorKind::NotFound.into());
+        Box::pin(std::future::ready(r))
+    }
+    fn list<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Vec<String>> {
+        let mut keys: Vec<String> = self.0.lock().unwrap().keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        keys.sort();
+        Box::pin(std::future::ready(Ok(keys)))
+    }
+}
+
+/// Runs a future over `MemStore` (ready at the first poll).
+fn at_once<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("MemStore completes at once"),
+    }
+}
+
+/// Store objects and their announcements, both hostile: up to 8 objects
+/// with fuzzer-chosen keys, bytes and announced fields (size, hash right or
+/// wrong, offset, values), through `StoredObject::from_pb`, then
+/// `read_parts` over a fuzzer-chosen range and `load_weights` of a small
+/// stage. A value is only ever taken from a part whose bytes match its
+/// announcement.
+pub fn store_objects(data: &[u8]) {
+    let mut b = Bytes(data);
+    let mem = std::sync::Arc::new(MemStore::default());
+    let store: SharedStore = mem.clone();
+    let writer = PeerId([4; 32]);
+    let mut announced = Vec::new();
+    for i in 0..(b.u8() % 9) {
+        let n = b.u8() as usize;
+        let bytes = b.take(n).to_vec();
+        let key = format!("epoch-000000/stage-000/weights/{i}-{}.f32", b.u8());
+        let honest = b.u8();
+        let o = pb::StoredObject {
+            key: key.clone(),
+            size: if honest & 1 == 0 { bytes.len() as u64 } else { b.u64() },
+            hash: if honest & 2 == 0 { blake3::hash(&bytes).as_bytes().to_vec() } else { b.take(32).to_vec() },
+            offset: if honest & 4 == 0 { b.u16() as u64 } else { b.u64() },
+            values: if honest & 8 == 0 { bytes.len() as u64 / 4 } else { b.u64() },
+            writer: Vec::new(),
+            work: 0,
+        };
+        at_once(store.put(&key, bytes)).unwrap();
+        if let Ok(o) = StoredObject::from_pb(&o, Some(writer)) {
+            assert!(o.values == 0 || o.size == 4 * o.values);
+            announced.push(o);
+        }
+    }
+    let (offset, len) = (b.u16() as u64, b.u16() as u64 % 4096);
+    if let Ok(r) = at_once(read_parts(&store, &announced, offset, len)) {
+        assert!(r.covered <= len);
+        assert_eq!(r.values.len() as u64, len);
+        assert!(r.values.iter().all(|v| v.is_finite()));
+        for bad in &r.bad {
+            assert!(announced.contains(&bad.object));
+        }
+    }
+    let layout = flat_layout(1 + b.u8() as usize);
+    let (got, bad) = at_once(load_weights(&store, &announced, &layout));
+    if let Ok(w) = got {
+        assert_eq!(w.len(), layout.total());
+        assert!(w.iter().all(|v| v.is_finite()));
+    }
+    assert!(bad.iter().all(|b| announced.contains(&b.object)));
+    let _ = mem;
+}
+
+/// Safetensors parsing of arbitrary bytes, alone and into a stage layout.
+pub fn safetensors(data: &[u8]) {
+    let _ = parse_safetensors(data);
+    let layout = flat_layout(16);
+    if let Ok(p) = stage_params(&layout, data) {
+        assert_eq!(p.len(), 16);
+    }
+}
+
+/// The orchestrator's state machine fed an arbitrary sequence of events
+/// from 6 identities (registrations, heartbeats, reports about the routes
+/// and plans it issued or about made-up ones, announcements, ticks).
+/// Invariants: no panic; no micro-batch counted twice (an epoch never
+/// completes or drops more than it has); every route names registered
+/// miners, one per stage; (epoch, phase) only moves forward.
+pub fn orchestrator_events(data: &[u8]) {
+    orchestrator_run(data);
+}
+
+/// [`orchestrator_events`], returning how far the run got: (epoch, phase
+/// as 0 Waiting .. 4 Done), so a test can see that its seeds go deep.
+pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
+    let mut b = Bytes(data);
+    let butterfly = b.u8() & 1 == 1;
+    let spec = RunSpec {
+        run_id: 1,
+        stages: 2,
+        replicas: 2,
+        epochs: 2,
+        micro_batches_per_epoch: 4,
+        batch: 2,
+        n_shards: 2,
+        max_in_flight: 2,
+        route_timeout_ms: 1_000,
+        heartbeat_timeout_ms: 3_000,
+        max_attempts: 2,
+        phase_timeout_ms: 5_000,
+        merge: MergeSpec {
+            method: if butterfly { MergeMethod::Butterfly } else { MergeMethod::ParameterServer },
+            slices_per_replica: 1,
+            codec: WireCodec::F32,
+            rule: ReduceRule::Mean,
+            outer: OuterOpt::AVERAGE,
+            stage_params: vec![1_000, 1_000],
+        },
+        miners_per_stage_cap: 3,
+        registration_timeout_ms: 10_000,
+    };
+    let mut o = Orchestrator::new(spec).unwrap();
+    let mut rng = Rng::new(9);
+    let peers: Vec<PeerId> = (0..6u8).map(|i| PeerId([i + 1; 32])).collect();
+    let (mut now, mut routes) = (0u64, Vec::<pb::Route>::new());
+    let order = |p: &Phase| match p {
+        Phase::Waiting => 0,
+        Phase::Training => 1,
+        Phase::Uploading => 2,
+        Phase::Merging => 3,
+        Phase::Done => 4,
+    };
+    let mut last = (0u64, 0u8);
+    let mut steps = 0;
+    while !b.is_empty() && steps < 400 {
+        steps += 1;
+        let op = b.u8();
+        let peer = peers[b.u8() as usize % peers.len()];
+        let ev = match op % 12 {
+            0 | 1 => Event::Register { peer, addr: "198.18.0.1:4000".into(), tokens_per_s: 1.0, device: "cpu".into() },
+            2 => Event::Subscribed { peer },
+            3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0 },
+            4 | 5 => match routes.get(b.u8() as usize % routes.len().max(1)) {
+                // A report about a route the orchestrator issued, by a miner
+                // on it (the tail's loss, the head's backward) or anyone.
+                Some(r) => {
+                    let on = |i: usize| r.pathway.get(i).and_then(|p| p.as_slice().try_into().ok()).map(PeerId);
+                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+                    if op % 12 == 4 {
+                        let by = if b.u8() & 1 == 0 { on(1).unwrap_or(peer) } else { peer };
+                        Event::Loss { peer: by, mb, attempt: r.attempt, loss: b.u8() as f32 / 8.0, tokens: 4 }
+                    } else {
+                        let by = if b.u8() & 1 == 0 { on(0).unwrap_or(peer) } else { peer };
+                        Event::BackwardDone { peer: by, mb, attempt: r.attempt }
+                    }
+                }
+                None => Event::Tick,
+            },
+            6 => Event::UploadDone {
+                peer,
+                epoch: o.epoch(),
+                stage: b.u8() as u32 % 3,
+                key: String::new(),
+                work: b.u64(),
+                object: (!butterfly).then(|| {
+                    let stage = o.miner(&peer).map_or(0, |m| m.stage);
+                    let key = format!("epoch-{:06}/stage-{stage:03}/{}.safetensors", o.epoch(), peer.to_hex());
+                    StoredObject::of(&key, &[b.u8()], peer)
+                }),
+            },
+            7 => {
+                let stage = b.u8() as u32 % 2;
+                let pick = b.u8() as usize;
+                match o.merge_plan(stage).filter(|p| !p.partitions.is_empty()) {
+                    Some(p) => {
+                        let k = pick % p.partitions.len();
+                        let q = &p.partitions[k];
+                        let by = if b.u8() & 1 == 0 { q.owners[0] } else { peer };
+                        Event::SliceDone {
+                            peer: by,
+                            epoch: p.epoch,
+                            stage,
+                            partition: k as u32,
+                            generation: q.generation,
+                            hash: vec![b.u8() % 2; 32],
+                        }
+                    }
+                    None => Event::Tick,
+                }
+            }
+            8 => Event::MergeDone {
+                peer,
+                epoch: o.epoch(),
+                stage: b.u8() as u32 % 2,
+                key: String::new(),
+                weights_hash: vec![b.u8() % 2; 32],
+                object: (!butterfly).then(|| {
+                    let stage = o.miner(&peer).map_or(0, |m| m.stage);
+                    StoredObject::of(&format!("epoch-{:06}/stage-{stage:03}/merged.safetensors", o.epoch()), &[1], peer)
+                }),
+            },
+            9 => {
+                let stage = b.u8() as u32 % 2;
+                let (offset, values) = match o.merge_plan(stage) {
+                    Some(p) if b.u8() & 1 == 0 && !p.partitions.is_empty() => {
+                        let q = &p.partitions[b.u8() as usize % p.partitions.len()];
+                        (q.offset, q.len)
+                    }
+                    _ => (b.u16() as u64, 1 + b.u16() as u64),
+                };
+                let dir = if b.u8() & 1 == 0 { "weights" } else { "momentum" };
+                let key = format!("epoch-{:06}/stage-{stage:03}/{dir}/{offset:012}-{values:012}.f32", o.epoch());
+                let object = StoredObject::part(&key, &vec![0u8; values as usize * 4], offset, peer);
+                Event::Stored { peer, epoch: o.epoch(), stage, object }
+            }
+            10 => {
+                let stage = b.u8() as u32 % 2;
+                let object = o
+                    .stage_weights(stage)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| StoredObject::of("epoch-000000/stage-000/merged.safetensors", &[2], peer));
+                Event::BadObject { peer, epoch: o.epoch(), stage, object, reason: "fuzz".into() }
+            }
+            _ => {
+                now += 100 * b.u8() as u64;
+                Event::Tick
+            }
+        };
+        let Ok(outs) = o.step(now, ev, &mut rng) else { continue };
+        for out in outs {
+            if let pb::command::Kind::Route(r) = out.cmd {
+                assert_eq!(r.pathway.len(), 2, "one miner per stage");
+                for p in &r.pathway {
+                    let id = PeerId(p.as_slice().try_into().expect("32-byte ids"));
+                    assert!(o.miner(&id).is_some(), "routes name registered miners");
+                }
+                if routes.len() < 256 {
+                    routes.push(r);
+                }
+            }
+        }
+        let at = (o.epoch(), order(o.phase()));
+        assert!(at >= last, "the phase moved back: {last:?} -> {at:?}");
+        last = at;
+        for e in o.history() {
+            assert!(e.completed + e.dropped <= 4, "an epoch counted a micro-batch twice: {e:?}");
+        }
+    }
+    last
+}
