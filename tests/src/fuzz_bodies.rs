@@ -33,6 +33,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("store_objects", store_objects),
     ("safetensors", safetensors),
     ("orchestrator_events", orchestrator_events),
+    ("signed_frame", signed_frame),
 ];
 
 /// Reads the input front to back; past its end every read is 0.
@@ -402,4 +403,180 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         }
     }
     last
+}
+
+/// A frame from a participant of a merge, signed with its real key, with
+/// header fields and payload the fuzzer chooses (each field either the one
+/// the merge plan expects or a raw value), through `decode_frame` and then
+/// its consumer: a butterfly replica mid-merge (`Merge::frame`, then a
+/// verdict for whatever it holds) for `WeightSlice` frames, the CPU
+/// backend's `decode_wire` for activations and gradients. Whatever a
+/// replica accepts, its merged weights stay finite.
+pub fn signed_frame(data: &[u8]) {
+    signed_frame_run(data);
+}
+
+/// [`signed_frame`], returning whether the replica finished its merge (so a
+/// test can see that the seeds reach the end of the consumer).
+pub fn signed_frame_run(data: &[u8]) -> bool {
+    use iota_core::merge::{MergePlan, Participant};
+    use iota_core::wire::{Direction, FrameHeader, MAX_DIMS, PROTOCOL_VERSION};
+    use iota_dataplane::frame::prefix_bytes;
+    use iota_dataplane::miner::merge::{Butterfly, Merge};
+    use iota_dataplane::pool::{BufferPool, HostPool};
+    use iota_dataplane::transport::ReceivedFrame;
+    use iota_model::{Backend, CpuBackend};
+
+    const PARAMS: u64 = 600;
+    let mut b = Bytes(data);
+    let sender = signer();
+    let me = PeerId([0x77; 32]);
+    let plan = MergePlan::new(
+        0,
+        0,
+        vec![Participant { peer: sender.peer_id(), work: 3 }, Participant { peer: me, work: 5 }],
+        PARAMS,
+        7,
+        1 + b.u8() as u32 % 2,
+    );
+    let raw = b.u16();
+    // Bit i set: field i takes a raw fuzzer value instead of the plan's.
+    let raw_bit = |bit: u32| raw & (1 << bit) != 0;
+    let k = b.u8() as usize % plan.partitions.len();
+    let part = plan.partitions[k].clone();
+    let blocks = part.len.div_ceil(256);
+    let direction = match b.u8() % 8 {
+        0 => Direction::Activation,
+        1 => Direction::ActivationGrad,
+        2 => Direction::Control,
+        _ => Direction::WeightSlice,
+    };
+    let codec = if raw_bit(0) { b.u8() } else { WireCodec::F32.id() };
+    let ndim = if raw_bit(1) { b.u8() % 6 } else { 2 };
+    let mut shape = [0u32; MAX_DIMS];
+    shape[0] = blocks as u32;
+    shape[1] = 256;
+    if raw_bit(2) {
+        for d in &mut shape {
+            *d = b.u16() as u32;
+        }
+    }
+    let kind = if raw_bit(3) { b.u8() as u32 } else { (b.u8() % 2) as u32 };
+    let (first_sample, shard) = if raw_bit(4) { (b.u64(), b.u8() as u32) } else { (part.offset, k as u32) };
+    let attempt = if raw_bit(5) { b.u8() as u32 } else { part.generation };
+    let epoch = if raw_bit(6) { b.u8() as u32 % 4 } else { 0 };
+    let stage = if raw_bit(7) { b.u8() as u16 } else { 0 };
+    let want_len = (blocks * 256 * 4) as usize;
+    let mut payload = b.take(b.0.len()).to_vec();
+    if !raw_bit(8) {
+        // The length the plan expects, the fuzzer's bytes first.
+        payload.resize(want_len, 0);
+    }
+    let mut h = FrameHeader {
+        version: PROTOCOL_VERSION,
+        direction,
+        codec,
+        ndim,
+        stage,
+        run_id: 7,
+        epoch,
+        shard,
+        first_sample,
+        samples: kind,
+        attempt,
+        seq_no: raw as u64,
+        shape,
+        payload_len: payload.len() as u64,
+        payload_hash: *blake3::hash(&payload).as_bytes(),
+        answers: [raw as u8; 32],
+        sender: [0; 32],
+        signature: [0; 64],
+    };
+    h.sign(sender);
+    let mut bytes = prefix_bytes(&h);
+    bytes.extend_from_slice(&payload);
+
+    static CTX: OnceLock<RunContext> = OnceLock::new();
+    let ctx = CTX.get_or_init(|| {
+        let c = RunContext::new(7, FrameLimits { max_payload: 1 << 20, max_dim: 1 << 16 });
+        c.set_epoch_window(0, 1);
+        c
+    });
+    let Ok((h, payload)) = decode_frame(&bytes, ctx, sender.peer_id()) else { return false };
+    assert!(h.verify_signature());
+    match h.direction {
+        Direction::Control => false,
+        Direction::Activation | Direction::ActivationGrad => {
+            if let (Some((rows, cols)), Some(c)) = (h.rows_cols(), h.wire_codec())
+                && let Ok(buf) = CpuBackend::new().decode_wire(c, rows, cols, payload)
+            {
+                assert!(buf.iter().all(|v| v.is_finite()));
+            }
+            false
+        }
+        Direction::WeightSlice => {
+            static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+            let rt = RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().build().unwrap());
+            let spec = MergeSpec {
+                method: MergeMethod::Butterfly,
+                slices_per_replica: plan.partitions.len() as u32 / 2,
+                codec: WireCodec::F32,
+                rule: ReduceRule::Mean,
+                outer: OuterOpt::AVERAGE,
+                stage_params: vec![PARAMS],
+            };
+            let store: SharedStore = std::sync::Arc::new(MemStore::default());
+            let ctx = std::sync::Arc::new(RunContext::new(7, FrameLimits::default()));
+            let mut bf = Butterfly::new(me, spec, store, rt.handle().clone(), ctx);
+            let layout = flat_layout(PARAMS as usize);
+            let theta: Vec<f32> = (0..PARAMS).map(|i| i as f32 / 64.0).collect();
+            let local: Vec<f32> = theta.iter().map(|t| t - 0.01).collect();
+            let mut out = Vec::new();
+            bf.epoch_started(0, 0, &theta);
+            bf.contribute(0, 0, &layout, &local, 5, &mut out).unwrap();
+            let pc = pb::PhaseChange {
+                epoch: 0,
+                phase: pb::Phase::Merging as i32,
+                merge_plan: Some(iota_protocol::plan_to_pb(&plan)),
+                ..Default::default()
+            };
+            bf.merging(&pc, 0, &layout, &mut out).unwrap();
+            let pool = HostPool::new(1 << 22);
+            let Some(mut buf) = pool.try_take(payload.len()) else { return false };
+            buf[..payload.len()].copy_from_slice(payload);
+            let _ = bf.frame(ReceivedFrame { header: h.clone(), payload: buf, peer: sender.peer_id() }, &mut out);
+            // Accept whatever hash this replica reported for the partition,
+            // or the frame's own, as the orchestrator might.
+            let reported = out.iter().find_map(|o| match o {
+                iota_dataplane::miner::events::Output::Report(pb::report::Kind::SliceDone(d)) => Some(d.hash.clone()),
+                _ => None,
+            });
+            for kk in 0..plan.partitions.len() {
+                // Other partitions keep their previous weights (the all-zero
+                // hash), so one frame can finish the merge.
+                let hash = match (kk == k, raw_bit(9)) {
+                    (true, true) => h.payload_hash.to_vec(),
+                    (true, false) => reported.clone().unwrap_or(vec![0; 32]),
+                    (false, _) => vec![0; 32],
+                };
+                let v = pb::SliceVerdict {
+                    epoch: 0,
+                    stage: 0,
+                    partition: kk as u32,
+                    generation: plan.partitions[kk].generation,
+                    hash,
+                    writer: sender.peer_id().0.to_vec(),
+                };
+                let _ = bf.verdict(v, &mut out);
+            }
+            match bf.take_merged() {
+                Some((_, w)) => {
+                    assert_eq!(w.len(), PARAMS as usize);
+                    assert!(w.iter().all(|v| v.is_finite()), "a hostile frame made the merge non-finite");
+                    true
+                }
+                None => false,
+            }
+        }
+    }
 }

@@ -60,3 +60,11 @@ fn the_orchestrator_seeds_drive_runs_past_their_first_epoch() {
         assert!((epoch, phase) >= (0, 3), "{seed} got only to epoch {epoch} phase {phase}");
     }
 }
+
+#[test]
+fn the_signed_frame_seeds_reach_the_end_of_a_merge() {
+    for seed in ["contribution", "update-accepted", "nan-contribution"] {
+        let data = std::fs::read(seeds_dir().join("signed_frame").join(seed)).unwrap();
+        assert!(iota_tests::fuzz_bodies::signed_frame_run(&data), "{seed} did not finish the replica's merge");
+    }
+}
