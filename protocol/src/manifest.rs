@@ -6,6 +6,9 @@
 //! there: it reads only the keys the orchestrator handed it, checks the
 //! bytes against the announcement before parsing them, and reports any
 //! difference naming the writer (see PROTOCOL.md, "Store objects").
+//!
+//! Every field here comes from a peer: no unchecked arithmetic or indexing.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 
 use iota_core::PeerId;
 
@@ -50,7 +53,7 @@ impl StoredObject {
     /// The announcement of a part object holding `values` f32 values from
     /// `offset`.
     pub fn part(key: &str, bytes: &[u8], offset: u64, writer: PeerId) -> StoredObject {
-        StoredObject { offset, values: bytes.len() as u64 / 4, ..StoredObject::of(key, bytes, writer) }
+        StoredObject { offset, values: (bytes.len() / 4) as u64, ..StoredObject::of(key, bytes, writer) }
     }
 
     pub fn is_part(&self) -> bool {

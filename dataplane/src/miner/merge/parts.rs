@@ -7,6 +7,10 @@
 //! Nothing here lists the store or reads a name: the orchestrator's records
 //! say which objects exist, what range each holds and what its bytes hash
 //! to (see `iota_protocol::manifest`).
+//!
+//! Lengths and offsets here come from peers: no unchecked arithmetic or
+//! indexing (the lints below hold the module to that).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 
 use anyhow::{Context, Result, bail};
 use iota_core::ParamLayout;
@@ -85,8 +89,11 @@ pub async fn read_parts(store: &SharedStore, parts: &[StoredObject], offset: u64
         }
         // lo..hi lies inside both [offset, end) and [o, o_end), and both
         // lengths fit in memory (`values` and `floats` exist).
-        let dst = usize::try_from(lo - offset)?..usize::try_from(hi - offset)?;
-        let src = usize::try_from(lo - o)?..usize::try_from(hi - o)?;
+        let at = |x: u64, base: u64| x.checked_sub(base).and_then(|d| usize::try_from(d).ok());
+        let (Some(d0), Some(d1), Some(s0), Some(s1)) = (at(lo, offset), at(hi, offset), at(lo, o), at(hi, o)) else {
+            bail!("part {} does not hold the range it was announced with", part.key);
+        };
+        let (dst, src) = (d0..d1, s0..s1);
         let (Some(d), Some(s)) = (values.get_mut(dst), floats.get(src)) else {
             bail!("part {} does not hold the range it was announced with", part.key);
         };
@@ -134,7 +141,7 @@ fn bad_object<T>(o: &StoredObject, why: &str) -> (Result<T>, Vec<BadRead>) {
 }
 
 fn f32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes.chunks_exact(4).filter_map(|c| c.try_into().ok()).map(f32::from_le_bytes).collect()
 }
 
 /// Total length of the union of half-open spans.
@@ -143,8 +150,8 @@ fn union_len(mut spans: Vec<(u64, u64)>) -> u64 {
     let (mut total, mut reach) = (0u64, 0u64);
     for (lo, hi) in spans {
         let lo = lo.max(reach);
-        if hi > lo {
-            total += hi - lo;
+        if let Some(d) = hi.checked_sub(lo).filter(|d| *d > 0) {
+            total = total.saturating_add(d);
             reach = hi;
         }
     }
