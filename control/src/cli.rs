@@ -73,9 +73,16 @@ pub struct RunArgs {
     /// Seconds of silence before a miner counts as unhealthy.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_timeout_s: u64,
-    /// Issues of a micro-batch before it is counted as dropped.
+    /// Issues of a micro-batch that fail with nobody to blame before it is
+    /// counted as dropped (failures pinned on a miner do not count: the
+    /// micro-batch goes to another replica).
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
+    /// A miner that fails this many micro-batches in a row (no delivery in
+    /// between) is benched for the rest of the epoch: no routes, out of the
+    /// merge; benched in 3 epochs, it is removed from the run.
+    #[arg(long, default_value_t = iota_protocol::run_spec::default_bench_after_failures())]
+    pub bench_after_failures: u32,
     /// Miners a stage takes at most (replicas plus spares; default four
     /// times --replicas). Registrations past it are refused, so a flood of
     /// fresh identities cannot grow the orchestrator without bound.
@@ -184,6 +191,7 @@ impl RunArgs {
             merge,
             miners_per_stage_cap: self.max_miners_per_stage.unwrap_or(0),
             registration_timeout_ms: self.registration_timeout_s * 1000,
+            bench_after_failures: self.bench_after_failures,
         };
         let data = self.data_path()?;
         let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None };

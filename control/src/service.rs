@@ -357,6 +357,13 @@ impl OrchestratorRpc for OrchestratorService {
                 loss: l.loss,
                 tokens: l.tokens,
             },
+            pb::report::Kind::PeerFailed(f) => Event::PeerFailed {
+                peer,
+                mb: mb(f.epoch, f.shard, f.first_sample),
+                attempt: f.attempt,
+                named: PeerId(f.peer.as_slice().try_into().expect("fields::report checks 32 bytes")),
+                failure: f.failure(),
+            },
             pb::report::Kind::BackwardDone(b) => {
                 Event::BackwardDone { peer, mb: mb(b.epoch, b.shard, b.first_sample), attempt: b.attempt }
             }

@@ -99,6 +99,7 @@ mod tests {
             merge: Default::default(),
             miners_per_stage_cap: 0,
             registration_timeout_ms: 30_000,
+            bench_after_failures: 2,
         };
         let o = Orchestrator::new(spec.clone()).unwrap();
         {

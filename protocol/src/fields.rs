@@ -147,6 +147,12 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
             }
         }
         Kind::SliceDone(d) => hash32("slice_done.hash", &d.hash)?,
+        Kind::PeerFailed(f) => {
+            hash32("peer_failed.peer", &f.peer)?;
+            if !matches!(pb::Failure::try_from(f.failure), Ok(pb::Failure::Unreachable | pb::Failure::NoInput)) {
+                return Err(bad("peer_failed.failure", "must be UNREACHABLE or NO_INPUT"));
+            }
+        }
         Kind::Stored(s) => {
             announced("stored.object", s.object.as_ref().ok_or_else(|| bad("stored.object", "missing"))?)?
         }

@@ -37,10 +37,19 @@ pub struct RunSpec {
     /// long after is forgotten.
     #[serde(default = "default_registration_timeout_ms")]
     pub registration_timeout_ms: u64,
+    /// A miner that fails this many micro-batches with no delivery in
+    /// between is benched for the rest of the epoch (PROTOCOL.md,
+    /// "Liveness").
+    #[serde(default = "default_bench_after_failures")]
+    pub bench_after_failures: u32,
 }
 
 fn default_registration_timeout_ms() -> u64 {
     30_000
+}
+
+pub fn default_bench_after_failures() -> u32 {
+    2
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

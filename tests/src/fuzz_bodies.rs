@@ -273,6 +273,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         },
         miners_per_stage_cap: 3,
         registration_timeout_ms: 10_000,
+        bench_after_failures: 2,
     };
     let mut o = Orchestrator::new(spec).unwrap();
     let mut rng = Rng::new(9);
@@ -291,17 +292,18 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         steps += 1;
         let op = b.u8();
         let peer = peers[b.u8() as usize % peers.len()];
-        let ev = match op % 12 {
+        let ev = match op % 13 {
             0 | 1 => Event::Register { peer, addr: "198.18.0.1:4000".into(), tokens_per_s: 1.0, device: "cpu".into() },
             2 => Event::Subscribed { peer },
             3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0 },
-            4 | 5 => match routes.get(b.u8() as usize % routes.len().max(1)) {
+            // Reports about one of the 8 most recent routes.
+            4 | 5 => match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
                 // A report about a route the orchestrator issued, by a miner
                 // on it (the tail's loss, the head's backward) or anyone.
                 Some(r) => {
                     let on = |i: usize| r.pathway.get(i).and_then(|p| p.as_slice().try_into().ok()).map(PeerId);
                     let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
-                    if op % 12 == 4 {
+                    if op % 13 == 4 {
                         let by = if b.u8() & 1 == 0 { on(1).unwrap_or(peer) } else { peer };
                         Event::Loss { peer: by, mb, attempt: r.attempt, loss: b.u8() as f32 / 8.0, tokens: 4 }
                     } else {
@@ -377,6 +379,22 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                     .unwrap_or_else(|| StoredObject::of("epoch-000000/stage-000/merged.safetensors", &[2], peer));
                 Event::BadObject { peer, epoch: o.epoch(), stage, object, reason: "fuzz".into() }
             }
+            11 => match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
+                // A miner on a route names a neighbour (or anyone) as failed.
+                Some(r) => {
+                    let on = |i: usize| r.pathway.get(i).and_then(|p| p.as_slice().try_into().ok()).map(PeerId);
+                    let pick = b.u8();
+                    let (by, named) = match pick % 3 {
+                        0 => (on(0).unwrap_or(peer), on(1).unwrap_or(peer)),
+                        1 => (on(1).unwrap_or(peer), on(0).unwrap_or(peer)),
+                        _ => (peer, peers[b.u8() as usize % peers.len()]),
+                    };
+                    let failure = [pb::Failure::Unreachable, pb::Failure::NoInput][(pick as usize >> 2) % 2];
+                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+                    Event::PeerFailed { peer: by, mb, attempt: r.attempt, named, failure }
+                }
+                None => Event::Tick,
+            },
             _ => {
                 now += 100 * b.u8() as u64;
                 Event::Tick
@@ -390,9 +408,10 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                     let id = PeerId(p.as_slice().try_into().expect("32-byte ids"));
                     assert!(o.miner(&id).is_some(), "routes name registered miners");
                 }
-                if routes.len() < 256 {
-                    routes.push(r);
+                if routes.len() >= 256 {
+                    routes.remove(0);
                 }
+                routes.push(r);
             }
         }
         let at = (o.epoch(), order(o.phase()));

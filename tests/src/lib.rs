@@ -68,6 +68,7 @@ pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: 
             },
             miners_per_stage_cap: 0,
             registration_timeout_ms: 30_000,
+            bench_after_failures: 2,
         },
         train,
         max_shards: 16,

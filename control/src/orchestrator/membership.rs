@@ -31,6 +31,12 @@ impl Orchestrator {
         device: String,
         out: &mut Vec<Out>,
     ) -> Result<bool, Refusal> {
+        if self.miners.get(&peer).is_some_and(|m| m.removed) {
+            return Err(Refusal::Invalid(format!(
+                "peer {peer} was removed from the run (benched in {} epochs)",
+                super::liveness::REMOVE_AFTER_BENCHED_EPOCHS
+            )));
+        }
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
@@ -44,7 +50,7 @@ impl Orchestrator {
             m.healthy = true;
             m.joining = self.phase != Phase::Waiting;
             let announce = moved && m.subscribed;
-            self.reroute_all(now, lost, Some(peer), out);
+            self.reroute_all(now, lost, Some(peer), true, out);
             if announce {
                 self.announce(peer, out);
             }
@@ -90,6 +96,14 @@ impl Orchestrator {
                 in_flight: 0,
                 reported_in_flight: 0,
                 work: 0,
+                failures: 0,
+                failures_in_a_row: 0,
+                benched: false,
+                benched_epochs: 0,
+                removed: false,
+                probation: true,
+                delivered: 0,
+                latency_ms: 0.0,
             },
         );
         Ok(true)
@@ -160,7 +174,7 @@ impl Orchestrator {
         for p in silent {
             self.miners.get_mut(&p).unwrap().healthy = false;
             let lost = self.in_flight_through(p);
-            self.reroute_all(now, lost, Some(p), out);
+            self.reroute_all(now, lost, Some(p), true, out);
         }
     }
 }

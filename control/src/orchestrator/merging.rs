@@ -63,7 +63,7 @@ impl Orchestrator {
                 .map(|u| {
                     u.keys()
                         .filter_map(|p| self.miners.get(p))
-                        .filter(|m| m.live())
+                        .filter(|m| m.live() && !m.benched)
                         .map(|m| Participant { peer: m.peer, work: m.work })
                         .collect()
                 })

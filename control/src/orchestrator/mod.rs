@@ -11,6 +11,7 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
+mod liveness;
 mod membership;
 mod merging;
 mod objects;
@@ -60,6 +61,15 @@ pub enum Event {
         peer: PeerId,
         mb: MbRef,
         attempt: u32,
+    },
+    /// `peer` names its neighbour `named` on `mb`'s pathway as the one
+    /// that failed this attempt.
+    PeerFailed {
+        peer: PeerId,
+        mb: MbRef,
+        attempt: u32,
+        named: PeerId,
+        failure: pb::Failure,
     },
     UploadDone {
         peer: PeerId,
@@ -146,6 +156,15 @@ pub struct Counters {
     /// Announcements of objects the announcer was not asked to write.
     #[serde(default)]
     pub foreign_objects: u64,
+    /// Micro-batch failures pinned on a miner.
+    #[serde(default)]
+    pub failures_pinned: u64,
+    /// Times a miner was benched.
+    #[serde(default)]
+    pub benched: u64,
+    /// Miners removed from the run.
+    #[serde(default)]
+    pub removed: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -271,11 +290,15 @@ impl Orchestrator {
             }
             Event::Loss { peer, mb, attempt, loss, tokens } => {
                 self.known(&peer)?;
-                self.on_loss(peer, mb, attempt, loss, tokens);
+                self.on_loss(now, peer, mb, attempt, loss, tokens);
             }
             Event::BackwardDone { peer, mb, attempt } => {
                 self.known(&peer)?;
-                self.on_backward_done(peer, mb, attempt);
+                self.on_backward_done(now, peer, mb, attempt);
+            }
+            Event::PeerFailed { peer, mb, attempt, named, failure } => {
+                self.known(&peer)?;
+                self.on_peer_failed(now, peer, (mb, attempt), named, failure, &mut out)?;
             }
             Event::UploadDone { peer, epoch, stage, key, work, object } => {
                 self.known(&peer)?;
@@ -373,25 +396,6 @@ impl Orchestrator {
             .collect()
     }
 
-    fn pathway(&self, rng: &mut Rng, avoid: &[PeerId]) -> Option<Vec<PeerId>> {
-        (0..self.spec.stages)
-            .map(|s| {
-                // Miners holding this epoch's weights first; if a stage has
-                // none (e.g. all restarted), joining ones carry the work from
-                // the epoch's starting weights rather than stall the run.
-                let mut cands: Vec<&MinerState> = self.active_in(s).collect();
-                if cands.is_empty() {
-                    cands = self.healthy_in(s).collect();
-                }
-                let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
-                let pool = if preferred.is_empty() { cands } else { preferred };
-                let least = pool.iter().map(|m| m.in_flight).min()?;
-                let best: Vec<&&MinerState> = pool.iter().filter(|m| m.in_flight == least).collect();
-                Some(best[rng.below(best.len() as u64) as usize].peer)
-            })
-            .collect()
-    }
-
     fn set_in_flight(&mut self, pathway: &[PeerId], delta: i32) {
         for p in pathway {
             if let Some(m) = self.miners.get_mut(p) {
@@ -400,7 +404,7 @@ impl Orchestrator {
         }
     }
 
-    fn on_loss(&mut self, peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32) {
+    fn on_loss(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32) {
         let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
             self.counters.stale_reports += 1;
             return;
@@ -420,10 +424,10 @@ impl Orchestrator {
                 return;
             }
         }
-        self.try_complete(seq);
+        self.try_complete(now, seq);
     }
 
-    fn on_backward_done(&mut self, peer: PeerId, mb: MbRef, attempt: u32) {
+    fn on_backward_done(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32) {
         let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
             self.counters.stale_reports += 1;
             return;
@@ -438,18 +442,20 @@ impl Orchestrator {
             return;
         }
         *backward_done = true;
-        self.try_complete(seq);
+        self.try_complete(now, seq);
     }
 
     /// A micro-batch is complete once the tail reported its loss and the head
     /// finished its backward (the two reports may arrive in either order).
-    fn try_complete(&mut self, seq: u64) {
+    fn try_complete(&mut self, now: Ms, seq: u64) {
         let r = self.mbs.get_mut(&seq).expect("known micro-batch");
-        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, .. } = &r.status else {
+        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, deadline_ms, .. } = &r.status else {
             return;
         };
+        let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
         let (loss, pathway) = (*loss, pathway.clone());
         r.status = MbStatus::Done { loss };
+        self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
         self.counters.completed += 1;
         self.counters.last_loss = loss;
         self.epoch_loss.0 += loss as f64;
@@ -462,16 +468,20 @@ impl Orchestrator {
         }
     }
 
-    /// Re-issues micro-batches `seqs` on new pathways (avoiding `avoid`), or
-    /// drops them after `max_attempts`.
-    fn reroute_all(&mut self, now: Ms, seqs: Vec<u64>, avoid: Option<PeerId>, out: &mut Vec<Out>) {
+    /// Re-issues micro-batches `seqs` on new pathways (avoiding `avoid`).
+    /// `attributed`: the failure was pinned on a miner (or it went silent),
+    /// which does not count toward `max_attempts`; a micro-batch is dropped
+    /// after `max_attempts` failures nobody could be blamed for, or when a
+    /// stage has no miner left to take it.
+    fn reroute_all(&mut self, now: Ms, seqs: Vec<u64>, avoid: Option<PeerId>, attributed: bool, out: &mut Vec<Out>) {
         let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
         for seq in seqs {
             let r = self.mbs[&seq].clone();
-            let MbStatus::InFlight { attempt, pathway, .. } = &r.status else {
+            let MbStatus::InFlight { attempt, pathway, strikes, .. } = &r.status else {
                 continue;
             };
             let (attempt, old) = (*attempt, pathway.clone());
+            let strikes = strikes + u32::from(!attributed);
             self.set_in_flight(&old, -1);
             for p in &old {
                 out.push(Out {
@@ -487,7 +497,7 @@ impl Orchestrator {
             let mut avoid_list: Vec<PeerId> = old.clone();
             avoid_list.extend(avoid);
             let next = attempt + 1;
-            match (next < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list)).flatten() {
+            match (strikes < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list, false)).flatten() {
                 Some(p) => {
                     self.counters.rerouted += 1;
                     self.set_in_flight(&p, 1);
@@ -501,6 +511,9 @@ impl Orchestrator {
                         deadline_ms: deadline,
                         loss: None,
                         backward_done: false,
+                        strikes,
+                        waiting: Vec::new(),
+                        waiting_since: None,
                     };
                 }
                 None => {
@@ -514,7 +527,11 @@ impl Orchestrator {
     /// The miner that averages a stage: the lowest-index one that uploaded.
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
         let ups = self.uploads.get(&stage)?;
-        self.miners.values().filter(|m| ups.contains_key(&m.peer) && m.live()).min_by_key(|m| m.index).map(|m| m.peer)
+        self.miners
+            .values()
+            .filter(|m| ups.contains_key(&m.peer) && m.live() && !m.benched)
+            .min_by_key(|m| m.index)
+            .map(|m| m.peer)
     }
 
     /// Moves the run along: issuing, timeouts, phase changes.
@@ -534,9 +551,14 @@ impl Orchestrator {
             }
             Phase::Training => self.advance_training(now, rng, out),
             Phase::Uploading => {
+                // Only miners that worked this epoch and are not benched are
+                // waited for: a silent one must not hold every epoch to the
+                // phase timeout.
                 let waiting_on = |s: u32| {
                     let ups = self.uploads.get(&s);
-                    self.active_in(s).filter(|m| !ups.is_some_and(|u| u.contains_key(&m.peer))).count()
+                    self.active_in(s)
+                        .filter(|m| !m.benched && m.work > 0 && !ups.is_some_and(|u| u.contains_key(&m.peer)))
+                        .count()
                 };
                 let all_in = (0..self.spec.stages).all(|s| waiting_on(s) == 0);
                 let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
@@ -613,6 +635,7 @@ impl Orchestrator {
         self.merged.clear();
         self.butterfly.clear();
         self.prune_objects();
+        self.liveness_new_epoch();
         self.epoch_loss = (0.0, 0);
         for m in self.miners.values_mut() {
             m.work = 0;
@@ -623,19 +646,37 @@ impl Orchestrator {
     }
 
     fn advance_training(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
-        let expired: Vec<u64> = self
+        // Timed out, or stalled by a miner its neighbours have reported
+        // overdue (after a grace for the reports of everyone waiting to
+        // arrive): pinned on a miner when the waiting reports say who
+        // stalled it (see liveness.rs), on nobody otherwise.
+        let grace = self.waiting_grace_ms();
+        let expired: Vec<(u64, u32, Option<PeerId>)> = self
             .mbs
             .values()
-            .filter(|r| matches!(r.status, MbStatus::InFlight { deadline_ms, .. } if deadline_ms <= now))
-            .map(|r| r.seq)
+            .filter_map(|r| match &r.status {
+                MbStatus::InFlight { deadline_ms, attempt, pathway, waiting, waiting_since, .. } => {
+                    let blamed = Self::blame_for_timeout(pathway, waiting);
+                    let stalled = blamed.is_some() && waiting_since.is_some_and(|t| t + grace <= now);
+                    (*deadline_ms <= now || stalled).then_some((r.seq, *attempt, blamed))
+                }
+                _ => None,
+            })
             .collect();
-        if !expired.is_empty() {
-            self.reroute_all(now, expired, None, out);
+        for (seq, attempt, blamed) in expired {
+            if let Some(b) = blamed {
+                self.blame(now, b, out);
+            }
+            // Benching re-routes what the benched miner held.
+            let still = matches!(&self.mbs[&seq].status, MbStatus::InFlight { attempt: a, .. } if *a == attempt);
+            if still {
+                self.reroute_all(now, vec![seq], blamed, blamed.is_some(), out);
+            }
         }
         let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
         let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
         while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
-            let Some(p) = self.pathway(rng, &[]) else {
+            let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
             let seq = self.issued;
@@ -651,6 +692,9 @@ impl Orchestrator {
                 deadline_ms: now + self.spec.route_timeout_ms,
                 loss: None,
                 backward_done: false,
+                strikes: 0,
+                waiting: Vec::new(),
+                waiting_since: None,
             };
             self.mbs.insert(seq, MbRecord { status, ..r });
             self.issued += 1;
@@ -713,6 +757,8 @@ impl Orchestrator {
             hash_mismatches: self.counters.hash_mismatches,
             bad_objects: self.counters.bad_objects,
             foreign_objects: self.counters.foreign_objects,
+            benched: self.counters.benched,
+            failures_pinned: self.counters.failures_pinned,
         }
     }
 }

@@ -32,8 +32,26 @@ impl Phase {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MbStatus {
-    InFlight { attempt: u32, pathway: Vec<PeerId>, deadline_ms: u64, loss: Option<f32>, backward_done: bool },
-    Done { loss: f32 },
+    InFlight {
+        attempt: u32,
+        pathway: Vec<PeerId>,
+        deadline_ms: u64,
+        loss: Option<f32>,
+        backward_done: bool,
+        /// Failed attempts nobody could be blamed for (these count toward
+        /// `max_attempts`; failures pinned on a miner do not).
+        #[serde(default)]
+        strikes: u32,
+        /// `NO_INPUT` reports of this attempt: (reporter, the neighbour it waits on).
+        #[serde(default)]
+        waiting: Vec<(PeerId, PeerId)>,
+        /// When the first of them arrived.
+        #[serde(default)]
+        waiting_since: Option<u64>,
+    },
+    Done {
+        loss: f32,
+    },
     Dropped,
 }
 
@@ -75,6 +93,33 @@ pub struct MinerState {
     pub reported_in_flight: u32,
     /// Micro-batches it helped complete this epoch (weights the merge).
     pub work: u64,
+    /// Micro-batches whose failure was pinned on it this epoch.
+    #[serde(default)]
+    pub failures: u32,
+    /// Failures pinned on it since its last delivery.
+    #[serde(default)]
+    pub failures_in_a_row: u32,
+    /// Out of routing, merging and phase waits for the rest of the epoch.
+    #[serde(default)]
+    pub benched: bool,
+    /// Epochs in which it was benched.
+    #[serde(default)]
+    pub benched_epochs: u32,
+    /// Removed from the run (benched in too many epochs): never routed
+    /// again, and its registrations are refused.
+    #[serde(default)]
+    pub removed: bool,
+    /// At most one micro-batch in flight until it delivers one (new
+    /// miners, and benched ones coming back).
+    #[serde(default)]
+    pub probation: bool,
+    /// Micro-batches completed through it, over the run.
+    #[serde(default)]
+    pub delivered: u64,
+    /// Measured: moving average of the time from issue to completion of
+    /// the micro-batches it took part in (ms; 0 before the first).
+    #[serde(default)]
+    pub latency_ms: f64,
 }
 
 /// Miners in states saved before subscription was tracked had subscribed.
@@ -85,7 +130,7 @@ fn yes() -> bool {
 impl MinerState {
     /// Takes part in the run: subscribed and heard from recently.
     pub fn live(&self) -> bool {
-        self.healthy && self.subscribed
+        self.healthy && self.subscribed && !self.removed
     }
 }
 

@@ -25,6 +25,7 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         merge: Default::default(),
         miners_per_stage_cap: 0,
         registration_timeout_ms: 30_000,
+        bench_after_failures: 2,
     }
 }
 
@@ -56,6 +57,10 @@ struct Sim {
     phases_heard: Vec<(PeerId, pb::PhaseChange)>,
     /// Miners do not upload (a test announces uploads itself).
     skip_uploads: bool,
+    /// Registered and heartbeating, never working (the `silent` adversary).
+    silent: BTreeSet<PeerId>,
+    /// Neighbours of a silent miner report it UNREACHABLE (else NO_INPUT).
+    report_unreachable: bool,
 }
 
 impl Sim {
@@ -77,6 +82,8 @@ impl Sim {
             stored_heard: Vec::new(),
             phases_heard: Vec::new(),
             skip_uploads: false,
+            silent: BTreeSet::new(),
+            report_unreachable: false,
         }
     }
 
@@ -119,11 +126,31 @@ impl Sim {
                     self.routes_seen += 1;
                     let path: Vec<PeerId> =
                         r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
+                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+                    // A silent miner stalls the pathway: its honest
+                    // neighbours report it overdue (or unreachable).
+                    if path[0] == to && path.iter().any(|p| self.silent.contains(p)) {
+                        for (i, p) in path.iter().enumerate() {
+                            if self.silent.contains(p) || self.dead.contains(p) {
+                                continue;
+                            }
+                            for j in [i.wrapping_sub(1), i + 1] {
+                                let Some(n) = path.get(j).filter(|n| self.silent.contains(n)) else { continue };
+                                let failure = if self.report_unreachable {
+                                    pb::Failure::Unreachable
+                                } else {
+                                    pb::Failure::NoInput
+                                };
+                                let ev = Event::PeerFailed { peer: *p, mb, attempt: r.attempt, named: *n, failure };
+                                self.ev(ev);
+                            }
+                        }
+                        continue;
+                    }
                     // Only the head drives a micro-batch, and only if the whole pathway is alive.
                     if path[0] != to || path.iter().any(|p| self.dead.contains(p)) {
                         continue;
                     }
-                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
                     // Head reports first sometimes: the order must not matter.
                     let tail =
                         Event::Loss { peer: *path.last().unwrap(), mb, attempt: r.attempt, loss: 2.0, tokens: 8 };
@@ -137,6 +164,7 @@ impl Sim {
                     }
                 }
                 pb::command::Kind::Cancel(_) => self.cancels_seen += 1,
+                pb::command::Kind::Phase(_) if self.silent.contains(&to) => {}
                 pb::command::Kind::Phase(p) => {
                     self.phases_heard.push((to, p.clone()));
                     let m = self.o.miner(&to).unwrap().clone();
@@ -313,6 +341,9 @@ fn dead_miner_work_is_rerouted_to_its_replica() {
     assert_eq!(c.dropped, 0, "its replica took the work");
     assert!(c.rerouted > 0);
     assert!(s.cancels_seen > 0, "old pathways were told to cancel");
+    // On probation it held one micro-batch at a time, so the run did not
+    // wait for its heartbeat to lapse; it does lapse.
+    s.tick(4_000);
     assert!(!s.o.miner(&victim).unwrap().healthy);
     // The merge went on with the survivor of stage 1.
     assert_eq!(s.o.history()[0].completed, 12);
@@ -636,4 +667,77 @@ fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
     };
     assert!(matches!(s2.o.step(s2.now, ev, &mut s2.rng), Err(Refusal::NotYours(_))));
     assert_eq!(s2.o.counters().foreign_objects, 1);
+}
+
+#[test]
+fn timeouts_are_pinned_on_the_miner_that_waits_on_nobody() {
+    let [a, b, c, d] = [peer(1), peer(2), peer(3), peer(4)];
+    let path = [a, b, c, d];
+    // c stalls: b waits on it for the gradient, d for the activation; a
+    // waits on b, which is itself waiting.
+    assert_eq!(Orchestrator::blame_for_timeout(&path, &[(a, b), (b, c), (d, c)]), Some(c));
+    // The head stalls: only its successor waits on it.
+    assert_eq!(Orchestrator::blame_for_timeout(&path, &[(b, a)]), Some(a));
+    // Nobody reported: nobody is blamed.
+    assert_eq!(Orchestrator::blame_for_timeout(&path, &[]), None);
+    // A stalled miner that claims to wait too clears itself and its
+    // accuser alike: nobody is blamed (the attempt counts as a strike).
+    assert_eq!(Orchestrator::blame_for_timeout(&path, &[(b, c), (c, b)]), None);
+}
+
+/// Registers `n` miners and returns the one in `stage` registered last.
+fn register_all(sim: &mut Sim, n: u8) {
+    for i in 0..n {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+}
+
+#[test]
+fn a_silent_miner_is_benched_never_merged_and_removed_after_three_benched_epochs() {
+    for (butterfly, unreachable) in [(true, false), (false, false), (true, true)] {
+        let mut sp = if butterfly { butterfly_spec(2, 2) } else { spec(2, 2, 2, 6, 2) };
+        sp.epochs = 5;
+        sp.micro_batches_per_epoch = 12;
+        let mut sim = Sim::new(sp);
+        sim.report_unreachable = unreachable;
+        register_all(&mut sim, 4);
+        let silent = sim.o.miners().find(|m| m.stage == 1).unwrap().peer;
+        sim.silent.insert(silent);
+        sim.run_until_done(400);
+        let c = sim.o.counters().clone();
+        assert_eq!(c.dropped, 0, "no micro-batch dropped ({butterfly}, {unreachable}): {c:?}");
+        assert!(sim.o.history().iter().all(|e| e.completed == 12));
+        // Its streak of failures never ends (it never delivers): benched as
+        // soon as it reaches 2, at once when it comes back on probation and
+        // fails again, and removed after 3 benched epochs.
+        let m = sim.o.miner(&silent).unwrap();
+        assert!(m.removed, "{m:?}");
+        assert_eq!((m.delivered, m.work), (0, 0));
+        assert!(c.benched >= 3 && c.removed == 1, "{c:?}");
+        // It never merged: never in a butterfly plan, never an upload the
+        // aggregator was handed, never waited for.
+        for (_, p) in &sim.phases_heard {
+            if let Some(plan) = &p.merge_plan {
+                assert!(plan.participants.iter().all(|q| q.peer_id != silent.0.to_vec()));
+            }
+        }
+        for ups in sim.aggregated.values() {
+            assert!(ups.iter().all(|u| u.writer != silent.0.to_vec()));
+        }
+        // Each epoch took well under the phase timeout: nobody waited for it.
+        assert!(sim.now < 5 * 10_000, "the run took {} ms", sim.now);
+    }
+}
+
+#[test]
+fn a_newcomer_carries_one_micro_batch_until_it_delivers() {
+    let mut sim = Sim::new(spec(1, 2, 1, 40, 6));
+    register_all(&mut sim, 2);
+    // Nothing delivered yet: both start on probation, one in flight each.
+    let in_flight: Vec<u32> = sim.o.miners().map(|m| m.in_flight).collect();
+    assert_eq!(in_flight, vec![1, 1], "max_in_flight 6, but two newcomers take one each");
+    sim.drain();
+    // Once they have delivered, they take more.
+    assert!(sim.o.miners().all(|m| !m.probation && m.delivered > 0));
+    assert!(sim.o.miners().map(|m| m.in_flight).sum::<u32>() > 2 || sim.o.history().len() == 1);
 }

@@ -121,6 +121,7 @@ fn spec(run_id: u64, stages: u32, replicas: u32) -> RunSpec {
         merge: Default::default(),
         miners_per_stage_cap: 0,
         registration_timeout_ms: 30_000,
+        bench_after_failures: 2,
     }
 }
 

@@ -1,0 +1,182 @@
+//! Liveness: pinning a failed micro-batch on the miner that failed it,
+//! benching miners that keep failing, probation, and choosing pathways by
+//! measured speed (PROTOCOL.md, "Liveness").
+//!
+//! Heartbeats say a miner is alive, not that it works. What the
+//! orchestrator trusts is delivered work: every completion resets a
+//! miner's failure streak and updates its measured latency; a failure is
+//! pinned on a miner when a neighbour on the pathway could not reach it
+//! (`UNREACHABLE`, at once) or, at the route's timeout, when a neighbour
+//! waited on it for its input (`NO_INPUT`) and it was not itself waiting on
+//! anyone. `bench_after_failures` failures in a row bench it for the rest of
+//! the epoch (the streak carries over epochs: only a delivery ends it);
+//! benched in `REMOVE_AFTER_BENCHED_EPOCHS` epochs, it is removed.
+
+use iota_core::{PeerId, Rng};
+use iota_protocol::{MbRef, pb};
+
+use super::{MbStatus, MinerState, Ms, Orchestrator, Out, Refusal};
+
+/// Epochs benched before a miner is removed from the run.
+pub const REMOVE_AFTER_BENCHED_EPOCHS: u32 = 3;
+
+impl Orchestrator {
+    /// A `PeerFailed` report from `reporter` about its neighbour `named` on
+    /// the pathway of `mb`'s `attempt` (which must be the current one).
+    pub(super) fn on_peer_failed(
+        &mut self,
+        now: Ms,
+        reporter: PeerId,
+        (mb, attempt): (MbRef, u32),
+        named: PeerId,
+        failure: pb::Failure,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        let stages = self.spec.stages as usize;
+        let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
+            self.counters.stale_reports += 1;
+            return Ok(());
+        };
+        let seq = r.seq;
+        let MbStatus::InFlight { attempt: a, pathway, waiting, waiting_since, .. } = &mut r.status else {
+            self.counters.stale_reports += 1;
+            return Ok(());
+        };
+        if *a != attempt {
+            self.counters.stale_reports += 1;
+            return Ok(());
+        }
+        let at = |p: &PeerId| pathway.iter().position(|q| q == p);
+        let (Some(i), Some(j)) = (at(&reporter), at(&named)) else {
+            return Err(Refusal::Invalid("a peer failure names miners of the micro-batch's pathway".into()));
+        };
+        if i.abs_diff(j) != 1 {
+            return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
+        }
+        match failure {
+            pb::Failure::Unreachable => {
+                self.blame(now, named, out);
+                // Unless benching just re-routed it, this micro-batch goes
+                // to another replica now rather than at its timeout.
+                if self.in_flight_through(named).contains(&seq) {
+                    self.reroute_all(now, vec![seq], Some(named), true, out);
+                }
+            }
+            pb::Failure::NoInput => {
+                if waiting.len() < 2 * stages && !waiting.contains(&(reporter, named)) {
+                    waiting.push((reporter, named));
+                    waiting_since.get_or_insert(now);
+                }
+            }
+            pb::Failure::Unspecified => return Err(Refusal::Invalid("a peer failure says what failed".into())),
+        }
+        Ok(())
+    }
+
+    /// Whom a timed-out attempt is pinned on: the first miner (from the
+    /// head) a neighbour waited on that was not itself waiting on anyone.
+    /// A miner that stalls its pathway is waited on and waits on nobody;
+    /// the honest miners between it and the ends wait on their neighbour
+    /// and are cleared by their own reports.
+    pub(super) fn blame_for_timeout(pathway: &[PeerId], waiting: &[(PeerId, PeerId)]) -> Option<PeerId> {
+        pathway
+            .iter()
+            .copied()
+            .find(|p| waiting.iter().any(|(_, named)| named == p) && !waiting.iter().any(|(rep, _)| rep == p))
+    }
+
+    /// How long after the first `NO_INPUT` report of an attempt the
+    /// orchestrator acts on the reports it has (the others waiting on the
+    /// same stall report within about the same time).
+    pub(super) fn waiting_grace_ms(&self) -> Ms {
+        (self.spec.route_timeout_ms / 5).clamp(200, 2_000)
+    }
+
+    /// Pins one failure on `peer`; benches it after enough in a row.
+    pub(super) fn blame(&mut self, now: Ms, peer: PeerId, out: &mut Vec<Out>) {
+        let threshold = self.spec.bench_after_failures.max(1);
+        let Some(m) = self.miners.get_mut(&peer) else { return };
+        m.failures += 1;
+        m.failures_in_a_row += 1;
+        self.counters.failures_pinned += 1;
+        if m.failures_in_a_row >= threshold && !m.benched {
+            m.benched = true;
+            self.counters.benched += 1;
+            let lost = self.in_flight_through(peer);
+            self.reroute_all(now, lost, Some(peer), true, out);
+        }
+    }
+
+    /// A micro-batch completed through `pathway`, `latency_ms` after issue.
+    pub(super) fn delivered(&mut self, pathway: &[PeerId], latency_ms: f64) {
+        for p in pathway {
+            if let Some(m) = self.miners.get_mut(p) {
+                m.failures_in_a_row = 0;
+                m.probation = false;
+                m.delivered += 1;
+                m.latency_ms = if m.latency_ms > 0.0 { 0.7 * m.latency_ms + 0.3 * latency_ms } else { latency_ms };
+            }
+        }
+    }
+
+    /// A new epoch: benched miners come back on probation (or are removed
+    /// after too many benched epochs). The failure streak carries over (only
+    /// a delivery ends it), so one that comes back and fails again is
+    /// benched at once.
+    pub(super) fn liveness_new_epoch(&mut self) {
+        for m in self.miners.values_mut() {
+            if m.benched {
+                m.benched = false;
+                m.benched_epochs += 1;
+                m.probation = true;
+                if m.benched_epochs >= REMOVE_AFTER_BENCHED_EPOCHS {
+                    m.removed = true;
+                    self.counters.removed += 1;
+                }
+            }
+            m.failures = 0;
+        }
+    }
+
+    /// Chooses one miner per stage for a micro-batch, avoiding `avoid` where
+    /// a stage has anyone else. Benched and removed miners are never chosen;
+    /// a miner on probation carries one micro-batch at a time, except for a
+    /// re-route (`fresh == false`) with nowhere else to go. Among the rest,
+    /// the one whose queue clears soonest by its measured latency.
+    pub(super) fn pathway(&self, rng: &mut Rng, avoid: &[PeerId], fresh: bool) -> Option<Vec<PeerId>> {
+        (0..self.spec.stages)
+            .map(|s| {
+                // Miners holding this epoch's weights first; if a stage has
+                // none (e.g. all restarted), joining ones carry the work from
+                // the epoch's starting weights rather than stall the run.
+                let mut cands: Vec<&MinerState> = self.active_in(s).filter(|m| !m.benched).collect();
+                if cands.is_empty() {
+                    cands = self.healthy_in(s).filter(|m| !m.benched).collect();
+                }
+                let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1);
+                let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
+                let open_preferred: Vec<&MinerState> = preferred.iter().copied().filter(open).collect();
+                let pool = if !open_preferred.is_empty() {
+                    open_preferred
+                } else if fresh {
+                    return None; // wait for room rather than overload a newcomer
+                } else if !preferred.is_empty() {
+                    preferred
+                } else {
+                    cands
+                };
+                // Unmeasured miners count as fast as the stage's median, so
+                // a newcomer is tried (on probation) rather than starved.
+                let mut measured: Vec<f64> = pool.iter().map(|m| m.latency_ms).filter(|l| *l > 0.0).collect();
+                measured.sort_by(f64::total_cmp);
+                let typical = measured.get(measured.len() / 2).copied().unwrap_or(1.0);
+                let cost = |m: &MinerState| {
+                    (m.in_flight as f64 + 1.0) * if m.latency_ms > 0.0 { m.latency_ms } else { typical }
+                };
+                let least = pool.iter().map(|m| cost(m)).min_by(f64::total_cmp)?;
+                let best: Vec<&&MinerState> = pool.iter().filter(|m| cost(m) <= least * 1.000_001).collect();
+                Some(best[rng.below(best.len() as u64) as usize].peer)
+            })
+            .collect()
+    }
+}
