@@ -140,6 +140,11 @@ struct Inner {
     cfg: TransportConfig,
     transport: Arc<quinn::TransportConfig>,
     conns: tokio::sync::Mutex<HashMap<PeerId, quinn::Connection>>,
+    /// One dial at a time per peer; dials to different peers go on in
+    /// parallel (a dead peer's connect timeout delays no one else).
+    dials: Mutex<HashMap<PeerId, Arc<tokio::sync::Mutex<()>>>>,
+    /// `cfg.connect_timeout`, adjustable once the run's timeouts are known.
+    connect_timeout_ms: std::sync::atomic::AtomicU64,
     lanes: Mutex<HashMap<(PeerId, Direction), SharedLane>>,
     guards: Mutex<HashMap<(PeerId, Direction), Arc<SeqGuard>>>,
     tx: mpsc::Sender<ReceivedFrame>,
@@ -177,6 +182,7 @@ impl Endpoint {
             Arc::new(quinn::TokioRuntime),
         )?;
         let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
+        let connect_ms = cfg.connect_timeout.as_millis() as u64;
         let inner = Arc::new(Inner {
             ep,
             id: Arc::new(id),
@@ -187,6 +193,8 @@ impl Endpoint {
             cfg,
             transport,
             conns: tokio::sync::Mutex::new(HashMap::new()),
+            dials: Mutex::new(HashMap::new()),
+            connect_timeout_ms: std::sync::atomic::AtomicU64::new(connect_ms),
             lanes: Mutex::new(HashMap::new()),
             guards: Mutex::new(HashMap::new()),
             tx,
@@ -282,6 +290,16 @@ impl Endpoint {
         Ok(())
     }
 
+    /// How long a dial may take before the send fails (the miner sets it
+    /// below the run's route timeout, so a dead peer is reported in time).
+    pub fn set_connect_timeout(&self, d: Duration) {
+        self.inner.connect_timeout_ms.store(d.as_millis().max(1) as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.connect_timeout_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Waits for the next valid frame (None once the endpoint is closed).
     pub async fn recv(&self) -> Option<ReceivedFrame> {
         self.rx.lock().await.recv().await
@@ -306,14 +324,35 @@ impl Inner {
         self.guards.lock().entry((from, d)).or_default().clone()
     }
 
-    /// The live connection to `to`, dialling it if needed.
-    async fn connection(self: &Arc<Self>, to: PeerId) -> Result<quinn::Connection, SendError> {
+    /// The live connection to `to`, if there is one.
+    async fn live_connection(&self, to: PeerId) -> Option<quinn::Connection> {
         let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(&to) {
-            if c.close_reason().is_none() {
-                return Ok(c.clone());
+        match conns.get(&to) {
+            Some(c) if c.close_reason().is_none() => Some(c.clone()),
+            Some(_) => {
+                conns.remove(&to);
+                None
             }
-            conns.remove(&to);
+            None => None,
+        }
+    }
+
+    /// The live connection to `to`, dialling it if needed. Only dials to the
+    /// same peer wait for each other.
+    async fn connection(self: &Arc<Self>, to: PeerId) -> Result<quinn::Connection, SendError> {
+        if let Some(c) = self.live_connection(to).await {
+            return Ok(c);
+        }
+        let dial = {
+            let mut dials = self.dials.lock();
+            if dials.len() >= 4096 {
+                dials.retain(|_, d| Arc::strong_count(d) > 1);
+            }
+            dials.entry(to).or_default().clone()
+        };
+        let _one_dial = dial.lock().await;
+        if let Some(c) = self.live_connection(to).await {
+            return Ok(c);
         }
         // A connection the peer opened counts too (see `accept_loop`).
         let addr = self.dir.addr(&to).ok_or(SendError::NoAddress(to))?;
@@ -323,12 +362,13 @@ impl Inner {
         let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
         cfg.transport_config(self.transport.clone());
         let connecting = self.ep.connect_with(cfg, addr, "iota-peer").map_err(|e| fail(e.to_string()))?;
-        let conn = tokio::time::timeout(self.cfg.connect_timeout, connecting)
+        let timeout = Duration::from_millis(self.connect_timeout_ms.load(std::sync::atomic::Ordering::Relaxed));
+        let conn = tokio::time::timeout(timeout, connecting)
             .await
             .map_err(|_| fail("timed out".into()))?
             .map_err(|e| fail(e.to_string()))?;
         add(&self.stats.connects, 1);
-        conns.insert(to, conn.clone());
+        self.conns.lock().await.insert(to, conn.clone());
         tokio::spawn(read_connection(self.clone(), to, conn.clone()));
         Ok(conn)
     }

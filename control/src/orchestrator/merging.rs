@@ -50,7 +50,9 @@ impl Orchestrator {
     }
 
     /// One butterfly plan per stage, over the miners that uploaded (i.e.
-    /// finished training), weighted by the work this orchestrator counted.
+    /// finished training), weighted by the work this orchestrator counted;
+    /// a benched miner takes part only if it did work this epoch (see
+    /// `MinerState::merges`).
     pub(super) fn plan_merges(&mut self) {
         self.butterfly.clear();
         if self.spec.merge.method != MergeMethod::Butterfly {
@@ -63,7 +65,7 @@ impl Orchestrator {
                 .map(|u| {
                     u.keys()
                         .filter_map(|p| self.miners.get(p))
-                        .filter(|m| m.live() && !m.benched)
+                        .filter(|m| m.live() && m.merges())
                         .map(|m| Participant { peer: m.peer, work: m.work })
                         .collect()
                 })

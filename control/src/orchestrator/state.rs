@@ -132,6 +132,15 @@ impl MinerState {
     pub fn live(&self) -> bool {
         self.healthy && self.subscribed && !self.removed
     }
+
+    /// Takes part in this epoch's merge if it uploads: not benched, or
+    /// benched after doing work. A benched miner that worked holds honest
+    /// weights, and leaving it out would shrink the merge (with two
+    /// participants left, a robust rule cannot tell an outlier from the
+    /// honest one); one that never worked (silent) would only stall it.
+    pub fn merges(&self) -> bool {
+        !self.benched || self.work > 0
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,17 +1,37 @@
 //! The one path by which a miner hands a frame to a peer: over the data
 //! plane, or, when that fails and the frame names a fallback key, into the
 //! object store, signed, where its receiver looks for it.
+//!
+//! `PeerSenders` keeps one queue per peer, so a peer that cannot be reached
+//! delays only its own frames (PROTOCOL.md, "Liveness"): a pipeline frame
+//! (activation or gradient) that cannot be delivered is reported to the
+//! orchestrator at once (`PeerFailed`, `UNREACHABLE`), which re-routes the
+//! micro-batch, and after a failed dial the peer's next frames fail at once
+//! for one connect timeout instead of each waiting for it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use iota_core::PeerId;
-use iota_protocol::SharedStore;
-use tracing::warn;
+use iota_core::wire::Direction;
+use iota_protocol::{SharedStore, pb};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
 
 use crate::frame::FrameMeta;
 use crate::transport::Endpoint;
 
+/// Frames queued for one peer before further ones fail at once.
+const PEER_QUEUE: usize = 256;
+/// Peers with a queue before idle queues are closed.
+const MAX_QUEUES: usize = 1024;
+
 /// Sends a frame; one that cannot be delivered and has a `fallback` key is
 /// left in the object store, signed, where its receiver looks for it.
+/// `network`: false skips the data plane (the peer is known unreachable).
+/// True when the frame went over the data plane.
 pub(crate) async fn deliver(
     ep: &Endpoint,
     store: &SharedStore,
@@ -19,16 +39,119 @@ pub(crate) async fn deliver(
     meta: &FrameMeta,
     payload: Bytes,
     fallback: Option<String>,
-) {
+) -> bool {
+    deliver_via(ep, store, to, meta, payload, fallback, true).await
+}
+
+async fn deliver_via(
+    ep: &Endpoint,
+    store: &SharedStore,
+    to: PeerId,
+    meta: &FrameMeta,
+    payload: Bytes,
+    fallback: Option<String>,
+    network: bool,
+) -> bool {
     let copy = fallback.is_some().then(|| payload.clone());
-    let Err(e) = ep.send(to, meta, payload).await else { return };
+    let err = if network {
+        match ep.send(to, meta, payload).await {
+            Ok(_) => return true,
+            Err(e) => e.to_string(),
+        }
+    } else {
+        "the peer did not answer a moment ago".to_string()
+    };
     match (fallback, copy) {
         (Some(key), Some(p)) => {
-            warn!(peer = %to, error = %e, key, "frame not delivered; left in the object store");
+            warn!(peer = %to, error = %err, key, "frame not delivered; left in the object store");
             if let Err(e) = store.put(&key, ep.frame_bytes(meta, &p)).await {
                 warn!(key, error = %e, "storing an undelivered frame failed");
             }
         }
-        _ => warn!(peer = %to, error = %e, "frame not delivered; the orchestrator will re-route"),
+        _ => warn!(peer = %to, error = %err, "frame not delivered; reported to the orchestrator"),
     }
+    false
+}
+
+struct Item {
+    meta: FrameMeta,
+    payload: Bytes,
+    fallback: Option<String>,
+}
+
+/// One send queue per peer (see the module comment).
+pub(crate) struct PeerSenders {
+    ep: Arc<Endpoint>,
+    store: SharedStore,
+    reports: mpsc::UnboundedSender<pb::report::Kind>,
+    queues: HashMap<PeerId, mpsc::Sender<Item>>,
+}
+
+impl PeerSenders {
+    /// `reports`: where `PeerFailed` reports go (the miner's report pump).
+    pub(crate) fn new(
+        ep: Arc<Endpoint>,
+        store: SharedStore,
+        reports: mpsc::UnboundedSender<pb::report::Kind>,
+    ) -> PeerSenders {
+        PeerSenders { ep, store, reports, queues: HashMap::new() }
+    }
+
+    /// Queues a frame for `to`; never waits.
+    pub(crate) fn send(&mut self, to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String>) {
+        if self.queues.len() >= MAX_QUEUES {
+            self.queues.retain(|_, q| q.capacity() < q.max_capacity());
+        }
+        let q = self.queues.entry(to).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(PEER_QUEUE);
+            tokio::spawn(peer_task(self.ep.clone(), self.store.clone(), self.reports.clone(), to, rx));
+            tx
+        });
+        if let Err(e) = q.try_send(Item { meta, payload, fallback }) {
+            let item = match e {
+                mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => i,
+            };
+            warn!(peer = %to, "send queue full; frame reported undelivered");
+            report_unreachable(&self.reports, to, &item.meta);
+        }
+    }
+}
+
+async fn peer_task(
+    ep: Arc<Endpoint>,
+    store: SharedStore,
+    reports: mpsc::UnboundedSender<pb::report::Kind>,
+    to: PeerId,
+    mut rx: mpsc::Receiver<Item>,
+) {
+    let mut dead_until: Option<Instant> = None;
+    while let Some(Item { meta, payload, fallback }) = rx.recv().await {
+        let known_dead = dead_until.is_some_and(|t| Instant::now() < t);
+        let sent = deliver_via(&ep, &store, to, &meta, payload, fallback, !known_dead).await;
+        if sent {
+            dead_until = None;
+            continue;
+        }
+        if !known_dead {
+            dead_until = Some(Instant::now() + ep.connect_timeout());
+        }
+        report_unreachable(&reports, to, &meta);
+    }
+    debug!(peer = %to, "send queue closed");
+}
+
+/// A pipeline frame that did not reach `to`: the orchestrator re-routes
+/// its micro-batch (merge frames have the store fallback instead).
+fn report_unreachable(reports: &mpsc::UnboundedSender<pb::report::Kind>, to: PeerId, meta: &FrameMeta) {
+    if !matches!(meta.direction, Direction::Activation | Direction::ActivationGrad) {
+        return;
+    }
+    let _ = reports.send(pb::report::Kind::PeerFailed(pb::PeerFailed {
+        epoch: meta.epoch as u64,
+        shard: meta.shard,
+        first_sample: meta.first_sample,
+        attempt: meta.attempt,
+        peer: to.0.to_vec(),
+        failure: pb::Failure::Unreachable as i32,
+    }));
 }

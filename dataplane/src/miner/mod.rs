@@ -27,7 +27,7 @@ use iota_protocol::client::ControlClient;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use self::deliver::deliver;
+use self::deliver::PeerSenders;
 use self::events::{Input, Output};
 use self::worker::Worker;
 use crate::fileio::FileIo;
@@ -52,6 +52,9 @@ pub struct MinerOptions {
     pub merge_fault: Option<merge::MergeFault>,
     /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
     pub crash_on_merge_plan: bool,
+    /// An unreliable miner, for tests and chaos runs (never set by
+    /// `iota-miner run`).
+    pub adversary: Option<Adversary>,
     /// Where the stage computes.
     pub device: ComputeDevice,
     /// GEMM precision on CUDA.
@@ -78,6 +81,7 @@ impl MinerOptions {
             heartbeat: Duration::from_millis(500),
             merge_fault: None,
             crash_on_merge_plan: false,
+            adversary: None,
             device: ComputeDevice::Cpu,
             gemm: GemmPrecision::Bf16,
             orchestrator_key: None,
@@ -85,6 +89,20 @@ impl MinerOptions {
             store: None,
         }
     }
+}
+
+/// The commonest bad miners (issue 22): test tools, never on by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adversary {
+    /// Registers and heartbeats, never works; its advertised data port
+    /// swallows packets without an answer.
+    Silent,
+    /// Like `Silent`, but its advertised data port is closed (refuses).
+    Closed,
+    /// Works at about a tenth of its speed.
+    Slow,
+    /// Drops 30% of the pipeline frames it receives.
+    Flaky,
 }
 
 /// What a miner did, returned when the run ends.
@@ -129,7 +147,19 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     if opts.advertise.is_none() && local.ip().is_unspecified() {
         anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
     }
-    let addr = opts.advertise.clone().unwrap_or(local.to_string());
+    // A silent adversary advertises a socket that never answers (held until
+    // it returns); a closed one, a port nobody listens on.
+    let black_hole = match opts.adversary {
+        Some(Adversary::Silent | Adversary::Closed) => Some(std::net::UdpSocket::bind((local.ip(), 0))?),
+        _ => None,
+    };
+    let addr = match (&black_hole, opts.adversary) {
+        (Some(sock), Some(Adversary::Silent)) => sock.local_addr()?.to_string(),
+        // Closed: the socket is dropped below, so the port refuses.
+        (Some(sock), _) => sock.local_addr()?.to_string(),
+        _ => opts.advertise.clone().unwrap_or(local.to_string()),
+    };
+    let black_hole = black_hole.filter(|_| opts.adversary == Some(Adversary::Silent));
     if opts.orchestrator_key.is_none() {
         warn!("no --orchestrator-key given: trusting whichever orchestrator answers at {}", opts.orchestrator);
     }
@@ -140,6 +170,10 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         client.register(addr.clone(), 0.0, device.clone()).await.context("registering with the orchestrator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     ctx.set_run_id(reply.run_id);
+    // A dead peer must be found (and reported) well within a route's
+    // timeout, or the orchestrator's timeout fires first and blames nobody.
+    let connect = Duration::from_millis((cfg.spec.route_timeout_ms / 4).clamp(200, 10_000));
+    ep.set_connect_timeout(connect.min(TransportConfig::default().connect_timeout));
     info!(index = reply.miner_index, addr, "registered");
     let store = LocalDirStore::shared(&store_dir, FileIo::start(false))
         .with_context(|| format!("opening the object store {}", store_dir.display()))?;
@@ -229,34 +263,44 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             }
         })
     };
-    // Frames and reports out, in the order the worker produced them.
+    // Frames out, one queue per peer (a dead peer delays only its own);
+    // reports out in the order they were made, retried while the
+    // orchestrator restarts.
+    let (report_tx, mut report_rx) = mpsc::unbounded_channel::<iota_protocol::pb::report::Kind>();
     let pump = {
-        let (ep, mut client, store) = (ep.clone(), client.clone(), store.clone());
+        let (ep, store, report_tx) = (ep.clone(), store.clone(), report_tx.clone());
         tokio::spawn(async move {
+            let mut senders = PeerSenders::new(ep, store, report_tx.clone());
             while let Some(o) = out_rx.recv().await {
                 match o {
-                    Output::Frame { to, meta, payload, fallback } => {
-                        deliver(&ep, &store, to, &meta, payload, fallback).await;
-                    }
+                    Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback),
                     Output::Report(k) => {
-                        // The orchestrator may be restarting: retry what
-                        // did not reach it (a lost merge report would stall
-                        // the stage until the phase timeout). Reports are
-                        // idempotent; stale ones are counted and ignored.
-                        let mut wait = Duration::from_millis(250);
-                        for attempt in 1.. {
-                            match client.report(k.clone()).await {
-                                Ok(_) => break,
-                                Err(e) if retryable(e.code()) && attempt < 40 => {
-                                    tracing::debug!(error = %e, attempt, "report failed; retrying");
-                                    tokio::time::sleep(wait).await;
-                                    wait = (wait * 2).min(Duration::from_secs(2));
-                                }
-                                Err(e) => {
-                                    warn!(error = %e, "report failed");
-                                    break;
-                                }
-                            }
+                        let _ = report_tx.send(k);
+                    }
+                }
+            }
+        })
+    };
+    let report_task = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            while let Some(k) = report_rx.recv().await {
+                // The orchestrator may be restarting: retry what did not
+                // reach it (a lost merge report would stall the stage until
+                // the phase timeout). Reports are idempotent; stale ones are
+                // counted and ignored.
+                let mut wait = Duration::from_millis(250);
+                for attempt in 1.. {
+                    match client.report(k.clone()).await {
+                        Ok(_) => break,
+                        Err(e) if retryable(e.code()) && attempt < 40 => {
+                            tracing::debug!(error = %e, attempt, "report failed; retrying");
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(Duration::from_secs(2));
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "report failed");
+                            break;
                         }
                     }
                 }
@@ -268,7 +312,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let me = ep.peer_id();
     let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
     let stop_c = stop.clone();
-    let (fault, crash_on_plan) = (opts.merge_fault, opts.crash_on_merge_plan);
+    let _black_hole = black_hole;
+    let (fault, crash_on_plan, adversary) = (opts.merge_fault, opts.crash_on_merge_plan, opts.adversary);
     let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
@@ -278,7 +323,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             b.fault = fault;
             Box::new(b) as Box<dyn merge::Merge>
         });
-        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, in_flight, fault_merge };
+        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, in_flight, fault_merge, adversary };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
             None => {
@@ -299,6 +344,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     // Let the last frames and reports go out, then stop.
     drop(in_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
+    drop(report_tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), report_task).await;
     finished.store(true, Ordering::SeqCst);
     for t in [cmd_task, frame_task, hb_task, tick_task] {
         t.abort();
@@ -348,6 +395,7 @@ struct ComputeIo {
     in_flight: Arc<AtomicU32>,
     /// A fault-injecting merge to use instead of the configured one.
     fault_merge: Option<Box<dyn merge::Merge>>,
+    adversary: Option<Adversary>,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -359,16 +407,39 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     w.tokens = io.tokens.clone();
     w.in_flight = io.in_flight.clone();
     let mut out = Vec::new();
+    let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
+        use iota_protocol::pb::command::Kind;
         if io.crash_on_plan
-            && let Input::Command(iota_protocol::pb::command::Kind::Phase(p)) = &input
+            && let Input::Command(Kind::Phase(p)) = &input
             && p.merge_plan.is_some()
         {
             warn!("crashing on the merge plan, as asked (fault injection)");
             break;
         }
+        let work = matches!(&input, Input::Frame(_) | Input::Command(Kind::Route(_)));
+        match io.adversary {
+            // Does nothing but notice the end of the run.
+            Some(Adversary::Silent | Adversary::Closed) => {
+                let done = matches!(&input, Input::Command(Kind::Phase(p)) if p.phase == iota_protocol::pb::Phase::Done as i32);
+                if !done {
+                    continue;
+                }
+            }
+            Some(Adversary::Flaky)
+                if matches!(&input, Input::Frame(f) if f.header.direction != iota_core::wire::Direction::WeightSlice)
+                    && coin.next_f32() < 0.3 =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        let t0 = std::time::Instant::now();
         if let Err(e) = w.handle(input, &mut out) {
             warn!(error = %format!("{e:#}"), "stage worker");
+        }
+        if io.adversary == Some(Adversary::Slow) && work {
+            std::thread::sleep(t0.elapsed() * 9);
         }
         for o in out.drain(..) {
             if io.out_tx.blocking_send(o).is_err() {

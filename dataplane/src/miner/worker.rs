@@ -68,6 +68,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// this miner sends for it answer that one (the hash chain validators
     /// audit a pathway with).
     inbound: HashMap<MbKey, [u8; 32]>,
+    /// Per routed micro-batch: the neighbour whose input it waits for.
+    waits: HashMap<MbKey, Wait>,
     early: VecDeque<(MbKey, ReceivedFrame)>,
     accumulated: usize,
     pub steps: u64,
@@ -85,6 +87,13 @@ pub fn tokens_hash(tokens: &[u32]) -> [u8; 32] {
         h.update(&t.to_le_bytes());
     }
     *h.finalize().as_bytes()
+}
+
+/// A wait for a neighbour's frame (see `Worker::track_waits`).
+struct Wait {
+    on: PeerId,
+    since: std::time::Instant,
+    reported: bool,
 }
 
 fn mb_key(epoch: u64, shard: u32, first: u64, attempt: u32) -> MbKey {
@@ -137,6 +146,7 @@ impl<B: Backend + 'static> Worker<B> {
             weights_after: None,
             routes: HashMap::new(),
             inbound: HashMap::new(),
+            waits: HashMap::new(),
             early: VecDeque::new(),
             accumulated: 0,
             steps: 0,
@@ -159,6 +169,7 @@ impl<B: Backend + 'static> Worker<B> {
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
         let r = self.dispatch(input, out);
         self.inbound.retain(|k, _| self.routes.contains_key(k));
+        self.track_waits();
         self.in_flight.store(self.routes.len() as u32, Ordering::Relaxed);
         r
     }
@@ -172,9 +183,49 @@ impl<B: Backend + 'static> Worker<B> {
             }
             Input::Frame(f) => self.frame(*f, out),
             Input::Tick => {
+                self.report_overdue(out);
                 self.merge.tick(out)?;
                 self.take_merged()
             }
+        }
+    }
+
+    /// Which neighbour each routed micro-batch waits on now, and since when:
+    /// the previous stage for the activation, then (past the tail) the next
+    /// stage for the gradient; the head waits for the gradient at once.
+    fn track_waits(&mut self) {
+        let s = self.stage_index as usize;
+        let now = std::time::Instant::now();
+        self.waits.retain(|k, _| self.routes.contains_key(k));
+        for (k, r) in &self.routes {
+            let next = r.pathway.get(s + 1);
+            let on = if s == 0 || self.inbound.contains_key(k) { next } else { r.pathway.get(s - 1) };
+            let Some(on) = on.and_then(|p| <[u8; 32]>::try_from(p.as_slice()).ok()).map(PeerId) else { continue };
+            match self.waits.get(k) {
+                Some(w) if w.on == on => {}
+                _ => {
+                    self.waits.insert(*k, Wait { on, since: now, reported: false });
+                }
+            }
+        }
+    }
+
+    /// Tells the orchestrator which neighbours are overdue with their input
+    /// (after half the route timeout), once per wait.
+    fn report_overdue(&mut self, out: &mut Vec<Output>) {
+        let overdue = std::time::Duration::from_millis(self.cfg.spec.route_timeout_ms / 2);
+        for (k, w) in self.waits.iter_mut().filter(|(_, w)| !w.reported && w.since.elapsed() >= overdue) {
+            w.reported = true;
+            let Some(r) = self.routes.get(k) else { continue };
+            debug!(peer = %w.on, shard = r.shard, first = r.first_sample, "input overdue; reported");
+            out.push(Output::Report(pb::report::Kind::PeerFailed(pb::PeerFailed {
+                epoch: r.epoch,
+                shard: r.shard,
+                first_sample: r.first_sample,
+                attempt: r.attempt,
+                peer: w.on.0.to_vec(),
+                failure: pb::Failure::NoInput as i32,
+            })));
         }
     }
 

@@ -1,7 +1,8 @@
 //! The workspace's integration tests, in one binary (one link on a
 //! 2-core CI machine): whole swarms in one process (`swarm`), and a hostile
 //! client written from docs/PROTOCOL.md against the orchestrator (`hostile`),
-//! and every fuzz target's body over its committed seeds (`fuzz_replay`).
+//! every fuzz target's body over its committed seeds (`fuzz_replay`), and
+//! swarms with a silent, closed, slow or flaky miner (`liveness`).
 //!
 //! The binary counts the bytes each thread has allocated and not freed
 //! (`iota_model::alloc::ThreadCounted`), so a test can measure what a server keeps per miner
@@ -9,6 +10,7 @@
 
 mod fuzz_replay;
 mod hostile;
+mod liveness;
 mod swarm;
 
 #[global_allocator]

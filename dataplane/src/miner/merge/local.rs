@@ -147,7 +147,7 @@ pub async fn run_local_butterfly(
                 while let Some(o) = out_rx.recv().await {
                     match o {
                         Output::Frame { to, meta, payload, fallback } => {
-                            deliver(&ep, &store, to, &meta, payload, fallback).await;
+                            let _ = deliver(&ep, &store, to, &meta, payload, fallback).await;
                         }
                         Output::Report(k) => {
                             let _ = co_tx.send(ToCoordinator::Report(me, k));
