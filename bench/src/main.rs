@@ -4,6 +4,7 @@
 
 mod butterfly;
 mod control;
+mod liveness;
 mod stage_cpu;
 mod stage_gpu;
 mod swarm;
@@ -51,6 +52,10 @@ enum Cmd {
     /// (server side, in process) against one Ed25519 verification, and the
     /// bytes it keeps per registered miner at 100 / 1,000 / 10,000 miners.
     Control(control::Args),
+    /// tiny 2x2 in process with one silent, closed, slow or flaky miner in
+    /// the head stage, the tail stage or joining mid-run, against the same
+    /// swarm with honest miners only: wall-time ratio, drops, benching.
+    Liveness(liveness::Args),
 }
 
 fn main() {
@@ -62,6 +67,7 @@ fn main() {
         Cmd::Swarm(a) => swarm::run(*a),
         Cmd::Butterfly(a) => butterfly::run(a),
         Cmd::Control(a) => control::run(a),
+        Cmd::Liveness(a) => liveness::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

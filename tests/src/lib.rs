@@ -3,6 +3,7 @@
 //! QUIC to each other).
 
 pub mod fuzz_bodies;
+pub mod liveness;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,92 @@
+//! liveness: `tiny` 2 stages x 2 replicas in process on loopback (four
+//! honest miners), with one `silent`, `closed`, `slow` or `flaky` miner in
+//! the head stage, the tail stage, or joining mid-run. Baseline from the
+//! same run: the same swarm with the honest miners only. Prints each
+//! scenario's wall time as a ratio to it, micro-batches dropped, the epoch
+//! the bad miner was first benched in, its recorded work, and (slow) its
+//! share of its stage's routes against its share of the measured speed.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use iota_dataplane::miner::Adversary;
+use iota_tests::liveness::{Place, ScenarioReport, run_scenario};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Epochs per run.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Micro-batches per epoch (3 x 64 = the 192).
+    #[arg(long, default_value_t = 64)]
+    micro_batches: u64,
+    /// Only these adversaries (silent, closed, slow, flaky; default all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+fn parse(s: &str) -> Option<Adversary> {
+    Some(match s {
+        "silent" => Adversary::Silent,
+        "closed" => Adversary::Closed,
+        "slow" => Adversary::Slow,
+        "flaky" => Adversary::Flaky,
+        _ => return None,
+    })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    let mut kinds = vec![Adversary::Silent, Adversary::Closed, Adversary::Slow, Adversary::Flaky];
+    if !a.only.is_empty() {
+        kinds = a
+            .only
+            .iter()
+            .map(|s| parse(s).ok_or_else(|| anyhow::anyhow!("unknown adversary '{s}' (silent, closed, slow, flaky)")))
+            .collect::<Result<_>>()?;
+    }
+    println!(
+        "liveness: tiny 2 stages x 2 replicas, {} epochs x {} micro-batches, 4 honest miners + 1 unreliable",
+        a.epochs, a.micro_batches
+    );
+    let base = rt.block_on(run_scenario(None, a.epochs, a.micro_batches));
+    print_header();
+    print_row("honest (baseline)", &base, base.wall);
+    for k in kinds {
+        for place in [Place::Head, Place::Tail, Place::MidRun] {
+            let r = rt.block_on(run_scenario(Some((k, place)), a.epochs, a.micro_batches));
+            print_row(&format!("{k:?} {place:?}").to_lowercase(), &r, base.wall);
+        }
+    }
+    Ok(())
+}
+
+fn print_header() {
+    println!(
+        "{:<20} {:>8} {:>7} {:>8} {:>8} {:>9} {:>10} {:>11}",
+        "scenario", "wall s", "ratio", "dropped", "benched", "its work", "its routes", "its speed"
+    );
+}
+
+fn print_row(name: &str, r: &ScenarioReport, base: Duration) {
+    let benched = r.benched_in.map_or("-".to_string(), |e| format!("epoch {e}"));
+    let (work, routes, speed) = match &r.bad {
+        Some(m) => (
+            m.delivered.to_string(),
+            format!("{:.0}%", 100.0 * r.route_share),
+            format!("{:.0}%", 100.0 * r.speed_share),
+        ),
+        None => ("-".into(), "-".into(), "-".into()),
+    };
+    println!(
+        "{:<20} {:>8.1} {:>6.2}x {:>8} {:>8} {:>9} {:>10} {:>11}",
+        name,
+        r.wall.as_secs_f64(),
+        r.wall.as_secs_f64() / base.as_secs_f64(),
+        r.counters.dropped,
+        benched,
+        work,
+        routes,
+        speed
+    );
+}
