@@ -119,6 +119,15 @@ impl Orchestrator {
         }
     }
 
+    /// Counts a failed attempt as one that took `ms` (see `delivered`).
+    pub(super) fn penalize(&mut self, peer: PeerId, ms: f64) {
+        if let Some(m) = self.miners.get_mut(&peer)
+            && m.latency_ms > 0.0
+        {
+            m.latency_ms = 0.7 * m.latency_ms + 0.3 * ms;
+        }
+    }
+
     /// A new epoch: benched miners come back on probation (or are removed
     /// after too many benched epochs). The failure streak carries over (only
     /// a delivery ends it), so one that comes back and fails again is

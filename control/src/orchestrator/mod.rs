@@ -483,6 +483,13 @@ impl Orchestrator {
             let (attempt, old) = (*attempt, pathway.clone());
             let strikes = strikes + u32::from(!attributed);
             self.set_in_flight(&old, -1);
+            // A failed attempt counts against the latency of whom it is
+            // pinned on (everyone on it when nobody is blamed), so routing
+            // steers away from miners whose work fails.
+            let penalty = self.spec.route_timeout_ms as f64;
+            for p in old.iter().filter(|p| avoid.is_none_or(|a| a == **p)) {
+                self.penalize(*p, penalty);
+            }
             for p in &old {
                 out.push(Out {
                     to: *p,
@@ -657,7 +664,11 @@ impl Orchestrator {
             .filter_map(|r| match &r.status {
                 MbStatus::InFlight { deadline_ms, attempt, pathway, waiting, waiting_since, .. } => {
                     let blamed = Self::blame_for_timeout(pathway, waiting);
-                    let stalled = blamed.is_some() && waiting_since.is_some_and(|t| t + grace <= now);
+                    // Reported stalled: act after the grace, pinned on a
+                    // miner or not (two neighbours waiting on each other lost
+                    // a frame between them; waiting out the timeout gains
+                    // nothing).
+                    let stalled = waiting_since.is_some_and(|t| t + grace <= now);
                     (*deadline_ms <= now || stalled).then_some((r.seq, *attempt, blamed))
                 }
                 _ => None,
