@@ -18,6 +18,9 @@
 //! This module defines the schema, sizes and signing rules; validating bytes
 //! from the network is `iota-dataplane`'s `frame` module.
 
+// Input from peers: no unchecked arithmetic or indexing (issue 21).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::codec::WireCodec;
@@ -96,7 +99,7 @@ pub struct FrameHeader {
 impl FrameHeader {
     /// The tensor's shape.
     pub fn dims(&self) -> &[u32] {
-        &self.shape[..(self.ndim as usize).min(MAX_DIMS)]
+        self.shape.get(..(self.ndim as usize).min(MAX_DIMS)).unwrap_or(&self.shape)
     }
 
     /// (rows, cols) as the codecs read it: all dimensions but the last are
@@ -165,7 +168,10 @@ pub fn header_len() -> usize {
 
 /// Offset of the payload from the frame start.
 pub fn payload_offset() -> usize {
-    (8 + header_len()).div_ceil(PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+    // Constants of the protocol version: no peer input in this arithmetic.
+    #[allow(clippy::arithmetic_side_effects)]
+    let offset = (8 + header_len()).div_ceil(PAYLOAD_ALIGN) * PAYLOAD_ALIGN;
+    offset
 }
 
 /// The bytes before the payload: magic, length, header, zero padding.

@@ -6,6 +6,9 @@
 //! sender's identity and signature, and, once the payload is in, its hash.
 //! Every failure is a typed `FrameError`; nothing panics.
 
+// Input from peers: no unchecked arithmetic or indexing (issue 21).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use iota_core::wire::{
@@ -174,7 +177,7 @@ pub fn check_header(h: &FrameHeader, ctx: &RunContext, peer: PeerId) -> Result<(
     if nd == 0 || nd > MAX_DIMS {
         return Err(FrameError::Shape(format!("ndim {nd} outside 1..={MAX_DIMS}")));
     }
-    if h.shape[nd..].iter().any(|&d| d != 0) {
+    if h.shape.get(nd..).unwrap_or(&[]).iter().any(|&d| d != 0) {
         return Err(FrameError::Shape("non-zero entries past ndim".into()));
     }
     if let Some(&d) = h.dims().iter().find(|&&d| d > ctx.limits.max_dim) {
@@ -235,6 +238,8 @@ pub struct FrameMeta {
 
 /// Builds and signs the header for `payload`. `seq_no` is the sender's
 /// per-lane sequence number.
+// The sender's own frame: its shape is checked by the assert above the copy.
+#[allow(clippy::indexing_slicing)]
 pub fn build_header(meta: &FrameMeta, run_id: u64, seq_no: u64, payload: &[u8], id: &Identity) -> FrameHeader {
     assert!(!meta.shape.is_empty() && meta.shape.len() <= MAX_DIMS, "frame shape must have 1..=4 dims");
     let mut shape = [0u32; MAX_DIMS];
@@ -269,6 +274,8 @@ pub fn prefix_bytes(h: &FrameHeader) -> Vec<u8> {
 }
 
 /// Zero bytes between the header and the payload.
+// Constants of the protocol version, not peer input.
+#[allow(clippy::arithmetic_side_effects)]
 pub fn padding_len() -> usize {
     payload_offset() - 8 - header_len()
 }
@@ -310,9 +317,10 @@ pub fn decode_frame<'a>(
 ) -> Result<(FrameHeader, &'a [u8]), FrameError> {
     let prefix: &[u8; 8] = bytes.get(..8).and_then(|p| p.try_into().ok()).ok_or(FrameError::Truncated)?;
     let hl = check_prefix(prefix)?;
-    let hbytes = bytes.get(8..8 + hl).ok_or(FrameError::Truncated)?;
+    let header_end = hl.checked_add(8).ok_or(FrameError::Truncated)?;
+    let hbytes = bytes.get(8..header_end).ok_or(FrameError::Truncated)?;
     let h = parse_header(hbytes)?;
-    check_padding(bytes.get(8 + hl..payload_offset()).ok_or(FrameError::Truncated)?)?;
+    check_padding(bytes.get(header_end..payload_offset()).ok_or(FrameError::Truncated)?)?;
     check_header(&h, ctx, peer)?;
     let start = payload_offset();
     let end = start.checked_add(h.payload_len as usize).ok_or(FrameError::Truncated)?;

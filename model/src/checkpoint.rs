@@ -63,7 +63,7 @@ impl LoadedTensors {
     /// Copies tensor `name` into `dst`, checking its shape.
     pub fn copy_into(&self, name: &str, shape: &[usize], dst: &mut [f32]) -> Result<()> {
         let (s, data) = self.tensors.get(name).with_context(|| format!("checkpoint has no tensor {name}"))?;
-        if s != shape {
+        if s != shape || data.len() != dst.len() {
             bail!("tensor {name} has shape {s:?} in the checkpoint, the model expects {shape:?}");
         }
         dst.copy_from_slice(data);
@@ -78,6 +78,7 @@ pub fn read_safetensors(path: &Path) -> Result<LoadedTensors> {
 
 /// Parses safetensors bytes (from a file or the network: a malformed
 /// header, out-of-range offsets or a non-F32 tensor is an error).
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 pub fn parse_safetensors(bytes: &[u8]) -> Result<LoadedTensors> {
     let (_, meta) = SafeTensors::read_metadata(bytes).context("not a safetensors file")?;
     let st = SafeTensors::deserialize(bytes).context("not a safetensors file")?;
@@ -86,7 +87,7 @@ pub fn parse_safetensors(bytes: &[u8]) -> Result<LoadedTensors> {
         if view.dtype() != Dtype::F32 {
             bail!("tensor {name} is {:?}; only F32 is supported", view.dtype());
         }
-        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let data = view.data().chunks_exact(4).filter_map(|c| c.try_into().ok()).map(f32::from_le_bytes).collect();
         tensors.insert(name, (view.shape().to_vec(), data));
     }
     let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();

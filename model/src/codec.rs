@@ -47,32 +47,35 @@ pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<V
     Ok(out)
 }
 
-/// Decodes into `out` (length rows * cols), validating everything.
+/// Decodes into `out` (length rows * cols), validating everything. Its
+/// input is a peer's: no unchecked arithmetic or indexing (the lints hold it
+/// to that).
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 pub fn decode_into(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8], out: &mut [f32]) -> Result<(), CoreError> {
     let len_err = |expected| CoreError::PayloadLength { codec: codec.name(), rows, cols, expected, got: bytes.len() };
     let expected = codec.payload_bytes(rows, cols).ok_or(len_err(usize::MAX))?;
-    if bytes.len() != expected || out.len() != rows * cols {
+    if bytes.len() != expected || Some(out.len()) != rows.checked_mul(cols) {
         return Err(len_err(expected));
     }
     match codec {
         WireCodec::F32 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                *o = f32::from_le_bytes(b.try_into().map_err(|_| len_err(expected))?);
             }
         }
         WireCodec::Bf16 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                *o = bf16_to_f32(u16::from_le_bytes(b.try_into().map_err(|_| len_err(expected))?));
             }
         }
         WireCodec::Int8Row | WireCodec::Int4Row => {
             let rb = codec.row_bytes(cols);
-            for (orow, brow) in out.chunks_mut(cols.max(1)).zip(bytes.chunks(rb)).take(rows) {
-                let scale = bf16_to_f32(u16::from_le_bytes([brow[0], brow[1]]));
+            for (orow, brow) in out.chunks_mut(cols.max(1)).zip(bytes.chunks(rb.max(1))).take(rows) {
+                let (scale, codes) = brow.split_first_chunk::<2>().ok_or(len_err(expected))?;
+                let scale = bf16_to_f32(u16::from_le_bytes(*scale));
                 if !(scale.is_finite() && scale >= 0.0) {
                     return Err(CoreError::NonFinite("quantisation scale"));
                 }
-                let codes = &brow[2..];
                 if codec == WireCodec::Int8Row {
                     for (o, &c) in orow.iter_mut().zip(codes) {
                         let q = c as i8;
@@ -83,7 +86,7 @@ pub fn decode_into(codec: WireCodec, rows: usize, cols: usize, bytes: &[u8], out
                     }
                 } else {
                     for (j, o) in orow.iter_mut().enumerate() {
-                        let byte = codes[j / 2];
+                        let byte = *codes.get(j / 2).ok_or(len_err(expected))?;
                         let nib = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
                         let q = ((nib << 4) as i8) >> 4; // sign-extend 4 bits
                         if q == -8 {

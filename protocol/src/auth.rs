@@ -19,6 +19,9 @@
 //! dropped or moved to another stream unnoticed. `Hello` is signed over
 //! `"iota-rs hello v2\0" || orchestrator id || run_id || server time`.
 
+// Input from peers: no unchecked arithmetic or indexing (issue 21).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -52,7 +55,7 @@ impl Audience {
 
 /// The bytes a caller signs.
 pub fn signing_bytes(aud: &Audience, method: &str, timestamp_ms: u64, nonce: &[u8], body: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(RPC_DOMAIN.len() + 40 + method.len() + 1 + 8 + nonce.len() + 32);
+    let mut v = Vec::new();
     v.extend_from_slice(RPC_DOMAIN);
     aud.put(&mut v);
     v.extend_from_slice(method.as_bytes());
@@ -103,7 +106,7 @@ pub fn server_signing_bytes(
     seq: u64,
     body: &[u8],
 ) -> Vec<u8> {
-    let mut v = Vec::with_capacity(SERVER_DOMAIN.len() + 72 + method.len() + 1 + request_nonce.len() + 8 + 32);
+    let mut v = Vec::new();
     v.extend_from_slice(SERVER_DOMAIN);
     aud.put(&mut v);
     v.extend_from_slice(&recipient.0);
@@ -293,7 +296,7 @@ impl Verifier {
         if s.timestamp_ms.saturating_add(skew) < now_ms || s.timestamp_ms > now_ms.saturating_add(skew) {
             let m = format!(
                 "stale timestamp: {} ms from server time (window {} ms)",
-                s.timestamp_ms as i128 - now_ms as i128,
+                (s.timestamp_ms as i128).saturating_sub(now_ms as i128),
                 skew
             );
             return Err(Rejected::new(Reason::StaleTimestamp, m).from(peer));
@@ -313,7 +316,7 @@ impl Verifier {
         let mut seen = self.seen.lock();
         // Forget nonces whose timestamps left the window: a replay of them is
         // refused by the timestamp check instead.
-        let horizon = now_ms.saturating_sub(2 * self.policy.max_skew.as_millis() as u64);
+        let horizon = now_ms.saturating_sub((self.policy.max_skew.as_millis() as u64).saturating_mul(2));
         while let Some(&(t, p, n)) = seen.order.front() {
             if t >= horizon {
                 break;
@@ -335,7 +338,7 @@ impl Verifier {
         if b.map.len() >= b.prune_at {
             // A bucket idle for a whole refill is full again: forget it.
             b.map.retain(|_, e| now_ms.saturating_sub(e.at_ms) < refill_ms);
-            b.prune_at = (2 * b.map.len()).max(1024);
+            b.prune_at = b.map.len().saturating_mul(2).max(1024);
         }
         if b.map.len() >= MAX_BUCKETS && !b.map.contains_key(&peer) {
             return Err(Rejected::new(Reason::TooManyIdentities, "too many active identities; retry shortly"));

@@ -2,6 +2,9 @@
 //! method that carries them. A broken rule is an `InvalidField` refusal whose
 //! message names the field.
 
+// Input from peers: no unchecked arithmetic or indexing (issue 21).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+
 use std::net::SocketAddr;
 
 use iota_core::PeerId;

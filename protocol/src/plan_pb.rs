@@ -1,6 +1,9 @@
 //! The butterfly merge plan on the wire: conversions between
 //! `iota_core::merge::MergePlan` and its protobuf form.
 
+// Input from peers: no unchecked arithmetic or indexing (issue 21).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+
 use iota_core::PeerId;
 use iota_core::merge::{MergePlan, Participant, Partition};
 

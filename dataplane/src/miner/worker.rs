@@ -518,6 +518,8 @@ impl<B: Backend + 'static> Worker<B> {
         Ok(())
     }
 
+    // A peer's frame: no unchecked arithmetic or indexing.
+    #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
     fn frame(&mut self, f: ReceivedFrame, out: &mut Vec<Output>) -> Result<()> {
         let h = &f.header;
         let key = mb_key(h.epoch as u64, h.shard, h.first_sample, h.attempt);
@@ -525,28 +527,32 @@ impl<B: Backend + 'static> Worker<B> {
             if h.epoch as u64 >= self.epoch {
                 if self.early.len() >= MAX_EARLY {
                     self.early.pop_front();
-                    self.rejected_frames += 1;
+                    self.rejected_frames = self.rejected_frames.saturating_add(1);
                 }
                 self.early.push_back((key, f));
             }
             return Ok(());
         };
         let s = self.stage_index as usize;
+        // The neighbours on this pathway (the route's length was checked
+        // against the stage count when it arrived).
+        let prev = s.checked_sub(1).and_then(|i| r.pathway.get(i)).cloned();
+        let next = s.checked_add(1).and_then(|i| r.pathway.get(i)).cloned();
         let from_expected = match h.direction {
-            Direction::Activation => s > 0 && r.pathway[s - 1] == f.peer.0,
-            Direction::ActivationGrad => s + 1 < r.pathway.len() && r.pathway[s + 1] == f.peer.0,
+            Direction::Activation => prev.as_deref() == Some(&f.peer.0[..]),
+            Direction::ActivationGrad => next.as_deref() == Some(&f.peer.0[..]),
             _ => false,
         };
         if !from_expected || h.codec != self.cfg.train.codec.id() {
-            self.rejected_frames += 1;
+            self.rejected_frames = self.rejected_frames.saturating_add(1);
             debug!(peer = %f.peer, "frame not from the pathway neighbour (or wrong codec); dropped");
             return Ok(());
         }
         let (batch, seq) = (r.samples as usize, self.cfg.train.seq);
         let width = self.stage.as_ref().context("frame before assignment")?.boundary_width();
-        let rows = batch * seq;
+        let rows = batch.checked_mul(seq).context("micro-batch size overflows")?;
         if h.dims() != [rows as u32, width as u32] {
-            self.rejected_frames += 1;
+            self.rejected_frames = self.rejected_frames.saturating_add(1);
             bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
         }
         let direction = h.direction;
@@ -562,7 +568,7 @@ impl<B: Backend + 'static> Worker<B> {
         // asynchronous copy of the wire bytes, decoded on the device).
         let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
         drop(f); // the pool buffer goes back before the compute
-        let is_tail = s + 1 == self.cfg.spec.stages as usize;
+        let is_tail = next.is_none();
         let codec = self.cfg.train.codec;
         match (direction, is_tail) {
             (Direction::Activation, true) => {
@@ -574,7 +580,7 @@ impl<B: Backend + 'static> Worker<B> {
                 let mut g = t.din.context("tail of a split model returns an input gradient")?;
                 codec::round_trip(codec, rows, width, &mut g)?;
                 let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
-                self.send(&r.pathway[s - 1], meta, &g, out)?;
+                self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
                 self.routes.remove(&key);
                 self.finished_one()
             }
@@ -584,7 +590,7 @@ impl<B: Backend + 'static> Worker<B> {
                 let w2 = stage.boundary_width();
                 codec::round_trip(codec, rows, w2, &mut h2)?;
                 let meta = self.frame_meta(&r, Direction::Activation, rows, w2, answers);
-                self.send(&r.pathway[s + 1], meta, &h2, out)
+                self.send(next.as_deref().context("no stage after")?, meta, &h2, out)
             }
             (Direction::ActivationGrad, _) => {
                 let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?;
@@ -593,7 +599,7 @@ impl<B: Backend + 'static> Worker<B> {
                     Some(mut g) => {
                         codec::round_trip(codec, rows, width, &mut g)?;
                         let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
-                        self.send(&r.pathway[s - 1], meta, &g, out)?;
+                        self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
                     }
                     None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
                         epoch: r.epoch,

@@ -149,6 +149,8 @@ pub fn encode_slice(c: WireCodec, x: &[f32]) -> Result<Vec<u8>> {
 }
 
 /// Decodes a slice of `len` values written by `encode_slice`.
+// A peer's frame: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
     let mut v = codec::decode(c, blocks(len), BLOCK as usize, bytes)?;
     v.truncate(len as usize);
@@ -303,6 +305,8 @@ impl Butterfly {
     }
 
     /// Takes in a checked slice message; `from_early` = it was held back.
+    // A peer's frame: no unchecked arithmetic or indexing.
+    #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
     fn accept(&mut self, m: SliceMsg, from_early: bool) {
         let Some(plan) = self.plan.as_ref() else {
             self.hold(m);
@@ -591,6 +595,8 @@ impl Butterfly {
     }
 }
 
+// A peer's frame: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
     let (rows, cols) = h.rows_cols()?;
     if h.direction != Direction::WeightSlice || h.ndim != 2 {
