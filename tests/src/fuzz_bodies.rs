@@ -105,15 +105,32 @@ pub fn control_request(data: &[u8]) {
     }
     let who = signer();
     let method = [REGISTER, HEARTBEAT, REPORT][sel as usize % 3];
-    let nonce = [sel; 16];
-    let sig = who.sign(&signing_bytes(&aud, method, NOW, &nonce, rest));
+    // The signed envelope's own fields from the input too: the timestamp
+    // (anywhere around the server's clock, or anything), the nonce (any
+    // length), then the body.
+    let mut b = Bytes(rest);
+    let ts = match b.u8() % 4 {
+        0 => NOW,
+        1 => NOW.wrapping_add(b.u16() as u64 * 1000),
+        2 => NOW.wrapping_sub(b.u16() as u64 * 1000),
+        _ => b.u64(),
+    };
+    let nonce_len = if b.u8() % 8 == 0 { b.u8() as usize % 40 } else { 16 };
+    let nonce = b.take(nonce_len).to_vec();
+    let body = b.0;
+    let sig = who.sign(&signing_bytes(&aud, method, ts, &nonce, body));
     let env = pb::Signed {
         peer_id: who.peer_id().0.to_vec(),
-        timestamp_ms: NOW,
-        nonce: nonce.to_vec(),
-        body: rest.to_vec(),
+        timestamp_ms: ts,
+        nonce: nonce.clone(),
+        body: body.to_vec(),
         signature: sig.to_vec(),
     };
+    // A second delivery of the same envelope is a replay.
+    if v.verify::<pb::HeartbeatRequest>(method, &env, NOW).is_ok() && method == HEARTBEAT {
+        assert!(v.verify::<pb::HeartbeatRequest>(method, &env, NOW).is_err(), "a replayed envelope was accepted");
+    }
+    let v = Verifier::new(AuthPolicy::default(), aud, 0);
     match sel % 3 {
         0 => {
             if let Ok((_, b)) = v.verify::<pb::RegisterRequest>(method, &env, NOW) {
