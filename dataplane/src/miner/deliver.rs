@@ -155,3 +155,83 @@ fn report_unreachable(reports: &mpsc::UnboundedSender<pb::report::Kind>, to: Pee
         failure: pb::Failure::Unreachable as i32,
     }));
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use iota_core::{Identity, WireCodec};
+
+    use super::*;
+    use crate::fileio::FileIo;
+    use crate::frame::{FrameLimits, RunContext};
+    use crate::local_store::LocalDirStore;
+    use crate::pool::HostPool;
+    use crate::tls::PeerDirectory;
+    use crate::transport::TransportConfig;
+
+    fn meta() -> FrameMeta {
+        FrameMeta {
+            direction: Direction::Activation,
+            codec: WireCodec::F32,
+            stage: 0,
+            epoch: 5,
+            shard: 1,
+            first_sample: 8,
+            samples: 1,
+            attempt: 2,
+            shape: vec![4],
+            answers: [0; 32],
+        }
+    }
+
+    fn endpoint(seed: u8, ctx: &Arc<RunContext>) -> (Arc<Endpoint>, Arc<PeerDirectory>) {
+        let dir = PeerDirectory::new();
+        let ep = Endpoint::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            Identity::from_seed([seed; 32]),
+            dir.clone(),
+            ctx.clone(),
+            HostPool::new(1 << 20),
+            TransportConfig::default(),
+        )
+        .unwrap();
+        (Arc::new(ep), dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_peer_delays_only_its_own_frames_and_is_reported() {
+        let ctx = Arc::new(RunContext::new(77, FrameLimits::default()));
+        ctx.set_epoch_window(5, 6);
+        let (a, dir_a) = endpoint(1, &ctx);
+        let (b, dir_b) = endpoint(2, &ctx);
+        dir_a.insert(b.peer_id(), Some(b.local_addr().unwrap()));
+        dir_b.insert(a.peer_id(), Some(a.local_addr().unwrap()));
+        // A peer whose port swallows every packet: its dial can only time out.
+        let hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dead = Identity::from_seed([3; 32]).peer_id();
+        dir_a.insert(dead, Some(hole.local_addr().unwrap()));
+        a.set_connect_timeout(Duration::from_secs(3));
+        let store_dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::shared(store_dir.path(), FileIo::start(false)).unwrap();
+        let (tx, mut reports) = mpsc::unbounded_channel();
+        let mut senders = PeerSenders::new(a.clone(), store, tx);
+        // The dead peer's frame first, then the live one's.
+        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None);
+        senders.send(b.peer_id(), meta(), Bytes::from(vec![1u8; 16]), None);
+        let got = tokio::time::timeout(Duration::from_secs(30), b.recv()).await.unwrap().unwrap();
+        assert_eq!(&got.payload[..], &[1u8; 16][..]);
+        // It arrived while the dead peer's dial was still pending.
+        assert!(reports.try_recv().is_err(), "the live peer's frame waited for the dead one");
+        // Then the dead peer is reported, naming it and the micro-batch.
+        let r = tokio::time::timeout(Duration::from_secs(30), reports.recv()).await.unwrap().unwrap();
+        let pb::report::Kind::PeerFailed(f) = r else { panic!("expected PeerFailed, got {r:?}") };
+        assert_eq!((f.peer.clone(), f.failure()), (dead.0.to_vec(), pb::Failure::Unreachable));
+        assert_eq!((f.epoch, f.shard, f.first_sample, f.attempt), (5, 1, 8, 2));
+        // Its next frame fails at once (no second dial): reported before a
+        // frame sent after it to the live peer is even queued behind it.
+        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None);
+        let r = tokio::time::timeout(Duration::from_millis(2_500), reports.recv()).await;
+        assert!(r.is_ok_and(|r| r.is_some()), "a known-dead peer's frame waited for another dial");
+    }
+}
