@@ -54,3 +54,33 @@ async fn a_flaky_miner_in_the_tail_stage_drops_nothing() {
 async fn a_slow_miner_in_the_head_stage_drops_nothing() {
     run_with(Adversary::Slow, Place::Head).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_miner_with_a_closed_port_in_the_head_stage_stalls_nothing() {
+    run_with(Adversary::Closed, Place::Head).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_miner_with_a_closed_port_joining_mid_run_stalls_nothing() {
+    run_with(Adversary::Closed, Place::MidRun).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flaky_miner_in_the_head_stage_drops_nothing() {
+    run_with(Adversary::Flaky, Place::Head).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flaky_miner_joining_mid_run_drops_nothing() {
+    run_with(Adversary::Flaky, Place::MidRun).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_miner_in_the_tail_stage_drops_nothing() {
+    run_with(Adversary::Slow, Place::Tail).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_miner_joining_mid_run_drops_nothing() {
+    run_with(Adversary::Slow, Place::MidRun).await;
+}
