@@ -349,7 +349,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                     Some(p) => {
                         let k = pick % p.partitions.len();
                         let q = &p.partitions[k];
-                        let by = if b.u8() & 1 == 0 { q.owners[0] } else { peer };
+                        let by = if b.u8() & 1 == 0 { q.owners.first().copied().unwrap_or(peer) } else { peer };
                         Event::SliceDone {
                             peer: by,
                             epoch: p.epoch,
