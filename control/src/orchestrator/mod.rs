@@ -195,6 +195,14 @@ pub struct Orchestrator {
     objects: BTreeMap<u64, BTreeMap<u32, StageObjects>>,
     #[serde(default)]
     bad_objects: Vec<BadObjectRecord>,
+    /// When the current phase began (`phase_since` is re-armed by timeouts).
+    #[serde(default)]
+    phase_entered: Ms,
+    /// How long the last upload and merge phases took (see `phase_timeout_ms`).
+    #[serde(default)]
+    last_upload_ms: Option<Ms>,
+    #[serde(default)]
+    last_merge_ms: Option<Ms>,
 }
 
 fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::command::Kind {
@@ -230,6 +238,9 @@ impl Orchestrator {
             mismatches: Vec::new(),
             objects: BTreeMap::new(),
             bad_objects: Vec::new(),
+            phase_entered: 0,
+            last_upload_ms: None,
+            last_merge_ms: None,
         })
     }
 
@@ -568,7 +579,7 @@ impl Orchestrator {
                         .count()
                 };
                 let all_in = (0..self.spec.stages).all(|s| waiting_on(s) == 0);
-                let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
+                let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
                 let every_stage_has_one =
                     (0..self.spec.stages).all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
                 if (all_in || timed_out) && every_stage_has_one {
@@ -583,11 +594,14 @@ impl Orchestrator {
                 // While no participant of a stage has finished, the healthy
                 // ones are waited for: planning them all out would "complete"
                 // the stage with no merged weights written, and its replicas
-                // would start the next epoch from different weights.
-                let timed_out = now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms;
+                // would start the next epoch from different weights. Except
+                // one that has reported nothing at all by the timeout while
+                // others have: it holds everyone else's partitions hostage.
+                let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
                 for s in 0..self.spec.stages {
                     let Some(bm) = self.butterfly.get(&s) else { continue };
                     let someone_done = !bm.done.is_empty();
+                    let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
                     let gone: Vec<PeerId> = bm
                         .plan
                         .participants
@@ -596,6 +610,7 @@ impl Orchestrator {
                         .filter(|p| {
                             !self.miners.get(p).is_some_and(|m| m.healthy)
                                 || (timed_out && someone_done && !bm.done.contains_key(p))
+                                || (timed_out && !someone_done && someone_reported && !bm.reported(p))
                         })
                         .collect();
                     if !gone.is_empty() {
@@ -616,7 +631,7 @@ impl Orchestrator {
             Phase::Merging => {
                 if (0..self.spec.stages).all(|s| self.merged.contains_key(&s)) {
                     self.finish_epoch(now, rng, out);
-                } else if now.saturating_sub(self.phase_since) > self.spec.phase_timeout_ms {
+                } else if now.saturating_sub(self.phase_since) > self.phase_timeout_ms() {
                     // An aggregator went quiet: the next uploader takes over.
                     for s in 0..self.spec.stages {
                         if self.merged.contains_key(&s) {

@@ -8,6 +8,9 @@ use iota_protocol::{pb, plan_to_pb};
 
 use super::{MinerState, Ms, Orchestrator, Out, Phase};
 
+/// The shortest a measured phase timeout gets.
+pub const MIN_PHASE_TIMEOUT_MS: Ms = 10_000;
+
 impl Orchestrator {
     pub(super) fn phase_cmd(&self) -> pb::command::Kind {
         let (phase, prefix) = match self.phase {
@@ -76,8 +79,35 @@ impl Orchestrator {
     }
 
     pub(super) fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
+        if p != self.phase {
+            // How long an upload or merge took, when it ended by itself
+            // (not by its timeout): later ones are timed by it.
+            let took = now.saturating_sub(self.phase_entered);
+            let within = took <= self.phase_timeout_ms();
+            match self.phase {
+                Phase::Uploading if within => self.last_upload_ms = Some(took),
+                Phase::Merging if within => self.last_merge_ms = Some(took),
+                _ => {}
+            }
+            self.phase_entered = now;
+        }
         self.phase = p;
         self.phase_since = now;
         self.broadcast_phase(out);
+    }
+
+    /// The timeout of the current phase: four times the last measured
+    /// duration of the same phase, at least `MIN_PHASE_TIMEOUT_MS` and at
+    /// most the run's `phase_timeout_ms` (which also serves before anything
+    /// was measured), so a silent miner costs each epoch seconds, not the
+    /// configured ceiling.
+    pub(crate) fn phase_timeout_ms(&self) -> Ms {
+        let measured = match self.phase {
+            Phase::Uploading => self.last_upload_ms,
+            Phase::Merging => self.last_merge_ms,
+            _ => None,
+        };
+        let ceiling = self.spec.phase_timeout_ms;
+        measured.map_or(ceiling, |m| m.saturating_mul(4).clamp(MIN_PHASE_TIMEOUT_MS.min(ceiling), ceiling))
     }
 }

@@ -59,6 +59,8 @@ struct Sim {
     skip_uploads: bool,
     /// Registered and heartbeating, never working (the `silent` adversary).
     silent: BTreeSet<PeerId>,
+    /// `stalled` miners sit on merge commands of this epoch and later.
+    stall_from: u64,
     /// Neighbours of a silent miner report it UNREACHABLE (else NO_INPUT).
     report_unreachable: bool,
 }
@@ -83,6 +85,7 @@ impl Sim {
             phases_heard: Vec::new(),
             skip_uploads: false,
             silent: BTreeSet::new(),
+            stall_from: 0,
             report_unreachable: false,
         }
     }
@@ -115,8 +118,8 @@ impl Sim {
             if self.dead.contains(&to) {
                 continue;
             }
-            let merge_work = matches!(&cmd, pb::command::Kind::Verdict(_))
-                || matches!(&cmd, pb::command::Kind::Phase(p) if p.merge_plan.is_some());
+            let merge_work = matches!(&cmd, pb::command::Kind::Verdict(v) if v.epoch >= self.stall_from)
+                || matches!(&cmd, pb::command::Kind::Phase(p) if p.merge_plan.is_some() && p.epoch >= self.stall_from);
             if merge_work && self.stalled.contains(&to) {
                 self.held.push(Out { to, cmd });
                 continue;
@@ -740,4 +743,22 @@ fn a_newcomer_carries_one_micro_batch_until_it_delivers() {
     // Once they have delivered, they take more.
     assert!(sim.o.miners().all(|m| !m.probation && m.delivered > 0));
     assert!(sim.o.miners().map(|m| m.in_flight).sum::<u32>() > 2 || sim.o.history().len() == 1);
+}
+
+#[test]
+fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
+    let mut sp = butterfly_spec(1, 3);
+    sp.phase_timeout_ms = 120_000;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 3);
+    // Epoch 0 merges at once (a measured merge of ~0 ms). In epoch 1 one
+    // participant sits on its merge commands: it is planned out after the
+    // measured timeout (the floor, 10 s), not after the 120 s ceiling.
+    let slow = sim.o.miners().next().unwrap().peer;
+    sim.stalled.insert(slow);
+    sim.stall_from = 1;
+    sim.run_until_done(200);
+    assert_eq!(sim.o.history().len(), 2);
+    assert!(sim.now < 40_000, "the run took {} ms of simulated time", sim.now);
+    assert!(sim.now >= 10_000, "the laggard had the floor's 10 s: {} ms", sim.now);
 }

@@ -70,6 +70,12 @@ impl StageMerge {
         }
     }
 
+    /// `peer` has reported anything in this merge: a slice hash (for the
+    /// partitions' current generations) or its finished merge.
+    pub fn reported(&self, peer: &PeerId) -> bool {
+        self.done.contains_key(peer) || self.reports.iter().any(|r| r.contains_key(peer))
+    }
+
     /// Every participant finished.
     pub fn complete(&self) -> bool {
         self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))
