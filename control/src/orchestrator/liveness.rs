@@ -85,11 +85,34 @@ impl Orchestrator {
             .find(|p| waiting.iter().any(|(_, named)| named == p) && !waiting.iter().any(|(rep, _)| rep == p))
     }
 
+    /// After how long a miner on `pathway` reports its neighbour's input as
+    /// overdue (`Route.overdue_ms`): four times the slowest measured latency
+    /// of a live miner (a whole micro-batch's, so generous for one hop), at
+    /// least 300 ms, at most half the route timeout (also the value before
+    /// anything was measured).
+    pub(super) fn overdue_ms(&self, pathway: &[PeerId]) -> Ms {
+        let ceiling = self.spec.route_timeout_ms / 2;
+        // An unmeasured miner (a newcomer on probation) is taken to be as
+        // slow as the slowest measured one: its first micro-batch must not
+        // buy it the whole ceiling.
+        let slowest = pathway
+            .iter()
+            .filter_map(|p| self.miners.get(p))
+            .map(|m| m.latency_ms)
+            .chain(self.miners.values().filter(|m| m.live()).map(|m| m.latency_ms))
+            .fold(0.0, f64::max);
+        if slowest <= 0.0 {
+            return ceiling;
+        }
+        ((slowest * 4.0) as Ms).clamp(300.min(ceiling), ceiling)
+    }
+
     /// How long after the first `NO_INPUT` report of an attempt the
     /// orchestrator acts on the reports it has (the others waiting on the
-    /// same stall report within about the same time).
-    pub(super) fn waiting_grace_ms(&self) -> Ms {
-        (self.spec.route_timeout_ms / 5).clamp(200, 2_000)
+    /// same stall report within about the same time): half the attempt's
+    /// overdue time, 100 ms to 2 s.
+    pub(super) fn waiting_grace_ms(&self, pathway: &[PeerId]) -> Ms {
+        (self.overdue_ms(pathway) / 2).clamp(100, 2_000)
     }
 
     /// Pins one failure on `peer`; benches it after enough in a row.
@@ -99,7 +122,8 @@ impl Orchestrator {
         m.failures += 1;
         m.failures_in_a_row += 1;
         self.counters.failures_pinned += 1;
-        if m.failures_in_a_row >= threshold && !m.benched {
+        // On probation there is no delivery to weigh a failure against.
+        if (m.failures_in_a_row >= threshold || m.probation) && !m.benched {
             m.benched = true;
             self.counters.benched += 1;
             let lost = self.in_flight_through(peer);

@@ -205,7 +205,7 @@ pub struct Orchestrator {
     last_merge_ms: Option<Ms>,
 }
 
-fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::command::Kind {
+fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId], overdue_ms: u64) -> pb::command::Kind {
     pb::command::Kind::Route(pb::Route {
         epoch,
         shard: r.mb.shard,
@@ -214,6 +214,7 @@ fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId]) -> pb::
         attempt,
         pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
         seq: r.seq,
+        overdue_ms,
     })
 }
 
@@ -517,10 +518,11 @@ impl Orchestrator {
             let next = attempt + 1;
             match (strikes < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list, false)).flatten() {
                 Some(p) => {
+                    let overdue = self.overdue_ms(&p);
                     self.counters.rerouted += 1;
                     self.set_in_flight(&p, 1);
                     for m in &p {
-                        out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, next, &p) });
+                        out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, next, &p, overdue) });
                     }
                     let deadline = now + self.spec.route_timeout_ms;
                     self.mbs.get_mut(&seq).unwrap().status = MbStatus::InFlight {
@@ -672,7 +674,6 @@ impl Orchestrator {
         // overdue (after a grace for the reports of everyone waiting to
         // arrive): pinned on a miner when the waiting reports say who
         // stalled it (see liveness.rs), on nobody otherwise.
-        let grace = self.waiting_grace_ms();
         let expired: Vec<(u64, u32, Option<PeerId>)> = self
             .mbs
             .values()
@@ -683,6 +684,7 @@ impl Orchestrator {
                     // miner or not (two neighbours waiting on each other lost
                     // a frame between them; waiting out the timeout gains
                     // nothing).
+                    let grace = self.waiting_grace_ms(pathway);
                     let stalled = waiting_since.is_some_and(|t| t + grace <= now);
                     (*deadline_ms <= now || stalled).then_some((r.seq, *attempt, blamed))
                 }
@@ -705,11 +707,12 @@ impl Orchestrator {
             let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
+            let overdue = self.overdue_ms(&p);
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
             let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
             for m in &p {
-                out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, 0, &p) });
+                out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, 0, &p, overdue) });
             }
             self.set_in_flight(&p, 1);
             let status = MbStatus::InFlight {

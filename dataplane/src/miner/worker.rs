@@ -211,12 +211,17 @@ impl<B: Backend + 'static> Worker<B> {
     }
 
     /// Tells the orchestrator which neighbours are overdue with their input
-    /// (after half the route timeout), once per wait.
+    /// (after the route's `overdue_ms`, or half the route timeout), once per
+    /// wait.
     fn report_overdue(&mut self, out: &mut Vec<Output>) {
-        let overdue = std::time::Duration::from_millis(self.cfg.spec.route_timeout_ms / 2);
-        for (k, w) in self.waits.iter_mut().filter(|(_, w)| !w.reported && w.since.elapsed() >= overdue) {
-            w.reported = true;
+        let default = self.cfg.spec.route_timeout_ms / 2;
+        for (k, w) in self.waits.iter_mut().filter(|(_, w)| !w.reported) {
             let Some(r) = self.routes.get(k) else { continue };
+            let overdue = if r.overdue_ms > 0 { r.overdue_ms.min(default) } else { default };
+            if w.since.elapsed() < std::time::Duration::from_millis(overdue) {
+                continue;
+            }
+            w.reported = true;
             debug!(peer = %w.on, shard = r.shard, first = r.first_sample, "input overdue; reported");
             out.push(Output::Report(pb::report::Kind::PeerFailed(pb::PeerFailed {
                 epoch: r.epoch,

@@ -260,6 +260,7 @@ fn frames_answer_what_they_were_computed_from() {
         w
     };
     let route = pb::Route {
+        overdue_ms: 0,
         epoch: 0,
         shard: 0,
         first_sample: 0,
