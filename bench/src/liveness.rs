@@ -20,6 +20,9 @@ pub struct Args {
     /// Micro-batches per epoch (3 x 64 = the 192).
     #[arg(long, default_value_t = 64)]
     micro_batches: u64,
+    /// Honest runs whose median is the baseline.
+    #[arg(long, default_value_t = 3)]
+    baseline_runs: usize,
     /// Only these adversaries (silent, closed, slow, flaky; default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -49,7 +52,14 @@ pub fn run(a: Args) -> Result<()> {
         "liveness: tiny 2 stages x 2 replicas, {} epochs x {} micro-batches, 4 honest miners + 1 unreliable",
         a.epochs, a.micro_batches
     );
-    let base = rt.block_on(run_scenario(None, a.epochs, a.micro_batches));
+    // This VM's wall times swing by tens of percent from run to run: the
+    // baseline is the median of `baseline_runs` honest runs.
+    let mut bases: Vec<ScenarioReport> =
+        (0..a.baseline_runs.max(1)).map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches))).collect();
+    bases.sort_by_key(|r| r.wall);
+    let walls: Vec<String> = bases.iter().map(|r| format!("{:.1}", r.wall.as_secs_f64())).collect();
+    let base = bases.swap_remove(bases.len() / 2);
+    println!("honest runs: {} s (median is the baseline)", walls.join(", "));
     print_header();
     print_row("honest (baseline)", &base, base.wall);
     for k in kinds {

@@ -21,6 +21,13 @@ impl Orchestrator {
         self.healthy_in(stage).filter(|m| !m.joining)
     }
 
+    /// Whether a miner (re)starting now must wait for the next epoch's
+    /// merged weights. In the first epoch it need not: everyone started
+    /// from the weights the run seed gives, which it can make itself.
+    pub(super) fn joins_late(&self) -> bool {
+        self.phase != Phase::Waiting && !(self.epoch == 0 && self.phase == Phase::Training)
+    }
+
     /// Registers `peer`; true when it is a new claim (not yet subscribed).
     pub(super) fn register(
         &mut self,
@@ -46,9 +53,10 @@ impl Orchestrator {
             m.tokens_per_s = tokens_per_s;
             m.last_seen_ms = now;
             let lost: Vec<u64> = self.in_flight_through(peer);
+            let late = self.joins_late();
             let m = self.miners.get_mut(&peer).unwrap();
             m.healthy = true;
-            m.joining = self.phase != Phase::Waiting;
+            m.joining = late;
             let announce = moved && m.subscribed;
             self.reroute_all(now, lost, Some(peer), true, out);
             if announce {
@@ -89,7 +97,7 @@ impl Orchestrator {
                 healthy: true,
                 subscribed: false,
                 registered_ms: now,
-                joining: self.phase != Phase::Waiting,
+                joining: self.joins_late(),
                 last_seen_ms: now,
                 tokens_per_s,
                 device,
