@@ -16,6 +16,7 @@ mod membership;
 mod merging;
 mod objects;
 mod phase;
+mod routing;
 mod state;
 
 use std::collections::BTreeMap;
@@ -205,19 +206,6 @@ pub struct Orchestrator {
     last_merge_ms: Option<Ms>,
 }
 
-fn route_cmd(epoch: u64, r: &MbRecord, attempt: u32, pathway: &[PeerId], overdue_ms: u64) -> pb::command::Kind {
-    pb::command::Kind::Route(pb::Route {
-        epoch,
-        shard: r.mb.shard,
-        first_sample: r.mb.first_sample,
-        samples: r.samples,
-        attempt,
-        pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
-        seq: r.seq,
-        overdue_ms,
-    })
-}
-
 impl Orchestrator {
     pub fn new(spec: RunSpec) -> Result<Self, String> {
         spec.validate()?;
@@ -400,150 +388,6 @@ impl Orchestrator {
         }
     }
 
-    fn in_flight_through(&self, peer: PeerId) -> Vec<u64> {
-        self.mbs
-            .values()
-            .filter(|r| matches!(&r.status, MbStatus::InFlight { pathway, .. } if pathway.contains(&peer)))
-            .map(|r| r.seq)
-            .collect()
-    }
-
-    fn set_in_flight(&mut self, pathway: &[PeerId], delta: i32) {
-        for p in pathway {
-            if let Some(m) = self.miners.get_mut(p) {
-                m.in_flight = (m.in_flight as i64 + delta as i64).max(0) as u32;
-            }
-        }
-    }
-
-    fn on_loss(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32) {
-        let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
-            self.counters.stale_reports += 1;
-            return;
-        };
-        let seq = r.seq;
-        match &mut r.status {
-            MbStatus::InFlight { attempt: a, pathway, loss: l, .. }
-                if *a == attempt && pathway.last() == Some(&peer) =>
-            {
-                if l.is_none() && loss.is_finite() {
-                    *l = Some(loss);
-                    self.counters.tokens += tokens as u64;
-                }
-            }
-            _ => {
-                self.counters.stale_reports += 1;
-                return;
-            }
-        }
-        self.try_complete(now, seq);
-    }
-
-    fn on_backward_done(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32) {
-        let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
-            self.counters.stale_reports += 1;
-            return;
-        };
-        let seq = r.seq;
-        let MbStatus::InFlight { attempt: a, pathway, backward_done, .. } = &mut r.status else {
-            self.counters.stale_reports += 1;
-            return;
-        };
-        if *a != attempt || pathway.first() != Some(&peer) {
-            self.counters.stale_reports += 1;
-            return;
-        }
-        *backward_done = true;
-        self.try_complete(now, seq);
-    }
-
-    /// A micro-batch is complete once the tail reported its loss and the head
-    /// finished its backward (the two reports may arrive in either order).
-    fn try_complete(&mut self, now: Ms, seq: u64) {
-        let r = self.mbs.get_mut(&seq).expect("known micro-batch");
-        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, deadline_ms, .. } = &r.status else {
-            return;
-        };
-        let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
-        let (loss, pathway) = (*loss, pathway.clone());
-        r.status = MbStatus::Done { loss };
-        self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
-        self.counters.completed += 1;
-        self.counters.last_loss = loss;
-        self.epoch_loss.0 += loss as f64;
-        self.epoch_loss.1 += 1;
-        self.set_in_flight(&pathway, -1);
-        for p in &pathway {
-            if let Some(m) = self.miners.get_mut(p) {
-                m.work += 1;
-            }
-        }
-    }
-
-    /// Re-issues micro-batches `seqs` on new pathways (avoiding `avoid`).
-    /// `attributed`: the failure was pinned on a miner (or it went silent),
-    /// which does not count toward `max_attempts`; a micro-batch is dropped
-    /// after `max_attempts` failures nobody could be blamed for, or when a
-    /// stage has no miner left to take it.
-    fn reroute_all(&mut self, now: Ms, seqs: Vec<u64>, avoid: Option<PeerId>, attributed: bool, out: &mut Vec<Out>) {
-        let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
-        for seq in seqs {
-            let r = self.mbs[&seq].clone();
-            let MbStatus::InFlight { attempt, pathway, strikes, .. } = &r.status else {
-                continue;
-            };
-            let (attempt, old) = (*attempt, pathway.clone());
-            let strikes = strikes + u32::from(!attributed);
-            self.set_in_flight(&old, -1);
-            // A failed attempt counts against the latency of whom it is
-            // pinned on (everyone on it when nobody is blamed), so routing
-            // steers away from miners whose work fails.
-            let penalty = self.spec.route_timeout_ms as f64;
-            for p in old.iter().filter(|p| avoid.is_none_or(|a| a == **p)) {
-                self.penalize(*p, penalty);
-            }
-            for p in &old {
-                out.push(Out {
-                    to: *p,
-                    cmd: pb::command::Kind::Cancel(pb::Cancel {
-                        epoch: self.epoch,
-                        shard: r.mb.shard,
-                        first_sample: r.mb.first_sample,
-                        attempt,
-                    }),
-                });
-            }
-            let mut avoid_list: Vec<PeerId> = old.clone();
-            avoid_list.extend(avoid);
-            let next = attempt + 1;
-            match (strikes < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list, false)).flatten() {
-                Some(p) => {
-                    let overdue = self.overdue_ms(&p);
-                    self.counters.rerouted += 1;
-                    self.set_in_flight(&p, 1);
-                    for m in &p {
-                        out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, next, &p, overdue) });
-                    }
-                    let deadline = now + self.spec.route_timeout_ms;
-                    self.mbs.get_mut(&seq).unwrap().status = MbStatus::InFlight {
-                        attempt: next,
-                        pathway: p,
-                        deadline_ms: deadline,
-                        loss: None,
-                        backward_done: false,
-                        strikes,
-                        waiting: Vec::new(),
-                        waiting_since: None,
-                    };
-                }
-                None => {
-                    self.counters.dropped += 1;
-                    self.mbs.get_mut(&seq).unwrap().status = MbStatus::Dropped;
-                }
-            }
-        }
-    }
-
     /// The miner that averages a stage: the lowest-index one that uploaded.
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
         let ups = self.uploads.get(&stage)?;
@@ -712,7 +556,7 @@ impl Orchestrator {
             let mb = self.spec.micro_batch(self.epoch, seq);
             let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
             for m in &p {
-                out.push(Out { to: *m, cmd: route_cmd(self.epoch, &r, 0, &p, overdue) });
+                out.push(Out { to: *m, cmd: Self::route_cmd(self.epoch, &r, 0, &p, overdue) });
             }
             self.set_in_flight(&p, 1);
             let status = MbStatus::InFlight {
