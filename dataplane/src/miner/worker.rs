@@ -297,6 +297,21 @@ impl<B: Backend + 'static> Worker<B> {
         }
     }
 
+    /// Loads the previous epoch's merged weights (as announced in `p`) if
+    /// this replica does not hold them: it missed the merge, or joined late.
+    fn catch_up(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
+        let Some(prev) = p.epoch.checked_sub(1) else { return Ok(()) };
+        if self.weights_after == Some(prev) {
+            return Ok(());
+        }
+        let Some(s) = self.stage.as_mut() else { return Ok(()) };
+        let params = load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), prev, out)?;
+        s.set_params(&params)?;
+        self.weights_after = Some(prev);
+        info!(epoch = p.epoch, "loaded merged weights");
+        Ok(())
+    }
+
     /// Miners this one may exchange frames with (and where to dial them).
     fn add_peers(&mut self, peers: &[pb::PeerInfo]) {
         for p in peers {
@@ -363,23 +378,7 @@ impl<B: Backend + 'static> Worker<B> {
                 if let Some(s) = self.stage.as_mut() {
                     s.zero_grads();
                 }
-                if p.epoch > 0
-                    && self.weights_after != Some(p.epoch - 1)
-                    && let Some(s) = self.stage.as_mut()
-                {
-                    let params = load_announced(
-                        &self.rt,
-                        &self.store,
-                        &p.weights,
-                        self.stage_index,
-                        s.layout(),
-                        p.epoch - 1,
-                        out,
-                    )?;
-                    s.set_params(&params)?;
-                    self.weights_after = Some(p.epoch - 1);
-                    info!(epoch = p.epoch, "loaded merged weights");
-                }
+                self.catch_up(&p, out)?;
                 if let Some(s) = self.stage.as_ref() {
                     self.merge.epoch_started(p.epoch, self.stage_index, &s.params_host());
                 }
@@ -406,22 +405,7 @@ impl<B: Backend + 'static> Worker<B> {
             }
             pb::Phase::Done => {
                 self.done = true;
-                if p.epoch > 0
-                    && self.weights_after != Some(p.epoch - 1)
-                    && let Some(s) = self.stage.as_mut()
-                {
-                    let params = load_announced(
-                        &self.rt,
-                        &self.store,
-                        &p.weights,
-                        self.stage_index,
-                        s.layout(),
-                        p.epoch - 1,
-                        out,
-                    )?;
-                    s.set_params(&params)?;
-                    self.weights_after = Some(p.epoch - 1);
-                }
+                self.catch_up(&p, out)?;
             }
             pb::Phase::Waiting | pb::Phase::Unspecified => {}
         }
