@@ -159,9 +159,10 @@ impl OrchestratorService {
     ) -> anyhow::Result<Self> {
         let mut catch_up = HashSet::new();
         let orch = match store.as_ref().map(|s| s.load()).transpose()?.flatten() {
-            Some(saved) if saved.spec().run_id == orch.spec().run_id => {
+            Some(mut saved) if saved.spec().run_id == orch.spec().run_id => {
                 info!(epoch = saved.epoch(), phase = ?saved.phase(), "resuming run from saved state");
                 catch_up = saved.miners().map(|m| m.peer).collect();
+                saved.resumed(now_ms());
                 saved
             }
             Some(saved) => {

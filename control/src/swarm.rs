@@ -51,6 +51,10 @@ pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(Stri
     let url = format!("http://{}", listener.local_addr()?);
     let task = tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
+            // Pings find subscribers that vanished without closing, so their
+            // streams (and the commands queued on them) do not linger.
+            .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
             .add_service(OrchestratorServer::new(svc))
             .serve_with_incoming(TcpListenerStream::new(listener))
             .await

@@ -5,11 +5,13 @@
 //! orchestrator and run only, and every reply and command that changes what
 //! the caller does is checked to come from it.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use iota_core::{Identity, PeerId};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{Audience, now_ms, open_hello, open_server, sign};
 use crate::pb::{self, orchestrator_client::OrchestratorClient};
@@ -19,6 +21,18 @@ pub const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";
 pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";
 pub const REPORT: &str = "/iota.v1.Orchestrator/Report";
 pub const STATUS: &str = "/iota.v1.Orchestrator/Status";
+
+/// How long a connection attempt may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a unary call may wait for its answer. Without a bound, a call
+/// sent into a connection the server dropped without closing (a crash, a
+/// partition) waits forever, and everything queued behind it with it.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// HTTP/2 pings on idle connections too, so a command stream whose server
+/// is gone ends (and is re-subscribed) within interval + timeout instead of
+/// waiting for commands that will never come.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct ControlClient {
@@ -36,10 +50,19 @@ impl ControlClient {
     /// the orchestrator `pinned` (any orchestrator when None: trust on first
     /// use, for tests and one-machine runs).
     pub async fn connect(endpoint: String, id: Arc<Identity>, pinned: Option<PeerId>) -> anyhow::Result<Self> {
-        let mut rpc = OrchestratorClient::connect(endpoint.clone())
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .with_context(|| format!("the orchestrator address {endpoint:?}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
+            .connect()
             .await
             .with_context(|| format!("cannot reach the orchestrator at {endpoint}"))?;
-        let hello = rpc.hello(pb::HelloRequest {}).await.context("asking the orchestrator who it is")?.into_inner();
+        let mut rpc = OrchestratorClient::new(channel);
+        let hello =
+            bounded(rpc.hello(pb::HelloRequest {})).await.context("asking the orchestrator who it is")?.into_inner();
         let aud = open_hello(&hello, pinned).map_err(anyhow::Error::msg)?;
         Ok(ControlClient { rpc, id, aud })
     }
@@ -61,7 +84,7 @@ impl ControlClient {
     ) -> Result<pb::RegisterReply, tonic::Status> {
         let body = pb::RegisterRequest { role: pb::Role::Miner as i32, data_addr, tokens_per_s, device };
         let s = sign(&self.id, &self.aud, REGISTER, &body, now_ms());
-        let reply = self.rpc.register(s.clone()).await?.into_inner();
+        let reply = bounded(self.rpc.register(s.clone())).await?.into_inner();
         open_server(&self.aud, &self.id.peer_id(), REGISTER, &s.nonce, 0, &reply).map_err(forged)
     }
 
@@ -79,27 +102,38 @@ impl ControlClient {
     /// The caller's command stream; each command is checked as it arrives.
     pub async fn subscribe(&mut self) -> Result<CommandStream, tonic::Status> {
         let s = sign(&self.id, &self.aud, SUBSCRIBE, &pb::SubscribeRequest {}, now_ms());
-        let inner = self.rpc.subscribe(s.clone()).await?.into_inner();
+        // Bounded until the stream opens; keepalive watches it after that.
+        let inner = bounded(self.rpc.subscribe(s.clone())).await?.into_inner();
         Ok(CommandStream { inner, aud: self.aud, me: self.id.peer_id(), nonce: s.nonce, next_seq: 0 })
     }
 
     pub async fn report(&mut self, kind: pb::report::Kind) -> Result<(), tonic::Status> {
         let s = sign(&self.id, &self.aud, REPORT, &pb::Report { kind: Some(kind) }, now_ms());
-        self.rpc.report(s).await?;
+        bounded(self.rpc.report(s)).await?;
         Ok(())
     }
 
     pub async fn status(&mut self) -> Result<pb::RunStatus, tonic::Status> {
         let s = sign(&self.id, &self.aud, STATUS, &pb::StatusRequest {}, now_ms());
-        Ok(self.rpc.status(s).await?.into_inner())
+        Ok(bounded(self.rpc.status(s)).await?.into_inner())
     }
 
     /// Sends a pre-built envelope as-is (tests of hostile requests); the
     /// reply is checked like any other.
     pub async fn raw_heartbeat(&mut self, s: pb::Signed) -> Result<pb::HeartbeatReply, tonic::Status> {
-        let reply = self.rpc.heartbeat(s.clone()).await?.into_inner();
+        let reply = bounded(self.rpc.heartbeat(s.clone())).await?.into_inner();
         open_server(&self.aud, &self.id.peer_id(), HEARTBEAT, &s.nonce, 0, &reply).map_err(forged)
     }
+}
+
+/// `call`, or DEADLINE_EXCEEDED after [`CALL_TIMEOUT`].
+async fn bounded<T>(call: impl Future<Output = Result<T, tonic::Status>>) -> Result<T, tonic::Status> {
+    tokio::time::timeout(CALL_TIMEOUT, call).await.unwrap_or_else(|_| {
+        Err(tonic::Status::deadline_exceeded(format!(
+            "the orchestrator did not answer within {} s",
+            CALL_TIMEOUT.as_secs()
+        )))
+    })
 }
 
 /// The orchestrator's commands to this caller, checked one by one: signed

@@ -136,6 +136,8 @@ impl Swarm {
         rt.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let _ = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
                 .add_service(OrchestratorServer::new(svc))
                 .serve_with_incoming(TcpListenerStream::new(listener))
                 .await;

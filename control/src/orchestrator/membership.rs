@@ -170,6 +170,17 @@ impl Orchestrator {
         self.miners.retain(|_, m| m.subscribed || now.saturating_sub(m.registered_ms) <= timeout);
     }
 
+    /// Called once when a run is restored from saved state at `now`: the
+    /// time the orchestrator was down is nobody's silence. Every miner's
+    /// heartbeat clock and the current phase's timer start again from now
+    /// (reports made during the downtime are still being retried).
+    pub fn resumed(&mut self, now: Ms) {
+        for m in self.miners.values_mut() {
+            m.last_seen_ms = now;
+        }
+        self.phase_since = now;
+    }
+
     /// Health, as time passes: silent miners are unhealthy; their work is
     /// re-routed.
     pub(super) fn check_health(&mut self, now: Ms, out: &mut Vec<Out>) {

@@ -114,7 +114,13 @@ impl Sim {
 
     /// Alive miners act on their commands until nothing is left.
     fn drain(&mut self) {
-        while let Some(Out { to, cmd }) = self.inbox.pop_front() {
+        self.drain_at_most(usize::MAX);
+    }
+
+    /// Acts on at most `n` commands (a crash can come between any two).
+    fn drain_at_most(&mut self, n: usize) {
+        for _ in 0..n {
+            let Some(Out { to, cmd }) = self.inbox.pop_front() else { return };
             if self.dead.contains(&to) {
                 continue;
             }
@@ -761,4 +767,39 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
     assert_eq!(sim.o.history().len(), 2);
     assert!(sim.now < 40_000, "the run took {} ms of simulated time", sim.now);
     assert!(sim.now >= 10_000, "the laggard had the floor's 10 s: {} ms", sim.now);
+}
+
+/// The orchestrator crashes early in the second epoch, after miners had
+/// finished work it never saved (`k` commands acted on after the save), and
+/// is down for 4 s, longer than the heartbeat timeout. It ticks before any
+/// miner has reached it again. Nothing may be dropped and nobody benched:
+/// the silence was the orchestrator's.
+#[test]
+fn a_restart_charges_its_downtime_to_nobody() {
+    for k in [0usize, 3, 13, 40] {
+        let mut sp = spec(2, 1, 3, 16, 2);
+        sp.route_timeout_ms = 5_000;
+        let mut s = Sim::new(sp.clone());
+        for i in 0..2 {
+            s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+        }
+        while s.o.epoch() < 1 {
+            s.drain_at_most(1);
+            if s.inbox.is_empty() {
+                s.tick(100);
+            }
+        }
+        let saved = serde_json::to_string(&s.o).unwrap();
+        s.drain_at_most(k);
+        let mut t = Sim::new(sp);
+        t.o = serde_json::from_str(&saved).unwrap();
+        t.now = s.now + 4_000;
+        t.o.resumed(t.now);
+        t.ev(Event::Tick);
+        assert!(t.o.miners().all(|m| m.healthy), "k={k}: a miner was judged by the orchestrator's downtime");
+        t.run_until_done(300);
+        let c = t.o.counters();
+        assert_eq!((c.dropped, c.benched, c.failures_pinned), (0, 0, 0), "k={k}: {c:?}");
+        assert!(t.o.history().iter().all(|e| e.completed == 16), "k={k}");
+    }
 }

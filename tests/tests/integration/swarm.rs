@@ -121,7 +121,18 @@ async fn restarted_orchestrator_resumes_the_run() {
     let swarm = swarm.restart(&cfg).await;
     assert!(swarm.service.with_state(|o| o.epoch()) >= 1, "the completed epoch survived the crash");
     for m in miners {
-        tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+        let Ok(finished) = tokio::time::timeout(Duration::from_secs(90), m).await else {
+            // Say where the run stood, so a hang on a loaded machine can be read from CI's log.
+            let state = swarm.service.with_state(|o| {
+                let miners: Vec<_> = o
+                    .miners()
+                    .map(|m| (m.stage, m.healthy, m.subscribed, m.joining, m.benched, m.in_flight, m.last_seen_ms))
+                    .collect();
+                format!("phase {:?} epoch {} {:?}\n(stage, healthy, subscribed, joining, benched, in flight, last seen): {miners:?}", o.phase(), o.epoch(), o.counters())
+            });
+            panic!("a miner did not finish within 90 s of the restart: {state}");
+        };
+        finished.unwrap().unwrap();
     }
     let history = swarm.service.with_state(|o| o.history().to_vec());
     assert_eq!(history.len(), 3, "the run went on to its end");
