@@ -28,3 +28,14 @@ ensure_build_tools() {
 
 # Builds share one target dir even when called from elsewhere.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# The S3-compatible server the object-store tests run against, built once
+# into target/tools (about 3 minutes on 2 cores; the version is pinned to one
+# that builds with our minimum Rust).
+S3S_FS_VERSION=0.14.1
+ensure_s3s_fs() {
+    local bin=target/tools/bin/s3s-fs
+    if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$S3S_FS_VERSION"; then return 0; fi
+    echo "building s3s-fs $S3S_FS_VERSION for the object-store tests (once)..." >&2
+    cargo install "s3s-fs@$S3S_FS_VERSION" --features binary --locked --root target/tools --quiet
+}

@@ -9,5 +9,7 @@ ensure_cmd python3 python3
 [ -e /etc/ssl/certs/ca-certificates.crt ] || ensure_cmd update-ca-certificates ca-certificates
 IOTA_CUDA_CACHE="$(python3 scripts/fetch-nvrtc.py)"
 export IOTA_CUDA_CACHE IOTA_REQUIRE_NVRTC=1
+# The S3-compatible server for the object-store tests (s3s-fs on loopback).
+ensure_s3s_fs
 python3 scripts/check-graph.py
 cargo test --workspace --all-targets "$@"

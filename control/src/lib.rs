@@ -2,6 +2,8 @@
 //!
 //! - [`orchestrator`]: the run's state machine (sans I/O);
 //! - [`service`], [`state_db`]: its gRPC shell and its durable state (SQLite);
+//! - [`s3_store`]: the object store on an S3-compatible service (the
+//!   orchestrator holds its credentials and presigns URLs for the others);
 //! - [`cli`], [`commands`], [`swarm`]: run flags and files, the
 //!   `iota-control` commands, and the local swarm launcher.
 //!
@@ -12,6 +14,7 @@ pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod orchestrator;
+pub mod s3_store;
 pub mod service;
 pub mod state_db;
 pub mod swarm;

@@ -4,6 +4,7 @@
 
 pub mod fuzz_bodies;
 pub mod liveness;
+pub mod s3;
 
 use std::path::PathBuf;
 use std::sync::Arc;
