@@ -24,14 +24,16 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
-use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE};
+use iota_protocol::client::{GRANT, HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE};
 use iota_protocol::fields;
+use iota_protocol::object_store::ObjectStore;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
 use iota_protocol::refusal::{Reason, Rejected};
 use iota_protocol::{MbRef, StoredObject};
 
 use crate::audit::Audit;
 use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal};
+use crate::s3_store::S3Store;
 use crate::state_db::StateDb;
 
 const SAVE_EVERY_MS: u64 = 2_000;
@@ -144,6 +146,8 @@ pub struct OrchestratorService {
     audit: Arc<Audit>,
     id: Arc<Identity>,
     run_config_json: Arc<String>,
+    /// The run's S3 store, when it has one: the Grant RPC presigns on it.
+    s3: Option<Arc<S3Store>>,
 }
 
 impl OrchestratorService {
@@ -190,7 +194,14 @@ impl OrchestratorService {
             audit: Arc::new(Audit::default()),
             id,
             run_config_json: Arc::new(run_config_json),
+            s3: None,
         })
+    }
+
+    /// Serves presigned URLs on `store` to the run's miners (Grant).
+    pub fn with_s3(mut self, store: Arc<S3Store>) -> Self {
+        self.s3 = Some(store);
+        self
     }
 
     /// Steps the state machine with `ev` now and delivers the commands.
@@ -198,14 +209,7 @@ impl OrchestratorService {
         let now = now_ms();
         let mut core = self.core.lock();
         let Core { orch, rng, .. } = &mut *core;
-        let outs = orch.step(now, ev, rng).map_err(|e| match e {
-            Refusal::Unknown(p) => Rejected::new(Reason::NotRegistered, format!("peer {p} must register first")),
-            Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
-            Refusal::NotYours(m) => Rejected::new(Reason::NotYours, m),
-            Refusal::Full(n) => {
-                Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes"))
-            }
-        })?;
+        let outs = orch.step(now, ev, rng).map_err(rejected)?;
         core.deliver(outs);
         core.persist(now, false);
         Ok(())
@@ -269,6 +273,20 @@ impl OrchestratorService {
         sign_server(&self.id, self.verifier.audience(), peer, method, &req.nonce, 0, reply)
     }
 }
+
+/// The state machine's refusal as the caller hears it.
+fn rejected(e: Refusal) -> Rejected {
+    match e {
+        Refusal::Unknown(p) => Rejected::new(Reason::NotRegistered, format!("peer {p} must register first")),
+        Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
+        Refusal::NotYours(m) => Rejected::new(Reason::NotYours, m),
+        Refusal::Full(n) => Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes")),
+    }
+}
+
+/// How long a presigned URL lives: long enough for a slow upload of a
+/// large object, short enough that a leaked one is soon worthless.
+pub const GRANT_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 fn mb(epoch: u64, shard: u32, first_sample: u64) -> MbRef {
     MbRef { epoch, shard, first_sample }
@@ -413,6 +431,50 @@ impl OrchestratorRpc for OrchestratorService {
         };
         self.apply_for(REPORT, peer, ev)?;
         Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn grant(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
+        let env = req.into_inner();
+        let (peer, body): (PeerId, pb::GrantRequest) = self.verify(GRANT, &env)?;
+        fields::grant(&body).map_err(|r| self.refuse(GRANT, r.from(peer)))?;
+        let Some(store) = self.s3.clone() else {
+            let r = Rejected::new(
+                Reason::Refused,
+                "this run's object store is a directory on the orchestrator's machine: miners open it with --store",
+            );
+            return Err(self.refuse(GRANT, r.from(peer)));
+        };
+        // Every ask is checked before anything is signed: one that is not
+        // the caller's refuses the whole request.
+        self.with_state(|o| {
+            body.asks.iter().try_for_each(|a| match a.access() {
+                pb::Access::Put => o.may_write(peer, &a.key),
+                pb::Access::List => o.may_list(peer, &a.key),
+                _ => o.may_read(peer, &a.key),
+            })
+        })
+        .map_err(|e| self.refuse(GRANT, rejected(e).from(peer)))?;
+        let expires_ms = now_ms().saturating_add(GRANT_TTL.as_millis() as u64);
+        let unavailable = |e: std::io::Error| Status::unavailable(format!("the object store: {e}"));
+        let mut grants = Vec::with_capacity(body.asks.len());
+        for a in body.asks {
+            let mut g = pb::Grant { key: a.key.clone(), access: a.access, expires_ms, ..Default::default() };
+            let presigned = match a.access() {
+                pb::Access::List => {
+                    g.listed = store.list(&a.key).await.map_err(unavailable)?;
+                    None
+                }
+                pb::Access::Put => Some(store.presign_put(&a.key, a.size, GRANT_TTL).await.map_err(unavailable)?),
+                _ => Some(store.presign_get(&a.key, GRANT_TTL).await.map_err(unavailable)?),
+            };
+            if let Some(p) = presigned {
+                g.method = p.method;
+                g.url = p.url;
+                g.headers = p.headers.into_iter().map(|(name, value)| pb::HttpHeader { name, value }).collect();
+            }
+            grants.push(g);
+        }
+        Ok(Response::new(self.signed(&peer, GRANT, &env, &pb::GrantReply { grants })))
     }
 
     async fn status(&self, req: Request<pb::Signed>) -> Result<Response<pb::RunStatus>, Status> {

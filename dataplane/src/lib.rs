@@ -9,6 +9,7 @@ pub mod commands;
 pub mod corpus;
 pub mod fileio;
 pub mod frame;
+pub mod granted_store;
 pub mod identity_file;
 pub mod local_store;
 pub mod miner;

@@ -21,6 +21,7 @@ pub const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";
 pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";
 pub const REPORT: &str = "/iota.v1.Orchestrator/Report";
 pub const STATUS: &str = "/iota.v1.Orchestrator/Status";
+pub const GRANT: &str = "/iota.v1.Orchestrator/Grant";
 
 /// How long a connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -116,6 +117,20 @@ impl ControlClient {
     pub async fn status(&mut self) -> Result<pb::RunStatus, tonic::Status> {
         let s = sign(&self.id, &self.aud, STATUS, &pb::StatusRequest {}, now_ms());
         Ok(bounded(self.rpc.status(s)).await?.into_inner())
+    }
+
+    /// Presigned URLs (or, for LIST, the keys) for `asks`, one grant per
+    /// ask in order; refused whole if any ask is not the caller's to make.
+    pub async fn grant(&mut self, asks: Vec<pb::GrantAsk>) -> Result<Vec<pb::Grant>, tonic::Status> {
+        let n = asks.len();
+        let s = sign(&self.id, &self.aud, GRANT, &pb::GrantRequest { asks }, now_ms());
+        let reply = bounded(self.rpc.grant(s.clone())).await?.into_inner();
+        let reply: pb::GrantReply =
+            open_server(&self.aud, &self.id.peer_id(), GRANT, &s.nonce, 0, &reply).map_err(forged)?;
+        if reply.grants.len() != n {
+            return Err(forged(format!("{} grants for {n} asks", reply.grants.len())));
+        }
+        Ok(reply.grants)
     }
 
     /// Sends a pre-built envelope as-is (tests of hostile requests); the

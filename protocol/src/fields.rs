@@ -116,6 +116,42 @@ pub fn heartbeat(h: &pb::HeartbeatRequest) -> Result<(), Rejected> {
     Ok(())
 }
 
+/// Most asks in one `Grant` request.
+pub const MAX_GRANT_ASKS: usize = 16;
+
+/// A `Grant` request: 1 to 16 asks, each a valid key (a prefix ending in
+/// '/' for LIST, a whole key otherwise), a known access, and for a PUT a
+/// size of at most the largest object the store takes.
+pub fn grant(g: &pb::GrantRequest) -> Result<(), Rejected> {
+    if g.asks.is_empty() || g.asks.len() > MAX_GRANT_ASKS {
+        return Err(bad("asks", format!("must hold 1 to {MAX_GRANT_ASKS} asks")));
+    }
+    for a in &g.asks {
+        match pb::Access::try_from(a.access) {
+            Ok(pb::Access::List) => {
+                if !a.key.ends_with('/') {
+                    return Err(bad("asks.key", "a LIST names a prefix ending in '/'"));
+                }
+                store_key("asks.key", &a.key)?;
+            }
+            Ok(access @ (pb::Access::Get | pb::Access::Put)) => {
+                if a.key.ends_with('/') {
+                    return Err(bad("asks.key", "a GET or PUT names one object, not a prefix"));
+                }
+                store_key("asks.key", &a.key)?;
+                if access == pb::Access::Put && a.size > crate::manifest::MAX_OBJECT_BYTES {
+                    return Err(bad(
+                        "asks.size",
+                        format!("must be at most {} bytes", crate::manifest::MAX_OBJECT_BYTES),
+                    ));
+                }
+            }
+            _ => return Err(bad("asks.access", format!("unknown access {}", a.access))),
+        }
+    }
+    Ok(())
+}
+
 pub fn report(r: &pb::Report) -> Result<(), Rejected> {
     use pb::report::Kind;
     match r.kind.as_ref().ok_or_else(|| bad("kind", "a report must say what it reports"))? {
@@ -235,5 +271,32 @@ mod tests {
             kind: Some(pb::report::Kind::SliceDone(pb::SliceDone { hash: vec![1; 31], ..Default::default() })),
         };
         assert!(report(&slice).unwrap_err().message.contains("slice_done.hash"));
+    }
+
+    #[test]
+    fn grant_asks() {
+        let ask =
+            |key: &str, access: pb::Access, size: u64| pb::GrantAsk { key: key.into(), access: access as i32, size };
+        let req = |asks: Vec<pb::GrantAsk>| pb::GrantRequest { asks };
+        let ok = [
+            ask("epoch-000001/stage-000/a.safetensors", pb::Access::Put, 10),
+            ask("epoch-000001/stage-000/a.safetensors", pb::Access::Get, 0),
+            ask("epoch-000001/stage-000/contrib/000003/", pb::Access::List, 0),
+        ];
+        assert!(grant(&req(ok.to_vec())).is_ok());
+        assert!(grant(&req(Vec::new())).unwrap_err().message.contains("asks"));
+        assert!(grant(&req(vec![ok[1].clone(); MAX_GRANT_ASKS + 1])).is_err());
+        let bad = [
+            (ask("epoch-000001/stage-000/contrib/000003", pb::Access::List, 0), "asks.key"),
+            (ask("epoch-000001/stage-000/", pb::Access::Get, 0), "asks.key"),
+            (ask("../etc/passwd", pb::Access::Get, 0), "asks.key"),
+            (ask("a", pb::Access::Put, crate::manifest::MAX_OBJECT_BYTES + 1), "asks.size"),
+            (pb::GrantAsk { key: "a".into(), access: 7, size: 0 }, "asks.access"),
+            (ask("a", pb::Access::Unspecified, 0), "asks.access"),
+        ];
+        for (a, field) in bad {
+            let e = grant(&req(vec![ok[0].clone(), a.clone()])).unwrap_err();
+            assert!(e.message.contains(field), "{a:?}: {}", e.message);
+        }
     }
 }

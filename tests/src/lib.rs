@@ -112,6 +112,16 @@ pub fn orchestrator_identity() -> Arc<Identity> {
 impl Swarm {
     /// Starts an orchestrator for `cfg` (state in `db`).
     pub async fn start(cfg: &RunConfig, db: PathBuf) -> Swarm {
+        Self::start_with(cfg, db, |s| s).await
+    }
+
+    /// Starts an orchestrator whose service `change` adjusts first (an S3
+    /// store for grants, say).
+    pub async fn start_with(
+        cfg: &RunConfig,
+        db: PathBuf,
+        change: impl FnOnce(OrchestratorService) -> OrchestratorService,
+    ) -> Swarm {
         // IOTA_TEST_LOG=1 (with RUST_LOG as usual) shows the miners' and
         // orchestrator's logs, for chasing a failure.
         if std::env::var_os("IOTA_TEST_LOG").is_some() {
@@ -125,7 +135,7 @@ impl Swarm {
             orchestrator_identity(),
         )
         .unwrap();
-        Self::serve(service, db, None).await
+        Self::serve(change(service), db, None).await
     }
 
     async fn serve(service: OrchestratorService, db: PathBuf, addr: Option<std::net::SocketAddr>) -> Swarm {

@@ -11,7 +11,9 @@
 //! with the announcer.
 
 use iota_core::PeerId;
-use iota_protocol::store_keys::{merged_key, momentum_parts_prefix, part_name, upload_prefix, weights_parts_prefix};
+use iota_protocol::store_keys::{
+    contrib_prefix, merged_key, momentum_parts_prefix, part_name, upload_prefix, weights_parts_prefix,
+};
 use iota_protocol::{MergeMethod, StoredObject, pb};
 
 use super::state::{BadObjectRecord, MAX_BAD_OBJECTS, StageObjects};
@@ -76,6 +78,71 @@ impl Orchestrator {
             so.momentum.insert(obj.offset, obj);
         }
         Ok(())
+    }
+
+    /// Whether `peer` may write `key` now: the rule behind a presigned PUT
+    /// (a miner holds no store credentials, so this is the only way it
+    /// writes). It is the announcement rule, asked before the put:
+    ///
+    /// - its own undelivered butterfly contribution to a partition of its
+    ///   stage's current plan: `contrib/KKKKKK/<own hex>.frame`;
+    /// - the merged slice and momentum of a partition whose current verdict
+    ///   names it the writer;
+    /// - its own upload, and the merged stage if it is the aggregator
+    ///   (parameter server).
+    pub fn may_write(&self, peer: PeerId, key: &str) -> Result<(), Refusal> {
+        let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
+        let (epoch, stage) = (self.epoch, m.stage);
+        let not_yours = |why: &str| Refusal::NotYours(format!("key {key}: {why}"));
+        if let Some(rest) = key.strip_prefix(&contrib_prefix(epoch, stage)) {
+            let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == epoch);
+            let plan = &bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?.plan;
+            let (k, name) = rest.split_once('/').ok_or_else(|| not_yours("not a contribution key"))?;
+            let k_ok = k.len() == 6 && k.parse::<usize>().is_ok_and(|k| k < plan.partitions.len());
+            if !k_ok || name != format!("{}.frame", peer.to_hex()) || !plan.is_participant(&peer) {
+                return Err(not_yours("a participant writes its own contribution to a planned partition only"));
+            }
+            return Ok(());
+        }
+        for prefix in [weights_parts_prefix(epoch, stage), momentum_parts_prefix(epoch, stage)] {
+            let Some(name) = key.strip_prefix(&prefix) else { continue };
+            let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == epoch);
+            let bm = bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?;
+            let k = bm.plan.partitions.iter().position(|p| part_name(p.offset, p.len) == name);
+            let writer = k.and_then(|k| bm.verdicts.get(k)?.as_ref()).map(|v| v.writer);
+            return if writer == Some(peer) {
+                Ok(())
+            } else {
+                Err(not_yours("only the writer of the partition's verdict stores its slice and momentum"))
+            };
+        }
+        let ps = self.spec.merge.method == MergeMethod::ParameterServer;
+        let own_upload = format!("{}stage-{stage:03}/{}.safetensors", upload_prefix(epoch), peer.to_hex());
+        if ps && key == own_upload {
+            return Ok(());
+        }
+        if ps && key == merged_key(epoch, stage) && self.aggregator(stage) == Some(peer) {
+            return Ok(());
+        }
+        Err(not_yours("not a key this miner is asked to write now"))
+    }
+
+    /// Whether `peer` may list `prefix`: the contributions left for its
+    /// own stage's current merge (what a partition owner polls for).
+    pub fn may_list(&self, peer: PeerId, prefix: &str) -> Result<(), Refusal> {
+        let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
+        if prefix.starts_with(&contrib_prefix(self.epoch, m.stage)) {
+            Ok(())
+        } else {
+            Err(Refusal::NotYours(format!("prefix {prefix}: a miner lists its own stage's contributions only")))
+        }
+    }
+
+    /// Whether `peer` may read `key`: any member may read any object of
+    /// the run, since every read is checked against an announcement before
+    /// it is used; reading grants nothing else.
+    pub fn may_read(&self, peer: PeerId, _key: &str) -> Result<(), Refusal> {
+        self.known(&peer)
     }
 
     /// The object a parameter-server upload announced: the replica's own key.

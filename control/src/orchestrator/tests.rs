@@ -6,7 +6,7 @@ use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
 use iota_protocol::plan_from_pb;
-use iota_protocol::store_keys::{momentum_parts_prefix, part_name};
+use iota_protocol::store_keys::{contrib_prefix, merged_key, momentum_parts_prefix, part_name, weights_parts_prefix};
 
 fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
     RunSpec {
@@ -61,6 +61,8 @@ struct Sim {
     silent: BTreeSet<PeerId>,
     /// `stalled` miners sit on merge commands of this epoch and later.
     stall_from: u64,
+    /// ... on their verdicts only (they do act on the plan).
+    stall_verdicts_only: bool,
     /// Neighbours of a silent miner report it UNREACHABLE (else NO_INPUT).
     report_unreachable: bool,
 }
@@ -86,6 +88,7 @@ impl Sim {
             skip_uploads: false,
             silent: BTreeSet::new(),
             stall_from: 0,
+            stall_verdicts_only: false,
             report_unreachable: false,
         }
     }
@@ -125,7 +128,7 @@ impl Sim {
                 continue;
             }
             let merge_work = matches!(&cmd, pb::command::Kind::Verdict(v) if v.epoch >= self.stall_from)
-                || matches!(&cmd, pb::command::Kind::Phase(p) if p.merge_plan.is_some() && p.epoch >= self.stall_from);
+                || matches!(&cmd, pb::command::Kind::Phase(p) if p.merge_plan.is_some() && p.epoch >= self.stall_from && !self.stall_verdicts_only);
             if merge_work && self.stalled.contains(&to) {
                 self.held.push(Out { to, cmd });
                 continue;
@@ -801,5 +804,61 @@ fn a_restart_charges_its_downtime_to_nobody() {
         let c = t.o.counters();
         assert_eq!((c.dropped, c.benched, c.failures_pinned), (0, 0, 0), "k={k}: {c:?}");
         assert!(t.o.history().iter().all(|e| e.completed == 16), "k={k}");
+    }
+}
+
+/// A presigned PUT is granted only for what the merge asks of that miner
+/// now: its own contribution to a planned partition of its own stage, the
+/// slice and momentum of a partition whose verdict names it the writer.
+#[test]
+fn a_put_is_granted_only_for_what_the_merge_asks_of_that_miner() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
+    let other = sim.o.miners().find(|m| m.stage == 1).unwrap().peer;
+    sim.stalled.extend(stage0.iter().copied());
+    for _ in 0..100 {
+        sim.drain();
+        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
+            break;
+        }
+        sim.tick(500);
+    }
+    let plan = sim.o.merge_plan(0).expect("stage 0 is merging").clone();
+    let (e, a, b) = (plan.epoch, stage0[0], stage0[1]);
+    let contrib = |p: PeerId, k: usize| format!("{}{k:06}/{}.frame", contrib_prefix(e, 0), p.to_hex());
+    let not_yours = |r: Result<(), Refusal>| matches!(r, Err(Refusal::NotYours(_)));
+    assert_eq!(sim.o.may_write(a, &contrib(a, 0)), Ok(()));
+    assert!(not_yours(sim.o.may_write(a, &contrib(b, 0))), "another participant's contribution");
+    assert!(not_yours(sim.o.may_write(a, &contrib(a, plan.partitions.len()))), "a partition not in the plan");
+    assert!(not_yours(sim.o.may_write(other, &contrib(other, 0))), "another stage's merge");
+    assert!(not_yours(sim.o.may_write(a, &format!("{}000000/../x.frame", contrib_prefix(e, 0)))));
+    assert_eq!(sim.o.may_write(peer(99), &contrib(a, 0)), Err(Refusal::Unknown(peer(99))));
+    let p0 = &plan.partitions[0];
+    let weights = format!("{}{}", weights_parts_prefix(e, 0), part_name(p0.offset, p0.len));
+    let momentum = format!("{}{}", momentum_parts_prefix(e, 0), part_name(p0.offset, p0.len));
+    assert!(stage0.iter().all(|p| not_yours(sim.o.may_write(*p, &weights))), "nobody before a verdict");
+    assert!(not_yours(sim.o.may_write(a, &merged_key(e, 0))), "no parameter-server keys in a butterfly run");
+    // The replicas act on their plans; their verdicts are held back.
+    sim.stall_verdicts_only = true;
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.drain();
+    let verdict = sim
+        .held
+        .iter()
+        .find_map(|o| match &o.cmd {
+            pb::command::Kind::Verdict(v) if v.partition == 0 && v.stage == 0 => Some(v.clone()),
+            _ => None,
+        })
+        .expect("partition 0 has a verdict");
+    let writer = PeerId(verdict.writer.as_slice().try_into().unwrap());
+    for key in [&weights, &momentum] {
+        assert_eq!(sim.o.may_write(writer, key), Ok(()));
+        for p in stage0.iter().filter(|p| **p != writer) {
+            assert!(not_yours(sim.o.may_write(*p, key)), "{key} by a non-writer");
+        }
     }
 }

@@ -80,3 +80,86 @@ async fn a_presigned_url_grants_one_key_one_method_for_a_while() {
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     assert_eq!(send_presigned(&brief, &[]).await.unwrap().status, 403, "an expired URL still worked");
 }
+
+/// A miner with no store credentials reads and writes through grants: the
+/// orchestrator presigns what the run asks of it and refuses the rest
+/// before anything reaches the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_miner_without_credentials_reads_and_writes_only_through_grants() {
+    use std::sync::Arc;
+
+    use iota_core::Identity;
+    use iota_dataplane::granted_store::GrantedStore;
+    use iota_protocol::client::ControlClient;
+    use iota_protocol::store_keys::{contrib_prefix, merged_key, upload_prefix};
+
+    let Some(server) = S3Server::start() else { return };
+    let bucket = Arc::new(server.store("iota-grants", "run-99").await);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = iota_tests::tiny_run(2, 2, 1, 8, iota_core::WireCodec::Int8Row);
+    cfg.spec.merge.method = iota_protocol::MergeMethod::ParameterServer;
+    let swarm = iota_tests::Swarm::start_with(&cfg, dir.path().join("state.sqlite"), {
+        let bucket = bucket.clone();
+        move |s| s.with_s3(bucket)
+    })
+    .await;
+    let key = swarm.service.identity().peer_id();
+    let join = |seed: u8| {
+        let url = swarm.url.clone();
+        async move {
+            let id = Arc::new(Identity::from_seed([seed; 32]));
+            let mut c = ControlClient::connect(url, id.clone(), Some(key)).await.unwrap();
+            c.register(format!("127.0.0.1:{}", 40_000 + seed as u16), 1.0, "cpu".into()).await.unwrap();
+            (id.peer_id(), GrantedStore::new(c).unwrap())
+        }
+    };
+    let (a, store_a) = join(1).await;
+    let (b, _) = join(2).await;
+    let stage_of = |p| swarm.service.with_state(|o| o.miner(&p).unwrap().stage);
+    let (sa, sb) = (stage_of(a), stage_of(b));
+
+    // Its own upload: granted, written, read back (by it and through the bucket).
+    let own = format!("{}stage-{sa:03}/{}.safetensors", upload_prefix(0), a.to_hex());
+    store_a.put(&own, b"replica a's weights".to_vec()).await.unwrap();
+    assert_eq!(bucket.get(&own).await.unwrap(), b"replica a's weights");
+    assert_eq!(store_a.get(&own).await.unwrap(), b"replica a's weights");
+    assert_eq!(store_a.get("epoch-000000/missing.st").await.unwrap_err().kind(), std::io::ErrorKind::NotFound);
+
+    // Another replica's upload, the merged stage (a is no aggregator yet),
+    // another stage's contributions: refused, and the bucket is untouched.
+    let theirs = format!("{}stage-{sb:03}/{}.safetensors", upload_prefix(0), b.to_hex());
+    for k in [theirs.as_str(), &merged_key(0, sa)] {
+        let e = store_a.put(k, b"overwrite".to_vec()).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{k}: {e}");
+        assert!(e.to_string().contains("not a key this miner is asked to write"), "{e}");
+        assert_eq!(bucket.get(k).await.unwrap_err().kind(), std::io::ErrorKind::NotFound, "{k} was written");
+    }
+    let other_stage = contrib_prefix(0, (sa + 1) % 2);
+    assert_eq!(store_a.list(&other_stage).await.unwrap_err().kind(), std::io::ErrorKind::PermissionDenied);
+
+    // A stranger gets nothing, not even a read.
+    let stranger = Arc::new(Identity::from_seed([9; 32]));
+    let c = ControlClient::connect(swarm.url.clone(), stranger, Some(key)).await.unwrap();
+    let e = GrantedStore::new(c).unwrap().get(&own).await.unwrap_err();
+    assert!(e.to_string().contains("must register first"), "{e}");
+    assert!(swarm.service.refusals().get("not_yours").copied().unwrap_or(0) >= 3, "{:?}", swarm.service.refusals());
+}
+
+/// On a directory-store run there is nothing to grant: a clear refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_run_refuses_grants_and_says_why() {
+    use std::sync::Arc;
+
+    use iota_core::Identity;
+    use iota_dataplane::granted_store::GrantedStore;
+    use iota_protocol::client::ControlClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = iota_tests::tiny_run(2, 1, 1, 8, iota_core::WireCodec::Int8Row);
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let id = Arc::new(Identity::from_seed([1; 32]));
+    let mut c = ControlClient::connect(swarm.url.clone(), id, Some(swarm.service.identity().peer_id())).await.unwrap();
+    c.register("127.0.0.1:40001".into(), 1.0, "cpu".into()).await.unwrap();
+    let e = GrantedStore::new(c).unwrap().get("epoch-000000/x.st").await.unwrap_err();
+    assert!(e.to_string().contains("miners open it with --store"), "{e}");
+}
