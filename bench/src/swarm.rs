@@ -62,11 +62,14 @@ pub fn run(mut a: Args) -> Result<()> {
         cfg.spec.epochs * cfg.spec.micro_batches_per_epoch * (cfg.train.batch * cfg.train.seq) as u64,
         cfg.train.codec.name()
     );
+    // It reads the merged weights back from the directory afterwards.
+    anyhow::ensure!(a.run.bucket.is_none(), "the swarm benchmark keeps its objects in RUN_DIR/store; drop --bucket");
     let store_dir = a.run.store_dir()?;
     let report = rt.block_on(swarm::run(SwarmOptions {
         cfg: cfg.clone(),
         data: a.run.data_path()?,
-        store: store_dir.clone(),
+        store: Some(store_dir.clone()),
+        bucket: None,
         run_dir: a.run.run_dir.clone(),
         listen: "127.0.0.1:0".parse()?,
         miner_bin,

@@ -12,6 +12,7 @@ use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 
 use iota_model::run_dir::{self, Claim};
+use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 
 #[derive(Args, Clone, Debug)]
@@ -64,6 +65,22 @@ pub struct RunArgs {
     /// first (nothing is deleted; miner keys stay).
     #[arg(long)]
     pub new_run: bool,
+    /// Keep the run's objects in an S3-compatible bucket instead of
+    /// RUN_DIR/store. Only the orchestrator holds the credentials
+    /// (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in its environment);
+    /// miners get presigned URLs for the keys they may touch and need no
+    /// --store.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    pub bucket: Option<String>,
+    /// The S3 service's URL (MinIO, R2, s3s-fs, ...); default: AWS itself.
+    #[arg(long, value_name = "URL", requires = "bucket")]
+    pub s3_endpoint: Option<String>,
+    /// The bucket's region.
+    #[arg(long, default_value = "us-east-1", requires = "bucket")]
+    pub s3_region: String,
+    /// Path-style addressing (URL/BUCKET/KEY), which MinIO and s3s-fs need.
+    #[arg(long, requires = "bucket")]
+    pub s3_path_style: bool,
     /// Micro-batches in the pipeline at once (default: 2 per replica).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
@@ -194,7 +211,8 @@ impl RunArgs {
             bench_after_failures: self.bench_after_failures,
         };
         let data = self.data_path()?;
-        let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None };
+        let store = if self.bucket.is_some() { StoreAccess::Granted } else { StoreAccess::Directory };
+        let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None, store };
         iota_dataplane::corpus::fix_shards(&mut cfg, data.as_deref())?;
         cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref())?);
         cfg.validate()?;
@@ -209,6 +227,18 @@ impl RunArgs {
             .transpose()
     }
 
+    /// The run's bucket (`--bucket`), with the credentials from the
+    /// environment; made if it does not exist yet. None: the run's store
+    /// is `RUN_DIR/store`.
+    pub async fn s3_store(&self) -> Result<Option<std::sync::Arc<crate::s3_store::S3Store>>> {
+        let Some(url) = &self.bucket else { return Ok(None) };
+        use crate::s3_store::{S3Location, S3Secret, S3Store};
+        let loc = S3Location::parse(url, self.s3_endpoint.clone(), self.s3_region.clone(), self.s3_path_style)?;
+        let store = S3Store::new(loc, S3Secret::from_env()?);
+        store.ensure_bucket().await.with_context(|| format!("reaching the bucket of {url}"))?;
+        Ok(Some(std::sync::Arc::new(store)))
+    }
+
     /// The run's local object store: `RUN_DIR/store`, absolute.
     pub fn store_dir(&self) -> Result<PathBuf> {
         std::path::absolute(self.run_dir.join("store")).with_context(|| format!("locating {}", self.run_dir.display()))
@@ -217,13 +247,17 @@ impl RunArgs {
     /// Makes `--run-dir` hold this run: a fresh directory records its
     /// settings; the same settings resume; other settings (or state of a run
     /// whose settings are unknown) are refused unless `--new-run`, which
-    /// archives the old run first. Creates the object store folder.
+    /// archives the old run first. Creates the object store folder (unless
+    /// the run's objects live in a bucket).
     pub fn claim_run_dir(&self, cfg: &RunConfig) -> Result<()> {
         match run_dir::claim(&self.run_dir, &settings(cfg, self.data_path()?.as_deref())?, RUN_FILES, self.new_run)? {
             Claim::Fresh | Claim::Same => {}
             Claim::Archived(to) => {
                 eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())
             }
+        }
+        if self.bucket.is_some() {
+            return Ok(());
         }
         let store = self.store_dir()?;
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))

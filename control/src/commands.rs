@@ -73,15 +73,23 @@ async fn run_async(cli: Cli) -> Result<()> {
         Cmd::Orchestrator { run, listen, .. } => {
             let cfg = run.run_config()?;
             run.claim_run_dir(&cfg)?;
-            let svc = swarm::orchestrator(&cfg, &run.run_dir)?;
+            let mut svc = swarm::orchestrator(&cfg, &run.run_dir)?;
+            let bucket = run.s3_store().await?;
+            let store_arg = match &bucket {
+                // Miners reach the bucket through grants: nothing to share.
+                Some(_) => String::new(),
+                None => format!(" --store {}", run.store_dir()?.display()),
+            };
+            if let Some(b) = bucket {
+                svc = svc.with_s3(b);
+            }
             let (url, server) = swarm::serve(svc.clone(), listen).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             println!(
-                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {} --store {}{}",
+                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{}",
                 svc.identity().peer_id().to_hex(),
-                run.store_dir()?.display(),
                 run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()))
             );
             loop {
@@ -120,7 +128,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             let report = swarm::run(SwarmOptions {
                 cfg: cfg.clone(),
                 data: run.data_path()?,
-                store: run.store_dir()?,
+                store: if run.bucket.is_some() { None } else { Some(run.store_dir()?) },
+                bucket: run.s3_store().await?,
                 run_dir: run.run_dir.clone(),
                 listen,
                 miner_bin,

@@ -23,8 +23,10 @@ pub struct SwarmOptions {
     pub cfg: RunConfig,
     /// Where the miners read the corpus (None: the generated toy corpus).
     pub data: Option<PathBuf>,
-    /// The object store directory every miner shares.
-    pub store: PathBuf,
+    /// The object store directory every miner shares (None: the bucket).
+    pub store: Option<PathBuf>,
+    /// The run's bucket, when its objects live in one.
+    pub bucket: Option<std::sync::Arc<crate::s3_store::S3Store>>,
     pub run_dir: PathBuf,
     /// Where the orchestrator's gRPC listens.
     pub listen: SocketAddr,
@@ -92,8 +94,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .arg(&key)
         .args(["--device", &o.miner_device])
         .args(["--orchestrator-key", orchestrator_key])
-        .arg("--store")
-        .arg(&o.store)
+        .args(o.store.iter().flat_map(|d| [std::ffi::OsStr::new("--store"), d.as_os_str()]))
         .args(o.data.iter().flat_map(|d| [std::ffi::OsStr::new("--data"), d.as_os_str()]))
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
@@ -105,7 +106,10 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
 
 /// Runs the swarm to the end of its epochs (or Ctrl-C).
 pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
-    let svc = orchestrator(&o.cfg, &o.run_dir)?;
+    let mut svc = orchestrator(&o.cfg, &o.run_dir)?;
+    if let Some(b) = &o.bucket {
+        svc = svc.with_s3(b.clone());
+    }
     let (url, server) = serve(svc.clone(), o.listen).await?;
     let ticker = svc.spawn_ticker();
     let spec = o.cfg.spec.clone();

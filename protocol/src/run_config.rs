@@ -28,6 +28,30 @@ pub struct RunConfig {
     /// the corpus checks it got the same tokens. Set by the launcher.
     #[serde(default)]
     pub corpus: Option<CorpusId>,
+    /// How miners reach the object store (never where it is: no path, no
+    /// credential). Left out of the JSON for a directory, so runs made
+    /// before this field keep their run id.
+    #[serde(default, skip_serializing_if = "StoreAccess::is_directory")]
+    pub store: StoreAccess,
+}
+
+/// How miners reach the run's object store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreAccess {
+    /// A directory on the orchestrator's machine (one-machine runs): each
+    /// miner names it with `--store DIR`.
+    #[default]
+    Directory,
+    /// A bucket only the orchestrator holds credentials for: miners ask it
+    /// for presigned URLs (the `Grant` RPC) and need no `--store`.
+    Granted,
+}
+
+impl StoreAccess {
+    pub fn is_directory(&self) -> bool {
+        *self == StoreAccess::Directory
+    }
 }
 
 impl RunConfig {

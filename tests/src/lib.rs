@@ -76,6 +76,7 @@ pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: 
         max_shards: 16,
         val_fraction: 0.02,
         corpus: None,
+        store: Default::default(),
     };
     cfg.spec.merge.stage_params = StageSpec::split(&cfg.train.model, stages as usize)
         .unwrap()

@@ -32,10 +32,13 @@ use self::events::{Input, Output};
 use self::worker::Worker;
 use crate::fileio::FileIo;
 use crate::frame::{FrameLimits, RunContext};
+use crate::granted_store::GrantedStore;
 use crate::local_store::LocalDirStore;
 use crate::pool::HostPool;
 use crate::tls::PeerDirectory;
 use crate::transport::{Endpoint, TransportConfig};
+use iota_protocol::object_store::SharedStore;
+use iota_protocol::run_config::StoreAccess;
 
 #[derive(Clone, Debug)]
 pub struct MinerOptions {
@@ -118,9 +121,6 @@ pub struct MinerSummary {
 /// Joins the run at `opts.orchestrator` and works until it is done (or
 /// `stop` is set).
 pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<MinerSummary> {
-    let store_dir = opts.store.clone().context(
-        "no object store: give --store DIR, the store directory of the run (iota-control orchestrator prints it)",
-    )?;
     let seed = *id.seed();
     let id = Arc::new(id);
     let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));
@@ -175,8 +175,20 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let connect = Duration::from_millis((cfg.spec.route_timeout_ms / 4).clamp(200, 10_000));
     ep.set_connect_timeout(connect.min(TransportConfig::default().connect_timeout));
     info!(index = reply.miner_index, addr, "registered");
-    let store = LocalDirStore::shared(&store_dir, FileIo::start(false))
-        .with_context(|| format!("opening the object store {}", store_dir.display()))?;
+    let store: SharedStore = match (cfg.store, &opts.store) {
+        (StoreAccess::Granted, dir) => {
+            if let Some(dir) = dir {
+                warn!(dir = %dir.display(), "this run's store is a bucket reached through grants; --store is ignored");
+            }
+            Arc::new(GrantedStore::new(client.clone()).context("the HTTPS client for the run's bucket")?)
+        }
+        (StoreAccess::Directory, Some(dir)) => LocalDirStore::shared(dir, FileIo::start(false))
+            .with_context(|| format!("opening the object store {}", dir.display()))?,
+        (StoreAccess::Directory, None) => anyhow::bail!(
+            "no object store: this run keeps its objects in a directory on the orchestrator's machine; give \
+             --store DIR (iota-control orchestrator prints it)"
+        ),
+    };
     let data = opts.data.clone();
 
     // `stop` is the caller's; `finished` ends this miner's own tasks.

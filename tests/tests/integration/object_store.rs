@@ -163,3 +163,59 @@ async fn a_directory_run_refuses_grants_and_says_why() {
     let e = GrantedStore::new(c).unwrap().get("epoch-000000/x.st").await.unwrap_err();
     assert!(e.to_string().contains("miners open it with --store"), "{e}");
 }
+
+/// 2 stages x 2 replicas train for 2 epochs on a bucket with no shared
+/// directory: miners hold no store credentials and no `--store`, every
+/// object goes through a grant, and the outer momentum lands in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_swarm_on_a_bucket_trains_with_no_shared_directory() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use iota_core::merge::OuterOpt;
+    use iota_protocol::run_config::StoreAccess;
+    use iota_protocol::store_keys::{momentum_parts_prefix, weights_parts_prefix};
+
+    let Some(server) = S3Server::start() else { return };
+    let bucket = Arc::new(server.store("iota-swarm", "run-99").await);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = iota_tests::tiny_run(2, 2, 2, 16, iota_core::WireCodec::Int8Row);
+    cfg.store = StoreAccess::Granted;
+    cfg.spec.merge.outer = OuterOpt { lr: 0.8, momentum: 0.5 };
+    let swarm = iota_tests::Swarm::start_with(&cfg, dir.path().join("state.sqlite"), {
+        let bucket = bucket.clone();
+        move |s| s.with_s3(bucket)
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..4).map(|_| swarm.miner_with(|o| o.store = None, stop.clone())).collect();
+    let mut summaries = Vec::new();
+    for m in miners {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap());
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history.len(), 2);
+    assert!(history.iter().all(|e| e.completed + e.dropped == 16));
+    assert!(history[1].mean_loss < history[0].mean_loss, "{history:?}");
+    for stage in 0..2 {
+        let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
+        assert_eq!(w.len(), 2);
+        assert!(w[0] == w[1], "stage {stage} replicas differ after the merge");
+        // The merged slices and a non-zero outer momentum are in the bucket.
+        for prefix in [weights_parts_prefix(1, stage), momentum_parts_prefix(1, stage)] {
+            let parts = bucket.list(&prefix).await.unwrap();
+            assert!(!parts.is_empty(), "nothing under {prefix}");
+            let mut nonzero = false;
+            for k in parts {
+                nonzero |=
+                    bucket.get(&k).await.unwrap().chunks(4).any(|b| f32::from_le_bytes(b.try_into().unwrap()) != 0.0);
+            }
+            assert!(nonzero, "{prefix} holds only zeros");
+        }
+    }
+    // Every write was granted: no honest miner was refused one.
+    let refusals = swarm.service.refusals();
+    assert_eq!(refusals.get("not_yours"), None, "{refusals:?}");
+    assert!(!dir.path().join("store").exists(), "a store directory was made");
+}
