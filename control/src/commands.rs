@@ -32,6 +32,11 @@ pub enum Cmd {
         /// gRPC listen address.
         #[arg(long, default_value = "127.0.0.1:7100")]
         listen: SocketAddr,
+        /// Serve plaintext gRPC instead of TLS with the orchestrator's
+        /// identity certificate (miners then need --insecure-plaintext
+        /// too). For local tests only.
+        #[arg(long)]
+        insecure_plaintext: bool,
         /// Read flags from a TOML file (keys are flag names; flags given
         /// on the command line win).
         #[arg(long)]
@@ -70,7 +75,7 @@ pub fn run(cli: Cli) -> Result<()> {
 
 async fn run_async(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Orchestrator { run, listen, .. } => {
+        Cmd::Orchestrator { run, listen, insecure_plaintext, .. } => {
             let cfg = run.run_config()?;
             run.claim_run_dir(&cfg)?;
             let mut svc = swarm::orchestrator(&cfg, &run.run_dir)?;
@@ -83,14 +88,15 @@ async fn run_async(cli: Cli) -> Result<()> {
             if let Some(b) = bucket {
                 svc = svc.with_s3(b);
             }
-            let (url, server) = swarm::serve(svc.clone(), listen).await?;
+            let (url, server) = swarm::serve(svc.clone(), listen, insecure_plaintext).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             println!(
-                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{}",
+                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{}{}",
                 svc.identity().peer_id().to_hex(),
-                run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()))
+                run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display())),
+                if insecure_plaintext { " --insecure-plaintext" } else { "" }
             );
             loop {
                 tokio::select! {

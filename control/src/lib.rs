@@ -18,3 +18,4 @@ pub mod s3_store;
 pub mod service;
 pub mod state_db;
 pub mod swarm;
+pub mod tls_server;

@@ -46,25 +46,38 @@ pub struct SwarmReport {
     pub interrupted: bool,
 }
 
-/// Starts the orchestrator's gRPC server; returns its URL.
-pub async fn serve(svc: OrchestratorService, listen: SocketAddr) -> Result<(String, tokio::task::JoinHandle<()>)> {
+/// Starts the orchestrator's gRPC server; returns its URL: `https://` with
+/// the orchestrator's identity certificate, or `http://` when `plaintext`
+/// (`--insecure-plaintext`, local tests).
+pub async fn serve(
+    svc: OrchestratorService,
+    listen: SocketAddr,
+    plaintext: bool,
+) -> Result<(String, tokio::task::JoinHandle<()>)> {
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the orchestrator on {listen}"))?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let task = tokio::spawn(async move {
-        if let Err(e) = tonic::transport::Server::builder()
-            // Pings find subscribers that vanished without closing, so their
-            // streams (and the commands queued on them) do not linger.
-            .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
-            .add_service(OrchestratorServer::new(svc))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-        {
-            tracing::error!(error = %e, "orchestrator server stopped");
-        }
-    });
+    let addr = listener.local_addr()?;
+    let server = tonic::transport::Server::builder()
+        // Pings find subscribers that vanished without closing, so their
+        // streams (and the commands queued on them) do not linger.
+        .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
+        .add_service(OrchestratorServer::new(svc.clone()));
+    let (url, task) = if plaintext {
+        let incoming = TcpListenerStream::new(listener);
+        (format!("http://{addr}"), tokio::spawn(async move { report(server.serve_with_incoming(incoming).await) }))
+    } else {
+        let tls = std::sync::Arc::new(iota_protocol::tls_identity::server_config(svc.identity())?);
+        let incoming = crate::tls_server::incoming(listener, tls);
+        (format!("https://{addr}"), tokio::spawn(async move { report(server.serve_with_incoming(incoming).await) }))
+    };
     Ok((url, task))
+}
+
+fn report(r: Result<(), tonic::transport::Error>) {
+    if let Err(e) = r {
+        tracing::error!(error = %e, "orchestrator server stopped");
+    }
 }
 
 /// Opens (or resumes) the run's orchestrator state in `run_dir`, with the
@@ -110,7 +123,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     if let Some(b) = &o.bucket {
         svc = svc.with_s3(b.clone());
     }
-    let (url, server) = serve(svc.clone(), o.listen).await?;
+    let (url, server) = serve(svc.clone(), o.listen, false).await?;
     let ticker = svc.spawn_ticker();
     let spec = o.cfg.spec.clone();
     let n = spec.stages * spec.replicas;

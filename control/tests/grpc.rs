@@ -10,8 +10,7 @@ use iota_core::Identity;
 use iota_protocol::RunSpec;
 use iota_protocol::auth::{AuthPolicy, now_ms, sign, sign_with_nonce};
 use iota_protocol::client::ControlClient;
-use iota_protocol::pb::{self, orchestrator_server::OrchestratorServer};
-use tokio_stream::wrappers::TcpListenerStream;
+use iota_protocol::pb;
 use tonic::Code;
 
 fn spec() -> RunSpec {
@@ -40,18 +39,10 @@ fn orch_id() -> Arc<Identity> {
     Arc::new(Identity::from_seed([100; 32]))
 }
 
-/// Serves `svc` on a free port; returns its URL and the server task.
+/// Serves `svc` on a free port over TLS, as the orchestrator does; returns
+/// its URL and the server task.
 async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(OrchestratorServer::new(svc))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
-    (url, task)
+    iota_control::swarm::serve(svc, "127.0.0.1:0".parse().unwrap(), false).await.unwrap()
 }
 
 async fn client(url: &str, seed: u8) -> ControlClient {
@@ -225,4 +216,49 @@ async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
     // What the miner says about itself is kept (it was dropped before).
     let m = svc.with_state(|o| o.miners().next().cloned()).unwrap();
     assert_eq!((m.device.as_str(), m.reported_in_flight, m.tokens_per_s), ("cuda:0 (bf16 gemms)", 3, 250.0));
+}
+
+/// The control plane is TLS with the orchestrator's identity certificate: a
+/// client pinned to another key refuses it, a plaintext client is refused,
+/// an http:// URL needs an explicit opt-in, and clients that connect and
+/// never finish a handshake hold no one else up.
+#[tokio::test]
+async fn the_control_plane_is_tls_bound_to_the_orchestrators_key() {
+    let svc = OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        None,
+        "{}".into(),
+        AuthPolicy::default(),
+        orch_id(),
+    )
+    .unwrap();
+    let (url, _server) = serve(svc).await;
+    assert!(url.starts_with("https://"), "{url}");
+    let me = Arc::new(Identity::from_seed([1; 32]));
+
+    let impostor = Identity::from_seed([0x99; 32]).peer_id();
+    let e = ControlClient::connect(url.clone(), me.clone(), Some(impostor)).await.err().expect("wrong key accepted");
+    assert!(format!("{e:#}").contains("not the pinned"), "{e:#}");
+
+    let plain = url.replace("https://", "http://");
+    let e = ControlClient::connect(plain.clone(), me.clone(), Some(orch_id().peer_id())).await.err().unwrap();
+    assert!(format!("{e:#}").contains("--insecure-plaintext"), "{e:#}");
+    let e = ControlClient::connect_insecure_plaintext(plain, me.clone(), Some(orch_id().peer_id())).await.err();
+    assert!(e.is_some(), "a plaintext client was served by the TLS port");
+
+    // Silent connections (no ClientHello) while a real client connects.
+    let addr = url.trim_start_matches("https://").to_string();
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // Were handshakes served one at a time, this client would wait for the
+    // silent ones' handshake timeout first.
+    let bound = iota_control::tls_server::HANDSHAKE_TIMEOUT / 2;
+    let c = tokio::time::timeout(bound, ControlClient::connect(url, me, Some(orch_id().peer_id())))
+        .await
+        .expect("silent connections held up a client")
+        .unwrap();
+    assert_eq!(c.audience().orchestrator, orch_id().peer_id());
+    drop(silent);
 }

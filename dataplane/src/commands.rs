@@ -80,9 +80,13 @@ fn selftest(a: SelftestArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Orchestrator URL.
-    #[arg(long, default_value = "http://127.0.0.1:7100")]
+    /// Orchestrator URL (https://; `iota-control orchestrator` prints it).
+    #[arg(long, default_value = "https://127.0.0.1:7100")]
     orchestrator: String,
+    /// Accept a plaintext http:// orchestrator URL: nothing but the signed
+    /// messages is then protected. For local tests only.
+    #[arg(long)]
+    insecure_plaintext: bool,
     /// The orchestrator's identity (64 hex characters; `iota-control
     /// orchestrator` prints it). The miner refuses a server with another key
     /// and every reply or command it did not sign. Without it the miner
@@ -188,6 +192,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.device = a.device;
     opts.gemm = a.gemm;
     opts.orchestrator_key = a.orchestrator_key;
+    opts.insecure_plaintext = a.insecure_plaintext;
     opts.store = a.store;
     opts.data = a.data;
     let stop = Arc::new(AtomicBool::new(false));

@@ -6,7 +6,8 @@
 //! `PeerDirectory`), and when dialling, only if it is exactly the identity we
 //! meant to reach. There is no "accept any certificate" path. Handshake
 //! signatures are checked by rustls' own (webpki) routines, which prove the
-//! peer holds the key.
+//! peer holds the key. The identity-certificate helpers are shared with the
+//! control plane (`iota_protocol::tls_identity`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,17 +16,16 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use iota_core::{Identity, PeerId};
+use iota_protocol::tls_identity::{Signatures, bad_cert, certificate_for};
+pub use iota_protocol::tls_identity::{peer_of_cert, provider};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 /// ALPN protocol id of the data plane.
 pub const ALPN: &[u8] = b"iota-dp/1";
-
-/// DER of an Ed25519 SubjectPublicKeyInfo, up to the 32 key bytes.
-const ED25519_SPKI_PREFIX: [u8; 12] = [0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
 
 /// What the data plane knows of a peer: where to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,67 +57,15 @@ impl PeerDirectory {
     }
 }
 
-/// The crypto provider of the whole data plane (ring), chosen explicitly.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// A self-signed certificate carrying `id`'s key, and that key.
 pub fn certificate(id: &Identity) -> anyhow::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
-    let der = PrivatePkcs8KeyDer::from(id.pkcs8_der());
-    let kp = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_ED25519)?;
-    let params = rcgen::CertificateParams::new(vec!["iota-peer".to_string()])?;
-    let cert = params.self_signed(&kp)?;
-    Ok((cert.der().clone(), PrivateKeyDer::Pkcs8(der)))
-}
-
-/// The identity whose key a certificate carries.
-pub fn peer_of_cert(cert: &CertificateDer<'_>) -> Result<PeerId, rustls::Error> {
-    let ee = webpki::EndEntityCert::try_from(cert).map_err(|_| bad_cert("unparsable certificate"))?;
-    let spki = ee.subject_public_key_info();
-    let spki = spki.as_ref();
-    if spki.len() != ED25519_SPKI_PREFIX.len() + 32 || spki[..ED25519_SPKI_PREFIX.len()] != ED25519_SPKI_PREFIX {
-        return Err(bad_cert("certificate key is not an Ed25519 identity key"));
-    }
-    let mut pk = [0u8; 32];
-    pk.copy_from_slice(&spki[ED25519_SPKI_PREFIX.len()..]);
-    Ok(PeerId(pk))
+    certificate_for(id, "iota-peer")
 }
 
 /// The identity a finished QUIC handshake authenticated.
 pub fn peer_of_connection(conn: &quinn::Connection) -> Option<PeerId> {
     let certs = conn.peer_identity()?.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     peer_of_cert(certs.first()?).ok()
-}
-
-fn bad_cert(msg: &str) -> rustls::Error {
-    rustls::Error::General(msg.to_string())
-}
-
-/// Verifies handshake signatures with the provider's algorithms.
-#[derive(Debug)]
-struct Signatures(Arc<CryptoProvider>);
-
-impl Signatures {
-    fn tls12(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn tls13(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 /// Client side: the server must be exactly `expected`, and published.

@@ -47,20 +47,57 @@ fn forged(e: String) -> tonic::Status {
 }
 
 impl ControlClient {
-    /// Connects to `endpoint` (e.g. `http://127.0.0.1:7100`) and checks it is
-    /// the orchestrator `pinned` (any orchestrator when None: trust on first
-    /// use, for tests and one-machine runs).
+    /// Connects to the orchestrator at `endpoint` (`https://HOST:PORT`) over
+    /// TLS, accepting only the certificate of `pinned` (any identity
+    /// certificate when None: trust on first use, for one-machine runs),
+    /// then checks its signed `Hello` against the same key. A plaintext
+    /// `http://` URL is refused: see [`ControlClient::connect_insecure_plaintext`].
     pub async fn connect(endpoint: String, id: Arc<Identity>, pinned: Option<PeerId>) -> anyhow::Result<Self> {
-        let channel = Endpoint::from_shared(endpoint.clone())
-            .with_context(|| format!("the orchestrator address {endpoint:?}"))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
-            .connect()
-            .await
-            .with_context(|| format!("cannot reach the orchestrator at {endpoint}"))?;
+        Self::connect_with(endpoint, id, pinned, false).await
+    }
+
+    /// Like [`ControlClient::connect`], and also takes a plaintext
+    /// `http://` URL (local tests; `--insecure-plaintext`): nothing on the
+    /// path is then authenticated but the signed messages themselves.
+    pub async fn connect_insecure_plaintext(
+        endpoint: String,
+        id: Arc<Identity>,
+        pinned: Option<PeerId>,
+    ) -> anyhow::Result<Self> {
+        Self::connect_with(endpoint, id, pinned, true).await
+    }
+
+    async fn connect_with(
+        endpoint: String,
+        id: Arc<Identity>,
+        pinned: Option<PeerId>,
+        plaintext_ok: bool,
+    ) -> anyhow::Result<Self> {
+        let builder = |url: String| -> anyhow::Result<Endpoint> {
+            Ok(Endpoint::from_shared(url)
+                .with_context(|| format!("the orchestrator address {endpoint:?}"))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+                .tcp_keepalive(Some(KEEPALIVE_INTERVAL)))
+        };
+        let channel = if let Some(rest) = endpoint.strip_prefix("https://") {
+            // Our own TLS (the pinned identity key, not a CA) under an
+            // http:// URI, so tonic adds none of its own.
+            let tls = Arc::new(crate::tls_identity::client_config(pinned)?);
+            builder(format!("http://{rest}"))?.connect_with_connector(TlsConnector { tls }).await
+        } else if endpoint.starts_with("http://") {
+            anyhow::ensure!(
+                plaintext_ok,
+                "{endpoint} is plaintext: the orchestrator's URL is https://... (or allow plaintext explicitly with \
+                 --insecure-plaintext, for local tests)"
+            );
+            builder(endpoint.clone())?.connect().await
+        } else {
+            anyhow::bail!("the orchestrator's URL must start with https:// (got {endpoint:?})")
+        }
+        .with_context(|| format!("cannot reach the orchestrator at {endpoint}"))?;
         let mut rpc = OrchestratorClient::new(channel);
         let hello =
             bounded(rpc.hello(pb::HelloRequest {})).await.context("asking the orchestrator who it is")?.into_inner();
@@ -138,6 +175,41 @@ impl ControlClient {
     pub async fn raw_heartbeat(&mut self, s: pb::Signed) -> Result<pb::HeartbeatReply, tonic::Status> {
         let reply = bounded(self.rpc.heartbeat(s.clone())).await?.into_inner();
         open_server(&self.aud, &self.id.peer_id(), HEARTBEAT, &s.nonce, 0, &reply).map_err(forged)
+    }
+}
+
+/// Dials TCP and runs the TLS handshake that checks the orchestrator's key.
+#[derive(Clone)]
+struct TlsConnector {
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
+    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let authority = uri.authority().ok_or_else(|| std::io::Error::other("no host in the URL"))?.to_string();
+            let tcp =
+                tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&authority)).await.map_err(
+                    |_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {authority}")),
+                )??;
+            tcp.set_nodelay(true)?;
+            let name = rustls::pki_types::ServerName::try_from(crate::tls_identity::CONTROL_SERVER_NAME)
+                .map_err(std::io::Error::other)?;
+            let session =
+                tokio::time::timeout(CONNECT_TIMEOUT, tokio_rustls::TlsConnector::from(tls).connect(name, tcp))
+                    .await
+                    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "the TLS handshake timed out"))??;
+            Ok(hyper_util::rt::TokioIo::new(session))
+        })
     }
 }
 

@@ -25,6 +25,7 @@ pub mod refusal;
 pub mod run_config;
 pub mod run_spec;
 pub mod store_keys;
+pub mod tls_identity;
 
 pub use manifest::StoredObject;
 pub use object_store::{ObjectStore, SharedStore};

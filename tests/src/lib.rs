@@ -22,7 +22,6 @@ use iota_model::train::TrainConfig;
 use iota_protocol::auth::AuthPolicy;
 use iota_protocol::pb::orchestrator_server::OrchestratorServer;
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// A `tiny` run on the generated corpus.
 pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: WireCodec) -> RunConfig {
@@ -142,16 +141,18 @@ impl Swarm {
     async fn serve(service: OrchestratorService, db: PathBuf, addr: Option<std::net::SocketAddr>) -> Swarm {
         let listener = std::net::TcpListener::bind(addr.unwrap_or("127.0.0.1:0".parse().unwrap())).unwrap();
         listener.set_nonblocking(true).unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        // TLS with the orchestrator's identity certificate, as in production.
+        let url = format!("https://{}", listener.local_addr().unwrap());
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let svc = service.clone();
+        let tls = Arc::new(iota_protocol::tls_identity::server_config(service.identity()).unwrap());
         rt.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let _ = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
                 .add_service(OrchestratorServer::new(svc))
-                .serve_with_incoming(TcpListenerStream::new(listener))
+                .serve_with_incoming(iota_control::tls_server::incoming(listener, tls))
                 .await;
         });
         let ticker_svc = service.clone();
@@ -164,7 +165,7 @@ impl Swarm {
     /// Kills the orchestrator (no clean shutdown) and starts a new one from
     /// its database on the same address.
     pub async fn restart(mut self, cfg: &RunConfig) -> Swarm {
-        let addr: std::net::SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
+        let addr: std::net::SocketAddr = self.url.trim_start_matches("https://").parse().unwrap();
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }

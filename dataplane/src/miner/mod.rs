@@ -42,7 +42,7 @@ use iota_protocol::run_config::StoreAccess;
 
 #[derive(Clone, Debug)]
 pub struct MinerOptions {
-    /// Orchestrator URL, e.g. `http://127.0.0.1:7100`.
+    /// Orchestrator URL, e.g. `https://127.0.0.1:7100`.
     pub orchestrator: String,
     /// UDP address the data plane binds.
     pub listen: SocketAddr,
@@ -70,8 +70,10 @@ pub struct MinerOptions {
     /// checked against the run's corpus hash.
     pub data: Option<PathBuf>,
     /// The object store directory the orchestrator and every miner share
-    /// (an S3 store replaces it across machines).
+    /// on one machine (a run on a bucket needs none).
     pub store: Option<PathBuf>,
+    /// Accept a plaintext `http://` orchestrator URL (local tests only).
+    pub insecure_plaintext: bool,
 }
 
 impl MinerOptions {
@@ -90,6 +92,7 @@ impl MinerOptions {
             orchestrator_key: None,
             data: None,
             store: None,
+            insecure_plaintext: false,
         }
     }
 }
@@ -163,7 +166,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     if opts.orchestrator_key.is_none() {
         warn!("no --orchestrator-key given: trusting whichever orchestrator answers at {}", opts.orchestrator);
     }
-    let mut client = connect(&opts.orchestrator, id.clone(), opts.orchestrator_key).await?;
+    let mut client = connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext).await?;
     info!(orchestrator = %client.audience().orchestrator.to_hex(), run = client.audience().run_id, "connected");
     let device = device_label(opts.device, opts.gemm);
     let reply =
@@ -382,10 +385,26 @@ fn retryable(code: tonic::Code) -> bool {
     )
 }
 
-async fn connect(url: &str, id: Arc<Identity>, pinned: Option<iota_core::PeerId>) -> Result<ControlClient> {
+async fn connect(
+    url: &str,
+    id: Arc<Identity>,
+    pinned: Option<iota_core::PeerId>,
+    plaintext: bool,
+) -> Result<ControlClient> {
+    if url.starts_with("http://") && !plaintext {
+        anyhow::bail!(
+            "{url} is plaintext: the orchestrator's URL is https://... (iota-control orchestrator prints it); \
+             --insecure-plaintext allows http:// for local tests"
+        );
+    }
     let mut last = None;
     for _ in 0..50 {
-        match ControlClient::connect(url.to_string(), id.clone(), pinned).await {
+        let attempt = if plaintext {
+            ControlClient::connect_insecure_plaintext(url.to_string(), id.clone(), pinned).await
+        } else {
+            ControlClient::connect(url.to_string(), id.clone(), pinned).await
+        };
+        match attempt {
             Ok(c) => return Ok(c),
             Err(e) => last = Some(e),
         }
