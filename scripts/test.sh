@@ -12,4 +12,8 @@ export IOTA_CUDA_CACHE IOTA_REQUIRE_NVRTC=1
 # The S3-compatible server for the object-store tests (s3s-fs on loopback).
 ensure_s3s_fs
 python3 scripts/check-graph.py
-cargo test --workspace --all-targets "$@"
+cargo test --workspace --all-targets --exclude iota-tests "$@"
+# The integration binary runs whole swarms (4 to 6 miners, each with its
+# own threads, on timeouts of seconds): one at a time, so a 2-core machine
+# does not starve one swarm's heartbeats with another's compute.
+cargo test -p iota-tests --all-targets "$@" -- --test-threads=1

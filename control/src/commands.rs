@@ -37,6 +37,11 @@ pub enum Cmd {
         /// too). For local tests only.
         #[arg(long)]
         insecure_plaintext: bool,
+        /// Admit only the identities listed in FILE (one 64-hex miner key
+        /// per line, '#' comments): any other is refused PERMISSION_DENIED
+        /// before its request is even verified. Default: open to all.
+        #[arg(long, value_name = "FILE")]
+        admit: Option<PathBuf>,
         /// Read flags from a TOML file (keys are flag names; flags given
         /// on the command line win).
         #[arg(long)]
@@ -75,10 +80,16 @@ pub fn run(cli: Cli) -> Result<()> {
 
 async fn run_async(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Orchestrator { run, listen, insecure_plaintext, .. } => {
+        Cmd::Orchestrator { run, listen, insecure_plaintext, admit, .. } => {
             let cfg = run.run_config()?;
             run.claim_run_dir(&cfg)?;
-            let mut svc = swarm::orchestrator(&cfg, &run.run_dir)?;
+            let mut policy = iota_protocol::auth::AuthPolicy::default();
+            if let Some(file) = &admit {
+                let list = iota_protocol::auth::load_admitted(file)?;
+                println!("admitting {} identities listed in {}", list.len(), file.display());
+                policy.admitted = Some(std::sync::Arc::new(list));
+            }
+            let mut svc = swarm::orchestrator(&cfg, &run.run_dir, policy)?;
             let bucket = run.s3_store().await?;
             let store_arg = match &bucket {
                 // Miners reach the bucket through grants: nothing to share.

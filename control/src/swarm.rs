@@ -83,14 +83,14 @@ fn report(r: Result<(), tonic::transport::Error>) {
 /// Opens (or resumes) the run's orchestrator state in `run_dir`, with the
 /// orchestrator identity kept in `run_dir/keys/orchestrator.key` (made on
 /// first use; miners pin its public half).
-pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path) -> Result<OrchestratorService> {
+pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path, policy: AuthPolicy) -> Result<OrchestratorService> {
     let store = StateDb::open(&run_dir.join("state.sqlite"))?;
     let id = iota_dataplane::identity_file::load_or_create(&run_dir.join("keys").join("orchestrator.key"))?;
     OrchestratorService::new(
         Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?,
         Some(store),
         cfg.to_json(),
-        AuthPolicy::default(),
+        policy,
         std::sync::Arc::new(id),
     )
 }
@@ -119,7 +119,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
 
 /// Runs the swarm to the end of its epochs (or Ctrl-C).
 pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
-    let mut svc = orchestrator(&o.cfg, &o.run_dir)?;
+    let mut svc = orchestrator(&o.cfg, &o.run_dir, AuthPolicy::default())?;
     if let Some(b) = &o.bucket {
         svc = svc.with_s3(b.clone());
     }

@@ -23,7 +23,8 @@
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iota_core::{Identity, PeerId};
@@ -208,12 +209,43 @@ pub struct AuthPolicy {
     pub burst: f64,
     /// Largest body accepted.
     pub max_body: usize,
+    /// The identities the run admits (None: any). Checked before anything
+    /// else about a request, so an identity not on the list costs one hash
+    /// lookup and is kept nowhere.
+    pub admitted: Option<Arc<HashSet<PeerId>>>,
 }
 
 impl Default for AuthPolicy {
     fn default() -> Self {
-        AuthPolicy { max_skew: Duration::from_secs(30), rate_per_s: 200.0, burst: 400.0, max_body: 1 << 20 }
+        AuthPolicy {
+            max_skew: Duration::from_secs(30),
+            rate_per_s: 200.0,
+            burst: 400.0,
+            max_body: 1 << 20,
+            admitted: None,
+        }
     }
+}
+
+/// Reads an admission list: one identity (64 hex characters) per line;
+/// blank lines and text after '#' are ignored. An unreadable line is an
+/// error naming it, never a silently shorter list.
+pub fn load_admitted(path: &std::path::Path) -> anyhow::Result<HashSet<PeerId>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut set = HashSet::new();
+    for (n, line) in (1u64..).zip(text.lines()) {
+        let entry = line.split('#').next().unwrap_or("").trim();
+        if entry.is_empty() {
+            continue;
+        }
+        let peer = PeerId::from_hex(entry).with_context(|| {
+            format!("{} line {n}: {entry:?} is not an identity (64 hex characters)", path.display())
+        })?;
+        set.insert(peer);
+    }
+    anyhow::ensure!(!set.is_empty(), "{} admits nobody", path.display());
+    Ok(set)
 }
 
 struct Bucket {
@@ -278,6 +310,12 @@ impl Verifier {
         let peer = PeerId(peer);
         let nonce: [u8; NONCE_LEN] = s.nonce.as_slice().try_into().map_err(|_| malformed("nonce must be 16 bytes"))?;
         let sig: [u8; 64] = s.signature.as_slice().try_into().map_err(|_| malformed("signature must be 64 bytes"))?;
+        if let Some(list) = &self.policy.admitted
+            && !list.contains(&peer)
+        {
+            // Not attributed (`from`): the signature is not checked yet.
+            return Err(Rejected::new(Reason::NotAdmitted, format!("identity {peer} is not admitted to this run")));
+        }
         if !peer.is_acceptable() {
             return Err(Rejected::new(
                 Reason::WeakKey,
@@ -516,5 +554,22 @@ mod tests {
         let mut lie = h.clone();
         lie.run_id = 78;
         assert!(open_hello(&lie, None).is_err());
+    }
+
+    #[test]
+    fn admission_lists_parse_or_name_the_bad_line() {
+        let dir = std::env::temp_dir().join(format!("iota-admit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (Identity::from_seed([1; 32]).peer_id(), Identity::from_seed([2; 32]).peer_id());
+        let file = dir.join("ok.txt");
+        std::fs::write(&file, format!("# miners of run 7\n{}\n\n  {}  # the second one\n", a.to_hex(), b.to_hex()))
+            .unwrap();
+        assert_eq!(load_admitted(&file).unwrap(), HashSet::from([a, b]));
+        std::fs::write(&file, format!("{}\nnot-a-key\n", a.to_hex())).unwrap();
+        let e = format!("{:#}", load_admitted(&file).unwrap_err());
+        assert!(e.contains("line 2") && e.contains("not-a-key"), "{e}");
+        std::fs::write(&file, "# nobody\n").unwrap();
+        assert!(format!("{:#}", load_admitted(&file).unwrap_err()).contains("admits nobody"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -34,10 +34,12 @@ pub enum Reason {
     Refused,
     /// An announcement of a store object the caller was not asked to write.
     NotYours,
+    /// The run admits listed identities only, and this is not one.
+    NotAdmitted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::MalformedEnvelope,
         Reason::WeakKey,
         Reason::BodyTooLarge,
@@ -54,6 +56,7 @@ impl Reason {
         Reason::WrongRole,
         Reason::Refused,
         Reason::NotYours,
+        Reason::NotAdmitted,
     ];
 
     /// The name refusals are counted under (metrics, `RunStatus.refusals`).
@@ -75,6 +78,7 @@ impl Reason {
             Reason::WrongRole => "wrong_role",
             Reason::Refused => "refused_by_state",
             Reason::NotYours => "not_yours",
+            Reason::NotAdmitted => "not_admitted",
         }
     }
 
@@ -89,7 +93,7 @@ impl Reason {
             Reason::ReplayedNonce => Code::AlreadyExists,
             Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull => Code::ResourceExhausted,
             Reason::NotRegistered | Reason::Refused => Code::FailedPrecondition,
-            Reason::WrongRole | Reason::NotYours => Code::PermissionDenied,
+            Reason::WrongRole | Reason::NotYours | Reason::NotAdmitted => Code::PermissionDenied,
         }
     }
 }

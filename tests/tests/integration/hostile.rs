@@ -344,3 +344,47 @@ fn registration_cost_is_bounded_and_linear() {
         assert!(per_miner[2] < 2.0 * per_miner[0], "per-miner cost grew: {per_miner:?}");
     });
 }
+
+/// A run that admits listed identities only: a listed miner registers; an
+/// unlisted one is refused PERMISSION_DENIED `not_admitted`; 2,000 fresh
+/// identities are all refused and leave nothing behind (no rate bucket,
+/// no nonce, no registration), measured by this thread's live bytes.
+#[test]
+fn unlisted_identities_are_refused_and_cost_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let listed = Caller::new(7);
+        let admitted: std::collections::HashSet<iota_core::PeerId> = [iota_core::PeerId(listed.id)].into();
+        let policy = AuthPolicy { admitted: Some(Arc::new(admitted)), ..AuthPolicy::default() };
+        let svc = OrchestratorService::new(
+            Orchestrator::new(spec(1, 2, 1)).unwrap(),
+            None,
+            "{}".into(),
+            policy,
+            Arc::new(Identity::from_seed([1; 32])),
+        )
+        .unwrap();
+        let h = svc.hello(tonic::Request::new(pb::HelloRequest {})).await.unwrap().into_inner();
+        let srv = Server { run_id: h.run_id, orchestrator: h.orchestrator_id.try_into().unwrap() };
+        let body = register_body("127.0.0.1:9001", 1.0, "cpu");
+        svc.register(tonic::Request::new(listed.sign(srv, REGISTER, &body))).await.expect("the listed miner");
+        let stranger = Caller::new(8);
+        let e = svc.register(tonic::Request::new(stranger.sign(srv, REGISTER, &body))).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+        assert!(e.message().contains("not admitted"), "{e}");
+
+        // The stranger above warmed up what a refusal allocates (the audit counters).
+        let base = live_on_this_thread();
+        for i in 0..2_000u64 {
+            let c = Caller::new(20_000 + i);
+            let body = register_body(&format!("127.0.0.1:{}", 20_000 + i), 1.0, "cpu");
+            let e = svc.register(tonic::Request::new(c.sign(srv, REGISTER, &body))).await.unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied);
+        }
+        let kept = live_on_this_thread() - base;
+        println!("live bytes after 2,000 refused identities: {kept}");
+        assert!(kept < 16 * 1024, "{kept} bytes kept for identities that were never admitted");
+        assert_eq!(svc.refusals().get("not_admitted"), Some(&2_001));
+        assert_eq!(svc.with_state(|o| o.miners().count()), 1, "only the listed miner is known");
+    });
+}
