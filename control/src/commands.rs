@@ -122,10 +122,17 @@ async fn run_async(cli: Cli) -> Result<()> {
             svc.save();
             ticker.abort();
             server.abort();
-            let s = svc.with_state(|o| o.status());
+            let (s, history, divergent) =
+                svc.with_state(|o| (o.status(), o.history().to_vec(), o.counters().divergent_merges));
+            for e in &history {
+                println!(
+                    "epoch {}: mean loss {:.4}, {} micro-batches completed, {} dropped",
+                    e.epoch, e.mean_loss, e.completed, e.dropped
+                );
+            }
             println!(
-                "epoch {}, {} micro-batches completed, {} re-routed, {} dropped",
-                s.epoch, s.completed, s.rerouted, s.dropped
+                "epoch {}, {} micro-batches completed, {} re-routed, {} dropped, {} divergent merges",
+                s.epoch, s.completed, s.rerouted, s.dropped, divergent
             );
             Ok(())
         }

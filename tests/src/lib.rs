@@ -4,6 +4,7 @@
 
 pub mod fuzz_bodies;
 pub mod liveness;
+pub mod netns;
 pub mod s3;
 
 use std::path::PathBuf;

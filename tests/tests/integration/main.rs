@@ -11,6 +11,7 @@
 mod fuzz_replay;
 mod hostile;
 mod liveness;
+mod netns;
 mod object_store;
 mod swarm;
 
