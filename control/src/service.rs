@@ -351,9 +351,13 @@ impl OrchestratorRpc for OrchestratorService {
                 outs.push(Out { to: peer, cmd });
             }
             core.deliver(outs);
+            // A miner waiting for the next epoch (it restarted) takes no
+            // routes: those queued for its last life were re-routed.
+            let joining = core.orch.miner(&peer).is_some_and(|m| m.joining);
             for cmd in queued {
                 if let Some(kind) = cmd.kind
                     && !matches!(kind, pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_))
+                    && !(joining && matches!(kind, pb::command::Kind::Route(_) | pb::command::Kind::Cancel(_)))
                 {
                     core.deliver(vec![Out { to: peer, cmd: kind }]);
                 }

@@ -148,6 +148,13 @@ struct Inner {
     lanes: Mutex<HashMap<(PeerId, Direction), SharedLane>>,
     guards: Mutex<HashMap<(PeerId, Direction), Arc<SeqGuard>>>,
     tx: mpsc::Sender<ReceivedFrame>,
+    /// Where this endpoint's lanes start numbering: the wall clock in
+    /// nanoseconds at bind. Receivers accept only increasing numbers per
+    /// sender, so a miner restarted with the same identity must not start
+    /// again at 0 (its peers would take every frame for a replay); a later
+    /// start is a larger number, as long as no process sends more than one
+    /// frame per nanosecond.
+    seq_base: u64,
 }
 
 /// A data-plane endpoint: sends frames to peers and receives theirs.
@@ -198,6 +205,9 @@ impl Endpoint {
             lanes: Mutex::new(HashMap::new()),
             guards: Mutex::new(HashMap::new()),
             tx,
+            seq_base: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 1)),
         });
         tokio::spawn(accept_loop(inner.clone()));
         Ok(Endpoint { inner, rx: tokio::sync::Mutex::new(rx) })
@@ -208,6 +218,11 @@ impl Endpoint {
     }
     pub fn peer_id(&self) -> PeerId {
         self.inner.id.peer_id()
+    }
+
+    /// The sequence number of this endpoint's first frame on every lane.
+    pub fn first_seq(&self) -> u64 {
+        self.inner.seq_base
     }
 
     /// A whole signed frame as bytes, for a receiver that reads it from the
@@ -316,7 +331,7 @@ impl Inner {
         self.lanes
             .lock()
             .entry((to, d))
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Lane { stream: None, next_seq: 0 })))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Lane { stream: None, next_seq: self.seq_base })))
             .clone()
     }
 

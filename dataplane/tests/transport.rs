@@ -91,7 +91,7 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
         }
     }
     let mut receivers = Vec::new();
-    for n in [a.clone(), b.clone()] {
+    for (n, from) in [(a.clone(), b.ep.first_seq()), (b.clone(), a.ep.first_seq())] {
         receivers.push(tokio::spawn(async move {
             let mut next = [0u64; 2];
             for _ in 0..2 * PER_LANE {
@@ -99,7 +99,7 @@ async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
                     tokio::time::timeout(Duration::from_secs(60), n.ep.recv()).await.expect("frame in time").unwrap();
                 let lane = f.header.direction as usize;
                 let i = next[lane];
-                assert_eq!(f.header.seq_no, i, "lane {lane}: in order, none lost or repeated");
+                assert_eq!(f.header.seq_no, from + i, "lane {lane}: in order, none lost or repeated");
                 assert_eq!(&f.payload[..], &payload(f.header.direction, i, size_of(i))[..], "payload intact");
                 next[lane] += 1;
             }
@@ -208,9 +208,9 @@ async fn every_malformed_frame_is_rejected_counted_and_the_next_valid_one_delive
     introduce(&a, &b);
     let other = Identity::from_seed([42; 32]);
     let d = Direction::Activation;
-    // Establish the lane (seq 0) so a replay of seq 0 is detectable.
+    // Establish the lane so a replay of an older number is detectable.
     a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, 0, 64).into()).await.unwrap();
-    assert_eq!(b.ep.recv().await.unwrap().header.seq_no, 0);
+    assert_eq!(b.ep.recv().await.unwrap().header.seq_no, a.ep.first_seq());
     let mut i = 1u64;
     for (kind, bytes) in malformed(&a.identity(), &other) {
         a.ep.send_raw(b.ep.peer_id(), &bytes).await.unwrap();
@@ -218,7 +218,7 @@ async fn every_malformed_frame_is_rejected_counted_and_the_next_valid_one_delive
         a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, i, 64).into()).await.unwrap();
         let f =
             tokio::time::timeout(Duration::from_secs(10), b.ep.recv()).await.expect("valid frame delivered").unwrap();
-        assert_eq!(f.header.seq_no, i, "after {kind}");
+        assert_eq!(f.header.seq_no, a.ep.first_seq() + i, "after {kind}");
         assert_eq!(&f.payload[..], &payload(d, i, 64)[..]);
         // The rejection is counted (it may land just after the valid frame).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -272,6 +272,29 @@ async fn stalled_receiver_bounds_memory() {
     assert!(sent as usize <= bound, "{sent} frames accepted, bound {bound}");
     // Draining the receiver frees the pool.
     let got = tokio::time::timeout(Duration::from_secs(5), b.ep.recv()).await.unwrap().unwrap();
-    assert_eq!(got.header.seq_no, 0);
+    assert_eq!(got.header.seq_no, a.ep.first_seq());
     drop(got);
+}
+
+/// A miner restarted with the same identity numbers its frames after the
+/// ones its peers already took (it does not start again at 0): they are
+/// heard, not rejected as replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_restarted_with_the_same_identity_is_heard_again() {
+    let b = node(2, 1 << 20, TransportConfig::default());
+    let d = Direction::Activation;
+    for life in 0..2u64 {
+        let a = node(1, 1 << 20, TransportConfig::default());
+        introduce(&a, &b);
+        for i in 0..3 {
+            a.ep.send(b.ep.peer_id(), &meta(d, 64), payload(d, i, 64).into()).await.unwrap();
+            let f = tokio::time::timeout(Duration::from_secs(10), b.ep.recv())
+                .await
+                .unwrap_or_else(|_| panic!("life {life}: frame {i} not heard"))
+                .unwrap();
+            assert_eq!(f.header.seq_no, a.ep.first_seq() + i);
+        }
+        a.ep.close();
+    }
+    assert_eq!(b.ep.stats().rejected("replay"), 0);
 }

@@ -86,12 +86,26 @@ impl Drop for Net {
 pub struct HostProcess {
     pub child: Child,
     pub log: PathBuf,
+    /// How many times this role was started before (its log is numbered).
+    pub generation: u32,
 }
 
 impl HostProcess {
     pub fn spawn(ns: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)]) -> HostProcess {
+        Self::spawn_numbered(ns, dir, program, args, env, 0)
+    }
+
+    /// Like `spawn`, logging to the `generation`-th log of `dir`.
+    pub fn spawn_numbered(
+        ns: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        generation: u32,
+    ) -> HostProcess {
         std::fs::create_dir_all(dir).unwrap();
-        let log = dir.join("out.log");
+        let log = dir.join(log_name(generation));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", ns])
@@ -105,11 +119,12 @@ impl HostProcess {
             .stdin(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
-        HostProcess { child, log }
+        HostProcess { child, log, generation }
     }
 
+    /// Its log so far, without terminal colour codes.
     pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 }
 
@@ -126,4 +141,220 @@ pub fn workspace_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?.parent()?;
     Some(dir.join(name)).filter(|p| p.exists())
+}
+
+/// A whole swarm of separate hosts: s3s-fs (host 10), the orchestrator
+/// (host 11, TLS, `--admit` with the miners' keys, `--bucket`) and miners
+/// (hosts 20, 21, ...), each in its own namespace and directory. Processes
+/// can be killed (SIGKILL) and started again with the same identity and
+/// directory, as an operator's restart would.
+pub struct NetSwarm {
+    pub net: Net,
+    pub root: tempfile::TempDir,
+    control: PathBuf,
+    miner_bin: PathBuf,
+    orch_ns: String,
+    miner_ns: Vec<String>,
+    orch_args: Vec<String>,
+    orch_key: String,
+    pub orchestrator: Option<HostProcess>,
+    pub miners: Vec<Option<HostProcess>>,
+    _s3: HostProcess,
+}
+
+const ACCESS_KEY: &str = "netns-access";
+const SECRET_KEY: &str = "netns-secret-key";
+
+impl NetSwarm {
+    /// None (after printing why) where namespaces, the binaries or s3s-fs
+    /// are missing. `run_flags`: the run's shape, passed to the orchestrator.
+    pub fn start(miners: u8, run_flags: &[&str]) -> Option<NetSwarm> {
+        if let Some(why) = unavailable() {
+            println!("skipped: {why}");
+            return None;
+        }
+        let (Some(control), Some(miner_bin)) = (workspace_binary("iota-control"), workspace_binary("iota-miner"))
+        else {
+            println!("skipped: iota-control and iota-miner are not built (cargo test --workspace --all-targets)");
+            return None;
+        };
+        let Some(s3s) = crate::s3::s3s_fs_binary() else {
+            println!("skipped: s3s-fs not found (scripts/test.sh installs it)");
+            return None;
+        };
+        let root = tempfile::tempdir().unwrap();
+        let mut net = Net::new();
+        let (s3_ns, orch_ns) = (net.host(10), net.host(11));
+        let miner_ns: Vec<String> = (0..miners).map(|i| net.host(20 + i)).collect();
+        let s3_dir = root.path().join("s3");
+        std::fs::create_dir_all(s3_dir.join("data")).unwrap();
+        let s3_args = ["--host", &Net::addr(10), "--port", "9000"]
+            .into_iter()
+            .chain(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, "data"])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let s3 = HostProcess::spawn(&s3_ns, &s3_dir, &s3s, &s3_args, &[]);
+        // Identities made ahead, each in its own host's directory.
+        let orch_dir = root.path().join("orchestrator");
+        let orch_key =
+            iota_dataplane::identity_file::load_or_create(&orch_dir.join("run/keys/orchestrator.key")).unwrap();
+        let mut admitted = String::from("# the miners of this test\n");
+        for i in 0..miners {
+            let dir = root.path().join(format!("miner-{i}"));
+            let id = iota_dataplane::identity_file::load_or_create(&dir.join("miner.key")).unwrap();
+            admitted.push_str(&format!("{}\n", id.peer_id().to_hex()));
+        }
+        std::fs::write(orch_dir.join("admitted.txt"), admitted).unwrap();
+        let listen = format!("{}:7100", Net::addr(11));
+        let endpoint = format!("http://{}:9000", Net::addr(10));
+        let orch_args = ["orchestrator"]
+            .into_iter()
+            .chain(run_flags.iter().copied())
+            .chain(["--listen", &listen, "--run-dir", "run", "--admit", "admitted.txt"])
+            .chain(["--bucket", "s3://iota-netns/run-1", "--s3-endpoint", &endpoint, "--s3-path-style"])
+            .map(String::from)
+            .collect();
+        let mut s = NetSwarm {
+            net,
+            root,
+            control,
+            miner_bin,
+            orch_ns,
+            miner_ns,
+            orch_args,
+            orch_key: orch_key.peer_id().to_hex(),
+            orchestrator: None,
+            miners: (0..miners).map(|_| None).collect(),
+            _s3: s3,
+        };
+        s.start_orchestrator();
+        for i in 0..miners as usize {
+            s.start_miner(i);
+        }
+        Some(s)
+    }
+
+    pub fn orchestrator_dir(&self) -> PathBuf {
+        self.root.path().join("orchestrator")
+    }
+
+    pub fn miner_dir(&self, i: usize) -> PathBuf {
+        self.root.path().join(format!("miner-{i}"))
+    }
+
+    pub fn s3_data(&self) -> PathBuf {
+        self.root.path().join("s3/data")
+    }
+
+    /// Starts (or starts again) the orchestrator; its log goes on after
+    /// the last one's.
+    pub fn start_orchestrator(&mut self) {
+        let env = [("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)];
+        let n = self.orchestrator.take().map(|p| p.generation + 1).unwrap_or(0);
+        let mut p = HostProcess::spawn_numbered(
+            &self.orch_ns,
+            &self.orchestrator_dir(),
+            &self.control,
+            &self.orch_args,
+            &env,
+            n,
+        );
+        p.generation = n;
+        self.orchestrator = Some(p);
+    }
+
+    pub fn start_miner(&mut self, i: usize) {
+        let args: Vec<String> = ["run", "--orchestrator", &format!("https://{}:7100", Net::addr(11))]
+            .into_iter()
+            .chain(["--orchestrator-key", &self.orch_key, "--identity", "miner.key"])
+            .chain(["--listen", &format!("{}:7200", Net::addr(20 + i as u8))])
+            .map(String::from)
+            .collect();
+        let n = self.miners[i].take().map(|p| p.generation + 1).unwrap_or(0);
+        let mut p = HostProcess::spawn_numbered(&self.miner_ns[i], &self.miner_dir(i), &self.miner_bin, &args, &[], n);
+        p.generation = n;
+        self.miners[i] = Some(p);
+    }
+
+    /// SIGKILL, as a crash: nothing is flushed or said goodbye.
+    pub fn kill_orchestrator(&mut self) {
+        if let Some(p) = self.orchestrator.as_mut() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    pub fn kill_miner(&mut self, i: usize) {
+        if let Some(p) = self.miners[i].as_mut() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    /// Takes host `n`'s link down (`up` false) or up again.
+    pub fn set_link(&self, i: usize, up: bool) {
+        let ns = &self.miner_ns[i];
+        ip(&["-n", ns, "link", "set", &format!("vh{}", 20 + i), if up { "up" } else { "down" }]);
+    }
+
+    /// Everything the orchestrator has logged so far (all its lives).
+    pub fn orchestrator_output(&self) -> String {
+        let dir = self.orchestrator_dir();
+        (0..=self.orchestrator.as_ref().map_or(0, |p| p.generation))
+            .map(|g| strip_ansi(&std::fs::read_to_string(dir.join(log_name(g))).unwrap_or_default()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits for the orchestrator to end the run; its whole output. Panics
+    /// with every log after `limit`.
+    pub fn wait_done(&mut self, limit: std::time::Duration) -> String {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let p = self.orchestrator.as_mut().expect("an orchestrator is running");
+            if let Some(st) = p.child.try_wait().unwrap() {
+                let out = self.orchestrator_output();
+                assert!(st.success(), "the orchestrator failed: {out}");
+                return out;
+            }
+            if std::time::Instant::now() > deadline {
+                let miners: Vec<String> = self.miners.iter().flatten().map(|m| m.output()).collect();
+                panic!(
+                    "the run did not end within {limit:?}\norchestrator:\n{}\nminers:\n{}",
+                    self.orchestrator_output(),
+                    miners.join("\n---\n")
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+/// `s` without ANSI escape sequences (ESC '[' ... final letter).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn log_name(generation: u32) -> String {
+    if generation == 0 { "out.log".into() } else { format!("out.{generation}.log") }
+}
+
+/// The epoch losses an orchestrator printed at the end of its run.
+pub fn epoch_losses(out: &str) -> Vec<f32> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("epoch ")?.split_once(": mean loss ")?.1.split(',').next()?.parse().ok())
+        .collect()
 }

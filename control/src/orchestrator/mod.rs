@@ -454,7 +454,9 @@ impl Orchestrator {
                         .iter()
                         .map(|p| p.peer)
                         .filter(|p| {
-                            !self.miners.get(p).is_some_and(|m| m.healthy)
+                            // A participant that restarted (registered again:
+                            // `joining`) lost its merge state with its process.
+                            !self.miners.get(p).is_some_and(|m| m.healthy && !m.joining)
                                 || (timed_out && someone_done && !bm.done.contains_key(p))
                                 || (timed_out && !someone_done && someone_reported && !bm.reported(p))
                         })

@@ -862,3 +862,36 @@ fn a_put_is_granted_only_for_what_the_merge_asks_of_that_miner() {
         }
     }
 }
+
+/// A participant that restarts during the butterfly merge (registers again
+/// with the same identity) lost its part of the merge with its process: it
+/// is planned out at the next tick, not after the phase timeout, and the
+/// epoch completes without it.
+#[test]
+fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
+    sim.stalled.extend(stage0.iter().copied());
+    for _ in 0..100 {
+        sim.drain();
+        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
+            break;
+        }
+        sim.tick(500);
+    }
+    let restarted = stage0[1];
+    assert!(sim.o.merge_plan(0).unwrap().is_participant(&restarted));
+    let t0 = sim.now;
+    sim.ev(Event::Register { peer: restarted, addr: "a1-again".into(), tokens_per_s: 1.0, device: "cpu".into() });
+    sim.tick(100);
+    assert!(!sim.o.merge_plan(0).unwrap().is_participant(&restarted), "still waited for after its restart");
+    sim.stalled.clear();
+    let held: Vec<Out> = std::mem::take(&mut sim.held).into_iter().filter(|o| o.to != restarted).collect();
+    sim.inbox.extend(held);
+    sim.run_until_done(200);
+    assert_eq!(sim.o.history().len(), 2);
+    assert!(sim.now - t0 < sim.o.spec().phase_timeout_ms, "the merge waited for the phase timeout");
+}

@@ -1,143 +1,137 @@
-//! A swarm across hosts: the S3 server, the orchestrator and each miner in
-//! a network namespace of its own with a directory of its own (no shared
-//! directory, no shared path), over TLS, with admission and the bucket.
-//! Skipped, saying why, where namespaces cannot be made.
+//! Swarms of separate hosts: the S3 server, the orchestrator and each miner
+//! in a network namespace of its own with a directory of its own (no shared
+//! directory, no shared path), over TLS, with admission and the bucket; and
+//! the same swarm under chaos (processes killed with SIGKILL and started
+//! again, a miner's link cut). Skipped, saying why, where namespaces cannot
+//! be made.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use iota_tests::netns::{HostProcess, Net, unavailable, workspace_binary};
+use iota_tests::netns::{NetSwarm, epoch_losses};
+
+/// 2 stages x 2 replicas, `tiny`, 16 micro-batches an epoch.
+fn shape(epochs: &'static str) -> Vec<&'static str> {
+    shape_with(epochs, "16")
+}
+
+#[rustfmt::skip]
+fn shape_with(epochs: &'static str, micro_batches: &'static str) -> Vec<&'static str> {
+    vec![
+        "--model", "tiny", "--stages", "2", "--replicas", "2", "--epochs", epochs,
+        "--micro-batches", micro_batches, "--batch", "4", "--seq", "64", "--outer-momentum", "0.5",
+    ]
+}
+
+/// Every epoch accounted for: all its 16 micro-batches completed or counted dropped.
+fn every_epoch_accounted(out: &str, epochs: usize) {
+    every_epoch_accounted_of(out, epochs, 16)
+}
+
+fn every_epoch_accounted_of(out: &str, epochs: usize, per_epoch: u64) {
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ") && l.contains(": mean loss")).collect();
+    let last: Vec<&str> = lines.iter().rev().take(epochs).rev().copied().collect();
+    assert_eq!(last.len(), epochs, "{out}");
+    for l in last {
+        let done = |what: &str| -> u64 {
+            l.split(", ").find_map(|p| p.strip_suffix(what)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+        };
+        assert_eq!(done(" micro-batches completed") + done(" dropped"), per_epoch, "{l}");
+    }
+}
 
 #[test]
 fn a_swarm_of_separate_hosts_trains_on_a_bucket_over_tls() {
-    if let Some(why) = unavailable() {
-        println!("skipped: {why}");
-        return;
-    }
-    let (Some(control), Some(miner)) = (workspace_binary("iota-control"), workspace_binary("iota-miner")) else {
-        println!(
-            "skipped: iota-control and iota-miner are not built (cargo test --workspace --all-targets builds them)"
-        );
-        return;
-    };
-    let Some(s3s) = iota_tests::s3::s3s_fs_binary() else {
-        println!("skipped: s3s-fs not found (scripts/test.sh installs it)");
-        return;
-    };
-    let root = tempfile::tempdir().unwrap();
-    let mut net = Net::new();
-    let (s3_ns, orch_ns) = (net.host(10), net.host(11));
-    let miner_ns: Vec<String> = (0..4).map(|i| net.host(20 + i)).collect();
-
-    // The bucket's server, with its own credentials.
-    let s3_dir = root.path().join("s3");
-    std::fs::create_dir_all(s3_dir.join("data")).unwrap();
-    let (ak, sk) = ("netns-access", "netns-secret-key");
-    let s3_args: Vec<String> =
-        ["--host", &Net::addr(10), "--port", "9000", "--access-key", ak, "--secret-key", sk, "data"]
-            .map(String::from)
-            .to_vec();
-    let _s3 = HostProcess::spawn(&s3_ns, &s3_dir, &s3s, &s3_args, &[]);
-
-    // Identities made ahead, each in its own host's directory: the
-    // orchestrator's (miners pin it) and the miners' (the admission list).
-    let orch_dir = root.path().join("orchestrator");
-    let orch_key = iota_dataplane::identity_file::load_or_create(&orch_dir.join("run/keys/orchestrator.key")).unwrap();
-    let mut admitted = String::from("# the four miners of this test\n");
-    let miner_dirs: Vec<_> = (0..4).map(|i| root.path().join(format!("miner-{i}"))).collect();
-    for d in &miner_dirs {
-        let id = iota_dataplane::identity_file::load_or_create(&d.join("miner.key")).unwrap();
-        admitted.push_str(&format!("{}\n", id.peer_id().to_hex()));
-    }
-    std::fs::write(orch_dir.join("admitted.txt"), admitted).unwrap();
-
-    let orch_args: Vec<String> = [
-        "orchestrator",
-        "--model",
-        "tiny",
-        "--stages",
-        "2",
-        "--replicas",
-        "2",
-        "--epochs",
-        "2",
-        "--micro-batches",
-        "16",
-        "--batch",
-        "4",
-        "--seq",
-        "64",
-        "--outer-momentum",
-        "0.5",
-        "--listen",
-        &format!("{}:7100", Net::addr(11)),
-        "--run-dir",
-        "run",
-        "--admit",
-        "admitted.txt",
-        "--bucket",
-        "s3://iota-netns/run-1",
-        "--s3-endpoint",
-        &format!("http://{}:9000", Net::addr(10)),
-        "--s3-path-style",
-    ]
-    .map(String::from)
-    .to_vec();
-    let orch = HostProcess::spawn(
-        &orch_ns,
-        &orch_dir,
-        &control,
-        &orch_args,
-        &[("AWS_ACCESS_KEY_ID", ak), ("AWS_SECRET_ACCESS_KEY", sk)],
-    );
-    let mut miners = Vec::new();
-    for (i, (ns, dir)) in miner_ns.iter().zip(&miner_dirs).enumerate() {
-        let args: Vec<String> = [
-            "run",
-            "--orchestrator",
-            &format!("https://{}:7100", Net::addr(11)),
-            "--orchestrator-key",
-            &orch_key.peer_id().to_hex(),
-            "--identity",
-            "miner.key",
-            "--listen",
-            &format!("{}:7200", Net::addr(20 + i as u8)),
-        ]
-        .map(String::from)
-        .to_vec();
-        miners.push(HostProcess::spawn(ns, dir, &miner, &args, &[]));
-    }
-
-    let mut orch = orch;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(st) = orch.child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let logs: Vec<String> = miners.iter().map(|m| m.output()).collect();
-            panic!("the run did not end in 90 s\norchestrator:\n{}\nminers:\n{}", orch.output(), logs.join("\n---\n"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let out = orch.output();
-    assert!(status.success(), "orchestrator: {out}");
+    let Some(mut s) = NetSwarm::start(4, &shape("2")) else { return };
+    let out = s.wait_done(Duration::from_secs(90));
     println!("{}", out.lines().filter(|l| l.starts_with("epoch")).collect::<Vec<_>>().join("\n"));
-    // Both epochs, every micro-batch completed, replicas merged to the same weights.
-    let losses: Vec<f32> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("epoch ")?.split_once(": mean loss ")?.1.split(',').next()?.parse().ok())
-        .collect();
+    let losses = epoch_losses(&out);
     assert_eq!(losses.len(), 2, "{out}");
     assert!(losses[1] < losses[0], "the loss falls: {losses:?}");
     assert!(out.contains("32 micro-batches completed, 0 re-routed, 0 dropped, 0 divergent merges"), "{out}");
-    // No host has a store directory; the objects are in the bucket's host.
-    for d in &miner_dirs {
-        let entries: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert!(!d.join("store").exists(), "{entries:?}");
+    // No host has a store directory; the objects are on the bucket's host.
+    for i in 0..4 {
+        assert!(!s.miner_dir(i).join("store").exists());
     }
-    assert!(!orch_dir.join("run/store").exists());
-    let objects = walk(&s3_dir.join("data"));
+    assert!(!s.orchestrator_dir().join("run/store").exists());
+    let objects = walk(&s.s3_data());
     assert!(objects.iter().any(|p| p.contains("momentum")), "no momentum in the bucket: {objects:?}");
+}
+
+/// The orchestrator is killed (SIGKILL) in the middle of the second epoch's
+/// training and started again on the same run directory: the run resumes
+/// and ends, every epoch accounted for, no committed epoch lost.
+#[test]
+fn chaos_the_orchestrator_killed_mid_training_resumes_the_run() {
+    // Micro-batches in flight at the crash are lost with it; a short route
+    // timeout re-issues them sooner than the production default.
+    let flags = [shape("3"), vec!["--route-timeout-s", "5"]].concat();
+    let Some(mut s) = NetSwarm::start(4, &flags) else { return };
+    wait_for_line(&s, "miner", 0, "butterfly merge complete epoch=0", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    s.kill_orchestrator();
+    std::thread::sleep(Duration::from_secs(1));
+    s.start_orchestrator();
+    let out = s.wait_done(Duration::from_secs(60));
+    assert!(out.contains("resuming run from saved state"), "{out}");
+    every_epoch_accounted(&out, 3);
+    assert!(out.contains(" 0 divergent merges"), "{out}");
+}
+
+/// A miner is killed (SIGKILL) during the second epoch's training and
+/// started again with its identity and directory: the run ends with every
+/// epoch accounted for, and the miner rejoins by downloading the merged
+/// weights from the bucket. (Killed during a merge instead, the partitions
+/// it was to write may never be stored: see the issue's note.)
+#[test]
+fn chaos_a_miner_killed_mid_training_rejoins_from_the_bucket() {
+    let Some(mut s) = NetSwarm::start(4, &shape_with("3", "48")) else { return };
+    wait_for_line(&s, "miner", 1, "butterfly merge complete epoch=0", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(200));
+    s.kill_miner(1);
+    std::thread::sleep(Duration::from_millis(500));
+    s.start_miner(1);
+    let out = s.wait_done(Duration::from_secs(60));
+    every_epoch_accounted_of(&out, 3, 48);
+    let restarted = s.miners[1].as_ref().unwrap().output();
+    assert!(
+        restarted.contains("loaded merged weights"),
+        "the restarted miner did not load merged weights:\n{restarted}"
+    );
+    assert!(!restarted.contains("stage worker error"), "stale work reached the restarted miner:\n{restarted}");
+}
+
+/// One miner's link is cut for 5 s mid-training: its work is re-routed to
+/// its stage's other replica, and the run ends with every epoch accounted for.
+#[test]
+fn chaos_a_miners_link_cut_mid_training_stalls_nobody() {
+    let Some(mut s) = NetSwarm::start(4, &shape("3")) else { return };
+    wait_for_line(&s, "miner", 2, "assigned stage", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    s.set_link(2, false);
+    std::thread::sleep(Duration::from_secs(5));
+    s.set_link(2, true);
+    let out = s.wait_done(Duration::from_secs(90));
+    every_epoch_accounted(&out, 3);
+}
+
+/// Waits until `role` `i`'s log (all its lives) holds `text`.
+fn wait_for_line(s: &NetSwarm, role: &str, i: usize, text: &str, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let log = match role {
+            "miner" => s.miners[i].as_ref().map(|m| m.output()).unwrap_or_default(),
+            _ => s.orchestrator_output(),
+        };
+        if log.contains(text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{role} {i} never logged {text:?}:\n{log}\norchestrator:\n{}",
+            s.orchestrator_output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn walk(dir: &std::path::Path) -> Vec<String> {
