@@ -6,7 +6,7 @@ use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
 use iota_protocol::plan_from_pb;
-use iota_protocol::store_keys::{contrib_prefix, merged_key, momentum_parts_prefix, part_name, weights_parts_prefix};
+use iota_protocol::store_keys::{merged_key, momentum_parts_prefix, part_name, weights_parts_prefix};
 
 fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
     RunSpec {
@@ -397,41 +397,6 @@ fn stale_and_foreign_reports_are_not_applied() {
     assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
 }
 
-#[test]
-fn snapshot_round_trip_resumes_the_run() {
-    let mut s = Sim::new(spec(2, 2, 2, 8, 2));
-    for i in 0..4 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    // Run part of the first epoch, then "crash": keep only the snapshot.
-    s.drain();
-    s.tick(100);
-    let json = serde_json::to_string(&s.o).unwrap();
-    let restored: Orchestrator = serde_json::from_str(&json).unwrap();
-    assert_eq!(restored.counters(), s.o.counters());
-    let mut t = Sim::new(spec(2, 2, 2, 8, 2));
-    t.o = restored;
-    t.now = s.now;
-    // In-flight routes were lost with the old process: they time out and are re-issued.
-    t.run_until_done(300);
-    assert_eq!(t.o.history().len(), 2);
-    assert!(t.o.history().iter().all(|e| e.completed + e.dropped == 8));
-}
-
-#[test]
-fn a_stage_whose_miners_all_restarted_does_not_stall() {
-    let mut s = Sim::new(spec(2, 1, 1, 6, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.drain();
-    // Both miners restart mid-epoch and register again (same identities).
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    assert!(s.o.miners().all(|m| m.joining));
-    s.run_until_done(100);
-    assert_eq!(s.o.history()[0].completed, 6);
-}
-
 fn butterfly_spec(stages: u32, replicas: u32) -> RunSpec {
     let mut s = spec(stages, replicas, 2, 6, 2);
     s.merge.method = MergeMethod::Butterfly;
@@ -772,126 +737,5 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
     assert!(sim.now >= 10_000, "the laggard had the floor's 10 s: {} ms", sim.now);
 }
 
-/// The orchestrator crashes early in the second epoch, after miners had
-/// finished work it never saved (`k` commands acted on after the save), and
-/// is down for 4 s, longer than the heartbeat timeout. It ticks before any
-/// miner has reached it again. Nothing may be dropped and nobody benched:
-/// the silence was the orchestrator's.
-#[test]
-fn a_restart_charges_its_downtime_to_nobody() {
-    for k in [0usize, 3, 13, 40] {
-        let mut sp = spec(2, 1, 3, 16, 2);
-        sp.route_timeout_ms = 5_000;
-        let mut s = Sim::new(sp.clone());
-        for i in 0..2 {
-            s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-        }
-        while s.o.epoch() < 1 {
-            s.drain_at_most(1);
-            if s.inbox.is_empty() {
-                s.tick(100);
-            }
-        }
-        let saved = serde_json::to_string(&s.o).unwrap();
-        s.drain_at_most(k);
-        let mut t = Sim::new(sp);
-        t.o = serde_json::from_str(&saved).unwrap();
-        t.now = s.now + 4_000;
-        t.o.resumed(t.now);
-        t.ev(Event::Tick);
-        assert!(t.o.miners().all(|m| m.healthy), "k={k}: a miner was judged by the orchestrator's downtime");
-        t.run_until_done(300);
-        let c = t.o.counters();
-        assert_eq!((c.dropped, c.benched, c.failures_pinned), (0, 0, 0), "k={k}: {c:?}");
-        assert!(t.o.history().iter().all(|e| e.completed == 16), "k={k}");
-    }
-}
-
-/// A presigned PUT is granted only for what the merge asks of that miner
-/// now: its own contribution to a planned partition of its own stage, the
-/// slice and momentum of a partition whose verdict names it the writer.
-#[test]
-fn a_put_is_granted_only_for_what_the_merge_asks_of_that_miner() {
-    let mut sim = Sim::new(butterfly_spec(2, 3));
-    for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
-    let other = sim.o.miners().find(|m| m.stage == 1).unwrap().peer;
-    sim.stalled.extend(stage0.iter().copied());
-    for _ in 0..100 {
-        sim.drain();
-        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
-            break;
-        }
-        sim.tick(500);
-    }
-    let plan = sim.o.merge_plan(0).expect("stage 0 is merging").clone();
-    let (e, a, b) = (plan.epoch, stage0[0], stage0[1]);
-    let contrib = |p: PeerId, k: usize| format!("{}{k:06}/{}.frame", contrib_prefix(e, 0), p.to_hex());
-    let not_yours = |r: Result<(), Refusal>| matches!(r, Err(Refusal::NotYours(_)));
-    assert_eq!(sim.o.may_write(a, &contrib(a, 0)), Ok(()));
-    assert!(not_yours(sim.o.may_write(a, &contrib(b, 0))), "another participant's contribution");
-    assert!(not_yours(sim.o.may_write(a, &contrib(a, plan.partitions.len()))), "a partition not in the plan");
-    assert!(not_yours(sim.o.may_write(other, &contrib(other, 0))), "another stage's merge");
-    assert!(not_yours(sim.o.may_write(a, &format!("{}000000/../x.frame", contrib_prefix(e, 0)))));
-    assert_eq!(sim.o.may_write(peer(99), &contrib(a, 0)), Err(Refusal::Unknown(peer(99))));
-    let p0 = &plan.partitions[0];
-    let weights = format!("{}{}", weights_parts_prefix(e, 0), part_name(p0.offset, p0.len));
-    let momentum = format!("{}{}", momentum_parts_prefix(e, 0), part_name(p0.offset, p0.len));
-    assert!(stage0.iter().all(|p| not_yours(sim.o.may_write(*p, &weights))), "nobody before a verdict");
-    assert!(not_yours(sim.o.may_write(a, &merged_key(e, 0))), "no parameter-server keys in a butterfly run");
-    // The replicas act on their plans; their verdicts are held back.
-    sim.stall_verdicts_only = true;
-    let held = std::mem::take(&mut sim.held);
-    sim.inbox.extend(held);
-    sim.drain();
-    let verdict = sim
-        .held
-        .iter()
-        .find_map(|o| match &o.cmd {
-            pb::command::Kind::Verdict(v) if v.partition == 0 && v.stage == 0 => Some(v.clone()),
-            _ => None,
-        })
-        .expect("partition 0 has a verdict");
-    let writer = PeerId(verdict.writer.as_slice().try_into().unwrap());
-    for key in [&weights, &momentum] {
-        assert_eq!(sim.o.may_write(writer, key), Ok(()));
-        for p in stage0.iter().filter(|p| **p != writer) {
-            assert!(not_yours(sim.o.may_write(*p, key)), "{key} by a non-writer");
-        }
-    }
-}
-
-/// A participant that restarts during the butterfly merge (registers again
-/// with the same identity) lost its part of the merge with its process: it
-/// is planned out at the next tick, not after the phase timeout, and the
-/// epoch completes without it.
-#[test]
-fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
-    let mut sim = Sim::new(butterfly_spec(2, 3));
-    for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
-    sim.stalled.extend(stage0.iter().copied());
-    for _ in 0..100 {
-        sim.drain();
-        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
-            break;
-        }
-        sim.tick(500);
-    }
-    let restarted = stage0[1];
-    assert!(sim.o.merge_plan(0).unwrap().is_participant(&restarted));
-    let t0 = sim.now;
-    sim.ev(Event::Register { peer: restarted, addr: "a1-again".into(), tokens_per_s: 1.0, device: "cpu".into() });
-    sim.tick(100);
-    assert!(!sim.o.merge_plan(0).unwrap().is_participant(&restarted), "still waited for after its restart");
-    sim.stalled.clear();
-    let held: Vec<Out> = std::mem::take(&mut sim.held).into_iter().filter(|o| o.to != restarted).collect();
-    sim.inbox.extend(held);
-    sim.run_until_done(200);
-    assert_eq!(sim.o.history().len(), 2);
-    assert!(sim.now - t0 < sim.o.spec().phase_timeout_ms, "the merge waited for the phase timeout");
-}
+mod grants;
+mod restarts;
