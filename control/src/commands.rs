@@ -119,6 +119,18 @@ async fn run_async(cli: Cli) -> Result<()> {
                     }
                 }
             }
+            // Miners fetch the final weights after the run ends (through
+            // grants, on a bucket): keep answering until none has been heard
+            // from for 3 s, 30 s at most.
+            let linger_until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while std::time::Instant::now() < linger_until {
+                let now = iota_protocol::auth::now_ms();
+                let heard = svc.with_state(|o| o.miners().map(|m| m.last_seen_ms).max().unwrap_or(0));
+                if now.saturating_sub(heard) > 3_000 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
             svc.save();
             ticker.abort();
             server.abort();

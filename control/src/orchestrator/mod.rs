@@ -470,7 +470,11 @@ impl Orchestrator {
                 if timed_out {
                     self.phase_since = now;
                 }
-                if self.butterfly.values().all(|m| m.complete()) {
+                // Complete once every partition's merged slice is stored
+                // (announced by its current writer), so a miner joining
+                // later can load the stage; a writer that died was replaced
+                // by `drop_participants`. After a timeout, complete anyway.
+                if self.butterfly.iter().all(|(s, m)| m.complete() && (timed_out || self.stage_stored(*s, m))) {
                     self.counters.divergent_merges +=
                         self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
                     self.finish_epoch(now, rng, out);

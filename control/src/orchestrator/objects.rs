@@ -145,6 +145,13 @@ impl Orchestrator {
         self.known(&peer)
     }
 
+    /// Whether every partition of a butterfly merge has its merged slice
+    /// announced for exactly its range.
+    pub(super) fn stage_stored(&self, stage: u32, bm: &iota_core::merge::StageMerge) -> bool {
+        let stored = self.objects_of(bm.plan.epoch, stage).map(|so| &so.weights);
+        bm.plan.partitions.iter().all(|p| stored.and_then(|w| w.get(&p.offset)).is_some_and(|o| o.values == p.len))
+    }
+
     /// The object a parameter-server upload announced: the replica's own key.
     pub(super) fn check_upload(&self, peer: PeerId, epoch: u64, stage: u32, obj: &StoredObject) -> Result<(), Refusal> {
         let own = format!("{}stage-{stage:03}/{}.safetensors", upload_prefix(epoch), peer.to_hex());

@@ -100,6 +100,30 @@ fn chaos_a_miner_killed_mid_training_rejoins_from_the_bucket() {
     assert!(!restarted.contains("stage worker error"), "stale work reached the restarted miner:\n{restarted}");
 }
 
+/// A miner is killed (SIGKILL) early in the run, when it may be in the
+/// first epoch's training or in the middle of its merge, and started again:
+/// a partition it was to write is written by its stage's other replica, so
+/// the run ends with every epoch accounted for and the restarted miner loads
+/// complete merged weights.
+#[test]
+fn chaos_a_miner_killed_around_the_first_merge_rejoins() {
+    let flags = [shape("3"), vec!["--route-timeout-s", "5"]].concat();
+    let Some(mut s) = NetSwarm::start(4, &flags) else { return };
+    wait_for_line(&s, "miner", 1, "assigned stage", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    s.kill_miner(1);
+    std::thread::sleep(Duration::from_secs(1));
+    s.start_miner(1);
+    let out = s.wait_done(Duration::from_secs(60));
+    every_epoch_accounted(&out, 3);
+    let restarted = s.miners[1].as_ref().unwrap().output();
+    assert!(!restarted.contains("stage worker error"), "{restarted}");
+    // Back within the first epoch it starts from the seed's weights and
+    // merges with its replica; later, it loads the merged ones.
+    let rejoined = restarted.contains("loaded merged weights") || restarted.contains("butterfly merge complete");
+    assert!(rejoined, "{restarted}");
+}
+
 /// One miner's link is cut for 5 s mid-training: its work is re-routed to
 /// its stage's other replica, and the run ends with every epoch accounted for.
 #[test]
