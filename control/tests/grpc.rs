@@ -39,6 +39,18 @@ fn orch_id() -> Arc<Identity> {
     Arc::new(Identity::from_seed([100; 32]))
 }
 
+/// The orchestrator service of these tests (its state in `db` when given).
+fn service(db: Option<&std::path::Path>) -> OrchestratorService {
+    OrchestratorService::new(
+        Orchestrator::new(spec()).unwrap(),
+        db.map(|d| StateDb::open(d).unwrap()),
+        "{}".into(),
+        AuthPolicy::default(),
+        orch_id(),
+    )
+    .unwrap()
+}
+
 /// Serves `svc` on a free port over TLS, as the orchestrator does; returns
 /// its URL and the server task.
 async fn serve(svc: OrchestratorService) -> (String, tokio::task::JoinHandle<()>) {
@@ -53,14 +65,7 @@ async fn client(url: &str, seed: u8) -> ControlClient {
 
 #[tokio::test]
 async fn hostile_requests_get_the_right_status() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc = service(None);
     let (url, _server) = serve(svc).await;
     let mut c = client(&url, 1).await;
     let id = c.identity().clone();
@@ -106,14 +111,7 @@ async fn hostile_requests_get_the_right_status() {
 
 #[tokio::test]
 async fn subscribers_receive_assignments_and_routes() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc = service(None);
     let (url, _server) = serve(svc.clone()).await;
     let mut a = client(&url, 1).await;
     let mut b = client(&url, 2).await;
@@ -143,14 +141,7 @@ async fn subscribers_receive_assignments_and_routes() {
 async fn restarted_orchestrator_resumes_from_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.sqlite");
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        Some(StateDb::open(&db).unwrap()),
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc = service(Some(db.as_path()));
     let (url, server) = serve(svc.clone()).await;
     let mut a = client(&url, 1).await;
     let mut b = client(&url, 2).await;
@@ -165,14 +156,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     // Crash: the server goes away without a chance to save anything more.
     server.abort();
     drop(svc);
-    let svc2 = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        Some(StateDb::open(&db).unwrap()),
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc2 = service(Some(db.as_path()));
     let after = svc2.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
     assert_eq!(after, before, "the run resumes where it was");
     // Its miners are still known: they heartbeat without registering again.
@@ -198,14 +182,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
 /// does not poison.
 #[tokio::test]
 async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc = service(None);
     let s = svc.clone();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.with_state(|_| panic!("a bug"))));
     assert!(r.is_err());
@@ -224,14 +201,7 @@ async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
 /// never finish a handshake hold no one else up.
 #[tokio::test]
 async fn the_control_plane_is_tls_bound_to_the_orchestrators_key() {
-    let svc = OrchestratorService::new(
-        Orchestrator::new(spec()).unwrap(),
-        None,
-        "{}".into(),
-        AuthPolicy::default(),
-        orch_id(),
-    )
-    .unwrap();
+    let svc = service(None);
     let (url, _server) = serve(svc).await;
     assert!(url.starts_with("https://"), "{url}");
     let me = Arc::new(Identity::from_seed([1; 32]));

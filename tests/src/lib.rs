@@ -116,6 +116,11 @@ impl Swarm {
         Self::start_with(cfg, db, |s| s).await
     }
 
+    /// Starts an orchestrator that grants miners presigned URLs on `bucket`.
+    pub async fn start_on_bucket(cfg: &RunConfig, db: PathBuf, bucket: Arc<iota_control::s3_store::S3Store>) -> Swarm {
+        Self::start_with(cfg, db, move |s| s.with_s3(bucket)).await
+    }
+
     /// Starts an orchestrator whose service `change` adjusts first (an S3
     /// store for grants, say).
     pub async fn start_with(

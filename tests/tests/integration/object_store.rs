@@ -98,11 +98,7 @@ async fn a_miner_without_credentials_reads_and_writes_only_through_grants() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = iota_tests::tiny_run(2, 2, 1, 8, iota_core::WireCodec::Int8Row);
     cfg.spec.merge.method = iota_protocol::MergeMethod::ParameterServer;
-    let swarm = iota_tests::Swarm::start_with(&cfg, dir.path().join("state.sqlite"), {
-        let bucket = bucket.clone();
-        move |s| s.with_s3(bucket)
-    })
-    .await;
+    let swarm = iota_tests::Swarm::start_on_bucket(&cfg, dir.path().join("state.sqlite"), bucket.clone()).await;
     let key = swarm.service.identity().peer_id();
     let join = |seed: u8| {
         let url = swarm.url.clone();
@@ -182,11 +178,7 @@ async fn a_swarm_on_a_bucket_trains_with_no_shared_directory() {
     let mut cfg = iota_tests::tiny_run(2, 2, 2, 16, iota_core::WireCodec::Int8Row);
     cfg.store = StoreAccess::Granted;
     cfg.spec.merge.outer = OuterOpt { lr: 0.8, momentum: 0.5 };
-    let swarm = iota_tests::Swarm::start_with(&cfg, dir.path().join("state.sqlite"), {
-        let bucket = bucket.clone();
-        move |s| s.with_s3(bucket)
-    })
-    .await;
+    let swarm = iota_tests::Swarm::start_on_bucket(&cfg, dir.path().join("state.sqlite"), bucket.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let miners: Vec<_> = (0..4).map(|_| swarm.miner_with(|o| o.store = None, stop.clone())).collect();
     let mut summaries = Vec::new();

@@ -255,6 +255,20 @@ impl Sim {
         }
     }
 
+    /// Runs until the merge phase with `held` miners sitting on their merge
+    /// commands (which it holds back), so a test can act mid-merge.
+    fn until_merging_held(&mut self, held: &[PeerId]) {
+        self.stalled.extend(held.iter().copied());
+        for _ in 0..100 {
+            self.drain();
+            if *self.o.phase() == Phase::Merging && !self.held.is_empty() {
+                return;
+            }
+            self.tick(500);
+        }
+        panic!("the merge phase never came: {:?}", self.o.phase());
+    }
+
     fn run_until_done(&mut self, max_ticks: u32) {
         for _ in 0..max_ticks {
             self.drain();
@@ -459,15 +473,7 @@ fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
     // the dead peer time out), so nobody finishes before the phase timeout.
     sim.die_on_plan = Some(peer(1));
-    sim.stalled.insert(peer(0));
-    for _ in 0..100 {
-        sim.drain();
-        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
-            break;
-        }
-        sim.tick(500);
-    }
-    assert_eq!(sim.o.phase(), &Phase::Merging);
+    sim.until_merging_held(&[peer(0)]);
     // Three phase timeouts pass (10 s each).
     for _ in 0..60 {
         sim.drain();
@@ -516,134 +522,6 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
     // A stranger cannot subscribe.
     let r = s.o.step(s.now, Event::Subscribed { peer: peer(9) }, &mut s.rng);
     assert_eq!(r.unwrap_err(), Refusal::Unknown(peer(9)));
-}
-
-/// The objects `to` was handed in its last phase command of `phase` for `epoch`.
-fn handed(
-    sim: &Sim,
-    to: PeerId,
-    epoch: u64,
-    phase: pb::Phase,
-    pick: fn(&pb::PhaseChange) -> &Vec<pb::StoredObject>,
-) -> Vec<StoredObject> {
-    let p =
-        sim.phases_heard.iter().rev().find(|(t, p)| *t == to && p.epoch == epoch && p.phase == phase as i32).unwrap();
-    iota_protocol::manifest::from_pb_list(pick(&p.1)).unwrap()
-}
-
-#[test]
-fn announced_slices_reach_readers_and_foreign_announcements_are_refused() {
-    let mut sim = Sim::new(butterfly_spec(2, 2));
-    for i in 0..4 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    sim.run_until_done(200);
-    let stage1: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 1).map(|m| m.peer).collect();
-    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
-    // Epoch 1's training tells each replica what epoch 0's merge stored:
-    // one part per partition, covering the stage, each by its writer.
-    let weights = handed(&sim, stage1[0], 1, pb::Phase::Training, |p| &p.weights);
-    let mut covered = 0;
-    for w in &weights {
-        assert_eq!(w.offset, covered);
-        assert!(w.key.starts_with(&weights_parts_prefix(0, 1)), "{}", w.key);
-        assert!(stage1.contains(&w.writer));
-        covered += w.values;
-    }
-    assert_eq!(covered, 10_000);
-    // Epoch 1's merge starts from epoch 0's momentum.
-    let momentum = handed(&sim, stage1[0], 1, pb::Phase::Merging, |p| &p.momentum);
-    assert_eq!(momentum.iter().map(|m| m.values).sum::<u64>(), 10_000);
-    assert!(momentum.iter().all(|m| m.key.starts_with(&momentum_parts_prefix(0, 1))));
-    // The other replica heard of each slice its peer wrote.
-    assert!(sim.stored_heard.iter().any(|(to, st)| stage1.contains(to) && st.stage == 1));
-    assert_eq!(sim.o.counters().foreign_objects, 0);
-
-    // A stage-0 miner announces objects under stage 1's prefixes: a real
-    // partition range, a range of its own making, and a key it made up.
-    // All are refused as not its to write and none is handed to anyone.
-    let intruder = stage0[0];
-    let plan_part = weights[0].clone();
-    let tries = [
-        StoredObject { writer: intruder, ..plan_part.clone() },
-        StoredObject::part(&format!("{}{}", weights_parts_prefix(1, 1), part_name(0, 4)), &[0; 16], 0, intruder),
-        StoredObject::part("epoch-000001/stage-001/momentum/x.f32", &[0; 16], 0, intruder),
-    ];
-    let before = sim.o.objects.clone();
-    for object in tries {
-        let r = sim.o.step(sim.now, Event::Stored { peer: intruder, epoch: 1, stage: 1, object }, &mut sim.rng);
-        assert!(matches!(r, Err(Refusal::NotYours(_))), "{r:?}");
-    }
-    assert_eq!(sim.o.counters().foreign_objects, 3);
-    assert_eq!(sim.o.objects, before);
-
-    // A reader's report against a handed-out object names its writer; a
-    // report about an object nobody announced is refused.
-    let reporter = stage1.iter().copied().find(|p| *p != weights[0].writer).unwrap();
-    let ev =
-        |object: StoredObject| Event::BadObject { peer: reporter, epoch: 0, stage: 1, object, reason: "hash".into() };
-    sim.o.step(sim.now, ev(weights[0].clone()), &mut sim.rng).unwrap();
-    // Said twice, counted once.
-    sim.o.step(sim.now, ev(weights[0].clone()), &mut sim.rng).unwrap();
-    let bad = sim.o.bad_objects();
-    assert_eq!(bad.len(), 1);
-    assert_eq!(
-        (bad[0].writer, bad[0].reporter, bad[0].key.as_str()),
-        (weights[0].writer, reporter, weights[0].key.as_str())
-    );
-    let made_up = StoredObject { hash: [9; 32], ..weights[0].clone() };
-    assert!(sim.o.step(sim.now, ev(made_up), &mut sim.rng).is_err());
-    assert_eq!(sim.o.counters().bad_objects, 1);
-}
-
-#[test]
-fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
-    let mut sim = Sim::new(spec(1, 2, 2, 8, 2));
-    for i in 0..2 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    sim.run_until_done(200);
-    let ups = iota_protocol::manifest::from_pb_list(&sim.aggregated[&0]).unwrap();
-    assert_eq!(ups.len(), 2);
-    // Each replica claimed work * 1000 + 1; the aggregator is told the
-    // orchestrator's count: every micro-batch of a 1-stage run passes
-    // through one of the two replicas.
-    assert_eq!(ups.iter().map(|u| u.work).sum::<u64>(), 8);
-    for u in &ups {
-        assert_eq!(u.key, format!("epoch-000001/stage-000/{}.safetensors", u.writer.to_hex()));
-    }
-    // The merged stage the aggregator announced is what the next epoch (here:
-    // the end of the run) is handed.
-    let last = sim.phases_heard.iter().rev().find(|(_, p)| p.phase == pb::Phase::Done as i32).unwrap();
-    let merged = iota_protocol::manifest::from_pb_list(&last.1.weights).unwrap();
-    assert_eq!(merged.len(), 1);
-    assert_eq!(merged[0].key, merged_key(1, 0));
-
-    // An upload announced under another replica's key is refused.
-    let mut s2 = Sim::new(spec(1, 2, 1, 4, 2));
-    for i in 0..2 {
-        s2.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
-    s2.skip_uploads = true;
-    for _ in 0..50 {
-        s2.drain();
-        if *s2.o.phase() == Phase::Uploading {
-            break;
-        }
-        s2.tick(500);
-    }
-    assert_eq!(*s2.o.phase(), Phase::Uploading);
-    let key = format!("epoch-000000/stage-000/{}.safetensors", peer(1).to_hex());
-    let ev = Event::UploadDone {
-        peer: peer(0),
-        epoch: 0,
-        stage: 0,
-        key: key.clone(),
-        work: 1,
-        object: Some(StoredObject::of(&key, b"x", peer(0))),
-    };
-    assert!(matches!(s2.o.step(s2.now, ev, &mut s2.rng), Err(Refusal::NotYours(_))));
-    assert_eq!(s2.o.counters().foreign_objects, 1);
 }
 
 #[test]
@@ -737,5 +615,5 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
     assert!(sim.now >= 10_000, "the laggard had the floor's 10 s: {} ms", sim.now);
 }
 
-mod grants;
+mod objects;
 mod restarts;

@@ -84,14 +84,7 @@ fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
         sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
     let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
-    sim.stalled.extend(stage0.iter().copied());
-    for _ in 0..100 {
-        sim.drain();
-        if *sim.o.phase() == Phase::Merging && !sim.held.is_empty() {
-            break;
-        }
-        sim.tick(500);
-    }
+    sim.until_merging_held(&stage0);
     let restarted = stage0[1];
     assert!(sim.o.merge_plan(0).unwrap().is_participant(&restarted));
     let t0 = sim.now;
