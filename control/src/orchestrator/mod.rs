@@ -154,6 +154,10 @@ pub struct Counters {
     /// Objects a reader found different from their announcement.
     #[serde(default)]
     pub bad_objects: u64,
+    /// Merged slices written again by another holder after a reader found
+    /// the first writer's bad.
+    #[serde(default)]
+    pub rewritten_slices: u64,
     /// Announcements of objects the announcer was not asked to write.
     #[serde(default)]
     pub foreign_objects: u64,
@@ -366,7 +370,7 @@ impl Orchestrator {
             }
             Event::BadObject { peer, epoch, stage, object, reason } => {
                 self.known(&peer)?;
-                self.on_bad_object(peer, epoch, stage, object, reason)?;
+                self.on_bad_object(peer, epoch, stage, object, reason, &mut out)?;
             }
             Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
             Event::Tick => {

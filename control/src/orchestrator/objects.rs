@@ -24,7 +24,7 @@ impl Orchestrator {
         self.objects.entry(epoch).or_default().entry(stage).or_default()
     }
 
-    fn objects_of(&self, epoch: u64, stage: u32) -> Option<&StageObjects> {
+    pub(super) fn objects_of(&self, epoch: u64, stage: u32) -> Option<&StageObjects> {
         self.objects.get(&epoch)?.get(&stage)
     }
 
@@ -187,6 +187,7 @@ impl Orchestrator {
         stage: u32,
         obj: StoredObject,
         reason: String,
+        out: &mut Vec<Out>,
     ) -> Result<(), Refusal> {
         let so = self.objects_of(epoch, stage);
         let recorded = so.into_iter().flat_map(|s| {
@@ -203,8 +204,43 @@ impl Orchestrator {
             self.bad_objects.remove(0);
         }
         self.counters.bad_objects += 1;
+        let key = obj.key.clone();
         self.bad_objects.push(BadObjectRecord { epoch, stage, key: obj.key, writer, reporter: peer, reason });
+        self.rewrite_bad_slice(peer, epoch, stage, &key, writer, out);
         Ok(())
+    }
+
+    /// A participant of a merge in progress could not use the merged slice
+    /// its writer stored: its records are dropped (nobody else is handed
+    /// them, and the stage is not stored until they are replaced) and the
+    /// writing moves to a participant that holds the slice.
+    fn rewrite_bad_slice(
+        &mut self,
+        reporter: PeerId,
+        epoch: u64,
+        stage: u32,
+        key: &str,
+        writer: PeerId,
+        out: &mut Vec<Out>,
+    ) {
+        let Some(bm) = self.butterfly.get(&stage).filter(|m| m.plan.epoch == epoch) else { return };
+        if !bm.plan.is_participant(&reporter) || !key.starts_with(&weights_parts_prefix(epoch, stage)) {
+            return;
+        }
+        let Some(k) = bm.plan.partitions.iter().position(|p| key.ends_with(&part_name(p.offset, p.len))) else {
+            return;
+        };
+        let offset = bm.plan.partitions[k].offset;
+        let mut mo = Vec::new();
+        let Some(bm) = self.butterfly.get_mut(&stage) else { return };
+        if bm.move_writer(k as u32, writer, &[reporter], &mut mo).is_none() {
+            return;
+        }
+        let so = self.stage_objects(epoch, stage);
+        so.weights.retain(|o, r| *o != offset || r.writer != writer);
+        so.momentum.retain(|o, r| *o != offset || r.writer != writer);
+        self.counters.rewritten_slices += 1;
+        self.merge_outs(stage, mo, out);
     }
 
     /// Every bad-object report the run keeps (for validators and `status`).

@@ -56,6 +56,10 @@ pub struct StageMerge {
     /// Participants that finished, with the hash of their merged weights.
     pub done: BTreeMap<PeerId, [u8; 32]>,
     pub mismatches: Vec<Mismatch>,
+    /// Writers whose stored slice a reader found bad, per partition: never
+    /// made a partition's writer again this merge.
+    #[serde(default)]
+    spurned: BTreeMap<u32, Vec<PeerId>>,
 }
 
 impl StageMerge {
@@ -67,6 +71,7 @@ impl StageMerge {
             verdicts: vec![None; k],
             done: BTreeMap::new(),
             mismatches: Vec::new(),
+            spurned: BTreeMap::new(),
         }
     }
 
@@ -155,6 +160,36 @@ impl StageMerge {
         }
         self.done.insert(peer, weights_hash);
         true
+    }
+
+    /// A reader found what `bad` stored for partition `k` not to match its
+    /// announcement: if `bad` is that partition's writer, the writing moves
+    /// to a participant that holds the accepted slice (an owner that
+    /// reported the accepted hash, else one that finished its merge, which
+    /// applied every verdict), never back to a writer found bad. Returns
+    /// the new writer; `None` if `bad` is not the writer or nobody else
+    /// holds the slice (the stage then completes on its timeout). `lacking`
+    /// (the reader, which read the store because it lacks the slice) is
+    /// not asked.
+    pub fn move_writer(&mut self, k: u32, bad: PeerId, lacking: &[PeerId], out: &mut Vec<MergeOut>) -> Option<PeerId> {
+        let ku = k as usize;
+        let v = self.verdicts.get(ku)?.as_ref()?;
+        if v.writer != bad {
+            return None;
+        }
+        let spurned = self.spurned.entry(k).or_default();
+        if !spurned.contains(&bad) {
+            spurned.push(bad);
+        }
+        let owners_with_it =
+            self.plan.partitions[ku].owners.iter().filter(|o| self.reports[ku].get(*o) == Some(&v.hash)).copied();
+        let finished = self.plan.participants.iter().map(|p| p.peer).filter(|p| self.done.contains_key(p));
+        let next = owners_with_it.chain(finished).find(|p| !spurned.contains(p) && !lacking.contains(p))?;
+        let mut v = v.clone();
+        v.writer = next;
+        self.verdicts[ku] = Some(v.clone());
+        out.push(MergeOut::Verdict(v));
+        Some(next)
     }
 
     /// Participants that went silent: partitions still open are re-planned
@@ -288,5 +323,30 @@ mod tests {
             m.merge_done(p.peer, [3; 32]);
         }
         assert!(m.complete());
+    }
+
+    #[test]
+    fn a_writer_whose_stored_slice_is_bad_is_replaced_by_a_holder_and_never_comes_back() {
+        let mut m = StageMerge::new(plan(3));
+        let mut out = Vec::new();
+        report_all(&mut m, None, &mut out);
+        let liar = m.verdicts[0].as_ref().unwrap().writer;
+        let other_owner = *m.plan.partitions[0].owners.iter().find(|o| **o != liar).unwrap();
+        let third = m.plan.participants.iter().map(|p| p.peer).find(|p| *p != liar && *p != other_owner).unwrap();
+        out.clear();
+        assert_eq!(m.move_writer(0, other_owner, &[], &mut out), None, "only the writer's objects move the writing");
+        assert!(out.is_empty());
+        // The other owner reported the accepted hash: it holds the slice.
+        assert_eq!(m.move_writer(0, liar, &[third], &mut out), Some(other_owner));
+        assert_eq!(out, vec![MergeOut::Verdict(m.verdicts[0].clone().unwrap())]);
+        // Then a participant that finished (and so applied every verdict);
+        // never a writer already found bad.
+        m.done.insert(liar, [1; 32]);
+        assert_eq!(m.move_writer(0, other_owner, &[], &mut out), None, "nobody unspurned holds it yet");
+        m.done.insert(third, [1; 32]);
+        let again = m.verdicts[0].as_ref().unwrap().writer;
+        assert_eq!(again, other_owner, "a failed move leaves the writer");
+        assert_eq!(m.move_writer(0, other_owner, &[], &mut out), Some(third));
+        assert_eq!(m.move_writer(0, third, &[], &mut out), None, "every holder was found bad");
     }
 }

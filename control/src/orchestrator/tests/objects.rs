@@ -181,3 +181,81 @@ fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
     assert!(matches!(s2.o.step(s2.now, ev, &mut s2.rng), Err(Refusal::NotYours(_))));
     assert_eq!(s2.o.counters().foreign_objects, 1);
 }
+
+/// A participant that could not use the merged slice a writer stored (it
+/// did not match its announcement) gets it from another holder: the
+/// writing moves, the bad records are dropped, the stage completes only
+/// once the new writer stored it, and the bad writer may no longer write it.
+#[test]
+fn a_bad_stored_slice_is_written_again_by_another_holder() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
+    sim.until_merging_held(&stage0);
+    let epoch = sim.o.merge_plan(0).unwrap().epoch;
+    // The replicas act on their plans; their verdicts are held back.
+    sim.stall_verdicts_only = true;
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.drain();
+    let v0 = |sim: &Sim| {
+        sim.held
+            .iter()
+            .rev()
+            .find_map(|o| match &o.cmd {
+                pb::command::Kind::Verdict(v) if v.partition == 0 && v.stage == 0 => Some(v.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let liar = PeerId(v0(&sim).writer.as_slice().try_into().unwrap());
+    let plan = sim.o.merge_plan(0).unwrap().clone();
+    // The reader: a participant that owns no copy of partition 0.
+    let reader = *stage0.iter().find(|p| !plan.partitions[0].owners.contains(p)).unwrap();
+    // Everyone but the reader acts on the verdicts (the writers store).
+    sim.stalled = BTreeSet::from([reader]);
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.drain();
+    let heard = |sim: &Sim| -> Vec<pb::StoredObject> {
+        sim.stored_heard
+            .iter()
+            .filter(|(t, s)| *t == reader && s.epoch == epoch && s.stage == 0)
+            .filter_map(|(_, s)| s.object.clone())
+            .collect()
+    };
+    let p0 = &plan.partitions[0];
+    let bad = StoredObject::from_pb(&heard(&sim).into_iter().find(|o| o.offset == p0.offset).unwrap(), None).unwrap();
+    assert_eq!(bad.writer, liar);
+    let ev = Event::BadObject { peer: reader, epoch, stage: 0, object: bad.clone(), reason: "hash".into() };
+    sim.ev(ev);
+    let moved = sim.inbox.iter().find_map(|o| match &o.cmd {
+        pb::command::Kind::Verdict(v) if v.partition == 0 && o.to == reader => Some(v.clone()),
+        _ => None,
+    });
+    let moved = moved.expect("the new writer is announced to every participant");
+    let next = PeerId(moved.writer.as_slice().try_into().unwrap());
+    assert!(next != liar && next != reader, "{next} holds the slice");
+    assert_eq!(moved.hash, v0(&sim).hash, "the accepted result stays");
+    assert_eq!(sim.o.counters().rewritten_slices, 1);
+    let key = bad.key.clone();
+    assert!(matches!(sim.o.may_write(liar, &key), Err(Refusal::NotYours(_))), "the bad writer is done writing it");
+    assert_eq!(sim.o.may_write(next, &key), Ok(()));
+    // The new writer stores it; the reader hears of the new object.
+    sim.drain();
+    let again =
+        heard(&sim).into_iter().filter(|o| o.offset == p0.offset).map(|o| StoredObject::from_pb(&o, None).unwrap());
+    assert!(again.clone().any(|o| o.writer == next), "{:?}", again.collect::<Vec<_>>());
+    let w = &sim.o.objects_of(epoch, 0).unwrap().weights;
+    assert_eq!(w.get(&p0.offset).map(|o| o.writer), Some(next), "partition 0 is recorded as the new writer's");
+    // Reporting the same object twice moves nothing more.
+    sim.ev(Event::BadObject { peer: reader, epoch, stage: 0, object: bad, reason: "hash".into() });
+    assert_eq!(sim.o.counters().rewritten_slices, 1);
+    sim.stalled.clear();
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.run_until_done(200);
+    assert_eq!(sim.o.counters().divergent_merges, 0);
+}
