@@ -151,3 +151,40 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(stage.backward(99, &[0.0; 4]).is_err());
     assert!(stage.forward(1, iota_model::StageInput::Hidden(&[0.0; 3]), 1, 64).is_err());
 }
+
+/// Validators recompute a miner's work and compare bitwise, on whatever
+/// machine they run: the CPU reference must give the same bits whatever
+/// the number of threads (every parallel reduction has a fixed split).
+#[test]
+fn cpu_results_are_bitwise_independent_of_the_thread_count() {
+    let data = corpus(64);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let be = Arc::new(CpuBackend::new());
+            let mut p = Pipeline::new(be, config(3, 32, WireCodec::Int8Row, 3)).unwrap();
+            let mut losses = Vec::new();
+            for _ in 0..2 {
+                losses.push(p.train_step(&data).unwrap().loss.to_bits());
+            }
+            let (x, y) = data.val_batch(5, 0, 4, 64);
+            let (l, _) = p.accumulate(&x, &y, 1, 1.0).unwrap();
+            let params: Vec<Vec<f32>> = p.stages().iter().map(|s| s.params_host()).collect();
+            let grads: Vec<Vec<f32>> = p.stages().iter().map(|s| s.grads_host()).collect();
+            (losses, l.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), params, grads)
+        })
+    };
+    let one = run(1);
+    assert!(one.2.iter().flatten().all(|v| v.is_finite()));
+    for threads in [2, 3, 8] {
+        let other = run(threads);
+        assert_eq!(one.0, other.0, "losses, {threads} threads");
+        assert_eq!(one.1, other.1, "per-token losses, {threads} threads");
+        for (a, b) in one.2.iter().zip(&other.2) {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "weights, {threads} threads");
+        }
+        for (a, b) in one.3.iter().zip(&other.3) {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "gradients, {threads} threads");
+        }
+    }
+}

@@ -148,6 +148,28 @@ pub unsafe fn sgemm_raw(
 mod tests {
     use super::*;
 
+    /// A product large enough that gemm splits it across threads (a long
+    /// inner dimension included) gives the same bits on 1 and on 8 threads:
+    /// validators compare recomputed work bitwise.
+    #[test]
+    fn products_are_bitwise_independent_of_the_thread_count() {
+        let (m, k, n) = (192, 2048, 320);
+        let lhs: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+        let rhs: Vec<f32> = (0..k * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 1e-3).collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = vec![0.0f32; m * n];
+            pool.install(|| sgemm(&mut out, Mat::rm(m, n), &lhs, Mat::rm(m, k), &rhs, Mat::rm(k, n), false, true));
+            out
+        };
+        let one = run(1);
+        assert!(one.iter().any(|v| *v != 0.0));
+        for threads in [2, 8] {
+            let many = run(threads);
+            assert!(one.iter().zip(&many).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
+    }
+
     fn naive(d: Mat, l: Mat, lhs: &[f32], r: Mat, rhs: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0; d.rows * d.cols];
         for i in 0..d.rows {
