@@ -136,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
         let ids: Vec<Identity> = (0..a.miners.min(1_000)).map(miner).collect();
         let hbs: Vec<pb::Signed> = (0..a.heartbeats)
             .map(|i| {
-                let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1000.0 };
+                let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1000.0, ..Default::default() };
                 sign(&ids[i as usize % ids.len()], &aud, HEARTBEAT, &body, now_ms())
             })
             .collect();

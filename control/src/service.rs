@@ -316,7 +316,9 @@ impl OrchestratorRpc for OrchestratorService {
         let env = req.into_inner();
         let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify(HEARTBEAT, &env)?;
         fields::heartbeat(&body).map_err(|r| self.refuse(HEARTBEAT, r.from(peer)))?;
-        let ev = Event::Heartbeat { peer, tokens_per_s: body.tokens_per_s, in_flight: body.in_flight };
+        // `fields::heartbeat` checked the heads: this cannot fail.
+        let commitments = iota_protocol::commitments_pb::from_pb(&body.commitments).unwrap_or_default();
+        let ev = Event::Heartbeat { peer, tokens_per_s: body.tokens_per_s, in_flight: body.in_flight, commitments };
         self.apply_for(HEARTBEAT, peer, ev)?;
         let (epoch, phase) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32));
         Ok(Response::new(self.signed(&peer, HEARTBEAT, &env, &pb::HeartbeatReply { epoch, phase })))
@@ -397,6 +399,8 @@ impl OrchestratorRpc for OrchestratorService {
                 key: u.key,
                 work: u.micro_batches,
                 object: u.object.map(|o| self.announced(peer, &o)).transpose()?,
+                // Checked by `fields::report`.
+                commitments: iota_protocol::commitments_pb::from_pb(&u.commitments).unwrap_or_default(),
             },
             pb::report::Kind::MergeDone(m) => Event::MergeDone {
                 peer,

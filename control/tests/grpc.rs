@@ -71,7 +71,7 @@ async fn hostile_requests_get_the_right_status() {
     let id = c.identity().clone();
 
     // Not registered yet.
-    let e = c.heartbeat(0, 0, 1.0).await.unwrap_err();
+    let e = c.heartbeat(0, 0, 1.0, &[]).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
 
     let reply = c.register("127.0.0.1:9000".into(), 10.0, "cpu".into()).await.unwrap();
@@ -79,7 +79,7 @@ async fn hostile_requests_get_the_right_status() {
     assert_eq!(reply.run_config_json, "{}");
 
     let m = "/iota.v1.Orchestrator/Heartbeat";
-    let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1.0 };
+    let body = pb::HeartbeatRequest { epoch: 0, in_flight: 0, tokens_per_s: 1.0, ..Default::default() };
     // A good request, then the very same envelope again.
     let good = sign(&id, c.audience(), m, &body, now_ms());
     c.raw_heartbeat(good.clone()).await.unwrap();
@@ -161,7 +161,7 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     assert_eq!(after, before, "the run resumes where it was");
     // Its miners are still known: they heartbeat without registering again.
     let (url2, _server2) = serve(svc2).await;
-    client(&url2, 1).await.heartbeat(0, 0, 1.0).await.unwrap();
+    client(&url2, 1).await.heartbeat(0, 0, 1.0, &[]).await.unwrap();
     // A database holding another run is refused.
     let mut other = spec();
     other.run_id = 7;
@@ -189,7 +189,7 @@ async fn a_panic_under_the_state_lock_does_not_take_the_service_down() {
     let (url, _server) = serve(svc.clone()).await;
     let mut c = client(&url, 1).await;
     c.register("127.0.0.1:9000".into(), 10.0, "cuda:0 (bf16 gemms)".into()).await.unwrap();
-    c.heartbeat(0, 3, 250.0).await.unwrap();
+    c.heartbeat(0, 3, 250.0, &[]).await.unwrap();
     // What the miner says about itself is kept (it was dropped before).
     let m = svc.with_state(|o| o.miners().next().cloned()).unwrap();
     assert_eq!((m.device.as_str(), m.reported_in_flight, m.tokens_per_s), ("cuda:0 (bf16 gemms)", 3, 250.0));

@@ -6,6 +6,7 @@
 //! all depend on it without pulling in a runtime.
 
 pub mod codec;
+pub mod commitment;
 pub mod config;
 pub mod error;
 pub mod identity;

@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
+use iota_core::commitment::{Commitments, Side};
 use iota_core::wire::{Direction, FrameHeader};
 use iota_core::{Identity, PeerId};
 use quinn::VarInt;
@@ -155,6 +156,9 @@ struct Inner {
     /// start is a larger number, as long as no process sends more than one
     /// frame per nanosecond.
     seq_base: u64,
+    /// The chains over every frame this endpoint sent and accepted (see
+    /// `iota_core::commitment`), which the miner reports with its heartbeat.
+    commitments: Arc<Mutex<Commitments>>,
 }
 
 /// A data-plane endpoint: sends frames to peers and receives theirs.
@@ -208,6 +212,7 @@ impl Endpoint {
             seq_base: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 1)),
+            commitments: Arc::new(Mutex::new(Commitments::default())),
         });
         tokio::spawn(accept_loop(inner.clone()));
         Ok(Endpoint { inner, rx: tokio::sync::Mutex::new(rx) })
@@ -289,9 +294,11 @@ impl Endpoint {
             retried = true;
         }
         lane.next_seq += 1;
+        let id = header.frame_id();
+        inner.commitments.lock().frame(u64::from(meta.epoch), to, meta.direction as u8, Side::Sent, &id);
         add(&inner.stats.frames_sent, 1);
         add(&inner.stats.bytes_sent, (prefix.len() + payload.len()) as u64);
-        Ok(header.frame_id())
+        Ok(id)
     }
 
     /// Writes `bytes` as they are on a fresh stream to `to` (for tests and
@@ -313,6 +320,12 @@ impl Endpoint {
 
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.inner.connect_timeout_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// This endpoint's commitment chains (the miner's worker adds its
+    /// weights chain to them; its heartbeat reports their heads).
+    pub fn commitments(&self) -> Arc<Mutex<Commitments>> {
+        self.inner.commitments.clone()
     }
 
     /// Waits for the next valid frame (None once the endpoint is closed).
@@ -439,6 +452,7 @@ impl Inner {
         read_hashed(s, &mut buf, &h.payload_hash).await?;
         add(&self.stats.payload_copies, 1);
         self.guard(peer, h.direction).accept(h.seq_no).map_err(|e| (e, true))?;
+        self.commitments.lock().frame(u64::from(h.epoch), peer, h.direction as u8, Side::Received, &h.frame_id());
         Ok(ReceivedFrame { header: h, payload: buf, peer })
     }
 }

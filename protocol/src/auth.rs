@@ -420,7 +420,7 @@ mod tests {
     }
 
     fn body() -> HeartbeatRequest {
-        HeartbeatRequest { epoch: 3, in_flight: 1, tokens_per_s: 10.0 }
+        HeartbeatRequest { epoch: 3, in_flight: 1, tokens_per_s: 10.0, commitments: Vec::new() }
     }
 
     #[test]

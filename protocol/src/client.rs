@@ -131,8 +131,10 @@ impl ControlClient {
         epoch: u64,
         in_flight: u32,
         tokens_per_s: f64,
+        commitments: &[iota_core::commitment::EpochHeads],
     ) -> Result<pb::HeartbeatReply, tonic::Status> {
-        let body = pb::HeartbeatRequest { epoch, in_flight, tokens_per_s };
+        let commitments = crate::commitments_pb::to_pb(commitments);
+        let body = pb::HeartbeatRequest { epoch, in_flight, tokens_per_s, commitments };
         let s = sign(&self.id, &self.aud, HEARTBEAT, &body, now_ms());
         self.raw_heartbeat(s).await
     }

@@ -113,6 +113,7 @@ pub fn heartbeat(h: &pb::HeartbeatRequest) -> Result<(), Rejected> {
     if h.in_flight > MAX_IN_FLIGHT {
         return Err(bad("in_flight", format!("must be at most {MAX_IN_FLIGHT}")));
     }
+    crate::commitments_pb::from_pb(&h.commitments).map_err(|e| bad("commitments", e))?;
     Ok(())
 }
 
@@ -173,6 +174,7 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
             if let Some(o) = &u.object {
                 announced("upload_done.object", o)?;
             }
+            crate::commitments_pb::from_pb(&u.commitments).map_err(|e| bad("upload_done.commitments", e))?;
         }
         Kind::MergeDone(m) => {
             if !m.key.is_empty() {
@@ -248,7 +250,12 @@ mod tests {
 
     #[test]
     fn heartbeat_and_report_fields() {
-        let hb = |tps: f64, n: u32| pb::HeartbeatRequest { epoch: 0, in_flight: n, tokens_per_s: tps };
+        let hb = |tps: f64, n: u32| pb::HeartbeatRequest {
+            epoch: 0,
+            in_flight: n,
+            tokens_per_s: tps,
+            commitments: Vec::new(),
+        };
         assert!(heartbeat(&hb(5.0, 3)).is_ok());
         for h in [hb(f64::NAN, 0), hb(-1.0, 0), hb(f64::INFINITY, 0), hb(1.0, u32::MAX)] {
             assert_eq!(heartbeat(&h).unwrap_err().reason, Reason::InvalidField);

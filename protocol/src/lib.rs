@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod commitments_pb;
 pub mod fields;
 pub mod manifest;
 pub mod object_store;

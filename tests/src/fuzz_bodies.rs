@@ -312,7 +312,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         let ev = match op % 13 {
             0 | 1 => Event::Register { peer, addr: "198.18.0.1:4000".into(), tokens_per_s: 1.0, device: "cpu".into() },
             2 => Event::Subscribed { peer },
-            3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0 },
+            3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0, commitments: Vec::new() },
             // Reports about one of the 8 most recent routes.
             4 | 5 => match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
                 // A report about a route the orchestrator issued, by a miner
@@ -341,6 +341,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                     let key = format!("epoch-{:06}/stage-{stage:03}/{}.safetensors", o.epoch(), peer.to_hex());
                     StoredObject::of(&key, &[b.u8()], peer)
                 }),
+                commitments: Vec::new(),
             },
             7 => {
                 let stage = b.u8() as u32 % 2;

@@ -112,6 +112,7 @@ impl Orchestrator {
                 probation: true,
                 delivered: 0,
                 latency_ms: 0.0,
+                commitments: std::collections::BTreeMap::new(),
             },
         );
         Ok(true)

@@ -11,6 +11,7 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
+mod commitments;
 mod liveness;
 mod membership;
 mod merging;
@@ -21,12 +22,16 @@ mod state;
 
 use std::collections::BTreeMap;
 
+use iota_core::commitment::EpochHeads;
 use iota_core::merge::{MergePlan, Mismatch, StageMerge};
 use iota_core::{PeerId, Rng};
 use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
-pub use self::state::{BadObjectRecord, EpochSummary, MAX_BAD_OBJECTS, MbStatus, MinerState, Phase, StageObjects};
+pub use self::state::{
+    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus, MinerState,
+    Phase, StageObjects,
+};
 use self::state::{MbRecord, Upload};
 
 pub type Ms = u64;
@@ -45,6 +50,8 @@ pub enum Event {
         peer: PeerId,
         tokens_per_s: f64,
         in_flight: u32,
+        /// Its commitment heads (checked by `fields::heartbeat`).
+        commitments: Vec<EpochHeads>,
     },
     /// The miner opened its command stream (the service delivers what this
     /// returns on it).
@@ -80,6 +87,8 @@ pub enum Event {
         work: u64,
         /// Parameter server: the uploaded object.
         object: Option<StoredObject>,
+        /// Its commitment heads, final for the epoch's training.
+        commitments: Vec<EpochHeads>,
     },
     MergeDone {
         peer: PeerId,
@@ -158,6 +167,10 @@ pub struct Counters {
     /// the first writer's bad.
     #[serde(default)]
     pub rewritten_slices: u64,
+    /// Heartbeats whose commitment heads contradicted the same miner's
+    /// earlier ones.
+    #[serde(default)]
+    pub commitment_breaks: u64,
     /// Announcements of objects the announcer was not asked to write.
     #[serde(default)]
     pub foreign_objects: u64,
@@ -200,6 +213,9 @@ pub struct Orchestrator {
     objects: BTreeMap<u64, BTreeMap<u32, StageObjects>>,
     #[serde(default)]
     bad_objects: Vec<BadObjectRecord>,
+    /// Miners' reports that contradicted their earlier ones.
+    #[serde(default)]
+    commitment_breaks: Vec<CommitmentBreak>,
     /// When the current phase began (`phase_since` is re-armed by timeouts).
     #[serde(default)]
     phase_entered: Ms,
@@ -231,6 +247,7 @@ impl Orchestrator {
             mismatches: Vec::new(),
             objects: BTreeMap::new(),
             bad_objects: Vec::new(),
+            commitment_breaks: Vec::new(),
             phase_entered: 0,
             last_upload_ms: None,
             last_merge_ms: None,
@@ -280,7 +297,8 @@ impl Orchestrator {
                     return Ok(out);
                 }
             }
-            Event::Heartbeat { peer, tokens_per_s, in_flight } => {
+            Event::Heartbeat { peer, tokens_per_s, in_flight, commitments } => {
+                self.on_commitments(peer, commitments)?;
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
                 m.last_seen_ms = now;
                 m.tokens_per_s = tokens_per_s;
@@ -304,8 +322,9 @@ impl Orchestrator {
                 self.known(&peer)?;
                 self.on_peer_failed(now, peer, (mb, attempt), named, failure, &mut out)?;
             }
-            Event::UploadDone { peer, epoch, stage, key, work, object } => {
+            Event::UploadDone { peer, epoch, stage, key, work, object, commitments } => {
                 self.known(&peer)?;
+                self.on_commitments(peer, commitments)?;
                 if epoch == self.epoch && matches!(self.phase, Phase::Uploading) && self.miners[&peer].stage == stage {
                     match (self.spec.merge.method, object) {
                         (MergeMethod::ParameterServer, Some(o)) => {

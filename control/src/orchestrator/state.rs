@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use iota_core::PeerId;
+use iota_core::commitment::EpochHeads;
 use iota_protocol::MbRef;
 use iota_protocol::StoredObject;
 use serde::{Deserialize, Serialize};
@@ -120,6 +121,10 @@ pub struct MinerState {
     /// the micro-batches it took part in (ms; 0 before the first).
     #[serde(default)]
     pub latency_ms: f64,
+    /// The heads of its commitment chains, as last reported, per epoch
+    /// (the current and the previous one).
+    #[serde(default)]
+    pub commitments: BTreeMap<u64, EpochHeads>,
 }
 
 /// Miners in states saved before subscription was tracked had subscribed.
@@ -161,6 +166,20 @@ pub struct EpochSummary {
 
 /// Most bad-object reports the run keeps (the oldest are forgotten).
 pub const MAX_BAD_OBJECTS: usize = 1024;
+/// Contradicting commitment reports a run keeps (the newest).
+pub const MAX_COMMITMENT_BREAKS: usize = 1024;
+
+/// A miner reported chain heads that contradict what it reported before
+/// for the same epoch (a chain shrank, forked or vanished): it claimed two
+/// histories. Evidence for validators.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommitmentBreak {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub what: String,
+    pub earlier: EpochHeads,
+    pub later: EpochHeads,
+}
 
 /// A stage's accepted objects of one epoch.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

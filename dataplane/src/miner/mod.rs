@@ -261,6 +261,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         let (mut client, epoch, every, stop, tokens) =
             (client.clone(), epoch.clone(), opts.heartbeat, finished.clone(), tokens.clone());
         let (in_flight, measured_tps) = (in_flight.clone(), measured_tps.clone());
+        let commitments = ep.commitments();
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(every);
             let (mut last, mut at) = (0u64, std::time::Instant::now());
@@ -272,7 +273,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                 (last, at) = (now_tokens, now);
                 measured_tps.store(tps.to_bits(), Ordering::Relaxed);
                 let busy = in_flight.load(Ordering::Relaxed);
-                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), busy, tps).await {
+                let heads = commitments.lock().heads();
+                if let Err(e) = client.heartbeat(epoch.load(Ordering::SeqCst), busy, tps, &heads).await {
                     tracing::debug!(error = %e, "heartbeat failed");
                 }
             }
@@ -327,6 +329,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let me = ep.peer_id();
     let (ep_dir, ep_ctx) = (dir.clone(), ctx.clone());
     let stop_c = stop.clone();
+    let commitments_c = ep.commitments();
     let _black_hole = black_hole;
     let (fault, crash_on_plan, adversary) = (opts.merge_fault, opts.crash_on_merge_plan, opts.adversary);
     let gemm = opts.gemm;
@@ -338,7 +341,17 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             b.fault = fault;
             Box::new(b) as Box<dyn merge::Merge>
         });
-        let io = ComputeIo { in_rx, out_tx, stop: stop_c, crash_on_plan, tokens, in_flight, fault_merge, adversary };
+        let io = ComputeIo {
+            in_rx,
+            out_tx,
+            stop: stop_c,
+            crash_on_plan,
+            tokens,
+            in_flight,
+            fault_merge,
+            adversary,
+            commitments: commitments_c,
+        };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
             None => {
@@ -427,6 +440,7 @@ struct ComputeIo {
     /// A fault-injecting merge to use instead of the configured one.
     fault_merge: Option<Box<dyn merge::Merge>>,
     adversary: Option<Adversary>,
+    commitments: Arc<parking_lot::Mutex<iota_core::commitment::Commitments>>,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -437,6 +451,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     }
     w.tokens = io.tokens.clone();
     w.in_flight = io.in_flight.clone();
+    w.commitments = io.commitments.clone();
     let mut out = Vec::new();
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {

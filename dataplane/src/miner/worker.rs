@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use iota_core::commitment::Commitments;
 use iota_core::wire::Direction;
 use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
 use iota_model::data::Corpus;
@@ -77,6 +78,9 @@ pub struct Worker<B: Backend = CpuBackend> {
     work: u64,
     pub done: bool,
     pub rejected_frames: u64,
+    /// The miner's commitment chains: this worker adds the hash of its
+    /// weights after every inner step (the endpoint adds its frames).
+    pub commitments: Arc<parking_lot::Mutex<Commitments>>,
 }
 
 /// What the head's forward frame answers: the BLAKE3 hash of its input
@@ -85,6 +89,17 @@ pub fn tokens_hash(tokens: &[u32]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     for t in tokens {
         h.update(&t.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
+/// The BLAKE3 hash of a stage's weights (f32 little-endian), as the
+/// weights chain commits to it after every inner step.
+pub fn weights_hash(params: &[f32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for chunk in params.chunks(16_384) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
+        h.update(&bytes);
     }
     *h.finalize().as_bytes()
 }
@@ -153,6 +168,7 @@ impl<B: Backend + 'static> Worker<B> {
             work: 0,
             done: false,
             rejected_frames: 0,
+            commitments: Arc::default(),
         }
     }
 
@@ -395,7 +411,16 @@ impl<B: Backend + 'static> Worker<B> {
                 s.zero_grads();
                 self.accumulated = 0;
                 let params = s.params_host();
+                let from = out.len();
                 self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
+                // The upload carries the epoch's final heads: its training
+                // frames and inner steps are all behind it.
+                let heads = iota_protocol::commitments_pb::to_pb(&self.commitments.lock().heads());
+                for o in &mut out[from..] {
+                    if let Output::Report(pb::report::Kind::UploadDone(u)) = o {
+                        u.commitments = heads.clone();
+                    }
+                }
             }
             pb::Phase::Merging => {
                 if let Some(s) = self.stage.as_ref() {
@@ -503,6 +528,9 @@ impl<B: Backend + 'static> Worker<B> {
             s.zero_grads();
             self.accumulated = 0;
             self.steps += 1;
+            // Committed before any frame computed with these weights leaves.
+            let hash = weights_hash(&s.params_host());
+            self.commitments.lock().weights(self.epoch, &hash);
         }
         Ok(())
     }

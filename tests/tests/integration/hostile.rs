@@ -228,7 +228,7 @@ async fn every_field_is_checked_and_every_refusal_counted() {
         (f64::INFINITY, 0, "tokens_per_s"),
         (1.0, u32::MAX, "in_flight"),
     ] {
-        let body = pb::HeartbeatRequest { epoch: 0, in_flight, tokens_per_s: tps };
+        let body = pb::HeartbeatRequest { epoch: 0, in_flight, tokens_per_s: tps, ..Default::default() };
         let e = rpc.heartbeat(c.sign(srv, HEARTBEAT, &body)).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e}");
         assert!(e.message().contains(field), "{field}: {}", e.message());

@@ -65,6 +65,8 @@ struct Sim {
     stall_verdicts_only: bool,
     /// Neighbours of a silent miner report it UNREACHABLE (else NO_INPUT).
     report_unreachable: bool,
+    /// The commitment heads each miner's heartbeats carry.
+    heads: std::collections::BTreeMap<PeerId, Vec<iota_core::commitment::EpochHeads>>,
 }
 
 impl Sim {
@@ -90,6 +92,7 @@ impl Sim {
             stall_from: 0,
             stall_verdicts_only: false,
             report_unreachable: false,
+            heads: Default::default(),
         }
     }
 
@@ -110,7 +113,8 @@ impl Sim {
         self.now += ms;
         let alive: Vec<PeerId> = self.o.miners().map(|m| m.peer).filter(|p| !self.dead.contains(p)).collect();
         for p in alive {
-            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0, in_flight: 0 });
+            let commitments = self.heads.get(&p).cloned().unwrap_or_default();
+            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0, in_flight: 0, commitments });
         }
         self.ev(Event::Tick);
     }
@@ -190,7 +194,16 @@ impl Sim {
                         let object = (self.o.spec().merge.method == MergeMethod::ParameterServer)
                             .then(|| StoredObject::of(&key, to.0.as_slice(), to));
                         let work = m.work * 1000 + 1;
-                        self.ev(Event::UploadDone { peer: to, epoch: p.epoch, stage: m.stage, key, work, object });
+                        let commitments = Vec::new();
+                        self.ev(Event::UploadDone {
+                            peer: to,
+                            epoch: p.epoch,
+                            stage: m.stage,
+                            key,
+                            work,
+                            object,
+                            commitments,
+                        });
                     } else if let Some(plan) = p.merge_plan.as_ref() {
                         let plan = plan_from_pb(plan).unwrap();
                         if self.die_on_plan == Some(to) {
@@ -407,7 +420,11 @@ fn stale_and_foreign_reports_are_not_applied() {
     assert_eq!(s.o.counters().stale_reports, 3);
     assert_eq!(s.o.counters().completed, 0);
     let stranger = peer(9);
-    let r = s.o.step(0, Event::Heartbeat { peer: stranger, tokens_per_s: 1.0, in_flight: 0 }, &mut Rng::new(1));
+    let r = s.o.step(
+        0,
+        Event::Heartbeat { peer: stranger, tokens_per_s: 1.0, in_flight: 0, commitments: Vec::new() },
+        &mut Rng::new(1),
+    );
     assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
 }
 
@@ -617,3 +634,46 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
 
 mod objects;
 mod restarts;
+
+/// Commitment heads are kept per miner for the current and previous epoch;
+/// a report that shrinks or forks a chain it reported before is kept as
+/// evidence and does not replace the earlier heads.
+#[test]
+fn commitment_heads_are_kept_and_a_rewritten_history_is_on_record() {
+    use iota_core::commitment::{Commitments, Side};
+    let mut sim = Sim::new(spec(2, 1, 3, 8, 4));
+    register_all(&mut sim, 2);
+    let (a, b) = (peer(0), peer(1));
+    let mut honest = Commitments::default();
+    honest.frame(0, b, 0, Side::Sent, &[1; 32]);
+    honest.weights(0, &[2; 32]);
+    sim.heads.insert(a, honest.heads());
+    sim.tick(100);
+    assert_eq!(sim.o.commitments_of(&a, 0), Some(&honest.heads()[0]));
+    // Growth replaces the heads.
+    honest.frame(0, b, 0, Side::Sent, &[3; 32]);
+    sim.heads.insert(a, honest.heads());
+    sim.tick(100);
+    assert_eq!(sim.o.commitments_of(&a, 0).unwrap().lanes.values().next().unwrap().len, 2);
+    assert_eq!(sim.o.counters().commitment_breaks, 0);
+    // A different history of the same length: on record, not accepted.
+    let mut forked = Commitments::default();
+    forked.frame(0, b, 0, Side::Sent, &[1; 32]);
+    forked.frame(0, b, 0, Side::Sent, &[9; 32]);
+    forked.weights(0, &[2; 32]);
+    sim.heads.insert(a, forked.heads());
+    sim.tick(100);
+    assert_eq!(sim.o.counters().commitment_breaks, 1);
+    assert_eq!(sim.o.commitments_of(&a, 0), Some(&honest.heads()[0]), "the earlier heads stay");
+    let br = &sim.o.commitment_breaks()[0];
+    assert_eq!((br.miner, br.epoch), (a, 0));
+    assert_eq!(br.later, forked.heads()[0]);
+    // Heads of epochs far from the current one are not kept.
+    let mut future = Commitments::default();
+    future.frame(7, b, 0, Side::Sent, &[1; 32]);
+    sim.heads.insert(b, future.heads());
+    sim.heads.insert(a, honest.heads());
+    sim.tick(100);
+    assert_eq!(sim.o.commitments_of(&b, 7), None);
+    assert_eq!(sim.o.counters().commitment_breaks, 1);
+}

@@ -177,6 +177,7 @@ fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
         key: key.clone(),
         work: 1,
         object: Some(StoredObject::of(&key, b"x", peer(0))),
+        commitments: Vec::new(),
     };
     assert!(matches!(s2.o.step(s2.now, ev, &mut s2.rng), Err(Refusal::NotYours(_))));
     assert_eq!(s2.o.counters().foreign_objects, 1);

@@ -649,6 +649,8 @@ impl Merge for Butterfly {
             key: String::new(),
             micro_batches: work,
             object: None,
+            // Added by the worker.
+            commitments: Vec::new(),
         })));
         Ok(())
     }

@@ -102,6 +102,8 @@ impl Merge for ParameterServer {
             key,
             micro_batches: work,
             object,
+            // Added by the worker.
+            commitments: Vec::new(),
         })));
         Ok(())
     }
