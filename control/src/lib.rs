@@ -4,6 +4,8 @@
 //! - [`service`], [`state_db`]: its gRPC shell and its durable state (SQLite);
 //! - [`s3_store`]: the object store on an S3-compatible service (the
 //!   orchestrator holds its credentials and presigns URLs for the others);
+//! - [`validation`]: which work validators re-check and how their
+//!   stake-weighted verdicts become consequences (sans I/O);
 //! - [`cli`], [`commands`], [`swarm`]: run flags and files, the
 //!   `iota-control` commands, and the local swarm launcher.
 //!
@@ -19,3 +21,4 @@ pub mod service;
 pub mod state_db;
 pub mod swarm;
 pub mod tls_server;
+pub mod validation;

@@ -1,0 +1,7 @@
+//! Validation, free of I/O (issue 13): which work a validator re-checks
+//! ([`sample`]) and how the validators' verdicts become consequences
+//! ([`quorum`]). The validator process and the orchestrator drive these
+//! from their events; simulations drive them directly.
+
+pub mod quorum;
+pub mod sample;

@@ -1,0 +1,246 @@
+//! Validators' verdicts, weighed by stake.
+//!
+//! A validator that re-checked a miner's work votes on an accusation
+//! (epoch, miner, check): guilty or not. An accusation is decided once one
+//! side holds more than half of all validator stake for guilty, or at least
+//! half for not guilty (a tie never convicts). A conviction excludes the
+//! miner's work of that epoch and is a strike; after `strikes_to_eject`
+//! strikes the miner is ejected (its identity refused from then on). A
+//! validator whose vote lost is counted (`outvoted`), which settlement
+//! weighs. Every map is bounded: only the run's validators vote, and open
+//! accusations are capped.
+
+use std::collections::BTreeMap;
+
+use iota_core::PeerId;
+use serde::{Deserialize, Serialize};
+
+/// Open (undecided) accusations kept at once.
+pub const MAX_OPEN: usize = 4096;
+/// Decided accusations remembered (so late votes are recognised).
+pub const MAX_DECIDED: usize = 16_384;
+
+/// What a validator checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Check {
+    /// A sampled micro-batch recomputed: outputs differ from the committed ones.
+    Recompute,
+    /// The evidence for a sample was not uploaded in time.
+    NoEvidence,
+    /// The uploaded evidence does not match the miner's commitment heads.
+    Commitment,
+    /// A merge contribution or reduced slice recomputed differently.
+    Merge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Accusation {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub check: Check,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Guilty,
+    Cleared,
+}
+
+/// What the orchestrator must do after a vote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Consequence {
+    /// Leave the miner's work of `epoch` out (its merge contribution, its
+    /// recorded work).
+    Exclude { epoch: u64, miner: PeerId, check: Check },
+    /// Remove the miner from the run and refuse its identity.
+    Eject { miner: PeerId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VoteError {
+    #[error("{0} is not a validator of this run")]
+    NotAValidator(PeerId),
+    #[error("validator {0} already voted the other way on this accusation")]
+    Equivocation(PeerId),
+    #[error("{MAX_OPEN} accusations are open; decide some first")]
+    TooMany,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Quorum {
+    stakes: BTreeMap<PeerId, u64>,
+    total: u128,
+    strikes_to_eject: u32,
+    open: BTreeMap<Accusation, BTreeMap<PeerId, bool>>,
+    decided: BTreeMap<Accusation, Outcome>,
+    strikes: BTreeMap<PeerId, u32>,
+    ejected: Vec<PeerId>,
+    outvoted: BTreeMap<PeerId, u64>,
+}
+
+impl Quorum {
+    /// `stakes`: every validator of the run with its stake (zero stakes
+    /// are left out: they could never count).
+    pub fn new(stakes: BTreeMap<PeerId, u64>, strikes_to_eject: u32) -> Quorum {
+        let stakes: BTreeMap<PeerId, u64> = stakes.into_iter().filter(|(_, s)| *s > 0).collect();
+        let total = stakes.values().map(|&s| u128::from(s)).sum();
+        Quorum {
+            stakes,
+            total,
+            strikes_to_eject: strikes_to_eject.max(1),
+            open: BTreeMap::new(),
+            decided: BTreeMap::new(),
+            strikes: BTreeMap::new(),
+            ejected: Vec::new(),
+            outvoted: BTreeMap::new(),
+        }
+    }
+
+    pub fn is_validator(&self, p: &PeerId) -> bool {
+        self.stakes.contains_key(p)
+    }
+
+    /// One validator's vote. A repeat of the same vote changes nothing; a
+    /// vote after the decision only counts against a validator that lost.
+    pub fn vote(&mut self, validator: PeerId, acc: Accusation, guilty: bool) -> Result<Vec<Consequence>, VoteError> {
+        if !self.is_validator(&validator) {
+            return Err(VoteError::NotAValidator(validator));
+        }
+        if let Some(&outcome) = self.decided.get(&acc) {
+            if (outcome == Outcome::Guilty) != guilty {
+                *self.outvoted.entry(validator).or_default() += 1;
+            }
+            return Ok(Vec::new());
+        }
+        if !self.open.contains_key(&acc) && self.open.len() >= MAX_OPEN {
+            return Err(VoteError::TooMany);
+        }
+        let votes = self.open.entry(acc).or_default();
+        match votes.get(&validator) {
+            Some(&v) if v != guilty => return Err(VoteError::Equivocation(validator)),
+            Some(_) => return Ok(Vec::new()),
+            None => {
+                votes.insert(validator, guilty);
+            }
+        }
+        let stake_of = |want: bool| -> u128 {
+            votes.iter().filter(|(_, v)| **v == want).map(|(p, _)| u128::from(self.stakes[p])).sum()
+        };
+        let (for_guilty, against) = (stake_of(true), stake_of(false));
+        let outcome = if 2 * for_guilty > self.total {
+            Outcome::Guilty
+        } else if 2 * against >= self.total {
+            Outcome::Cleared
+        } else {
+            return Ok(Vec::new());
+        };
+        let votes = self.open.remove(&acc).unwrap_or_default();
+        for (v, g) in votes {
+            if (outcome == Outcome::Guilty) != g {
+                *self.outvoted.entry(v).or_default() += 1;
+            }
+        }
+        if self.decided.len() >= MAX_DECIDED
+            && let Some(&oldest) = self.decided.keys().next()
+        {
+            self.decided.remove(&oldest);
+        }
+        self.decided.insert(acc, outcome);
+        let mut out = Vec::new();
+        if outcome == Outcome::Guilty {
+            out.push(Consequence::Exclude { epoch: acc.epoch, miner: acc.miner, check: acc.check });
+            let s = self.strikes.entry(acc.miner).or_default();
+            *s += 1;
+            if *s == self.strikes_to_eject {
+                self.ejected.push(acc.miner);
+                out.push(Consequence::Eject { miner: acc.miner });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn outcome(&self, acc: &Accusation) -> Option<Outcome> {
+        self.decided.get(acc).copied()
+    }
+
+    pub fn strikes(&self, miner: &PeerId) -> u32 {
+        self.strikes.get(miner).copied().unwrap_or(0)
+    }
+
+    pub fn ejected(&self) -> &[PeerId] {
+        &self.ejected
+    }
+
+    /// Votes a validator cast against the decided outcome.
+    pub fn outvoted(&self, validator: &PeerId) -> u64 {
+        self.outvoted.get(validator).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(i: u8) -> PeerId {
+        PeerId([100 + i; 32])
+    }
+
+    fn acc(epoch: u64, miner: u8) -> Accusation {
+        Accusation { epoch, miner: PeerId([miner; 32]), check: Check::Recompute }
+    }
+
+    fn quorum(stakes: &[u64], strikes: u32) -> Quorum {
+        Quorum::new(stakes.iter().enumerate().map(|(i, s)| (v(i as u8), *s)).collect(), strikes)
+    }
+
+    #[test]
+    fn a_majority_of_stake_convicts_and_a_false_minority_is_outvoted() {
+        // Stakes 50, 30, 20: validator 2 alone (20%) accuses an honest miner.
+        let mut q = quorum(&[50, 30, 20], 3);
+        assert_eq!(q.vote(v(2), acc(1, 7), true), Ok(vec![]), "20% decides nothing");
+        assert_eq!(q.vote(v(0), acc(1, 7), false), Ok(vec![]), "with 50% against, guilty can no longer win");
+        assert_eq!(q.outcome(&acc(1, 7)), Some(Outcome::Cleared));
+        assert_eq!(q.vote(v(1), acc(1, 7), false), Ok(vec![]));
+        assert_eq!(q.outcome(&acc(1, 7)), Some(Outcome::Cleared));
+        assert_eq!(q.strikes(&PeerId([7; 32])), 0);
+        assert_eq!((q.outvoted(&v(2)), q.outvoted(&v(0))), (1, 0));
+        // A real cheater: the two largest agree (80%).
+        assert_eq!(q.vote(v(0), acc(1, 8), true), Ok(vec![]), "50% is not more than half");
+        let c = q.vote(v(1), acc(1, 8), true).unwrap();
+        assert_eq!(c, vec![Consequence::Exclude { epoch: 1, miner: PeerId([8; 32]), check: Check::Recompute }]);
+        // The late dissenter is counted against.
+        assert_eq!(q.vote(v(2), acc(1, 8), false), Ok(vec![]));
+        assert_eq!(q.outvoted(&v(2)), 2);
+    }
+
+    #[test]
+    fn strikes_eject_once_and_only_validators_vote() {
+        let mut q = quorum(&[10], 2);
+        let miner = PeerId([9; 32]);
+        assert_eq!(q.vote(v(0), acc(1, 9), true).unwrap().len(), 1);
+        let second = q.vote(v(0), acc(2, 9), true).unwrap();
+        assert_eq!(second.last(), Some(&Consequence::Eject { miner }));
+        assert_eq!(q.ejected(), &[miner]);
+        let third = q.vote(v(0), acc(3, 9), true).unwrap();
+        assert!(!third.iter().any(|c| matches!(c, Consequence::Eject { .. })), "ejected once");
+        assert_eq!(q.vote(PeerId([1; 32]), acc(1, 9), true), Err(VoteError::NotAValidator(PeerId([1; 32]))));
+        let zero = Quorum::new([(v(5), 0)].into(), 1);
+        assert!(!zero.is_validator(&v(5)), "no stake, no vote");
+    }
+
+    #[test]
+    fn a_validator_cannot_vote_both_ways_or_flood_open_accusations() {
+        let mut q = quorum(&[10, 10, 10], 3);
+        assert_eq!(q.vote(v(0), acc(1, 1), true), Ok(vec![]));
+        assert_eq!(q.vote(v(0), acc(1, 1), true), Ok(vec![]), "a repeat is harmless");
+        assert_eq!(q.vote(v(0), acc(1, 1), false), Err(VoteError::Equivocation(v(0))));
+        for i in 1..MAX_OPEN as u64 {
+            q.vote(v(0), acc(1 + i, 1), true).unwrap();
+        }
+        assert_eq!(q.vote(v(0), acc(0, 2), true), Err(VoteError::TooMany));
+        // Deciding one frees room.
+        q.vote(v(1), acc(1, 1), true).unwrap();
+        assert_eq!(q.outcome(&acc(1, 1)), Some(Outcome::Guilty));
+        assert_eq!(q.vote(v(0), acc(0, 2), true), Ok(vec![]));
+    }
+}
