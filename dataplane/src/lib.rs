@@ -15,6 +15,7 @@ pub mod local_store;
 pub mod miner;
 pub mod pool;
 pub mod probe;
+pub mod recompute;
 pub mod stats;
 pub mod tls;
 pub mod transport;

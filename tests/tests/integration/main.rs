@@ -1,8 +1,9 @@
 //! The workspace's integration tests, in one binary (one link on a
 //! 2-core CI machine): whole swarms in one process (`swarm`), and a hostile
 //! client written from docs/PROTOCOL.md against the orchestrator (`hostile`),
-//! every fuzz target's body over its committed seeds (`fuzz_replay`), and
-//! swarms with a silent, closed, slow or flaky miner (`liveness`).
+//! every fuzz target's body over its committed seeds (`fuzz_replay`),
+//! swarms with a silent, closed, slow or flaky miner (`liveness`), and
+//! validators' recompute (`validation`).
 //!
 //! The binary counts the bytes each thread has allocated and not freed
 //! (`iota_model::alloc::ThreadCounted`), so a test can measure what a server keeps per miner
@@ -14,6 +15,7 @@ mod liveness;
 mod netns;
 mod object_store;
 mod swarm;
+mod validation;
 
 #[global_allocator]
 static ALLOC: iota_model::alloc::ThreadCounted<std::alloc::System> =

@@ -1,0 +1,197 @@
+//! Recomputing a miner's sampled work, as a validator does (issue 13).
+//!
+//! Given the weights a miner committed to and the inputs it was sent, this
+//! computes what an honest miner of that stage sends: its forward payload,
+//! the gradient payload of a backward, the tail's per-token losses. The
+//! arithmetic is the worker's own (`Stage` on the run's backend, the run's
+//! wire codec); the CPU reference gives the same bits whatever its thread
+//! count, so on the same backend an honest miner's payload is reproduced
+//! byte for byte. [`compare`] measures how far a claimed payload is from
+//! the recomputed one, for tolerances across backends.
+//!
+//! Inputs here are a miner's uploads: shapes and lengths are checked, and
+//! nothing panics on them.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use iota_core::{ParamLayout, StageSpec};
+use iota_model::{Backend, Stage, StageInput, codec};
+use iota_protocol::RunConfig;
+
+/// What enters a recomputed stage.
+#[derive(Clone, Copy, Debug)]
+pub enum ForwardInput<'a> {
+    /// The micro-batch's token ids (head stage).
+    Tokens(&'a [u32]),
+    /// The payload of the activation frame it was sent (other stages).
+    Wire(&'a [u8]),
+}
+
+/// Recomputes stages of one run.
+pub struct Recompute<B: Backend> {
+    be: Arc<B>,
+    cfg: RunConfig,
+    specs: Vec<StageSpec>,
+}
+
+/// What a tail stage computes for a micro-batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TailWork {
+    pub losses: Vec<f32>,
+    /// The payload of the gradient frame it sends back (None if the tail is
+    /// the whole model).
+    pub grad: Option<Vec<u8>>,
+}
+
+impl<B: Backend> Recompute<B> {
+    pub fn new(be: Arc<B>, cfg: RunConfig) -> Result<Self> {
+        let specs = StageSpec::split(&cfg.train.model, cfg.train.stages)?;
+        Ok(Recompute { be, cfg, specs })
+    }
+
+    fn stage(&self, stage: u32, weights: &[f32]) -> Result<Stage<B>> {
+        let spec = self.specs.get(stage as usize).with_context(|| format!("the run has no stage {stage}"))?;
+        let want = ParamLayout::for_stage(&self.cfg.train.model, spec).total();
+        ensure!(weights.len() == want, "stage {stage} has {want} weights, not {}", weights.len());
+        Ok(Stage::with_params(self.be.clone(), &self.cfg.train.model, spec.clone(), weights)?)
+    }
+
+    fn rows(&self, samples: usize) -> Result<usize> {
+        samples.checked_mul(self.cfg.train.seq).filter(|r| *r > 0).context("a micro-batch of no tokens")
+    }
+
+    fn hidden(&self, st: &Stage<B>, input: ForwardInput, rows: usize) -> Result<Option<Vec<f32>>> {
+        Ok(match input {
+            ForwardInput::Tokens(t) => {
+                ensure!(st.spec().has_embedding(), "only the head stage takes tokens");
+                ensure!(t.len() == rows, "{} tokens for {rows} positions", t.len());
+                None
+            }
+            ForwardInput::Wire(bytes) => {
+                ensure!(!st.spec().has_embedding(), "the head stage takes tokens");
+                Some(codec::decode(self.cfg.train.codec, rows, st.spec().boundary_width, bytes)?)
+            }
+        })
+    }
+
+    /// The activation payload an honest miner of `stage` (not the tail)
+    /// holding `weights` sends on for `input`, a micro-batch of `samples`.
+    pub fn forward(&self, stage: u32, weights: &[f32], input: ForwardInput, samples: usize) -> Result<Vec<u8>> {
+        let mut st = self.stage(stage, weights)?;
+        ensure!(!st.spec().has_lm_head(), "the tail stage sends no activations");
+        let rows = self.rows(samples)?;
+        let hidden = self.hidden(&st, input, rows)?;
+        let x = match (&hidden, input) {
+            (Some(h), _) => StageInput::Hidden(h),
+            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
+            (None, ForwardInput::Wire(_)) => bail!("no input"),
+        };
+        let out = st.forward(0, x, samples, self.cfg.train.seq)?;
+        let width = st.boundary_width();
+        Ok(codec::encode(self.cfg.train.codec, rows, width, &out)?)
+    }
+
+    /// The gradient payload an honest miner of a middle stage sends back
+    /// for a micro-batch whose activation input was `input` and whose
+    /// output gradient came in as `dout` (a wire payload); `None` for the
+    /// head stage (which sends no gradient).
+    pub fn backward(
+        &self,
+        stage: u32,
+        weights: &[f32],
+        input: ForwardInput,
+        dout: &[u8],
+        samples: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut st = self.stage(stage, weights)?;
+        ensure!(!st.spec().has_lm_head(), "the tail stage's gradient comes from its loss");
+        let rows = self.rows(samples)?;
+        let hidden = self.hidden(&st, input, rows)?;
+        let x = match (&hidden, input) {
+            (Some(h), _) => StageInput::Hidden(h),
+            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
+            (None, ForwardInput::Wire(_)) => bail!("no input"),
+        };
+        st.forward(0, x, samples, self.cfg.train.seq)?;
+        let g = codec::decode(self.cfg.train.codec, rows, st.boundary_width(), dout)?;
+        let din = st.backward(0, &g)?;
+        let width = st.spec().boundary_width;
+        din.map(|d| codec::encode(self.cfg.train.codec, rows, width, &d)).transpose().map_err(Into::into)
+    }
+
+    /// What the tail stage computes for a micro-batch: its per-token losses
+    /// against `targets` and the gradient payload it sends back.
+    pub fn tail(
+        &self,
+        stage: u32,
+        weights: &[f32],
+        input: ForwardInput,
+        targets: &[u32],
+        samples: usize,
+    ) -> Result<TailWork> {
+        let mut st = self.stage(stage, weights)?;
+        ensure!(st.spec().has_lm_head(), "stage {stage} is not the tail");
+        let rows = self.rows(samples)?;
+        ensure!(targets.len() == rows, "{} targets for {rows} positions", targets.len());
+        let hidden = self.hidden(&st, input, rows)?;
+        let x = match (&hidden, input) {
+            (Some(h), _) => StageInput::Hidden(h),
+            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
+            (None, ForwardInput::Wire(_)) => bail!("no input"),
+        };
+        let k = self.cfg.train.grad_accum.max(1) as f32;
+        let t = st.forward_backward(x, targets, samples, self.cfg.train.seq, 1.0 / k)?;
+        let width = st.spec().boundary_width;
+        let grad = t.din.map(|d| codec::encode(self.cfg.train.codec, rows, width, &d)).transpose()?;
+        Ok(TailWork { losses: t.losses, grad })
+    }
+}
+
+/// How a claimed payload differs from the recomputed one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Comparison {
+    /// Byte for byte the same.
+    pub identical: bool,
+    /// Largest absolute difference of the decoded values.
+    pub max_abs: f32,
+    /// ||claimed - honest|| / ||honest|| over the decoded values.
+    pub rel_l2: f64,
+}
+
+impl Comparison {
+    /// Within `tolerance` (relative L2); 0 demands identical bytes.
+    pub fn passes(&self, tolerance: f64) -> bool {
+        self.identical || (tolerance > 0.0 && self.rel_l2 <= tolerance)
+    }
+}
+
+/// Compares a claimed payload with the recomputed one (both in the run's
+/// codec, `rows x cols`). A claimed payload that does not decode, or holds
+/// a non-finite value, is as far off as can be.
+pub fn compare(c: iota_core::WireCodec, rows: usize, cols: usize, claimed: &[u8], honest: &[u8]) -> Result<Comparison> {
+    let h = codec::decode(c, rows, cols, honest).context("the recomputed payload")?;
+    if claimed == honest {
+        return Ok(Comparison { identical: true, max_abs: 0.0, rel_l2: 0.0 });
+    }
+    let far = Comparison { identical: false, max_abs: f32::INFINITY, rel_l2: f64::INFINITY };
+    let Ok(x) = codec::decode(c, rows, cols, claimed) else { return Ok(far) };
+    if x.iter().any(|v| !v.is_finite()) {
+        return Ok(far);
+    }
+    let (mut max_abs, mut diff2, mut norm2) = (0.0f32, 0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(&h) {
+        let d = a - b;
+        max_abs = max_abs.max(d.abs());
+        diff2 += f64::from(d) * f64::from(d);
+        norm2 += f64::from(*b) * f64::from(*b);
+    }
+    let rel_l2 = if norm2 > 0.0 {
+        (diff2 / norm2).sqrt()
+    } else if diff2 > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    };
+    Ok(Comparison { identical: false, max_abs, rel_l2 })
+}
