@@ -7,6 +7,7 @@
 
 pub mod commands;
 pub mod corpus;
+pub mod evidence;
 pub mod fileio;
 pub mod frame;
 pub mod granted_store;

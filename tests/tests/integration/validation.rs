@@ -4,7 +4,12 @@
 
 use std::sync::Arc;
 
-use iota_core::WireCodec;
+use iota_core::commitment::{Chain, EpochHeads};
+use iota_core::wire::Direction;
+use iota_core::{Identity, WireCodec};
+use iota_dataplane::evidence::{Finding, ForwardEvidence, Known, SampledMb, check_forward};
+use iota_dataplane::frame::{self, FrameLimits, FrameMeta, RunContext};
+use iota_dataplane::miner::worker::{tokens_hash, weights_hash};
 use iota_dataplane::recompute::{ForwardInput, Recompute, compare};
 use iota_model::train::Pipeline;
 use iota_model::{CpuBackend, codec};
@@ -79,4 +84,127 @@ fn recompute_reproduces_the_trainer_bit_for_bit_and_measures_tampering() {
     assert!(r.forward(7, &w[1], ForwardInput::Wire(&a0), batch).is_err());
     assert!(r.forward(1, &w[1], ForwardInput::Wire(&a0), 0).is_err());
     assert!(r.tail(2, &w[2], ForwardInput::Wire(&a1), &y[..3], batch).is_err());
+}
+
+/// A whole signed activation frame, as the sender's endpoint writes it.
+fn signed(id: &Identity, stage: u16, mb: SampledMb, shape: [u32; 2], answers: [u8; 32], payload: &[u8]) -> Vec<u8> {
+    let meta = FrameMeta {
+        direction: Direction::Activation,
+        codec: WireCodec::Int8Row,
+        stage,
+        epoch: mb.epoch as u32,
+        shard: mb.shard,
+        first_sample: mb.first_sample,
+        samples: mb.samples,
+        attempt: mb.attempt,
+        shape: shape.to_vec(),
+        answers,
+    };
+    let h = frame::build_header(&meta, 99, 1_000, payload, id);
+    let mut v = frame::prefix_bytes(&h);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A validator's check of a sampled forward: honest evidence passes; each
+/// way of cheating that is plausible on the wire (frames signed by the
+/// cheater, right shapes) fails on the link it breaks.
+#[test]
+fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
+    let cfg = tiny_run(3, 1, 1, 8, WireCodec::Int8Row);
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg, None).unwrap();
+    let be = Arc::new(CpuBackend::new());
+    let mut p = Pipeline::new(be.clone(), cfg.train.clone()).unwrap();
+    let start: Vec<f32> = p.stages()[1].params_host();
+    let mut steps = Vec::new();
+    for _ in 0..2 {
+        p.train_step(&corpus).unwrap();
+        steps.push(p.stages()[1].params_host());
+    }
+    let hashes: Vec<[u8; 32]> = steps.iter().map(|w| weights_hash(w)).collect();
+    let (w0, w1) = (p.stages()[0].params_host(), steps[1].clone());
+    let (batch, seq) = (cfg.train.batch, cfg.train.seq);
+    let rows = (batch * seq) as u32;
+    let width = cfg.train.model.bottleneck as u32;
+    let (x, _) = corpus.val_batch(cfg.train.seed, 3, batch, seq);
+    let (x2, _) = corpus.val_batch(cfg.train.seed, 4, batch, seq);
+    let r = Recompute::new(be, cfg.clone()).unwrap();
+    let (up, miner) = (Identity::from_seed([1; 32]), Identity::from_seed([2; 32]));
+    let mb = SampledMb { epoch: 0, shard: 3, first_sample: 40, samples: batch as u32, attempt: 0 };
+    let a0 = r.forward(0, &w0, ForwardInput::Tokens(&x), batch).unwrap();
+    let input = signed(&up, 0, mb, [rows, width], tokens_hash(&x), &a0);
+    let input_id =
+        frame::decode_frame(&input, &RunContext::new(99, FrameLimits::default()), up.peer_id()).unwrap().0.frame_id();
+    let a1 = r.forward(1, &w1, ForwardInput::Wire(&a0), batch).unwrap();
+    let ctx = RunContext::new(99, FrameLimits::default());
+    let committed = EpochHeads { epoch: 0, weights: Chain::of(&hashes), ..Default::default() };
+    let known = Known {
+        ctx: &ctx,
+        miner: miner.peer_id(),
+        stage: 1,
+        upstream: Some(up.peer_id()),
+        tokens: None,
+        committed: &committed,
+        epoch_start: weights_hash(&start),
+        codec: WireCodec::Int8Row,
+        tolerance: 0.0,
+    };
+    let check = |output: &[u8], weights: &[f32], input: &[u8], step_hashes: &[[u8; 32]]| {
+        let ev = ForwardEvidence { input_frame: Some(input), output_frame: output, weights, step_hashes };
+        check_forward(&r, &known, mb, ev)
+    };
+    let cheated = |f: Finding, why: &str| match f {
+        Finding::Cheated(w) => assert!(w.contains(why), "{w:?} should say {why:?}"),
+        Finding::Honest => panic!("not caught: {why}"),
+    };
+    let honest = signed(&miner, 1, mb, [rows, width], input_id, &a1);
+    assert_eq!(check(&honest, &w1, &input, &hashes), Finding::Honest);
+    // Any committed state is a state it may have computed with.
+    let a1_step0 = r.forward(1, &steps[0], ForwardInput::Wire(&a0), batch).unwrap();
+    let at_step0 = signed(&miner, 1, mb, [rows, width], input_id, &a1_step0);
+    assert_eq!(check(&at_step0, &steps[0], &input, &hashes), Finding::Honest);
+
+    let honest_values = codec::decode(WireCodec::Int8Row, rows as usize, width as usize, &a1).unwrap();
+    let reencoded = |f: &dyn Fn(usize, f32) -> f32| {
+        let v: Vec<f32> = honest_values.iter().enumerate().map(|(i, x)| f(i, *x)).collect();
+        codec::encode(WireCodec::Int8Row, rows as usize, width as usize, &v).unwrap()
+    };
+    // noise: its output plus a little noise.
+    let noise = reencoded(&|i, x| x + if i % 3 == 0 { 0.02 } else { -0.01 });
+    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &noise), &w1, &input, &hashes), "differs");
+    // zeros.
+    let zeros = reencoded(&|_, _| 0.0);
+    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &zeros), &w1, &input, &hashes), "differs");
+    // replay: the output it computed for another micro-batch, re-labelled.
+    let other_in = r.forward(0, &w0, ForwardInput::Tokens(&x2), batch).unwrap();
+    let other_out = r.forward(1, &w1, ForwardInput::Wire(&other_in), batch).unwrap();
+    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &other_out), &w1, &input, &hashes), "differs");
+    // ... and uploading that other input with it: its upstream never signed it.
+    let forged_in = signed(&miner, 0, mb, [rows, width], tokens_hash(&x2), &other_in);
+    cheated(
+        check(&signed(&miner, 1, mb, [rows, width], input_id, &other_out), &w1, &forged_in, &hashes),
+        "input frame",
+    );
+    // ... or answering a frame it was not sent.
+    cheated(check(&signed(&miner, 1, mb, [rows, width], [7; 32], &a1), &w1, &input, &hashes), "does not answer");
+    // The output of another micro-batch attempt altogether.
+    let mb2 = SampledMb { attempt: 1, ..mb };
+    cheated(check(&signed(&miner, 1, mb2, [rows, width], input_id, &a1), &w1, &input, &hashes), "sampled");
+    // lazy: computed with weights it never committed to (it skipped steps
+    // and claims the hashes of an honest run).
+    let stale: Vec<f32> = start.iter().map(|v| v * 0.5).collect();
+    let lazy_out = r.forward(1, &stale, ForwardInput::Wire(&a0), batch).unwrap();
+    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &lazy_out), &stale, &input, &hashes), "committed");
+    // ... or uploads committed weights that are not the ones it used.
+    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &lazy_out), &w1, &input, &hashes), "differs");
+    // Step hashes other than the committed chain.
+    cheated(check(&honest, &w1, &input, &hashes[1..]), "chain");
+    // Frames not signed by the miner, and garbage, are caught, not panics.
+    let by_other = signed(&up, 1, mb, [rows, width], input_id, &a1);
+    cheated(check(&by_other, &w1, &input, &hashes), "output frame");
+    cheated(check(&[0u8; 40], &w1, &input, &hashes), "output frame");
+    cheated(check(&honest[..honest.len() - 1], &w1, &input, &hashes), "output frame");
+    cheated(check(&honest, &w1[..10], &input, &hashes), "committed");
+    let wrong_shape = signed(&miner, 1, mb, [rows / 2, width * 2], input_id, &a1);
+    cheated(check(&wrong_shape, &w1, &input, &hashes), "output frame");
 }
