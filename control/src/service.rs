@@ -132,7 +132,13 @@ impl Core {
         if let Some(store) = self.store.as_mut() {
             match store.save(&self.orch, now) {
                 Ok(()) => self.saved = (key.0, key.1, now),
-                Err(e) => warn!(error = %e, "saving orchestrator state failed"),
+                Err(e) => {
+                    // Try again after the usual interval, not on every
+                    // event: a save that fails once tends to fail again,
+                    // and serializing the state per event is costly.
+                    self.saved.2 = now;
+                    warn!(error = %e, "saving orchestrator state failed");
+                }
             }
         }
     }

@@ -81,6 +81,8 @@ pub struct Lane {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochHeads {
     pub epoch: u64,
+    /// Stored as a list of pairs: JSON maps take string keys only.
+    #[serde(with = "lanes_as_list")]
     pub lanes: BTreeMap<Lane, Chain>,
     /// Over the BLAKE3 hash of the weights after each inner step.
     pub weights: Chain,
@@ -104,6 +106,22 @@ impl EpochHeads {
             }
         }
         None
+    }
+}
+
+mod lanes_as_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{Chain, Lane};
+
+    pub fn serialize<S: Serializer>(m: &BTreeMap<Lane, Chain>, s: S) -> Result<S::Ok, S::Error> {
+        m.iter().collect::<Vec<_>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<Lane, Chain>, D::Error> {
+        Ok(Vec::<(Lane, Chain)>::deserialize(d)?.into_iter().collect())
     }
 }
 

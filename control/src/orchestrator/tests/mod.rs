@@ -676,4 +676,9 @@ fn commitment_heads_are_kept_and_a_rewritten_history_is_on_record() {
     sim.tick(100);
     assert_eq!(sim.o.commitments_of(&b, 7), None);
     assert_eq!(sim.o.counters().commitment_breaks, 1);
+    // Heads and breaks survive a save and a load of the state (JSON).
+    let json = serde_json::to_string(&sim.o).expect("the state saves");
+    let back: Orchestrator = serde_json::from_str(&json).expect("and loads");
+    assert_eq!(back.commitments_of(&a, 0), Some(&honest.heads()[0]));
+    assert_eq!(back.commitment_breaks(), sim.o.commitment_breaks());
 }
