@@ -35,6 +35,15 @@ pub struct Recompute<B: Backend> {
     specs: Vec<StageSpec>,
 }
 
+/// The stage's input: the decoded wire payload, or the head's tokens.
+fn stage_input<'a>(hidden: &'a Option<Vec<f32>>, input: ForwardInput<'a>) -> Result<StageInput<'a>> {
+    Ok(match (hidden, input) {
+        (Some(h), _) => StageInput::Hidden(h),
+        (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
+        (None, ForwardInput::Wire(_)) => bail!("no input"),
+    })
+}
+
 /// What a tail stage computes for a micro-batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TailWork {
@@ -82,11 +91,7 @@ impl<B: Backend> Recompute<B> {
         ensure!(!st.spec().has_lm_head(), "the tail stage sends no activations");
         let rows = self.rows(samples)?;
         let hidden = self.hidden(&st, input, rows)?;
-        let x = match (&hidden, input) {
-            (Some(h), _) => StageInput::Hidden(h),
-            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
-            (None, ForwardInput::Wire(_)) => bail!("no input"),
-        };
+        let x = stage_input(&hidden, input)?;
         let out = st.forward(0, x, samples, self.cfg.train.seq)?;
         let width = st.boundary_width();
         Ok(codec::encode(self.cfg.train.codec, rows, width, &out)?)
@@ -108,11 +113,7 @@ impl<B: Backend> Recompute<B> {
         ensure!(!st.spec().has_lm_head(), "the tail stage's gradient comes from its loss");
         let rows = self.rows(samples)?;
         let hidden = self.hidden(&st, input, rows)?;
-        let x = match (&hidden, input) {
-            (Some(h), _) => StageInput::Hidden(h),
-            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
-            (None, ForwardInput::Wire(_)) => bail!("no input"),
-        };
+        let x = stage_input(&hidden, input)?;
         st.forward(0, x, samples, self.cfg.train.seq)?;
         let g = codec::decode(self.cfg.train.codec, rows, st.boundary_width(), dout)?;
         let din = st.backward(0, &g)?;
@@ -135,11 +136,7 @@ impl<B: Backend> Recompute<B> {
         let rows = self.rows(samples)?;
         ensure!(targets.len() == rows, "{} targets for {rows} positions", targets.len());
         let hidden = self.hidden(&st, input, rows)?;
-        let x = match (&hidden, input) {
-            (Some(h), _) => StageInput::Hidden(h),
-            (None, ForwardInput::Tokens(t)) => StageInput::Tokens(t),
-            (None, ForwardInput::Wire(_)) => bail!("no input"),
-        };
+        let x = stage_input(&hidden, input)?;
         let k = self.cfg.train.grad_accum.max(1) as f32;
         let t = st.forward_backward(x, targets, samples, self.cfg.train.seq, 1.0 / k)?;
         let width = st.spec().boundary_width;
