@@ -49,6 +49,7 @@ fn spec(miners: u32) -> RunSpec {
         miners_per_stage_cap: miners.div_ceil(4).max(2),
         registration_timeout_ms: 600_000,
         bench_after_failures: 2,
+        validation: Default::default(),
     }
 }
 

@@ -75,6 +75,8 @@ pub fn run(mut a: Args) -> Result<()> {
         miner_bin,
         threads_per_miner: 1,
         miner_device: "cpu".into(),
+        validators: Vec::new(),
+        adversaries: Vec::new(),
     }))?;
     anyhow::ensure!(!report.interrupted, "interrupted");
     let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();

@@ -110,6 +110,24 @@ pub struct RunArgs {
     /// forgotten.
     #[arg(long, default_value_t = 30)]
     pub registration_timeout_s: u64,
+    /// A validator of the run and its stake, as PEER_HEX:STAKE (repeat
+    /// for each; `iota-control validator` prints its key). Validators
+    /// recompute a sample of every miner's work after each epoch and vote;
+    /// more than half the stake convicts. Default: none (nobody checks).
+    #[arg(long = "validator", value_name = "PEER_HEX:STAKE")]
+    pub validators: Vec<String>,
+    /// Fraction of each miner's micro-batches each validator recomputes.
+    #[arg(long, default_value_t = 0.03)]
+    pub validation_rate: f64,
+    /// ... and at least this many per miner per epoch.
+    #[arg(long, default_value_t = 4)]
+    pub validation_min_samples: u32,
+    /// Convictions after which a miner is ejected (its identity refused).
+    #[arg(long, default_value_t = 2)]
+    pub strikes_to_eject: u32,
+    /// Seconds the validators may hold an epoch's merge.
+    #[arg(long, default_value_t = 60)]
+    pub validation_timeout_s: u64,
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = 300)]
     pub phase_timeout_s: u64,
@@ -209,6 +227,7 @@ impl RunArgs {
             miners_per_stage_cap: self.max_miners_per_stage.unwrap_or(0),
             registration_timeout_ms: self.registration_timeout_s * 1000,
             bench_after_failures: self.bench_after_failures,
+            validation: self.validation()?,
         };
         let data = self.data_path()?;
         let store = if self.bucket.is_some() { StoreAccess::Granted } else { StoreAccess::Directory };
@@ -217,6 +236,30 @@ impl RunArgs {
         cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref())?);
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The run's validators and how they sample (`--validator`, ...).
+    pub fn validation(&self) -> Result<iota_protocol::ValidationSpec> {
+        let validators = self
+            .validators
+            .iter()
+            .map(|v| {
+                let (peer, stake) =
+                    v.split_once(':').with_context(|| format!("--validator {v}: want PEER_HEX:STAKE"))?;
+                let peer = iota_core::PeerId::from_hex(peer)
+                    .with_context(|| format!("--validator {v}: the peer is not 64 hex characters"))?;
+                let stake: u64 =
+                    stake.parse().with_context(|| format!("--validator {v}: the stake is not a number"))?;
+                Ok(iota_protocol::ValidatorStake { peer, stake })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(iota_protocol::ValidationSpec {
+            validators,
+            rate: self.validation_rate,
+            min_per_miner: self.validation_min_samples,
+            strikes_to_eject: self.strikes_to_eject,
+            timeout_ms: self.validation_timeout_s.saturating_mul(1000),
+        })
     }
 
     /// The corpus file or folder, canonical (None: the generated toy corpus).

@@ -47,6 +47,40 @@ pub enum Cmd {
         #[arg(long)]
         config_file: Option<PathBuf>,
     },
+    /// Validate a run: recompute a sample of every miner's work after each
+    /// epoch (on the CPU) and vote on it. The run must list this
+    /// validator's key with a stake (`iota-control orchestrator --validator
+    /// KEY:STAKE`); run it once with --print-key to learn the key.
+    Validator {
+        /// The orchestrator's URL (https://HOST:PORT).
+        #[arg(long, default_value = "https://127.0.0.1:7100")]
+        orchestrator: String,
+        /// The orchestrator's key (64 hex), pinned.
+        #[arg(long)]
+        orchestrator_key: Option<String>,
+        /// This validator's identity file (made on first use).
+        #[arg(long, default_value = "validator.key")]
+        identity: PathBuf,
+        /// Print this validator's public key and exit.
+        #[arg(long)]
+        print_key: bool,
+        /// The run's object store directory (when the run keeps its objects
+        /// in one on this machine; not with a bucket).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// The run's corpus (as the miners have it).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// This validator's secret sampling seed (default: random).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Seconds a miner has to deliver the evidence drawn from it.
+        #[arg(long, default_value_t = 30)]
+        evidence_timeout_s: u64,
+        /// Accept a plaintext http:// orchestrator URL (local tests only).
+        #[arg(long)]
+        insecure_plaintext: bool,
+    },
     /// Run a whole swarm on this machine: an orchestrator and STAGES x
     /// REPLICAS miner processes on loopback. Ctrl-C stops everything;
     /// running the same command again resumes.
@@ -65,6 +99,15 @@ pub enum Cmd {
         /// Where every miner computes: cpu, cuda (all on GPU 0) or cuda:N.
         #[arg(long, default_value = "cpu")]
         miner_device: String,
+        /// Validators to run beside the miners (each with stake 100; keys
+        /// in RUN_DIR/keys): they recompute a sample of every miner's work
+        /// each epoch and vote on it before the merge.
+        #[arg(long, default_value_t = 0)]
+        validators: u32,
+        /// Test tool: make miner K an adversary, MODE@K (noise, zeros,
+        /// replay, silent, closed, slow, flaky); repeatable.
+        #[arg(long, value_name = "MODE@K", hide = true)]
+        adversary: Vec<String>,
         /// Read flags from a TOML file (keys are flag names; flags given
         /// on the command line win).
         #[arg(long)]
@@ -148,7 +191,67 @@ async fn run_async(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Swarm { run, listen, threads_per_miner, miner_bin, miner_device, .. } => {
+        Cmd::Validator {
+            orchestrator,
+            orchestrator_key,
+            identity,
+            print_key,
+            store,
+            data,
+            seed,
+            evidence_timeout_s,
+            insecure_plaintext,
+        } => {
+            let id = iota_dataplane::identity_file::load_or_create(&identity)?;
+            if print_key {
+                println!("{}", id.peer_id().to_hex());
+                return Ok(());
+            }
+            let key = orchestrator_key
+                .map(|k| iota_core::PeerId::from_hex(&k).context("--orchestrator-key is not 64 hex characters"))
+                .transpose()?;
+            let mut opts = crate::validator::ValidatorOptions::local(
+                orchestrator,
+                seed.unwrap_or_else(crate::validator::random_seed),
+            );
+            opts.orchestrator_key = key;
+            opts.insecure_plaintext = insecure_plaintext;
+            opts.store = store;
+            opts.data = data;
+            opts.evidence_timeout = std::time::Duration::from_secs(evidence_timeout_s);
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s = crate::validator::run(opts, id, stop).await?;
+            println!(
+                "validated {} rounds: {} evidence objects checked, {} cleared, {} guilty",
+                s.rounds,
+                s.checked,
+                s.cleared_votes,
+                s.guilty_votes.len()
+            );
+            for (epoch, miner, why) in &s.guilty_votes {
+                println!("  guilty: epoch {epoch} miner {miner}: {why}");
+            }
+            Ok(())
+        }
+        Cmd::Swarm { mut run, listen, threads_per_miner, miner_bin, miner_device, validators, adversary, .. } => {
+            // The swarm's validators are listed in the run (stake 100 each).
+            let mut validator_ids = Vec::new();
+            for i in 0..validators {
+                let path = run.run_dir.join("keys").join(format!("validator-{i}.key"));
+                let id = iota_dataplane::identity_file::load_or_create(&path)?;
+                run.validators.push(format!("{}:100", id.peer_id().to_hex()));
+                validator_ids.push(id);
+            }
+            let adversaries = adversary
+                .iter()
+                .map(|a| {
+                    let (mode, k) = a.split_once('@').with_context(|| format!("--adversary {a}: want MODE@K"))?;
+                    Ok((
+                        k.parse::<u32>().with_context(|| format!("--adversary {a}: K is a miner index"))?,
+                        mode.to_string(),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
             let cfg = run.run_config()?;
             run.claim_run_dir(&cfg)?;
             let miner_bin = match miner_bin {
@@ -171,6 +274,8 @@ async fn run_async(cli: Cli) -> Result<()> {
                 miner_bin,
                 threads_per_miner,
                 miner_device,
+                validators: validator_ids,
+                adversaries,
             })
             .await?;
             swarm::print_summary(&cfg, &report);

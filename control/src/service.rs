@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
-use iota_protocol::client::{GRANT, HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE};
+use iota_protocol::client::{GRANT, HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE, VALIDATE};
 use iota_protocol::fields;
 use iota_protocol::object_store::ObjectStore;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
@@ -32,9 +32,10 @@ use iota_protocol::refusal::{Reason, Rejected};
 use iota_protocol::{MbRef, StoredObject};
 
 use crate::audit::Audit;
-use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal};
+use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal, VerdictIn};
 use crate::s3_store::S3Store;
 use crate::state_db::StateDb;
+use crate::validation::quorum::Check;
 
 const SAVE_EVERY_MS: u64 = 2_000;
 /// Commands kept for a miner that is not listening; past this the oldest go.
@@ -310,10 +311,19 @@ impl OrchestratorRpc for OrchestratorService {
         let env = req.into_inner();
         let (peer, body): (PeerId, pb::RegisterRequest) = self.verify(REGISTER, &env)?;
         fields::register(&body).map_err(|r| self.refuse(REGISTER, r.from(peer)))?;
-        let ev = Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s, device: body.device };
+        let validator = body.role() == pb::Role::Validator;
+        let ev = if validator {
+            Event::RegisterValidator { peer, device: body.device }
+        } else {
+            Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s, device: body.device }
+        };
         self.apply_for(REGISTER, peer, ev)?;
         let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
-        info!(peer = %peer, index, "miner registered");
+        if validator {
+            info!(peer = %peer, "validator registered");
+        } else {
+            info!(peer = %peer, index, "miner registered");
+        }
         let reply = pb::RegisterReply { miner_index: index, run_id, run_config_json: (*self.run_config_json).clone() };
         Ok(Response::new(self.signed(&peer, REGISTER, &env, &reply)))
     }
@@ -338,7 +348,7 @@ impl OrchestratorRpc for OrchestratorService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
             let mut core = self.core.lock();
-            if core.orch.miner(&peer).is_none() {
+            if core.orch.miner(&peer).is_none() && !core.orch.is_validator(&peer) {
                 drop(core);
                 let r = Rejected::new(Reason::NotRegistered, format!("peer {peer} must register first")).from(peer);
                 return Err(self.refuse(SUBSCRIBE, r));
@@ -491,9 +501,53 @@ impl OrchestratorRpc for OrchestratorService {
         Ok(Response::new(self.signed(&peer, GRANT, &env, &pb::GrantReply { grants })))
     }
 
+    async fn validate(&self, req: Request<pb::Signed>) -> Result<Response<pb::Ack>, Status> {
+        let env = req.into_inner();
+        let (peer, body): (PeerId, pb::ValidatorReport) = self.verify(VALIDATE, &env)?;
+        fields::validator_report(&body).map_err(|r| self.refuse(VALIDATE, r.from(peer)))?;
+        if !self.with_state(|o| o.is_validator(&peer)) {
+            let r = Rejected::new(Reason::WrongRole, format!("peer {peer} is not a registered validator of this run"));
+            return Err(self.refuse(VALIDATE, r.from(peer)));
+        }
+        let Some(kind) = body.kind else { unreachable!("fields::validator_report refuses an empty report") };
+        let peer_of = |b: &[u8]| PeerId(b.try_into().expect("fields::validator_report checks 32 bytes"));
+        let ev = match kind {
+            pb::validator_report::Kind::Ask(a) => Event::EvidenceAsk {
+                validator: peer,
+                epoch: a.epoch,
+                miner: peer_of(&a.miner),
+                items: a.items.iter().map(|w| (w.shard, w.first_sample, w.attempt)).collect(),
+            },
+            pb::validator_report::Kind::Verdict(v) => Event::Verdict(VerdictIn {
+                validator: peer,
+                epoch: v.epoch,
+                miner: peer_of(&v.miner),
+                check: match v.check() {
+                    pb::Check::Merge => Check::Merge,
+                    _ => Check::Recompute,
+                },
+                guilty: v.guilty,
+                samples: v.samples,
+                evidence_hash: v.evidence_hash.as_slice().try_into().ok(),
+                reason: v.reason,
+                // The whole signed request: the verdict stays checkable
+                // against the validator's key.
+                signed: prost::Message::encode_to_vec(&env),
+            }),
+            pb::validator_report::Kind::Done(d) => Event::ValidationDone { validator: peer, epoch: d.epoch },
+        };
+        self.apply_for(VALIDATE, peer, ev)?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
     async fn status(&self, req: Request<pb::Signed>) -> Result<Response<pb::RunStatus>, Status> {
         let _: (PeerId, pb::StatusRequest) = self.verify(STATUS, req.get_ref())?;
-        let mut st = self.with_state(|o| o.status());
+        let now = now_ms();
+        let mut st = self.with_state(|o| {
+            let mut st = o.status();
+            st.validators = o.validators_live(now) as u32;
+            st
+        });
         st.refusals = self.audit.counts().into_iter().collect();
         Ok(Response::new(st))
     }

@@ -100,6 +100,7 @@ mod tests {
             miners_per_stage_cap: 0,
             registration_timeout_ms: 30_000,
             bench_after_failures: 2,
+            validation: Default::default(),
         };
         let o = Orchestrator::new(spec.clone()).unwrap();
         {

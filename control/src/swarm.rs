@@ -34,6 +34,10 @@ pub struct SwarmOptions {
     pub threads_per_miner: usize,
     /// `--device` of every miner process (cpu, cuda, cuda:N); the miner validates it.
     pub miner_device: String,
+    /// Validators to run in this process (the run lists them).
+    pub validators: Vec<iota_core::Identity>,
+    /// Test tool: (miner index, adversary mode) pairs.
+    pub adversaries: Vec<(u32, String)>,
 }
 
 pub struct SwarmReport {
@@ -44,6 +48,10 @@ pub struct SwarmReport {
     pub tokens: u64,
     pub elapsed: Duration,
     pub interrupted: bool,
+    pub validators: usize,
+    pub convictions: u64,
+    pub ejected: u64,
+    pub guilty_votes: u64,
 }
 
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
@@ -107,6 +115,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .arg(&key)
         .args(["--device", &o.miner_device])
         .args(["--orchestrator-key", orchestrator_key])
+        .args(o.adversaries.iter().filter(|(k, _)| *k == i).flat_map(|(_, m)| ["--adversary", m.as_str()]))
         .args(o.store.iter().flat_map(|d| [std::ffi::OsStr::new("--store"), d.as_os_str()]))
         .args(o.data.iter().flat_map(|d| [std::ffi::OsStr::new("--data"), d.as_os_str()]))
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
@@ -127,6 +136,21 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     let ticker = svc.spawn_ticker();
     let spec = o.cfg.spec.clone();
     let n = spec.stages * spec.replicas;
+    let stop_validators = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut validators = Vec::new();
+    for (i, id) in o.validators.iter().enumerate() {
+        let mut vo = crate::validator::ValidatorOptions::local(url.clone(), crate::validator::random_seed());
+        vo.orchestrator_key = Some(svc.identity().peer_id());
+        vo.store = o.store.clone();
+        vo.data = o.data.clone();
+        let id = iota_core::Identity::from_seed(*id.seed());
+        let stop = stop_validators.clone();
+        validators.push(tokio::spawn(async move {
+            if let Err(e) = crate::validator::run(vo, id, stop).await {
+                tracing::warn!(validator = i, error = %e, "validator stopped");
+            }
+        }));
+    }
     let mut children = Vec::new();
     for i in 0..n {
         children.push(spawn_miner(&o, &url, &svc.identity().peer_id().to_hex(), i)?);
@@ -172,7 +196,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         });
         bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
         bar.set_message(format!(
-            "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {}",
+            "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {} | convicted {}",
             (epoch + 1).min(spec.epochs),
             spec.epochs,
             phase,
@@ -180,7 +204,8 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
             tps,
             healthy,
             c.rerouted,
-            c.dropped
+            c.dropped,
+            c.convictions
         ));
         if phase == Phase::Done {
             break;
@@ -207,10 +232,15 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
             let _ = ch.kill().await;
         }
     }
+    stop_validators.store(true, std::sync::atomic::Ordering::SeqCst);
+    for v in validators {
+        let _ = tokio::time::timeout(Duration::from_secs(5), v).await;
+    }
     svc.save();
     ticker.abort();
     server.abort();
     let (history, c) = svc.with_state(|o| (o.history().to_vec(), o.counters().clone()));
+    let guilty = svc.with_state(|o| o.verdicts().iter().filter(|v| v.guilty).count() as u64);
     Ok(SwarmReport {
         history,
         completed: c.completed,
@@ -219,6 +249,10 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         tokens: c.tokens.saturating_sub(tokens0),
         elapsed: start.elapsed(),
         interrupted,
+        validators: o.validators.len(),
+        convictions: c.convictions,
+        ejected: c.ejected,
+        guilty_votes: guilty,
     })
 }
 
@@ -233,9 +267,17 @@ pub fn wire_bytes_per_token(cfg: &RunConfig) -> f64 {
 }
 
 pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
-    println!("{:>5} {:>10} {:>10} {:>8}", "epoch", "mean loss", "completed", "dropped");
+    println!("{:>5} {:>10} {:>10} {:>8} {:>10}", "epoch", "mean loss", "completed", "dropped", "convicted");
     for e in &r.history {
-        println!("{:>5} {:>10.4} {:>10} {:>8}", e.epoch, e.mean_loss, e.completed, e.dropped);
+        let convicted: Vec<String> = e.convicted.iter().map(|p| p.to_hex()[..8].to_string()).collect();
+        let convicted = if convicted.is_empty() { "-".to_string() } else { convicted.join(",") };
+        println!("{:>5} {:>10.4} {:>10} {:>8} {:>10}", e.epoch, e.mean_loss, e.completed, e.dropped, convicted);
+    }
+    if r.validators > 0 {
+        println!(
+            "validation: {} validators, {} guilty votes, {} convictions, {} miners ejected",
+            r.validators, r.guilty_votes, r.convictions, r.ejected
+        );
     }
     println!(
         "micro-batches: {} completed, {} re-routed, {} dropped; {} tokens in {:.1}s ({:.0} tokens/s)",

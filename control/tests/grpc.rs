@@ -31,6 +31,7 @@ fn spec() -> RunSpec {
         miners_per_stage_cap: 0,
         registration_timeout_ms: 30_000,
         bench_after_failures: 2,
+        validation: Default::default(),
     }
 }
 

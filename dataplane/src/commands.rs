@@ -126,6 +126,18 @@ pub struct RunArgs {
     /// GEMM precision on CUDA: bf16 (bf16 operands, fp32 accumulation) or fp32.
     #[arg(long, default_value = "bf16", value_parser = parse_gemm)]
     gemm: iota_cuda::backend::GemmPrecision,
+    /// A test tool, hidden: behave as a bad miner (silent, closed, slow,
+    /// flaky, noise, zeros, replay) so liveness and validation can be
+    /// tested end to end with real processes. Never for a real run.
+    #[arg(long, hide = true, value_parser = parse_adversary)]
+    adversary: Option<miner::Adversary>,
+}
+
+fn parse_adversary(s: &str) -> Result<miner::Adversary, String> {
+    miner::Adversary::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = miner::Adversary::NAMES.iter().map(|(n, _)| *n).collect();
+        format!("unknown adversary '{s}' ({})", names.join(", "))
+    })
 }
 
 fn parse_gemm(s: &str) -> Result<iota_cuda::backend::GemmPrecision, String> {
@@ -195,6 +207,10 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.insecure_plaintext = a.insecure_plaintext;
     opts.store = a.store;
     opts.data = a.data;
+    opts.adversary = a.adversary;
+    if let Some(adv) = a.adversary {
+        tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod corpus;
 pub mod evidence;
+pub mod evidence_bundle;
 pub mod fileio;
 pub mod frame;
 pub mod granted_store;
@@ -17,6 +18,7 @@ pub mod miner;
 pub mod pool;
 pub mod probe;
 pub mod recompute;
+pub mod sent_frames;
 pub mod stats;
 pub mod tls;
 pub mod transport;

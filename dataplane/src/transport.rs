@@ -34,6 +34,7 @@ use tracing::{debug, warn};
 
 use crate::frame::{self, FrameError, FrameMeta, RunContext, SeqGuard};
 use crate::pool::{self, BufferPool, PooledBuf};
+use crate::sent_frames::{SentFrames, TapLimits};
 use crate::stats::{Stats, StatsSnapshot, add};
 use crate::tls::{self, PeerDirectory};
 
@@ -159,6 +160,10 @@ struct Inner {
     /// The chains over every frame this endpoint sent and accepted (see
     /// `iota_core::commitment`), which the miner reports with its heartbeat.
     commitments: Arc<Mutex<Commitments>>,
+    /// The record of sent pipeline frames, once a miner turns it on
+    /// (`Endpoint::tap_sent_frames`): the evidence it uploads for sampled
+    /// work holds them.
+    sent: std::sync::OnceLock<Arc<SentFrames>>,
 }
 
 /// A data-plane endpoint: sends frames to peers and receives theirs.
@@ -213,6 +218,7 @@ impl Endpoint {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 1)),
             commitments: Arc::new(Mutex::new(Commitments::default())),
+            sent: std::sync::OnceLock::new(),
         });
         tokio::spawn(accept_loop(inner.clone()));
         Ok(Endpoint { inner, rx: tokio::sync::Mutex::new(rx) })
@@ -294,6 +300,9 @@ impl Endpoint {
             retried = true;
         }
         lane.next_seq += 1;
+        if let Some(tap) = inner.sent.get() {
+            tap.record(&header, &payload);
+        }
         let id = header.frame_id();
         inner.commitments.lock().frame(u64::from(meta.epoch), to, meta.direction as u8, Side::Sent, &id);
         add(&inner.stats.frames_sent, 1);
@@ -326,6 +335,18 @@ impl Endpoint {
     /// weights chain to them; its heartbeat reports their heads).
     pub fn commitments(&self) -> Arc<Mutex<Commitments>> {
         self.inner.commitments.clone()
+    }
+
+    /// Starts recording the activation and gradient frames this endpoint
+    /// sends from now on, within `limits` (off until called; a second call
+    /// returns the record already made).
+    pub fn tap_sent_frames(&self, limits: TapLimits) -> Arc<SentFrames> {
+        self.inner.sent.get_or_init(|| Arc::new(SentFrames::new(limits))).clone()
+    }
+
+    /// The record of sent frames, if it was turned on.
+    pub fn sent_frames(&self) -> Option<Arc<SentFrames>> {
+        self.inner.sent.get().cloned()
     }
 
     /// Waits for the next valid frame (None once the endpoint is closed).

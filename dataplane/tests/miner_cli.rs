@@ -29,3 +29,18 @@ fn run_on_cuda_without_a_gpu_fails_first_and_plainly() {
     let o = miner(&["run", "--gemm", "fp8", "--identity", key_s]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("bf16, fp32"));
 }
+
+/// `--adversary` (a test tool) is accepted with the known modes, refused
+/// with others, and not shown in `run --help`.
+#[test]
+fn the_adversary_flag_is_hidden_and_checked() {
+    let help = String::from_utf8_lossy(&miner(&["run", "--help"]).stdout).into_owned();
+    assert!(help.contains("--orchestrator") && !help.contains("--adversary"), "{help}");
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("miner.key");
+    let o = miner(&["run", "--adversary", "lazy", "--identity", key.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("silent, closed, slow, flaky, noise, zeros, replay"), "{err}");
+    assert!(!key.exists());
+}

@@ -298,3 +298,62 @@ async fn a_peer_restarted_with_the_same_identity_is_heard_again() {
     }
     assert_eq!(b.ep.stats().rejected("replay"), 0);
 }
+
+/// The record of sent frames (a miner's evidence) holds exactly the frame
+/// that went out, signed as sent, and nothing unless it was turned on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sent_frame_tap_records_exactly_the_frame_sent_and_only_when_on() {
+    use iota_dataplane::sent_frames::{SentFrameKey, TapLimits};
+    let a = node(1, 16 << 20, TransportConfig::default());
+    let b = node(2, 16 << 20, TransportConfig::default());
+    introduce(&a, &b);
+    let key = |m: &FrameMeta| SentFrameKey {
+        epoch: u64::from(m.epoch),
+        shard: m.shard,
+        first_sample: m.first_sample,
+        attempt: m.attempt,
+        direction: m.direction,
+    };
+    // Off: nothing is recorded.
+    assert!(a.ep.sent_frames().is_none());
+    let m0 = meta(Direction::Activation, 64);
+    a.ep.send(b.ep.peer_id(), &m0, payload(Direction::Activation, 0, 64).into()).await.unwrap();
+    b.ep.recv().await.unwrap();
+    assert!(a.ep.sent_frames().is_none());
+
+    let tap = a.ep.tap_sent_frames(TapLimits::default());
+    assert!(Arc::ptr_eq(&tap, &a.ep.tap_sent_frames(TapLimits { max_frames: 1, max_bytes: 1 })), "turned on once");
+    let mut m1 = meta(Direction::Activation, 256);
+    (m1.shard, m1.first_sample, m1.attempt, m1.answers) = (3, 40, 1, [9; 32]);
+    let p1 = payload(Direction::Activation, 1, 256);
+    let id = a.ep.send(b.ep.peer_id(), &m1, p1.clone().into()).await.unwrap();
+    let mut g1 = m1.clone();
+    g1.direction = Direction::ActivationGrad;
+    let pg = payload(Direction::ActivationGrad, 1, 256);
+    a.ep.send(b.ep.peer_id(), &g1, pg.clone().into()).await.unwrap();
+    // Merge traffic is not pipeline work: not recorded.
+    let w = meta(Direction::WeightSlice, 64);
+    a.ep.send(b.ep.peer_id(), &w, payload(Direction::WeightSlice, 2, 64).into()).await.unwrap();
+    let mut received = Vec::new();
+    for _ in 0..3 {
+        received.push(tokio::time::timeout(Duration::from_secs(10), b.ep.recv()).await.unwrap().unwrap());
+    }
+    assert_eq!(tap.size().0, 2);
+    assert!(tap.get(&key(&m0)).is_none(), "sent before the tap was on");
+    assert!(tap.get(&key(&w)).is_none());
+
+    let sent = tap.get(&key(&m1)).expect("the activation is recorded");
+    let whole = sent.whole();
+    let (h, p) = frame::decode_frame(&whole, b.ep.run_context(), a.ep.peer_id()).expect("a valid signed frame");
+    assert_eq!(h.frame_id(), id, "the frame exactly as it went out");
+    assert_eq!(p, &p1[..]);
+    assert_eq!(h.payload_hash, *blake3::hash(&p1).as_bytes());
+    assert_eq!((h.shard, h.first_sample, h.attempt, h.answers), (3, 40, 1, [9; 32]));
+    assert_eq!((h.direction, h.epoch, h.run_id, h.sender), (Direction::Activation, 5, RUN, a.ep.peer_id().0));
+    assert!(h.seq_no >= a.ep.first_seq());
+    let got = received.iter().find(|f| f.header.direction == Direction::Activation).unwrap();
+    assert_eq!(got.header, h, "what the receiver accepted");
+    let grad = tap.get(&key(&g1)).expect("the gradient is recorded");
+    assert_eq!(grad.payload, pg);
+    assert_eq!(frame::decode_frame(&grad.whole(), b.ep.run_context(), a.ep.peer_id()).unwrap().1, &pg[..]);
+}

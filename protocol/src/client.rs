@@ -22,6 +22,7 @@ pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";
 pub const REPORT: &str = "/iota.v1.Orchestrator/Report";
 pub const STATUS: &str = "/iota.v1.Orchestrator/Status";
 pub const GRANT: &str = "/iota.v1.Orchestrator/Grant";
+pub const VALIDATE: &str = "/iota.v1.Orchestrator/Validate";
 
 /// How long a connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -121,9 +122,27 @@ impl ControlClient {
         device: String,
     ) -> Result<pb::RegisterReply, tonic::Status> {
         let body = pb::RegisterRequest { role: pb::Role::Miner as i32, data_addr, tokens_per_s, device };
+        self.register_body(body).await
+    }
+
+    /// Registers as one of the run's validators (the run must list this
+    /// identity with a stake).
+    pub async fn register_validator(&mut self, device: String) -> Result<pb::RegisterReply, tonic::Status> {
+        let body = pb::RegisterRequest { role: pb::Role::Validator as i32, device, ..Default::default() };
+        self.register_body(body).await
+    }
+
+    async fn register_body(&mut self, body: pb::RegisterRequest) -> Result<pb::RegisterReply, tonic::Status> {
         let s = sign(&self.id, &self.aud, REGISTER, &body, now_ms());
         let reply = bounded(self.rpc.register(s.clone())).await?.into_inner();
         open_server(&self.aud, &self.id.peer_id(), REGISTER, &s.nonce, 0, &reply).map_err(forged)
+    }
+
+    /// A validator's ask, verdict or end of its epoch's checks.
+    pub async fn validate(&mut self, kind: pb::validator_report::Kind) -> Result<(), tonic::Status> {
+        let s = sign(&self.id, &self.aud, VALIDATE, &pb::ValidatorReport { kind: Some(kind) }, now_ms());
+        bounded(self.rpc.validate(s)).await?;
+        Ok(())
     }
 
     pub async fn heartbeat(

@@ -97,13 +97,22 @@ pub fn role(r: i32) -> Result<pb::Role, Rejected> {
 
 pub fn register(r: &pb::RegisterRequest) -> Result<(), Rejected> {
     let role = role(r.role)?;
-    if role != pb::Role::Miner {
-        return Err(Rejected::new(
-            Reason::WrongRole,
-            format!("role {}: only miners register for now", role.as_str_name()),
-        ));
+    match role {
+        pb::Role::Miner => {
+            data_addr("data_addr", &r.data_addr)?;
+        }
+        pb::Role::Validator => {
+            if !r.data_addr.is_empty() {
+                return Err(bad("data_addr", "a validator has no data-plane address"));
+            }
+        }
+        _ => {
+            return Err(Rejected::new(
+                Reason::WrongRole,
+                format!("role {}: only miners and validators register", role.as_str_name()),
+            ));
+        }
     }
-    data_addr("data_addr", &r.data_addr)?;
     tokens_per_s("tokens_per_s", r.tokens_per_s)?;
     printable("device", &r.device, MAX_DEVICE_LEN)
 }
@@ -207,6 +216,39 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
     Ok(())
 }
 
+/// Most attempts one evidence ask or request names.
+pub const MAX_EVIDENCE_ITEMS: usize = 256;
+
+fn work_refs(field: &str, items: &[pb::WorkRef]) -> Result<(), Rejected> {
+    if items.is_empty() || items.len() > MAX_EVIDENCE_ITEMS {
+        return Err(bad(field, format!("must name 1 to {MAX_EVIDENCE_ITEMS} attempts")));
+    }
+    Ok(())
+}
+
+/// A validator's report (the `Validate` RPC).
+pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
+    use pb::validator_report::Kind;
+    match r.kind.as_ref().ok_or_else(|| bad("kind", "a validator report must say what it reports"))? {
+        Kind::Ask(a) => {
+            hash32("ask.miner", &a.miner)?;
+            work_refs("ask.items", &a.items)?;
+        }
+        Kind::Verdict(v) => {
+            hash32("verdict.miner", &v.miner)?;
+            if !matches!(pb::Check::try_from(v.check), Ok(pb::Check::Recompute | pb::Check::Merge)) {
+                return Err(bad("verdict.check", "must be RECOMPUTE or MERGE"));
+            }
+            if !v.evidence_hash.is_empty() {
+                hash32("verdict.evidence_hash", &v.evidence_hash)?;
+            }
+            printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
+        }
+        Kind::Done(_) => {}
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,9 +285,51 @@ mod tests {
         }
         let mut v = reg("127.0.0.1:9000", 1.0, "cpu");
         v.role = pb::Role::Validator as i32;
+        assert!(register(&v).unwrap_err().message.contains("data_addr"), "a validator has no data plane");
+        v.data_addr.clear();
+        assert!(register(&v).is_ok());
+        v.role = pb::Role::Operator as i32;
         assert_eq!(register(&v).unwrap_err().reason, Reason::WrongRole);
         v.role = 99;
         assert!(register(&v).unwrap_err().message.contains("role"));
+    }
+
+    #[test]
+    fn validator_report_fields() {
+        use pb::validator_report::Kind;
+        let item = pb::WorkRef { shard: 1, first_sample: 8, attempt: 0 };
+        let ask = |miner: Vec<u8>, n: usize| pb::ValidatorReport {
+            kind: Some(Kind::Ask(pb::EvidenceAsk { epoch: 0, miner, items: vec![item; n] })),
+        };
+        assert!(validator_report(&ask(vec![1; 32], 4)).is_ok());
+        assert!(validator_report(&ask(vec![1; 31], 4)).unwrap_err().message.contains("ask.miner"));
+        assert!(validator_report(&ask(vec![1; 32], 0)).unwrap_err().message.contains("ask.items"));
+        assert!(validator_report(&ask(vec![1; 32], MAX_EVIDENCE_ITEMS + 1)).unwrap_err().message.contains("ask.items"));
+        let verdict = |check: i32, hash: Vec<u8>, reason: &str| pb::ValidatorReport {
+            kind: Some(Kind::Verdict(pb::Verdict {
+                epoch: 0,
+                miner: vec![2; 32],
+                check,
+                guilty: true,
+                samples: 4,
+                evidence_hash: hash,
+                reason: reason.into(),
+            })),
+        };
+        assert!(
+            validator_report(&verdict(pb::Check::Recompute as i32, vec![3; 32], "recomputed output differs")).is_ok()
+        );
+        assert!(validator_report(&verdict(pb::Check::Recompute as i32, Vec::new(), "")).is_ok());
+        for (v, field) in [
+            (verdict(0, Vec::new(), ""), "verdict.check"),
+            (verdict(42, Vec::new(), ""), "verdict.check"),
+            (verdict(1, vec![3; 5], ""), "verdict.evidence_hash"),
+            (verdict(1, Vec::new(), "line\n[ERROR] forged"), "verdict.reason"),
+            (verdict(1, Vec::new(), &"x".repeat(MAX_REASON_LEN + 1)), "verdict.reason"),
+        ] {
+            assert!(validator_report(&v).unwrap_err().message.contains(field), "{field}");
+        }
+        assert!(validator_report(&pb::ValidatorReport { kind: None }).is_err());
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use manifest::StoredObject;
 pub use object_store::{ObjectStore, SharedStore};
 pub use plan_pb::{plan_from_pb, plan_to_pb};
 pub use run_config::RunConfig;
-pub use run_spec::{MbRef, MergeMethod, MergeSpec, RunSpec};
+pub use run_spec::{MbRef, MergeMethod, MergeSpec, RunSpec, ValidationSpec, ValidatorStake};
 
 /// Generated from `proto/iota.proto`.
 pub mod pb {

@@ -42,6 +42,45 @@ pub struct RunSpec {
     /// "Liveness").
     #[serde(default = "default_bench_after_failures")]
     pub bench_after_failures: u32,
+    /// Who validates the run's work and how (PROTOCOL.md, "Validation").
+    #[serde(default)]
+    pub validation: ValidationSpec,
+}
+
+/// One validator of the run and its stake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidatorStake {
+    pub peer: iota_core::PeerId,
+    pub stake: u64,
+}
+
+/// Sampled recompute and verdicts (PROTOCOL.md, "Validation").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ValidationSpec {
+    /// The run's validators with their stakes; empty: nobody checks the
+    /// work and the merge never waits for verdicts.
+    pub validators: Vec<ValidatorStake>,
+    /// Fraction of each miner's micro-batches a validator recomputes.
+    pub rate: f64,
+    /// At least this many per miner per epoch (all of them if it did fewer).
+    pub min_per_miner: u32,
+    /// Convictions after which a miner is ejected (its identity refused).
+    pub strikes_to_eject: u32,
+    /// How long the validators may hold an epoch's merge.
+    pub timeout_ms: u64,
+}
+
+impl Default for ValidationSpec {
+    fn default() -> Self {
+        ValidationSpec { validators: Vec::new(), rate: 0.03, min_per_miner: 4, strikes_to_eject: 2, timeout_ms: 60_000 }
+    }
+}
+
+impl ValidationSpec {
+    pub fn stake_of(&self, p: &iota_core::PeerId) -> Option<u64> {
+        self.validators.iter().find(|v| v.peer == *p).map(|v| v.stake)
+    }
 }
 
 fn default_registration_timeout_ms() -> u64 {
@@ -51,6 +90,9 @@ fn default_registration_timeout_ms() -> u64 {
 pub fn default_bench_after_failures() -> u32 {
     2
 }
+
+/// Validators a run lists at most.
+pub const MAX_VALIDATORS: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MergeMethod {
@@ -124,6 +166,19 @@ impl RunSpec {
         }
         if self.merge.codec == WireCodec::Int4Row {
             return Err("merge codec must be f32, bf16 or int8".into());
+        }
+        let v = &self.validation;
+        if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 {
+            return Err("validation: rate must be in [0, 1], strikes_to_eject and timeout_ms positive".into());
+        }
+        if v.validators.len() > MAX_VALIDATORS {
+            return Err(format!("at most {MAX_VALIDATORS} validators"));
+        }
+        let mut peers: Vec<_> = v.validators.iter().map(|s| s.peer).collect();
+        peers.sort();
+        peers.dedup();
+        if peers.len() != v.validators.len() || v.validators.iter().any(|s| s.stake == 0) {
+            return Err("validation: each validator once, with a positive stake".into());
         }
         Ok(())
     }

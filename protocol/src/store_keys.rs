@@ -38,3 +38,27 @@ pub fn parse_part_name(name: &str) -> Option<(u64, u64)> {
 pub fn merged_key(epoch: u64, stage: u32) -> String {
     format!("{}stage-{stage:03}/merged.safetensors", upload_prefix(epoch))
 }
+
+/// Object-store prefix of the evidence a miner uploaded for `epoch`'s
+/// sampled work (PROTOCOL.md, "Validation").
+pub fn evidence_prefix(epoch: u64, miner: &iota_core::PeerId) -> String {
+    format!("{}evidence/{}/", upload_prefix(epoch), miner.to_hex())
+}
+
+/// Object-store key of the evidence for one micro-batch attempt.
+pub fn evidence_key(epoch: u64, miner: &iota_core::PeerId, shard: u32, first_sample: u64, attempt: u32) -> String {
+    format!("{}{shard:06}-{first_sample:012}-{attempt:03}.evidence", evidence_prefix(epoch, miner))
+}
+
+/// The attempt (shard, first sample, attempt) an evidence key of `miner`
+/// in `epoch` names; None for any other key.
+pub fn parse_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<(u32, u64, u32)> {
+    let stem = key.strip_prefix(&evidence_prefix(epoch, miner))?.strip_suffix(".evidence")?;
+    let mut parts = stem.split('-');
+    let (s, f, a) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_digit());
+    if parts.next().is_some() || !digits(s, 6) || !digits(f, 12) || !digits(a, 3) {
+        return None;
+    }
+    Some((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?))
+}

@@ -17,7 +17,7 @@ use iota_dataplane::miner::merge::local::flat_layout;
 use iota_dataplane::miner::merge::{load_weights, read_parts};
 use iota_model::checkpoint::{parse_safetensors, stage_params};
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, open_server, signing_bytes};
-use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, SUBSCRIBE};
+use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, SUBSCRIBE, VALIDATE};
 use iota_protocol::object_store::StoreFuture;
 use iota_protocol::{MbRef, MergeMethod, MergeSpec, ObjectStore, RunSpec, SharedStore, StoredObject, fields, pb};
 use prost::Message;
@@ -34,6 +34,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("safetensors", safetensors),
     ("orchestrator_events", orchestrator_events),
     ("signed_frame", signed_frame),
+    ("evidence_bundle", evidence_bundle),
 ];
 
 /// Reads the input front to back; past its end every read is 0.
@@ -104,7 +105,7 @@ pub fn control_request(data: &[u8]) {
         let _ = v.verify::<pb::Report>(REPORT, &s, NOW);
     }
     let who = signer();
-    let method = [REGISTER, HEARTBEAT, REPORT][sel as usize % 3];
+    let method = [REGISTER, HEARTBEAT, REPORT, VALIDATE][sel as usize % 4];
     // The signed envelope's own fields from the input too: the timestamp
     // (anywhere around the server's clock, or anything), the nonce (any
     // length), then the body.
@@ -131,7 +132,7 @@ pub fn control_request(data: &[u8]) {
         assert!(v.verify::<pb::HeartbeatRequest>(method, &env, NOW).is_err(), "a replayed envelope was accepted");
     }
     let v = Verifier::new(AuthPolicy::default(), aud, 0);
-    match sel % 3 {
+    match sel % 4 {
         0 => {
             if let Ok((_, b)) = v.verify::<pb::RegisterRequest>(method, &env, NOW) {
                 let _ = fields::register(&b);
@@ -140,6 +141,25 @@ pub fn control_request(data: &[u8]) {
         1 => {
             if let Ok((_, b)) = v.verify::<pb::HeartbeatRequest>(method, &env, NOW) {
                 let _ = fields::heartbeat(&b);
+            }
+        }
+        3 => {
+            // What the service takes from a validator's report that passed
+            // the rules: 32-byte miner ids, bounded asks.
+            if let Ok((_, b)) = v.verify::<pb::ValidatorReport>(method, &env, NOW)
+                && fields::validator_report(&b).is_ok()
+            {
+                match b.kind {
+                    Some(pb::validator_report::Kind::Ask(a)) => {
+                        assert!(a.miner.len() == 32 && (1..=fields::MAX_EVIDENCE_ITEMS).contains(&a.items.len()))
+                    }
+                    Some(pb::validator_report::Kind::Verdict(v)) => {
+                        assert!(v.miner.len() == 32 && v.reason.len() <= fields::MAX_REASON_LEN);
+                        assert!(v.evidence_hash.is_empty() || v.evidence_hash.len() == 32);
+                    }
+                    Some(pb::validator_report::Kind::Done(_)) => {}
+                    None => panic!("an empty validator report passed the rules"),
+                }
             }
         }
         _ => {
@@ -291,6 +311,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         miners_per_stage_cap: 3,
         registration_timeout_ms: 10_000,
         bench_after_failures: 2,
+        validation: Default::default(),
     };
     let mut o = Orchestrator::new(spec).unwrap();
     let mut rng = Rng::new(9);
@@ -615,5 +636,24 @@ pub fn signed_frame_run(data: &[u8]) -> bool {
                 None => false,
             }
         }
+    }
+}
+
+/// An evidence bundle a miner uploaded (hostile bytes; its size and hash
+/// matched its announcement, nothing else is known), decoded under
+/// input-chosen limits. A bundle that decodes respects every limit, and
+/// the format is canonical: it encodes back to exactly the input.
+pub fn evidence_bundle(data: &[u8]) {
+    use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
+    let mut b = Bytes(data);
+    let lim = BundleLimits { max_frame: b.u16() as u64, weights: b.u8() as u64, max_steps: b.u8() as u64 % 16 };
+    let bytes = b.0;
+    if let Ok(e) = EvidenceBundle::decode(bytes, lim) {
+        assert_eq!(e.weights.len() as u64, lim.weights);
+        assert!(e.step_hashes.len() as u64 <= lim.max_steps);
+        assert!(e.output_frame.len() as u64 <= lim.max_frame);
+        assert!(e.input_frame.as_ref().is_none_or(|f| f.len() as u64 <= lim.max_frame));
+        let again = e.encode();
+        assert!(again == bytes, "the bundle format is not canonical");
     }
 }

@@ -71,6 +71,7 @@ pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: 
             miners_per_stage_cap: 0,
             registration_timeout_ms: 30_000,
             bench_after_failures: 2,
+            validation: Default::default(),
         },
         train,
         max_shards: 16,
@@ -213,4 +214,26 @@ impl Swarm {
         change(&mut opts);
         tokio::spawn(miner::run(opts, Identity::generate(), stop))
     }
+
+    /// Starts a validator task with identity `id` (which `cfg` must list
+    /// with a stake: see [`with_validators`]).
+    pub fn validator(
+        &self,
+        id: Identity,
+        seed: u64,
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<anyhow::Result<iota_control::validator::ValidatorSummary>> {
+        let mut opts = iota_control::validator::ValidatorOptions::local(self.url.clone(), seed);
+        opts.orchestrator_key = Some(self.service.identity().peer_id());
+        opts.store = Some(self.db.with_file_name("store"));
+        tokio::spawn(iota_control::validator::run(opts, id, stop))
+    }
+}
+
+/// `n` validator identities, listed in `cfg` with equal stakes.
+pub fn with_validators(cfg: &mut RunConfig, n: u8) -> Vec<Identity> {
+    let ids: Vec<Identity> = (0..n).map(|i| Identity::from_seed([0xa0 + i; 32])).collect();
+    cfg.spec.validation.validators =
+        ids.iter().map(|id| iota_protocol::ValidatorStake { peer: id.peer_id(), stake: 100 }).collect();
+    ids
 }

@@ -38,6 +38,12 @@ impl Orchestrator {
         device: String,
         out: &mut Vec<Out>,
     ) -> Result<bool, Refusal> {
+        if self.is_validator(&peer) {
+            return Err(Refusal::Invalid(format!("peer {peer} is registered as a validator")));
+        }
+        if self.miners.get(&peer).is_some_and(|m| m.ejected) {
+            return Err(Refusal::Invalid(format!("peer {peer} was ejected from the run by its validators")));
+        }
         if self.miners.get(&peer).is_some_and(|m| m.removed) {
             return Err(Refusal::Invalid(format!(
                 "peer {peer} was removed from the run (benched in {} epochs)",
@@ -112,6 +118,9 @@ impl Orchestrator {
                 probation: true,
                 delivered: 0,
                 latency_ms: 0.0,
+                convicted: false,
+                convicted_epochs: 0,
+                ejected: false,
                 commitments: std::collections::BTreeMap::new(),
             },
         );

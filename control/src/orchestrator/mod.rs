@@ -19,6 +19,8 @@ mod objects;
 mod phase;
 mod routing;
 mod state;
+mod validating;
+mod validation_state;
 
 use std::collections::BTreeMap;
 
@@ -33,6 +35,8 @@ pub use self::state::{
     Phase, StageObjects,
 };
 use self::state::{MbRecord, Upload};
+use self::validation_state::Validation;
+pub use self::validation_state::{MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey};
 
 pub type Ms = u64;
 
@@ -122,6 +126,24 @@ pub enum Event {
         generation: u32,
         hash: Vec<u8>,
     },
+    /// One of the run's validators registered.
+    RegisterValidator {
+        peer: PeerId,
+        device: String,
+    },
+    /// A validator asks for the evidence of a miner's attempts.
+    EvidenceAsk {
+        validator: PeerId,
+        epoch: u64,
+        miner: PeerId,
+        items: Vec<WorkKey>,
+    },
+    Verdict(VerdictIn),
+    /// A validator voted on everything it drew for `epoch`.
+    ValidationDone {
+        validator: PeerId,
+        epoch: u64,
+    },
     Tick,
 }
 
@@ -183,6 +205,18 @@ pub struct Counters {
     /// Miners removed from the run.
     #[serde(default)]
     pub removed: u64,
+    /// (epoch, miner) works convicted by validator stake.
+    #[serde(default)]
+    pub convictions: u64,
+    /// Miners ejected by validators.
+    #[serde(default)]
+    pub ejected: u64,
+    /// Epochs merged with no validator live to check them.
+    #[serde(default)]
+    pub unvalidated_epochs: u64,
+    /// Validation rounds that ran out of time.
+    #[serde(default)]
+    pub validation_timeouts: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -198,6 +232,9 @@ pub struct Orchestrator {
     issued: u64,
     uploads: BTreeMap<u32, BTreeMap<PeerId, Upload>>,
     merged: BTreeMap<u32, String>,
+    /// Parameter server: the merged weights' hash per stage, as the aggregator reported it.
+    #[serde(default)]
+    merged_hash: BTreeMap<u32, [u8; 32]>,
     epoch_loss: (f64, u64),
     counters: Counters,
     history: Vec<EpochSummary>,
@@ -224,11 +261,15 @@ pub struct Orchestrator {
     last_upload_ms: Option<Ms>,
     #[serde(default)]
     last_merge_ms: Option<Ms>,
+    /// Validators, their verdicts, the current round (validating.rs).
+    #[serde(default)]
+    validation: Validation,
 }
 
 impl Orchestrator {
     pub fn new(spec: RunSpec) -> Result<Self, String> {
         spec.validate()?;
+        let spec_validation = spec.validation.clone();
         Ok(Orchestrator {
             spec,
             epoch: 0,
@@ -240,6 +281,7 @@ impl Orchestrator {
             issued: 0,
             uploads: BTreeMap::new(),
             merged: BTreeMap::new(),
+            merged_hash: BTreeMap::new(),
             epoch_loss: (0.0, 0),
             counters: Counters::default(),
             history: Vec::new(),
@@ -251,6 +293,7 @@ impl Orchestrator {
             phase_entered: 0,
             last_upload_ms: None,
             last_merge_ms: None,
+            validation: Validation::new(&spec_validation),
         })
     }
 
@@ -297,6 +340,7 @@ impl Orchestrator {
                     return Ok(out);
                 }
             }
+            Event::Heartbeat { peer, .. } if self.validator_heartbeat(now, &peer) => {}
             Event::Heartbeat { peer, tokens_per_s, in_flight, commitments } => {
                 self.on_commitments(peer, commitments)?;
                 let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
@@ -353,6 +397,9 @@ impl Orchestrator {
                             }
                         })?;
                         self.merged.insert(stage, key);
+                        if let Ok(h) = <[u8; 32]>::try_from(weights_hash.as_slice()) {
+                            self.merged_hash.insert(stage, h);
+                        }
                         true
                     }
                     MergeMethod::Butterfly if current => {
@@ -384,13 +431,27 @@ impl Orchestrator {
             }
             Event::Stored { peer, epoch, stage, object } => {
                 self.known(&peer)?;
-                self.on_stored(peer, epoch, stage, object, &mut out)
-                    .inspect_err(|_| self.counters.foreign_objects += 1)?;
+                if self.is_evidence_key(&object.key) {
+                    self.on_evidence_stored(peer, epoch, stage, object, &mut out)
+                } else {
+                    self.on_stored(peer, epoch, stage, object, &mut out)
+                }
+                .inspect_err(|_| self.counters.foreign_objects += 1)?;
             }
+            Event::RegisterValidator { peer, device } => {
+                self.register_validator(now, peer, device)?;
+                return Ok(out);
+            }
+            Event::EvidenceAsk { validator, epoch, miner, items } => {
+                self.on_evidence_ask(validator, epoch, miner, items, &mut out)?;
+            }
+            Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
+            Event::ValidationDone { validator, epoch } => self.on_validation_done(validator, epoch)?,
             Event::BadObject { peer, epoch, stage, object, reason } => {
                 self.known(&peer)?;
                 self.on_bad_object(peer, epoch, stage, object, reason, &mut out)?;
             }
+            Event::Subscribed { peer } if self.is_validator(&peer) => self.validator_subscribed(now, peer, &mut out),
             Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
             Event::Tick => {
                 self.expire_registrations(now);
@@ -451,7 +512,9 @@ impl Orchestrator {
                 let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
                 let every_stage_has_one =
                     (0..self.spec.stages).all(|s| self.uploads.get(&s).is_some_and(|u| !u.is_empty()));
-                if (all_in || timed_out) && every_stage_has_one {
+                // The validators check the epoch's work before it is merged
+                // (its final commitments are in once the uploads are).
+                if (all_in || timed_out) && every_stage_has_one && !self.validation_holds_merge(now, out) {
                     self.plan_merges();
                     self.set_phase(now, Phase::Merging, out);
                 }
@@ -530,6 +593,7 @@ impl Orchestrator {
         self.issued = 0;
         self.uploads.clear();
         self.merged.clear();
+        self.merged_hash.clear();
         self.butterfly.clear();
         self.prune_objects();
         self.liveness_new_epoch();
@@ -537,6 +601,7 @@ impl Orchestrator {
         for m in self.miners.values_mut() {
             m.work = 0;
             m.in_flight = 0;
+            m.convicted = false;
         }
         self.set_phase(now, Phase::Training, out);
         self.advance_training(now, rng, out);
@@ -617,11 +682,13 @@ impl Orchestrator {
             losses: self
                 .mbs
                 .values()
-                .map(|r| if let MbStatus::Done { loss } = r.status { loss } else { f32::NAN })
+                .map(|r| if let MbStatus::Done { loss, .. } = r.status { loss } else { f32::NAN })
                 .collect(),
             completed: count(|s| matches!(s, MbStatus::Done { .. })),
             dropped: count(|s| matches!(s, MbStatus::Dropped)),
+            convicted: self.miners.values().filter(|m| m.convicted).map(|m| m.peer).collect(),
         });
+        self.record_stage_starts();
         self.epoch += 1;
         // Everyone, newcomers included, now starts from the merged weights.
         for m in self.miners.values_mut() {
@@ -634,6 +701,34 @@ impl Orchestrator {
         } else {
             self.start_epoch(now, rng, out);
         }
+    }
+
+    /// The merged weights each stage starts the next epoch from, as the
+    /// merge's participants reported them (the most reported hash), so
+    /// validators know the weights an attempt before the first inner
+    /// step must have used.
+    fn record_stage_starts(&mut self) {
+        for (s, bm) in &self.butterfly {
+            let mut counts: BTreeMap<[u8; 32], usize> = BTreeMap::new();
+            for h in bm.done.values() {
+                *counts.entry(*h).or_default() += 1;
+            }
+            match counts.into_iter().max_by_key(|(_, n)| *n) {
+                Some((h, _)) => self.validation.starts.insert(*s, h),
+                None => self.validation.starts.remove(s),
+            };
+        }
+        for s in self.merged.keys().copied().collect::<Vec<_>>() {
+            match self.merged_hash.get(&s) {
+                Some(h) => self.validation.starts.insert(s, *h),
+                None => self.validation.starts.remove(&s),
+            };
+        }
+    }
+
+    /// Live validators now.
+    pub fn validators_live(&self, now: Ms) -> usize {
+        self.live_validators(now)
     }
 
     /// The run's state for `Status`.
@@ -661,6 +756,10 @@ impl Orchestrator {
             foreign_objects: self.counters.foreign_objects,
             benched: self.counters.benched,
             failures_pinned: self.counters.failures_pinned,
+            // The service adds the live validators (it knows the time).
+            validators: 0,
+            convictions: self.counters.convictions,
+            ejected: self.counters.ejected,
         }
     }
 }

@@ -94,6 +94,9 @@ impl Orchestrator {
         let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
         let (epoch, stage) = (self.epoch, m.stage);
         let not_yours = |why: &str| Refusal::NotYours(format!("key {key}: {why}"));
+        if self.may_write_evidence(&peer, key) {
+            return Ok(());
+        }
         if let Some(rest) = key.strip_prefix(&contrib_prefix(epoch, stage)) {
             let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == epoch);
             let plan = &bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?.plan;
@@ -141,7 +144,10 @@ impl Orchestrator {
     /// Whether `peer` may read `key`: any member may read any object of
     /// the run, since every read is checked against an announcement before
     /// it is used; reading grants nothing else.
-    pub fn may_read(&self, peer: PeerId, _key: &str) -> Result<(), Refusal> {
+    pub fn may_read(&self, peer: PeerId, key: &str) -> Result<(), Refusal> {
+        if self.may_read_evidence(&peer, key) {
+            return Ok(());
+        }
         self.known(&peer)
     }
 

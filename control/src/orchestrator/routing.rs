@@ -89,12 +89,14 @@ impl Orchestrator {
     /// finished its backward (the two reports may arrive in either order).
     pub(super) fn try_complete(&mut self, now: Ms, seq: u64) {
         let r = self.mbs.get_mut(&seq).expect("known micro-batch");
-        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, deadline_ms, .. } = &r.status else {
+        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, deadline_ms, attempt, .. } = &r.status
+        else {
             return;
         };
         let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
         let (loss, pathway) = (*loss, pathway.clone());
-        r.status = MbStatus::Done { loss };
+        // The attempt and pathway stay on record: validators sample them.
+        r.status = MbStatus::Done { loss, attempt: *attempt, pathway: pathway.clone() };
         self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
         self.counters.completed += 1;
         self.counters.last_loss = loss;

@@ -52,6 +52,12 @@ pub enum MbStatus {
     },
     Done {
         loss: f32,
+        /// The attempt that completed, and its pathway (what validators
+        /// sample; absent in states saved before validation).
+        #[serde(default)]
+        attempt: u32,
+        #[serde(default)]
+        pathway: Vec<PeerId>,
     },
     Dropped,
 }
@@ -121,6 +127,17 @@ pub struct MinerState {
     /// the micro-batches it took part in (ms; 0 before the first).
     #[serde(default)]
     pub latency_ms: f64,
+    /// Validators convicted its work of the current epoch: out of the
+    /// epoch's merge, its work counted as zero.
+    #[serde(default)]
+    pub convicted: bool,
+    /// Epochs whose work validators convicted, over the run.
+    #[serde(default)]
+    pub convicted_epochs: u32,
+    /// Ejected by validators (too many convictions): removed, and its
+    /// identity refused.
+    #[serde(default)]
+    pub ejected: bool,
     /// The heads of its commitment chains, as last reported, per epoch
     /// (the current and the previous one).
     #[serde(default)]
@@ -144,7 +161,7 @@ impl MinerState {
     /// participants left, a robust rule cannot tell an outlier from the
     /// honest one); one that never worked (silent) would only stall it.
     pub fn merges(&self) -> bool {
-        !self.benched || self.work > 0
+        !self.convicted && (!self.benched || self.work > 0)
     }
 }
 
@@ -162,6 +179,9 @@ pub struct EpochSummary {
     pub losses: Vec<f32>,
     pub completed: u64,
     pub dropped: u64,
+    /// Miners whose work of the epoch validators convicted.
+    #[serde(default)]
+    pub convicted: Vec<PeerId>,
 }
 
 /// Most bad-object reports the run keeps (the oldest are forgotten).

@@ -1,7 +1,10 @@
 //! Validation, free of I/O (issue 13): which work a validator re-checks
 //! ([`sample`]) and how the validators' verdicts become consequences
-//! ([`quorum`]). The validator process and the orchestrator drive these
+//! ([`quorum`]), one validator's round ([`round`]) and its check of one
+//! evidence object ([`check`]). The validator process and the orchestrator drive these
 //! from their events; simulations drive them directly.
 
+pub mod check;
 pub mod quorum;
+pub mod round;
 pub mod sample;

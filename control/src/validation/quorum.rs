@@ -71,7 +71,9 @@ pub struct Quorum {
     stakes: BTreeMap<PeerId, u64>,
     total: u128,
     strikes_to_eject: u32,
+    #[serde(with = "crate::serde_pairs")]
     open: BTreeMap<Accusation, BTreeMap<PeerId, bool>>,
+    #[serde(with = "crate::serde_pairs")]
     decided: BTreeMap<Accusation, Outcome>,
     strikes: BTreeMap<PeerId, u32>,
     ejected: Vec<PeerId>,

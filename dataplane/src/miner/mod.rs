@@ -6,10 +6,16 @@
 //! side: the `Worker` on its own thread, fed through a channel, so model math
 //! never blocks the network.
 
+mod adversary;
 mod deliver;
 pub mod events;
+pub mod evidence_log;
+mod hashes;
 pub mod merge;
+mod waits;
 pub mod worker;
+
+pub use self::adversary::Adversary;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +41,7 @@ use crate::frame::{FrameLimits, RunContext};
 use crate::granted_store::GrantedStore;
 use crate::local_store::LocalDirStore;
 use crate::pool::HostPool;
+use crate::sent_frames::TapLimits;
 use crate::tls::PeerDirectory;
 use crate::transport::{Endpoint, TransportConfig};
 use iota_protocol::object_store::SharedStore;
@@ -55,8 +62,8 @@ pub struct MinerOptions {
     pub merge_fault: Option<merge::MergeFault>,
     /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
     pub crash_on_merge_plan: bool,
-    /// An unreliable miner, for tests and chaos runs (never set by
-    /// `iota-miner run`).
+    /// An unreliable or dishonest miner, for tests and chaos runs (off
+    /// unless `iota-miner run` is given the hidden `--adversary`).
     pub adversary: Option<Adversary>,
     /// Where the stage computes.
     pub device: ComputeDevice,
@@ -74,6 +81,10 @@ pub struct MinerOptions {
     pub store: Option<PathBuf>,
     /// Accept a plaintext `http://` orchestrator URL (local tests only).
     pub insecure_plaintext: bool,
+    /// Bytes of weights snapshots kept per epoch as evidence for validators
+    /// (input and output frames get a quarter of it each besides; see
+    /// `evidence_log`).
+    pub evidence_bytes: usize,
 }
 
 impl MinerOptions {
@@ -93,22 +104,9 @@ impl MinerOptions {
             data: None,
             store: None,
             insecure_plaintext: false,
+            evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
         }
     }
-}
-
-/// The commonest bad miners (issue 22): test tools, never on by default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Adversary {
-    /// Registers and heartbeats, never works; its advertised data port
-    /// swallows packets without an answer.
-    Silent,
-    /// Like `Silent`, but its advertised data port is closed (refuses).
-    Closed,
-    /// Works at about a tenth of its speed.
-    Slow,
-    /// Drops 30% of the pipeline frames it receives.
-    Flaky,
 }
 
 /// What a miner did, returned when the run ends.
@@ -147,6 +145,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         TransportConfig::default(),
     )?);
     let local = ep.local_addr()?;
+    // The frames this miner sends, as signed: its evidence for validators.
+    let sent = ep
+        .tap_sent_frames(TapLimits { max_frames: 4 * evidence_log::MAX_ATTEMPTS, max_bytes: opts.evidence_bytes / 4 });
     if opts.advertise.is_none() && local.ip().is_unspecified() {
         anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
     }
@@ -332,6 +333,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let commitments_c = ep.commitments();
     let _black_hole = black_hole;
     let (fault, crash_on_plan, adversary) = (opts.merge_fault, opts.crash_on_merge_plan, opts.adversary);
+    let evidence_bytes = opts.evidence_bytes;
     let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
@@ -351,6 +353,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             fault_merge,
             adversary,
             commitments: commitments_c,
+            sent,
+            evidence_bytes,
         };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
@@ -398,7 +402,10 @@ fn retryable(code: tonic::Code) -> bool {
     )
 }
 
-async fn connect(
+/// Connects to the orchestrator at `url` (retrying while it starts), TLS
+/// pinned to `pinned`; a plaintext URL only with `plaintext` (local tests).
+/// Validators connect the same way.
+pub async fn connect(
     url: &str,
     id: Arc<Identity>,
     pinned: Option<iota_core::PeerId>,
@@ -441,6 +448,8 @@ struct ComputeIo {
     fault_merge: Option<Box<dyn merge::Merge>>,
     adversary: Option<Adversary>,
     commitments: Arc<parking_lot::Mutex<iota_core::commitment::Commitments>>,
+    sent: Arc<crate::sent_frames::SentFrames>,
+    evidence_bytes: usize,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -452,6 +461,8 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     w.tokens = io.tokens.clone();
     w.in_flight = io.in_flight.clone();
     w.commitments = io.commitments.clone();
+    w.set_evidence(io.sent.clone(), io.evidence_bytes);
+    w.set_adversary(io.adversary);
     let mut out = Vec::new();
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {

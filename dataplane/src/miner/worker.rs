@@ -17,22 +17,24 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use iota_core::commitment::Commitments;
 use iota_core::wire::Direction;
-use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
+use iota_core::{MicroBatchId, PeerId, SampleId, StageSpec};
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
-use iota_protocol::manifest::from_pb_list;
 use iota_protocol::{MergeMethod, RunConfig, SharedStore, pb};
 use tracing::{debug, info, warn};
 
+use super::adversary::{Adversary, Tamper};
 use super::events::{Input, Output};
-use super::merge::{Butterfly, Merge, ParameterServer};
-use crate::frame::{FrameMeta, RunContext};
+use super::evidence_log::{self, DEFAULT_EVIDENCE_BYTES, EvidenceLog, MbKey};
+use super::merge::{Butterfly, Merge, ParameterServer, load_announced};
+use super::waits::Waits;
+use crate::frame::{self, FrameMeta, RunContext};
+use crate::sent_frames::SentFrames;
 use crate::tls::PeerDirectory;
 use crate::transport::ReceivedFrame;
 
-/// A micro-batch attempt: (epoch, shard, first sample, attempt).
-type MbKey = (u64, u32, u64, u32);
+pub use super::hashes::{tokens_hash, weights_hash};
 
 /// Frames held back because their route has not arrived yet.
 const MAX_EARLY: usize = 256;
@@ -70,7 +72,7 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// audit a pathway with).
     inbound: HashMap<MbKey, [u8; 32]>,
     /// Per routed micro-batch: the neighbour whose input it waits for.
-    waits: HashMap<MbKey, Wait>,
+    waits: Waits,
     early: VecDeque<(MbKey, ReceivedFrame)>,
     accumulated: usize,
     pub steps: u64,
@@ -81,34 +83,13 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// The miner's commitment chains: this worker adds the hash of its
     /// weights after every inner step (the endpoint adds its frames).
     pub commitments: Arc<parking_lot::Mutex<Commitments>>,
-}
-
-/// What the head's forward frame answers: the BLAKE3 hash of its input
-/// tokens (u32 little-endian), so a pathway's chain starts at its data.
-pub fn tokens_hash(tokens: &[u32]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    for t in tokens {
-        h.update(&t.to_le_bytes());
-    }
-    *h.finalize().as_bytes()
-}
-
-/// The BLAKE3 hash of a stage's weights (f32 little-endian), as the
-/// weights chain commits to it after every inner step.
-pub fn weights_hash(params: &[f32]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    for chunk in params.chunks(16_384) {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-        h.update(&bytes);
-    }
-    *h.finalize().as_bytes()
-}
-
-/// A wait for a neighbour's frame (see `Worker::track_waits`).
-struct Wait {
-    on: PeerId,
-    since: std::time::Instant,
-    reported: bool,
+    /// What this miner keeps of its epoch's work for validators.
+    evidence: EvidenceLog,
+    /// The frames its endpoint sent, as signed (None: not recorded, so it
+    /// cannot answer evidence requests).
+    sent: Option<Arc<SentFrames>>,
+    /// A dishonest test miner's change to the activations it sends.
+    tamper: Option<Tamper>,
 }
 
 fn mb_key(epoch: u64, shard: u32, first: u64, attempt: u32) -> MbKey {
@@ -161,7 +142,7 @@ impl<B: Backend + 'static> Worker<B> {
             weights_after: None,
             routes: HashMap::new(),
             inbound: HashMap::new(),
-            waits: HashMap::new(),
+            waits: Waits::default(),
             early: VecDeque::new(),
             accumulated: 0,
             steps: 0,
@@ -169,7 +150,29 @@ impl<B: Backend + 'static> Worker<B> {
             done: false,
             rejected_frames: 0,
             commitments: Arc::default(),
+            evidence: EvidenceLog::new(DEFAULT_EVIDENCE_BYTES),
+            sent: None,
+            tamper: None,
         }
+    }
+
+    /// Answers evidence requests from `sent` (the endpoint's record of the
+    /// frames it sent), keeping at most `budget` bytes of weights snapshots
+    /// per epoch (see `evidence_log`).
+    pub fn set_evidence(&mut self, sent: Arc<SentFrames>, budget: usize) {
+        self.sent = Some(sent);
+        self.evidence = EvidenceLog::new(budget);
+    }
+
+    /// What this worker keeps for validators.
+    pub fn evidence(&self) -> &EvidenceLog {
+        &self.evidence
+    }
+
+    /// Makes this worker a dishonest miner (a test tool; the modes that do
+    /// not change outputs are acted out by the miner's shell).
+    pub fn set_adversary(&mut self, a: Option<Adversary>) {
+        self.tamper = a.and_then(|a| Tamper::new(a, self.me));
     }
 
     pub fn peer(&self) -> PeerId {
@@ -185,7 +188,7 @@ impl<B: Backend + 'static> Worker<B> {
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
         let r = self.dispatch(input, out);
         self.inbound.retain(|k, _| self.routes.contains_key(k));
-        self.track_waits();
+        self.waits.track(self.stage_index as usize, &self.routes, &self.inbound);
         self.in_flight.store(self.routes.len() as u32, Ordering::Relaxed);
         r
     }
@@ -199,54 +202,10 @@ impl<B: Backend + 'static> Worker<B> {
             }
             Input::Frame(f) => self.frame(*f, out),
             Input::Tick => {
-                self.report_overdue(out);
+                self.waits.report_overdue(&self.routes, self.cfg.spec.route_timeout_ms, out);
                 self.merge.tick(out)?;
                 self.take_merged()
             }
-        }
-    }
-
-    /// Which neighbour each routed micro-batch waits on now, and since when:
-    /// the previous stage for the activation, then (past the tail) the next
-    /// stage for the gradient; the head waits for the gradient at once.
-    fn track_waits(&mut self) {
-        let s = self.stage_index as usize;
-        let now = std::time::Instant::now();
-        self.waits.retain(|k, _| self.routes.contains_key(k));
-        for (k, r) in &self.routes {
-            let next = r.pathway.get(s + 1);
-            let on = if s == 0 || self.inbound.contains_key(k) { next } else { r.pathway.get(s - 1) };
-            let Some(on) = on.and_then(|p| <[u8; 32]>::try_from(p.as_slice()).ok()).map(PeerId) else { continue };
-            match self.waits.get(k) {
-                Some(w) if w.on == on => {}
-                _ => {
-                    self.waits.insert(*k, Wait { on, since: now, reported: false });
-                }
-            }
-        }
-    }
-
-    /// Tells the orchestrator which neighbours are overdue with their input
-    /// (after the route's `overdue_ms`, or half the route timeout), once per
-    /// wait.
-    fn report_overdue(&mut self, out: &mut Vec<Output>) {
-        let default = self.cfg.spec.route_timeout_ms / 2;
-        for (k, w) in self.waits.iter_mut().filter(|(_, w)| !w.reported) {
-            let Some(r) = self.routes.get(k) else { continue };
-            let overdue = if r.overdue_ms > 0 { r.overdue_ms.min(default) } else { default };
-            if w.since.elapsed() < std::time::Duration::from_millis(overdue) {
-                continue;
-            }
-            w.reported = true;
-            debug!(peer = %w.on, shard = r.shard, first = r.first_sample, "input overdue; reported");
-            out.push(Output::Report(pb::report::Kind::PeerFailed(pb::PeerFailed {
-                epoch: r.epoch,
-                shard: r.shard,
-                first_sample: r.first_sample,
-                attempt: r.attempt,
-                peer: w.on.0.to_vec(),
-                failure: pb::Failure::NoInput as i32,
-            })));
         }
     }
 
@@ -257,6 +216,10 @@ impl<B: Backend + 'static> Worker<B> {
         {
             s.set_params(&params)?;
             self.weights_after = Some(epoch);
+            if let Some(e) = self.training {
+                // Merged weights that land during training are computed with.
+                self.evidence.weights_changed(e, params);
+            }
         }
         Ok(())
     }
@@ -302,6 +265,13 @@ impl<B: Backend + 'static> Worker<B> {
                 self.merge.verdict(v, out)?;
                 self.take_merged()
             }
+            pb::command::Kind::EvidenceRequest(r) => {
+                let sent = self.sent.as_ref();
+                evidence_log::answer(&mut self.evidence, &r, sent, self.me, &self.store, &self.rt, out);
+                Ok(())
+            }
+            // For validators.
+            pb::command::Kind::EpochWork(_) => Ok(()),
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
                 self.routes.remove(&key);
@@ -396,13 +366,22 @@ impl<B: Backend + 'static> Worker<B> {
                 }
                 self.catch_up(&p, out)?;
                 if let Some(s) = self.stage.as_ref() {
-                    self.merge.epoch_started(p.epoch, self.stage_index, &s.params_host());
+                    let params = s.params_host();
+                    self.merge.epoch_started(p.epoch, self.stage_index, &params);
+                    // The previous epoch's evidence goes: its requests came
+                    // in its Uploading phase.
+                    self.evidence.begin(p.epoch, self.stage_index, params);
+                }
+                if let Some(sent) = &self.sent {
+                    sent.forget_before(p.epoch);
                 }
                 // Only now: a repeat after a failed weights fetch tries again.
                 self.training = Some(p.epoch);
             }
             pb::Phase::Uploading => {
                 self.training = None;
+                // The weights chain as the UploadDone below commits it.
+                self.evidence.seal(p.epoch);
                 // Peers may start the next epoch before our Training command
                 // is processed: accept its frames from now on (held until routed).
                 self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32 + 1);
@@ -467,6 +446,11 @@ impl<B: Backend + 'static> Worker<B> {
         Ok(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq))
     }
 
+    /// Encodes `data` once, as it leaves: the receiver decodes exactly the
+    /// quantized values the single-process trainer feeds the next stage,
+    /// and a validator's recompute (`recompute`) gets the same bytes.
+    /// (Quantizing twice, a round trip before the encoding, changes about a
+    /// third of int8 rows.)
     fn send(&self, to: &[u8], meta: FrameMeta, data: &[f32], out: &mut Vec<Output>) -> Result<()> {
         let to = PeerId(to.try_into().context("bad peer id in route")?);
         let (rows, cols) = (meta.shape[0] as usize, meta.shape[1] as usize);
@@ -497,9 +481,13 @@ impl<B: Backend + 'static> Worker<B> {
         let stage = self.stage.as_mut().context("route before assignment")?;
         let mut h = stage.forward(stage_key(&key), StageInput::Tokens(&x), batch, seq)?;
         let width = stage.boundary_width();
-        codec::round_trip(self.cfg.train.codec, batch * seq, width, &mut h)?;
+        if let Some(t) = self.tamper.as_mut() {
+            t.activations(key, &mut h);
+        }
         let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width, tokens_hash(&x));
-        self.send(&r.pathway[1], meta, &h, out)
+        self.send(&r.pathway[1], meta, &h, out)?;
+        self.evidence.forward(key, None, Direction::Activation);
+        Ok(())
     }
 
     fn report_loss(&self, r: &pb::Route, losses: &[f32], out: &mut Vec<Output>) {
@@ -529,8 +517,10 @@ impl<B: Backend + 'static> Worker<B> {
             self.accumulated = 0;
             self.steps += 1;
             // Committed before any frame computed with these weights leaves.
-            let hash = weights_hash(&s.params_host());
+            let params = s.params_host();
+            let hash = weights_hash(&params);
             self.commitments.lock().weights(self.epoch, &hash);
+            self.evidence.stepped(self.epoch, hash, params);
         }
         Ok(())
     }
@@ -573,9 +563,16 @@ impl<B: Backend + 'static> Worker<B> {
             bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
         }
         let direction = h.direction;
+        // The whole input frame, for the evidence of this forward.
+        let mut input_frame = None;
         if direction == Direction::Activation {
             self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
             self.inbound.insert(key, h.frame_id());
+            if self.evidence.wants_input(key.0) {
+                let mut whole = frame::prefix_bytes(h);
+                whole.extend_from_slice(&f.payload);
+                input_frame = Some(whole);
+            }
         }
         // What this miner's next frame for the micro-batch answers: the
         // forward frame it came in (a gradient answers the activation it
@@ -586,7 +583,6 @@ impl<B: Backend + 'static> Worker<B> {
         let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
         drop(f); // the pool buffer goes back before the compute
         let is_tail = next.is_none();
-        let codec = self.cfg.train.codec;
         match (direction, is_tail) {
             (Direction::Activation, true) => {
                 // Tail: loss, then the gradient goes back at once.
@@ -594,10 +590,11 @@ impl<B: Backend + 'static> Worker<B> {
                 let k = self.cfg.train.grad_accum as f32;
                 let t = self.stage.as_mut().unwrap().forward_backward_buf(data, &y, batch, seq, 1.0 / k)?;
                 self.report_loss(&r, &t.losses, out);
-                let mut g = t.din.context("tail of a split model returns an input gradient")?;
-                codec::round_trip(codec, rows, width, &mut g)?;
+                let g = t.din.context("tail of a split model returns an input gradient")?;
                 let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                 self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
+                // With the weights it computed with (before the step below).
+                self.evidence.forward(key, input_frame, Direction::ActivationGrad);
                 self.routes.remove(&key);
                 self.finished_one()
             }
@@ -605,16 +602,19 @@ impl<B: Backend + 'static> Worker<B> {
                 let stage = self.stage.as_mut().unwrap();
                 let mut h2 = stage.forward_buf(stage_key(&key), data, batch, seq)?;
                 let w2 = stage.boundary_width();
-                codec::round_trip(codec, rows, w2, &mut h2)?;
+                if let Some(t) = self.tamper.as_mut() {
+                    t.activations(key, &mut h2);
+                }
                 let meta = self.frame_meta(&r, Direction::Activation, rows, w2, answers);
-                self.send(next.as_deref().context("no stage after")?, meta, &h2, out)
+                self.send(next.as_deref().context("no stage after")?, meta, &h2, out)?;
+                self.evidence.forward(key, input_frame, Direction::Activation);
+                Ok(())
             }
             (Direction::ActivationGrad, _) => {
                 let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?;
                 self.routes.remove(&key);
                 match din {
-                    Some(mut g) => {
-                        codec::round_trip(codec, rows, width, &mut g)?;
+                    Some(g) => {
                         let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                         self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
                     }
@@ -630,23 +630,4 @@ impl<B: Backend + 'static> Worker<B> {
             _ => Ok(()),
         }
     }
-}
-
-/// Loads a stage's weights from announced objects (see `load_weights`).
-fn load_announced(
-    rt: &tokio::runtime::Handle,
-    store: &SharedStore,
-    objects: &[pb::StoredObject],
-    stage: u32,
-    layout: &ParamLayout,
-    epoch: u64,
-    out: &mut Vec<Output>,
-) -> Result<Vec<f32>> {
-    let objects = from_pb_list(objects).map_err(|e| anyhow::anyhow!("weights objects: {e}"))?;
-    let (got, bad) = rt.block_on(super::merge::load_weights(store, &objects, layout));
-    for b in bad {
-        warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored weights rejected");
-        out.push(b.report(epoch, stage));
-    }
-    got.with_context(|| format!("loading the merged weights of epoch {epoch} stage {stage}"))
 }

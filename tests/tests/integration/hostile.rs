@@ -122,6 +122,7 @@ fn spec(run_id: u64, stages: u32, replicas: u32) -> RunSpec {
         miners_per_stage_cap: 0,
         registration_timeout_ms: 30_000,
         bench_after_failures: 2,
+        validation: Default::default(),
     }
 }
 
@@ -386,5 +387,86 @@ fn unlisted_identities_are_refused_and_cost_nothing() {
         assert!(kept < 16 * 1024, "{kept} bytes kept for identities that were never admitted");
         assert_eq!(svc.refusals().get("not_admitted"), Some(&2_001));
         assert_eq!(svc.with_state(|o| o.miners().count()), 1, "only the listed miner is known");
+    });
+}
+
+const VALIDATE: &str = "/iota.v1.Orchestrator/Validate";
+
+/// Issue 13: the Validate RPC takes votes only from validators the run
+/// lists; malformed or out-of-place verdicts and asks get a clear status
+/// and change nothing.
+#[tokio::test]
+async fn validator_reports_from_strangers_or_malformed_ones_change_nothing() {
+    use pb::validator_report::Kind;
+    let (v, stranger, miner) = (Caller::new(40), Caller::new(41), Caller::new(42));
+    let mut sp = spec(5, 2, 1);
+    sp.validation.validators = vec![iota_protocol::ValidatorStake { peer: iota_core::PeerId(v.id), stake: 10 }];
+    let svc = service(sp, None, 4);
+    let (mut rpc, srv, _t) = serve(svc.clone()).await;
+    let vreg = pb::RegisterRequest { role: pb::Role::Validator as i32, device: "cpu".into(), ..Default::default() };
+    // Only a listed identity registers as a validator, and without a data address.
+    let e = rpc.register(stranger.sign(srv, REGISTER, &vreg)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    let with_addr = pb::RegisterRequest { data_addr: "127.0.0.1:9000".into(), ..vreg.clone() };
+    assert_eq!(rpc.register(v.sign(srv, REGISTER, &with_addr)).await.unwrap_err().code(), Code::InvalidArgument);
+    rpc.register(v.sign(srv, REGISTER, &vreg)).await.unwrap();
+    rpc.register(miner.sign(srv, REGISTER, &register_body("127.0.0.1:9001", 1.0, "cpu"))).await.unwrap();
+
+    let verdict = |miner: Vec<u8>, reason: &str| pb::ValidatorReport {
+        kind: Some(Kind::Verdict(pb::Verdict {
+            epoch: 0,
+            miner,
+            check: pb::Check::Recompute as i32,
+            guilty: true,
+            samples: 1,
+            evidence_hash: Vec::new(),
+            reason: reason.into(),
+        })),
+    };
+    // A miner (or anyone else) voting: refused for its role.
+    let e = rpc.validate(miner.sign(srv, VALIDATE, &verdict(miner.id.to_vec(), ""))).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    // Malformed: a short miner id, a forged log line, an oversized reason, no kind.
+    for (body, field) in [
+        (verdict(vec![1; 5], ""), "verdict.miner"),
+        (verdict(miner.id.to_vec(), "x\n[ERROR] forged"), "verdict.reason"),
+        (verdict(miner.id.to_vec(), &"x".repeat(100_000)), "verdict.reason"),
+        (pb::ValidatorReport { kind: None }, "kind"),
+    ] {
+        let e = rpc.validate(v.sign(srv, VALIDATE, &body)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e}");
+        assert!(e.message().contains(field), "{field}: {}", e.message());
+    }
+    // Well-formed but out of place: a miner the run does not have, an ask
+    // with no round open, a future epoch.
+    let e = rpc.validate(v.sign(srv, VALIDATE, &verdict(vec![9; 32], ""))).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    let ask = pb::ValidatorReport {
+        kind: Some(Kind::Ask(pb::EvidenceAsk {
+            epoch: 0,
+            miner: miner.id.to_vec(),
+            items: vec![pb::WorkRef { shard: 0, first_sample: 0, attempt: 0 }],
+        })),
+    };
+    assert_eq!(rpc.validate(v.sign(srv, VALIDATE, &ask)).await.unwrap_err().code(), Code::FailedPrecondition);
+    let mut future = verdict(miner.id.to_vec(), "");
+    if let Some(Kind::Verdict(x)) = future.kind.as_mut() {
+        x.epoch = 7;
+    }
+    assert_eq!(rpc.validate(v.sign(srv, VALIDATE, &future)).await.unwrap_err().code(), Code::FailedPrecondition);
+    // Nothing changed.
+    svc.with_state(|o| {
+        assert!(o.verdicts().is_empty());
+        assert_eq!(o.counters().convictions, 0);
+        assert!(o.miners().all(|m| !m.convicted));
+    });
+    // A well-formed vote counts (one validator holds all the stake).
+    rpc.validate(v.sign(srv, VALIDATE, &verdict(miner.id.to_vec(), "recomputed output differs"))).await.unwrap();
+    svc.with_state(|o| {
+        assert_eq!(o.verdicts().len(), 1);
+        assert_eq!(o.counters().convictions, 1);
+        // The stored vote is the validator's own signed request.
+        let env = pb::Signed::decode(o.verdicts()[0].signed.as_slice()).unwrap();
+        assert_eq!(env.peer_id, v.id.to_vec());
     });
 }

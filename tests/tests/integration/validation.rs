@@ -208,3 +208,84 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
     let wrong_shape = signed(&miner, 1, mb, [rows / 2, width * 2], input_id, &a1);
     cheated(check(&wrong_shape, &w1, &input, &hashes), "output frame");
 }
+
+/// Runs a `tiny` 3x2 swarm with two validators and one adversary of `mode`
+/// (registered first: it lands in the head stage), for two epochs.
+/// Returns the adversary's id, the run's verdicts and its epoch summaries.
+async fn adversary_swarm(
+    mode: iota_dataplane::miner::Adversary,
+) -> (iota_core::PeerId, Vec<iota_control::orchestrator::VerdictRecord>, Vec<iota_control::orchestrator::EpochSummary>)
+{
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(3, 2, 2, 16, WireCodec::Int8Row);
+    let validators = iota_tests::with_validators(&mut cfg, 2);
+    cfg.spec.validation.min_per_miner = 3;
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> =
+        validators.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 1000 + i as u64, stop.clone())).collect();
+    let bad = swarm.miner_with(|o| o.adversary = Some(mode), stop.clone());
+    // Registered before the honest miners: stage 0, the head.
+    let mut bad_peer = None;
+    for _ in 0..100 {
+        bad_peer = swarm.service.with_state(|o| o.miners().next().map(|m| m.peer));
+        if bad_peer.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bad_peer = bad_peer.expect("the adversary registered");
+    let honest: Vec<_> = (0..5).map(|_| swarm.miner(stop.clone())).collect();
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(120), m)
+            .await
+            .expect("honest miner finished in time")
+            .unwrap()
+            .unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(10), bad).await;
+    for v in vs {
+        let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
+        assert!(s.rounds >= 1, "{s:?}");
+    }
+    let (verdicts, history) = swarm.service.with_state(|o| (o.verdicts().to_vec(), o.history().to_vec()));
+    (bad_peer, verdicts, history)
+}
+
+/// Issue 13: an adversary of `mode` in the head stage is convicted by
+/// both validators in the first epoch, left out of the merge, and no
+/// honest miner is accused; the run completes and its loss falls.
+async fn convicted_in_its_first_epoch_and_honest_ones_never(mode: iota_dataplane::miner::Adversary) {
+    let (bad, verdicts, history) = adversary_swarm(mode).await;
+    println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.convicted.len())).collect::<Vec<_>>());
+    for v in &verdicts {
+        println!("verdict e{} {} guilty={} samples={} {}", v.epoch, v.miner, v.guilty, v.samples, v.reason);
+    }
+    assert_eq!(history.len(), 2, "the run completes");
+    assert_eq!(history[0].convicted, vec![bad], "convicted in epoch 0");
+    let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
+    assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
+    let cleared: std::collections::BTreeSet<_> = verdicts.iter().filter(|v| !v.guilty).map(|v| v.miner).collect();
+    assert!(cleared.len() >= 3, "the honest non-tail miners were checked and cleared: {cleared:?}");
+    assert!(verdicts.iter().any(|v| v.guilty && v.miner == bad && v.reason.contains("differs")), "{verdicts:?}");
+    assert!(history[1].mean_loss < history[0].mean_loss, "the loss falls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_noisy_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Noise).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_zeroing_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Zeros).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replaying_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Replay).await;
+}

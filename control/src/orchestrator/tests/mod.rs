@@ -26,6 +26,7 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         miners_per_stage_cap: 0,
         registration_timeout_ms: 30_000,
         bench_after_failures: 2,
+        validation: Default::default(),
     }
 }
 
@@ -67,6 +68,11 @@ struct Sim {
     report_unreachable: bool,
     /// The commitment heads each miner's heartbeats carry.
     heads: std::collections::BTreeMap<PeerId, Vec<iota_core::commitment::EpochHeads>>,
+    /// Validation commands (EpochWork to validators, EvidenceRequest to
+    /// miners), as delivered.
+    validation_heard: Vec<Out>,
+    /// Validators that have stopped heartbeating.
+    quiet_validators: BTreeSet<PeerId>,
 }
 
 impl Sim {
@@ -93,6 +99,8 @@ impl Sim {
             stall_verdicts_only: false,
             report_unreachable: false,
             heads: Default::default(),
+            validation_heard: Vec::new(),
+            quiet_validators: BTreeSet::new(),
         }
     }
 
@@ -115,6 +123,11 @@ impl Sim {
         for p in alive {
             let commitments = self.heads.get(&p).cloned().unwrap_or_default();
             self.ev(Event::Heartbeat { peer: p, tokens_per_s: 1.0, in_flight: 0, commitments });
+        }
+        let validators: Vec<PeerId> =
+            self.o.validators().map(|v| v.peer).filter(|p| !self.quiet_validators.contains(p)).collect();
+        for p in validators {
+            self.ev(Event::Heartbeat { peer: p, tokens_per_s: 0.0, in_flight: 0, commitments: Vec::new() });
         }
         self.ev(Event::Tick);
     }
@@ -194,7 +207,8 @@ impl Sim {
                         let object = (self.o.spec().merge.method == MergeMethod::ParameterServer)
                             .then(|| StoredObject::of(&key, to.0.as_slice(), to));
                         let work = m.work * 1000 + 1;
-                        let commitments = Vec::new();
+                        // Its final heads for the epoch, as a miner's UploadDone carries them.
+                        let commitments = self.heads.get(&to).cloned().unwrap_or_default();
                         self.ev(Event::UploadDone {
                             peer: to,
                             epoch: p.epoch,
@@ -263,6 +277,9 @@ impl Sim {
                     }
                 }
                 pb::command::Kind::Stored(st) => self.stored_heard.push((to, st)),
+                cmd @ (pb::command::Kind::EpochWork(_) | pb::command::Kind::EvidenceRequest(_)) => {
+                    self.validation_heard.push(Out { to, cmd })
+                }
                 pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_) => {}
             }
         }
@@ -634,6 +651,7 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
 
 mod objects;
 mod restarts;
+mod validation;
 
 /// Commitment heads are kept per miner for the current and previous epoch;
 /// a report that shrinks or forks a chain it reported before is kept as

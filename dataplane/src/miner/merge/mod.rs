@@ -18,9 +18,11 @@ pub mod local;
 mod parameter_server;
 mod parts;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use iota_core::ParamLayout;
-use iota_protocol::pb;
+use iota_protocol::manifest::from_pb_list;
+use iota_protocol::{SharedStore, pb};
+use tracing::warn;
 
 pub use self::butterfly::{Butterfly, MergeFault, MergeStats};
 pub use self::parameter_server::ParameterServer;
@@ -65,4 +67,24 @@ pub trait Merge: Send {
     fn stored(&mut self, _s: pb::Stored, _out: &mut Vec<Output>) -> Result<()> {
         Ok(())
     }
+}
+
+/// Loads a stage's weights from announced objects (see `load_weights`);
+/// objects that fail their checks are reported (`out`) and skipped.
+pub(crate) fn load_announced(
+    rt: &tokio::runtime::Handle,
+    store: &SharedStore,
+    objects: &[pb::StoredObject],
+    stage: u32,
+    layout: &ParamLayout,
+    epoch: u64,
+    out: &mut Vec<Output>,
+) -> Result<Vec<f32>> {
+    let objects = from_pb_list(objects).map_err(|e| anyhow::anyhow!("weights objects: {e}"))?;
+    let (got, bad) = rt.block_on(load_weights(store, &objects, layout));
+    for b in bad {
+        warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored weights rejected");
+        out.push(b.report(epoch, stage));
+    }
+    got.with_context(|| format!("loading the merged weights of epoch {epoch} stage {stage}"))
 }

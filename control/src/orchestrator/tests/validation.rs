@@ -1,0 +1,248 @@
+//! Validation rounds: the merge waits for the validators, evidence flows
+//! only where it was asked for, votes count by stake, and a conviction
+//! takes the miner out of the merge (and, repeated, out of the run).
+
+use iota_core::commitment::Commitments;
+use iota_protocol::store_keys::evidence_key;
+use iota_protocol::{ValidatorStake, pb};
+
+use super::*;
+use crate::validation::quorum::Check;
+
+fn validator(i: u8) -> PeerId {
+    peer(200 + i)
+}
+
+/// Butterfly, 2 stages x 2 replicas, 2 epochs; validators 0 (60) and 1 (40).
+fn validated_spec() -> RunSpec {
+    let mut s = butterfly_spec(2, 2);
+    s.micro_batches_per_epoch = 8;
+    s.validation.validators =
+        vec![ValidatorStake { peer: validator(0), stake: 60 }, ValidatorStake { peer: validator(1), stake: 40 }];
+    s.validation.strikes_to_eject = 2;
+    s.validation.timeout_ms = 20_000;
+    s
+}
+
+/// Every miner commits to something for `epoch` (what its UploadDone and
+/// heartbeats carry).
+fn commit_all(s: &mut Sim, epoch: u64) {
+    for i in 0..4 {
+        let mut c = Commitments::default();
+        c.weights(epoch, &[i; 32]);
+        s.heads.insert(peer(i), c.heads());
+    }
+}
+
+fn start(spec: RunSpec) -> Sim {
+    let mut s = Sim::new(spec);
+    for v in [validator(0), validator(1)] {
+        s.ev(Event::RegisterValidator { peer: v, device: "cpu".into() });
+        s.ev(Event::Subscribed { peer: v });
+    }
+    for i in 0..4 {
+        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    commit_all(&mut s, 0);
+    s
+}
+
+/// Runs until the validators hold the merge of the current epoch.
+fn until_held(s: &mut Sim) -> pb::EpochWork {
+    for _ in 0..200 {
+        s.drain();
+        let epoch = s.o.epoch();
+        let work = s.validation_heard.iter().find_map(|o| match &o.cmd {
+            pb::command::Kind::EpochWork(w) if w.epoch == epoch && o.to == validator(0) => Some(w.clone()),
+            _ => None,
+        });
+        if let Some(w) = work {
+            return w;
+        }
+        s.tick(500);
+    }
+    panic!("no validation round opened: {:?} {:?}", s.o.phase(), s.o.counters());
+}
+
+fn vote(s: &mut Sim, v: u8, epoch: u64, miner: PeerId, guilty: bool) -> Result<(), Refusal> {
+    let ev = Event::Verdict(VerdictIn {
+        validator: validator(v),
+        epoch,
+        miner,
+        check: Check::Recompute,
+        guilty,
+        samples: 4,
+        evidence_hash: Some([9; 32]),
+        reason: if guilty { "recomputed output differs".into() } else { String::new() },
+        signed: vec![v; 8],
+    });
+    let out = s.o.step(s.now, ev, &mut s.rng)?;
+    s.inbox.extend(out);
+    Ok(())
+}
+
+fn done(s: &mut Sim, v: u8, epoch: u64) {
+    let out = s.o.step(s.now, Event::ValidationDone { validator: validator(v), epoch }, &mut s.rng).unwrap();
+    s.inbox.extend(out);
+}
+
+fn completed_by(w: &pb::EpochWork, miner: PeerId) -> Vec<WorkKey> {
+    let m = w.miners.iter().find(|m| m.peer == miner.0.to_vec()).expect("the miner's work");
+    m.items.iter().map(|i| i.mb.map(|r| (r.shard, r.first_sample, r.attempt)).unwrap()).collect()
+}
+
+#[test]
+fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_miner() {
+    let mut s = start(validated_spec());
+    let w = until_held(&mut s);
+    assert_eq!(*s.o.phase(), Phase::Uploading);
+    assert_eq!(w.miners.len(), 4, "every miner that worked and committed");
+    assert_eq!(w.beacon.len(), 32);
+    assert!(w.starts.iter().all(|st| st.weights_hash.is_empty()), "epoch 0 starts from the seed");
+    let total: usize = w.miners.iter().map(|m| m.items.len()).sum();
+    assert_eq!(total, 2 * 8, "each completed micro-batch once per stage");
+    // Held while the validators work.
+    for _ in 0..6 {
+        s.tick(500);
+        s.drain();
+    }
+    assert_eq!(*s.o.phase(), Phase::Uploading);
+
+    // Validator 0 asks miner 0 for evidence of two of its attempts: the
+    // miner is asked, and may write exactly those keys.
+    let (m0, m1) = (peer(0), peer(1));
+    let stage_of = |s: &Sim, p: PeerId| s.o.miner(&p).unwrap().stage;
+    let drawn: Vec<WorkKey> = completed_by(&w, m0).into_iter().take(2).collect();
+    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: drawn.clone() };
+    s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
+    s.drain();
+    let asked: Vec<&pb::EvidenceRequest> = s
+        .validation_heard
+        .iter()
+        .filter_map(|o| match &o.cmd {
+            pb::command::Kind::EvidenceRequest(r) if o.to == m0 => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].items.len(), 2);
+    let (k0, k1) = (drawn[0], drawn[1]);
+    let key = evidence_key(0, &m0, k0.0, k0.1, k0.2);
+    assert!(s.o.may_write(m0, &key).is_ok());
+    assert!(s.o.may_write(m1, &evidence_key(0, &m1, k0.0, k0.1, k0.2)).is_err(), "not asked of miner 1");
+    assert!(s.o.may_read(validator(0), &key).is_err(), "not announced yet");
+    // An attempt the miner did not complete cannot be asked for.
+    let bogus = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![(99, 999_999, 0)] };
+    assert!(matches!(s.o.step(s.now, bogus, &mut s.rng), Err(Refusal::Invalid(_))));
+    // Evidence nobody asked for is not the miner's to announce.
+    let unasked = StoredObject::of(&evidence_key(0, &m0, 99, 0, 0), b"x", m0);
+    let st = Event::Stored { peer: m0, epoch: 0, stage: stage_of(&s, m0), object: unasked };
+    assert!(matches!(s.o.step(s.now, st, &mut s.rng), Err(Refusal::NotYours(_))));
+    // The miner announces one: it goes to the validator that asked.
+    let obj = StoredObject::of(&key, b"bundle", m0);
+    let st = Event::Stored { peer: m0, epoch: 0, stage: stage_of(&s, m0), object: obj };
+    s.inbox.extend(s.o.step(s.now, st, &mut s.rng).unwrap());
+    s.drain();
+    let handed: Vec<_> = s.stored_heard.iter().filter(|(to, _)| *to == validator(0)).collect();
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].1.object.as_ref().unwrap().writer, m0.0.to_vec(), "the writer is named");
+    assert!(s.o.may_read(validator(0), &key).is_ok());
+    // Validator 1 asks for the same attempt later: handed at once, the
+    // miner not asked again.
+    let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![k0, k1] };
+    s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
+    s.drain();
+    assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(1)).count(), 1);
+    assert_eq!(s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::EvidenceRequest(_))).count(), 1);
+
+    // 40% of the stake alone decides nothing; 60% more convicts.
+    vote(&mut s, 1, 0, m1, true).unwrap();
+    assert_eq!(s.o.counters().convictions, 0);
+    assert!(!s.o.miner(&m1).unwrap().convicted);
+    assert!(matches!(vote(&mut s, 1, 0, m1, false), Err(Refusal::Invalid(_))), "a validator cannot vote both ways");
+    vote(&mut s, 0, 0, m1, true).unwrap();
+    assert_eq!(s.o.counters().convictions, 1);
+    let m = s.o.miner(&m1).unwrap();
+    assert!(m.convicted && m.work == 0, "out of the merge, and paid nothing");
+    vote(&mut s, 0, 0, m0, false).unwrap();
+    vote(&mut s, 1, 0, m0, false).unwrap();
+    assert!(!s.o.miner(&m0).unwrap().convicted);
+    // Strangers and unknown miners are refused.
+    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0 };
+    assert!(s.o.step(s.now, stranger, &mut s.rng).is_err());
+    assert!(matches!(vote(&mut s, 0, 5, m0, true), Err(Refusal::Invalid(_))), "a future epoch");
+
+    // Both done: the merge goes on without the convicted miner.
+    done(&mut s, 0, 0);
+    s.drain();
+    assert_eq!(*s.o.phase(), Phase::Uploading, "validator 1 is not done yet");
+    done(&mut s, 1, 0);
+    s.tick(100);
+    assert_eq!(*s.o.phase(), Phase::Merging);
+    let plan = s.o.merge_plan(stage_of(&s, m1)).unwrap();
+    assert!(!plan.is_participant(&m1), "the convicted miner is out of the merge");
+    assert_eq!(plan.participants.len(), 1);
+    assert_eq!(s.o.verdicts().len(), 4);
+    assert_eq!(s.o.verdicts()[0].signed, vec![1; 8], "the signed request is kept");
+
+    // The state saves and loads (structured keys as pairs).
+    let json = serde_json::to_string(&s.o).unwrap();
+    let restored: Orchestrator = serde_json::from_str(&json).unwrap();
+    assert_eq!(restored.verdicts(), s.o.verdicts());
+    assert_eq!(restored.quorum().unwrap().strikes(&m1), 1);
+
+    // Epoch 1: the conviction does not carry over; a second one ejects.
+    commit_all(&mut s, 1);
+    let w1 = until_held(&mut s);
+    assert_eq!(w1.epoch, 1);
+    assert!(w1.starts.iter().all(|st| st.weights_hash == vec![7; 32]), "the merged weights' hash");
+    assert!(!s.o.miner(&m1).unwrap().convicted);
+    vote(&mut s, 0, 1, m1, true).unwrap();
+    vote(&mut s, 1, 1, m1, true).unwrap();
+    assert_eq!(s.o.counters().ejected, 1);
+    assert!(s.o.miner(&m1).unwrap().ejected);
+    let again = Event::Register { peer: m1, addr: "a1".into(), tokens_per_s: 1.0, device: "cpu".into() };
+    let e = s.o.step(s.now, again, &mut s.rng).unwrap_err();
+    assert!(e.to_string().contains("ejected"), "{e}");
+    done(&mut s, 0, 1);
+    done(&mut s, 1, 1);
+    s.run_until_done(200);
+    assert_eq!(s.o.history()[0].convicted, vec![m1]);
+    assert_eq!(s.o.history()[1].convicted, vec![m1]);
+}
+
+#[test]
+fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
+    // Validator 1 stops heartbeating: only validator 0 is waited for, and
+    // it never says done: the merge goes on at the validation timeout.
+    let mut spec = validated_spec();
+    spec.validation.timeout_ms = 5_000;
+    spec.epochs = 1;
+    let mut s = start(spec);
+    s.quiet_validators.insert(validator(1));
+    until_held(&mut s);
+    let held_at = s.now;
+    while *s.o.phase() == Phase::Uploading {
+        s.tick(500);
+        s.drain();
+        assert!(s.now - held_at < 30_000, "the validation timeout did not free the merge");
+    }
+    assert!(s.now - held_at >= 5_000);
+    assert_eq!(s.o.counters().validation_timeouts, 1);
+    s.run_until_done(200);
+
+    // No validator at all live: the epoch goes on unchecked, and says so.
+    let mut spec = validated_spec();
+    spec.epochs = 1;
+    let mut s = Sim::new(spec);
+    for i in 0..4 {
+        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    commit_all(&mut s, 0);
+    s.run_until_done(200);
+    assert_eq!(s.o.counters().unvalidated_epochs, 1);
+
+    // An identity the run does not list cannot register as a validator.
+    let r = s.o.step(s.now, Event::RegisterValidator { peer: peer(50), device: "cpu".into() }, &mut s.rng);
+    assert!(matches!(r, Err(Refusal::NotYours(_))));
+}

@@ -1,0 +1,403 @@
+//! Validation as the orchestrator runs it (issue 13; PROTOCOL.md,
+//! "Validation").
+//!
+//! Once every miner's final commitment heads for an epoch are in (the
+//! Uploading phase's uploads), the orchestrator opens a **round**: it
+//! sends each live validator the epoch's work (`EpochWork`: who completed
+//! which attempts along which pathways, their heads, the beacon, the
+//! weights each stage started from) and holds the merge. Validators draw
+//! their samples from the beacon and their own seed, ask for the evidence
+//! (`EvidenceAsk`, relayed to the miner as an `EvidenceRequest`), are
+//! handed each evidence object its miner announces, check it, and vote
+//! (`Verdict`). Votes count by stake ([`Quorum`]): a conviction takes the
+//! miner's work out of the epoch (out of the merge, its recorded work set
+//! to zero) and is a strike; enough strikes eject it. The round ends when
+//! every validator it was sent to has said `ValidationDone` (or went
+//! silent), or at the run's validation timeout; then the merge goes on
+//! without the convicted.
+//!
+//! A run with no validators never holds its merge. A run whose validators
+//! are all away goes on unvalidated (counted): liveness first, and the
+//! unchecked epoch is on record.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iota_core::PeerId;
+use iota_protocol::store_keys::upload_prefix;
+use iota_protocol::{StoredObject, pb};
+use tracing::{info, warn};
+
+use crate::validation::quorum::{Accusation, Consequence};
+use crate::validation::sample::beacon;
+
+use super::validation_state::{
+    MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, Quorum, Round, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
+};
+use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
+
+fn evidence_name(key: &str, epoch: u64, miner: &PeerId) -> Option<WorkKey> {
+    iota_protocol::store_keys::parse_evidence_key(key, epoch, miner)
+}
+
+impl Orchestrator {
+    pub fn validators(&self) -> impl Iterator<Item = &ValidatorState> {
+        self.validation.validators.values()
+    }
+
+    /// Every vote on record, oldest first.
+    pub fn verdicts(&self) -> &[VerdictRecord] {
+        &self.validation.verdicts
+    }
+
+    pub fn is_validator(&self, p: &PeerId) -> bool {
+        self.validation.validators.contains_key(p)
+    }
+
+    /// The run's stake-weighted verdicts (None: the run has no validators).
+    pub fn quorum(&self) -> Option<&Quorum> {
+        self.validation.quorum.as_ref()
+    }
+
+    fn validator_live(&self, v: &ValidatorState, now: Ms) -> bool {
+        v.subscribed && now.saturating_sub(v.last_seen_ms) <= self.spec.heartbeat_timeout_ms
+    }
+
+    pub(super) fn live_validators(&self, now: Ms) -> usize {
+        self.validation.validators.values().filter(|v| self.validator_live(v, now)).count()
+    }
+
+    pub(super) fn register_validator(&mut self, now: Ms, peer: PeerId, device: String) -> Result<(), Refusal> {
+        let stake = self.spec.validation.stake_of(&peer).ok_or_else(|| {
+            Refusal::NotYours(format!("peer {peer} is not one of this run's validators (it lists each with a stake)"))
+        })?;
+        if self.miners.contains_key(&peer) {
+            return Err(Refusal::Invalid(format!("peer {peer} is registered as a miner")));
+        }
+        let v = self.validation.validators.entry(peer).or_insert(ValidatorState {
+            peer,
+            stake,
+            device: String::new(),
+            subscribed: false,
+            last_seen_ms: now,
+        });
+        v.device = device;
+        v.last_seen_ms = now;
+        Ok(())
+    }
+
+    /// A validator's heartbeat; false if `peer` is no validator.
+    pub(super) fn validator_heartbeat(&mut self, now: Ms, peer: &PeerId) -> bool {
+        match self.validation.validators.get_mut(peer) {
+            Some(v) => {
+                v.last_seen_ms = now;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A validator opened its command stream: it gets the open round's
+    /// work (again, if it restarted).
+    pub(super) fn validator_subscribed(&mut self, now: Ms, peer: PeerId, out: &mut Vec<Out>) {
+        let Some(v) = self.validation.validators.get_mut(&peer) else { return };
+        v.subscribed = true;
+        v.last_seen_ms = now;
+        let open = self.validation.round.as_ref().is_some_and(|r| r.epoch == self.epoch && !r.timed_out);
+        if open && self.phase == Phase::Uploading {
+            let work = self.epoch_work();
+            out.push(Out { to: peer, cmd: pb::command::Kind::EpochWork(work) });
+            if let Some(r) = self.validation.round.as_mut() {
+                r.sent_to.insert(peer);
+                r.done.remove(&peer);
+            }
+        }
+    }
+
+    /// What the validators sample from: each miner's completed attempts of
+    /// this epoch (the stage it held on their pathways) and its final heads.
+    fn epoch_work(&self) -> pb::EpochWork {
+        let mut heads = BTreeMap::new();
+        let mut miners = Vec::new();
+        for m in self.miners.values() {
+            let Some(h) = m.commitments.get(&self.epoch) else { continue };
+            let items: Vec<pb::WorkItem> = self
+                .mbs
+                .values()
+                .filter_map(|r| match &r.status {
+                    MbStatus::Done { attempt, pathway, .. } if pathway.get(m.stage as usize) == Some(&m.peer) => {
+                        Some(pb::WorkItem {
+                            mb: Some(pb::WorkRef {
+                                shard: r.mb.shard,
+                                first_sample: r.mb.first_sample,
+                                attempt: *attempt,
+                            }),
+                            samples: r.samples,
+                            pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
+                        })
+                    }
+                    _ => None,
+                })
+                .take(MAX_WORK_ITEMS)
+                .collect();
+            if items.is_empty() {
+                continue;
+            }
+            heads.insert(m.peer, h.clone());
+            let commitments = iota_protocol::commitments_pb::to_pb(std::slice::from_ref(h)).into_iter().next();
+            miners.push(pb::MinerWork { peer: m.peer.0.to_vec(), stage: m.stage, commitments, items });
+        }
+        pb::EpochWork {
+            epoch: self.epoch,
+            beacon: beacon(self.spec.run_id, self.epoch, &heads).to_vec(),
+            miners,
+            starts: (0..self.spec.stages)
+                .map(|s| pb::StageStart {
+                    stage: s,
+                    weights_hash: self.validation.starts.get(&s).map(|h| h.to_vec()).unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// In Uploading, once the uploads are in: opens the epoch's round, and
+    /// says whether it still holds the merge.
+    pub(super) fn validation_holds_merge(&mut self, now: Ms, out: &mut Vec<Out>) -> bool {
+        if self.validation.quorum.is_none() {
+            return false;
+        }
+        let epoch = self.epoch;
+        if self.validation.round.as_ref().is_none_or(|r| r.epoch != epoch) {
+            let work = self.epoch_work();
+            let live: BTreeSet<PeerId> =
+                self.validation.validators.values().filter(|v| self.validator_live(v, now)).map(|v| v.peer).collect();
+            let mut round = Round { epoch, started_ms: now, ..Round::default() };
+            if live.is_empty() || work.miners.is_empty() {
+                self.counters.unvalidated_epochs += 1;
+                warn!(epoch, "no validator is live: this epoch's work goes unchecked");
+                round.timed_out = true;
+                self.validation.round = Some(round);
+                return false;
+            }
+            info!(epoch, validators = live.len(), miners = work.miners.len(), "validation round opened");
+            for v in &live {
+                out.push(Out { to: *v, cmd: pb::command::Kind::EpochWork(work.clone()) });
+            }
+            round.sent_to = live;
+            self.validation.round = Some(round);
+            return true;
+        }
+        let Some(r) = self.validation.round.as_ref() else { return false };
+        if r.timed_out {
+            return false;
+        }
+        let waiting = r
+            .sent_to
+            .iter()
+            .filter(|v| !r.done.contains(v))
+            .any(|v| self.validation.validators.get(v).is_some_and(|s| self.validator_live(s, now)));
+        if waiting && now.saturating_sub(r.started_ms) > self.spec.validation.timeout_ms {
+            self.counters.validation_timeouts += 1;
+            warn!(epoch, "validation timed out; the merge goes on with the verdicts in");
+            if let Some(r) = self.validation.round.as_mut() {
+                r.timed_out = true;
+            }
+            return false;
+        }
+        waiting
+    }
+
+    fn open_round(&self, validator: &PeerId, epoch: u64) -> Result<(), Refusal> {
+        if !self.is_validator(validator) {
+            return Err(Refusal::Unknown(*validator));
+        }
+        match &self.validation.round {
+            Some(r) if r.epoch == epoch && r.sent_to.contains(validator) => Ok(()),
+            _ => Err(Refusal::Invalid(format!("no validation round of epoch {epoch} is open for {validator}"))),
+        }
+    }
+
+    /// A validator asks for the evidence of attempts of one miner.
+    pub(super) fn on_evidence_ask(
+        &mut self,
+        validator: PeerId,
+        epoch: u64,
+        miner: PeerId,
+        items: Vec<WorkKey>,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        self.open_round(&validator, epoch)?;
+        let stage = self.miners.get(&miner).map(|m| m.stage).ok_or(Refusal::Unknown(miner))?;
+        // Only attempts the miner completed this epoch: a validator cannot
+        // make a miner upload arbitrary objects.
+        let completed: BTreeSet<WorkKey> = self
+            .mbs
+            .values()
+            .filter_map(|r| match &r.status {
+                MbStatus::Done { attempt, pathway, .. } if pathway.get(stage as usize) == Some(&miner) => {
+                    Some((r.mb.shard, r.mb.first_sample, *attempt))
+                }
+                _ => None,
+            })
+            .collect();
+        if let Some(bad) = items.iter().find(|k| !completed.contains(k)) {
+            return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
+        }
+        let r = self.validation.round.as_mut().expect("checked open");
+        let mut request = Vec::new();
+        for k in items {
+            let askers = r.asked.entry((miner, k)).or_default();
+            if askers.is_empty() {
+                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2 });
+            }
+            askers.insert(validator);
+            if let Some(o) = r.evidence.get(&(miner, k)) {
+                out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
+            }
+        }
+        if !request.is_empty() {
+            out.push(Out {
+                to: miner,
+                cmd: pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch, items: request }),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn is_evidence_key(&self, key: &str) -> bool {
+        key.contains("/evidence/")
+    }
+
+    /// Whether `peer` (a miner) may write `key`: evidence it was asked for.
+    pub(super) fn may_write_evidence(&self, peer: &PeerId, key: &str) -> bool {
+        let Some(r) = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch) else { return false };
+        evidence_name(key, r.epoch, peer).is_some_and(|k| r.asked.contains_key(&(*peer, k)))
+    }
+
+    /// Whether `peer` (a validator) may read `key`: announced evidence.
+    pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
+        self.is_validator(peer)
+            && self.validation.round.as_ref().is_some_and(|r| r.evidence.values().any(|o| o.key == key))
+    }
+
+    /// A miner announced the evidence it was asked for: recorded, and
+    /// handed to every validator that asked.
+    pub(super) fn on_evidence_stored(
+        &mut self,
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        obj: StoredObject,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        let not_yours = |why: &str| Refusal::NotYours(format!("object {}: {why}", obj.key));
+        let r = self
+            .validation
+            .round
+            .as_mut()
+            .filter(|r| r.epoch == epoch && obj.key.starts_with(&upload_prefix(epoch)))
+            .ok_or_else(|| not_yours("no validation round of that epoch is open"))?;
+        let k = evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
+        let askers = r.asked.get(&(peer, k)).ok_or_else(|| not_yours("nobody asked for that evidence"))?;
+        if obj.is_part() {
+            return Err(not_yours("evidence is one object, not a part"));
+        }
+        for v in askers {
+            out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
+        }
+        r.evidence.insert((peer, k), obj);
+        Ok(())
+    }
+
+    pub(super) fn on_validation_done(&mut self, validator: PeerId, epoch: u64) -> Result<(), Refusal> {
+        self.open_round(&validator, epoch)?;
+        if let Some(r) = self.validation.round.as_mut() {
+            r.done.insert(validator);
+        }
+        Ok(())
+    }
+
+    /// A validator's vote, weighed by stake; a decided conviction takes
+    /// effect at once.
+    pub(super) fn on_verdict(&mut self, now: Ms, v: VerdictIn, out: &mut Vec<Out>) -> Result<(), Refusal> {
+        if !self.is_validator(&v.validator) {
+            return Err(Refusal::Unknown(v.validator));
+        }
+        if v.epoch > self.epoch {
+            return Err(Refusal::Invalid(format!("a verdict on epoch {}, which has not happened", v.epoch)));
+        }
+        if !self.miners.contains_key(&v.miner) {
+            return Err(Refusal::Invalid(format!("{} is no miner of this run", v.miner)));
+        }
+        let q = self.validation.quorum.as_mut().ok_or_else(|| Refusal::Invalid("this run has no validators".into()))?;
+        let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
+        let consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if v.guilty {
+            warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, reason = %v.reason, "verdict: guilty");
+        }
+        if self.validation.verdicts.len() >= MAX_VERDICT_RECORDS {
+            self.validation.verdicts.remove(0);
+        }
+        self.validation.verdicts.push(VerdictRecord {
+            epoch: v.epoch,
+            miner: v.miner,
+            validator: v.validator,
+            check: v.check,
+            guilty: v.guilty,
+            samples: v.samples,
+            evidence_hash: v.evidence_hash,
+            reason: v.reason,
+            at_ms: now,
+            signed: v.signed,
+        });
+        for c in consequences {
+            match c {
+                Consequence::Exclude { epoch, miner, .. } => {
+                    self.counters.convictions += 1;
+                    let current = epoch == self.epoch && matches!(self.phase, Phase::Training | Phase::Uploading);
+                    if let Some(m) = self.miners.get_mut(&miner) {
+                        m.convicted_epochs += 1;
+                        if current {
+                            // Out of this epoch's merge, and paid nothing for it.
+                            m.convicted = true;
+                            m.work = 0;
+                        }
+                    }
+                    warn!(epoch, miner = %miner, excluded = current, "validators convicted a miner's work");
+                }
+                Consequence::Eject { miner } => {
+                    self.counters.ejected += 1;
+                    let lost = self.in_flight_through(miner);
+                    if let Some(m) = self.miners.get_mut(&miner) {
+                        m.removed = true;
+                        m.ejected = true;
+                    }
+                    self.reroute_all(now, lost, Some(miner), true, out);
+                    warn!(miner = %miner, "miner ejected: its identity is refused from now on");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn stored_cmd(epoch: u64, stage: u32, o: &StoredObject) -> pb::Stored {
+    pb::Stored { epoch, stage, object: Some(o.to_pb()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evidence_keys_parse_back_to_their_attempt_only() {
+        let m = PeerId([5; 32]);
+        let k = iota_protocol::store_keys::evidence_key(3, &m, 2, 640, 1);
+        assert_eq!(evidence_name(&k, 3, &m), Some((2, 640, 1)));
+        assert_eq!(evidence_name(&k, 4, &m), None, "another epoch");
+        assert_eq!(evidence_name(&k, 3, &PeerId([6; 32])), None, "another miner's");
+        for bad in [format!("{k}x"), k.replace(".evidence", ".f32"), k.replace("-001", "-1"), k.replace("000002-", "")]
+        {
+            assert_eq!(evidence_name(&bad, 3, &m), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The orchestrator's validation records (see `validating.rs` for what
+//! drives them): the run's validators, the current round, the verdicts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iota_core::PeerId;
+use iota_protocol::StoredObject;
+use serde::{Deserialize, Serialize};
+
+pub use crate::validation::quorum::{Check, Quorum};
+
+type Ms = u64;
+
+/// Verdicts kept on record (the oldest go first).
+pub const MAX_VERDICT_RECORDS: usize = 16_384;
+/// Attempts of one miner listed in an `EpochWork`.
+pub const MAX_WORK_ITEMS: usize = 65_536;
+
+/// A micro-batch attempt of the round's epoch: (shard, first sample, attempt).
+pub type WorkKey = (u32, u64, u32);
+
+/// A validator of the run, as registered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValidatorState {
+    pub peer: PeerId,
+    pub stake: u64,
+    pub device: String,
+    pub subscribed: bool,
+    pub last_seen_ms: Ms,
+}
+
+/// One validator's vote, as the orchestrator recorded it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRecord {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub validator: PeerId,
+    pub check: Check,
+    pub guilty: bool,
+    /// Attempts the validator judged.
+    pub samples: u32,
+    /// BLAKE3 over the hashes of the evidence objects it judged.
+    pub evidence_hash: Option<[u8; 32]>,
+    pub reason: String,
+    pub at_ms: Ms,
+    /// The validator's signed request that carried the vote (a protobuf
+    /// `Signed`): anyone holding the validator's key can check it.
+    pub signed: Vec<u8>,
+}
+
+/// A vote as the service hands it over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerdictIn {
+    pub validator: PeerId,
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub check: Check,
+    pub guilty: bool,
+    pub samples: u32,
+    pub evidence_hash: Option<[u8; 32]>,
+    pub reason: String,
+    pub signed: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct Round {
+    pub(super) epoch: u64,
+    pub(super) started_ms: Ms,
+    /// Validators the work went to: each is waited for while it is live.
+    pub(super) sent_to: BTreeSet<PeerId>,
+    pub(super) done: BTreeSet<PeerId>,
+    /// Per miner and attempt: the validators that asked for its evidence.
+    #[serde(with = "crate::serde_pairs")]
+    pub(super) asked: BTreeMap<(PeerId, WorkKey), BTreeSet<PeerId>>,
+    /// The evidence objects miners announced.
+    #[serde(with = "crate::serde_pairs")]
+    pub(super) evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
+    pub(super) timed_out: bool,
+}
+
+/// The orchestrator's validation records.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Validation {
+    pub(super) quorum: Option<Quorum>,
+    pub(super) validators: BTreeMap<PeerId, ValidatorState>,
+    pub(super) round: Option<Round>,
+    pub(super) verdicts: Vec<VerdictRecord>,
+    /// The hash of the merged weights each stage started the current epoch
+    /// from (none in epoch 0: the run seed's).
+    pub(super) starts: BTreeMap<u32, [u8; 32]>,
+}
+
+impl Validation {
+    pub(super) fn new(spec: &iota_protocol::ValidationSpec) -> Validation {
+        let quorum = (!spec.validators.is_empty())
+            .then(|| Quorum::new(spec.validators.iter().map(|v| (v.peer, v.stake)).collect(), spec.strikes_to_eject));
+        Validation { quorum, ..Validation::default() }
+    }
+}

@@ -1,0 +1,109 @@
+//! A validator's check of one evidence object (a [`CheckJob`] from the
+//! round): the bytes against the miner's signed announcement, the bundle's
+//! bounds, then `evidence::check_forward`'s links and the recompute on the
+//! CPU reference. Everything here fails as `Err(why)`, and every why is the
+//! miner's doing: it announced the object and chose its bytes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
+use iota_dataplane::evidence::{Finding, Known, SampledMb, check_forward};
+use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
+use iota_dataplane::frame::{FrameLimits, RunContext};
+use iota_dataplane::miner::worker::weights_hash;
+use iota_dataplane::recompute::Recompute;
+use iota_model::data::Corpus;
+use iota_model::{CpuBackend, Stage};
+use iota_protocol::RunConfig;
+
+use super::round::CheckJob;
+
+/// What a validator checks with: the run, its corpus (for the head's
+/// tokens) and the recompute, plus the seed's initial weights per stage.
+pub struct Checker {
+    cfg: RunConfig,
+    run_id: u64,
+    corpus: Option<Arc<Corpus>>,
+    recompute: Recompute<CpuBackend>,
+    be: Arc<CpuBackend>,
+    initial: BTreeMap<u32, [u8; 32]>,
+}
+
+impl Checker {
+    pub fn new(cfg: RunConfig, run_id: u64, corpus: Option<Arc<Corpus>>) -> anyhow::Result<Checker> {
+        let be = Arc::new(CpuBackend::new());
+        let recompute = Recompute::new(be.clone(), cfg.clone())?;
+        Ok(Checker { cfg, run_id, corpus, recompute, be, initial: BTreeMap::new() })
+    }
+
+    /// The hash of the weights the run seed gives `stage` (what every
+    /// miner of it starts epoch 0 from).
+    fn initial_hash(&mut self, stage: u32) -> Result<[u8; 32], String> {
+        if let Some(h) = self.initial.get(&stage) {
+            return Ok(*h);
+        }
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        let spec = specs.get(stage as usize).ok_or_else(|| format!("the run has no stage {stage}"))?.clone();
+        let st = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        let h = weights_hash(&st.params_host());
+        self.initial.insert(stage, h);
+        Ok(h)
+    }
+
+    fn stage_weights(&self, stage: u32) -> Result<u64, String> {
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        let spec = specs.get(stage as usize).ok_or_else(|| format!("the run has no stage {stage}"))?;
+        Ok(ParamLayout::for_stage(&self.cfg.train.model, spec).total() as u64)
+    }
+
+    /// Checks `bytes`, read from the store for `job`.
+    pub fn check(&mut self, job: &CheckJob, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() as u64 != job.object.size || *blake3::hash(bytes).as_bytes() != job.object.hash {
+            return Err("the evidence object is not what its miner announced".into());
+        }
+        let limits = BundleLimits {
+            max_frame: FrameLimits::default().max_payload.saturating_add(4096),
+            weights: self.stage_weights(job.stage)?,
+            max_steps: self.cfg.spec.micro_batches_per_epoch.saturating_add(1),
+        };
+        let bundle = EvidenceBundle::decode(bytes, limits).map_err(|e| format!("evidence bundle: {e}"))?;
+        let epoch_start = match job.epoch_start {
+            Some(h) => h,
+            None => self.initial_hash(job.stage)?,
+        };
+        let tokens = if job.stage == 0 {
+            let corpus = self.corpus.as_ref().ok_or("no corpus to take the head's tokens from")?;
+            let mb =
+                MicroBatchId { first: SampleId { epoch: 0, shard: job.key.0, index: job.key.1 }, len: job.samples };
+            Some(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq).0)
+        } else {
+            None
+        };
+        let ctx = RunContext::new(self.run_id, FrameLimits::default());
+        let e = u32::try_from(job.epoch).map_err(|_| "an epoch past the frame's range")?;
+        ctx.set_epoch_window(e, e);
+        let known = Known {
+            ctx: &ctx,
+            miner: job.miner,
+            stage: job.stage,
+            upstream: job.upstream,
+            tokens: tokens.as_deref(),
+            committed: &job.heads,
+            epoch_start,
+            codec: self.cfg.train.codec,
+            tolerance: 0.0,
+        };
+        let mb = SampledMb {
+            epoch: job.epoch,
+            shard: job.key.0,
+            first_sample: job.key.1,
+            samples: job.samples,
+            attempt: job.key.2,
+        };
+        match check_forward(&self.recompute, &known, mb, bundle.as_forward()) {
+            Finding::Honest => Ok(()),
+            Finding::Cheated(why) => Err(why),
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! One validator's side of an epoch's validation round, free of I/O.
+//!
+//! Fed the epoch's work (`EpochWork`), the evidence objects miners
+//! announce, the results of the checks the shell ran, and the time, it
+//! says what to do: ask for evidence, check an object, vote, and say the
+//! round is done. The draw is [`sample::draw`] over the beacon this
+//! validator recomputes from the miners' heads (it does not take the
+//! orchestrator's word for it) and its own secret seed.
+//!
+//! A miner's vote is cast once: guilty at its first failed check, or
+//! cleared once every drawn attempt passed. A miner that has not delivered
+//! the evidence for every drawn attempt within `evidence_timeout_ms` is
+//! guilty (an honest miner keeps what it may be asked for; see
+//! PROTOCOL.md, "Validation").
+//!
+//! The tail stage is not drawn yet: its output is a gradient and a loss,
+//! which `evidence::check_forward` does not check (issue 13 notes).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iota_core::PeerId;
+use iota_core::commitment::EpochHeads;
+use iota_protocol::store_keys::parse_evidence_key;
+use iota_protocol::{MbRef, StoredObject, pb};
+
+use super::sample::{SampleRate, beacon, draw};
+
+/// An attempt: (shard, first sample, attempt).
+pub type WorkKey = (u32, u64, u32);
+
+/// Most attempts named in one ask (the field rule's bound).
+const ASK_CHUNK: usize = iota_protocol::fields::MAX_EVIDENCE_ITEMS;
+
+/// What the shell must check: one evidence object against what the
+/// validator knows of the attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckJob {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub stage: u32,
+    pub key: WorkKey,
+    pub samples: u32,
+    /// The upstream neighbour on the attempt's pathway (None at the head).
+    pub upstream: Option<PeerId>,
+    pub heads: EpochHeads,
+    /// The merged weights the stage started the epoch from (None: the run
+    /// seed's initial weights, epoch 0).
+    pub epoch_start: Option<[u8; 32]>,
+    pub object: StoredObject,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Ask { epoch: u64, miner: PeerId, items: Vec<WorkKey> },
+    Check(Box<CheckJob>),
+    Vote { epoch: u64, miner: PeerId, guilty: bool, samples: u32, evidence_hash: Option<[u8; 32]>, reason: String },
+    Done { epoch: u64 },
+}
+
+struct MinerWork {
+    stage: u32,
+    heads: EpochHeads,
+    /// Attempt -> (samples, pathway).
+    items: BTreeMap<WorkKey, (u32, Vec<PeerId>)>,
+}
+
+#[derive(Default)]
+struct Verdicts {
+    /// Drawn attempts not yet judged.
+    pending: BTreeSet<WorkKey>,
+    /// Drawn attempts whose evidence is being checked.
+    checking: BTreeSet<WorkKey>,
+    passed: u32,
+    hashes: Vec<[u8; 32]>,
+    voted: bool,
+}
+
+struct Round {
+    epoch: u64,
+    started_ms: u64,
+    work: BTreeMap<PeerId, MinerWork>,
+    starts: BTreeMap<u32, [u8; 32]>,
+    drawn: BTreeMap<PeerId, Verdicts>,
+    done_said: bool,
+}
+
+/// One validator's rounds (one at a time: a new epoch's work ends the last).
+pub struct ValidatorCore {
+    run_id: u64,
+    stages: u32,
+    seed: u64,
+    rate: SampleRate,
+    evidence_timeout_ms: u64,
+    round: Option<Round>,
+}
+
+fn peer(b: &[u8]) -> Result<PeerId, String> {
+    Ok(PeerId(b.try_into().map_err(|_| format!("a peer id of {} bytes", b.len()))?))
+}
+
+fn evidence_hash(hashes: &[[u8; 32]]) -> Option<[u8; 32]> {
+    if hashes.is_empty() {
+        return None;
+    }
+    let mut h = blake3::Hasher::new();
+    for x in hashes {
+        h.update(x);
+    }
+    Some(*h.finalize().as_bytes())
+}
+
+impl ValidatorCore {
+    pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
+        ValidatorCore { run_id, stages, seed, rate, evidence_timeout_ms, round: None }
+    }
+
+    /// The epoch of the round in progress.
+    pub fn epoch(&self) -> Option<u64> {
+        self.round.as_ref().map(|r| r.epoch)
+    }
+
+    /// The epoch's work arrived: draw, and ask for the evidence.
+    pub fn on_work(&mut self, now: u64, w: &pb::EpochWork) -> Result<Vec<Action>, String> {
+        if self.round.as_ref().is_some_and(|r| r.epoch == w.epoch) {
+            return Ok(Vec::new()); // sent again (a re-subscription): the round goes on
+        }
+        let mut work = BTreeMap::new();
+        for m in &w.miners {
+            let p = peer(&m.peer)?;
+            let heads = iota_protocol::commitments_pb::from_pb(m.commitments.as_slice())
+                .map_err(|e| format!("miner {p}'s heads: {e}"))?
+                .into_iter()
+                .find(|h| h.epoch == w.epoch)
+                .ok_or_else(|| format!("miner {p} has no heads for epoch {}", w.epoch))?;
+            let mut items = BTreeMap::new();
+            for it in &m.items {
+                let r = it.mb.as_ref().ok_or("a work item without its attempt")?;
+                let pathway = it.pathway.iter().map(|b| peer(b)).collect::<Result<Vec<_>, _>>()?;
+                if pathway.len() != self.stages as usize || pathway.get(m.stage as usize) != Some(&p) {
+                    return Err(format!("miner {p}'s work item has a pathway that does not hold it"));
+                }
+                items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway));
+            }
+            work.insert(p, MinerWork { stage: m.stage, heads, items });
+        }
+        let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
+        let b = beacon(self.run_id, w.epoch, &heads);
+        if w.beacon.as_slice() != b.as_slice() {
+            return Err("the beacon is not the one over the miners' heads".into());
+        }
+        let mut starts = BTreeMap::new();
+        for s in &w.starts {
+            if !s.weights_hash.is_empty() {
+                let h: [u8; 32] = s.weights_hash.as_slice().try_into().map_err(|_| "a start hash of the wrong size")?;
+                starts.insert(s.stage, h);
+            }
+        }
+        // The tail is not drawn yet (see the module text).
+        let last = self.stages.saturating_sub(1);
+        let eligible: BTreeMap<PeerId, Vec<(MbRef, u32)>> = work
+            .iter()
+            .filter(|(_, m)| m.stage < last)
+            .map(|(p, m)| {
+                let mbs = m.items.keys().map(|k| (MbRef { epoch: w.epoch, shard: k.0, first_sample: k.1 }, k.2));
+                (*p, mbs.collect())
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut drawn = BTreeMap::new();
+        for (p, picks) in draw(&b, self.seed, self.rate, &eligible) {
+            let keys: Vec<WorkKey> = picks.iter().map(|(mb, a)| (mb.shard, mb.first_sample, *a)).collect();
+            if keys.is_empty() {
+                continue;
+            }
+            for chunk in keys.chunks(ASK_CHUNK) {
+                out.push(Action::Ask { epoch: w.epoch, miner: p, items: chunk.to_vec() });
+            }
+            drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
+        }
+        self.round = Some(Round { epoch: w.epoch, started_ms: now, work, starts, drawn, done_said: false });
+        self.finish(&mut out);
+        Ok(out)
+    }
+
+    /// A miner announced evidence (handed on by the orchestrator, writer
+    /// named): check it if it is for an attempt this validator drew.
+    pub fn on_evidence(&mut self, epoch: u64, obj: StoredObject) -> Vec<Action> {
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == epoch) else { return Vec::new() };
+        let miner = obj.writer;
+        let Some(key) = parse_evidence_key(&obj.key, epoch, &miner) else { return Vec::new() };
+        let (Some(v), Some(m)) = (r.drawn.get_mut(&miner), r.work.get(&miner)) else { return Vec::new() };
+        if v.voted || !v.pending.remove(&key) {
+            return Vec::new();
+        }
+        let Some((samples, pathway)) = m.items.get(&key) else { return Vec::new() };
+        v.checking.insert(key);
+        let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
+        vec![Action::Check(Box::new(CheckJob {
+            epoch,
+            miner,
+            stage: m.stage,
+            key,
+            samples: *samples,
+            upstream,
+            heads: m.heads.clone(),
+            epoch_start: r.starts.get(&m.stage).copied(),
+            object: obj,
+        }))]
+    }
+
+    /// The result of a check the shell ran: `Err(why)` when the evidence
+    /// failed a link.
+    pub fn checked(&mut self, job: &CheckJob, result: Result<(), String>) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return out };
+        let Some(v) = r.drawn.get_mut(&job.miner) else { return out };
+        if !v.checking.remove(&job.key) || v.voted {
+            return out;
+        }
+        v.hashes.push(job.object.hash);
+        match result {
+            Ok(()) => v.passed += 1,
+            Err(why) => {
+                v.voted = true;
+                out.push(Action::Vote {
+                    epoch: job.epoch,
+                    miner: job.miner,
+                    guilty: true,
+                    samples: v.passed + 1,
+                    evidence_hash: evidence_hash(&v.hashes),
+                    reason: format!("attempt {:?}: {why}", job.key),
+                });
+            }
+        }
+        if !v.voted && v.pending.is_empty() && v.checking.is_empty() {
+            v.voted = true;
+            out.push(Action::Vote {
+                epoch: job.epoch,
+                miner: job.miner,
+                guilty: false,
+                samples: v.passed,
+                evidence_hash: evidence_hash(&v.hashes),
+                reason: String::new(),
+            });
+        }
+        self.finish(&mut out);
+        out
+    }
+
+    /// Time passes: miners whose evidence is overdue are voted guilty.
+    pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut() else { return out };
+        if now.saturating_sub(r.started_ms) <= self.evidence_timeout_ms {
+            return out;
+        }
+        for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
+            v.voted = true;
+            out.push(Action::Vote {
+                epoch: r.epoch,
+                miner: *miner,
+                guilty: true,
+                samples: v.passed,
+                evidence_hash: evidence_hash(&v.hashes),
+                reason: format!(
+                    "no evidence for {} drawn attempts within {} ms",
+                    v.pending.len(),
+                    self.evidence_timeout_ms
+                ),
+            });
+        }
+        self.finish(&mut out);
+        out
+    }
+
+    /// Says the round is done once every drawn miner has its vote.
+    fn finish(&mut self, out: &mut Vec<Action>) {
+        if let Some(r) = self.round.as_mut()
+            && !r.done_said
+            && r.drawn.values().all(|v| v.voted)
+        {
+            r.done_said = true;
+            out.push(Action::Done { epoch: r.epoch });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iota_core::commitment::Commitments;
+
+    use super::*;
+
+    const STAGES: u32 = 3;
+
+    fn p(i: u8) -> PeerId {
+        PeerId([i; 32])
+    }
+
+    /// Miners 1..=3 in stages 0, 1, 2; `n` attempts each, on one pathway.
+    fn work(epoch: u64, n: u64) -> pb::EpochWork {
+        let mut heads = BTreeMap::new();
+        let mut miners = Vec::new();
+        for s in 0..STAGES {
+            let me = p(s as u8 + 1);
+            let mut c = Commitments::default();
+            c.weights(epoch, &[s as u8; 32]);
+            let h = c.heads().into_iter().find(|h| h.epoch == epoch).unwrap();
+            heads.insert(me, h.clone());
+            let items = (0..n)
+                .map(|i| pb::WorkItem {
+                    mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                    samples: 8,
+                    pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
+                })
+                .collect();
+            let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
+            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage: s, commitments, items });
+        }
+        pb::EpochWork {
+            epoch,
+            beacon: beacon(9, epoch, &heads).to_vec(),
+            miners,
+            starts: vec![pb::StageStart { stage: 1, weights_hash: vec![4; 32] }],
+        }
+    }
+
+    fn core() -> ValidatorCore {
+        ValidatorCore::new(9, STAGES, 77, SampleRate { rate: 0.0, min_per_miner: 2 }, 1_000)
+    }
+
+    fn evidence(epoch: u64, miner: PeerId, k: WorkKey) -> StoredObject {
+        let key = iota_protocol::store_keys::evidence_key(epoch, &miner, k.0, k.1, k.2);
+        StoredObject { key, size: 10, hash: [k.1 as u8; 32], offset: 0, values: 0, writer: miner, work: 0 }
+    }
+
+    fn asks(a: &[Action]) -> Vec<(PeerId, Vec<WorkKey>)> {
+        a.iter()
+            .filter_map(|x| match x {
+                Action::Ask { miner, items, .. } => Some((*miner, items.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn draws_all_but_the_tail_checks_what_it_drew_and_votes_once_per_miner() {
+        let mut c = core();
+        let a = c.on_work(0, &work(2, 10)).unwrap();
+        let asked = asks(&a);
+        assert_eq!(asked.iter().map(|(m, i)| (*m, i.len())).collect::<Vec<_>>(), vec![(p(1), 2), (p(2), 2)]);
+        // Evidence nobody drew, or from another epoch, is ignored.
+        let undrawn = (0..10).map(|i| (0, i * 8, 0)).find(|k| !asked[0].1.contains(k)).unwrap();
+        assert!(c.on_evidence(2, evidence(2, p(1), undrawn)).is_empty());
+        assert!(c.on_evidence(3, evidence(3, p(1), asked[0].1[0])).is_empty());
+        // Miner 1 passes both; miner 2 fails its second.
+        let mut votes = Vec::new();
+        for (m, keys) in &asked {
+            for (i, k) in keys.iter().enumerate() {
+                let jobs = c.on_evidence(2, evidence(2, *m, *k));
+                let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+                assert_eq!(job.upstream, if *m == p(1) { None } else { Some(p(1)) });
+                assert_eq!(job.epoch_start, if *m == p(2) { Some([4; 32]) } else { None });
+                assert!(c.on_evidence(2, evidence(2, *m, *k)).is_empty(), "announced twice: checked once");
+                let res = if *m == p(2) && i == 1 { Err("recomputed output differs".into()) } else { Ok(()) };
+                votes.extend(c.checked(job, res));
+            }
+        }
+        let summary: Vec<_> = votes
+            .iter()
+            .map(|v| match v {
+                Action::Vote { miner, guilty, samples, .. } => format!("{miner:?} {guilty} {samples}"),
+                Action::Done { .. } => "done".into(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(summary, vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), "done".into()]);
+        assert!(c.tick(10_000).is_empty(), "everyone has a vote");
+    }
+
+    #[test]
+    fn missing_evidence_is_voted_guilty_after_the_timeout() {
+        let mut c = core();
+        let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+        let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!() };
+        assert!(c.checked(job, Ok(())).is_empty(), "one of two");
+        assert!(c.tick(1_000).is_empty(), "not yet overdue");
+        let a = c.tick(1_001);
+        assert_eq!(a.len(), 3, "{a:?}");
+        assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples: 1, reason, .. }
+            if *miner == p(1) && reason.contains("no evidence for 1")));
+        assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
+        assert_eq!(a[2], Action::Done { epoch: 0 });
+    }
+
+    #[test]
+    fn a_forged_beacon_or_pathway_is_refused_and_a_repeat_changes_nothing() {
+        let mut w = work(1, 4);
+        w.beacon[0] ^= 1;
+        assert!(core().on_work(0, &w).unwrap_err().contains("beacon"));
+        let mut w = work(1, 4);
+        w.miners[1].items[0].pathway.swap(0, 1);
+        assert!(core().on_work(0, &w).unwrap_err().contains("pathway"));
+        let mut c = core();
+        assert!(!c.on_work(0, &work(1, 4)).unwrap().is_empty());
+        assert!(c.on_work(5, &work(1, 4)).unwrap().is_empty(), "the same round again");
+        // The draw depends on the validator's seed.
+        let mut other = ValidatorCore::new(9, STAGES, 78, SampleRate { rate: 0.0, min_per_miner: 2 }, 1_000);
+        let (a, b) = (asks(&core().on_work(0, &work(1, 40)).unwrap()), asks(&other.on_work(0, &work(1, 40)).unwrap()));
+        assert_ne!(a, b);
+    }
+}

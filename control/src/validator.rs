@@ -1,0 +1,253 @@
+//! The validator process (`iota-control validator`): the shell around
+//! [`ValidatorCore`]. It registers as one of the run's validators,
+//! follows its command stream, asks for evidence, reads each evidence
+//! object from the run's store, checks it on the CPU reference
+//! ([`Checker`]), and sends its votes (the `Validate` RPC). It holds no
+//! store credentials: on a bucket it reads through grants, like a miner.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use iota_core::{Identity, PeerId};
+use iota_dataplane::fileio::FileIo;
+use iota_dataplane::granted_store::GrantedStore;
+use iota_dataplane::local_store::LocalDirStore;
+use iota_protocol::auth::now_ms;
+use iota_protocol::client::ControlClient;
+use iota_protocol::run_config::StoreAccess;
+use iota_protocol::{RunConfig, SharedStore, StoredObject, pb};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::validation::check::Checker;
+use crate::validation::round::{Action, CheckJob, ValidatorCore};
+use crate::validation::sample::SampleRate;
+
+#[derive(Clone, Debug)]
+pub struct ValidatorOptions {
+    /// Orchestrator URL, e.g. `https://127.0.0.1:7100`.
+    pub orchestrator: String,
+    /// The orchestrator's identity, pinned (None: trust the first to answer).
+    pub orchestrator_key: Option<PeerId>,
+    pub insecure_plaintext: bool,
+    /// The run's object store directory, when it is one on this machine.
+    pub store: Option<PathBuf>,
+    /// The run's corpus (None: the generated toy corpus).
+    pub data: Option<PathBuf>,
+    /// This validator's secret sampling seed (miners cannot predict its draw).
+    pub seed: u64,
+    /// A miner that has not delivered the evidence drawn from it this long
+    /// after the round opened is voted guilty.
+    pub evidence_timeout: Duration,
+    pub heartbeat: Duration,
+}
+
+impl ValidatorOptions {
+    pub fn local(orchestrator: String, seed: u64) -> ValidatorOptions {
+        ValidatorOptions {
+            orchestrator,
+            orchestrator_key: None,
+            insecure_plaintext: false,
+            store: None,
+            data: None,
+            seed,
+            evidence_timeout: Duration::from_secs(30),
+            heartbeat: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A sampling seed nobody else knows (a validator's default).
+pub fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system's random source");
+    u64::from_le_bytes(b)
+}
+
+/// What a validator did, returned when the run ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ValidatorSummary {
+    pub peer: Option<PeerId>,
+    pub rounds: u64,
+    pub checked: u64,
+    pub guilty_votes: Vec<(u64, PeerId, String)>,
+    pub cleared_votes: u64,
+}
+
+enum Input {
+    Command(pb::command::Kind),
+    Checked(Box<CheckJob>, Result<(), String>),
+}
+
+/// Validates the run at `opts.orchestrator` until it is done (or `stop`).
+pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<ValidatorSummary> {
+    let id = Arc::new(id);
+    let me = id.peer_id();
+    let mut client =
+        iota_dataplane::miner::connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext)
+            .await?;
+    let reply = client.register_validator("cpu".into()).await.context("registering as a validator")?;
+    let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
+    info!(validator = %me, run = reply.run_id, "registered as a validator");
+    let store: SharedStore = match (cfg.store, &opts.store) {
+        (StoreAccess::Granted, _) => Arc::new(GrantedStore::new(client.clone()).context("the HTTPS client")?),
+        (StoreAccess::Directory, Some(dir)) => LocalDirStore::shared(dir, FileIo::start(false))
+            .with_context(|| format!("opening the object store {}", dir.display()))?,
+        (StoreAccess::Directory, None) => {
+            anyhow::bail!("this run keeps its objects in a directory: give --store DIR")
+        }
+    };
+    let corpus = Arc::new(iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?);
+    let checker = Arc::new(parking_lot::Mutex::new(Checker::new(cfg.clone(), reply.run_id, Some(corpus))?));
+    let v = &cfg.spec.validation;
+    let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };
+    let timeout = opts.evidence_timeout.as_millis() as u64;
+    let mut core = ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout);
+
+    let finished = Arc::new(AtomicBool::new(false));
+    let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
+    let cmd_task = {
+        let (mut client, in_tx, finished) = (client.clone(), in_tx.clone(), finished.clone());
+        tokio::spawn(async move {
+            while !finished.load(Ordering::SeqCst) {
+                let mut stream = match client.subscribe().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        if e.code() == tonic::Code::FailedPrecondition {
+                            let _ = client.register_validator("cpu".into()).await;
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        continue;
+                    }
+                };
+                while let Ok(Some(cmd)) = stream.next().await {
+                    if let Some(k) = cmd.kind
+                        && in_tx.send(Input::Command(k)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    // Heartbeats keep it counted as live (the merge waits only for live
+    // validators); the reply says when the run is over.
+    let run_done = Arc::new(AtomicBool::new(false));
+    let hb_task = {
+        let (mut client, every, finished, run_done) =
+            (client.clone(), opts.heartbeat, finished.clone(), run_done.clone());
+        tokio::spawn(async move {
+            let mut iv = tokio::time::interval(every);
+            while !finished.load(Ordering::SeqCst) {
+                iv.tick().await;
+                if let Ok(r) = client.heartbeat(0, 0, 0.0, &[]).await
+                    && r.phase == pb::Phase::Done as i32
+                {
+                    run_done.store(true, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+
+    let mut summary = ValidatorSummary { peer: Some(me), ..ValidatorSummary::default() };
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let result = loop {
+        if stop.load(Ordering::SeqCst) || run_done.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        let actions = tokio::select! {
+            Some(input) = in_rx.recv() => match input {
+                Input::Command(pb::command::Kind::EpochWork(w)) => {
+                    summary.rounds += 1;
+                    core.on_work(now_ms(), &w).unwrap_or_else(|e| {
+                        warn!(epoch = w.epoch, error = %e, "epoch work refused");
+                        Vec::new()
+                    })
+                }
+                Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
+                    Some(Ok(o)) => core.on_evidence(st.epoch, o),
+                    _ => Vec::new(),
+                },
+                Input::Command(_) => Vec::new(),
+                Input::Checked(job, res) => {
+                    summary.checked += 1;
+                    core.checked(&job, res)
+                }
+            },
+            _ = tick.tick() => core.tick(now_ms()),
+        };
+        for a in actions {
+            if let Err(e) = act(a, &mut client, &store, &checker, &in_tx, &mut summary).await {
+                warn!(error = %e, "validator action failed");
+            }
+        }
+    };
+    finished.store(true, Ordering::SeqCst);
+    cmd_task.abort();
+    hb_task.abort();
+    result.map(|()| summary)
+}
+
+async fn act(
+    a: Action,
+    client: &mut ControlClient,
+    store: &SharedStore,
+    checker: &Arc<parking_lot::Mutex<Checker>>,
+    in_tx: &mpsc::Sender<Input>,
+    summary: &mut ValidatorSummary,
+) -> Result<()> {
+    use pb::validator_report::Kind;
+    match a {
+        Action::Ask { epoch, miner, items } => {
+            let items = items
+                .into_iter()
+                .map(|(shard, first_sample, attempt)| pb::WorkRef { shard, first_sample, attempt })
+                .collect();
+            client.validate(Kind::Ask(pb::EvidenceAsk { epoch, miner: miner.0.to_vec(), items })).await?;
+        }
+        Action::Check(job) => {
+            // Read and recompute off the loop: a recompute is a stage's
+            // forward on the CPU.
+            let (store, checker, in_tx) = (store.clone(), checker.clone(), in_tx.clone());
+            tokio::spawn(async move {
+                let res = match store.get(&job.object.key).await {
+                    Ok(bytes) => {
+                        let job2 = job.clone();
+                        tokio::task::spawn_blocking(move || checker.lock().check(&job2, &bytes))
+                            .await
+                            .unwrap_or_else(|e| Err(format!("the check failed to run: {e}")))
+                    }
+                    Err(e) => Err(format!("the evidence object cannot be read: {e}")),
+                };
+                let _ = in_tx.send(Input::Checked(job, res)).await;
+            });
+        }
+        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason } => {
+            if guilty {
+                warn!(epoch, miner = %miner, reason = %reason, "voting guilty");
+                summary.guilty_votes.push((epoch, miner, reason.clone()));
+            } else {
+                summary.cleared_votes += 1;
+            }
+            let v = pb::Verdict {
+                epoch,
+                miner: miner.0.to_vec(),
+                check: pb::Check::Recompute as i32,
+                guilty,
+                samples,
+                evidence_hash: evidence_hash.map(|h| h.to_vec()).unwrap_or_default(),
+                reason: reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect(),
+            };
+            client.validate(Kind::Verdict(v)).await?;
+        }
+        Action::Done { epoch } => {
+            info!(epoch, "validation round done");
+            client.validate(Kind::Done(pb::ValidationDone { epoch })).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Bad miners on purpose (issues 13 and 22): test tools for the liveness
+//! and validation tests and chaos runs, never on by default.
+//!
+//! `Silent`, `Closed`, `Slow` and `Flaky` are unreliable: the miner's shell
+//! acts them out. `Noise`, `Zeros` and `Replay` are dishonest: the worker
+//! changes the activations it sends (before they are encoded and signed),
+//! and does everything else honestly (it trains, commits, and uploads as
+//! evidence the frames it really sent), so the only link a validator can
+//! catch them on is the recompute.
+
+use iota_core::{PeerId, Rng};
+
+/// The commonest bad miners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adversary {
+    /// Registers and heartbeats, never works; its advertised data port
+    /// swallows packets without an answer.
+    Silent,
+    /// Like `Silent`, but its advertised data port is closed (refuses).
+    Closed,
+    /// Works at about a tenth of its speed.
+    Slow,
+    /// Drops 30% of the pipeline frames it receives.
+    Flaky,
+    /// Adds noise of about 10% of the output's RMS to every activation it
+    /// sends (seeded per micro-batch: the same run sends the same noise).
+    Noise,
+    /// Sends activations of all zeros.
+    Zeros,
+    /// Sends, for every micro-batch, the activations it computed for its
+    /// first micro-batch of the run (under the new micro-batch's header).
+    Replay,
+}
+
+impl Adversary {
+    /// Every mode, as the command line names them.
+    pub const NAMES: [(&'static str, Adversary); 7] = [
+        ("silent", Adversary::Silent),
+        ("closed", Adversary::Closed),
+        ("slow", Adversary::Slow),
+        ("flaky", Adversary::Flaky),
+        ("noise", Adversary::Noise),
+        ("zeros", Adversary::Zeros),
+        ("replay", Adversary::Replay),
+    ];
+
+    pub fn parse(s: &str) -> Option<Adversary> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, a)| *a)
+    }
+
+    /// Whether the mode changes what the miner computes (the worker acts it
+    /// out) rather than how it takes part (the shell does).
+    pub fn tampers(self) -> bool {
+        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay)
+    }
+}
+
+/// Noise standard deviation relative to the output's RMS.
+const NOISE_RELATIVE: f32 = 0.1;
+
+/// What a tampering adversary changes in the activations it sends.
+pub(crate) struct Tamper {
+    mode: Adversary,
+    seed: u64,
+    /// `Replay`: the first activations it sent in the run.
+    first: Option<Vec<f32>>,
+}
+
+impl Tamper {
+    /// None for a mode that does not tamper with outputs.
+    pub(crate) fn new(mode: Adversary, me: PeerId) -> Option<Tamper> {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&me.0[..8]);
+        mode.tampers().then(|| Tamper { mode, seed: u64::from_le_bytes(word), first: None })
+    }
+
+    /// Changes `values`, the activations about to be sent for micro-batch
+    /// attempt `mb` (epoch, shard, first sample, attempt).
+    pub(crate) fn activations(&mut self, mb: (u64, u32, u64, u32), values: &mut [f32]) {
+        match self.mode {
+            Adversary::Noise => {
+                let n = values.len().max(1) as f64;
+                let rms = (values.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n).sqrt() as f32;
+                let mut rng =
+                    Rng::derived(self.seed ^ 0x006e_6f69_7365, &[mb.0, u64::from(mb.1), mb.2, u64::from(mb.3)]);
+                for v in values.iter_mut() {
+                    *v += rng.normal() * NOISE_RELATIVE * rms;
+                }
+            }
+            Adversary::Zeros => values.fill(0.0),
+            Adversary::Replay => match &self.first {
+                Some(first) if first.len() == values.len() => values.copy_from_slice(first),
+                // A micro-batch of another size has other shapes: it goes
+                // out honest (the replay must stay well formed).
+                Some(_) => {}
+                None => self.first = Some(values.to_vec()),
+            },
+            Adversary::Silent | Adversary::Closed | Adversary::Slow | Adversary::Flaky => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rms(v: &[f32]) -> f32 {
+        (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt()
+    }
+
+    #[test]
+    fn modes_parse_and_only_dishonest_ones_tamper() {
+        for (name, a) in Adversary::NAMES {
+            assert_eq!(Adversary::parse(name), Some(a));
+            assert_eq!(Tamper::new(a, PeerId([1; 32])).is_some(), a.tampers());
+        }
+        assert_eq!(Adversary::parse("lazy"), None);
+    }
+
+    #[test]
+    fn each_mode_changes_activations_as_described() {
+        let honest: Vec<f32> = (0..4096).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        let mb = (0, 3, 64, 0);
+        let me = PeerId([7; 32]);
+        let mut noise = Tamper::new(Adversary::Noise, me).unwrap();
+        let mut a = honest.clone();
+        noise.activations(mb, &mut a);
+        let diff: Vec<f32> = a.iter().zip(&honest).map(|(x, y)| x - y).collect();
+        let rel = rms(&diff) / rms(&honest);
+        assert!((0.08..0.12).contains(&rel), "noise {rel} of the RMS");
+        let mut again = honest.clone();
+        noise.activations(mb, &mut again);
+        assert_eq!(a, again, "seeded per micro-batch");
+        let mut other = honest.clone();
+        noise.activations((0, 3, 72, 0), &mut other);
+        assert_ne!(a, other);
+
+        let mut zeros = Tamper::new(Adversary::Zeros, me).unwrap();
+        let mut z = honest.clone();
+        zeros.activations(mb, &mut z);
+        assert!(z.iter().all(|&v| v == 0.0));
+
+        let mut replay = Tamper::new(Adversary::Replay, me).unwrap();
+        let mut first = honest.clone();
+        replay.activations(mb, &mut first);
+        assert_eq!(first, honest, "the first micro-batch goes out honest");
+        let mut second: Vec<f32> = honest.iter().map(|v| v * 2.0).collect();
+        replay.activations((0, 3, 72, 0), &mut second);
+        assert_eq!(second, honest, "later ones carry the first one's values");
+        let mut short = vec![5.0; 10];
+        replay.activations((0, 3, 80, 0), &mut short);
+        assert_eq!(short, vec![5.0; 10]);
+    }
+}
