@@ -115,7 +115,7 @@ pub struct RunArgs {
     /// recompute a sample of every miner's work after each epoch and vote;
     /// more than half the stake convicts. Default: none (nobody checks).
     #[arg(long = "validator", value_name = "PEER_HEX:STAKE")]
-    pub validators: Vec<String>,
+    pub validator_stakes: Vec<String>,
     /// Fraction of each miner's micro-batches each validator recomputes.
     #[arg(long, default_value_t = 0.03)]
     pub validation_rate: f64,
@@ -241,7 +241,7 @@ impl RunArgs {
     /// The run's validators and how they sample (`--validator`, ...).
     pub fn validation(&self) -> Result<iota_protocol::ValidationSpec> {
         let validators = self
-            .validators
+            .validator_stakes
             .iter()
             .map(|v| {
                 let (peer, stake) =

@@ -239,7 +239,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             for i in 0..validators {
                 let path = run.run_dir.join("keys").join(format!("validator-{i}.key"));
                 let id = iota_dataplane::identity_file::load_or_create(&path)?;
-                run.validators.push(format!("{}:100", id.peer_id().to_hex()));
+                run.validator_stakes.push(format!("{}:100", id.peer_id().to_hex()));
                 validator_ids.push(id);
             }
             let adversaries = adversary
@@ -284,5 +284,34 @@ async fn run_async(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        // clap's own checks (unique argument names, ...) run only when a
+        // command is built: a clash would panic every run of the binary.
+        Cli::command().debug_assert();
+        let swarm = Cli::try_parse_from([
+            "iota-control",
+            "swarm",
+            "--validators",
+            "2",
+            "--adversary",
+            "noise@1",
+            "--validator",
+            &format!("{}:5", "ab".repeat(32)),
+        ])
+        .unwrap();
+        let Cmd::Swarm { validators, adversary, run, .. } = swarm.cmd else { panic!("not the swarm") };
+        assert_eq!((validators, adversary), (2, vec!["noise@1".to_string()]));
+        assert_eq!(run.validation().unwrap().validators[0].stake, 5);
+        assert!(Cli::try_parse_from(["iota-control", "validator", "--print-key"]).is_ok());
     }
 }
