@@ -2,7 +2,8 @@
 //! uploads for it, checked link by link before anything is recomputed.
 //!
 //! 1. The output frame is signed by the miner, is an activation of the
-//!    sampled micro-batch attempt, and is well formed for the run.
+//!    sampled micro-batch attempt (at the tail: the gradient it sent back),
+//!    and is well formed for the run.
 //! 2. Its input is what it answers: the head's output answers the hash of
 //!    the micro-batch's tokens; another stage's output answers the
 //!    `frame_id` of the activation frame its upstream neighbour signed for
@@ -12,7 +13,8 @@
 //!    states after an inner step, whose hash list chains to the head the
 //!    miner reported (`iota_core::commitment`).
 //! 4. Recomputed on those weights and that input, the output is the same
-//!    (byte for byte on the same backend, within `tolerance` otherwise).
+//!    (byte for byte on the same backend, within `tolerance` otherwise);
+//!    at the tail, so is the mean loss it reported ([`check_tail`]).
 //!
 //! A link that fails is the miner's doing: it signed the output and chose
 //! what to upload. Evidence is hostile input: everything is bounded and
@@ -78,15 +80,76 @@ pub enum Finding {
     Cheated(String),
 }
 
-/// Runs checks 1 to 4 of the module text.
+/// Runs checks 1 to 4 of the module text on a head or middle stage's
+/// activation.
 pub fn check_forward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev: ForwardEvidence) -> Finding {
-    match check(r, k, mb, ev) {
+    let run = || -> Result<(), String> {
+        let l = links(k, mb, ev, Direction::Activation)?;
+        let honest =
+            r.forward(k.stage, ev.weights, l.input, mb.samples as usize).map_err(|e| format!("recompute: {e:#}"))?;
+        same_payload(k, &l, &honest, "recomputed output")
+    };
+    match run() {
         Ok(()) => Finding::Honest,
         Err(why) => Finding::Cheated(why),
     }
 }
 
-fn check<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev: ForwardEvidence) -> Result<(), String> {
+/// What the tail claimed for a micro-batch besides its gradient frame.
+#[derive(Clone, Copy, Debug)]
+pub struct TailClaim<'a> {
+    /// The micro-batch's targets (from the corpus, as the tail reads them).
+    pub targets: &'a [u32],
+    /// The mean loss it reported (`LossReport.loss`).
+    pub reported_loss: f32,
+}
+
+/// The tail's checks: links 1 to 3 on the gradient frame it sent back
+/// (which answers the activation it received), then the recompute of its
+/// losses and gradient: the gradient payload must be the recomputed one
+/// and the reported mean loss the recomputed mean (bit for bit on the same
+/// backend; within `tolerance`, relative, otherwise).
+pub fn check_tail<B: Backend>(
+    r: &Recompute<B>,
+    k: &Known,
+    mb: SampledMb,
+    ev: ForwardEvidence,
+    claim: TailClaim,
+) -> Finding {
+    let run = || -> Result<(), String> {
+        let l = links(k, mb, ev, Direction::ActivationGrad)?;
+        let t = r
+            .tail(k.stage, ev.weights, l.input, claim.targets, mb.samples as usize)
+            .map_err(|e| format!("recompute: {e:#}"))?;
+        let mean = (t.losses.iter().map(|&x| f64::from(x)).sum::<f64>() / t.losses.len().max(1) as f64) as f32;
+        let loss_ok = if k.tolerance == 0.0 {
+            mean.to_bits() == claim.reported_loss.to_bits()
+        } else {
+            f64::from((claim.reported_loss - mean).abs()) <= k.tolerance * f64::from(mean.abs()).max(1e-12)
+        };
+        if !loss_ok {
+            return Err(format!("reported loss {} differs from the recomputed {mean}", claim.reported_loss));
+        }
+        let honest = t.grad.ok_or("the tail of a one-stage model sends no gradient")?;
+        same_payload(k, &l, &honest, "recomputed gradient")
+    };
+    match run() {
+        Ok(()) => Finding::Honest,
+        Err(why) => Finding::Cheated(why),
+    }
+}
+
+/// What links 1 to 3 establish: the output and its payload, and the
+/// input to recompute from.
+struct Linked<'a> {
+    out: iota_core::wire::FrameHeader,
+    out_payload: &'a [u8],
+    input: ForwardInput<'a>,
+}
+
+/// Checks 1 to 3: the output frame (of `direction`) signed by the miner
+/// for the sampled attempt, what it answers, and committed weights.
+fn links<'a>(k: &'a Known, mb: SampledMb, ev: ForwardEvidence<'a>, direction: Direction) -> Result<Linked<'a>, String> {
     // 1. The output, signed by the miner.
     let (out, out_payload) = decode_frame(ev.output_frame, k.ctx, k.miner).map_err(|e| format!("output frame: {e}"))?;
     let same_mb = |h: &iota_core::wire::FrameHeader| {
@@ -96,15 +159,15 @@ fn check<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev: ForwardEvid
             && h.samples == mb.samples
             && h.attempt == mb.attempt
     };
-    if out.direction != Direction::Activation || !same_mb(&out) {
-        return Err("the output frame is not the sampled micro-batch's activation".into());
+    if out.direction != direction || !same_mb(&out) {
+        return Err(format!("the output frame is not the sampled micro-batch's {direction:?} frame"));
     }
     if out.codec != k.codec.id() {
         return Err("the output frame is not in the run's codec".into());
     }
     // 2. What it answers.
     let input = match (k.tokens, ev.input_frame, k.upstream) {
-        (Some(tokens), None, _) => {
+        (Some(tokens), None, _) if direction == Direction::Activation => {
             if out.answers != tokens_hash(tokens) {
                 return Err("the output does not answer the micro-batch's tokens".into());
             }
@@ -130,16 +193,19 @@ fn check<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev: ForwardEvid
     if w != k.epoch_start && !ev.step_hashes.contains(&w) {
         return Err("the weights are not ones it committed to".into());
     }
-    // 4. The recompute.
-    let honest = r.forward(k.stage, ev.weights, input, mb.samples as usize).map_err(|e| format!("recompute: {e:#}"))?;
-    let dims = out.dims();
+    Ok(Linked { out, out_payload, input })
+}
+
+/// Check 4's comparison: the claimed payload against the recomputed one.
+fn same_payload(k: &Known, l: &Linked, honest: &[u8], what: &str) -> Result<(), String> {
+    let dims = l.out.dims();
     let (Some(&rows), Some(&cols), 2) = (dims.first(), dims.get(1), dims.len()) else {
         return Err("the output frame is not a matrix".into());
     };
     let (rows, cols) = (rows as usize, cols as usize);
-    let c = compare(k.codec, rows, cols, out_payload, &honest).map_err(|e| format!("comparison: {e:#}"))?;
+    let c = compare(k.codec, rows, cols, l.out_payload, honest).map_err(|e| format!("comparison: {e:#}"))?;
     if !c.passes(k.tolerance) {
-        return Err(format!("recomputed output differs: max |d| {:.3e}, relative L2 {:.3e}", c.max_abs, c.rel_l2));
+        return Err(format!("{what} differs: max |d| {:.3e}, relative L2 {:.3e}", c.max_abs, c.rel_l2));
     }
     Ok(())
 }

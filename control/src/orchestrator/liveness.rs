@@ -182,9 +182,10 @@ impl Orchestrator {
                 // Miners holding this epoch's weights first; if a stage has
                 // none (e.g. all restarted), joining ones carry the work from
                 // the epoch's starting weights rather than stall the run.
-                let mut cands: Vec<&MinerState> = self.active_in(s).filter(|m| !m.benched).collect();
+                let usable = |m: &&MinerState| !m.benched && !m.excluded(self.epoch);
+                let mut cands: Vec<&MinerState> = self.active_in(s).filter(usable).collect();
                 if cands.is_empty() {
-                    cands = self.healthy_in(s).filter(|m| !m.benched).collect();
+                    cands = self.healthy_in(s).filter(usable).collect();
                 }
                 let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1);
                 let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();

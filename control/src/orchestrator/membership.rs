@@ -120,6 +120,7 @@ impl Orchestrator {
                 latency_ms: 0.0,
                 convicted: false,
                 convicted_epochs: 0,
+                suspended_through: None,
                 ejected: false,
                 commitments: std::collections::BTreeMap::new(),
             },

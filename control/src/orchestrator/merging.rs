@@ -65,7 +65,7 @@ impl Orchestrator {
                 .map(|u| {
                     u.keys()
                         .filter_map(|p| self.miners.get(p))
-                        .filter(|m| m.live() && m.merges())
+                        .filter(|m| m.live() && m.merges(self.epoch))
                         .map(|m| Participant { peer: m.peer, work: m.work })
                         .collect()
                 })

@@ -477,7 +477,7 @@ impl Orchestrator {
         let ups = self.uploads.get(&stage)?;
         self.miners
             .values()
-            .filter(|m| ups.contains_key(&m.peer) && m.live() && m.merges())
+            .filter(|m| ups.contains_key(&m.peer) && m.live() && m.merges(self.epoch))
             .min_by_key(|m| m.index)
             .map(|m| m.peer)
     }

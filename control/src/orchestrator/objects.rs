@@ -286,7 +286,7 @@ impl Orchestrator {
         so.uploads
             .iter()
             .filter(|(p, _)| ups.is_some_and(|u| u.contains_key(p)))
-            .filter(|(p, _)| self.miners.get(p).is_some_and(|m| m.merges()))
+            .filter(|(p, _)| self.miners.get(p).is_some_and(|m| m.merges(self.epoch)))
             .map(|(p, o)| {
                 let work = self.miners.get(p).map_or(0, |m| m.work);
                 pb::StoredObject { work, ..o.to_pb() }

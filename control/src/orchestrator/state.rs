@@ -134,6 +134,10 @@ pub struct MinerState {
     /// Epochs whose work validators convicted, over the run.
     #[serde(default)]
     pub convicted_epochs: u32,
+    /// A conviction suspends the miner through the next epoch: the damage
+    /// a cheater does between its conviction and its ejection stays small.
+    #[serde(default)]
+    pub suspended_through: Option<u64>,
     /// Ejected by validators (too many convictions): removed, and its
     /// identity refused.
     #[serde(default)]
@@ -160,8 +164,15 @@ impl MinerState {
     /// weights, and leaving it out would shrink the merge (with two
     /// participants left, a robust rule cannot tell an outlier from the
     /// honest one); one that never worked (silent) would only stall it.
-    pub fn merges(&self) -> bool {
-        !self.convicted && (!self.benched || self.work > 0)
+    pub fn merges(&self, epoch: u64) -> bool {
+        !self.excluded(epoch) && (!self.benched || self.work > 0)
+    }
+
+    /// Out of `epoch` by validators' verdicts: convicted for its work of
+    /// the epoch, or serving the suspension of an earlier conviction (no
+    /// routes, no part in the merge).
+    pub fn excluded(&self, epoch: u64) -> bool {
+        self.convicted || self.suspended_through.is_some_and(|e| e >= epoch)
     }
 }
 

@@ -124,7 +124,7 @@ impl Orchestrator {
                 .mbs
                 .values()
                 .filter_map(|r| match &r.status {
-                    MbStatus::Done { attempt, pathway, .. } if pathway.get(m.stage as usize) == Some(&m.peer) => {
+                    MbStatus::Done { attempt, pathway, loss } if pathway.get(m.stage as usize) == Some(&m.peer) => {
                         Some(pb::WorkItem {
                             mb: Some(pb::WorkRef {
                                 shard: r.mb.shard,
@@ -133,6 +133,7 @@ impl Orchestrator {
                             }),
                             samples: r.samples,
                             pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
+                            loss: *loss,
                         })
                     }
                     _ => None,
@@ -361,6 +362,8 @@ impl Orchestrator {
                             m.convicted = true;
                             m.work = 0;
                         }
+                        // No routes until the epoch after next.
+                        m.suspended_through = Some(m.suspended_through.unwrap_or(0).max(epoch + 1));
                     }
                     warn!(epoch, miner = %miner, excluded = current, "validators convicted a miner's work");
                 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
-use iota_dataplane::evidence::{Finding, Known, SampledMb, check_forward};
+use iota_dataplane::evidence::{Finding, Known, SampledMb, TailClaim, check_forward, check_tail};
 use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_dataplane::frame::{FrameLimits, RunContext};
 use iota_dataplane::miner::worker::weights_hash;
@@ -72,14 +72,17 @@ impl Checker {
             Some(h) => h,
             None => self.initial_hash(job.stage)?,
         };
-        let tokens = if job.stage == 0 {
-            let corpus = self.corpus.as_ref().ok_or("no corpus to take the head's tokens from")?;
+        // The head's tokens and the tail's targets, from the corpus as the
+        // miners read them.
+        let data = if job.stage == 0 || job.reported_loss.is_some() {
+            let corpus = self.corpus.as_ref().ok_or("no corpus to take the micro-batch from")?;
             let mb =
                 MicroBatchId { first: SampleId { epoch: 0, shard: job.key.0, index: job.key.1 }, len: job.samples };
-            Some(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq).0)
+            Some(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq))
         } else {
             None
         };
+        let tokens = data.as_ref().filter(|_| job.stage == 0).map(|(x, _)| x.as_slice());
         let ctx = RunContext::new(self.run_id, FrameLimits::default());
         let e = u32::try_from(job.epoch).map_err(|_| "an epoch past the frame's range")?;
         ctx.set_epoch_window(e, e);
@@ -88,7 +91,7 @@ impl Checker {
             miner: job.miner,
             stage: job.stage,
             upstream: job.upstream,
-            tokens: tokens.as_deref(),
+            tokens,
             committed: &job.heads,
             epoch_start,
             codec: self.cfg.train.codec,
@@ -101,7 +104,14 @@ impl Checker {
             samples: job.samples,
             attempt: job.key.2,
         };
-        match check_forward(&self.recompute, &known, mb, bundle.as_forward()) {
+        let finding = match (job.reported_loss, &data) {
+            (Some(reported_loss), Some((_, targets))) => {
+                let claim = TailClaim { targets, reported_loss };
+                check_tail(&self.recompute, &known, mb, bundle.as_forward(), claim)
+            }
+            _ => check_forward(&self.recompute, &known, mb, bundle.as_forward()),
+        };
+        match finding {
             Finding::Honest => Ok(()),
             Finding::Cheated(why) => Err(why),
         }

@@ -13,8 +13,9 @@
 //! guilty (an honest miner keeps what it may be asked for; see
 //! PROTOCOL.md, "Validation").
 //!
-//! The tail stage is not drawn yet: its output is a gradient and a loss,
-//! which `evidence::check_forward` does not check (issue 13 notes).
+//! Every stage is drawn: a head or middle miner's activation is checked by
+//! `evidence::check_forward`, the tail's gradient and reported loss by
+//! `evidence::check_tail`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,6 +47,9 @@ pub struct CheckJob {
     /// The merged weights the stage started the epoch from (None: the run
     /// seed's initial weights, epoch 0).
     pub epoch_start: Option<[u8; 32]>,
+    /// The tail: the mean loss it reported for the attempt (None for the
+    /// other stages).
+    pub reported_loss: Option<f32>,
     pub object: StoredObject,
 }
 
@@ -60,8 +64,8 @@ pub enum Action {
 struct MinerWork {
     stage: u32,
     heads: EpochHeads,
-    /// Attempt -> (samples, pathway).
-    items: BTreeMap<WorkKey, (u32, Vec<PeerId>)>,
+    /// Attempt -> (samples, pathway, the tail's reported loss).
+    items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
 }
 
 #[derive(Default)]
@@ -139,7 +143,7 @@ impl ValidatorCore {
                 if pathway.len() != self.stages as usize || pathway.get(m.stage as usize) != Some(&p) {
                     return Err(format!("miner {p}'s work item has a pathway that does not hold it"));
                 }
-                items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway));
+                items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway, it.loss));
             }
             work.insert(p, MinerWork { stage: m.stage, heads, items });
         }
@@ -155,11 +159,8 @@ impl ValidatorCore {
                 starts.insert(s.stage, h);
             }
         }
-        // The tail is not drawn yet (see the module text).
-        let last = self.stages.saturating_sub(1);
         let eligible: BTreeMap<PeerId, Vec<(MbRef, u32)>> = work
             .iter()
-            .filter(|(_, m)| m.stage < last)
             .map(|(p, m)| {
                 let mbs = m.items.keys().map(|k| (MbRef { epoch: w.epoch, shard: k.0, first_sample: k.1 }, k.2));
                 (*p, mbs.collect())
@@ -192,9 +193,10 @@ impl ValidatorCore {
         if v.voted || !v.pending.remove(&key) {
             return Vec::new();
         }
-        let Some((samples, pathway)) = m.items.get(&key) else { return Vec::new() };
+        let Some((samples, pathway, loss)) = m.items.get(&key) else { return Vec::new() };
         v.checking.insert(key);
         let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
+        let reported_loss = (m.stage + 1 == self.stages).then_some(*loss);
         vec![Action::Check(Box::new(CheckJob {
             epoch,
             miner,
@@ -204,6 +206,7 @@ impl ValidatorCore {
             upstream,
             heads: m.heads.clone(),
             epoch_start: r.starts.get(&m.stage).copied(),
+            reported_loss,
             object: obj,
         }))]
     }
@@ -312,6 +315,7 @@ mod tests {
                     mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
                     samples: 8,
                     pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
+                    loss: 2.5,
                 })
                 .collect();
             let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
@@ -344,11 +348,11 @@ mod tests {
     }
 
     #[test]
-    fn draws_all_but_the_tail_checks_what_it_drew_and_votes_once_per_miner() {
+    fn draws_every_stage_checks_what_it_drew_and_votes_once_per_miner() {
         let mut c = core();
         let a = c.on_work(0, &work(2, 10)).unwrap();
         let asked = asks(&a);
-        assert_eq!(asked.iter().map(|(m, i)| (*m, i.len())).collect::<Vec<_>>(), vec![(p(1), 2), (p(2), 2)]);
+        assert_eq!(asked.iter().map(|(m, i)| (*m, i.len())).collect::<Vec<_>>(), vec![(p(1), 2), (p(2), 2), (p(3), 2)]);
         // Evidence nobody drew, or from another epoch, is ignored.
         let undrawn = (0..10).map(|i| (0, i * 8, 0)).find(|k| !asked[0].1.contains(k)).unwrap();
         assert!(c.on_evidence(2, evidence(2, p(1), undrawn)).is_empty());
@@ -359,8 +363,10 @@ mod tests {
             for (i, k) in keys.iter().enumerate() {
                 let jobs = c.on_evidence(2, evidence(2, *m, *k));
                 let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
-                assert_eq!(job.upstream, if *m == p(1) { None } else { Some(p(1)) });
+                let upstream = [None, Some(p(1)), Some(p(2))][m.0[0] as usize - 1];
+                assert_eq!(job.upstream, upstream);
                 assert_eq!(job.epoch_start, if *m == p(2) { Some([4; 32]) } else { None });
+                assert_eq!(job.reported_loss, (*m == p(3)).then_some(2.5), "the tail's claimed loss");
                 assert!(c.on_evidence(2, evidence(2, *m, *k)).is_empty(), "announced twice: checked once");
                 let res = if *m == p(2) && i == 1 { Err("recomputed output differs".into()) } else { Ok(()) };
                 votes.extend(c.checked(job, res));
@@ -374,7 +380,8 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect();
-        assert_eq!(summary, vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), "done".into()]);
+        let want = vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), format!("{:?} false 2", p(3))];
+        assert_eq!(summary, [want, vec!["done".into()]].concat());
         assert!(c.tick(10_000).is_empty(), "everyone has a vote");
     }
 
@@ -387,11 +394,12 @@ mod tests {
         assert!(c.checked(job, Ok(())).is_empty(), "one of two");
         assert!(c.tick(1_000).is_empty(), "not yet overdue");
         let a = c.tick(1_001);
-        assert_eq!(a.len(), 3, "{a:?}");
+        assert_eq!(a.len(), 4, "{a:?}");
         assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples: 1, reason, .. }
             if *miner == p(1) && reason.contains("no evidence for 1")));
         assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
-        assert_eq!(a[2], Action::Done { epoch: 0 });
+        assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
+        assert_eq!(a[3], Action::Done { epoch: 0 });
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! `Silent`, `Closed`, `Slow` and `Flaky` are unreliable: the miner's shell
 //! acts them out. `Noise`, `Zeros` and `Replay` are dishonest: the worker
-//! changes the activations it sends (before they are encoded and signed),
+//! changes the outputs it sends (activations; at the tail, the gradient it
+//! sends back), before they are encoded and signed; `LossLie` (a tail)
+//! reports a lower loss than it computed. They
 //! and does everything else honestly (it trains, commits, and uploads as
 //! evidence the frames it really sent), so the only link a validator can
 //! catch them on is the recompute.
@@ -30,11 +32,14 @@ pub enum Adversary {
     /// Sends, for every micro-batch, the activations it computed for its
     /// first micro-batch of the run (under the new micro-batch's header).
     Replay,
+    /// A tail that reports 20% less loss than it computed (and is honest
+    /// otherwise).
+    LossLie,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 7] = [
+    pub const NAMES: [(&'static str, Adversary); 8] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -42,6 +47,7 @@ impl Adversary {
         ("noise", Adversary::Noise),
         ("zeros", Adversary::Zeros),
         ("replay", Adversary::Replay),
+        ("loss-lie", Adversary::LossLie),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -51,7 +57,7 @@ impl Adversary {
     /// Whether the mode changes what the miner computes (the worker acts it
     /// out) rather than how it takes part (the shell does).
     pub fn tampers(self) -> bool {
-        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay)
+        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay | Adversary::LossLie)
     }
 }
 
@@ -95,8 +101,13 @@ impl Tamper {
                 Some(_) => {}
                 None => self.first = Some(values.to_vec()),
             },
-            Adversary::Silent | Adversary::Closed | Adversary::Slow | Adversary::Flaky => {}
+            Adversary::LossLie | Adversary::Silent | Adversary::Closed | Adversary::Slow | Adversary::Flaky => {}
         }
+    }
+
+    /// The loss a tail reports for a micro-batch whose mean loss is `loss`.
+    pub(crate) fn reported_loss(&self, loss: f32) -> f32 {
+        if self.mode == Adversary::LossLie { loss * 0.8 } else { loss }
     }
 }
 

@@ -492,6 +492,7 @@ impl<B: Backend + 'static> Worker<B> {
 
     fn report_loss(&self, r: &pb::Route, losses: &[f32], out: &mut Vec<Output>) {
         let mean = (losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len().max(1) as f64) as f32;
+        let mean = self.tamper.as_ref().map_or(mean, |t| t.reported_loss(mean));
         out.push(Output::Report(pb::report::Kind::Loss(pb::LossReport {
             epoch: r.epoch,
             shard: r.shard,
@@ -590,7 +591,10 @@ impl<B: Backend + 'static> Worker<B> {
                 let k = self.cfg.train.grad_accum as f32;
                 let t = self.stage.as_mut().unwrap().forward_backward_buf(data, &y, batch, seq, 1.0 / k)?;
                 self.report_loss(&r, &t.losses, out);
-                let g = t.din.context("tail of a split model returns an input gradient")?;
+                let mut g = t.din.context("tail of a split model returns an input gradient")?;
+                if let Some(t) = self.tamper.as_mut() {
+                    t.activations(key, &mut g);
+                }
                 let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                 self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
                 // With the weights it computed with (before the step below).

@@ -209,11 +209,20 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
     cheated(check(&wrong_shape, &w1, &input, &hashes), "output frame");
 }
 
+/// Where the adversary lands: registered first (the head stage) or last
+/// (the tail: stages fill evenly, and the tail is the one short).
+#[derive(Clone, Copy, PartialEq)]
+enum Place {
+    Head,
+    Tail,
+}
+
 /// Runs a `tiny` 3x2 swarm with two validators and one adversary of `mode`
-/// (registered first: it lands in the head stage), for two epochs.
-/// Returns the adversary's id, the run's verdicts and its epoch summaries.
+/// at `place`, for two epochs. Returns the adversary's id, the run's
+/// verdicts and its epoch summaries.
 async fn adversary_swarm(
     mode: iota_dataplane::miner::Adversary,
+    place: Place,
 ) -> (iota_core::PeerId, Vec<iota_control::orchestrator::VerdictRecord>, Vec<iota_control::orchestrator::EpochSummary>)
 {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,18 +236,39 @@ async fn adversary_swarm(
     let stop = Arc::new(AtomicBool::new(false));
     let vs: Vec<_> =
         validators.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 1000 + i as u64, stop.clone())).collect();
-    let bad = swarm.miner_with(|o| o.adversary = Some(mode), stop.clone());
-    // Registered before the honest miners: stage 0, the head.
-    let mut bad_peer = None;
-    for _ in 0..100 {
-        bad_peer = swarm.service.with_state(|o| o.miners().next().map(|m| m.peer));
-        if bad_peer.is_some() {
-            break;
+    let registered = |n: usize| swarm.service.with_state(|o| o.miners().count() >= n);
+    let wait_for = |n: usize| async move {
+        for _ in 0..200 {
+            if registered(n) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        panic!("{n} miners never registered");
+    };
+    let (mut honest, mut bad) = (Vec::new(), None);
+    if place == Place::Head {
+        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
+        wait_for(1).await;
     }
-    let bad_peer = bad_peer.expect("the adversary registered");
-    let honest: Vec<_> = (0..5).map(|_| swarm.miner(stop.clone())).collect();
+    for i in 0..5 {
+        honest.push(swarm.miner(stop.clone()));
+        wait_for(i + 1 + usize::from(place == Place::Head)).await;
+    }
+    if place == Place::Tail {
+        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
+    }
+    let bad_peer = {
+        wait_for(6).await;
+        let order: Vec<_> = swarm.service.with_state(|o| {
+            let mut m: Vec<_> = o.miners().map(|m| (m.index, m.peer, m.stage)).collect();
+            m.sort();
+            m
+        });
+        let (_, peer, stage) = if place == Place::Head { order[0] } else { order[5] };
+        assert_eq!(stage, if place == Place::Head { 0 } else { 2 }, "the adversary's stage");
+        peer
+    };
     for m in honest {
         tokio::time::timeout(Duration::from_secs(120), m)
             .await
@@ -247,7 +277,7 @@ async fn adversary_swarm(
             .unwrap();
     }
     stop.store(true, Ordering::SeqCst);
-    let _ = tokio::time::timeout(Duration::from_secs(10), bad).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), bad.unwrap()).await;
     for v in vs {
         let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
         assert!(s.rounds >= 1, "{s:?}");
@@ -256,11 +286,15 @@ async fn adversary_swarm(
     (bad_peer, verdicts, history)
 }
 
-/// Issue 13: an adversary of `mode` in the head stage is convicted by
-/// both validators in the first epoch, left out of the merge, and no
-/// honest miner is accused; the run completes and its loss falls.
-async fn convicted_in_its_first_epoch_and_honest_ones_never(mode: iota_dataplane::miner::Adversary) {
-    let (bad, verdicts, history) = adversary_swarm(mode).await;
+/// Issue 13: an adversary of `mode` at `place` is convicted by both
+/// validators in the first epoch, left out of the merge, and no honest
+/// miner is accused; the run completes and its loss falls.
+async fn convicted_in_its_first_epoch_and_honest_ones_never(
+    mode: iota_dataplane::miner::Adversary,
+    place: Place,
+    why: &str,
+) {
+    let (bad, verdicts, history) = adversary_swarm(mode, place).await;
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.convicted.len())).collect::<Vec<_>>());
     for v in &verdicts {
         println!("verdict e{} {} guilty={} samples={} {}", v.epoch, v.miner, v.guilty, v.samples, v.reason);
@@ -270,22 +304,34 @@ async fn convicted_in_its_first_epoch_and_honest_ones_never(mode: iota_dataplane
     let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
     assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
     let cleared: std::collections::BTreeSet<_> = verdicts.iter().filter(|v| !v.guilty).map(|v| v.miner).collect();
-    assert!(cleared.len() >= 3, "the honest non-tail miners were checked and cleared: {cleared:?}");
-    assert!(verdicts.iter().any(|v| v.guilty && v.miner == bad && v.reason.contains("differs")), "{verdicts:?}");
+    assert!(cleared.len() >= 4, "the honest miners were checked and cleared: {cleared:?}");
+    assert!(verdicts.iter().any(|v| v.guilty && v.miner == bad && v.reason.contains(why)), "{verdicts:?}");
     assert!(history[1].mean_loss < history[0].mean_loss, "the loss falls");
 }
 
+use iota_dataplane::miner::Adversary;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_noisy_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
-    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Noise).await;
+async fn a_noisy_head_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Noise, Place::Head, "output differs").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_zeroing_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
-    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Zeros).await;
+async fn a_zeroing_head_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Zeros, Place::Head, "output differs").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replaying_miner_is_convicted_in_its_first_epoch_and_honest_ones_never() {
-    convicted_in_its_first_epoch_and_honest_ones_never(iota_dataplane::miner::Adversary::Replay).await;
+async fn a_replaying_head_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Replay, Place::Head, "output differs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tail_lying_about_its_loss_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::LossLie, Place::Tail, "reported loss").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tail_sending_noisy_gradients_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Noise, Place::Tail, "gradient differs").await;
 }

@@ -197,6 +197,9 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     assert_eq!(w1.epoch, 1);
     assert!(w1.starts.iter().all(|st| st.weights_hash == vec![7; 32]), "the merged weights' hash");
     assert!(!s.o.miner(&m1).unwrap().convicted);
+    // Suspended through epoch 1: it carried nothing, so it is not in the work.
+    assert!(w1.miners.iter().all(|m| m.peer != m1.0.to_vec()), "a suspended miner is not routed");
+    assert_eq!(w1.miners.len(), 3);
     vote(&mut s, 0, 1, m1, true).unwrap();
     vote(&mut s, 1, 1, m1, true).unwrap();
     assert_eq!(s.o.counters().ejected, 1);
