@@ -2,6 +2,7 @@
 //! in the same run, as a ratio. Results and reproduce commands are recorded in
 //! docs/BENCHMARKS.md.
 
+mod adversary;
 mod butterfly;
 mod control;
 mod liveness;
@@ -56,6 +57,12 @@ enum Cmd {
     /// the head stage, the tail stage or joining mid-run, against the same
     /// swarm with honest miners only: wall-time ratio, drops, benching.
     Liveness(liveness::Args),
+    /// tiny 3x2 in process with two validators and one dishonest miner
+    /// (noise, zeros, replay in the head; loss-lie or noisy gradients in the
+    /// tail), against the same swarm with honest miners only: detected, the
+    /// epoch of the conviction, honest miners flagged, wall-time ratio,
+    /// validator compute as a share of the miners'.
+    Adversary(adversary::Args),
 }
 
 fn main() {
@@ -68,6 +75,7 @@ fn main() {
         Cmd::Butterfly(a) => butterfly::run(a),
         Cmd::Control(a) => control::run(a),
         Cmd::Liveness(a) => liveness::run(a),
+        Cmd::Adversary(a) => adversary::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

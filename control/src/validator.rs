@@ -75,11 +75,13 @@ pub struct ValidatorSummary {
     pub checked: u64,
     pub guilty_votes: Vec<(u64, PeerId, String)>,
     pub cleared_votes: u64,
+    /// Time spent checking evidence (decoding and recomputing).
+    pub check_time: Duration,
 }
 
 enum Input {
     Command(pb::command::Kind),
-    Checked(Box<CheckJob>, Result<(), String>),
+    Checked(Box<CheckJob>, Result<(), String>, Duration),
 }
 
 /// Validates the run at `opts.orchestrator` until it is done (or `stop`).
@@ -173,8 +175,9 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                     _ => Vec::new(),
                 },
                 Input::Command(_) => Vec::new(),
-                Input::Checked(job, res) => {
+                Input::Checked(job, res, took) => {
                     summary.checked += 1;
+                    summary.check_time += took;
                     core.checked(&job, res)
                 }
             },
@@ -217,13 +220,18 @@ async fn act(
                 let res = match store.get(&job.object.key).await {
                     Ok(bytes) => {
                         let job2 = job.clone();
-                        tokio::task::spawn_blocking(move || checker.lock().check(&job2, &bytes))
-                            .await
-                            .unwrap_or_else(|e| Err(format!("the check failed to run: {e}")))
+                        tokio::task::spawn_blocking(move || {
+                            let mut checker = checker.lock();
+                            let t0 = std::time::Instant::now();
+                            let r = checker.check(&job2, &bytes);
+                            (r, t0.elapsed())
+                        })
+                        .await
+                        .unwrap_or_else(|e| (Err(format!("the check failed to run: {e}")), Duration::ZERO))
                     }
-                    Err(e) => Err(format!("the evidence object cannot be read: {e}")),
+                    Err(e) => (Err(format!("the evidence object cannot be read: {e}")), Duration::ZERO),
                 };
-                let _ = in_tx.send(Input::Checked(job, res)).await;
+                let _ = in_tx.send(Input::Checked(job, res.0, res.1)).await;
             });
         }
         Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason } => {

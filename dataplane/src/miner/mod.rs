@@ -117,6 +117,9 @@ pub struct MinerSummary {
     pub optimizer_steps: u64,
     pub params: Vec<f32>,
     pub rejected_frames: u64,
+    /// Time its stage worker spent handling frames and commands (its
+    /// compute, merges and uploads; what validation is weighed against).
+    pub compute: std::time::Duration,
 }
 
 /// Joins the run at `opts.orchestrator` and works until it is done (or
@@ -464,6 +467,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     w.set_evidence(io.sent.clone(), io.evidence_bytes);
     w.set_adversary(io.adversary);
     let mut out = Vec::new();
+    let mut compute = std::time::Duration::ZERO;
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
         use iota_protocol::pb::command::Kind;
@@ -495,6 +499,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         if let Err(e) = w.handle(input, &mut out) {
             warn!(error = %format!("{e:#}"), "stage worker");
         }
+        compute += t0.elapsed();
         if io.adversary == Some(Adversary::Slow) && work {
             std::thread::sleep(t0.elapsed() * 9);
         }
@@ -514,5 +519,6 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         optimizer_steps: w.steps,
         params: stage.map(|s| s.params_host()).unwrap_or_default(),
         rejected_frames: w.rejected_frames,
+        compute,
     })
 }

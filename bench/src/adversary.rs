@@ -1,0 +1,79 @@
+//! adversary: `tiny` 3 stages x 2 replicas in process on loopback with two
+//! validators and one dishonest miner (noise, zeros or replay in the head;
+//! a loss-lying or noisy-gradient tail). Baseline from the same run: the
+//! same swarm, validators included, with six honest miners. Prints per
+//! mode whether both validators' stake convicted it, in which epoch, the
+//! guilty votes against honest miners, the wall time as a ratio to the
+//! honest baseline, and the validators' compute (time in evidence checks)
+//! as a share of the honest miners' compute (time in their stage workers).
+
+use anyhow::Result;
+use iota_dataplane::miner::Adversary;
+use iota_tests::validation::{Place, ScenarioReport, run_scenario};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Epochs per run.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Micro-batches per epoch.
+    #[arg(long, default_value_t = 32)]
+    micro_batches: u64,
+    /// Honest runs whose median is the baseline.
+    #[arg(long, default_value_t = 3)]
+    baseline_runs: usize,
+}
+
+const SCENARIOS: [(&str, Adversary, Place); 5] = [
+    ("noise head", Adversary::Noise, Place::Head),
+    ("zeros head", Adversary::Zeros, Place::Head),
+    ("replay head", Adversary::Replay, Place::Head),
+    ("loss-lie tail", Adversary::LossLie, Place::Tail),
+    ("noise tail", Adversary::Noise, Place::Tail),
+];
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    println!(
+        "adversary: tiny 3 stages x 2 replicas, {} epochs x {} micro-batches, 2 validators (equal stake, >= 3 samples \
+         per miner per epoch), 5 honest miners + 1 dishonest",
+        a.epochs, a.micro_batches
+    );
+    let mut bases: Vec<ScenarioReport> =
+        (0..a.baseline_runs.max(1)).map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches))).collect();
+    bases.sort_by_key(|r| r.wall);
+    let walls: Vec<String> = bases.iter().map(|r| format!("{:.1}", r.wall.as_secs_f64())).collect();
+    let base = bases.swap_remove(bases.len() / 2);
+    println!("honest runs: {} s (median is the baseline)", walls.join(", "));
+    println!(
+        "{:<15} {:>9} {:>8} {:>14} {:>7} {:>7} {:>9} {:>12}",
+        "scenario", "detected", "epoch", "honest flagged", "wall s", "ratio", "checked", "validator %"
+    );
+    row("honest", &base, &base);
+    for (name, mode, place) in SCENARIOS {
+        let r = rt.block_on(run_scenario(Some((mode, place)), a.epochs, a.micro_batches));
+        row(name, &r, &base);
+    }
+    Ok(())
+}
+
+fn row(name: &str, r: &ScenarioReport, base: &ScenarioReport) {
+    let first = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)).map(|e| e.epoch));
+    let flagged = r.verdicts.iter().filter(|v| v.guilty && Some(v.miner) != r.bad).count();
+    let share = 100.0 * r.validator_compute.as_secs_f64() / r.miner_compute.as_secs_f64().max(1e-9);
+    println!(
+        "{:<15} {:>9} {:>8} {:>14} {:>7.1} {:>7.2} {:>9} {:>11.1}%",
+        name,
+        match (r.bad, first) {
+            (None, _) => "-",
+            (Some(_), Some(_)) => "yes",
+            (Some(_), None) => "NO",
+        },
+        first.map_or("-".to_string(), |e| e.to_string()),
+        flagged,
+        r.wall.as_secs_f64(),
+        r.wall.as_secs_f64() / base.wall.as_secs_f64(),
+        r.checked,
+        share
+    );
+}

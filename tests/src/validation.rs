@@ -1,0 +1,108 @@
+//! The validation scenario shared by the integration tests and
+//! `iota-bench adversary`: a `tiny` 3x2 swarm in process with two
+//! validators and at most one dishonest miner, placed in the head or tail
+//! stage.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use iota_control::orchestrator::{EpochSummary, VerdictRecord};
+use iota_core::{PeerId, WireCodec};
+use iota_dataplane::miner::Adversary;
+
+use crate::{Swarm, tiny_run, with_validators};
+
+/// Where the adversary lands: registered first (the head stage) or last
+/// (the tail: stages fill evenly, and the tail is the one short).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Place {
+    Head,
+    Tail,
+}
+
+/// What a scenario did.
+pub struct ScenarioReport {
+    /// The adversary's identity.
+    pub bad: Option<PeerId>,
+    pub verdicts: Vec<VerdictRecord>,
+    pub history: Vec<EpochSummary>,
+    /// From the first miner's start to the last honest miner's end.
+    pub wall: Duration,
+    /// The honest miners' stage workers' busy time, summed.
+    pub miner_compute: Duration,
+    /// The validators' time checking evidence, summed.
+    pub validator_compute: Duration,
+    /// Evidence objects the validators checked.
+    pub checked: u64,
+}
+
+/// Runs `epochs` x `per_epoch` micro-batches of `tiny` over 3 stages x 2
+/// replicas with two validators, and `adversary` at its place (None: six
+/// honest miners).
+pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, per_epoch: u64) -> ScenarioReport {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(3, 2, epochs, per_epoch, WireCodec::Int8Row);
+    let validators = with_validators(&mut cfg, 2);
+    cfg.spec.validation.min_per_miner = 3;
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> =
+        validators.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 1000 + i as u64, stop.clone())).collect();
+    let registered = |n: usize| swarm.service.with_state(|o| o.miners().count() >= n);
+    let wait_for = |n: usize| async move {
+        for _ in 0..200 {
+            if registered(n) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{n} miners never registered");
+    };
+    let t0 = Instant::now();
+    let (mut honest, mut bad) = (Vec::new(), None);
+    let first = matches!(adversary, Some((_, Place::Head)));
+    if let Some((mode, Place::Head)) = adversary {
+        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
+        wait_for(1).await;
+    }
+    let honest_count = if adversary.is_some() { 5 } else { 6 };
+    for i in 0..honest_count {
+        honest.push(swarm.miner(stop.clone()));
+        wait_for(i + 1 + usize::from(first)).await;
+    }
+    if let Some((mode, Place::Tail)) = adversary {
+        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
+    }
+    wait_for(6).await;
+    let bad_peer = adversary.map(|(_, place)| {
+        let mut order: Vec<_> = swarm.service.with_state(|o| o.miners().map(|m| (m.index, m.peer, m.stage)).collect());
+        order.sort();
+        let (_, peer, stage) = if place == Place::Head { order[0] } else { order[5] };
+        assert_eq!(stage, if place == Place::Head { 0 } else { 2 }, "the adversary's stage");
+        peer
+    });
+    let mut miner_compute = Duration::ZERO;
+    for m in honest {
+        let s = tokio::time::timeout(Duration::from_secs(120), m)
+            .await
+            .expect("honest miner finished in time")
+            .unwrap()
+            .unwrap();
+        miner_compute += s.compute;
+    }
+    let wall = t0.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    if let Some(b) = bad {
+        let _ = tokio::time::timeout(Duration::from_secs(10), b).await;
+    }
+    let (mut validator_compute, mut checked) = (Duration::ZERO, 0);
+    for v in vs {
+        let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
+        assert!(s.rounds >= 1, "{s:?}");
+        validator_compute += s.check_time;
+        checked += s.checked;
+    }
+    let (verdicts, history) = swarm.service.with_state(|o| (o.verdicts().to_vec(), o.history().to_vec()));
+    ScenarioReport { bad: bad_peer, verdicts, history, wall, miner_compute, validator_compute, checked }
+}
