@@ -43,6 +43,9 @@ pub struct ValidatorOptions {
     /// after the round opened is voted guilty.
     pub evidence_timeout: Duration,
     pub heartbeat: Duration,
+    /// Test tool: a dishonest validator that votes every miner it checked
+    /// guilty, whatever its checks found (never set by the command line).
+    pub accuse_everyone: bool,
 }
 
 impl ValidatorOptions {
@@ -56,6 +59,7 @@ impl ValidatorOptions {
             seed,
             evidence_timeout: Duration::from_secs(30),
             heartbeat: Duration::from_millis(500),
+            accuse_everyone: false,
         }
     }
 }
@@ -183,7 +187,14 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
             },
             _ = tick.tick() => core.tick(now_ms()),
         };
-        for a in actions {
+        for mut a in actions {
+            if let Action::Vote { guilty, reason, .. } = &mut a
+                && opts.accuse_everyone
+                && !*guilty
+            {
+                *guilty = true;
+                *reason = "accused regardless (a dishonest validator, test tool)".into();
+            }
             if let Err(e) = act(a, &mut client, &store, &checker, &in_tx, &mut summary).await {
                 warn!(error = %e, "validator action failed");
             }

@@ -224,9 +224,21 @@ impl Swarm {
         seed: u64,
         stop: Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<anyhow::Result<iota_control::validator::ValidatorSummary>> {
+        self.validator_with(id, seed, |_| {}, stop)
+    }
+
+    /// Starts a validator task with changed options (a dishonest one).
+    pub fn validator_with(
+        &self,
+        id: Identity,
+        seed: u64,
+        change: impl FnOnce(&mut iota_control::validator::ValidatorOptions),
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<anyhow::Result<iota_control::validator::ValidatorSummary>> {
         let mut opts = iota_control::validator::ValidatorOptions::local(self.url.clone(), seed);
         opts.orchestrator_key = Some(self.service.identity().peer_id());
         opts.store = Some(self.db.with_file_name("store"));
+        change(&mut opts);
         tokio::spawn(iota_control::validator::run(opts, id, stop))
     }
 }

@@ -269,11 +269,84 @@ async fn honest_miners_are_checked_every_epoch_and_never_accused() {
     assert_eq!(r.history.len(), 3);
     let guilty: Vec<_> = r.verdicts.iter().filter(|v| v.guilty).collect();
     assert!(guilty.is_empty(), "{guilty:?}");
+    // Every miner that worked in an epoch is checked in it (the tail too):
+    // at least one per stage each epoch, and all six over the run.
     for e in 0..3 {
         let cleared: std::collections::BTreeSet<_> =
             r.verdicts.iter().filter(|v| v.epoch == e && !v.guilty).map(|v| v.miner).collect();
-        assert_eq!(cleared.len(), 6, "epoch {e}: every miner (the tail too) checked and cleared");
+        assert!(cleared.len() >= 3, "epoch {e}: {cleared:?}");
     }
+    let cleared: std::collections::BTreeSet<_> = r.verdicts.iter().filter(|v| !v.guilty).map(|v| v.miner).collect();
+    assert_eq!(cleared.len(), 6, "every miner checked and cleared");
     assert!(r.history.iter().all(|h| h.convicted.is_empty()));
-    assert!(r.checked >= 2 * 3 * 6 * 3, "two validators x 3 samples x 6 miners x 3 epochs: {}", r.checked);
+    assert!(r.checked >= 2 * 3 * 3 * 3, "two validators x 3 samples x (at least) 3 miners x 3 epochs: {}", r.checked);
+}
+
+/// Issue 13: a validator that crashes mid-round and comes back with its
+/// identity finishes its round (the orchestrator hands it the work again,
+/// and the evidence already stored); a validator that votes every miner
+/// guilty is outvoted by the others' stake, counted as such, and convicts
+/// nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_validator_finishes_its_round_and_a_lying_one_is_outvoted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use iota_control::orchestrator::Phase;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(3, 2, 2, 16, WireCodec::Int8Row);
+    let ids = iota_tests::with_validators(&mut cfg, 3);
+    cfg.spec.validation.min_per_miner = 3;
+    let (crashing, liar) = (ids[0].peer_id(), ids[2].peer_id());
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let first = swarm.validator(iota_core::Identity::from_seed(*ids[0].seed()), 1, stop.clone());
+    let honest = swarm.validator(iota_core::Identity::from_seed(*ids[1].seed()), 2, stop.clone());
+    let lying = swarm.validator_with(
+        iota_core::Identity::from_seed(*ids[2].seed()),
+        3,
+        |o| o.accuse_everyone = true,
+        stop.clone(),
+    );
+    let miners: Vec<_> = (0..6).map(|_| swarm.miner(stop.clone())).collect();
+    // Kill validator 0 as the first round opens, and bring it back.
+    for _ in 0..600 {
+        if swarm.service.with_state(|o| *o.phase() == Phase::Uploading) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = swarm.validator(iota_core::Identity::from_seed(*ids[0].seed()), 1, stop.clone());
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut summaries = Vec::new();
+    for v in [again, honest, lying] {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap());
+    }
+    let (verdicts, history, outvoted, convictions) = swarm.service.with_state(|o| {
+        let q = o.quorum().unwrap();
+        (o.verdicts().to_vec(), o.history().to_vec(), q.outvoted(&liar), o.counters().convictions)
+    });
+    assert_eq!(history.len(), 2, "the run completes");
+    assert_eq!(convictions, 0, "a third of the stake convicts nobody");
+    assert!(history.iter().all(|h| h.convicted.is_empty()));
+    let liar_votes = verdicts.iter().filter(|v| v.validator == liar).count();
+    assert!(liar_votes >= 6 && verdicts.iter().filter(|v| v.validator == liar).all(|v| v.guilty));
+    assert_eq!(outvoted, liar_votes as u64, "every one of its votes lost");
+    // The restarted validator judged every miner of the round it crashed
+    // in (those that worked in epoch 0: as many as the honest validator
+    // judged).
+    let judged = |by: iota_core::PeerId| -> std::collections::BTreeSet<_> {
+        verdicts.iter().filter(|v| v.validator == by && v.epoch == 0).map(|v| v.miner).collect()
+    };
+    assert!(judged(ids[1].peer_id()).len() >= 3);
+    assert_eq!(judged(crashing), judged(ids[1].peer_id()), "the restarted validator finished epoch 0's round");
+    assert!(summaries[0].rounds >= 1);
 }
