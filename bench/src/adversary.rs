@@ -24,10 +24,11 @@ pub struct Args {
     baseline_runs: usize,
 }
 
-const SCENARIOS: [(&str, Adversary, Place); 5] = [
+const SCENARIOS: [(&str, Adversary, Place); 6] = [
     ("noise head", Adversary::Noise, Place::Head),
     ("zeros head", Adversary::Zeros, Place::Head),
     ("replay head", Adversary::Replay, Place::Head),
+    ("copy middle", Adversary::Copy, Place::Middle),
     ("loss-lie tail", Adversary::LossLie, Place::Tail),
     ("noise tail", Adversary::Noise, Place::Tail),
 ];

@@ -13,12 +13,25 @@ use iota_dataplane::miner::Adversary;
 
 use crate::{Swarm, tiny_run, with_validators};
 
-/// Where the adversary lands: registered first (the head stage) or last
-/// (the tail: stages fill evenly, and the tail is the one short).
+/// Where the adversary lands. Stages fill evenly in registration order
+/// (0, 1, 2, 0, 1, 2): registered first it holds the head stage, second a
+/// middle stage, last the tail.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Place {
     Head,
+    Middle,
     Tail,
+}
+
+impl Place {
+    /// Its position in the registration order of six miners, and its stage.
+    fn slot(self) -> (usize, u32) {
+        match self {
+            Place::Head => (0, 0),
+            Place::Middle => (1, 1),
+            Place::Tail => (5, 2),
+        }
+    }
 }
 
 /// What a scenario did.
@@ -61,25 +74,22 @@ pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, pe
     };
     let t0 = Instant::now();
     let (mut honest, mut bad) = (Vec::new(), None);
-    let first = matches!(adversary, Some((_, Place::Head)));
-    if let Some((mode, Place::Head)) = adversary {
-        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
-        wait_for(1).await;
+    // One at a time, so the registration order (and the stages) are known.
+    for i in 0..6 {
+        match adversary {
+            Some((mode, place)) if place.slot().0 == i => {
+                bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()))
+            }
+            _ => honest.push(swarm.miner(stop.clone())),
+        }
+        wait_for(i + 1).await;
     }
-    let honest_count = if adversary.is_some() { 5 } else { 6 };
-    for i in 0..honest_count {
-        honest.push(swarm.miner(stop.clone()));
-        wait_for(i + 1 + usize::from(first)).await;
-    }
-    if let Some((mode, Place::Tail)) = adversary {
-        bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()));
-    }
-    wait_for(6).await;
     let bad_peer = adversary.map(|(_, place)| {
         let mut order: Vec<_> = swarm.service.with_state(|o| o.miners().map(|m| (m.index, m.peer, m.stage)).collect());
         order.sort();
-        let (_, peer, stage) = if place == Place::Head { order[0] } else { order[5] };
-        assert_eq!(stage, if place == Place::Head { 0 } else { 2 }, "the adversary's stage");
+        let (slot, want) = place.slot();
+        let (_, peer, stage) = order[slot];
+        assert_eq!(stage, want, "the adversary's stage");
         peer
     });
     let mut miner_compute = Duration::ZERO;

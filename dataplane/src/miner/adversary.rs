@@ -35,11 +35,15 @@ pub enum Adversary {
     /// A tail that reports 20% less loss than it computed (and is honest
     /// otherwise).
     LossLie,
+    /// A middle stage that passes on the activation it received (a real
+    /// activation of the micro-batch, from its upstream) instead of its
+    /// own output; it trains honestly.
+    Copy,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 8] = [
+    pub const NAMES: [(&'static str, Adversary); 9] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -48,6 +52,7 @@ impl Adversary {
         ("zeros", Adversary::Zeros),
         ("replay", Adversary::Replay),
         ("loss-lie", Adversary::LossLie),
+        ("copy", Adversary::Copy),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -57,7 +62,7 @@ impl Adversary {
     /// Whether the mode changes what the miner computes (the worker acts it
     /// out) rather than how it takes part (the shell does).
     pub fn tampers(self) -> bool {
-        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay | Adversary::LossLie)
+        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay | Adversary::LossLie | Adversary::Copy)
     }
 }
 
@@ -101,8 +106,18 @@ impl Tamper {
                 Some(_) => {}
                 None => self.first = Some(values.to_vec()),
             },
-            Adversary::LossLie | Adversary::Silent | Adversary::Closed | Adversary::Slow | Adversary::Flaky => {}
+            Adversary::Copy
+            | Adversary::LossLie
+            | Adversary::Silent
+            | Adversary::Closed
+            | Adversary::Slow
+            | Adversary::Flaky => {}
         }
+    }
+
+    /// Whether it passes on its input instead of its output (`Copy`).
+    pub(crate) fn copies(&self) -> bool {
+        self.mode == Adversary::Copy
     }
 
     /// The loss a tail reports for a micro-batch whose mean loss is `loss`.

@@ -582,6 +582,11 @@ impl<B: Backend + 'static> Worker<B> {
         // Straight from the pool buffer onto the backend (on a GPU: one
         // asynchronous copy of the wire bytes, decoded on the device).
         let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
+        // A copying adversary keeps the input's values to pass on.
+        let copied = match self.tamper.as_ref() {
+            Some(t) if t.copies() => codec::decode(self.cfg.train.codec, rows, width, &f.payload).ok(),
+            _ => None,
+        };
         drop(f); // the pool buffer goes back before the compute
         let is_tail = next.is_none();
         match (direction, is_tail) {
@@ -608,6 +613,9 @@ impl<B: Backend + 'static> Worker<B> {
                 let w2 = stage.boundary_width();
                 if let Some(t) = self.tamper.as_mut() {
                     t.activations(key, &mut h2);
+                }
+                if let Some(c) = copied.filter(|c| c.len() == h2.len()) {
+                    h2 = c;
                 }
                 let meta = self.frame_meta(&r, Direction::Activation, rows, w2, answers);
                 self.send(next.as_deref().context("no stage after")?, meta, &h2, out)?;

@@ -252,6 +252,11 @@ async fn a_replaying_head_is_convicted_in_its_first_epoch_and_honest_miners_neve
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_middle_miner_copying_its_input_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Copy, Place::Middle, "output differs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tail_lying_about_its_loss_is_convicted_in_its_first_epoch_and_honest_miners_never() {
     convicted_in_its_first_epoch_and_honest_ones_never(Adversary::LossLie, Place::Tail, "reported loss").await;
 }
