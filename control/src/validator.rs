@@ -115,31 +115,13 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
 
     let finished = Arc::new(AtomicBool::new(false));
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
-    let cmd_task = {
-        let (mut client, in_tx, finished) = (client.clone(), in_tx.clone(), finished.clone());
-        tokio::spawn(async move {
-            while !finished.load(Ordering::SeqCst) {
-                let mut stream = match client.subscribe().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        if e.code() == tonic::Code::FailedPrecondition {
-                            let _ = client.register_validator("cpu".into()).await;
-                        }
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        continue;
-                    }
-                };
-                while let Ok(Some(cmd)) = stream.next().await {
-                    if let Some(k) = cmd.kind
-                        && in_tx.send(Input::Command(k)).await.is_err()
-                    {
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
-    };
+    let cmd_task = iota_protocol::client::follow_commands(
+        client.clone(),
+        finished.clone(),
+        iota_protocol::client::Rejoin::Validator { device: "cpu".into() },
+        in_tx.clone(),
+        Input::Command,
+    );
     // Heartbeats keep it counted as live (the merge waits only for live
     // validators); the reply says when the run is over.
     let run_done = Arc::new(AtomicBool::new(false));

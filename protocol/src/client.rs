@@ -265,3 +265,60 @@ impl CommandStream {
         Ok(Some(cmd))
     }
 }
+
+/// How a command follower registers its caller again when the server has
+/// forgotten it (it restarted without the registration, or let it expire).
+#[derive(Clone, Debug)]
+pub enum Rejoin {
+    Miner {
+        data_addr: String,
+        device: String,
+        /// The miner's last measured throughput (f64 bits).
+        tokens_per_s: Arc<std::sync::atomic::AtomicU64>,
+    },
+    Validator {
+        device: String,
+    },
+}
+
+/// Follows the caller's command stream until `finished` is set or `tx`
+/// closes: each command goes to `tx` (through `wrap`); a stream that ends
+/// or fails is subscribed again after 300 ms, registering again first
+/// (`rejoin`) when the server no longer knows the caller.
+pub fn follow_commands<T: Send + 'static>(
+    mut client: ControlClient,
+    finished: Arc<std::sync::atomic::AtomicBool>,
+    rejoin: Rejoin,
+    tx: tokio::sync::mpsc::Sender<T>,
+    wrap: fn(pb::command::Kind) -> T,
+) -> tokio::task::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    tokio::spawn(async move {
+        while !finished.load(Ordering::SeqCst) {
+            let mut stream = match client.subscribe().await {
+                Ok(s) => s,
+                Err(e) => {
+                    if e.code() == tonic::Code::FailedPrecondition {
+                        let _ = match &rejoin {
+                            Rejoin::Miner { data_addr, device, tokens_per_s } => {
+                                let tps = f64::from_bits(tokens_per_s.load(Ordering::Relaxed));
+                                client.register(data_addr.clone(), tps, device.clone()).await
+                            }
+                            Rejoin::Validator { device } => client.register_validator(device.clone()).await,
+                        };
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    continue;
+                }
+            };
+            while let Ok(Some(cmd)) = stream.next().await {
+                if let Some(k) = cmd.kind
+                    && tx.send(wrap(k)).await.is_err()
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}

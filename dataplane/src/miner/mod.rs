@@ -210,31 +210,12 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
 
     // Orchestrator commands, re-subscribing when the stream drops.
     let cmd_task = {
-        let (mut client, in_tx, stop) = (client.clone(), in_tx.clone(), finished.clone());
-        let (addr, device, measured_tps) = (addr.clone(), device.clone(), measured_tps.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let mut stream = match client.subscribe().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        if e.code() == tonic::Code::FailedPrecondition {
-                            let tps = f64::from_bits(measured_tps.load(Ordering::Relaxed));
-                            let _ = client.register(addr.clone(), tps, device.clone()).await;
-                        }
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        continue;
-                    }
-                };
-                while let Ok(Some(cmd)) = stream.next().await {
-                    if let Some(k) = cmd.kind
-                        && in_tx.send(Input::Command(k)).await.is_err()
-                    {
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
+        let rejoin = iota_protocol::client::Rejoin::Miner {
+            data_addr: addr.clone(),
+            device: device.clone(),
+            tokens_per_s: measured_tps.clone(),
+        };
+        iota_protocol::client::follow_commands(client.clone(), finished.clone(), rejoin, in_tx.clone(), Input::Command)
     };
     // Ticks for the merge's retries and store fallbacks.
     let tick_task = {
