@@ -187,6 +187,12 @@ impl Orchestrator {
                 if cands.is_empty() {
                     cands = self.healthy_in(s).filter(usable).collect();
                 }
+                if cands.is_empty() {
+                    // Every replica of the stage is serving a suspension:
+                    // the run goes on through them rather than stall (their
+                    // work is checked again; a second conviction ejects).
+                    cands = self.active_in(s).filter(|m| !m.benched && !m.convicted).collect();
+                }
                 let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1);
                 let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
                 let open_preferred: Vec<&MinerState> = preferred.iter().copied().filter(open).collect();

@@ -249,3 +249,32 @@ fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
     let r = s.o.step(s.now, Event::RegisterValidator { peer: peer(50), device: "cpu".into() }, &mut s.rng);
     assert!(matches!(r, Err(Refusal::NotYours(_))));
 }
+
+#[test]
+fn a_stage_whose_replicas_are_all_suspended_does_not_stall_the_run() {
+    let mut spec = validated_spec();
+    spec.epochs = 2;
+    let mut s = start(spec);
+    until_held(&mut s);
+    // Both replicas of miner 1's stage are convicted in epoch 0.
+    let stage = s.o.miner(&peer(1)).unwrap().stage;
+    let both: Vec<PeerId> = s.o.miners().filter(|m| m.stage == stage).map(|m| m.peer).collect();
+    assert_eq!(both.len(), 2);
+    for m in &both {
+        vote(&mut s, 0, 0, *m, true).unwrap();
+    }
+    assert_eq!(s.o.counters().convictions, 2);
+    done(&mut s, 0, 0);
+    done(&mut s, 1, 0);
+    commit_all(&mut s, 1);
+    // Epoch 1 still completes its micro-batches, through the suspended pair.
+    for _ in 0..200 {
+        s.drain();
+        if s.o.epoch() == 1 && *s.o.phase() == Phase::Uploading {
+            break;
+        }
+        s.tick(500);
+    }
+    assert_eq!(*s.o.phase(), Phase::Uploading, "epoch 1 trained: {:?}", s.o.counters());
+    assert_eq!(s.o.counters().dropped, 0);
+}
