@@ -233,7 +233,7 @@ impl RunArgs {
         let store = if self.bucket.is_some() { StoreAccess::Granted } else { StoreAccess::Directory };
         let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None, store };
         iota_dataplane::corpus::fix_shards(&mut cfg, data.as_deref())?;
-        cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref())?);
+        cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref(), self.bucket.as_deref())?);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -293,7 +293,8 @@ impl RunArgs {
     /// archives the old run first. Creates the object store folder (unless
     /// the run's objects live in a bucket).
     pub fn claim_run_dir(&self, cfg: &RunConfig) -> Result<()> {
-        match run_dir::claim(&self.run_dir, &settings(cfg, self.data_path()?.as_deref())?, RUN_FILES, self.new_run)? {
+        let settings = settings(cfg, self.data_path()?.as_deref(), self.bucket.as_deref())?;
+        match run_dir::claim(&self.run_dir, &settings, RUN_FILES, self.new_run)? {
             Claim::Fresh | Claim::Same => {}
             Claim::Archived(to) => {
                 eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())
@@ -312,14 +313,20 @@ impl RunArgs {
 const RUN_FILES: &[&str] = &["state.sqlite*", "store", "logs"];
 
 /// The settings that define a run: its whole configuration except what is
-/// derived from them (the run id), and where the corpus was read from.
-fn settings(cfg: &RunConfig, data: Option<&std::path::Path>) -> Result<serde_json::Value> {
+/// derived from them (the run id), where the corpus was read from, and the
+/// bucket its objects live in (when not the run directory's store: a run
+/// resumed on another bucket would find none of its weights).
+fn settings(cfg: &RunConfig, data: Option<&std::path::Path>, bucket: Option<&str>) -> Result<serde_json::Value> {
     let mut v = serde_json::to_value(cfg)?;
     if let Some(m) = v.as_object_mut() {
         if let Some(spec) = m.get_mut("spec").and_then(|s| s.as_object_mut()) {
             spec.remove("run_id");
         }
         m.insert("data".into(), serde_json::to_value(data)?);
+        // Only when set: the settings of directory runs stay as they were.
+        if let Some(b) = bucket {
+            m.insert("bucket".into(), b.into());
+        }
     }
     Ok(v)
 }
@@ -417,6 +424,29 @@ mod tests {
         new_run.claim_run_dir(&new_run.run_config().unwrap()).unwrap();
         assert_eq!(std::fs::read(dir.path().join("archive-1/state.sqlite")).unwrap(), b"the first run's state");
         assert!(!dir.path().join("state.sqlite").exists());
+    }
+
+    #[test]
+    fn a_run_without_validators_keeps_its_settings_and_a_bucket_is_one_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = args(dir.path(), &[]).run_config().unwrap();
+        // As before validation existed: nothing about it in what miners get
+        // or in the settings (so older run directories still resume).
+        assert!(!plain.to_json().contains("validation"));
+        let v = format!("{}:7", "ab".repeat(32));
+        let validated = args(dir.path(), &["--validator", &v]).run_config().unwrap();
+        assert!(validated.to_json().contains("validation"));
+        assert_ne!(validated.spec.run_id, plain.spec.run_id);
+        assert_eq!(RunConfig::from_json(&validated.to_json()).unwrap().spec.validation.validators[0].stake, 7);
+        // The bucket is a setting: another bucket is another run.
+        let a = args(dir.path(), &["--bucket", "s3://one/run"]);
+        let b = args(dir.path(), &["--bucket", "s3://two/run"]);
+        let (ca, cb) = (a.run_config().unwrap(), b.run_config().unwrap());
+        assert_ne!(ca.spec.run_id, cb.spec.run_id);
+        a.claim_run_dir(&ca).unwrap();
+        std::fs::write(dir.path().join("state.sqlite"), b"state").unwrap();
+        let err = b.claim_run_dir(&cb).unwrap_err().to_string();
+        assert!(err.contains("bucket") && err.contains("s3://one/run"), "{err}");
     }
 
     #[test]

@@ -43,7 +43,10 @@ pub struct RunSpec {
     #[serde(default = "default_bench_after_failures")]
     pub bench_after_failures: u32,
     /// Who validates the run's work and how (PROTOCOL.md, "Validation").
-    #[serde(default)]
+    /// Left out when it is the default (no validators), so a run without
+    /// validators has the settings, and the run id, it had before
+    /// validation existed: its run directory still resumes.
+    #[serde(default, skip_serializing_if = "ValidationSpec::is_default")]
     pub validation: ValidationSpec,
 }
 
@@ -78,6 +81,10 @@ impl Default for ValidationSpec {
 }
 
 impl ValidationSpec {
+    pub fn is_default(&self) -> bool {
+        *self == ValidationSpec::default()
+    }
+
     pub fn stake_of(&self, p: &iota_core::PeerId) -> Option<u64> {
         self.validators.iter().find(|v| v.peer == *p).map(|v| v.stake)
     }
