@@ -259,6 +259,7 @@ impl RunArgs {
             min_per_miner: self.validation_min_samples,
             strikes_to_eject: self.strikes_to_eject,
             timeout_ms: self.validation_timeout_s.saturating_mul(1000),
+            ..iota_protocol::ValidationSpec::default()
         })
     }
 

@@ -535,6 +535,13 @@ impl OrchestratorRpc for OrchestratorService {
                 signed: prost::Message::encode_to_vec(&env),
             }),
             pb::validator_report::Kind::Done(d) => Event::ValidationDone { validator: peer, epoch: d.epoch },
+            pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {
+                validator: peer,
+                epoch: v.epoch,
+                rollback: v.rollback,
+                loss: v.loss,
+                reason: v.reason,
+            },
         };
         self.apply_for(VALIDATE, peer, ev)?;
         Ok(Response::new(pb::Ack {}))

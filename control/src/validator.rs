@@ -79,6 +79,10 @@ pub struct ValidatorSummary {
     pub checked: u64,
     pub guilty_votes: Vec<(u64, PeerId, String)>,
     pub cleared_votes: u64,
+    /// Merged models it voted to roll back, by epoch.
+    pub rollback_votes: Vec<u64>,
+    /// The held-out loss of each merged model it evaluated (epoch, loss).
+    pub merge_losses: Vec<(u64, f32)>,
     /// Time spent checking evidence (decoding and recomputing).
     pub check_time: Duration,
 }
@@ -86,6 +90,13 @@ pub struct ValidatorSummary {
 enum Input {
     Command(pb::command::Kind),
     Checked(Box<CheckJob>, Result<(), String>, Duration),
+    /// A merged model evaluated: its held-out loss (or why it could not be
+    /// had), and the seed model's when asked for.
+    MergeEvaluated {
+        epoch: u64,
+        loss: Result<f32, String>,
+        seed_loss: Option<f32>,
+    },
 }
 
 /// Validates the run at `opts.orchestrator` until it is done (or `stop`).
@@ -142,33 +153,91 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     };
 
     let mut summary = ValidatorSummary { peer: Some(me), ..ValidatorSummary::default() };
+    // The held-out loss of the last merged model it kept (first: the seed
+    // model's, measured with the first check).
+    let mut last_good: Option<f32> = None;
+    let jump = cfg.spec.validation.rollback_loss_jump;
+    // Each epoch's training loss near its end, as its tails reported it
+    // (in the epoch's work; the round re-checks a sample of the reports).
+    let mut train_loss: std::collections::BTreeMap<u64, f32> = std::collections::BTreeMap::new();
+    let last_stage = cfg.spec.stages.saturating_sub(1);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let result = loop {
         if stop.load(Ordering::SeqCst) || run_done.load(Ordering::SeqCst) {
             break Ok(());
         }
         let actions = tokio::select! {
-            Some(input) = in_rx.recv() => match input {
-                Input::Command(pb::command::Kind::EpochWork(w)) => {
-                    summary.rounds += 1;
-                    core.on_work(now_ms(), &w).unwrap_or_else(|e| {
-                        warn!(epoch = w.epoch, error = %e, "epoch work refused");
-                        Vec::new()
-                    })
-                }
-                Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
-                    Some(Ok(o)) => core.on_evidence(st.epoch, o),
-                    _ => Vec::new(),
-                },
-                Input::Command(_) => Vec::new(),
-                Input::Checked(job, res, took) => {
-                    summary.checked += 1;
-                    summary.check_time += took;
-                    core.checked(&job, res)
-                }
-            },
-            _ = tick.tick() => core.tick(now_ms()),
-        };
+                    Some(input) = in_rx.recv() => match input {
+                        Input::Command(pb::command::Kind::EpochWork(w)) => {
+                            summary.rounds += 1;
+        let tail: Vec<f32> = w
+                                .miners
+                                .iter()
+                                .filter(|m| m.stage == last_stage)
+                                // The last quarter of each tail's reports (in issue
+                                // order): the state of the replicas being merged.
+                                .flat_map(|m| m.items.iter().skip(m.items.len() - m.items.len().div_ceil(4)).map(|i| i.loss))
+                                .filter(|l| l.is_finite())
+                                .collect();
+                            if !tail.is_empty() {
+                                train_loss.insert(w.epoch, tail.iter().sum::<f32>() / tail.len() as f32);
+                                while train_loss.len() > 4 {
+                                    train_loss.pop_first();
+                                }
+                            }
+                            core.on_work(now_ms(), &w).unwrap_or_else(|e| {
+                                warn!(epoch = w.epoch, error = %e, "epoch work refused");
+                                Vec::new()
+                            })
+                        }
+                        Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
+                            Some(Ok(o)) => core.on_evidence(st.epoch, o),
+                            _ => Vec::new(),
+                        },
+                        Input::Command(pb::command::Kind::MergeCheck(mc)) => {
+                            evaluate_merge(mc, &cfg, &store, &checker, last_good.is_none(), &in_tx);
+                            Vec::new()
+                        }
+                        Input::Command(_) => Vec::new(),
+                        Input::MergeEvaluated { epoch, loss, seed_loss } => {
+                            // Against the better of the last model it kept (the
+                            // seed's at first) and the epoch's own training loss: a
+                            // merge far worse than the models it merged is suspect.
+                            let base = [last_good.or(seed_loss), train_loss.get(&epoch).copied()]
+                                .into_iter()
+                                .flatten()
+                                .min_by(f32::total_cmp);
+                            let (rollback, reason) = match &loss {
+                                Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
+                                Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
+                                Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
+                                    (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
+                                }
+                                Ok(_) => (false, String::new()),
+                            };
+                            let l = loss.unwrap_or(f32::NAN);
+                            summary.merge_losses.push((epoch, l));
+                            if rollback {
+                                warn!(epoch, reason = %reason, "voting to roll the merge back");
+                                summary.rollback_votes.push(epoch);
+                            } else {
+                                last_good = Some(l);
+                            }
+                            let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
+                            let vote = pb::MergeVote { epoch, rollback, loss: l, reason };
+                            if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
+                                warn!(error = %e, "merge vote failed");
+                            }
+                            Vec::new()
+                        }
+                        Input::Checked(job, res, took) => {
+                            summary.checked += 1;
+                            summary.check_time += took;
+                            core.checked(&job, res)
+                        }
+                    },
+                    _ = tick.tick() => core.tick(now_ms()),
+                };
         for mut a in actions {
             if let Action::Vote { guilty, reason, .. } = &mut a
                 && opts.accuse_everyone
@@ -186,6 +255,56 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     cmd_task.abort();
     hb_task.abort();
     result.map(|()| summary)
+}
+
+/// Loads every stage's merged weights from the store (each object checked
+/// against its announcement) and measures the model's held-out loss off
+/// the loop; the result comes back as `Input::MergeEvaluated`.
+fn evaluate_merge(
+    mc: pb::MergeCheck,
+    cfg: &RunConfig,
+    store: &SharedStore,
+    checker: &Arc<parking_lot::Mutex<Checker>>,
+    with_seed: bool,
+    in_tx: &mpsc::Sender<Input>,
+) {
+    let (cfg, store, checker, in_tx) = (cfg.clone(), store.clone(), checker.clone(), in_tx.clone());
+    tokio::spawn(async move {
+        let epoch = mc.epoch;
+        let mut weights = Vec::new();
+        let mut failed = None;
+        let specs = iota_core::StageSpec::split(&cfg.train.model, cfg.train.stages).unwrap_or_default();
+        for (s, spec) in specs.iter().enumerate() {
+            let layout = iota_core::ParamLayout::for_stage(&cfg.train.model, spec);
+            let objects: Vec<StoredObject> = mc
+                .stages
+                .iter()
+                .filter(|w| w.stage as usize == s)
+                .flat_map(|w| w.objects.iter().filter_map(|o| StoredObject::from_pb(o, None).ok()))
+                .collect();
+            match iota_dataplane::miner::merge::load_weights(&store, &objects, &layout).await.0 {
+                Ok(w) => weights.push(w),
+                Err(e) => {
+                    failed = Some(format!("stage {s}: {e:#}"));
+                    break;
+                }
+            }
+        }
+        let evaluated = tokio::task::spawn_blocking(move || {
+            let c = checker.lock();
+            let batches = cfg.spec.validation.eval_batches;
+            let seed_loss =
+                if with_seed { c.initial_weights().ok().and_then(|w| c.held_out_loss(&w, batches).ok()) } else { None };
+            let loss = match failed {
+                Some(why) => Err(why),
+                None => c.held_out_loss(&weights, batches),
+            };
+            (loss, seed_loss)
+        })
+        .await;
+        let (loss, seed_loss) = evaluated.unwrap_or_else(|e| (Err(format!("the evaluation failed to run: {e}")), None));
+        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss }).await;
+    });
 }
 
 async fn act(

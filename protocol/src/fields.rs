@@ -245,6 +245,7 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
         }
         Kind::Done(_) => {}
+        Kind::MergeVote(v) => printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?,
     }
     Ok(())
 }

@@ -72,11 +72,24 @@ pub struct ValidationSpec {
     pub strikes_to_eject: u32,
     /// How long the validators may hold an epoch's merge.
     pub timeout_ms: u64,
+    /// A merged model whose held-out loss exceeds the last good one's by
+    /// more than this fraction is rolled back.
+    pub rollback_loss_jump: f64,
+    /// Held-out micro-batches a validator evaluates a merged model on.
+    pub eval_batches: u32,
 }
 
 impl Default for ValidationSpec {
     fn default() -> Self {
-        ValidationSpec { validators: Vec::new(), rate: 0.03, min_per_miner: 4, strikes_to_eject: 2, timeout_ms: 60_000 }
+        ValidationSpec {
+            validators: Vec::new(),
+            rate: 0.03,
+            min_per_miner: 4,
+            strikes_to_eject: 2,
+            timeout_ms: 60_000,
+            rollback_loss_jump: 0.5,
+            eval_batches: 4,
+        }
     }
 }
 

@@ -158,6 +158,7 @@ pub fn control_request(data: &[u8]) {
                         assert!(v.evidence_hash.is_empty() || v.evidence_hash.len() == 32);
                     }
                     Some(pb::validator_report::Kind::Done(_)) => {}
+                    Some(pb::validator_report::Kind::MergeVote(v)) => assert!(v.reason.len() <= fields::MAX_REASON_LEN),
                     None => panic!("an empty validator report passed the rules"),
                 }
             }

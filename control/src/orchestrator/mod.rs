@@ -139,6 +139,14 @@ pub enum Event {
         items: Vec<WorkKey>,
     },
     Verdict(VerdictIn),
+    /// A validator's judgement of `epoch`'s merged model.
+    MergeVote {
+        validator: PeerId,
+        epoch: u64,
+        rollback: bool,
+        loss: f32,
+        reason: String,
+    },
     /// A validator voted on everything it drew for `epoch`.
     ValidationDone {
         validator: PeerId,
@@ -217,6 +225,9 @@ pub struct Counters {
     /// Validation rounds that ran out of time.
     #[serde(default)]
     pub validation_timeouts: u64,
+    /// Merges the validators' stake rolled back.
+    #[serde(default)]
+    pub rollbacks: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -264,6 +275,14 @@ pub struct Orchestrator {
     /// Validators, their verdicts, the current round (validating.rs).
     #[serde(default)]
     validation: Validation,
+    /// After a rollback: the epoch whose merge the current weights are
+    /// (None inside: the seed's), instead of the previous epoch's.
+    #[serde(default)]
+    weights_override: Option<Option<u64>>,
+    /// The weights each recent epoch started from (`weights_epoch` then):
+    /// what a rollback of its merge returns to.
+    #[serde(default)]
+    started_from: BTreeMap<u64, Option<u64>>,
 }
 
 impl Orchestrator {
@@ -294,6 +313,8 @@ impl Orchestrator {
             last_upload_ms: None,
             last_merge_ms: None,
             validation: Validation::new(&spec_validation),
+            weights_override: None,
+            started_from: BTreeMap::new(),
         })
     }
 
@@ -447,6 +468,9 @@ impl Orchestrator {
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
             Event::ValidationDone { validator, epoch } => self.on_validation_done(validator, epoch)?,
+            Event::MergeVote { validator, epoch, rollback, loss, reason } => {
+                self.on_merge_vote(validator, epoch, rollback, loss, reason)?
+            }
             Event::BadObject { peer, epoch, stage, object, reason } => {
                 self.known(&peer)?;
                 self.on_bad_object(peer, epoch, stage, object, reason, &mut out)?;
@@ -462,13 +486,19 @@ impl Orchestrator {
         Ok(out)
     }
 
-    /// Where a stage's current weights are: empty before the first merge
-    /// (initialise from the run seed).
+    /// The epoch whose merge made the weights the current epoch starts
+    /// from (None: the run seed's initial weights): the previous epoch's,
+    /// unless a rollback discarded it.
+    pub fn weights_epoch(&self) -> Option<u64> {
+        self.weights_override.unwrap_or(self.epoch.checked_sub(1))
+    }
+
+    /// Where a stage's current weights are: empty for the run seed's.
     fn weights_key(&self, stage: u32) -> String {
-        match (self.epoch, self.spec.merge.method) {
-            (0, _) => String::new(),
-            (e, MergeMethod::ParameterServer) => merged_key(e - 1, stage),
-            (e, MergeMethod::Butterfly) => weights_parts_prefix(e - 1, stage),
+        match (self.weights_epoch(), self.spec.merge.method) {
+            (None, _) => String::new(),
+            (Some(e), MergeMethod::ParameterServer) => merged_key(e, stage),
+            (Some(e), MergeMethod::Butterfly) => weights_parts_prefix(e, stage),
         }
     }
 
@@ -561,14 +591,19 @@ impl Orchestrator {
                 // later can load the stage; a writer that died was replaced
                 // by `drop_participants`. After a timeout, complete anyway.
                 if self.butterfly.iter().all(|(s, m)| m.complete() && (timed_out || self.stage_stored(*s, m))) {
-                    self.counters.divergent_merges +=
-                        self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
-                    self.finish_epoch(now, rng, out);
+                    // The validators judge the merged model first.
+                    if let Some(rollback) = self.merge_verdict(now, out) {
+                        self.counters.divergent_merges +=
+                            self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
+                        self.finish_epoch(now, rng, out, rollback);
+                    }
                 }
             }
             Phase::Merging => {
                 if (0..self.spec.stages).all(|s| self.merged.contains_key(&s)) {
-                    self.finish_epoch(now, rng, out);
+                    if let Some(rollback) = self.merge_verdict(now, out) {
+                        self.finish_epoch(now, rng, out, rollback);
+                    }
                 } else if now.saturating_sub(self.phase_since) > self.phase_timeout_ms() {
                     // An aggregator went quiet: the next uploader takes over.
                     for s in 0..self.spec.stages {
@@ -595,6 +630,10 @@ impl Orchestrator {
         self.merged.clear();
         self.merged_hash.clear();
         self.butterfly.clear();
+        self.started_from.insert(self.epoch, self.weights_epoch());
+        while self.started_from.len() > 4 {
+            self.started_from.pop_first();
+        }
         self.prune_objects();
         self.liveness_new_epoch();
         self.epoch_loss = (0.0, 0);
@@ -673,8 +712,21 @@ impl Orchestrator {
         }
     }
 
-    fn finish_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
-        let (sum, n) = self.epoch_loss;
+    /// Ends the epoch; `rolled_back`: its merge is discarded, and the next
+    /// epoch starts from the weights this one started from.
+    fn finish_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>, rolled_back: bool) {
+        let (mut sum, mut n) = self.epoch_loss;
+        // Work through a convicted miner is out of the epoch: its losses
+        // (a lying tail's, or computed from a cheat's outputs) too.
+        let convicted: Vec<PeerId> = self.miners.values().filter(|m| m.convicted).map(|m| m.peer).collect();
+        let tainted = |r: &MbRecord| matches!(&r.status, MbStatus::Done { pathway, .. } if pathway.iter().any(|p| convicted.contains(p)));
+        for r in self.mbs.values().filter(|r| tainted(r)) {
+            if let MbStatus::Done { loss, .. } = r.status {
+                sum -= f64::from(loss);
+                n = n.saturating_sub(1);
+            }
+        }
+        let excluded = self.mbs.values().filter(|r| tainted(r)).count() as u64;
         let count = |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
         self.history.push(EpochSummary {
             epoch: self.epoch,
@@ -682,13 +734,26 @@ impl Orchestrator {
             losses: self
                 .mbs
                 .values()
-                .map(|r| if let MbStatus::Done { loss, .. } = r.status { loss } else { f32::NAN })
+                .map(|r| match r.status {
+                    MbStatus::Done { loss, .. } if !tainted(r) => loss,
+                    _ => f32::NAN,
+                })
                 .collect(),
             completed: count(|s| matches!(s, MbStatus::Done { .. })),
             dropped: count(|s| matches!(s, MbStatus::Dropped)),
-            convicted: self.miners.values().filter(|m| m.convicted).map(|m| m.peer).collect(),
+            excluded,
+            convicted,
+            rolled_back,
         });
-        self.record_stage_starts();
+        if rolled_back {
+            let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());
+            tracing::warn!(epoch = self.epoch, to = ?back_to, "the validators rolled the merge back");
+            self.counters.rollbacks += 1;
+            self.weights_override = Some(back_to);
+        } else {
+            self.record_stage_starts();
+            self.weights_override = None;
+        }
         self.epoch += 1;
         // Everyone, newcomers included, now starts from the merged weights.
         for m in self.miners.values_mut() {
@@ -760,6 +825,7 @@ impl Orchestrator {
             validators: 0,
             convictions: self.counters.convictions,
             ejected: self.counters.ejected,
+            rollbacks: self.counters.rollbacks,
         }
     }
 }

@@ -31,7 +31,7 @@ impl Orchestrator {
     /// Keeps the records of the epoch the current weights come from and
     /// later ones.
     pub(super) fn prune_objects(&mut self) {
-        let keep_from = self.epoch.saturating_sub(1);
+        let keep_from = self.weights_epoch().unwrap_or(self.epoch).min(self.epoch.saturating_sub(1));
         self.objects.retain(|&e, _| e >= keep_from);
     }
 
@@ -258,8 +258,15 @@ impl Orchestrator {
     /// previous epoch; after the run, its result); empty before the first
     /// merge.
     pub fn stage_weights(&self, stage: u32) -> Vec<StoredObject> {
-        let Some(prev) = self.epoch.checked_sub(1) else { return Vec::new() };
-        let Some(so) = self.objects_of(prev, stage) else { return Vec::new() };
+        match self.weights_epoch() {
+            Some(e) => self.merged_objects(e, stage),
+            None => Vec::new(),
+        }
+    }
+
+    /// The objects of a stage's merged weights after `epoch`'s merge.
+    pub(super) fn merged_objects(&self, epoch: u64, stage: u32) -> Vec<StoredObject> {
+        let Some(so) = self.objects_of(epoch, stage) else { return Vec::new() };
         match self.spec.merge.method {
             MergeMethod::Butterfly => so.weights.values().cloned().collect(),
             MergeMethod::ParameterServer => so.merged.iter().cloned().collect(),
@@ -272,7 +279,7 @@ impl Orchestrator {
 
     /// The outer momentum a butterfly merge of this epoch starts from.
     pub(super) fn momentum_manifest(&self, stage: u32) -> Vec<pb::StoredObject> {
-        let Some(prev) = self.epoch.checked_sub(1) else { return Vec::new() };
+        let Some(prev) = self.weights_epoch() else { return Vec::new() };
         self.objects_of(prev, stage)
             .map(|so| so.momentum.values().map(StoredObject::to_pb).collect())
             .unwrap_or_default()

@@ -28,13 +28,14 @@ impl Orchestrator {
             merge_plan: None,
             weights: Vec::new(),
             momentum: Vec::new(),
+            weights_from: 0,
             uploads: Vec::new(),
         })
     }
 
     /// Prefix of the merged weights the current epoch starts from.
     pub(super) fn weights_prefix(&self) -> String {
-        if self.epoch == 0 { String::new() } else { format!("epoch-{:06}/", self.epoch - 1) }
+        self.weights_epoch().map_or(String::new(), |e| format!("epoch-{e:06}/"))
     }
 
     pub(super) fn broadcast_phase(&self, out: &mut Vec<Out>) {
@@ -72,7 +73,10 @@ impl Orchestrator {
                     p.momentum = self.momentum_manifest(m.stage);
                 }
             }
-            Phase::Training | Phase::Done => p.weights = self.weights_manifest(m.stage),
+            Phase::Training | Phase::Done => {
+                p.weights = self.weights_manifest(m.stage);
+                p.weights_from = self.weights_epoch().map_or(0, |e| e + 1);
+            }
             Phase::Waiting | Phase::Uploading => {}
         }
         cmd

@@ -193,6 +193,14 @@ pub struct EpochSummary {
     /// Miners whose work of the epoch validators convicted.
     #[serde(default)]
     pub convicted: Vec<PeerId>,
+    /// Completed micro-batches that went through a convicted miner: out of
+    /// `mean_loss` and `losses` (NaN there).
+    #[serde(default)]
+    pub excluded: u64,
+    /// The validators rolled the epoch's merge back: the next epoch started
+    /// from the weights this one started from.
+    #[serde(default)]
+    pub rolled_back: bool,
 }
 
 /// Most bad-object reports the run keeps (the oldest are forgotten).

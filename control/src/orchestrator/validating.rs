@@ -31,7 +31,7 @@ use crate::validation::quorum::{Accusation, Consequence};
 use crate::validation::sample::beacon;
 
 use super::validation_state::{
-    MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, Quorum, Round, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
+    MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
 
@@ -378,6 +378,95 @@ impl Orchestrator {
                     warn!(miner = %miner, "miner ejected: its identity is refused from now on");
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+/// What a merge vote is about: the epoch's merged model (no miner).
+fn merge_accusation(epoch: u64) -> Accusation {
+    Accusation { epoch, miner: PeerId([0; 32]), check: crate::validation::quorum::Check::Merge }
+}
+
+impl Orchestrator {
+    /// The epoch's merge is complete and stored: whether it stands
+    /// (`Some(false)`), is rolled back (`Some(true)`: more than half the
+    /// validator stake voted so), or the votes of live validators are
+    /// still awaited (None; at most `validation.timeout_ms`).
+    pub(super) fn merge_verdict(&mut self, now: Ms, out: &mut Vec<Out>) -> Option<bool> {
+        if self.validation.merge_quorum.is_none() {
+            return Some(false); // nobody validates: the merge stands
+        }
+        let epoch = self.epoch;
+        if self.validation.merge_round.as_ref().is_none_or(|r| r.epoch != epoch) {
+            let live: BTreeSet<PeerId> =
+                self.validation.validators.values().filter(|v| self.validator_live(v, now)).map(|v| v.peer).collect();
+            if live.is_empty() {
+                return Some(false);
+            }
+            let stages = (0..self.spec.stages)
+                .map(|s| pb::StageWeights {
+                    stage: s,
+                    objects: self.merged_objects(epoch, s).iter().map(StoredObject::to_pb).collect(),
+                })
+                .collect();
+            let check = pb::MergeCheck { epoch, stages };
+            for v in &live {
+                out.push(Out { to: *v, cmd: pb::command::Kind::MergeCheck(check.clone()) });
+            }
+            info!(epoch, validators = live.len(), "merged model sent to the validators");
+            self.validation.merge_round =
+                Some(MergeRound { epoch, started_ms: now, sent_to: live, voted: BTreeSet::new() });
+            return None;
+        }
+        let outcome = self.validation.merge_quorum.as_ref().and_then(|q| q.outcome(&merge_accusation(epoch)));
+        match outcome {
+            Some(crate::validation::quorum::Outcome::Guilty) => return Some(true),
+            Some(crate::validation::quorum::Outcome::Cleared) => return Some(false),
+            None => {}
+        }
+        let r = self.validation.merge_round.as_ref()?;
+        let waiting = r
+            .sent_to
+            .iter()
+            .filter(|v| !r.voted.contains(v))
+            .any(|v| self.validation.validators.get(v).is_some_and(|s| self.validator_live(s, now)));
+        if !waiting {
+            return Some(false); // every vote is in and none carried the stake
+        }
+        if now.saturating_sub(r.started_ms) > self.spec.validation.timeout_ms {
+            self.counters.validation_timeouts += 1;
+            warn!(epoch, "the merged model's check timed out; it stands");
+            return Some(false);
+        }
+        None
+    }
+
+    /// A validator's vote on the epoch's merged model.
+    pub(super) fn on_merge_vote(
+        &mut self,
+        validator: PeerId,
+        epoch: u64,
+        rollback: bool,
+        loss: f32,
+        reason: String,
+    ) -> Result<(), Refusal> {
+        if !self.is_validator(&validator) {
+            return Err(Refusal::Unknown(validator));
+        }
+        let r = self
+            .validation
+            .merge_round
+            .as_mut()
+            .filter(|r| r.epoch == epoch && r.sent_to.contains(&validator))
+            .ok_or_else(|| Refusal::Invalid(format!("no check of epoch {epoch}'s merge is open for {validator}")))?;
+        r.voted.insert(validator);
+        let q = self.validation.merge_quorum.as_mut().ok_or_else(|| Refusal::Invalid("no validators".into()))?;
+        q.vote(validator, merge_accusation(epoch), rollback).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if rollback {
+            warn!(epoch, validator = %validator, loss, reason = %reason, "a validator votes to roll the merge back");
+        } else {
+            info!(epoch, validator = %validator, loss, "a validator keeps the merge");
         }
         Ok(())
     }

@@ -78,10 +78,24 @@ pub(super) struct Round {
     pub(super) timed_out: bool,
 }
 
+/// The check of an epoch's merged model (see `validating.rs`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(super) struct MergeRound {
+    pub(super) epoch: u64,
+    pub(super) started_ms: Ms,
+    pub(super) sent_to: BTreeSet<PeerId>,
+    pub(super) voted: BTreeSet<PeerId>,
+}
+
 /// The orchestrator's validation records.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Validation {
     pub(super) quorum: Option<Quorum>,
+    /// Votes on merged models: guilty = roll back (strikes unused).
+    #[serde(default)]
+    pub(super) merge_quorum: Option<Quorum>,
+    #[serde(default)]
+    pub(super) merge_round: Option<MergeRound>,
     pub(super) validators: BTreeMap<PeerId, ValidatorState>,
     pub(super) round: Option<Round>,
     pub(super) verdicts: Vec<VerdictRecord>,
@@ -92,8 +106,10 @@ pub struct Validation {
 
 impl Validation {
     pub(super) fn new(spec: &iota_protocol::ValidationSpec) -> Validation {
-        let quorum = (!spec.validators.is_empty())
-            .then(|| Quorum::new(spec.validators.iter().map(|v| (v.peer, v.stake)).collect(), spec.strikes_to_eject));
-        Validation { quorum, ..Validation::default() }
+        let stakes = || spec.validators.iter().map(|v| (v.peer, v.stake)).collect();
+        let some = !spec.validators.is_empty();
+        let quorum = some.then(|| Quorum::new(stakes(), spec.strikes_to_eject));
+        let merge_quorum = some.then(|| Quorum::new(stakes(), u32::MAX));
+        Validation { quorum, merge_quorum, ..Validation::default() }
     }
 }

@@ -51,6 +51,45 @@ impl Checker {
         Ok(h)
     }
 
+    /// The run seed's initial weights of every stage (the model before any
+    /// merge: the first baseline of the held-out loss).
+    pub fn initial_weights(&self) -> Result<Vec<Vec<f32>>, String> {
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        Ok(specs
+            .into_iter()
+            .map(|spec| Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed).params_host())
+            .collect())
+    }
+
+    /// The mean per-token loss of the whole model (`weights`, one vector
+    /// per stage) on `batches` held-out micro-batches, through the wire
+    /// codec between stages as the swarm computes it. An error when it
+    /// cannot be computed (a stage's values overflow the codec, say).
+    pub fn held_out_loss(&self, weights: &[Vec<f32>], batches: u32) -> Result<f32, String> {
+        use iota_dataplane::recompute::ForwardInput;
+        let corpus = self.corpus.as_ref().ok_or("no corpus for the held-out batches")?;
+        let (batch, seq) = (self.cfg.train.batch, self.cfg.train.seq);
+        let last = weights.len().checked_sub(1).ok_or("no stages")?;
+        let r = &self.recompute;
+        let (mut sum, mut n) = (0f64, 0usize);
+        for b in 0..u64::from(batches.max(1)) {
+            let (x, y) = corpus.val_batch(self.cfg.train.seed, b, batch, seq);
+            let t = if last == 0 {
+                r.tail(0, &weights[0], ForwardInput::Tokens(&x), &y, batch)
+            } else {
+                let mut a = r.forward(0, &weights[0], ForwardInput::Tokens(&x), batch).map_err(|e| format!("{e:#}"))?;
+                for (s, w) in weights.iter().enumerate().take(last).skip(1) {
+                    a = r.forward(s as u32, w, ForwardInput::Wire(&a), batch).map_err(|e| format!("{e:#}"))?;
+                }
+                r.tail(last as u32, &weights[last], ForwardInput::Wire(&a), &y, batch)
+            }
+            .map_err(|e| format!("{e:#}"))?;
+            sum += t.losses.iter().map(|&l| f64::from(l)).sum::<f64>();
+            n += t.losses.len();
+        }
+        Ok((sum / n.max(1) as f64) as f32)
+    }
+
     fn stage_weights(&self, stage: u32) -> Result<u64, String> {
         let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
         let spec = specs.get(stage as usize).ok_or_else(|| format!("the run has no stage {stage}"))?;

@@ -271,7 +271,7 @@ impl<B: Backend + 'static> Worker<B> {
                 Ok(())
             }
             // For validators.
-            pb::command::Kind::EpochWork(_) => Ok(()),
+            pb::command::Kind::EpochWork(_) | pb::command::Kind::MergeCheck(_) => Ok(()),
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
                 self.routes.remove(&key);
@@ -286,14 +286,24 @@ impl<B: Backend + 'static> Worker<B> {
     /// Loads the previous epoch's merged weights (as announced in `p`) if
     /// this replica does not hold them: it missed the merge, or joined late.
     fn catch_up(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
-        let Some(prev) = p.epoch.checked_sub(1) else { return Ok(()) };
-        if self.weights_after == Some(prev) {
+        // The merge whose weights the epoch starts from (None: the seed's):
+        // the previous epoch's, or an older one after a rollback.
+        let want = p.weights_from.checked_sub(1);
+        if self.weights_after == want {
             return Ok(());
         }
         let Some(s) = self.stage.as_mut() else { return Ok(()) };
-        let params = load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), prev, out)?;
+        let params = match want {
+            Some(e) => load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), e, out)?,
+            None => {
+                Stage::new(self.be.clone(), &self.cfg.train.model, s.spec().clone(), self.cfg.train.seed).params_host()
+            }
+        };
         s.set_params(&params)?;
-        self.weights_after = Some(prev);
+        if want.is_none_or(|e| e.saturating_add(1) < p.epoch) {
+            warn!(epoch = p.epoch, from = ?want, "rolled back: starting from older weights");
+        }
+        self.weights_after = want;
         info!(epoch = p.epoch, "loaded merged weights");
         Ok(())
     }

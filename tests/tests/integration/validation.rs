@@ -224,13 +224,22 @@ async fn convicted_in_its_first_epoch_and_honest_ones_never(
         println!("verdict e{} {} guilty={} samples={} {}", v.epoch, v.miner, v.guilty, v.samples, v.reason);
     }
     assert_eq!(history.len(), 2, "the run completes");
-    assert_eq!(history[0].convicted, vec![bad], "convicted in epoch 0");
+    // Detected within one epoch: convicted in the first epoch it worked in
+    // (on a loaded machine a replica can sit out epoch 0).
+    let first = verdicts.iter().filter(|v| v.miner == bad).map(|v| v.epoch).min().expect("the adversary was judged");
+    assert_eq!(history[first as usize].convicted, vec![bad], "convicted in the first epoch it worked in ({first})");
+    assert!(history[first as usize].excluded > 0, "its micro-batches are out of the epoch's loss");
     let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
     assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
     let cleared: std::collections::BTreeSet<_> = verdicts.iter().filter(|v| !v.guilty).map(|v| v.miner).collect();
     assert!(cleared.len() >= 4, "the honest miners were checked and cleared: {cleared:?}");
     assert!(verdicts.iter().any(|v| v.guilty && v.miner == bad && v.reason.contains(why)), "{verdicts:?}");
-    assert!(history[1].mean_loss < history[0].mean_loss, "the loss falls");
+    // The loss falls. An epoch whose every micro-batch went through the
+    // convicted miner has no trusted loss (NaN): then the last epoch must
+    // still be below the untrained model's ln 256.
+    let (first_loss, last_loss) = (history[0].mean_loss, history[1].mean_loss);
+    assert!(last_loss.is_finite() && last_loss < 5.5, "{history:?}");
+    assert!(first_loss.is_nan() || last_loss < first_loss, "the loss falls: {first_loss} -> {last_loss}");
 }
 
 use iota_dataplane::miner::Adversary;
@@ -354,4 +363,65 @@ async fn a_restarted_validator_finishes_its_round_and_a_lying_one_is_outvoted() 
     assert!(judged(ids[1].peer_id()).len() >= 3);
     assert_eq!(judged(crashing), judged(ids[1].peer_id()), "the restarted validator finished epoch 0's round");
     assert!(summaries[0].rounds >= 1);
+}
+
+/// Issue 13, rollback: a replica poisons epoch 0's merge (a pseudo-gradient
+/// a million times too large, under a plain mean that cannot contain it).
+/// The validators find the merged model's held-out loss far above the
+/// epoch's training loss, their stake rolls the merge back, epoch 1 starts
+/// again from the weights epoch 0 started from, and the run ends on a
+/// merged model that learned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use iota_dataplane::miner::merge::MergeFault;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
+    cfg.spec.merge.rule = iota_core::merge::ReduceRule::Mean;
+    let ids = iota_tests::with_validators(&mut cfg, 2);
+    // The poisoned model predicts uniformly (loss ln 256, about 5.55): 13%
+    // worse than the epoch's training loss, under the 50% default.
+    cfg.spec.validation.rollback_loss_jump = 0.1;
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
+    // The poisoner poisons every merge it joins: it leaves after the
+    // first (catching a repeat offender is the merge checks' job).
+    let leave = Arc::new(AtomicBool::new(false));
+    let poisoner = swarm.miner_with(|o| o.merge_fault = Some(MergeFault::HugeDelta), leave.clone());
+    let honest: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
+    for _ in 0..3000 {
+        if swarm.service.with_state(|o| !o.history().is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    leave.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(10), poisoner).await;
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut summaries = Vec::new();
+    for v in vs {
+        summaries
+            .push(tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap());
+    }
+    let (history, rollbacks) = swarm.service.with_state(|o| (o.history().to_vec(), o.counters().rollbacks));
+    for s in &summaries {
+        println!("validator: merge losses {:?}, rollback votes {:?}", s.merge_losses, s.rollback_votes);
+    }
+    println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.rolled_back)).collect::<Vec<_>>());
+    assert_eq!(history.len(), 3, "the run completes");
+    assert!(history[0].rolled_back, "the poisoned merge is rolled back");
+    assert_eq!(rollbacks, 1, "honest merges stand");
+    assert!(summaries.iter().all(|s| s.rollback_votes == vec![0]), "both validators voted the poisoned one down");
+    // The merged model the run ends with learned something: its held-out
+    // loss is below the uniform model's (ln 256) and the first merge's.
+    let losses = &summaries[0].merge_losses;
+    let (first, last) = (losses[0].1, losses.last().unwrap().1);
+    assert!(last.is_finite() && last < 5.5 && last < first - 0.3, "{losses:?}");
 }

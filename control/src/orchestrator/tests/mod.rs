@@ -73,6 +73,10 @@ struct Sim {
     validation_heard: Vec<Out>,
     /// Validators that have stopped heartbeating.
     quiet_validators: BTreeSet<PeerId>,
+    /// How the (non-quiet) validators judge merged models: each (epoch,
+    /// validator) here votes to roll that epoch's merge back; the others
+    /// keep it.
+    rollback_votes: BTreeSet<(u64, PeerId)>,
 }
 
 impl Sim {
@@ -101,6 +105,7 @@ impl Sim {
             heads: Default::default(),
             validation_heard: Vec::new(),
             quiet_validators: BTreeSet::new(),
+            rollback_votes: BTreeSet::new(),
         }
     }
 
@@ -279,6 +284,15 @@ impl Sim {
                 pb::command::Kind::Stored(st) => self.stored_heard.push((to, st)),
                 cmd @ (pb::command::Kind::EpochWork(_) | pb::command::Kind::EvidenceRequest(_)) => {
                     self.validation_heard.push(Out { to, cmd })
+                }
+                pb::command::Kind::MergeCheck(mc) => {
+                    if !self.quiet_validators.contains(&to) {
+                        let rollback = self.rollback_votes.contains(&(mc.epoch, to));
+                        let loss = if rollback { 99.0 } else { 2.0 };
+                        let reason = String::new();
+                        self.ev(Event::MergeVote { validator: to, epoch: mc.epoch, rollback, loss, reason });
+                    }
+                    self.validation_heard.push(Out { to, cmd: pb::command::Kind::MergeCheck(mc) });
                 }
                 pb::command::Kind::Assign(_) | pb::command::Kind::Peers(_) => {}
             }

@@ -278,3 +278,45 @@ fn a_stage_whose_replicas_are_all_suspended_does_not_stall_the_run() {
     assert_eq!(*s.o.phase(), Phase::Uploading, "epoch 1 trained: {:?}", s.o.counters());
     assert_eq!(s.o.counters().dropped, 0);
 }
+
+/// The Training command each miner heard for `epoch`: (weights_from, objects).
+fn training_weights(s: &Sim, epoch: u64) -> Vec<(u64, usize)> {
+    s.phases_heard
+        .iter()
+        .filter(|(_, p)| p.epoch == epoch && p.phase == pb::Phase::Training as i32)
+        .map(|(_, p)| (p.weights_from, p.weights.len()))
+        .collect()
+}
+
+#[test]
+fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() {
+    let mut spec = validated_spec();
+    spec.epochs = 3;
+    let mut s = start(spec);
+    // Epoch 0's merge: both validators (100% of the stake) vote it down.
+    s.rollback_votes.extend([(0, validator(0)), (0, validator(1))]);
+    // Epoch 1's: only validator 1 (40%): it stands.
+    s.rollback_votes.insert((1, validator(1)));
+    for e in 0..3 {
+        until_held(&mut s);
+        done(&mut s, 0, e);
+        done(&mut s, 1, e);
+        if e < 2 {
+            commit_all(&mut s, e + 1);
+        }
+    }
+    s.run_until_done(200);
+    let h = s.o.history();
+    assert_eq!(h.iter().map(|e| e.rolled_back).collect::<Vec<_>>(), vec![true, false, false]);
+    assert_eq!(s.o.counters().rollbacks, 1);
+    // Epoch 1 started again from the run seed's weights (not epoch 0's
+    // merge); epoch 2 from epoch 1's merge, as usual.
+    let e1 = training_weights(&s, 1);
+    assert!(!e1.is_empty() && e1.iter().all(|&(from, objects)| from == 0 && objects == 0), "{e1:?}");
+    let e2 = training_weights(&s, 2);
+    assert!(!e2.is_empty() && e2.iter().all(|&(from, objects)| from == 2 && objects > 0), "{e2:?}");
+    // The minority's vote is on record as outvoted.
+    assert!(s.o.quorum().is_some());
+    let checks = s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::MergeCheck(_))).count();
+    assert_eq!(checks, 2 * 3, "every merge went to both validators");
+}

@@ -223,6 +223,7 @@ pub async fn run_local_butterfly(
                 weights: Vec::new(),
                 momentum: momentum.iter().map(StoredObject::to_pb).collect(),
                 uploads: Vec::new(),
+                weights_from: 0,
             };
             let _ = to_replica[index[&p.peer]].send(ToReplica::Plan(pc));
         }
