@@ -125,9 +125,18 @@ pub struct RunArgs {
     /// Convictions after which a miner is ejected (its identity refused).
     #[arg(long, default_value_t = 2)]
     pub strikes_to_eject: u32,
-    /// Seconds the validators may hold an epoch's merge.
+    /// Seconds the validators may hold an epoch's merge (and the next
+    /// epoch's start, while they judge the merged model).
     #[arg(long, default_value_t = 60)]
     pub validation_timeout_s: u64,
+    /// Validators roll a merge back when the merged model's held-out loss
+    /// exceeds the last kept model's, or the epoch's late training loss,
+    /// by more than this fraction (or is not finite).
+    #[arg(long, default_value_t = 0.5)]
+    pub rollback_loss_jump: f64,
+    /// Held-out micro-batches a validator evaluates each merged model on.
+    #[arg(long, default_value_t = 4)]
+    pub eval_batches: u32,
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = 300)]
     pub phase_timeout_s: u64,
@@ -259,7 +268,8 @@ impl RunArgs {
             min_per_miner: self.validation_min_samples,
             strikes_to_eject: self.strikes_to_eject,
             timeout_ms: self.validation_timeout_s.saturating_mul(1000),
-            ..iota_protocol::ValidationSpec::default()
+            rollback_loss_jump: self.rollback_loss_jump,
+            eval_batches: self.eval_batches,
         })
     }
 

@@ -191,6 +191,9 @@ impl RunSpec {
         if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 {
             return Err("validation: rate must be in [0, 1], strikes_to_eject and timeout_ms positive".into());
         }
+        if !(v.rollback_loss_jump.is_finite() && v.rollback_loss_jump > 0.0) || v.eval_batches == 0 {
+            return Err("validation: rollback_loss_jump must be positive and eval_batches at least 1".into());
+        }
         if v.validators.len() > MAX_VALIDATORS {
             return Err(format!("at most {MAX_VALIDATORS} validators"));
         }
