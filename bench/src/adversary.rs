@@ -4,8 +4,9 @@
 //! same swarm, validators included, with six honest miners. Prints per
 //! mode whether both validators' stake convicted it, in which epoch, the
 //! guilty votes against honest miners, the wall time as a ratio to the
-//! honest baseline, and the validators' compute (time in evidence checks)
-//! as a share of the honest miners' compute (time in their stage workers).
+//! honest baseline, and the validators' compute (time in evidence checks
+//! and merged-model evaluations) as a share of the honest miners' compute
+//! (time in their stage workers).
 
 use anyhow::Result;
 use iota_dataplane::miner::Adversary;

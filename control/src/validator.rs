@@ -83,7 +83,8 @@ pub struct ValidatorSummary {
     pub rollback_votes: Vec<u64>,
     /// The held-out loss of each merged model it evaluated (epoch, loss).
     pub merge_losses: Vec<(u64, f32)>,
-    /// Time spent checking evidence (decoding and recomputing).
+    /// Time spent checking evidence (decoding and recomputing) and
+    /// evaluating merged models.
     pub check_time: Duration,
 }
 
@@ -96,6 +97,8 @@ enum Input {
         epoch: u64,
         loss: Result<f32, String>,
         seed_loss: Option<f32>,
+        /// Time the evaluation took.
+        took: Duration,
     },
 }
 
@@ -199,7 +202,8 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             Vec::new()
                         }
                         Input::Command(_) => Vec::new(),
-                        Input::MergeEvaluated { epoch, loss, seed_loss } => {
+                        Input::MergeEvaluated { epoch, loss, seed_loss, took } => {
+                    summary.check_time += took;
                             // Against the better of the last model it kept (the
                             // seed's at first) and the epoch's own training loss: a
                             // merge far worse than the models it merged is suspect.
@@ -292,6 +296,7 @@ fn evaluate_merge(
         }
         let evaluated = tokio::task::spawn_blocking(move || {
             let c = checker.lock();
+            let t0 = std::time::Instant::now();
             let batches = cfg.spec.validation.eval_batches;
             let seed_loss =
                 if with_seed { c.initial_weights().ok().and_then(|w| c.held_out_loss(&w, batches).ok()) } else { None };
@@ -299,11 +304,12 @@ fn evaluate_merge(
                 Some(why) => Err(why),
                 None => c.held_out_loss(&weights, batches),
             };
-            (loss, seed_loss)
+            (loss, seed_loss, t0.elapsed())
         })
         .await;
-        let (loss, seed_loss) = evaluated.unwrap_or_else(|e| (Err(format!("the evaluation failed to run: {e}")), None));
-        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss }).await;
+        let (loss, seed_loss, took) =
+            evaluated.unwrap_or_else(|e| (Err(format!("the evaluation failed to run: {e}")), None, Duration::ZERO));
+        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, took }).await;
     });
 }
 

@@ -44,7 +44,8 @@ pub struct ScenarioReport {
     pub wall: Duration,
     /// The honest miners' stage workers' busy time, summed.
     pub miner_compute: Duration,
-    /// The validators' time checking evidence, summed.
+    /// The validators' time checking evidence and evaluating merged
+    /// models, summed.
     pub validator_compute: Duration,
     /// Evidence objects the validators checked.
     pub checked: u64,
