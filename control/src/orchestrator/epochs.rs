@@ -1,0 +1,181 @@
+//! An epoch's life as the orchestrator runs it: its start (the weights it
+//! starts from, a fresh record), issuing and re-routing its micro-batches,
+//! and its end (the summary, a rollback or the merged weights' hashes, the
+//! next epoch or the end of the run).
+
+use std::collections::BTreeMap;
+
+use iota_core::{PeerId, Rng};
+
+use super::state::MbRecord;
+use super::{EpochSummary, MbStatus, Ms, Orchestrator, Out, Phase};
+
+impl Orchestrator {
+    pub(super) fn start_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        self.mbs.clear();
+        self.issued = 0;
+        self.uploads.clear();
+        self.merged.clear();
+        self.merged_hash.clear();
+        self.butterfly.clear();
+        self.started_from.insert(self.epoch, self.weights_epoch());
+        while self.started_from.len() > 4 {
+            self.started_from.pop_first();
+        }
+        self.prune_objects();
+        self.liveness_new_epoch();
+        self.epoch_loss = (0.0, 0);
+        for m in self.miners.values_mut() {
+            m.work = 0;
+            m.in_flight = 0;
+            m.convicted = false;
+        }
+        self.set_phase(now, Phase::Training, out);
+        self.advance_training(now, rng, out);
+    }
+
+    pub(super) fn advance_training(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
+        // Timed out, or stalled by a miner its neighbours have reported
+        // overdue (after a grace for the reports of everyone waiting to
+        // arrive): pinned on a miner when the waiting reports say who
+        // stalled it (see liveness.rs), on nobody otherwise.
+        let expired: Vec<(u64, u32, Option<PeerId>)> = self
+            .mbs
+            .values()
+            .filter_map(|r| match &r.status {
+                MbStatus::InFlight { deadline_ms, attempt, pathway, waiting, waiting_since, .. } => {
+                    let blamed = Self::blame_for_timeout(pathway, waiting);
+                    // Reported stalled: act after the grace, pinned on a
+                    // miner or not (two neighbours waiting on each other lost
+                    // a frame between them; waiting out the timeout gains
+                    // nothing).
+                    let grace = self.waiting_grace_ms(pathway);
+                    let stalled = waiting_since.is_some_and(|t| t + grace <= now);
+                    (*deadline_ms <= now || stalled).then_some((r.seq, *attempt, blamed))
+                }
+                _ => None,
+            })
+            .collect();
+        for (seq, attempt, blamed) in expired {
+            if let Some(b) = blamed {
+                self.blame(now, b, out);
+            }
+            // Benching re-routes what the benched miner held.
+            let still = matches!(&self.mbs[&seq].status, MbStatus::InFlight { attempt: a, .. } if *a == attempt);
+            if still {
+                self.reroute_all(now, vec![seq], blamed, blamed.is_some(), out);
+            }
+        }
+        let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
+        let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
+        while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
+            let Some(p) = self.pathway(rng, &[], true) else {
+                break;
+            };
+            let overdue = self.overdue_ms(&p);
+            let seq = self.issued;
+            let mb = self.spec.micro_batch(self.epoch, seq);
+            let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
+            for m in &p {
+                out.push(Out { to: *m, cmd: Self::route_cmd(self.epoch, &r, 0, &p, overdue) });
+            }
+            self.set_in_flight(&p, 1);
+            let status = MbStatus::InFlight {
+                attempt: 0,
+                pathway: p,
+                deadline_ms: now + self.spec.route_timeout_ms,
+                loss: None,
+                backward_done: false,
+                strikes: 0,
+                waiting: Vec::new(),
+                waiting_since: None,
+            };
+            self.mbs.insert(seq, MbRecord { status, ..r });
+            self.issued += 1;
+            room -= 1;
+        }
+        let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
+        if finished && self.issued == self.spec.micro_batches_per_epoch {
+            self.set_phase(now, Phase::Uploading, out);
+        }
+    }
+
+    /// Ends the epoch; `rolled_back`: its merge is discarded, and the next
+    /// epoch starts from the weights this one started from.
+    pub(super) fn finish_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>, rolled_back: bool) {
+        let (mut sum, mut n) = self.epoch_loss;
+        // Work through a convicted miner is out of the epoch: its losses
+        // (a lying tail's, or computed from a cheat's outputs) too.
+        let convicted: Vec<PeerId> = self.miners.values().filter(|m| m.convicted).map(|m| m.peer).collect();
+        let tainted = |r: &MbRecord| matches!(&r.status, MbStatus::Done { pathway, .. } if pathway.iter().any(|p| convicted.contains(p)));
+        for r in self.mbs.values().filter(|r| tainted(r)) {
+            if let MbStatus::Done { loss, .. } = r.status {
+                sum -= f64::from(loss);
+                n = n.saturating_sub(1);
+            }
+        }
+        let excluded = self.mbs.values().filter(|r| tainted(r)).count() as u64;
+        let count = |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
+        self.history.push(EpochSummary {
+            epoch: self.epoch,
+            mean_loss: if n > 0 { (sum / n as f64) as f32 } else { f32::NAN },
+            losses: self
+                .mbs
+                .values()
+                .map(|r| match r.status {
+                    MbStatus::Done { loss, .. } if !tainted(r) => loss,
+                    _ => f32::NAN,
+                })
+                .collect(),
+            completed: count(|s| matches!(s, MbStatus::Done { .. })),
+            dropped: count(|s| matches!(s, MbStatus::Dropped)),
+            excluded,
+            convicted,
+            rolled_back,
+        });
+        if rolled_back {
+            let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());
+            tracing::warn!(epoch = self.epoch, to = ?back_to, "the validators rolled the merge back");
+            self.counters.rollbacks += 1;
+            self.weights_override = Some(back_to);
+        } else {
+            self.record_stage_starts();
+            self.weights_override = None;
+        }
+        self.epoch += 1;
+        // Everyone, newcomers included, now starts from the merged weights.
+        for m in self.miners.values_mut() {
+            if m.live() {
+                m.joining = false;
+            }
+        }
+        if self.epoch >= self.spec.epochs {
+            self.set_phase(now, Phase::Done, out);
+        } else {
+            self.start_epoch(now, rng, out);
+        }
+    }
+
+    /// The merged weights each stage starts the next epoch from, as the
+    /// merge's participants reported them (the most reported hash), so
+    /// validators know the weights an attempt before the first inner
+    /// step must have used.
+    fn record_stage_starts(&mut self) {
+        for (s, bm) in &self.butterfly {
+            let mut counts: BTreeMap<[u8; 32], usize> = BTreeMap::new();
+            for h in bm.done.values() {
+                *counts.entry(*h).or_default() += 1;
+            }
+            match counts.into_iter().max_by_key(|(_, n)| *n) {
+                Some((h, _)) => self.validation.starts.insert(*s, h),
+                None => self.validation.starts.remove(s),
+            };
+        }
+        for s in self.merged.keys().copied().collect::<Vec<_>>() {
+            match self.merged_hash.get(&s) {
+                Some(h) => self.validation.starts.insert(s, *h),
+                None => self.validation.starts.remove(&s),
+            };
+        }
+    }
+}
