@@ -1,0 +1,76 @@
+//! Butterfly merges as the orchestrator coordinates them: plans and
+//! verdicts, hash mismatches refereed, participants dying or slow.
+
+use super::*;
+
+#[test]
+fn butterfly_epochs_merge_by_plan_and_verdicts() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.run_until_done(200);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
+    assert_eq!(sim.o.counters().hash_mismatches, 0);
+    assert_eq!(sim.o.counters().divergent_merges, 0);
+}
+
+#[test]
+fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    for i in 0..3 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.liars.insert(peer(1));
+    sim.run_until_done(200);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    // peer(1) owns two partitions per epoch; each is disputed, refereed by the third replica.
+    let ms = sim.o.mismatches();
+    assert_eq!(ms.len(), 4, "{ms:?}");
+    for m in ms {
+        assert_eq!(m.owners.len(), 2);
+        assert!(m.owners.iter().any(|(p, _)| *p == peer(1)));
+        assert_eq!(m.deviants, vec![peer(1)], "the referee names the liar");
+    }
+    assert_eq!(sim.o.counters().hash_mismatches, 4);
+}
+
+#[test]
+fn butterfly_participant_dying_mid_merge_is_planned_out() {
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    for i in 0..3 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    // One replica dies when the first merge plan reaches it.
+    sim.die_on_plan = Some(peer(2));
+    sim.run_until_done(400);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
+}
+
+#[test]
+fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
+    let mut sim = Sim::new(butterfly_spec(1, 2));
+    for i in 0..2 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
+    // the dead peer time out), so nobody finishes before the phase timeout.
+    sim.die_on_plan = Some(peer(1));
+    sim.until_merging_held(&[peer(0)]);
+    // Three phase timeouts pass (10 s each).
+    for _ in 0..60 {
+        sim.drain();
+        sim.tick(500);
+    }
+    assert_eq!(sim.o.phase(), &Phase::Merging, "the stage is not completed with nobody's weights");
+    let plan = sim.o.merge_plan(0).expect("stage 0 still merging");
+    assert_eq!(plan.participants.iter().map(|p| p.peer).collect::<Vec<_>>(), vec![peer(0)]);
+    // The survivor finishes: the epoch completes and the run goes on.
+    sim.stalled.clear();
+    let held = std::mem::take(&mut sim.held);
+    sim.inbox.extend(held);
+    sim.run_until_done(400);
+    assert_eq!(sim.o.history().len(), 2);
+}
