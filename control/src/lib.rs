@@ -6,6 +6,7 @@
 //!   orchestrator holds its credentials and presigns URLs for the others);
 //! - [`validation`]: which work validators re-check and how their
 //!   stake-weighted verdicts become consequences (sans I/O);
+//! - [`settlement`]: CLASP attribution and Yuma consensus (sans I/O);
 //! - [`cli`], [`commands`], [`swarm`]: run flags and files, the
 //!   `iota-control` commands, and the local swarm launcher.
 //!
@@ -19,6 +20,7 @@ pub mod orchestrator;
 pub mod s3_store;
 mod serde_pairs;
 pub mod service;
+pub mod settlement;
 pub mod state_db;
 pub mod swarm;
 pub mod tls_server;

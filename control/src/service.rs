@@ -534,7 +534,9 @@ impl OrchestratorRpc for OrchestratorService {
                 // against the validator's key.
                 signed: prost::Message::encode_to_vec(&env),
             }),
-            pb::validator_report::Kind::Done(d) => Event::ValidationDone { validator: peer, epoch: d.epoch },
+            pb::validator_report::Kind::Done(d) => {
+                Event::ValidationDone { validator: peer, epoch: d.epoch, weights: d.weights }
+            }
             pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {
                 validator: peer,
                 epoch: v.epoch,

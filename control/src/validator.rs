@@ -86,6 +86,9 @@ pub struct ValidatorSummary {
     /// Time spent checking evidence (decoding and recomputing) and
     /// evaluating merged models.
     pub check_time: Duration,
+    /// The weights it sent with each round's end (epoch, weights in the
+    /// order of the epoch's work).
+    pub weights: Vec<(u64, Vec<f32>)>,
 }
 
 enum Input {
@@ -370,9 +373,10 @@ async fn act(
             };
             client.validate(Kind::Verdict(v)).await?;
         }
-        Action::Done { epoch } => {
-            info!(epoch, "validation round done");
-            client.validate(Kind::Done(pb::ValidationDone { epoch })).await?;
+        Action::Done { epoch, weights } => {
+            info!(epoch, rated = weights.len(), "validation round done");
+            summary.weights.push((epoch, weights.clone()));
+            client.validate(Kind::Done(pb::ValidationDone { epoch, weights })).await?;
         }
     }
     Ok(())

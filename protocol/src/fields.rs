@@ -227,6 +227,29 @@ fn work_refs(field: &str, items: &[pb::WorkRef]) -> Result<(), Rejected> {
 }
 
 /// A validator's report (the `Validate` RPC).
+/// Most miners one validator's weight vector may rate (an EpochWork lists
+/// at most this many).
+pub const MAX_WEIGHTS: usize = 65_536;
+
+/// A validator's weights over an epoch's miners: empty (abstaining) or
+/// finite, non-negative and not all zero. (Whether its length matches the
+/// epoch's miners is the orchestrator's check.)
+fn weight_vector(field: &'static str, w: &[f32]) -> Result<(), Rejected> {
+    if w.is_empty() {
+        return Ok(());
+    }
+    if w.len() > MAX_WEIGHTS {
+        return Err(bad(field, "rates more miners than an epoch can have"));
+    }
+    if let Some(i) = w.iter().position(|x| !x.is_finite() || *x < 0.0) {
+        return Err(bad(field, &format!("weight {i} is {}: weights must be finite and >= 0", w[i])));
+    }
+    if w.iter().all(|x| *x == 0.0) {
+        return Err(bad(field, "all zero: to rate nobody, send no weights"));
+    }
+    Ok(())
+}
+
 pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
     use pb::validator_report::Kind;
     match r.kind.as_ref().ok_or_else(|| bad("kind", "a validator report must say what it reports"))? {
@@ -244,7 +267,7 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             }
             printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
         }
-        Kind::Done(_) => {}
+        Kind::Done(d) => weight_vector("done.weights", &d.weights)?,
         Kind::MergeVote(v) => printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?,
     }
     Ok(())
@@ -331,6 +354,19 @@ mod tests {
             assert!(validator_report(&v).unwrap_err().message.contains(field), "{field}");
         }
         assert!(validator_report(&pb::ValidatorReport { kind: None }).is_err());
+        let done = |weights: Vec<f32>| pb::ValidatorReport {
+            kind: Some(Kind::Done(pb::ValidationDone { epoch: 0, weights })),
+        };
+        assert!(validator_report(&done(Vec::new())).is_ok(), "abstaining");
+        assert!(validator_report(&done(vec![0.0, 0.7, 0.3])).is_ok());
+        for w in [vec![0.5, f32::NAN], vec![0.5, -0.5], vec![f32::INFINITY], vec![0.0, 0.0], vec![0.1; MAX_WEIGHTS + 1]]
+        {
+            assert!(
+                validator_report(&done(w.clone())).unwrap_err().message.contains("done.weights"),
+                "{:?}",
+                &w[..2.min(w.len())]
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use iota_core::{PeerId, Rng};
 
-use super::state::MbRecord;
+use super::state::{MbRecord, MinerEpoch};
 use super::{EpochSummary, MbStatus, Ms, Orchestrator, Out, Phase};
 
 impl Orchestrator {
@@ -116,6 +116,27 @@ impl Orchestrator {
         }
         let excluded = self.mbs.values().filter(|r| tainted(r)).count() as u64;
         let count = |f: fn(&MbStatus) -> bool| self.mbs.values().filter(|r| f(&r.status)).count() as u64;
+        let mut completed: BTreeMap<PeerId, u64> = BTreeMap::new();
+        for r in self.mbs.values() {
+            if let MbStatus::Done { pathway, .. } = &r.status {
+                for p in pathway {
+                    *completed.entry(*p).or_default() += 1;
+                }
+            }
+        }
+        let miners = self
+            .miners
+            .values()
+            .filter(|m| completed.contains_key(&m.peer) || m.live())
+            .map(|m| MinerEpoch {
+                peer: m.peer,
+                stage: m.stage,
+                completed: completed.get(&m.peer).copied().unwrap_or(0),
+                credited: m.work,
+                merged: self.uploads.get(&m.stage).is_some_and(|u| u.contains_key(&m.peer)) && m.merges(self.epoch),
+                convicted: m.convicted,
+            })
+            .collect();
         self.history.push(EpochSummary {
             epoch: self.epoch,
             mean_loss: if n > 0 { (sum / n as f64) as f32 } else { f32::NAN },
@@ -132,6 +153,7 @@ impl Orchestrator {
             excluded,
             convicted,
             rolled_back,
+            miners,
         });
         if rolled_back {
             let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());

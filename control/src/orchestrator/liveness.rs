@@ -205,13 +205,23 @@ impl Orchestrator {
                 } else {
                     cands
                 };
-                // Unmeasured miners count as fast as the stage's median, so
-                // a newcomer is tried (on probation) rather than starved.
+                // Unmeasured miners count as fast as the stage's (lower)
+                // median, so a newcomer is tried (on probation) rather than
+                // starved.
                 let mut measured: Vec<f64> = pool.iter().map(|m| m.latency_ms).filter(|l| *l > 0.0).collect();
                 measured.sort_by(f64::total_cmp);
-                let typical = measured.get(measured.len() / 2).copied().unwrap_or(1.0);
+                let typical = measured.get(measured.len().saturating_sub(1) / 2).copied().unwrap_or(1.0);
+                // A latency is only measured again by a delivery, so an idle
+                // miner's counts as at most twice the typical one: one slow
+                // first micro-batch or a penalised failure must not keep a
+                // replica idle (and unpaid) for the rest of the run. It gets
+                // one micro-batch once its peers are queued two deep; if it
+                // really is slow, its cost with that one in flight is its
+                // own again.
                 let cost = |m: &MinerState| {
-                    (m.in_flight as f64 + 1.0) * if m.latency_ms > 0.0 { m.latency_ms } else { typical }
+                    let latency = if m.latency_ms > 0.0 { m.latency_ms } else { typical };
+                    let latency = if m.in_flight == 0 { latency.min(2.0 * typical) } else { latency };
+                    (m.in_flight as f64 + 1.0) * latency
                 };
                 let least = pool.iter().map(|m| cost(m)).min_by(f64::total_cmp)?;
                 let best: Vec<&&MinerState> = pool.iter().filter(|m| cost(m) <= least * 1.000_001).collect();

@@ -32,7 +32,7 @@ use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
 pub use self::state::{
-    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus, MinerState,
+    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MinerEpoch, MAX_COMMITMENT_BREAKS, MbStatus, MinerState,
     Phase, StageObjects,
 };
 use self::state::{MbRecord, Upload};
@@ -148,10 +148,12 @@ pub enum Event {
         loss: f32,
         reason: String,
     },
-    /// A validator voted on everything it drew for `epoch`.
+    /// A validator voted on everything it drew for `epoch`; `weights` (one
+    /// per miner of the epoch's work, or none) rate them for settlement.
     ValidationDone {
         validator: PeerId,
         epoch: u64,
+        weights: Vec<f32>,
     },
     Tick,
 }
@@ -468,7 +470,9 @@ impl Orchestrator {
                 self.on_evidence_ask(validator, epoch, miner, items, &mut out)?;
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
-            Event::ValidationDone { validator, epoch } => self.on_validation_done(validator, epoch)?,
+            Event::ValidationDone { validator, epoch, weights } => {
+                self.on_validation_done(validator, epoch, weights)?
+            }
             Event::MergeVote { validator, epoch, rollback, loss, reason } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason)?
             }

@@ -201,6 +201,24 @@ pub struct EpochSummary {
     /// from the weights this one started from.
     #[serde(default)]
     pub rolled_back: bool,
+    /// Every miner's account of the epoch (what attribution and settlement
+    /// start from), in peer order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub miners: Vec<MinerEpoch>,
+}
+
+/// One miner's work in one epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MinerEpoch {
+    pub peer: PeerId,
+    pub stage: u32,
+    /// Completed micro-batches whose pathway went through it.
+    pub completed: u64,
+    /// Of those, the ones it is credited with (0 once convicted).
+    pub credited: u64,
+    /// It uploaded and was counted into its stage's merge.
+    pub merged: bool,
+    pub convicted: bool,
 }
 
 /// Most bad-object reports the run keeps (the oldest are forgotten).

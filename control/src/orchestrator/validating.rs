@@ -134,6 +134,7 @@ impl Orchestrator {
                             samples: r.samples,
                             pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
                             loss: *loss,
+                            order: r.seq,
                         })
                     }
                     _ => None,
@@ -184,6 +185,7 @@ impl Orchestrator {
                 out.push(Out { to: *v, cmd: pb::command::Kind::EpochWork(work.clone()) });
             }
             round.sent_to = live;
+            round.miners = work.miners.iter().filter_map(|m| m.peer.as_slice().try_into().ok().map(PeerId)).collect();
             self.validation.round = Some(round);
             return true;
         }
@@ -309,11 +311,38 @@ impl Orchestrator {
         Ok(())
     }
 
-    pub(super) fn on_validation_done(&mut self, validator: PeerId, epoch: u64) -> Result<(), Refusal> {
+    /// A validator is done with the round; its weights over the epoch's
+    /// miners (in the `EpochWork` order) are kept for settlement. A vector
+    /// that does not fit the epoch is refused whole: nothing is recorded,
+    /// and the validator is not counted done.
+    pub(super) fn on_validation_done(
+        &mut self,
+        validator: PeerId,
+        epoch: u64,
+        weights: Vec<f32>,
+    ) -> Result<(), Refusal> {
         self.open_round(&validator, epoch)?;
-        if let Some(r) = self.validation.round.as_mut() {
-            r.done.insert(validator);
+        let Some(r) = self.validation.round.as_mut() else { return Ok(()) };
+        if !weights.is_empty() {
+            if weights.len() != r.miners.len() {
+                return Err(Refusal::Invalid(format!(
+                    "{} weights for the {} miners of epoch {epoch}'s work",
+                    weights.len(),
+                    r.miners.len()
+                )));
+            }
+            if let Some(i) = weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
+                return Err(Refusal::Invalid(format!("weight {i} is {}: weights must be finite and >= 0", weights[i])));
+            }
+            if weights.iter().all(|w| *w == 0.0) {
+                return Err(Refusal::Invalid("all weights are zero: to rate nobody, send none".into()));
+            }
+            if r.weights.contains_key(&validator) {
+                return Err(Refusal::Invalid(format!("weights for epoch {epoch} were already submitted")));
+            }
+            r.weights.insert(validator, weights);
         }
+        r.done.insert(validator);
         Ok(())
     }
 

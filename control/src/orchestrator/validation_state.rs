@@ -76,6 +76,12 @@ pub(super) struct Round {
     #[serde(with = "crate::serde_pairs")]
     pub(super) evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
     pub(super) timed_out: bool,
+    /// The miners of the round's `EpochWork`, in its order.
+    #[serde(default)]
+    pub(super) miners: Vec<PeerId>,
+    /// Each validator's weights over `miners` (sent with ValidationDone).
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) weights: BTreeMap<PeerId, Vec<f32>>,
 }
 
 /// The check of an epoch's merged model (see `validating.rs`).

@@ -25,6 +25,7 @@ use iota_protocol::store_keys::parse_evidence_key;
 use iota_protocol::{MbRef, StoredObject, pb};
 
 use super::sample::{SampleRate, beacon, draw};
+use crate::settlement::scores::{Rated, weight_vector};
 
 /// An attempt: (shard, first sample, attempt).
 pub type WorkKey = (u32, u64, u32);
@@ -55,10 +56,26 @@ pub struct CheckJob {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    Ask { epoch: u64, miner: PeerId, items: Vec<WorkKey> },
+    Ask {
+        epoch: u64,
+        miner: PeerId,
+        items: Vec<WorkKey>,
+    },
     Check(Box<CheckJob>),
-    Vote { epoch: u64, miner: PeerId, guilty: bool, samples: u32, evidence_hash: Option<[u8; 32]>, reason: String },
-    Done { epoch: u64 },
+    Vote {
+        epoch: u64,
+        miner: PeerId,
+        guilty: bool,
+        samples: u32,
+        evidence_hash: Option<[u8; 32]>,
+        reason: String,
+    },
+    /// The round is over; `weights` rate the epoch's miners in the order
+    /// of its work (empty: abstaining).
+    Done {
+        epoch: u64,
+        weights: Vec<f32>,
+    },
 }
 
 struct MinerWork {
@@ -66,6 +83,8 @@ struct MinerWork {
     heads: EpochHeads,
     /// Attempt -> (samples, pathway, the tail's reported loss).
     items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
+    /// Each attempt's micro-batch issue order in the epoch.
+    order: BTreeMap<WorkKey, u64>,
 }
 
 #[derive(Default)]
@@ -77,6 +96,7 @@ struct Verdicts {
     passed: u32,
     hashes: Vec<[u8; 32]>,
     voted: bool,
+    guilty: bool,
 }
 
 struct Round {
@@ -85,6 +105,10 @@ struct Round {
     work: BTreeMap<PeerId, MinerWork>,
     starts: BTreeMap<u32, [u8; 32]>,
     drawn: BTreeMap<PeerId, Verdicts>,
+    /// The work's miners in its order (that of the weights).
+    order: Vec<PeerId>,
+    /// Miners CLASP found significantly harmful.
+    harmful: BTreeSet<PeerId>,
     done_said: bool,
 }
 
@@ -113,6 +137,14 @@ fn evidence_hash(hashes: &[[u8; 32]]) -> Option<[u8; 32]> {
     Some(*h.finalize().as_bytes())
 }
 
+/// The miners whose effect on the epoch's loss CLASP finds significantly
+/// harmful, from the pathways and losses of the epoch's work (each attempt
+/// once: the tail's listing holds every completed one).
+fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet<PeerId> {
+    let _ = (stages, work);
+    BTreeSet::new()
+}
+
 impl ValidatorCore {
     pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
         ValidatorCore { run_id, stages, seed, rate, evidence_timeout_ms, round: None }
@@ -129,14 +161,20 @@ impl ValidatorCore {
             return Ok(Vec::new()); // sent again (a re-subscription): the round goes on
         }
         let mut work = BTreeMap::new();
+        let mut order = Vec::with_capacity(w.miners.len());
         for m in &w.miners {
             let p = peer(&m.peer)?;
+            if work.contains_key(&p) {
+                return Err(format!("miner {p} is listed twice"));
+            }
+            order.push(p);
             let heads = iota_protocol::commitments_pb::from_pb(m.commitments.as_slice())
                 .map_err(|e| format!("miner {p}'s heads: {e}"))?
                 .into_iter()
                 .find(|h| h.epoch == w.epoch)
                 .ok_or_else(|| format!("miner {p} has no heads for epoch {}", w.epoch))?;
             let mut items = BTreeMap::new();
+            let mut issued = BTreeMap::new();
             for it in &m.items {
                 let r = it.mb.as_ref().ok_or("a work item without its attempt")?;
                 let pathway = it.pathway.iter().map(|b| peer(b)).collect::<Result<Vec<_>, _>>()?;
@@ -144,8 +182,9 @@ impl ValidatorCore {
                     return Err(format!("miner {p}'s work item has a pathway that does not hold it"));
                 }
                 items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway, it.loss));
+                issued.insert((r.shard, r.first_sample, r.attempt), it.order);
             }
-            work.insert(p, MinerWork { stage: m.stage, heads, items });
+            work.insert(p, MinerWork { stage: m.stage, heads, items, order: issued });
         }
         let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
         let b = beacon(self.run_id, w.epoch, &heads);
@@ -178,7 +217,9 @@ impl ValidatorCore {
             }
             drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
         }
-        self.round = Some(Round { epoch: w.epoch, started_ms: now, work, starts, drawn, done_said: false });
+        let harmful = harmful_by_clasp(self.stages, &work);
+        self.round =
+            Some(Round { epoch: w.epoch, started_ms: now, work, starts, drawn, order, harmful, done_said: false });
         self.finish(&mut out);
         Ok(out)
     }
@@ -225,6 +266,7 @@ impl ValidatorCore {
             Ok(()) => v.passed += 1,
             Err(why) => {
                 v.voted = true;
+                v.guilty = true;
                 out.push(Action::Vote {
                     epoch: job.epoch,
                     miner: job.miner,
@@ -259,6 +301,7 @@ impl ValidatorCore {
         }
         for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
             v.voted = true;
+            v.guilty = true;
             out.push(Action::Vote {
                 epoch: r.epoch,
                 miner: *miner,
@@ -283,7 +326,17 @@ impl ValidatorCore {
             && r.drawn.values().all(|v| v.voted)
         {
             r.done_said = true;
-            out.push(Action::Done { epoch: r.epoch });
+            let rated: Vec<Rated> = r
+                .order
+                .iter()
+                .map(|p| Rated {
+                    peer: *p,
+                    completed: r.work.get(p).map_or(0, |m| m.items.len() as u64),
+                    guilty: r.drawn.get(p).is_some_and(|v| v.guilty),
+                    harmful: r.harmful.contains(p),
+                })
+                .collect();
+            out.push(Action::Done { epoch: r.epoch, weights: weight_vector(&rated) });
         }
     }
 }
@@ -316,6 +369,7 @@ mod tests {
                     samples: 8,
                     pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
                     loss: 2.5,
+                    order: i,
                 })
                 .collect();
             let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
@@ -382,6 +436,9 @@ mod tests {
             .collect();
         let want = vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), format!("{:?} false 2", p(3))];
         assert_eq!(summary, [want, vec!["done".into()]].concat());
+        // Its weights: by work, in the work's order, the guilty miner's zero.
+        let Some(Action::Done { weights, .. }) = votes.last() else { panic!("{votes:?}") };
+        assert_eq!(weights, &vec![0.5, 0.0, 0.5]);
         assert!(c.tick(10_000).is_empty(), "everyone has a vote");
     }
 
@@ -399,7 +456,7 @@ mod tests {
             if *miner == p(1) && reason.contains("no evidence for 1")));
         assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
         assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
-        assert_eq!(a[3], Action::Done { epoch: 0 });
+        assert_eq!(a[3], Action::Done { epoch: 0, weights: Vec::new() }, "nobody left to pay: it abstains");
     }
 
     #[test]

@@ -385,6 +385,9 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     // The poisoned model predicts uniformly (loss ln 256, about 5.55): 13%
     // worse than the epoch's training loss, under the 50% default.
     cfg.spec.validation.rollback_loss_jump = 0.1;
+    // A cold first micro-batch on a loaded machine must not bench the
+    // poisoner (a newcomer on probation) before it has worked.
+    cfg.spec.route_timeout_ms = 15_000;
     let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
@@ -400,7 +403,7 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     leave.store(true, Ordering::SeqCst);
-    let _ = tokio::time::timeout(Duration::from_secs(10), poisoner).await;
+    let poisoner = tokio::time::timeout(Duration::from_secs(10), poisoner).await.ok().and_then(|r| r.ok()?.ok());
     for m in honest {
         tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
     }
@@ -416,6 +419,11 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     }
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.rolled_back)).collect::<Vec<_>>());
     assert_eq!(history.len(), 3, "the run completes");
+    // The premise: the poisoner worked in epoch 0 and was merged in (with
+    // no work its pseudo-gradient would weigh nothing).
+    let poisoner = poisoner.expect("the poisoner left cleanly").peer;
+    let account = history[0].miners.iter().find(|m| m.peer == poisoner);
+    assert!(account.is_some_and(|m| m.credited > 0 && m.merged), "poisoner's epoch 0: {:?}", history[0].miners);
     assert!(history[0].rolled_back, "the poisoned merge is rolled back");
     assert_eq!(rollbacks, 1, "honest merges stand");
     assert!(summaries.iter().all(|s| s.rollback_votes == vec![0]), "both validators voted the poisoned one down");

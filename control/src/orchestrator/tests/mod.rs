@@ -573,6 +573,36 @@ fn a_newcomer_carries_one_micro_batch_until_it_delivers() {
     assert!(sim.o.miners().map(|m| m.in_flight).sum::<u32>() > 2 || sim.o.history().len() == 1);
 }
 
+/// A replica measured slow once (a cold first micro-batch, a penalised
+/// failure) is routed one micro-batch again once its peer is queued two
+/// deep, so its latency is measured anew: routing by the stale figure
+/// would never pick it again and leave it idle (and unpaid) for the rest
+/// of the run. With that one in flight, its own latency counts again.
+#[test]
+fn a_replica_measured_slow_once_is_tried_again_when_its_peer_is_queued() {
+    let mut sim = Sim::new(spec(1, 2, 1, 40, 6));
+    register_all(&mut sim, 2);
+    sim.drain();
+    let peers: Vec<PeerId> = sim.o.miners().map(|m| m.peer).collect();
+    let (slow, fast) = (peers[0], peers[1]);
+    let set = |sim: &mut Sim, slow_in_flight: u32, fast_in_flight: u32| {
+        for m in sim.o.miners.values_mut() {
+            m.probation = false;
+            let mine = m.peer == slow;
+            m.latency_ms = if mine { 2_000.0 } else { 100.0 };
+            m.in_flight = if mine { slow_in_flight } else { fast_in_flight };
+        }
+    };
+    let mut rng = Rng::new(3);
+    let mut pick = |sim: &Sim| sim.o.pathway(&mut rng, &[], true).unwrap()[0];
+    set(&mut sim, 0, 1);
+    assert_eq!(pick(&sim), fast, "one deep, the fast replica is still sooner");
+    set(&mut sim, 0, 2);
+    assert_eq!(pick(&sim), slow, "two deep: the idle replica is tried again");
+    set(&mut sim, 1, 2);
+    assert_eq!(pick(&sim), fast, "one at a time: with one in flight its own latency counts");
+}
+
 #[test]
 fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
     let mut sp = butterfly_spec(1, 3);

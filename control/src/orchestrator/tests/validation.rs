@@ -82,7 +82,9 @@ fn vote(s: &mut Sim, v: u8, epoch: u64, miner: PeerId, guilty: bool) -> Result<(
 }
 
 fn done(s: &mut Sim, v: u8, epoch: u64) {
-    let out = s.o.step(s.now, Event::ValidationDone { validator: validator(v), epoch }, &mut s.rng).unwrap();
+    let out =
+        s.o.step(s.now, Event::ValidationDone { validator: validator(v), epoch, weights: Vec::new() }, &mut s.rng)
+            .unwrap();
     s.inbox.extend(out);
 }
 
@@ -168,7 +170,7 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     vote(&mut s, 1, 0, m0, false).unwrap();
     assert!(!s.o.miner(&m0).unwrap().convicted);
     // Strangers and unknown miners are refused.
-    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0 };
+    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0, weights: Vec::new() };
     assert!(s.o.step(s.now, stranger, &mut s.rng).is_err());
     assert!(matches!(vote(&mut s, 0, 5, m0, true), Err(Refusal::Invalid(_))), "a future epoch");
 
@@ -212,6 +214,18 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     s.run_until_done(200);
     assert_eq!(s.o.history()[0].convicted, vec![m1]);
     assert_eq!(s.o.history()[1].convicted, vec![m1]);
+    // Each epoch's account: the convict's work is on record but credits
+    // nothing, and it was out of the merge; the others' is credited.
+    let account = &s.o.history()[0].miners;
+    let convict = account.iter().find(|m| m.peer == m1).unwrap();
+    assert!(convict.convicted && convict.completed > 0 && convict.credited == 0 && !convict.merged, "{convict:?}");
+    for m in account.iter().filter(|m| m.peer != m1) {
+        assert!(!m.convicted && m.credited == m.completed && m.merged, "{m:?}");
+    }
+    for stage in 0..2 {
+        let done: u64 = account.iter().filter(|m| m.stage == stage).map(|m| m.completed).sum();
+        assert_eq!(done, s.o.history()[0].completed, "stage {stage}: each micro-batch once per stage");
+    }
 }
 
 #[test]
@@ -319,4 +333,38 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
     assert!(s.o.quorum().is_some());
     let checks = s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::MergeCheck(_))).count();
     assert_eq!(checks, 2 * 3, "every merge went to both validators");
+}
+
+/// A validator's weights come with its ValidationDone, one per miner of the
+/// epoch's work: a vector that does not fit (wrong length, NaN, negative,
+/// all zero, sent twice, from a stranger) is refused whole, and nothing of
+/// it is recorded; the validator is not counted done either.
+#[test]
+fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
+    let mut s = start(validated_spec());
+    let w = until_held(&mut s);
+    let n = w.miners.len();
+    assert_eq!(n, 4);
+    let send = |s: &mut Sim, v: PeerId, weights: Vec<f32>| {
+        s.o.step(s.now, Event::ValidationDone { validator: v, epoch: 0, weights }, &mut s.rng)
+    };
+    let bad: Vec<(Vec<f32>, &str)> = vec![
+        (vec![0.25; n - 1], "3 weights for the 4 miners"),
+        (vec![0.25, f32::NAN, 0.25, 0.25], "weight 1 is NaN"),
+        (vec![0.5, -0.1, 0.3, 0.3], "weight 1 is -0.1"),
+        (vec![0.0; n], "all weights are zero"),
+    ];
+    for (weights, why) in bad {
+        let e = send(&mut s, validator(0), weights).unwrap_err();
+        assert!(matches!(&e, Refusal::Invalid(m) if m.contains(why)), "{e} (wanted {why})");
+    }
+    assert!(matches!(send(&mut s, peer(77), vec![0.25; n]), Err(Refusal::Unknown(_))), "a stranger");
+    let r = s.o.validation.round.as_ref().unwrap();
+    assert!(r.weights.is_empty() && r.done.is_empty(), "nothing was recorded");
+    send(&mut s, validator(0), vec![0.1, 0.2, 0.3, 0.4]).unwrap();
+    let e = send(&mut s, validator(0), vec![0.25; n]).unwrap_err();
+    assert!(e.to_string().contains("already submitted"), "{e}");
+    let r = s.o.validation.round.as_ref().unwrap();
+    assert_eq!(r.weights[&validator(0)], vec![0.1, 0.2, 0.3, 0.4], "the first vector stands");
+    assert!(r.done.contains(&validator(0)));
 }

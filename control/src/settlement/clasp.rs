@@ -1,0 +1,1 @@
+//! clasp (in progress: not yet wired).

@@ -1,0 +1,1 @@
+//! yuma (in progress: not yet wired).
