@@ -113,6 +113,36 @@ pub enum Cmd {
         #[arg(long)]
         config_file: Option<PathBuf>,
     },
+    /// Run one epoch of Yuma consensus (subtensor's epoch) on a JSON input; print the result as JSON
+    ///
+    /// Input, for V validators and M miners (only stakes and weights are required):
+    ///   stakes               [V] stake per validator (finite, >= 0, not all zero)
+    ///   weights              [V][M] each validator's weights (any scale: rows are normalised)
+    ///   bonds                [V][M] the bonds the previous epoch printed (default: none yet)
+    ///   validator_permits    [V] who may vote (default: all true)
+    ///   active               [V] who set weights recently (default: all true)
+    ///   recently_registered  [M] miners whose old bonds are dropped (default: all false)
+    ///   params               kappa (default 32767/65535), bonds_moving_average (0.9),
+    ///                        bonds_penalty (1), bonds_mode ("classic" or "yuma3"),
+    ///                        emission (1), miner_share (0.5)
+    ///
+    /// Output: active_stake [V], consensus [M], ranks [M], trust [M],
+    /// incentive [M], validator_trust [V], dividends [V], bonds [V][M] (feed
+    /// them to the next epoch) and emission {miners [M], validators [V]},
+    /// which sums to params.emission. Malformed input is refused, naming the
+    /// field. See docs/PROTOCOL.md, "Yuma consensus".
+    #[command(verbatim_doc_comment)]
+    Yuma {
+        /// The input JSON file ('-': standard input).
+        #[arg(long, value_name = "FILE.json")]
+        input: PathBuf,
+    },
+    /// The run's settlement ledger: every epoch's payouts, hash-chained and
+    /// signed by the orchestrator (in RUN_DIR/state.sqlite).
+    Ledger {
+        #[command(subcommand)]
+        cmd: crate::ledger_cmd::LedgerCmd,
+    },
 }
 
 /// Runs one parsed command line (on its own tokio runtime).
@@ -284,6 +314,18 @@ async fn run_async(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd),
+        Cmd::Yuma { input } => {
+            let (json, name) = if input.as_os_str() == "-" {
+                (std::io::read_to_string(std::io::stdin()), "standard input".to_string())
+            } else {
+                (std::fs::read_to_string(&input), input.display().to_string())
+            };
+            let json = json.with_context(|| format!("reading {name}"))?;
+            let output = crate::settlement::yuma::run_json(&json).with_context(|| name)?;
+            println!("{output}");
+            Ok(())
+        }
     }
 }
 
@@ -313,5 +355,7 @@ mod tests {
         assert_eq!((validators, adversary), (2, vec!["noise@1".to_string()]));
         assert_eq!(run.validation().unwrap().validators[0].stake, 5);
         assert!(Cli::try_parse_from(["iota-control", "validator", "--print-key"]).is_ok());
+        let yuma = Cli::try_parse_from(["iota-control", "yuma", "--input", "in.json"]).unwrap();
+        assert!(matches!(yuma.cmd, Cmd::Yuma { input } if input == std::path::Path::new("in.json")));
     }
 }

@@ -131,7 +131,7 @@ impl Core {
             return;
         }
         if let Some(store) = self.store.as_mut() {
-            match store.save(&self.orch, now) {
+            match store.save(&self.orch, now, &self.id) {
                 Ok(()) => self.saved = (key.0, key.1, now),
                 Err(e) => {
                     // Try again after the usual interval, not on every
@@ -181,6 +181,8 @@ impl OrchestratorService {
             }
             None => orch,
         };
+        let mut orch = orch;
+        orch.set_operator(id.peer_id());
         let started = now_ms();
         let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), started]);
         let aud = Audience { run_id: orch.spec().run_id, orchestrator: id.peer_id() };

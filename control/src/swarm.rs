@@ -11,11 +11,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::process::{Child, Command};
 use tokio_stream::wrappers::TcpListenerStream;
 
+use iota_core::PeerId;
 use iota_protocol::RunConfig;
 use iota_protocol::auth::AuthPolicy;
 use iota_protocol::pb::orchestrator_server::OrchestratorServer;
 
-use crate::orchestrator::{EpochSummary, Orchestrator, Phase};
+use crate::orchestrator::{EpochSummary, Orchestrator, PayoutRow, Phase};
 use crate::service::OrchestratorService;
 use crate::state_db::StateDb;
 
@@ -52,6 +53,12 @@ pub struct SwarmReport {
     pub convictions: u64,
     pub ejected: u64,
     pub guilty_votes: u64,
+    /// Every miner's work and pay, most paid first.
+    pub payouts: Vec<PayoutRow>,
+    /// What the validators (or the operator) were paid: (identity, emission).
+    pub validator_pay: Vec<(PeerId, f64)>,
+    /// Epochs settled (each one a ledger entry).
+    pub settled_epochs: u64,
 }
 
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
@@ -241,6 +248,13 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     server.abort();
     let (history, c) = svc.with_state(|o| (o.history().to_vec(), o.counters().clone()));
     let guilty = svc.with_state(|o| o.verdicts().iter().filter(|v| v.guilty).count() as u64);
+    let (payouts, validator_pay, settled_epochs) = svc.with_state(|o| {
+        let rows = o.payout_table();
+        let miners: std::collections::BTreeSet<PeerId> = rows.iter().map(|r| r.peer).collect();
+        let others = o.balances().iter().filter(|(p, _)| !miners.contains(p)).map(|(p, x)| (*p, *x)).collect();
+        let settled = o.settlements().last().map_or(0, |s| s.epoch + 1);
+        (rows, others, settled)
+    });
     Ok(SwarmReport {
         history,
         completed: c.completed,
@@ -253,6 +267,9 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         convictions: c.convictions,
         ejected: c.ejected,
         guilty_votes: guilty,
+        payouts,
+        validator_pay,
+        settled_epochs,
     })
 }
 
@@ -279,6 +296,7 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
             r.validators, r.guilty_votes, r.convictions, r.ejected
         );
     }
+    print_payouts(r);
     println!(
         "micro-batches: {} completed, {} re-routed, {} dropped; {} tokens in {:.1}s ({:.0} tokens/s)",
         r.completed,
@@ -297,4 +315,39 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
     if r.interrupted {
         println!("interrupted; run the same command again to resume from the saved state");
     }
+}
+
+/// The payout table: each miner's work, verdicts, last consensus weight and
+/// incentive, and its emission over the run; then the validators'.
+pub fn print_payouts(r: &SwarmReport) {
+    if r.payouts.is_empty() {
+        return;
+    }
+    let total: f64 =
+        r.payouts.iter().map(|p| p.emission).sum::<f64>() + r.validator_pay.iter().map(|v| v.1).sum::<f64>();
+    println!(
+        "payouts over {} settled epochs (emission 1 per epoch; ledger in the run's state.sqlite, `iota-control ledger verify`):",
+        r.settled_epochs
+    );
+    println!(
+        "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8} {:>9} {:>9}",
+        "miner", "stage", "completed", "guilty", "convicted", "weight", "incentive", "emission"
+    );
+    for p in &r.payouts {
+        println!(
+            "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8.4} {:>9.4} {:>9.4}",
+            &p.peer.to_hex()[..16],
+            p.stage,
+            p.completed,
+            p.guilty_votes,
+            p.convictions,
+            p.weight,
+            p.incentive,
+            p.emission
+        );
+    }
+    for (v, x) in &r.validator_pay {
+        println!("{:>16} {:>5} {:>66.4}", &v.to_hex()[..16], "valid", x);
+    }
+    println!("{:>16} {:>72.4}", "total", total);
 }

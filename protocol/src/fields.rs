@@ -241,8 +241,8 @@ fn weight_vector(field: &'static str, w: &[f32]) -> Result<(), Rejected> {
     if w.len() > MAX_WEIGHTS {
         return Err(bad(field, "rates more miners than an epoch can have"));
     }
-    if let Some(i) = w.iter().position(|x| !x.is_finite() || *x < 0.0) {
-        return Err(bad(field, &format!("weight {i} is {}: weights must be finite and >= 0", w[i])));
+    if let Some((i, x)) = w.iter().enumerate().find(|(_, x)| !x.is_finite() || **x < 0.0) {
+        return Err(bad(field, format!("weight {i} is {x}: weights must be finite and >= 0")));
     }
     if w.iter().all(|x| *x == 0.0) {
         return Err(bad(field, "all zero: to rate nobody, send no weights"));

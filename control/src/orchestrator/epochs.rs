@@ -124,7 +124,7 @@ impl Orchestrator {
                 }
             }
         }
-        let miners = self
+        let miners: Vec<MinerEpoch> = self
             .miners
             .values()
             .filter(|m| completed.contains_key(&m.peer) || m.live())
@@ -137,7 +137,7 @@ impl Orchestrator {
                 convicted: m.convicted,
             })
             .collect();
-        self.history.push(EpochSummary {
+        let summary = EpochSummary {
             epoch: self.epoch,
             mean_loss: if n > 0 { (sum / n as f64) as f32 } else { f32::NAN },
             losses: self
@@ -154,7 +154,9 @@ impl Orchestrator {
             convicted,
             rolled_back,
             miners,
-        });
+        };
+        self.settle(&summary.miners, rolled_back, &summary.convicted);
+        self.history.push(summary);
         if rolled_back {
             let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());
             tracing::warn!(epoch = self.epoch, to = ?back_to, "the validators rolled the merge back");

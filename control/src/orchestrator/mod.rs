@@ -19,6 +19,7 @@ mod merging;
 mod objects;
 mod phase;
 mod routing;
+mod settling;
 mod state;
 mod validating;
 mod validation_state;
@@ -32,8 +33,8 @@ use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
 pub use self::state::{
-    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MinerEpoch, MAX_COMMITMENT_BREAKS, MbStatus, MinerState,
-    Phase, StageObjects,
+    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus, MinerEpoch,
+    MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
 };
 use self::state::{MbRecord, Upload};
 use self::validation_state::Validation;
@@ -286,6 +287,10 @@ pub struct Orchestrator {
     /// what a rollback of its merge returns to.
     #[serde(default)]
     started_from: BTreeMap<u64, Option<u64>>,
+    /// Bonds and miner columns carried between epochs' settlements, and
+    /// the settlements not yet old (settling.rs).
+    #[serde(default)]
+    settlement: SettlementBook,
 }
 
 impl Orchestrator {
@@ -318,6 +323,7 @@ impl Orchestrator {
             validation: Validation::new(&spec_validation),
             weights_override: None,
             started_from: BTreeMap::new(),
+            settlement: SettlementBook::default(),
         })
     }
 

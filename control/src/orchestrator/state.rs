@@ -261,3 +261,47 @@ pub struct BadObjectRecord {
     pub reporter: PeerId,
     pub reason: String,
 }
+
+/// Settled epochs kept in the state (the ledger in the state database
+/// keeps them all; these wait there until saved).
+pub const MAX_RECENT_SETTLEMENTS: usize = 16;
+/// Most miner columns settlement tracks (Yuma's bound on uids).
+pub const MAX_SETTLED_MINERS: usize = 65_536;
+
+/// What settlement carries from epoch to epoch (settling.rs).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SettlementBook {
+    /// The operator's identity: the only "validator" of a run without any
+    /// (it rates miners by the work it counted). Set by the service.
+    pub operator: Option<PeerId>,
+    /// Miner columns in order of first appearance.
+    pub miners: Vec<PeerId>,
+    /// Yuma bonds after the last settled epoch (validators x `miners` then).
+    pub bonds: Option<Vec<Vec<f64>>>,
+    /// The latest settlements, oldest first.
+    pub recent: Vec<crate::settlement::ledger::Settlement>,
+    /// Epochs Yuma refused to settle (nothing was paid for them).
+    pub failed: u64,
+    /// Emission paid so far per identity (miners and validators).
+    #[serde(default)]
+    pub balances: BTreeMap<PeerId, f64>,
+}
+
+/// One miner's line in the payout table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PayoutRow {
+    pub peer: PeerId,
+    pub stage: u32,
+    /// Completed micro-batches through it, over the run.
+    pub completed: u64,
+    /// Guilty votes validators cast on its work, over the run.
+    pub guilty_votes: u64,
+    /// Epochs in which the validators' stake convicted it.
+    pub convictions: u64,
+    /// Its Yuma consensus weight in the last settled epoch.
+    pub weight: f64,
+    /// Its share of the miners' emission in the last settled epoch.
+    pub incentive: f64,
+    /// Emission paid to it over the run.
+    pub emission: f64,
+}

@@ -2,6 +2,8 @@
 //!
 //! - [`clasp`]: attribution of loss to the miners on each sample's pathway
 //!   (Contribution Loss Assessment via Sampling of Pathways);
+//! - [`ledger`]: the hash-chained, signed record of every epoch's
+//!   settlement, and its verification;
 //! - [`scores`]: a validator's weights over an epoch's miners (work
 //!   times quality);
 //! - [`yuma`]: Yuma consensus, the stake-weighted step that turns the
@@ -9,5 +11,6 @@
 //!   emission (as subtensor's epoch computes it).
 
 pub mod clasp;
+pub mod ledger;
 pub mod scores;
 pub mod yuma;

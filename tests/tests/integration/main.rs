@@ -14,6 +14,7 @@ mod hostile;
 mod liveness;
 mod netns;
 mod object_store;
+mod settlement;
 mod swarm;
 mod validation;
 

@@ -368,3 +368,98 @@ fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
     assert_eq!(r.weights[&validator(0)], vec![0.1, 0.2, 0.3, 0.4], "the first vector stands");
     assert!(r.done.contains(&validator(0)));
 }
+
+/// Settlement: each epoch, the validators' weights (by work, zero for a
+/// miner both caught) go through Yuma with their stakes; the cheat earns
+/// nothing, honest miners earn in proportion to their work, each epoch
+/// pays out its emission exactly, and the sealed ledger verifies.
+#[test]
+fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
+    let mut s = start(validated_spec());
+    let cheat = peer(0);
+    // Every miner's heads for both epochs (each epoch's round then holds
+    // its merge for the validators).
+    for i in 0..4 {
+        let mut c = Commitments::default();
+        c.weights(0, &[i; 32]);
+        c.weights(1, &[i + 10; 32]);
+        s.heads.insert(peer(i), c.heads());
+    }
+    for epoch in 0..2 {
+        let w = until_held(&mut s);
+        assert_eq!(w.epoch, epoch);
+        let weights: Vec<f32> =
+            w.miners.iter().map(|m| if m.peer == cheat.0.to_vec() { 0.0 } else { m.items.len() as f32 }).collect();
+        for v in 0..2 {
+            let ev = Event::ValidationDone { validator: validator(v), epoch, weights: weights.clone() };
+            let out = s.o.step(s.now, ev, &mut s.rng).unwrap();
+            s.inbox.extend(out);
+        }
+        for _ in 0..200 {
+            if s.o.history().len() as u64 > epoch {
+                break;
+            }
+            s.drain();
+            s.tick(100);
+        }
+        assert_eq!(s.o.history().len() as u64, epoch + 1, "epoch {epoch} ended");
+    }
+    let settled = s.o.settlements();
+    assert_eq!(settled.len(), 2);
+    for (st, summary) in settled.iter().zip(s.o.history()) {
+        assert_eq!(st.validators, vec![validator(0), validator(1)]);
+        let pay: std::collections::BTreeMap<PeerId, f64> = st.payouts().into_iter().collect();
+        let total: f64 = pay.values().sum();
+        assert!((total - 1.0).abs() < 1e-9, "epoch {}: pays {total}", st.epoch);
+        assert_eq!(pay[&cheat], 0.0, "epoch {}: the cheat earns nothing", st.epoch);
+        // Honest miners: incentive in proportion to their completed work.
+        let honest: Vec<&MinerEpoch> = summary.miners.iter().filter(|m| m.peer != cheat && m.completed > 0).collect();
+        assert!(honest.len() >= 2);
+        let per_work: Vec<f64> = honest.iter().map(|m| pay[&m.peer] / m.completed as f64).collect();
+        let (lo, hi) = per_work.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+        assert!(hi / lo < 1.01, "epoch {}: pay per micro-batch {per_work:?}", st.epoch);
+        // Validators' dividends follow their stake (they agreed).
+        let (d0, d1) = (pay[&validator(0)], pay[&validator(1)]);
+        assert!(d0 > d1 && d1 > 0.0, "dividends {d0} {d1}");
+    }
+    let id = Identity::from_seed([42; 32]);
+    let mut entries: Vec<crate::settlement::ledger::Entry> = Vec::new();
+    for st in settled {
+        let e = crate::settlement::ledger::seal(entries.last(), st, &id);
+        entries.push(e);
+    }
+    let v = crate::settlement::ledger::verify(&entries, Some(id.peer_id())).unwrap();
+    assert_eq!(v.entries, 2);
+    assert_eq!(v.balances.get(&cheat).copied().unwrap_or(0.0), 0.0);
+}
+
+/// Without validators, the operator is the only rater: it pays the work it
+/// credited, through the same Yuma step and ledger.
+#[test]
+fn without_validators_the_operator_pays_credited_work() {
+    let mut sim = Sim::new(butterfly_spec(2, 2));
+    sim.o.set_operator(peer(99));
+    for i in 0..4 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.run_until_done(400);
+    assert_eq!(sim.o.history().len(), 2);
+    for (st, summary) in sim.o.settlements().iter().zip(sim.o.history()) {
+        assert_eq!(st.validators, vec![peer(99)]);
+        let pay: std::collections::BTreeMap<PeerId, f64> = st.payouts().into_iter().collect();
+        let miners: f64 = summary.miners.iter().map(|m| pay[&m.peer]).sum();
+        assert!((miners - 0.5).abs() < 1e-9, "half the emission to miners: {miners}");
+        let credited: u64 = summary.miners.iter().map(|m| m.credited).sum();
+        for m in &summary.miners {
+            let want = 0.5 * m.credited as f64 / credited as f64;
+            assert!(
+                (pay[&m.peer] - want).abs() < 1e-6,
+                "{} paid {} for {} of {credited}",
+                m.peer,
+                pay[&m.peer],
+                m.credited
+            );
+        }
+        assert!((pay[&peer(99)] - 0.5).abs() < 1e-9, "the operator's dividends");
+    }
+}

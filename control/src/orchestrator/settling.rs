@@ -1,0 +1,149 @@
+//! An epoch's settlement: the validators' weights (or, in a run without
+//! validators, the operator's count of credited work) go through Yuma
+//! consensus with the validators' stakes and the bonds so far; the result
+//! is kept for the ledger (written, signed, by the service's state
+//! database) and its bonds carried to the next epoch.
+
+use iota_core::PeerId;
+use tracing::warn;
+
+use super::Orchestrator;
+use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MinerEpoch, PayoutRow};
+use crate::settlement::ledger::{Settlement, widen};
+use crate::settlement::yuma::{self, YumaInput, YumaParams};
+
+/// The operator's stand-in identity before the service names it (tests).
+const UNNAMED_OPERATOR: PeerId = PeerId([0; 32]);
+
+impl Orchestrator {
+    /// Names the operator (the service's identity): the rater of a run
+    /// without validators.
+    pub fn set_operator(&mut self, operator: PeerId) {
+        self.settlement.operator = Some(operator);
+    }
+
+    /// The latest settled epochs, oldest first (all of them are in the
+    /// ledger).
+    pub fn settlements(&self) -> &[Settlement] {
+        &self.settlement.recent
+    }
+
+    /// Emission paid so far per identity.
+    pub fn balances(&self) -> &std::collections::BTreeMap<PeerId, f64> {
+        &self.settlement.balances
+    }
+
+    /// Every miner settlement knows of: its work, verdicts, last weight and
+    /// incentive, and what it was paid over the run (most paid first).
+    pub fn payout_table(&self) -> Vec<PayoutRow> {
+        let last = self.settlement.recent.last();
+        let mut rows: Vec<PayoutRow> = self
+            .settlement
+            .miners
+            .iter()
+            .enumerate()
+            .map(|(c, p)| {
+                let epochs = self.history.iter().flat_map(|e| e.miners.iter().filter(|m| m.peer == *p));
+                let (completed, convictions) =
+                    epochs.fold((0, 0), |(d, c), m| (d + m.completed, c + u64::from(m.convicted)));
+                let at = |v: Option<&Vec<f64>>| v.and_then(|v| v.get(c)).copied().unwrap_or(0.0);
+                let last_col = last.filter(|s| s.miners.get(c) == Some(p));
+                PayoutRow {
+                    peer: *p,
+                    stage: self.miners.get(p).map_or(0, |m| m.stage),
+                    completed,
+                    guilty_votes: self.validation.verdicts.iter().filter(|v| v.miner == *p && v.guilty).count() as u64,
+                    convictions,
+                    weight: at(last_col.map(|s| &s.output.consensus)),
+                    incentive: at(last_col.map(|s| &s.output.incentive)),
+                    emission: self.settlement.balances.get(p).copied().unwrap_or(0.0),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| b.emission.total_cmp(&a.emission).then(a.peer.cmp(&b.peer)));
+        rows
+    }
+
+    /// Settles the current epoch from its account of work (`miners`) and
+    /// the validators' weights of its round.
+    pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId]) {
+        // Columns: every miner seen so far keeps its place; this epoch's
+        // newcomers are appended (and their stale bonds, none, dropped).
+        let before = self.settlement.miners.len();
+        for m in miners {
+            if !self.settlement.miners.contains(&m.peer) {
+                if self.settlement.miners.len() >= MAX_SETTLED_MINERS {
+                    warn!(miner = %m.peer, "settlement tracks no more miners: this one is not paid");
+                    continue;
+                }
+                self.settlement.miners.push(m.peer);
+            }
+        }
+        let cols = self.settlement.miners.len();
+        let column = |p: &PeerId| self.settlement.miners.iter().position(|q| q == p);
+        let (validators, stakes, weights, active) = if self.validation.quorum.is_some() {
+            let round = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch);
+            let mut rows = Vec::new();
+            let mut active = Vec::new();
+            for v in &self.spec.validation.validators {
+                let mut row = vec![0.0; cols];
+                let sent = round.and_then(|r| r.weights.get(&v.peer).map(|w| (r, w)));
+                if let Some((r, w)) = sent {
+                    for (p, x) in r.miners.iter().zip(w) {
+                        if let Some(c) = column(p) {
+                            row[c] = f64::from(*x);
+                        }
+                    }
+                }
+                active.push(sent.is_some());
+                rows.push(row);
+            }
+            let validators: Vec<PeerId> = self.spec.validation.validators.iter().map(|v| v.peer).collect();
+            let stakes = self.spec.validation.validators.iter().map(|v| v.stake as f64).collect();
+            (validators, stakes, rows, active)
+        } else {
+            let mut row = vec![0.0; cols];
+            for m in miners {
+                if let Some(c) = column(&m.peer) {
+                    row[c] = m.credited as f64;
+                }
+            }
+            let operator = self.settlement.operator.unwrap_or(UNNAMED_OPERATOR);
+            (vec![operator], vec![1.0], vec![row], vec![true])
+        };
+        let input = YumaInput {
+            stakes,
+            weights,
+            bonds: self.settlement.bonds.as_ref().map(|b| widen(b, cols)),
+            validator_permits: None,
+            active: Some(active),
+            recently_registered: Some((0..cols).map(|c| c >= before).collect()),
+            params: YumaParams::default(),
+        };
+        match yuma::run(&input) {
+            Ok(output) => {
+                self.settlement.bonds = Some(output.bonds.clone());
+                let settled = Settlement {
+                    run_id: self.spec.run_id,
+                    epoch: self.epoch,
+                    validators,
+                    miners: self.settlement.miners.clone(),
+                    input,
+                    output,
+                    rolled_back,
+                    convicted: convicted.to_vec(),
+                };
+                for (p, x) in settled.payouts() {
+                    *self.settlement.balances.entry(p).or_default() += x;
+                }
+                self.settlement.recent.push(settled);
+                let excess = self.settlement.recent.len().saturating_sub(MAX_RECENT_SETTLEMENTS);
+                self.settlement.recent.drain(..excess);
+            }
+            Err(e) => {
+                self.settlement.failed += 1;
+                warn!(epoch = self.epoch, error = %e, "the epoch could not be settled: nobody is paid for it");
+            }
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! yuma (in progress: not yet wired).

@@ -1,0 +1,94 @@
+//! Issue 14, end to end: a `tiny` 3 x 3 swarm in process with two
+//! validators and one cheating miner. The epochs are settled (validators'
+//! weights through Yuma), the cheat earns nothing, honest miners earn in
+//! proportion to their work, and the signed ledger in the state database
+//! verifies, and stops verifying at a flipped byte.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use iota_core::WireCodec;
+use iota_dataplane::miner::Adversary;
+use iota_tests::{Swarm, orchestrator_identity, tiny_run, with_validators};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cheat_earns_nothing_honest_miners_earn_by_work_and_the_ledger_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(3, 3, 2, 18, WireCodec::Int8Row);
+    let ids = with_validators(&mut cfg, 2);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> =
+        ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 70 + i as u64, stop.clone())).collect();
+    // Registered first: the cheat holds a head replica.
+    let cheat = swarm.miner_with(|o| o.adversary = Some(Adversary::Noise), stop.clone());
+    for _ in 0..400 {
+        if swarm.service.with_state(|o| o.miners().count() == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cheat_peer = swarm.service.with_state(|o| o.miners().next().unwrap().peer);
+    let honest: Vec<_> = (0..8).map(|_| swarm.miner(stop.clone())).collect();
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(150), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(10), cheat).await;
+    for v in vs {
+        let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
+        assert!(s.weights.iter().all(|(_, w)| !w.is_empty()), "each round ended with weights: {:?}", s.weights);
+    }
+    swarm.service.save();
+    let (table, settled, history) =
+        swarm.service.with_state(|o| (o.payout_table(), o.settlements().to_vec(), o.history().to_vec()));
+    for r in &table {
+        println!(
+            "{} stage {} completed {} guilty {} weight {:.4} emission {:.4}",
+            &r.peer.to_hex()[..8],
+            r.stage,
+            r.completed,
+            r.guilty_votes,
+            r.weight,
+            r.emission
+        );
+    }
+    assert_eq!(history.len(), 2, "the run completed");
+    assert_eq!(settled.len(), 2, "both epochs settled");
+    let cheat_row = table.iter().find(|r| r.peer == cheat_peer).expect("the cheat is in the table");
+    assert!(cheat_row.guilty_votes > 0 && cheat_row.convictions >= 1, "{cheat_row:?}");
+    let honest: Vec<_> = table.iter().filter(|r| r.peer != cheat_peer && r.completed > 0).collect();
+    assert_eq!(honest.len(), 8);
+    let mean = honest.iter().map(|r| r.emission).sum::<f64>() / honest.len() as f64;
+    assert!(cheat_row.emission <= 0.01 * mean, "the cheat earned {} against an honest mean {mean}", cheat_row.emission);
+    // Every epoch: an honest miner's pay per completed micro-batch is the
+    // same for all of them (weights by work, and both validators agree).
+    for (st, e) in settled.iter().zip(&history) {
+        let pay: std::collections::BTreeMap<_, _> = st.payouts().into_iter().collect();
+        let rates: Vec<f64> = e
+            .miners
+            .iter()
+            .filter(|m| m.peer != cheat_peer && m.completed > 0)
+            .map(|m| pay[&m.peer] / m.completed as f64)
+            .collect();
+        let (lo, hi) = rates.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+        assert!(hi / lo < 1.01, "epoch {}: pay per micro-batch {rates:?}", st.epoch);
+    }
+    drop(swarm);
+    // The ledger: it verifies under the orchestrator's key, and a flipped
+    // byte in any entry is caught and named.
+    let key = orchestrator_identity().peer_id().to_hex();
+    let (v, entries) = iota_control::ledger_cmd::verify(dir.path(), Some(&key)).unwrap();
+    assert_eq!(v.entries, 2);
+    assert!(v.balances.get(&cheat_peer).copied().unwrap_or(0.0) <= 0.01 * mean);
+    let db = rusqlite::Connection::open(dir.path().join("state.sqlite")).unwrap();
+    let body = &entries[1].body;
+    let at = body.find("\"weights\"").unwrap() + 14;
+    let mut flipped = body.clone().into_bytes();
+    flipped[at] ^= 0x01;
+    let flipped = String::from_utf8(flipped).unwrap();
+    db.execute("UPDATE ledger SET body = ?1 WHERE seq = 1", [&flipped]).unwrap();
+    let e = iota_control::ledger_cmd::verify(dir.path(), Some(&key)).unwrap_err();
+    assert!(format!("{e:#}").contains("ledger entry 1"), "{e:#}");
+}
