@@ -4,6 +4,7 @@
 
 mod adversary;
 mod butterfly;
+mod clasp;
 mod control;
 mod liveness;
 mod stage_cpu;
@@ -63,6 +64,11 @@ enum Cmd {
     /// epoch of the conviction, honest miners flagged, wall-time ratio,
     /// validator compute as a share of the miners'.
     Adversary(adversary::Args),
+    /// CLASP on seeded simulated epochs: detection power for a miner of
+    /// harm h (0.01-0.1 nats) against the pathways sampled (64-4096), with
+    /// the honest miners' false-positive rate and the naive per-miner mean
+    /// as the baseline from the same runs; estimate time up to 1,024 miners.
+    Clasp(clasp::Args),
 }
 
 fn main() {
@@ -76,6 +82,7 @@ fn main() {
         Cmd::Control(a) => control::run(a),
         Cmd::Liveness(a) => liveness::run(a),
         Cmd::Adversary(a) => adversary::run(a),
+        Cmd::Clasp(a) => clasp::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

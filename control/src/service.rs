@@ -537,7 +537,10 @@ impl OrchestratorRpc for OrchestratorService {
                 signed: prost::Message::encode_to_vec(&env),
             }),
             pb::validator_report::Kind::Done(d) => {
-                Event::ValidationDone { validator: peer, epoch: d.epoch, weights: d.weights }
+                // The whole signed request goes into the ledger: each
+                // validator's weights stay checkable against its key.
+                let signed = prost::Message::encode_to_vec(&env);
+                Event::ValidationDone { validator: peer, epoch: d.epoch, weights: d.weights, signed }
             }
             pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {
                 validator: peer,

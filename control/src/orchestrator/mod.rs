@@ -155,6 +155,9 @@ pub enum Event {
         validator: PeerId,
         epoch: u64,
         weights: Vec<f32>,
+        /// The validator's whole signed request (kept in the ledger with
+        /// its weights).
+        signed: Vec<u8>,
     },
     Tick,
 }
@@ -476,8 +479,8 @@ impl Orchestrator {
                 self.on_evidence_ask(validator, epoch, miner, items, &mut out)?;
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
-            Event::ValidationDone { validator, epoch, weights } => {
-                self.on_validation_done(validator, epoch, weights)?
+            Event::ValidationDone { validator, epoch, weights, signed } => {
+                self.on_validation_done(validator, epoch, weights, signed)?
             }
             Event::MergeVote { validator, epoch, rollback, loss, reason } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason)?

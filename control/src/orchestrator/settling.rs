@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::Orchestrator;
 use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MinerEpoch, PayoutRow};
-use crate::settlement::ledger::{Settlement, widen};
+use crate::settlement::ledger::{Settlement, to_hex, widen};
 use crate::settlement::yuma::{self, YumaInput, YumaParams};
 
 /// The operator's stand-in identity before the service names it (tests).
@@ -81,8 +81,9 @@ impl Orchestrator {
         }
         let cols = self.settlement.miners.len();
         let column = |p: &PeerId| self.settlement.miners.iter().position(|q| q == p);
+        let round = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch);
+        let mut signed = Vec::new();
         let (validators, stakes, weights, active) = if self.validation.quorum.is_some() {
-            let round = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch);
             let mut rows = Vec::new();
             let mut active = Vec::new();
             for v in &self.spec.validation.validators {
@@ -97,6 +98,8 @@ impl Orchestrator {
                 }
                 active.push(sent.is_some());
                 rows.push(row);
+                let request = round.and_then(|r| r.signed_weights.get(&v.peer));
+                signed.push(request.map(|b| to_hex(b)).unwrap_or_default());
             }
             let validators: Vec<PeerId> = self.spec.validation.validators.iter().map(|v| v.peer).collect();
             let stakes = self.spec.validation.validators.iter().map(|v| v.stake as f64).collect();
@@ -132,6 +135,8 @@ impl Orchestrator {
                     output,
                     rolled_back,
                     convicted: convicted.to_vec(),
+                    work_miners: round.map(|r| r.miners.clone()).unwrap_or_default(),
+                    signed_weights: signed,
                 };
                 for (p, x) in settled.payouts() {
                     *self.settlement.balances.entry(p).or_default() += x;

@@ -320,6 +320,7 @@ impl Orchestrator {
         validator: PeerId,
         epoch: u64,
         weights: Vec<f32>,
+        signed: Vec<u8>,
     ) -> Result<(), Refusal> {
         self.open_round(&validator, epoch)?;
         let Some(r) = self.validation.round.as_mut() else { return Ok(()) };
@@ -341,6 +342,7 @@ impl Orchestrator {
                 return Err(Refusal::Invalid(format!("weights for epoch {epoch} were already submitted")));
             }
             r.weights.insert(validator, weights);
+            r.signed_weights.insert(validator, signed);
         }
         r.done.insert(validator);
         Ok(())

@@ -82,6 +82,9 @@ pub(super) struct Round {
     /// Each validator's weights over `miners` (sent with ValidationDone).
     #[serde(default, with = "crate::serde_pairs")]
     pub(super) weights: BTreeMap<PeerId, Vec<f32>>,
+    /// The signed requests that carried them.
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) signed_weights: BTreeMap<PeerId, Vec<u8>>,
 }
 
 /// The check of an epoch's merged model (see `validating.rs`).

@@ -45,6 +45,15 @@ pub struct Settlement {
     pub rolled_back: bool,
     /// Miners the validators' stake convicted this epoch.
     pub convicted: Vec<PeerId>,
+    /// The miners of the epoch's `EpochWork`, in its order (that of each
+    /// validator's weight vector).
+    #[serde(default)]
+    pub work_miners: Vec<PeerId>,
+    /// Per validator row: its signed `Validate(ValidationDone)` request
+    /// (a protobuf `Signed`, hex), or empty when it sent no weights (and
+    /// always for the operator of a run without validators).
+    #[serde(default)]
+    pub signed_weights: Vec<String>,
 }
 
 impl Settlement {
@@ -155,6 +164,7 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
         } else if s.input.bonds.is_some() {
             return Err(fail("the first entry starts from bonds nobody recorded".into()));
         }
+        check_signed_weights(&s, key).map_err(fail)?;
         if s.input.stakes.len() != s.validators.len()
             || s.input.weights.iter().any(|r| r.len() != s.miners.len())
             || s.input.weights.len() != s.validators.len()
@@ -180,6 +190,79 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
     Ok(v)
 }
 
+/// Each validator's row of the Yuma input must be the weights its signed
+/// request carried (placed in the miner columns), and a row without one
+/// must be empty: the orchestrator cannot put weights in a validator's
+/// name.
+fn check_signed_weights(s: &Settlement, orchestrator: PeerId) -> Result<(), String> {
+    use iota_protocol::pb;
+    use prost::Message;
+    if s.signed_weights.is_empty() {
+        // A run without validators: its single row is the operator's
+        // (the entry's signer), rating the work it counted.
+        return if s.validators == [orchestrator] || s.input.weights.iter().all(|r| r.iter().all(|x| *x == 0.0)) {
+            Ok(())
+        } else {
+            Err("its weights carry no validator's signature".into())
+        };
+    }
+    if s.signed_weights.len() != s.validators.len() {
+        return Err("one signed request per validator is expected".into());
+    }
+    let aud = iota_protocol::auth::Audience { run_id: s.run_id, orchestrator };
+    for (i, (v, hex)) in s.validators.iter().zip(&s.signed_weights).enumerate() {
+        let row = s.input.weights.get(i).ok_or("a validator without its row")?;
+        if hex.is_empty() {
+            if row.iter().any(|x| *x != 0.0) {
+                return Err(format!("validator {v} has weights but no signed request"));
+            }
+            continue;
+        }
+        let bytes = from_hex(hex).ok_or_else(|| format!("validator {v}'s signed request is not hex"))?;
+        let env = pb::Signed::decode(bytes.as_slice()).map_err(|e| format!("validator {v}'s signed request: {e}"))?;
+        let sig: [u8; 64] =
+            env.signature.as_slice().try_into().map_err(|_| format!("validator {v}'s signature is not 64 bytes"))?;
+        let signing = iota_protocol::auth::signing_bytes(
+            &aud,
+            iota_protocol::client::VALIDATE,
+            env.timestamp_ms,
+            &env.nonce,
+            &env.body,
+        );
+        if env.peer_id != v.0 || !v.verify(&signing, &sig) {
+            return Err(format!("validator {v}'s signed request does not verify under its key"));
+        }
+        let report = pb::ValidatorReport::decode(env.body.as_slice())
+            .map_err(|e| format!("validator {v}'s signed request: {e}"))?;
+        let Some(pb::validator_report::Kind::Done(done)) = report.kind else {
+            return Err(format!("validator {v}'s signed request is not its ValidationDone"));
+        };
+        if done.epoch != s.epoch || done.weights.len() != s.work_miners.len() {
+            return Err(format!("validator {v}'s signed weights are for another epoch or other miners"));
+        }
+        let mut want = vec![0.0; s.miners.len()];
+        for (p, w) in s.work_miners.iter().zip(&done.weights) {
+            let c = s.miners.iter().position(|q| q == p).ok_or_else(|| format!("miner {p} has no column"))?;
+            want[c] = f64::from(*w);
+        }
+        if *row != want {
+            return Err(format!("validator {v}'s row is not the weights it signed"));
+        }
+    }
+    Ok(())
+}
+
+pub fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
+}
+
 /// `bonds` (V x M0) widened with zero columns to M >= M0 miners.
 pub fn widen(bonds: &[Vec<f64>], m: usize) -> Vec<Vec<f64>> {
     bonds
@@ -196,19 +279,44 @@ pub fn widen(bonds: &[Vec<f64>], m: usize) -> Vec<Vec<f64>> {
 mod tests {
     use super::*;
 
-    fn settlement(epoch: u64, bonds: Option<Vec<Vec<f64>>>, weights: Vec<Vec<f64>>) -> Settlement {
-        let input = YumaInput { stakes: vec![60.0, 40.0], weights, bonds, ..YumaInput::default() };
+    const ORCHESTRATOR: [u8; 32] = [3; 32];
+
+    /// A validator's signed `ValidationDone` (see the orchestrator's tests).
+    pub(crate) fn signed_done(v: &Identity, run_id: u64, epoch: u64, weights: &[f32], orch: PeerId) -> Vec<u8> {
+        use iota_protocol::pb;
+        use prost::Message;
+        let report = pb::ValidatorReport {
+            kind: Some(pb::validator_report::Kind::Done(pb::ValidationDone { epoch, weights: weights.to_vec() })),
+        };
+        let body = report.encode_to_vec();
+        let aud = iota_protocol::auth::Audience { run_id, orchestrator: orch };
+        let nonce = vec![epoch as u8; 16];
+        let signing = iota_protocol::auth::signing_bytes(&aud, iota_protocol::client::VALIDATE, 1_000, &nonce, &body);
+        let signature = v.sign(&signing).to_vec();
+        pb::Signed { peer_id: v.peer_id().0.to_vec(), timestamp_ms: 1_000, nonce, body, signature }.encode_to_vec()
+    }
+
+    /// Two validators (stakes 60 and 40) rating `weights[v]` (f32, as sent).
+    fn settlement(epoch: u64, bonds: Option<Vec<Vec<f64>>>, weights: Vec<Vec<f32>>) -> Settlement {
+        let validators = [Identity::from_seed([1; 32]), Identity::from_seed([2; 32])];
+        let miners: Vec<PeerId> = (0..weights[0].len() as u8).map(|i| PeerId([10 + i; 32])).collect();
+        let orch = Identity::from_seed(ORCHESTRATOR).peer_id();
+        let signed_weights =
+            validators.iter().zip(&weights).map(|(v, w)| to_hex(&signed_done(v, 7, epoch, w, orch))).collect();
+        let rows = weights.iter().map(|r| r.iter().map(|x| f64::from(*x)).collect()).collect();
+        let input = YumaInput { stakes: vec![60.0, 40.0], weights: rows, bonds, ..YumaInput::default() };
         let output = yuma::run(&input).unwrap();
-        let miners = (0..input.weights[0].len() as u8).map(|i| PeerId([10 + i; 32])).collect();
         Settlement {
             run_id: 7,
             epoch,
-            validators: vec![PeerId([1; 32]), PeerId([2; 32])],
+            validators: validators.iter().map(|v| v.peer_id()).collect(),
+            work_miners: miners.clone(),
             miners,
             input,
             output,
             rolled_back: false,
             convicted: Vec::new(),
+            signed_weights,
         }
     }
 
@@ -223,7 +331,7 @@ mod tests {
 
     #[test]
     fn a_sealed_chain_verifies_and_sums_the_balances() {
-        let id = Identity::from_seed([3; 32]);
+        let id = Identity::from_seed(ORCHESTRATOR);
         let entries = chain(&id);
         let v = verify(&entries, Some(id.peer_id())).unwrap();
         assert_eq!(v.entries, 2);
@@ -235,7 +343,7 @@ mod tests {
 
     #[test]
     fn every_flipped_byte_is_caught_and_named() {
-        let id = Identity::from_seed([3; 32]);
+        let id = Identity::from_seed(ORCHESTRATOR);
         let entries = chain(&id);
         // A flipped byte in each part of the second entry (the body at
         // several places), and in the first entry's body.
@@ -271,7 +379,7 @@ mod tests {
         // The orchestrator's own key cannot make a wrong payout verify: the
         // recorded output must be what the recorded input gives, and the
         // bonds must follow from the entry before.
-        let id = Identity::from_seed([3; 32]);
+        let id = Identity::from_seed(ORCHESTRATOR);
         let entries = chain(&id);
         let mut s1: Settlement = serde_json::from_str(&entries[1].body).unwrap();
         s1.output.emission.miners.swap(0, 3);

@@ -25,6 +25,7 @@ use iota_protocol::store_keys::parse_evidence_key;
 use iota_protocol::{MbRef, StoredObject, pb};
 
 use super::sample::{SampleRate, beacon, draw};
+use crate::settlement::clasp::{Clasp, ClaspParams};
 use crate::settlement::scores::{Rated, weight_vector};
 
 /// An attempt: (shard, first sample, attempt).
@@ -141,9 +142,25 @@ fn evidence_hash(hashes: &[[u8; 32]]) -> Option<[u8; 32]> {
 /// harmful, from the pathways and losses of the epoch's work (each attempt
 /// once: the tail's listing holds every completed one).
 fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet<PeerId> {
-    let _ = (stages, work);
-    BTreeSet::new()
+    let tail = stages.saturating_sub(1);
+    let tails = || work.values().filter(|m| m.stage == tail);
+    let horizon = tails().flat_map(|m| m.order.values()).max().map_or(0, |o| o + 1);
+    let mut clasp = Clasp::new(stages as usize, horizon);
+    for m in tails() {
+        for (key, (_, pathway, loss)) in &m.items {
+            // Refused records (a non-finite loss, say) are counted by CLASP
+            // and left out; the recompute judges the report itself.
+            let _ = clasp.record(m.order.get(key).copied().unwrap_or(0), pathway, *loss);
+        }
+    }
+    let params = ClaspParams { min_harm: CLASP_TOLERATED_NATS, ..ClaspParams::default() };
+    clasp.estimate(&params).harmful().map(|m| m.key).collect()
 }
+
+/// Harm CLASP tolerates before a miner's weight goes to zero, in nats per
+/// sample: replicas of a stage train apart within an epoch, so an honest
+/// one may be measurably (and honestly) a little worse than its peers.
+const CLASP_TOLERATED_NATS: f64 = 0.05;
 
 impl ValidatorCore {
     pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
@@ -381,6 +398,79 @@ mod tests {
             miners,
             starts: vec![pb::StageStart { stage: 1, weights_hash: vec![4; 32] }],
         }
+    }
+
+    /// Two head replicas (p(1), p(4)) taking turns, then p(2) and the
+    /// tail p(3); each attempt's reported loss is `loss(order, head)`.
+    fn work_two_heads(epoch: u64, n: u64, loss: impl Fn(u64, PeerId) -> f32) -> pb::EpochWork {
+        let mut heads = BTreeMap::new();
+        let mut miners = Vec::new();
+        let head_of = |i: u64| if i.is_multiple_of(2) { p(1) } else { p(4) };
+        for (me, stage) in [(p(1), 0), (p(4), 0), (p(2), 1), (p(3), 2)] {
+            let mut c = Commitments::default();
+            c.weights(epoch, &[me.0[0]; 32]);
+            let h = c.heads().into_iter().find(|h| h.epoch == epoch).unwrap();
+            heads.insert(me, h.clone());
+            let items = (0..n)
+                .filter(|i| stage > 0 || head_of(*i) == me)
+                .map(|i| pb::WorkItem {
+                    mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                    samples: 8,
+                    pathway: [head_of(i), p(2), p(3)].iter().map(|q| q.0.to_vec()).collect(),
+                    loss: loss(i, head_of(i)),
+                    order: i,
+                })
+                .collect();
+            let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
+            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage, commitments, items });
+        }
+        pb::EpochWork {
+            epoch,
+            beacon: beacon(9, epoch, &heads).to_vec(),
+            miners,
+            starts: (0..STAGES).map(|s| pb::StageStart { stage: s, weights_hash: Vec::new() }).collect(),
+        }
+    }
+
+    /// Runs a round in which every drawn attempt passes its recompute;
+    /// returns the weights sent with Done.
+    fn weights_after_clean_round(w: &pb::EpochWork) -> Vec<f32> {
+        let mut c = core();
+        let mut out = Vec::new();
+        for (m, keys) in asks(&c.on_work(0, w).unwrap()) {
+            for k in keys {
+                for a in c.on_evidence(w.epoch, evidence(w.epoch, m, k)) {
+                    let Action::Check(job) = a else { panic!("{a:?}") };
+                    out.extend(c.checked(&job, Ok(())));
+                }
+            }
+        }
+        let Some(Action::Done { weights, .. }) = out.last() else { panic!("{out:?}") };
+        assert!(out.iter().all(|a| !matches!(a, Action::Vote { guilty: true, .. })), "every recompute passed");
+        weights.clone()
+    }
+
+    /// CLASP: a head replica whose pathways lose 0.2 nats more than its
+    /// peer's (over a falling trend, with noise) passes every sampled
+    /// recompute (its evidence is consistent) yet gets weight 0; with the
+    /// same noise and no harm it is paid by its work.
+    #[test]
+    fn a_miner_clasp_finds_harmful_is_weighted_zero_though_its_sample_passed() {
+        let noise = |i: u64| ((i.wrapping_mul(2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.1;
+        let trend = |i: u64| 4.0 - 0.002 * i as f32;
+        let harmful = work_two_heads(0, 400, |i, head| trend(i) + noise(i) + if head == p(4) { 0.2 } else { 0.0 });
+        let w = weights_after_clean_round(&harmful);
+        let order: Vec<PeerId> = harmful.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+        let at = |p: PeerId| w[order.iter().position(|q| *q == p).unwrap()];
+        assert_eq!(at(p(4)), 0.0, "{w:?}");
+        assert!(at(p(1)) > 0.0 && at(p(2)) > 0.0 && at(p(3)) > 0.0, "{w:?}");
+        let honest = work_two_heads(0, 400, |i, _| trend(i) + noise(i));
+        let w = weights_after_clean_round(&honest);
+        assert!((at_of(&honest, &w, p(4)) - at_of(&honest, &w, p(1))).abs() < 1e-6, "equal work, equal weight: {w:?}");
+    }
+
+    fn at_of(work: &pb::EpochWork, w: &[f32], who: PeerId) -> f32 {
+        w[work.miners.iter().position(|m| m.peer == who.0.to_vec()).unwrap()]
     }
 
     fn core() -> ValidatorCore {

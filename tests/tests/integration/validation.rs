@@ -365,12 +365,12 @@ async fn a_restarted_validator_finishes_its_round_and_a_lying_one_is_outvoted() 
     assert!(summaries[0].rounds >= 1);
 }
 
-/// Issue 13, rollback: a replica poisons epoch 0's merge (a pseudo-gradient
-/// a million times too large, under a plain mean that cannot contain it).
-/// The validators find the merged model's held-out loss far above the
-/// epoch's training loss, their stake rolls the merge back, epoch 1 starts
-/// again from the weights epoch 0 started from, and the run ends on a
-/// merged model that learned.
+/// Issue 13, rollback: a replica poisons the first merge it works into (a
+/// pseudo-gradient a million times too large, under a plain mean that
+/// cannot contain it). The validators find the merged model's held-out
+/// loss far above the epoch's training loss, their stake rolls the merge
+/// back, the next epoch starts again from the weights that epoch started
+/// from, and the run ends on a merged model that learned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -379,7 +379,7 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     use iota_dataplane::miner::merge::MergeFault;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
+    let mut cfg = tiny_run(2, 2, 4, 16, WireCodec::Int8Row);
     cfg.spec.merge.rule = iota_core::merge::ReduceRule::Mean;
     let ids = iota_tests::with_validators(&mut cfg, 2);
     // The poisoned model predicts uniformly (loss ln 256, about 5.55): 13%
@@ -391,19 +391,37 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
-    // The poisoner poisons every merge it joins: it leaves after the
-    // first (catching a repeat offender is the merge checks' job).
+    // The poisoner poisons every merge it joins with work (with none, its
+    // pseudo-gradient weighs nothing): it leaves after the first such one
+    // (catching a repeat offender is the merge checks' job).
     let leave = Arc::new(AtomicBool::new(false));
     let poisoner = swarm.miner_with(|o| o.merge_fault = Some(MergeFault::HugeDelta), leave.clone());
+    let mut poisoner_peer = None;
+    for _ in 0..1000 {
+        poisoner_peer = swarm.service.with_state(|o| o.miners().next().map(|m| m.peer));
+        if poisoner_peer.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let poisoner_peer = poisoner_peer.expect("the poisoner registered");
     let honest: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
-    for _ in 0..3000 {
-        if swarm.service.with_state(|o| !o.history().is_empty()) {
+    let poisoned_in = |h: &[iota_control::orchestrator::EpochSummary]| {
+        h.iter()
+            .find(|e| e.miners.iter().any(|m| m.peer == poisoner_peer && m.credited > 0 && m.merged))
+            .map(|e| e.epoch)
+    };
+    let mut poisoned = None;
+    for _ in 0..6000 {
+        let history = swarm.service.with_state(|o| o.history().to_vec());
+        poisoned = poisoned_in(&history);
+        if poisoned.is_some() || history.len() >= 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     leave.store(true, Ordering::SeqCst);
-    let poisoner = tokio::time::timeout(Duration::from_secs(10), poisoner).await.ok().and_then(|r| r.ok()?.ok());
+    let _ = tokio::time::timeout(Duration::from_secs(10), poisoner).await;
     for m in honest {
         tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
     }
@@ -413,23 +431,28 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
         summaries
             .push(tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap());
     }
-    let (history, rollbacks) = swarm.service.with_state(|o| (o.history().to_vec(), o.counters().rollbacks));
+    let (history, rollbacks, counters) =
+        swarm.service.with_state(|o| (o.history().to_vec(), o.counters().rollbacks, o.counters().clone()));
     for s in &summaries {
         println!("validator: merge losses {:?}, rollback votes {:?}", s.merge_losses, s.rollback_votes);
     }
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.rolled_back)).collect::<Vec<_>>());
-    assert_eq!(history.len(), 3, "the run completes");
-    // The premise: the poisoner worked in epoch 0 and was merged in (with
-    // no work its pseudo-gradient would weigh nothing).
-    let poisoner = poisoner.expect("the poisoner left cleanly").peer;
-    let account = history[0].miners.iter().find(|m| m.peer == poisoner);
-    assert!(account.is_some_and(|m| m.credited > 0 && m.merged), "poisoner's epoch 0: {:?}", history[0].miners);
-    assert!(history[0].rolled_back, "the poisoned merge is rolled back");
+    assert_eq!(history.len(), 4, "the run completes");
+    let k = poisoned.unwrap_or_else(|| {
+        panic!(
+            "the poisoner never worked into a merge: {:?} ({counters:?})",
+            history.iter().map(|e| &e.miners).collect::<Vec<_>>()
+        )
+    });
+    for e in &history {
+        assert_eq!(e.rolled_back, e.epoch == k, "epoch {}: only the poisoned merge ({k}) is rolled back", e.epoch);
+    }
     assert_eq!(rollbacks, 1, "honest merges stand");
-    assert!(summaries.iter().all(|s| s.rollback_votes == vec![0]), "both validators voted the poisoned one down");
+    assert!(summaries.iter().all(|s| s.rollback_votes == vec![k]), "both validators voted the poisoned one down");
     // The merged model the run ends with learned something: its held-out
-    // loss is below the uniform model's (ln 256) and the first merge's.
+    // loss is below the uniform model's (ln 256) and the poisoned merge's.
     let losses = &summaries[0].merge_losses;
-    let (first, last) = (losses[0].1, losses.last().unwrap().1);
-    assert!(last.is_finite() && last < 5.5 && last < first - 0.3, "{losses:?}");
+    let poisoned_loss = losses.iter().find(|(e, _)| *e == k).expect("the poisoned merge was evaluated").1;
+    let last = losses.last().unwrap().1;
+    assert!(last.is_finite() && last < 5.5 && last < poisoned_loss - 0.3, "{losses:?}");
 }

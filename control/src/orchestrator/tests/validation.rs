@@ -83,8 +83,12 @@ fn vote(s: &mut Sim, v: u8, epoch: u64, miner: PeerId, guilty: bool) -> Result<(
 
 fn done(s: &mut Sim, v: u8, epoch: u64) {
     let out =
-        s.o.step(s.now, Event::ValidationDone { validator: validator(v), epoch, weights: Vec::new() }, &mut s.rng)
-            .unwrap();
+        s.o.step(
+            s.now,
+            Event::ValidationDone { validator: validator(v), epoch, weights: Vec::new(), signed: Vec::new() },
+            &mut s.rng,
+        )
+        .unwrap();
     s.inbox.extend(out);
 }
 
@@ -170,7 +174,7 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     vote(&mut s, 1, 0, m0, false).unwrap();
     assert!(!s.o.miner(&m0).unwrap().convicted);
     // Strangers and unknown miners are refused.
-    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0, weights: Vec::new() };
+    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0, weights: Vec::new(), signed: Vec::new() };
     assert!(s.o.step(s.now, stranger, &mut s.rng).is_err());
     assert!(matches!(vote(&mut s, 0, 5, m0, true), Err(Refusal::Invalid(_))), "a future epoch");
 
@@ -346,7 +350,7 @@ fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
     let n = w.miners.len();
     assert_eq!(n, 4);
     let send = |s: &mut Sim, v: PeerId, weights: Vec<f32>| {
-        s.o.step(s.now, Event::ValidationDone { validator: v, epoch: 0, weights }, &mut s.rng)
+        s.o.step(s.now, Event::ValidationDone { validator: v, epoch: 0, weights, signed: vec![1, 2, 3] }, &mut s.rng)
     };
     let bad: Vec<(Vec<f32>, &str)> = vec![
         (vec![0.25; n - 1], "3 weights for the 4 miners"),
@@ -376,6 +380,7 @@ fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
 #[test]
 fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
     let mut s = start(validated_spec());
+    let orchestrator = Identity::from_seed([42; 32]);
     let cheat = peer(0);
     // Every miner's heads for both epochs (each epoch's round then holds
     // its merge for the validators).
@@ -391,7 +396,8 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
         let weights: Vec<f32> =
             w.miners.iter().map(|m| if m.peer == cheat.0.to_vec() { 0.0 } else { m.items.len() as f32 }).collect();
         for v in 0..2 {
-            let ev = Event::ValidationDone { validator: validator(v), epoch, weights: weights.clone() };
+            let signed = signed_done(&s, v, epoch, &weights, orchestrator.peer_id());
+            let ev = Event::ValidationDone { validator: validator(v), epoch, weights: weights.clone(), signed };
             let out = s.o.step(s.now, ev, &mut s.rng).unwrap();
             s.inbox.extend(out);
         }
@@ -422,15 +428,27 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
         let (d0, d1) = (pay[&validator(0)], pay[&validator(1)]);
         assert!(d0 > d1 && d1 > 0.0, "dividends {d0} {d1}");
     }
-    let id = Identity::from_seed([42; 32]);
-    let mut entries: Vec<crate::settlement::ledger::Entry> = Vec::new();
-    for st in settled {
-        let e = crate::settlement::ledger::seal(entries.last(), st, &id);
-        entries.push(e);
-    }
-    let v = crate::settlement::ledger::verify(&entries, Some(id.peer_id())).unwrap();
+    let seal_all = |settled: &[crate::settlement::ledger::Settlement]| {
+        let mut entries: Vec<crate::settlement::ledger::Entry> = Vec::new();
+        for st in settled {
+            let e = crate::settlement::ledger::seal(entries.last(), st, &orchestrator);
+            entries.push(e);
+        }
+        entries
+    };
+    let entries = seal_all(settled);
+    let v = crate::settlement::ledger::verify(&entries, Some(orchestrator.peer_id())).unwrap();
     assert_eq!(v.entries, 2);
     assert_eq!(v.balances.get(&cheat).copied().unwrap_or(0.0), 0.0);
+    // The orchestrator cannot put weights in a validator's name: a row
+    // changed and re-sealed (Yuma recomputed, so everything else holds)
+    // no longer matches the validator's signed request.
+    let mut forged = settled.to_vec();
+    forged[0].input.weights[1] = forged[0].input.weights[0].iter().rev().copied().collect();
+    forged[0].output = crate::settlement::yuma::run(&forged[0].input).unwrap();
+    forged.truncate(1);
+    let e = crate::settlement::ledger::verify(&seal_all(&forged), None).unwrap_err();
+    assert!(e.what.contains("not the weights it signed"), "{e}");
 }
 
 /// Without validators, the operator is the only rater: it pays the work it
@@ -462,4 +480,27 @@ fn without_validators_the_operator_pays_credited_work() {
         }
         assert!((pay[&peer(99)] - 0.5).abs() < 1e-9, "the operator's dividends");
     }
+}
+
+/// A validator's `Validate(ValidationDone)` request, signed as its client
+/// signs it, for the run's orchestrator `orchestrator`.
+fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], orchestrator: PeerId) -> Vec<u8> {
+    use prost::Message;
+    let id = Identity::from_seed([200 + v; 32]);
+    let report = pb::ValidatorReport {
+        kind: Some(pb::validator_report::Kind::Done(pb::ValidationDone { epoch, weights: weights.to_vec() })),
+    };
+    let body = report.encode_to_vec();
+    let aud = iota_protocol::auth::Audience { run_id: s.o.spec().run_id, orchestrator };
+    let (timestamp_ms, nonce) = (1_000 + epoch, vec![v; 16]);
+    let signing =
+        iota_protocol::auth::signing_bytes(&aud, iota_protocol::client::VALIDATE, timestamp_ms, &nonce, &body);
+    let env = pb::Signed {
+        peer_id: id.peer_id().0.to_vec(),
+        timestamp_ms,
+        nonce,
+        body,
+        signature: id.sign(&signing).to_vec(),
+    };
+    env.encode_to_vec()
 }

@@ -1,1 +1,0 @@
-//! clasp (in progress: not yet wired).
