@@ -330,24 +330,25 @@ pub fn print_payouts(r: &SwarmReport) {
         r.settled_epochs
     );
     println!(
-        "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8} {:>9} {:>9}",
-        "miner", "stage", "completed", "guilty", "convicted", "weight", "incentive", "emission"
+        "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8} {:>8} {:>9} {:>9}",
+        "miner", "stage", "completed", "guilty", "convicted", "clasp", "weight", "incentive", "emission"
     );
     for p in &r.payouts {
         println!(
-            "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8.4} {:>9.4} {:>9.4}",
+            "{:>16} {:>5} {:>9} {:>7} {:>9} {:>8} {:>8.4} {:>9.4} {:>9.4}",
             &p.peer.to_hex()[..16],
             p.stage,
             p.completed,
             p.guilty_votes,
             p.convictions,
+            p.clasp_effect.map_or("-".to_string(), |e| format!("{e:+.4}")),
             p.weight,
             p.incentive,
             p.emission
         );
     }
     for (v, x) in &r.validator_pay {
-        println!("{:>16} {:>5} {:>66.4}", &v.to_hex()[..16], "valid", x);
+        println!("{:>16} {:>5} {:>75.4}", &v.to_hex()[..16], "valid", x);
     }
-    println!("{:>16} {:>72.4}", "total", total);
+    println!("{:>16} {:>81.4}", "total", total);
 }

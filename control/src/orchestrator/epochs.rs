@@ -155,7 +155,7 @@ impl Orchestrator {
             rolled_back,
             miners,
         };
-        self.settle(&summary.miners, rolled_back, &summary.convicted);
+        self.settle(&summary.miners, rolled_back, &summary.convicted, f64::from(summary.mean_loss));
         self.history.push(summary);
         if rolled_back {
             let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());

@@ -7,9 +7,11 @@
 use iota_core::PeerId;
 use tracing::warn;
 
-use super::Orchestrator;
 use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MinerEpoch, PayoutRow};
-use crate::settlement::ledger::{Settlement, to_hex, widen};
+use super::{MbStatus, Orchestrator};
+use crate::settlement::clasp::Clasp;
+use crate::settlement::ledger::{ClaspLine, Settlement, to_hex, widen};
+use crate::settlement::scores::clasp_params;
 use crate::settlement::yuma::{self, YumaInput, YumaParams};
 
 /// The operator's stand-in identity before the service names it (tests).
@@ -56,6 +58,7 @@ impl Orchestrator {
                     convictions,
                     weight: at(last_col.map(|s| &s.output.consensus)),
                     incentive: at(last_col.map(|s| &s.output.incentive)),
+                    clasp_effect: last.and_then(|s| s.clasp.iter().find(|l| l.peer == *p)).map(|l| l.effect),
                     emission: self.settlement.balances.get(p).copied().unwrap_or(0.0),
                 }
             })
@@ -64,9 +67,37 @@ impl Orchestrator {
         rows
     }
 
+    /// CLASP over the epoch's completed micro-batches (issue order, pathway,
+    /// the tail's loss), with the parameters validators judge by.
+    fn clasp_lines(&self, mean_loss: f64) -> Vec<ClaspLine> {
+        let mut clasp = Clasp::new(self.spec.stages as usize, self.spec.micro_batches_per_epoch);
+        for (seq, r) in &self.mbs {
+            if let MbStatus::Done { loss, pathway, .. } = &r.status {
+                let _ = clasp.record(*seq, pathway, *loss);
+            }
+        }
+        clasp
+            .estimate(&clasp_params(mean_loss))
+            .miners
+            .iter()
+            .filter_map(|m| {
+                let e = m.estimate()?;
+                Some(ClaspLine {
+                    peer: m.key,
+                    stage: m.stage as u32,
+                    samples: m.samples,
+                    effect: e.effect,
+                    lo: e.lo,
+                    hi: e.hi,
+                    harmful: e.harmful,
+                })
+            })
+            .collect()
+    }
+
     /// Settles the current epoch from its account of work (`miners`) and
     /// the validators' weights of its round.
-    pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId]) {
+    pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId], mean_loss: f64) {
         // Columns: every miner seen so far keeps its place; this epoch's
         // newcomers are appended (and their stale bonds, none, dropped).
         let before = self.settlement.miners.len();
@@ -137,6 +168,7 @@ impl Orchestrator {
                     convicted: convicted.to_vec(),
                     work_miners: round.map(|r| r.miners.clone()).unwrap_or_default(),
                     signed_weights: signed,
+                    clasp: self.clasp_lines(mean_loss),
                 };
                 for (p, x) in settled.payouts() {
                     *self.settlement.balances.entry(p).or_default() += x;

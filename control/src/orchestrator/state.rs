@@ -302,6 +302,9 @@ pub struct PayoutRow {
     pub weight: f64,
     /// Its share of the miners' emission in the last settled epoch.
     pub incentive: f64,
+    /// Its CLASP effect on loss in the last settled epoch (nats per
+    /// sample against its stage's other replicas; None: not estimable).
+    pub clasp_effect: Option<f64>,
     /// Emission paid to it over the run.
     pub emission: f64,
 }

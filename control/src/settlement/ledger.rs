@@ -54,6 +54,24 @@ pub struct Settlement {
     /// always for the operator of a run without validators).
     #[serde(default)]
     pub signed_weights: Vec<String>,
+    /// CLASP over the epoch's completed samples as the orchestrator saw
+    /// them (informational: the pathways are not in the ledger, so verify
+    /// does not recompute it; validators run their own).
+    #[serde(default)]
+    pub clasp: Vec<ClaspLine>,
+}
+
+/// One miner's CLASP estimate: effect on loss in nats per sample against
+/// its stage's other replicas, with its confidence bounds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClaspLine {
+    pub peer: PeerId,
+    pub stage: u32,
+    pub samples: u64,
+    pub effect: f64,
+    pub lo: f64,
+    pub hi: f64,
+    pub harmful: bool,
 }
 
 impl Settlement {
@@ -317,6 +335,7 @@ mod tests {
             rolled_back: false,
             convicted: Vec::new(),
             signed_weights,
+            clasp: Vec::new(),
         }
     }
 

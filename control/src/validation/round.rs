@@ -25,8 +25,8 @@ use iota_protocol::store_keys::parse_evidence_key;
 use iota_protocol::{MbRef, StoredObject, pb};
 
 use super::sample::{SampleRate, beacon, draw};
-use crate::settlement::clasp::{Clasp, ClaspParams};
-use crate::settlement::scores::{Rated, weight_vector};
+use crate::settlement::clasp::Clasp;
+use crate::settlement::scores::{Rated, clasp_params, weight_vector};
 
 /// An attempt: (shard, first sample, attempt).
 pub type WorkKey = (u32, u64, u32);
@@ -146,21 +146,20 @@ fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet
     let tails = || work.values().filter(|m| m.stage == tail);
     let horizon = tails().flat_map(|m| m.order.values()).max().map_or(0, |o| o + 1);
     let mut clasp = Clasp::new(stages as usize, horizon);
+    let (mut sum, mut n) = (0.0f64, 0u64);
     for m in tails() {
         for (key, (_, pathway, loss)) in &m.items {
             // Refused records (a non-finite loss, say) are counted by CLASP
             // and left out; the recompute judges the report itself.
-            let _ = clasp.record(m.order.get(key).copied().unwrap_or(0), pathway, *loss);
+            if clasp.record(m.order.get(key).copied().unwrap_or(0), pathway, *loss).is_ok() {
+                sum += f64::from(*loss);
+                n += 1;
+            }
         }
     }
-    let params = ClaspParams { min_harm: CLASP_TOLERATED_NATS, ..ClaspParams::default() };
-    clasp.estimate(&params).harmful().map(|m| m.key).collect()
+    let mean = if n > 0 { sum / n as f64 } else { 0.0 };
+    clasp.estimate(&clasp_params(mean)).harmful().map(|m| m.key).collect()
 }
-
-/// Harm CLASP tolerates before a miner's weight goes to zero, in nats per
-/// sample: replicas of a stage train apart within an epoch, so an honest
-/// one may be measurably (and honestly) a little worse than its peers.
-const CLASP_TOLERATED_NATS: f64 = 0.05;
 
 impl ValidatorCore {
     pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
@@ -450,7 +449,7 @@ mod tests {
         weights.clone()
     }
 
-    /// CLASP: a head replica whose pathways lose 0.2 nats more than its
+    /// CLASP: a head replica whose pathways lose 0.4 nats more than its
     /// peer's (over a falling trend, with noise) passes every sampled
     /// recompute (its evidence is consistent) yet gets weight 0; with the
     /// same noise and no harm it is paid by its work.
@@ -458,7 +457,7 @@ mod tests {
     fn a_miner_clasp_finds_harmful_is_weighted_zero_though_its_sample_passed() {
         let noise = |i: u64| ((i.wrapping_mul(2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.1;
         let trend = |i: u64| 4.0 - 0.002 * i as f32;
-        let harmful = work_two_heads(0, 400, |i, head| trend(i) + noise(i) + if head == p(4) { 0.2 } else { 0.0 });
+        let harmful = work_two_heads(0, 400, |i, head| trend(i) + noise(i) + if head == p(4) { 0.4 } else { 0.0 });
         let w = weights_after_clean_round(&harmful);
         let order: Vec<PeerId> = harmful.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
         let at = |p: PeerId| w[order.iter().position(|q| *q == p).unwrap()];

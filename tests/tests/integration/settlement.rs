@@ -92,3 +92,55 @@ async fn a_cheat_earns_nothing_honest_miners_earn_by_work_and_the_ledger_verifie
     let e = iota_control::ledger_cmd::verify(dir.path(), Some(&key)).unwrap_err();
     assert!(format!("{e:#}").contains("ledger entry 1"), "{e:#}");
 }
+
+/// CLASP alone: with the recompute drawing nothing (rate 0, no minimum),
+/// a head replica zeroing its activations passes every check there is but
+/// the loss through it; the validators' CLASP finds it harmful and weighs
+/// it 0, so it earns nothing, and no honest miner is flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clasp_alone_zeroes_a_harmful_miner_the_recompute_never_drew() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(2, 2, 1, 96, WireCodec::Int8Row);
+    let ids = with_validators(&mut cfg, 2);
+    cfg.spec.validation.rate = 0.0;
+    cfg.spec.validation.min_per_miner = 0;
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> =
+        ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 90 + i as u64, stop.clone())).collect();
+    let bad = swarm.miner_with(|o| o.adversary = Some(Adversary::Zeros), stop.clone());
+    for _ in 0..400 {
+        if swarm.service.with_state(|o| o.miners().count() == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let bad_peer = swarm.service.with_state(|o| o.miners().next().unwrap().peer);
+    let honest: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(10), bad).await;
+    let mut rounds = Vec::new();
+    for v in vs {
+        rounds.push(tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap());
+    }
+    let (table, settled, verdicts) =
+        swarm.service.with_state(|o| (o.payout_table(), o.settlements().to_vec(), o.verdicts().len()));
+    assert_eq!(verdicts, 0, "the recompute drew nothing: no verdict at all");
+    assert_eq!(settled.len(), 1);
+    let clasp = &settled[0].clasp;
+    println!("clasp: {clasp:?}");
+    let flagged: Vec<_> = clasp.iter().filter(|l| l.harmful).map(|l| l.peer).collect();
+    assert_eq!(flagged, vec![bad_peer], "only the zeroing head is found harmful");
+    for v in &rounds {
+        let (_, w) = &v.weights[0];
+        let order = &settled[0].work_miners;
+        let at = order.iter().position(|p| *p == bad_peer).unwrap();
+        assert_eq!(w[at], 0.0, "each validator weighs it 0: {w:?}");
+        assert!(w.iter().enumerate().all(|(i, x)| i == at || *x > 0.0), "and every honest miner above 0: {w:?}");
+    }
+    let bad_row = table.iter().find(|r| r.peer == bad_peer).unwrap();
+    assert_eq!(bad_row.emission, 0.0, "{table:?}");
+}
