@@ -85,6 +85,10 @@ pub struct MinerOptions {
     /// (input and output frames get a quarter of it each besides; see
     /// `evidence_log`).
     pub evidence_bytes: usize,
+    /// Test tool: the stage worker takes this many times its compute time
+    /// per frame (it sleeps the rest), so tests can give honest miners
+    /// different throughputs. 1 (the default): full speed.
+    pub slowdown: u32,
 }
 
 impl MinerOptions {
@@ -105,6 +109,7 @@ impl MinerOptions {
             store: None,
             insecure_plaintext: false,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
+            slowdown: 1,
         }
     }
 }
@@ -318,6 +323,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let _black_hole = black_hole;
     let (fault, crash_on_plan, adversary) = (opts.merge_fault, opts.crash_on_merge_plan, opts.adversary);
     let evidence_bytes = opts.evidence_bytes;
+    let slowdown = opts.slowdown.max(1);
     let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
@@ -339,6 +345,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             commitments: commitments_c,
             sent,
             evidence_bytes,
+            slowdown,
         };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
@@ -434,6 +441,7 @@ struct ComputeIo {
     commitments: Arc<parking_lot::Mutex<iota_core::commitment::Commitments>>,
     sent: Arc<crate::sent_frames::SentFrames>,
     evidence_bytes: usize,
+    slowdown: u32,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -483,6 +491,8 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         compute += t0.elapsed();
         if io.adversary == Some(Adversary::Slow) && work {
             std::thread::sleep(t0.elapsed() * 9);
+        } else if io.slowdown > 1 && work {
+            std::thread::sleep(t0.elapsed() * (io.slowdown - 1));
         }
         for o in out.drain(..) {
             if io.out_tx.blocking_send(o).is_err() {

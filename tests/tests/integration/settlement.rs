@@ -144,3 +144,44 @@ async fn clasp_alone_zeroes_a_harmful_miner_the_recompute_never_drew() {
     let bad_row = table.iter().find(|r| r.peer == bad_peer).unwrap();
     assert_eq!(bad_row.emission, 0.0, "{table:?}");
 }
+
+/// Pay follows throughput: of two honest head replicas, the one that
+/// computes twice as fast (the other takes twice its compute time per
+/// frame) is routed about twice the micro-batches and earns 1.6 to 2.4
+/// times as much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_honest_miner_twice_as_fast_earns_about_twice_as_much() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(2, 2, 2, 64, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // Registration order fills stages 0, 1, 0, 1: the third miner is the
+    // slow head.
+    let mut miners = Vec::new();
+    for i in 0..4 {
+        let slowdown = if i == 2 { 2 } else { 1 };
+        miners.push(swarm.miner_with(|o| o.slowdown = slowdown, stop.clone()));
+        for _ in 0..400 {
+            if swarm.service.with_state(|o| o.miners().count() > i) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut order: Vec<_> = swarm.service.with_state(|o| o.miners().map(|m| (m.index, m.peer, m.stage)).collect());
+    order.sort();
+    let (fast, slow) = (order[0].1, order[2].1);
+    assert_eq!((order[0].2, order[2].2), (0, 0), "both heads");
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    let table = swarm.service.with_state(|o| o.payout_table());
+    let row = |p| table.iter().find(|r| r.peer == p).unwrap().clone();
+    let (f, s) = (row(fast), row(slow));
+    let ratio = f.emission / s.emission;
+    println!(
+        "fast head: {} micro-batches, {:.4}; slow head: {} micro-batches, {:.4}; ratio {ratio:.2}",
+        f.completed, f.emission, s.completed, s.emission
+    );
+    assert!((1.6..=2.4).contains(&ratio), "the twice-as-fast head earned {ratio:.2} times the other");
+}

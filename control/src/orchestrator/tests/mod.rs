@@ -593,8 +593,8 @@ fn a_replica_measured_slow_once_is_tried_again_when_its_peer_is_queued() {
             m.in_flight = if mine { slow_in_flight } else { fast_in_flight };
         }
     };
-    // The share of draws that go to the slow replica (a quarter of the
-    // choices are uniform: 1/8 of them land on it whatever the costs).
+    // The share of draws that go to the slow replica (drawn in proportion
+    // to 1 / cost).
     let mut rng = Rng::new(3);
     let mut share = |sim: &Sim| {
         let n = 2_000;
@@ -602,13 +602,13 @@ fn a_replica_measured_slow_once_is_tried_again_when_its_peer_is_queued() {
     };
     set(&mut sim, 0, 1);
     let s = share(&sim);
-    assert!((0.44..0.56).contains(&s), "one deep: a tie between the idle one's capped cost and the queue: {s}");
+    assert!((0.45..0.55).contains(&s), "one deep: a tie between the idle one's capped cost and the queue: {s}");
     set(&mut sim, 0, 2);
     let s = share(&sim);
-    assert!((0.84..0.91).contains(&s), "two deep: the idle replica is tried again: {s}");
+    assert!((0.55..0.65).contains(&s), "two deep: the idle replica is the likelier: {s}");
     set(&mut sim, 1, 2);
     let s = share(&sim);
-    assert!((0.09..0.16).contains(&s), "one at a time: with one in flight its own latency counts: {s}");
+    assert!((0.04..0.10).contains(&s), "one at a time: with one in flight its own latency counts: {s}");
     let _ = fast;
 }
 
