@@ -11,6 +11,8 @@ IOTA_CUDA_CACHE="$(python3 scripts/fetch-nvrtc.py)"
 export IOTA_CUDA_CACHE IOTA_REQUIRE_NVRTC=1
 # The S3-compatible server for the object-store tests (s3s-fs on loopback).
 ensure_s3s_fs
+# The Bittensor SDK, which the subtensor adapter is checked against.
+ensure_bittensor
 # Network namespaces for the multi-host test (it skips, saying why, where
 # they cannot be made).
 ensure_cmd ip iproute2 || echo "note: iproute2 could not be installed; the network-namespace test will skip" >&2
