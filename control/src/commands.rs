@@ -137,6 +137,8 @@ pub enum Cmd {
         #[arg(long, value_name = "FILE.json")]
         input: PathBuf,
     },
+    /// A running orchestrator's state and payout table (its Status RPC).
+    Status(crate::status_cmd::StatusArgs),
     /// The run's settlement ledger: every epoch's payouts, hash-chained and
     /// signed by the orchestrator (in RUN_DIR/state.sqlite).
     Ledger {
@@ -315,6 +317,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd),
+        Cmd::Status(a) => crate::status_cmd::run(a).await,
         Cmd::Yuma { input } => {
             let (json, name) = if input.as_os_str() == "-" {
                 (std::io::read_to_string(std::io::stdin()), "standard input".to_string())

@@ -23,6 +23,7 @@ mod serde_pairs;
 pub mod service;
 pub mod settlement;
 pub mod state_db;
+pub mod status_cmd;
 pub mod swarm;
 pub mod tls_server;
 pub mod validation;

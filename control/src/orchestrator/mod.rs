@@ -296,6 +296,10 @@ pub struct Orchestrator {
     settlement: SettlementBook,
 }
 
+/// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
+/// one gRPC message).
+pub const MAX_STATUS_PAYOUTS: usize = 1_024;
+
 impl Orchestrator {
     pub fn new(spec: RunSpec) -> Result<Self, String> {
         spec.validate()?;
@@ -672,6 +676,30 @@ impl Orchestrator {
             convictions: self.counters.convictions,
             ejected: self.counters.ejected,
             rollbacks: self.counters.rollbacks,
+            settled_epochs: self.settlements().last().map_or(0, |s| s.epoch + 1),
+            payouts: self
+                .payout_table()
+                .into_iter()
+                .take(MAX_STATUS_PAYOUTS)
+                .map(|p| pb::Payout {
+                    peer: p.peer.0.to_vec(),
+                    stage: p.stage,
+                    completed: p.completed,
+                    guilty_votes: p.guilty_votes,
+                    convictions: p.convictions,
+                    has_clasp: p.clasp_effect.is_some(),
+                    clasp_effect: p.clasp_effect.unwrap_or(0.0),
+                    weight: p.weight,
+                    incentive: p.incentive,
+                    emission: p.emission,
+                })
+                .collect(),
+            validator_pay: self
+                .balances()
+                .iter()
+                .filter(|(p, _)| !self.settlement.miners.contains(p))
+                .map(|(p, x)| pb::Balance { peer: p.0.to_vec(), emission: *x })
+                .collect(),
         }
     }
 }

@@ -75,6 +75,19 @@ async fn a_cheat_earns_nothing_honest_miners_earn_by_work_and_the_ledger_verifie
         let (lo, hi) = rates.iter().fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(*x), b.max(*x)));
         assert!(hi / lo < 1.01, "epoch {}: pay per micro-batch {rates:?}", st.epoch);
     }
+    // What `iota-control status` shows of the running orchestrator: the
+    // same table.
+    let plaintext = swarm.url.starts_with("http://");
+    let me = Arc::new(iota_core::Identity::generate());
+    let pinned = Some(orchestrator_identity().peer_id());
+    let mut client = iota_dataplane::miner::connect(&swarm.url, me, pinned, plaintext).await.unwrap();
+    let st = client.status().await.unwrap();
+    assert_eq!((st.settled_epochs, st.payouts.len(), st.validator_pay.len()), (2, table.len(), 2));
+    let json = iota_control::status_cmd::to_json(&st);
+    let cheat_json = json["payouts"].as_array().unwrap().iter().find(|p| p["peer"] == cheat_peer.to_hex()).unwrap();
+    assert_eq!(cheat_json["emission"], 0.0);
+    assert!(iota_control::status_cmd::to_text(&st).contains(&cheat_peer.to_hex()[..16]));
+    drop(client);
     drop(swarm);
     // The ledger: it verifies under the orchestrator's key, and a flipped
     // byte in any entry is caught and named.
