@@ -194,6 +194,14 @@ impl Orchestrator {
                     // work is checked again; a second conviction ejects).
                     cands = self.active_in(s).filter(|m| !m.benched && !m.convicted).collect();
                 }
+                if cands.is_empty() {
+                    // Every replica of the stage is benched, yet some still
+                    // heartbeat: try them rather than stall the epoch (a
+                    // dead one stops heartbeating and drops out of
+                    // `healthy_in`; a stage with nobody left drops its
+                    // micro-batches instead).
+                    cands = self.healthy_in(s).filter(|m| !m.convicted && !m.removed).collect();
+                }
                 let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1);
                 let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
                 let open_preferred: Vec<&MinerState> = preferred.iter().copied().filter(open).collect();

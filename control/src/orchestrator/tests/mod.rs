@@ -612,6 +612,29 @@ fn a_replica_measured_slow_once_is_tried_again_when_its_peer_is_queued() {
     let _ = fast;
 }
 
+/// A stage whose only replica is benched still gets its micro-batches
+/// while that replica heartbeats: routing around it would stall the epoch
+/// (the stage has nobody else), as it did on CI after an orchestrator
+/// restart pinned two failures on a sole tail.
+#[test]
+fn a_stage_whose_only_replica_is_benched_is_still_routed_while_it_heartbeats() {
+    let mut sim = Sim::new(spec(2, 1, 1, 10, 2));
+    register_all(&mut sim, 2);
+    sim.drain();
+    let tail = sim.o.miners().find(|m| m.stage == 1).unwrap().peer;
+    for m in sim.o.miners.values_mut() {
+        m.in_flight = 0;
+        m.probation = false;
+        m.benched = m.peer == tail;
+    }
+    let mut rng = Rng::new(9);
+    let p = sim.o.pathway(&mut rng, &[], true).expect("a pathway through the benched tail");
+    assert_eq!(p[1], tail);
+    // Once it stops heartbeating it is no longer tried.
+    sim.o.miners.get_mut(&tail).unwrap().healthy = false;
+    assert!(sim.o.pathway(&mut rng, &[], true).is_none());
+}
+
 #[test]
 fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
     let mut sp = butterfly_spec(1, 3);
