@@ -4,6 +4,8 @@
 //! is kept for the ledger (written, signed, by the service's state
 //! database) and its bonds carried to the next epoch.
 
+use std::collections::HashMap;
+
 use iota_core::PeerId;
 use tracing::warn;
 
@@ -37,28 +39,40 @@ impl Orchestrator {
 
     /// Every miner settlement knows of: its work, verdicts, last weight and
     /// incentive, and what it was paid over the run (most paid first).
+    /// One pass over the history, the verdicts and the last settlement
+    /// (the Status RPC, open to anyone, answers with it).
     pub fn payout_table(&self) -> Vec<PayoutRow> {
         let last = self.settlement.recent.last();
+        let mut work: HashMap<PeerId, (u64, u64)> = HashMap::new();
+        for m in self.history.iter().flat_map(|e| &e.miners) {
+            let w = work.entry(m.peer).or_default();
+            w.0 += m.completed;
+            w.1 += u64::from(m.convicted);
+        }
+        let mut guilty: HashMap<PeerId, u64> = HashMap::new();
+        for v in self.validation.verdicts.iter().filter(|v| v.guilty) {
+            *guilty.entry(v.miner).or_default() += 1;
+        }
+        let clasp: HashMap<PeerId, f64> =
+            last.map(|s| s.clasp.iter().map(|l| (l.peer, l.effect)).collect()).unwrap_or_default();
         let mut rows: Vec<PayoutRow> = self
             .settlement
             .miners
             .iter()
             .enumerate()
             .map(|(c, p)| {
-                let epochs = self.history.iter().flat_map(|e| e.miners.iter().filter(|m| m.peer == *p));
-                let (completed, convictions) =
-                    epochs.fold((0, 0), |(d, c), m| (d + m.completed, c + u64::from(m.convicted)));
+                let (completed, convictions) = work.get(p).copied().unwrap_or_default();
                 let at = |v: Option<&Vec<f64>>| v.and_then(|v| v.get(c)).copied().unwrap_or(0.0);
                 let last_col = last.filter(|s| s.miners.get(c) == Some(p));
                 PayoutRow {
                     peer: *p,
                     stage: self.miners.get(p).map_or(0, |m| m.stage),
                     completed,
-                    guilty_votes: self.validation.verdicts.iter().filter(|v| v.miner == *p && v.guilty).count() as u64,
+                    guilty_votes: guilty.get(p).copied().unwrap_or(0),
                     convictions,
                     weight: at(last_col.map(|s| &s.output.consensus)),
                     incentive: at(last_col.map(|s| &s.output.incentive)),
-                    clasp_effect: last.and_then(|s| s.clasp.iter().find(|l| l.peer == *p)).map(|l| l.effect),
+                    clasp_effect: clasp.get(p).copied(),
                     emission: self.settlement.balances.get(p).copied().unwrap_or(0.0),
                 }
             })
@@ -101,8 +115,9 @@ impl Orchestrator {
         // Columns: every miner seen so far keeps its place; this epoch's
         // newcomers are appended (and their stale bonds, none, dropped).
         let before = self.settlement.miners.len();
+        let mut known: std::collections::HashSet<PeerId> = self.settlement.miners.iter().copied().collect();
         for m in miners {
-            if !self.settlement.miners.contains(&m.peer) {
+            if known.insert(m.peer) {
                 if self.settlement.miners.len() >= MAX_SETTLED_MINERS {
                     warn!(miner = %m.peer, "settlement tracks no more miners: this one is not paid");
                     continue;
@@ -111,7 +126,8 @@ impl Orchestrator {
             }
         }
         let cols = self.settlement.miners.len();
-        let column = |p: &PeerId| self.settlement.miners.iter().position(|q| q == p);
+        let columns: HashMap<PeerId, usize> = self.settlement.miners.iter().enumerate().map(|(c, p)| (*p, c)).collect();
+        let column = |p: &PeerId| columns.get(p).copied();
         let round = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch);
         let mut signed = Vec::new();
         let (validators, stakes, weights, active) = if self.validation.quorum.is_some() {

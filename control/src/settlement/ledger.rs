@@ -228,6 +228,7 @@ fn check_signed_weights(s: &Settlement, orchestrator: PeerId) -> Result<(), Stri
         return Err("one signed request per validator is expected".into());
     }
     let aud = iota_protocol::auth::Audience { run_id: s.run_id, orchestrator };
+    let columns: std::collections::HashMap<PeerId, usize> = s.miners.iter().enumerate().map(|(c, p)| (*p, c)).collect();
     for (i, (v, hex)) in s.validators.iter().zip(&s.signed_weights).enumerate() {
         let row = s.input.weights.get(i).ok_or("a validator without its row")?;
         if hex.is_empty() {
@@ -260,7 +261,7 @@ fn check_signed_weights(s: &Settlement, orchestrator: PeerId) -> Result<(), Stri
         }
         let mut want = vec![0.0; s.miners.len()];
         for (p, w) in s.work_miners.iter().zip(&done.weights) {
-            let c = s.miners.iter().position(|q| q == p).ok_or_else(|| format!("miner {p} has no column"))?;
+            let c = *columns.get(p).ok_or_else(|| format!("miner {p} has no column"))?;
             want[c] = f64::from(*w);
         }
         if *row != want {
