@@ -104,8 +104,10 @@ pub enum Cmd {
         /// each epoch and vote on it before the merge.
         #[arg(long, default_value_t = 0)]
         validators: u32,
-        /// Test tool: make miner K an adversary, MODE@K (noise, zeros,
-        /// replay, silent, closed, slow, flaky); repeatable.
+        /// Test tool: make miner K an adversary, MODE@K (the modes
+        /// `iota-miner run --adversary` takes: noise, zeros, replay,
+        /// loss-lie, copy, grad-noise, silent, closed, slow, flaky);
+        /// repeatable.
         #[arg(long, value_name = "MODE@K", hide = true)]
         adversary: Vec<String>,
         /// Read flags from a TOML file (keys are flag names; flags given
@@ -278,6 +280,11 @@ async fn run_async(cli: Cli) -> Result<()> {
                 .iter()
                 .map(|a| {
                     let (mode, k) = a.split_once('@').with_context(|| format!("--adversary {a}: want MODE@K"))?;
+                    if iota_dataplane::miner::Adversary::parse(mode).is_none() {
+                        let names: Vec<&str> =
+                            iota_dataplane::miner::Adversary::NAMES.iter().map(|(n, _)| *n).collect();
+                        anyhow::bail!("--adversary {a}: unknown mode '{mode}' ({})", names.join(", "));
+                    }
                     Ok((
                         k.parse::<u32>().with_context(|| format!("--adversary {a}: K is a miner index"))?,
                         mode.to_string(),

@@ -109,12 +109,37 @@ impl<B: Backend> Recompute<B> {
         dout: &[u8],
         samples: usize,
     ) -> Result<Option<Vec<u8>>> {
-        let mut st = self.stage(stage, weights)?;
+        self.backward_after(stage, weights, weights, input, dout, samples)
+    }
+
+    /// `backward` as a miner computes it when an inner step came between
+    /// the micro-batch's forward and its backward: the forward ran on
+    /// `forward_weights` (its saved activations are those), the backward
+    /// on `backward_weights` (the stage's weights when the gradient came).
+    pub fn backward_after(
+        &self,
+        stage: u32,
+        forward_weights: &[f32],
+        backward_weights: &[f32],
+        input: ForwardInput,
+        dout: &[u8],
+        samples: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut st = self.stage(stage, forward_weights)?;
         ensure!(!st.spec().has_lm_head(), "the tail stage's gradient comes from its loss");
+        ensure!(
+            backward_weights.len() == forward_weights.len(),
+            "stage {stage} has {} weights, not {}",
+            forward_weights.len(),
+            backward_weights.len()
+        );
         let rows = self.rows(samples)?;
         let hidden = self.hidden(&st, input, rows)?;
         let x = stage_input(&hidden, input)?;
         st.forward(0, x, samples, self.cfg.train.seq)?;
+        if backward_weights != forward_weights {
+            st.set_params(backward_weights)?;
+        }
         let g = codec::decode(self.cfg.train.codec, rows, st.boundary_width(), dout)?;
         let din = st.backward(0, &g)?;
         let width = st.spec().boundary_width;

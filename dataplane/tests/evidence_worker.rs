@@ -1,8 +1,10 @@
 //! The miner side of sampled recompute, in process: three stage workers
 //! (head, middle, tail) on real endpoints train a few micro-batches of
 //! `tiny`, then answer an `EvidenceRequest`. The bundles they upload pass
-//! the validator's `evidence::check_forward` when they are honest, and the
-//! activations of a `Noise` head fail it on the recompute.
+//! the validator's `evidence::check_forward` (and the middle stage's
+//! `evidence::check_backward`) when they are honest, and the activations
+//! of a `Noise` head and the upstream gradients of a `GradNoise` middle
+//! stage fail them on the recompute.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::wire::Direction;
 use iota_core::{Identity, MicroBatchId, ModelConfig, ParamLayout, PeerId, SampleId, StageSpec, WireCodec};
-use iota_dataplane::evidence::{Finding, ForwardEvidence, Known, SampledMb, check_forward};
+use iota_dataplane::evidence::{Finding, ForwardEvidence, Known, SampledMb, check_backward, check_forward};
 use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_dataplane::fileio::FileIo;
 use iota_dataplane::frame::{self, FrameLimits, RunContext};
@@ -107,11 +109,16 @@ struct Swarm {
     store: SharedStore,
     miners: Vec<Miner>,
     reports: Vec<(usize, pb::report::Kind)>,
+    /// Gradient frames to this miner are held back (in `held`) until
+    /// `release`, so that micro-batches overlap at it.
+    hold_grads_to: Option<usize>,
+    held: Vec<(usize, Output)>,
     _dir: tempfile::TempDir,
 }
 
 impl Swarm {
-    fn new(head: Option<Adversary>) -> Swarm {
+    /// A pathway of honest miners but for `bad`: (stage, mode).
+    fn new(bad: Option<(usize, Adversary)>) -> Swarm {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let cfg = run_config();
         let dir = tempfile::tempdir().unwrap();
@@ -139,12 +146,11 @@ impl Swarm {
             .unwrap();
             let mut w = Worker::new(be.clone(), me, cfg.clone(), None, store.clone(), rt.handle().clone(), peers, ctx);
             w.set_evidence(ep.tap_sent_frames(TapLimits::default()), 64 << 20);
-            if stage == 0 {
-                w.set_adversary(head);
-            }
+            w.set_adversary(bad.filter(|(s, _)| *s == stage as usize).map(|(_, a)| a));
             miners.push(Miner { w, ep, id: me, start: Vec::new() });
         }
-        let mut s = Swarm { rt, cfg, store, miners, reports: Vec::new(), _dir: dir };
+        let mut s =
+            Swarm { rt, cfg, store, miners, reports: Vec::new(), hold_grads_to: None, held: Vec::new(), _dir: dir };
         let peers: Vec<pb::PeerInfo> = s
             .miners
             .iter()
@@ -182,6 +188,12 @@ impl Swarm {
     fn pump(&mut self, from: usize, out: Vec<Output>) {
         let mut queue: VecDeque<(usize, Output)> = out.into_iter().map(|o| (from, o)).collect();
         while let Some((i, o)) = queue.pop_front() {
+            let hold = self.hold_grads_to.map(|h| self.miners[h].id);
+            if matches!(&o, Output::Frame { to, meta, .. } if meta.direction == Direction::ActivationGrad && Some(*to) == hold)
+            {
+                self.held.push((i, o));
+                continue;
+            }
             match o {
                 Output::Frame { to, meta, payload, .. } => {
                     self.rt.block_on(self.miners[i].ep.send(to, &meta, payload)).unwrap();
@@ -195,6 +207,14 @@ impl Swarm {
                 }
                 Output::Report(k) => self.reports.push((i, k)),
             }
+        }
+    }
+
+    /// Delivers the held gradient frames, in the order they were sent.
+    fn release(&mut self) {
+        self.hold_grads_to = None;
+        for (i, o) in std::mem::take(&mut self.held) {
+            self.pump(i, vec![o]);
         }
     }
 
@@ -260,8 +280,16 @@ impl Swarm {
             .collect()
     }
 
-    /// The validator's check of miner `i`'s bundle for `mb`.
+    /// The validator's check of miner `i`'s bundle for `mb`: its forward,
+    /// and a middle stage's backward too.
     fn check(&self, i: usize, mb: SampledMb, b: &EvidenceBundle) -> Finding {
+        match self.check_one(i, mb, b, false) {
+            Finding::Honest if i == 1 => self.check_one(i, mb, b, true),
+            f => f,
+        }
+    }
+
+    fn check_one(&self, i: usize, mb: SampledMb, b: &EvidenceBundle, backward: bool) -> Finding {
         let corpus = iota_dataplane::corpus::load_corpus(&self.cfg, None).unwrap();
         let id =
             MicroBatchId { first: SampleId { epoch: 0, shard: mb.shard, index: mb.first_sample }, len: mb.samples };
@@ -279,6 +307,7 @@ impl Swarm {
             miner: self.miners[i].id,
             stage: i as u32,
             upstream: i.checked_sub(1).map(|u| self.miners[u].id),
+            downstream: self.miners.get(i + 1).map(|m| m.id),
             tokens: (i == 0).then_some(&tokens[..]),
             committed: &committed,
             epoch_start: weights_hash(&self.miners[i].start),
@@ -286,6 +315,9 @@ impl Swarm {
             tolerance: 0.0,
         };
         let r = Recompute::new(Arc::new(CpuBackend::new()), self.cfg.clone()).unwrap();
+        if backward {
+            return check_backward(&r, &known, mb, b.as_backward().expect("a middle stage's backward"));
+        }
         let ev = ForwardEvidence {
             input_frame: b.input_frame.as_deref(),
             output_frame: &b.output_frame,
@@ -298,9 +330,14 @@ impl Swarm {
 
 /// Trains `MICRO_BATCHES` micro-batches, one after the other, and ends
 /// the epoch's training.
-fn trained(head: Option<Adversary>) -> Swarm {
-    let mut s = Swarm::new(head);
-    for n in 0..MICRO_BATCHES {
+fn trained(bad: Option<(usize, Adversary)>) -> Swarm {
+    ended(Swarm::new(bad), 0)
+}
+
+/// Trains micro-batches `from..MICRO_BATCHES` one after the other, and
+/// ends the epoch's training.
+fn ended(mut s: Swarm, from: u64) -> Swarm {
+    for n in from..MICRO_BATCHES {
         s.train(n);
     }
     let done = s.reports.iter().filter(|(_, k)| matches!(k, pb::report::Kind::BackwardDone(_))).count();
@@ -316,6 +353,9 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
     for stage in [0, 1] {
         for (n, (mb, b)) in s.evidence(stage, &mbs).into_iter().enumerate() {
             assert_eq!(b.input_frame.is_some(), stage > 0, "an input frame except at the head");
+            assert_eq!(b.backward.is_some(), stage == 1, "a backward only from the middle stage");
+            // One after the other: each backward ran on its forward's weights.
+            assert!(b.backward.as_ref().is_none_or(|bw| bw.weights.is_none()));
             assert_eq!(b.step_hashes.len() as u64, MICRO_BATCHES);
             // Micro-batch n went forward after n inner steps.
             let expected = if n == 0 { weights_hash(&s.miners[stage].start) } else { b.step_hashes[n - 1] };
@@ -343,7 +383,7 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
     // A head that adds noise to its activations signs and uploads what it
     // sent, and is caught on the recompute; the honest middle stage that
     // computed on its noisy input still passes.
-    let mut s = trained(Some(Adversary::Noise));
+    let mut s = trained(Some((0, Adversary::Noise)));
     let head = s.evidence(0, &mbs);
     for (mb, b) in &head {
         match s.check(0, *mb, b) {
@@ -366,7 +406,7 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
 #[test]
 fn zeros_and_replay_heads_are_caught_on_the_recompute() {
     for adv in [Adversary::Zeros, Adversary::Replay] {
-        let mut s = trained(Some(adv));
+        let mut s = trained(Some((0, adv)));
         let mbs: Vec<SampledMb> = (0..MICRO_BATCHES).map(|n| s.mb(n)).collect();
         for (n, (mb, b)) in s.evidence(0, &mbs).into_iter().enumerate() {
             let f = s.check(0, mb, &b);
@@ -377,5 +417,71 @@ fn zeros_and_replay_heads_are_caught_on_the_recompute() {
                 assert!(matches!(&f, Finding::Cheated(why) if why.contains("differs")), "{adv:?} {n}: {f:?}");
             }
         }
+    }
+}
+
+/// A middle stage's backward: honest evidence passes `check_backward` bit
+/// for bit, also when an inner step came between a micro-batch's forward
+/// and its backward (the bundle then carries the backward's weights); a
+/// `GradNoise` middle stage passes its forward check and fails its
+/// backward's recompute.
+#[test]
+fn a_middle_stages_backward_is_checked_and_grad_noise_fails_it() {
+    // Micro-batches 0 and 1 both go forward through the middle stage
+    // before either gradient comes back: 1's backward runs on the weights
+    // after 0's inner step.
+    let overlapped = |bad| {
+        let mut s = Swarm::new(bad);
+        s.hold_grads_to = Some(1);
+        s.train(0);
+        s.train(1);
+        assert_eq!(s.held.len(), 2, "both gradients held");
+        s.release();
+        ended(s, 2)
+    };
+    let mut s = overlapped(None);
+    let mbs: Vec<SampledMb> = (0..MICRO_BATCHES).map(|n| s.mb(n)).collect();
+    let middle = s.evidence(1, &mbs);
+    for (n, (mb, b)) in middle.iter().enumerate() {
+        let bw = b.backward.as_ref().expect("a middle stage's bundle carries its backward");
+        // 1 went forward on the start and back after one step.
+        assert_eq!(bw.weights.is_some(), n == 1, "micro-batch {n}");
+        if let Some(w) = &bw.weights {
+            assert_eq!(weights_hash(&b.weights), weights_hash(&s.miners[1].start));
+            assert_eq!(weights_hash(w), b.step_hashes[0]);
+        }
+        // The frames are the ones that crossed the wire.
+        let ctx = RunContext::new(RUN, FrameLimits::default());
+        let (got, _) = frame::decode_frame(&bw.received, &ctx, s.miners[2].id).unwrap();
+        let (sent, _) = frame::decode_frame(&bw.sent, &ctx, s.miners[1].id).unwrap();
+        let (out, _) = frame::decode_frame(&b.output_frame, &ctx, s.miners[1].id).unwrap();
+        let (inp, _) = frame::decode_frame(b.input_frame.as_deref().unwrap(), &ctx, s.miners[0].id).unwrap();
+        assert_eq!((got.answers, sent.answers), (out.frame_id(), inp.frame_id()));
+        assert_eq!(s.check(1, *mb, b), Finding::Honest, "micro-batch {n}");
+    }
+    // The backward recomputed on the forward's weights alone differs from
+    // what the miner sent: the stepped weights are needed.
+    let (mb, b) = &middle[1];
+    let mut stale = b.clone();
+    stale.backward.as_mut().unwrap().weights = None;
+    assert!(matches!(s.check(1, *mb, &stale), Finding::Cheated(why) if why.contains("upstream gradient differs")));
+
+    let mut s = overlapped(Some((1, Adversary::GradNoise)));
+    for (n, (mb, b)) in s.evidence(1, &mbs).into_iter().enumerate() {
+        match s.check_one(1, mb, &b, false) {
+            Finding::Honest => {}
+            f => panic!("micro-batch {n}: its forward is honest: {f:?}"),
+        }
+        match s.check(1, mb, &b) {
+            Finding::Cheated(why) => {
+                assert!(why.starts_with("recomputed upstream gradient differs: max |d|"), "{why}");
+                assert!(why.contains("relative L2"), "{why}");
+            }
+            Finding::Honest => panic!("micro-batch {n}: noisy gradient not caught"),
+        }
+    }
+    // The head, whose backward took the noisy gradient, is still honest.
+    for (mb, b) in s.evidence(0, &mbs) {
+        assert_eq!(s.check(0, mb, &b), Finding::Honest);
     }
 }

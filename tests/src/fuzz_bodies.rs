@@ -654,6 +654,10 @@ pub fn evidence_bundle(data: &[u8]) {
         assert!(e.step_hashes.len() as u64 <= lim.max_steps);
         assert!(e.output_frame.len() as u64 <= lim.max_frame);
         assert!(e.input_frame.as_ref().is_none_or(|f| f.len() as u64 <= lim.max_frame));
+        if let Some(bw) = &e.backward {
+            assert!(bw.received.len() as u64 <= lim.max_frame && bw.sent.len() as u64 <= lim.max_frame);
+            assert!(bw.weights.as_ref().is_none_or(|w| w.len() as u64 == lim.weights));
+        }
         let again = e.encode();
         assert!(again == bytes, "the bundle format is not canonical");
     }

@@ -1,7 +1,7 @@
 //! The validation scenario shared by the integration tests and
 //! `iota-bench adversary`: a `tiny` 3x2 swarm in process with two
-//! validators and at most one dishonest miner, placed in the head or tail
-//! stage.
+//! validators and at most one dishonest miner, placed in the head, a
+//! middle or the tail stage.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,14 +1,16 @@
 //! A validator's check of one evidence object (a [`CheckJob`] from the
 //! round): the bytes against the miner's signed announcement, the bundle's
 //! bounds, then `evidence::check_forward`'s links and the recompute on the
-//! CPU reference. Everything here fails as `Err(why)`, and every why is the
-//! miner's doing: it announced the object and chose its bytes.
+//! CPU reference (at the tail `check_tail`; a middle stage is judged on its
+//! forward and then on its backward, `check_backward`). Everything here
+//! fails as `Err(why)`, and every why is the miner's doing: it announced
+//! the object and chose its bytes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
-use iota_dataplane::evidence::{Finding, Known, SampledMb, TailClaim, check_forward, check_tail};
+use iota_dataplane::evidence::{Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_tail};
 use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_dataplane::frame::{FrameLimits, RunContext};
 use iota_dataplane::miner::worker::weights_hash;
@@ -130,6 +132,7 @@ impl Checker {
             miner: job.miner,
             stage: job.stage,
             upstream: job.upstream,
+            downstream: job.downstream,
             tokens,
             committed: &job.heads,
             epoch_start,
@@ -143,12 +146,19 @@ impl Checker {
             samples: job.samples,
             attempt: job.key.2,
         };
+        let middle = job.stage > 0 && job.reported_loss.is_none();
         let finding = match (job.reported_loss, &data) {
             (Some(reported_loss), Some((_, targets))) => {
                 let claim = TailClaim { targets, reported_loss };
                 check_tail(&self.recompute, &known, mb, bundle.as_forward(), claim)
             }
-            _ => check_forward(&self.recompute, &known, mb, bundle.as_forward()),
+            _ => match check_forward(&self.recompute, &known, mb, bundle.as_forward()) {
+                Finding::Honest if middle => match bundle.as_backward() {
+                    Some(ev) => check_backward(&self.recompute, &known, mb, ev),
+                    None => Finding::Cheated("a middle stage's evidence without its backward".into()),
+                },
+                f => f,
+            },
         };
         match finding {
             Finding::Honest => Ok(()),

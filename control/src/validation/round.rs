@@ -45,6 +45,8 @@ pub struct CheckJob {
     pub samples: u32,
     /// The upstream neighbour on the attempt's pathway (None at the head).
     pub upstream: Option<PeerId>,
+    /// The downstream neighbour on it (None at the tail).
+    pub downstream: Option<PeerId>,
     pub heads: EpochHeads,
     /// The merged weights the stage started the epoch from (None: the run
     /// seed's initial weights, epoch 0).
@@ -253,6 +255,7 @@ impl ValidatorCore {
         let Some((samples, pathway, loss)) = m.items.get(&key) else { return Vec::new() };
         v.checking.insert(key);
         let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
+        let downstream = m.stage.checked_add(1).and_then(|s| pathway.get(s as usize)).copied();
         let reported_loss = (m.stage + 1 == self.stages).then_some(*loss);
         vec![Action::Check(Box::new(CheckJob {
             epoch,
@@ -261,6 +264,7 @@ impl ValidatorCore {
             key,
             samples: *samples,
             upstream,
+            downstream,
             heads: m.heads.clone(),
             epoch_start: r.starts.get(&m.stage).copied(),
             reported_loss,
@@ -508,6 +512,8 @@ mod tests {
                 let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
                 let upstream = [None, Some(p(1)), Some(p(2))][m.0[0] as usize - 1];
                 assert_eq!(job.upstream, upstream);
+                let downstream = [Some(p(2)), Some(p(3)), None][m.0[0] as usize - 1];
+                assert_eq!(job.downstream, downstream);
                 assert_eq!(job.epoch_start, if *m == p(2) { Some([4; 32]) } else { None });
                 assert_eq!(job.reported_loss, (*m == p(3)).then_some(2.5), "the tail's claimed loss");
                 assert!(c.on_evidence(2, evidence(2, *m, *k)).is_empty(), "announced twice: checked once");

@@ -5,10 +5,11 @@
 //! acts them out. `Noise`, `Zeros` and `Replay` are dishonest: the worker
 //! changes the outputs it sends (activations; at the tail, the gradient it
 //! sends back), before they are encoded and signed; `LossLie` (a tail)
-//! reports a lower loss than it computed. They
-//! and does everything else honestly (it trains, commits, and uploads as
-//! evidence the frames it really sent), so the only link a validator can
-//! catch them on is the recompute.
+//! reports a lower loss than it computed; `Copy` (a middle stage) passes
+//! its input on; `GradNoise` (a middle stage) adds noise to the gradient
+//! it sends upstream. Each does everything else honestly (it trains,
+//! commits, and uploads as evidence the frames it really sent), so the
+//! only link a validator can catch it on is the recompute.
 
 use iota_core::{PeerId, Rng};
 
@@ -39,11 +40,16 @@ pub enum Adversary {
     /// activation of the micro-batch, from its upstream) instead of its
     /// own output; it trains honestly.
     Copy,
+    /// A middle stage that computes its forward honestly but adds noise of
+    /// about 10% of the RMS to the gradient it sends upstream (seeded per
+    /// micro-batch); it trains on the honest gradients. Elsewhere it is
+    /// honest (the head sends no gradient; a noisy tail is `Noise`).
+    GradNoise,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 9] = [
+    pub const NAMES: [(&'static str, Adversary); 10] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -53,6 +59,7 @@ impl Adversary {
         ("replay", Adversary::Replay),
         ("loss-lie", Adversary::LossLie),
         ("copy", Adversary::Copy),
+        ("grad-noise", Adversary::GradNoise),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -62,12 +69,31 @@ impl Adversary {
     /// Whether the mode changes what the miner computes (the worker acts it
     /// out) rather than how it takes part (the shell does).
     pub fn tampers(self) -> bool {
-        matches!(self, Adversary::Noise | Adversary::Zeros | Adversary::Replay | Adversary::LossLie | Adversary::Copy)
+        matches!(
+            self,
+            Adversary::Noise
+                | Adversary::Zeros
+                | Adversary::Replay
+                | Adversary::LossLie
+                | Adversary::Copy
+                | Adversary::GradNoise
+        )
     }
 }
 
 /// Noise standard deviation relative to the output's RMS.
 const NOISE_RELATIVE: f32 = 0.1;
+
+/// Adds noise of `NOISE_RELATIVE` times the RMS of `values`, from a stream
+/// seeded by `seed` and the micro-batch attempt `mb`.
+fn add_noise(seed: u64, mb: (u64, u32, u64, u32), values: &mut [f32]) {
+    let n = values.len().max(1) as f64;
+    let rms = (values.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n).sqrt() as f32;
+    let mut rng = Rng::derived(seed, &[mb.0, u64::from(mb.1), mb.2, u64::from(mb.3)]);
+    for v in values.iter_mut() {
+        *v += rng.normal() * NOISE_RELATIVE * rms;
+    }
+}
 
 /// What a tampering adversary changes in the activations it sends.
 pub(crate) struct Tamper {
@@ -89,15 +115,7 @@ impl Tamper {
     /// attempt `mb` (epoch, shard, first sample, attempt).
     pub(crate) fn activations(&mut self, mb: (u64, u32, u64, u32), values: &mut [f32]) {
         match self.mode {
-            Adversary::Noise => {
-                let n = values.len().max(1) as f64;
-                let rms = (values.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n).sqrt() as f32;
-                let mut rng =
-                    Rng::derived(self.seed ^ 0x006e_6f69_7365, &[mb.0, u64::from(mb.1), mb.2, u64::from(mb.3)]);
-                for v in values.iter_mut() {
-                    *v += rng.normal() * NOISE_RELATIVE * rms;
-                }
-            }
+            Adversary::Noise => add_noise(self.seed ^ 0x006e_6f69_7365, mb, values),
             Adversary::Zeros => values.fill(0.0),
             Adversary::Replay => match &self.first {
                 Some(first) if first.len() == values.len() => values.copy_from_slice(first),
@@ -107,11 +125,20 @@ impl Tamper {
                 None => self.first = Some(values.to_vec()),
             },
             Adversary::Copy
+            | Adversary::GradNoise
             | Adversary::LossLie
             | Adversary::Silent
             | Adversary::Closed
             | Adversary::Slow
             | Adversary::Flaky => {}
+        }
+    }
+
+    /// Changes `values`, the gradient a middle stage is about to send
+    /// upstream for micro-batch attempt `mb` (only `GradNoise` does).
+    pub(crate) fn upstream_gradient(&mut self, mb: (u64, u32, u64, u32), values: &mut [f32]) {
+        if self.mode == Adversary::GradNoise {
+            add_noise(self.seed ^ 0x6772_6164_6e6f, mb, values);
         }
     }
 
@@ -176,5 +203,32 @@ mod tests {
         let mut short = vec![5.0; 10];
         replay.activations((0, 3, 80, 0), &mut short);
         assert_eq!(short, vec![5.0; 10]);
+    }
+
+    #[test]
+    fn grad_noise_changes_only_the_upstream_gradient() {
+        let honest: Vec<f32> = (0..4096).map(|i| ((i * 53) % 97) as f32 / 4e3 - 0.01).collect();
+        let (mb, me) = ((1, 2, 32, 1), PeerId([9; 32]));
+        let mut t = Tamper::new(Adversary::GradNoise, me).unwrap();
+        assert_eq!(Adversary::parse("grad-noise"), Some(Adversary::GradNoise));
+        let mut a = honest.clone();
+        t.activations(mb, &mut a);
+        assert_eq!(a, honest, "its forward is honest");
+        let mut g = honest.clone();
+        t.upstream_gradient(mb, &mut g);
+        let diff: Vec<f32> = g.iter().zip(&honest).map(|(x, y)| x - y).collect();
+        let rel = rms(&diff) / rms(&honest);
+        assert!((0.08..0.12).contains(&rel), "noise {rel} of the RMS");
+        let mut again = honest.clone();
+        t.upstream_gradient(mb, &mut again);
+        assert_eq!(g, again, "seeded per micro-batch");
+        let mut other = honest.clone();
+        t.upstream_gradient((1, 2, 40, 1), &mut other);
+        assert_ne!(g, other);
+        // Other modes leave the upstream gradient alone.
+        let mut noise = Tamper::new(Adversary::Noise, me).unwrap();
+        let mut g = honest.clone();
+        noise.upstream_gradient(mb, &mut g);
+        assert_eq!(g, honest);
     }
 }

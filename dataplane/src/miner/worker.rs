@@ -574,16 +574,22 @@ impl<B: Backend + 'static> Worker<B> {
             bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
         }
         let direction = h.direction;
-        // The whole input frame, for the evidence of this forward.
+        // The whole input frame, for the evidence of this forward (and a
+        // middle stage's received gradient, for that of its backward).
         let mut input_frame = None;
+        let whole = |f: &ReceivedFrame| {
+            let mut whole = frame::prefix_bytes(&f.header);
+            whole.extend_from_slice(&f.payload);
+            whole
+        };
         if direction == Direction::Activation {
             self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
             self.inbound.insert(key, h.frame_id());
             if self.evidence.wants_input(key.0) {
-                let mut whole = frame::prefix_bytes(h);
-                whole.extend_from_slice(&f.payload);
-                input_frame = Some(whole);
+                input_frame = Some(whole(&f));
             }
+        } else if prev.is_some() && self.evidence.wants_backward(key) {
+            input_frame = Some(whole(&f));
         }
         // What this miner's next frame for the micro-batch answers: the
         // forward frame it came in (a gradient answers the activation it
@@ -636,9 +642,16 @@ impl<B: Backend + 'static> Worker<B> {
                 let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?;
                 self.routes.remove(&key);
                 match din {
-                    Some(g) => {
+                    Some(mut g) => {
+                        if let Some(t) = self.tamper.as_mut() {
+                            t.upstream_gradient(key, &mut g);
+                        }
                         let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                         self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
+                        // With the weights it ran on (before the step below).
+                        if let Some(received) = input_frame {
+                            self.evidence.backward(key, received);
+                        }
                     }
                     None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
                         epoch: r.epoch,

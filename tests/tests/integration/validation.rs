@@ -143,6 +143,7 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
         miner: miner.peer_id(),
         stage: 1,
         upstream: Some(up.peer_id()),
+        downstream: None,
         tokens: None,
         committed: &committed,
         epoch_start: weights_hash(&start),
@@ -211,7 +212,7 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
 
 /// Issue 13: an adversary of `mode` at `place` is convicted by both
 /// validators in the first epoch, left out of the merge, and no honest
-/// miner is accused; the run completes and its loss falls.
+/// miner is accused; the run completes and learns.
 async fn convicted_in_its_first_epoch_and_honest_ones_never(
     mode: iota_dataplane::miner::Adversary,
     place: Place,
@@ -234,12 +235,14 @@ async fn convicted_in_its_first_epoch_and_honest_ones_never(
     let cleared: std::collections::BTreeSet<_> = verdicts.iter().filter(|v| !v.guilty).map(|v| v.miner).collect();
     assert!(cleared.len() >= 4, "the honest miners were checked and cleared: {cleared:?}");
     assert!(verdicts.iter().any(|v| v.guilty && v.miner == bad && v.reason.contains(why)), "{verdicts:?}");
-    // The loss falls. An epoch whose every micro-batch went through the
-    // convicted miner has no trusted loss (NaN): then the last epoch must
-    // still be below the untrained model's ln 256.
-    let (first_loss, last_loss) = (history[0].mean_loss, history[1].mean_loss);
-    assert!(last_loss.is_finite() && last_loss < 5.5, "{history:?}");
-    assert!(first_loss.is_nan() || last_loss < first_loss, "the loss falls: {first_loss} -> {last_loss}");
+    // The run still learns: the last epoch's loss is below the untrained
+    // model's ln 256 (5.55). Not necessarily below epoch 0's: until its
+    // conviction the cheat's outputs trained the honest replicas
+    // downstream of it, whose updates stay in the merge (a replaying head
+    // took epoch 1 from 5.11 to 5.22 in two loaded runs of ten). An epoch
+    // whose every micro-batch went through the convict has no loss (NaN).
+    let last_loss = history[1].mean_loss;
+    assert!(last_loss.is_finite() && last_loss < 5.4, "the run learns: {history:?}");
 }
 
 use iota_dataplane::miner::Adversary;
@@ -263,6 +266,16 @@ async fn a_replaying_head_is_convicted_in_its_first_epoch_and_honest_miners_neve
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_middle_miner_copying_its_input_is_convicted_in_its_first_epoch_and_honest_miners_never() {
     convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Copy, Place::Middle, "output differs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_middle_miner_sending_noisy_gradients_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(
+        Adversary::GradNoise,
+        Place::Middle,
+        "recomputed upstream gradient differs",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

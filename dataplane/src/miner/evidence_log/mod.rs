@@ -3,7 +3,9 @@
 //! of its micro-batch attempts after the epoch's training, and for each it
 //! uploads an `EvidenceBundle` (the input frame it received, the output
 //! frame it sent, the weights it computed with, and its weights chain's
-//! items) for `evidence::check_forward`.
+//! items) for `evidence::check_forward`; a middle stage adds its backward
+//! (the gradient frame it received, the one it sent, and the weights the
+//! backward ran on) for `evidence::check_backward`.
 //!
 //! Per epoch, from the start of its training until the next epoch's
 //! training starts (requests arrive in the Uploading phase, between the
@@ -17,10 +19,14 @@
 //! - per micro-batch attempt it computed a forward for: the whole input
 //!   frame (none at the head), the direction of the frame it sent, and
 //!   which weights state it used. The output frame itself is kept by the
-//!   endpoint's `SentFrames` (its header is signed there).
+//!   endpoint's `SentFrames` (its header is signed there);
+//! - per attempt a middle stage computed a backward for: the whole
+//!   gradient frame it received, and which weights state the backward ran
+//!   on (an inner step may come between an attempt's forward and its
+//!   backward). The gradient frame it sent is in `SentFrames` too.
 //!
-//! Bounded: weights snapshots by `budget` bytes, input frames by a quarter
-//! of it, attempts by `MAX_ATTEMPTS`. Past a bound the log keeps no more for
+//! Bounded: weights snapshots by `budget` bytes, received frames (inputs
+//! and gradients) by a quarter of it, attempts by `MAX_ATTEMPTS`. Past a bound the log keeps no more for
 //! the epoch and warns once: an honest miner then cannot answer for later
 //! attempts, and a validator that samples one counts it as evidence
 //! missing. Size the budget for the stage (a snapshot is 4 bytes a weight).
@@ -36,7 +42,7 @@ use iota_protocol::{SharedStore, StoredObject, pb};
 use tracing::{info, warn};
 
 use super::events::Output;
-use crate::evidence_bundle::EvidenceBundle;
+use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
 use crate::sent_frames::{SentFrameKey, SentFrames};
 
 /// The default budget for weights snapshots (`MinerOptions::evidence_bytes`).
@@ -59,6 +65,16 @@ struct Attempt {
     input_frame: Option<Vec<u8>>,
     output: Direction,
     version: usize,
+    /// A middle stage's backward: the gradient frame it received and the
+    /// weights state the backward ran on.
+    backward: Option<(Vec<u8>, usize)>,
+}
+
+impl Attempt {
+    fn frame_bytes(&self) -> usize {
+        let input = self.input_frame.as_ref().map_or(0, Vec::len);
+        input.saturating_add(self.backward.as_ref().map_or(0, |(f, _)| f.len()))
+    }
 }
 
 /// What the log says about one attempt (tests, logs).
@@ -68,6 +84,8 @@ pub struct AttemptInfo {
     pub version: usize,
     pub output: Direction,
     pub has_input: bool,
+    /// A middle stage's backward is kept too.
+    pub has_backward: bool,
 }
 
 struct EpochEvidence {
@@ -139,8 +157,8 @@ pub struct EvidenceLog {
 }
 
 impl EvidenceLog {
-    /// `budget`: bytes of weights snapshots kept per epoch (input frames
-    /// get a quarter of it besides).
+    /// `budget`: bytes of weights snapshots kept per epoch (received
+    /// frames get a quarter of it besides).
     pub fn new(budget: usize) -> Self {
         EvidenceLog { budget, epoch: None }
     }
@@ -247,10 +265,56 @@ impl EvidenceLog {
             return false;
         }
         e.frame_bytes = e.frame_bytes.saturating_add(len);
-        let attempt = Attempt { input_frame, output, version };
+        let attempt = Attempt { input_frame, output, version, backward: None };
         if let Some(old) = e.attempts.insert(key, attempt) {
-            e.frame_bytes = e.frame_bytes.saturating_sub(old.input_frame.map_or(0, |f| f.len()));
+            e.frame_bytes = e.frame_bytes.saturating_sub(old.frame_bytes());
         }
+        if let Some(v) = e.versions.get_mut(version) {
+            v.used = true;
+        }
+        true
+    }
+
+    /// Whether the backward of attempt `key` computed now would be kept
+    /// (so the caller copies the gradient frame it received only then):
+    /// its forward is kept with an input frame (a middle stage's), and
+    /// the current weights are.
+    pub fn wants_backward(&self, key: MbKey) -> bool {
+        self.kept(key.0).is_some_and(|e| {
+            !e.frames_full
+                && e.attempts.get(&key).is_some_and(|a| a.input_frame.is_some() && a.output == Direction::Activation)
+                && e.versions.last().is_some_and(|v| v.weights.is_some())
+        })
+    }
+
+    /// This miner (a middle stage) computed the backward of `key` with its
+    /// current weights on `received`, the whole gradient frame it got from
+    /// downstream, and sent a gradient upstream. False if it is not kept.
+    pub fn backward(&mut self, key: MbKey, received: Vec<u8>) -> bool {
+        let frame_budget = self.frame_budget();
+        let Some(e) = self.kept_mut(key.0) else { return false };
+        let Some(version) = e.versions.len().checked_sub(1) else { return false };
+        if e.versions.get(version).is_none_or(|v| v.weights.is_none()) {
+            return false;
+        }
+        let Some(a) = e.attempts.get_mut(&key) else { return false };
+        if a.input_frame.is_none() || a.output != Direction::Activation {
+            return false;
+        }
+        let old = a.backward.as_ref().map_or(0, |(f, _)| f.len());
+        let bytes = e.frame_bytes.saturating_sub(old).saturating_add(received.len());
+        if e.frames_full || bytes > frame_budget {
+            if !e.frames_full {
+                e.frames_full = true;
+                warn!(
+                    epoch = e.epoch,
+                    frame_budget, "evidence budget for received frames reached; later work cannot be shown"
+                );
+            }
+            return false;
+        }
+        e.frame_bytes = bytes;
+        a.backward = Some((received, version));
         if let Some(v) = e.versions.get_mut(version) {
             v.used = true;
         }
@@ -260,7 +324,17 @@ impl EvidenceLog {
     /// What is kept of attempt `key`.
     pub fn attempt(&self, key: MbKey) -> Option<AttemptInfo> {
         let a = self.kept(key.0)?.attempts.get(&key)?;
-        Some(AttemptInfo { version: a.version, output: a.output, has_input: a.input_frame.is_some() })
+        Some(AttemptInfo {
+            version: a.version,
+            output: a.output,
+            has_input: a.input_frame.is_some(),
+            has_backward: a.backward.is_some(),
+        })
+    }
+
+    /// The weights state the backward of `key` ran on, if it is kept.
+    pub fn backward_version(&self, key: MbKey) -> Option<usize> {
+        self.kept(key.0)?.attempts.get(&key)?.backward.as_ref().map(|(_, v)| *v)
     }
 
     /// The weights snapshot of state `version` of `epoch`, if kept.
@@ -274,23 +348,50 @@ impl EvidenceLog {
         e.step_hashes.get(..e.sealed.unwrap_or(e.step_hashes.len()))
     }
 
-    /// Bytes held by weights snapshots and input frames.
+    /// Bytes held by weights snapshots and received frames.
     pub fn bytes(&self) -> (usize, usize) {
         self.epoch.as_ref().map_or((0, 0), |e| (e.snapshot_bytes, e.frame_bytes))
     }
 
     /// The encoded evidence bundle for `key`, around the output frame this
-    /// miner sent for it.
-    pub fn bundle(&mut self, key: MbKey, output_frame: Vec<u8>) -> Result<Vec<u8>, &'static str> {
+    /// miner sent for it and, for a middle stage, the gradient frame it
+    /// sent upstream (`sent_grad`). A middle stage's attempt whose
+    /// backward is not kept has no bundle: its evidence would be short.
+    pub fn bundle(
+        &mut self,
+        key: MbKey,
+        output_frame: Vec<u8>,
+        sent_grad: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, &'static str> {
         let e = self.kept_mut(key.0).ok_or("the epoch is not kept")?;
         let a = e.attempts.get(&key).ok_or("the attempt is not kept")?;
         let steps = e.sealed.unwrap_or(e.step_hashes.len());
         let step_hashes = e.step_hashes.get(..steps).ok_or("step hashes")?.to_vec();
         let input_frame = a.input_frame.clone();
-        let v = e.versions.get_mut(a.version).ok_or("no such weights state")?;
+        let middle = a.input_frame.is_some() && a.output == Direction::Activation;
+        let (version, backward) = (a.version, a.backward.clone());
+        let backward = match (middle, backward, sent_grad) {
+            (false, _, _) => None,
+            (true, None, _) => return Err("its backward is not kept"),
+            (true, Some(_), None) => return Err("the gradient frame it sent is not kept"),
+            (true, Some((received, bv)), Some(sent)) => {
+                let weights = if bv == version {
+                    None
+                } else {
+                    Some(
+                        e.versions
+                            .get(bv)
+                            .and_then(|v| v.weights.clone())
+                            .ok_or("its backward's weights were not kept")?,
+                    )
+                };
+                Some(BackwardFrames { received, sent, weights })
+            }
+        };
+        let v = e.versions.get_mut(version).ok_or("no such weights state")?;
         // Lent to the bundle for the encoding, not copied.
         let weights = v.weights.take().ok_or("its weights were not kept")?;
-        let b = EvidenceBundle { input_frame, output_frame, weights, step_hashes };
+        let b = EvidenceBundle { input_frame, output_frame, weights, step_hashes, backward };
         let bytes = b.encode();
         v.weights = Some(b.weights);
         Ok(bytes)
@@ -335,7 +436,13 @@ pub(crate) fn answer(
             skip("the frame sent for it is not kept");
             continue;
         };
-        let bytes = match log.bundle(key, frame.whole()) {
+        // A middle stage's backward: the gradient frame it sent upstream.
+        let sent_grad = info
+            .has_backward
+            .then(|| sent.get(&SentFrameKey { direction: Direction::ActivationGrad, ..fk }))
+            .flatten()
+            .map(|f| f.whole());
+        let bytes = match log.bundle(key, frame.whole(), sent_grad) {
             Ok(b) => b,
             Err(why) => {
                 skip(why);
@@ -359,118 +466,4 @@ pub(crate) fn answer(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const A: Direction = Direction::Activation;
-
-    fn w(x: f32, n: usize) -> Vec<f32> {
-        vec![x; n]
-    }
-
-    #[test]
-    fn each_attempt_gets_the_weights_it_was_computed_with() {
-        let mut log = EvidenceLog::new(1 << 20);
-        log.begin(3, 1, w(0.0, 8));
-        assert!(log.wants_input(3) && !log.wants_input(2));
-        assert!(log.forward((3, 0, 0, 0), Some(vec![1; 10]), A));
-        log.stepped(3, [1; 32], w(1.0, 8));
-        assert!(log.forward((3, 0, 4, 0), Some(vec![2; 10]), A));
-        assert!(log.forward((3, 0, 8, 0), None, Direction::ActivationGrad));
-        log.stepped(3, [2; 32], w(2.0, 8));
-        log.stepped(3, [3; 32], w(3.0, 8));
-        assert!(log.forward((3, 0, 12, 1), None, A));
-        assert!(!log.forward((2, 0, 0, 0), None, A), "another epoch");
-        let info = |k| log.attempt(k).unwrap();
-        assert_eq!(info((3, 0, 0, 0)), AttemptInfo { version: 0, output: A, has_input: true });
-        assert_eq!(info((3, 0, 4, 0)).version, 1);
-        assert_eq!(info((3, 0, 8, 0)), AttemptInfo { version: 1, output: Direction::ActivationGrad, has_input: false });
-        assert_eq!(info((3, 0, 12, 1)).version, 3);
-        assert!(log.attempt((3, 0, 12, 0)).is_none());
-        assert_eq!(log.weights(3, 0), Some(&w(0.0, 8)[..]));
-        assert_eq!(log.weights(3, 1), Some(&w(1.0, 8)[..]));
-        assert_eq!(log.weights(3, 2), None, "no attempt used it: freed");
-        assert_eq!(log.weights(3, 3), Some(&w(3.0, 8)[..]));
-        assert_eq!(log.bytes(), (3 * 32, 20));
-        // The bundle: the right frames, weights and step hashes.
-        log.seal(3);
-        log.stepped(3, [4; 32], w(4.0, 8)); // after the UploadDone: not committed there
-        let b = log.bundle((3, 0, 4, 0), vec![9; 5]).unwrap();
-        let limits = crate::evidence_bundle::BundleLimits { max_frame: 1 << 20, weights: 8, max_steps: 16 };
-        let d = EvidenceBundle::decode(&b, limits).unwrap();
-        assert_eq!(d.input_frame, Some(vec![2; 10]));
-        assert_eq!(d.output_frame, vec![9; 5]);
-        assert_eq!(d.weights, w(1.0, 8));
-        assert_eq!(d.step_hashes, vec![[1; 32], [2; 32], [3; 32]]);
-        assert_eq!(log.weights(3, 1), Some(&w(1.0, 8)[..]), "lent, then put back");
-        assert_eq!(log.bundle((3, 9, 9, 9), Vec::new()), Err("the attempt is not kept"));
-        // The next epoch's training frees this one.
-        log.begin(4, 1, w(5.0, 8));
-        assert_eq!(log.epoch(), Some(4));
-        assert!(log.attempt((3, 0, 4, 0)).is_none());
-        assert_eq!(log.bytes(), (32, 0));
-        assert_eq!(log.step_hashes(4), Some(&[][..]));
-    }
-
-    /// Log lines written while `f` runs.
-    fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
-        let w = buf.clone();
-        let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
-        tracing::subscriber::with_default(sub, f);
-        String::from_utf8_lossy(&buf.0.lock()).into_owned()
-    }
-
-    #[test]
-    fn past_the_budget_no_more_snapshots_are_kept() {
-        // Room for two snapshots of 8 weights; input frames get 16 bytes.
-        let mut log = EvidenceLog::new(64);
-        let warned = logged(|| {
-            log.begin(0, 0, w(0.0, 8));
-            for i in 1..6 {
-                log.forward((0, 0, u64::from(i), 0), None, A);
-                log.stepped(0, [i; 32], w(1.0, 8));
-            }
-        });
-        assert_eq!(warned.matches("no more weights snapshots").count(), 1, "warned once: {warned}");
-        let mut log = EvidenceLog::new(64);
-        log.begin(0, 0, w(0.0, 8));
-        assert!(log.forward((0, 0, 0, 0), Some(vec![0; 10]), A));
-        log.stepped(0, [1; 32], w(1.0, 8));
-        assert!(log.forward((0, 0, 1, 0), None, A));
-        log.stepped(0, [2; 32], w(2.0, 8));
-        assert!(!log.wants_input(0));
-        assert!(!log.forward((0, 0, 2, 0), None, A), "its weights are not kept");
-        assert_eq!(log.weights(0, 2), None);
-        // And stays so for the epoch.
-        log.stepped(0, [3; 32], w(3.0, 8));
-        assert!(!log.forward((0, 0, 3, 0), None, A));
-        assert_eq!(log.step_hashes(0).unwrap().len(), 3, "the hashes are still all kept");
-        assert_eq!(log.bytes().0, 64);
-        // Input frames have their own bound.
-        let mut log = EvidenceLog::new(64);
-        log.begin(0, 0, w(0.0, 2));
-        assert!(log.forward((0, 0, 0, 0), Some(vec![0; 10]), A));
-        assert!(!log.forward((0, 0, 1, 0), Some(vec![0; 10]), A));
-        assert!(!log.wants_input(0));
-        assert!(!log.forward((0, 0, 2, 0), None, A), "nothing more once full");
-        // A restart of the epoch on another stage keeps the chain's items.
-        log.stepped(0, [7; 32], w(1.0, 2));
-        log.begin(0, 1, w(9.0, 3));
-        assert_eq!(log.step_hashes(0), Some(&[[7; 32]][..]));
-        assert!(log.attempt((0, 0, 0, 0)).is_none());
-        assert!(log.forward((0, 0, 5, 0), None, A));
-        assert_eq!(log.weights(0, 0), Some(&w(9.0, 3)[..]));
-    }
-}
+mod tests;

@@ -16,12 +16,26 @@
 //!    (byte for byte on the same backend, within `tolerance` otherwise);
 //!    at the tail, so is the mean loss it reported ([`check_tail`]).
 //!
+//! A middle stage's backward ([`check_backward`]) adds, on top of links 1
+//! to 3 of its forward:
+//!
+//! 5. The gradient frame it received is signed by its downstream neighbour
+//!    on the pathway, is the sampled attempt's gradient, and answers the
+//!    miner's output frame (the activation it is the gradient of).
+//! 6. The gradient frame it sent upstream is signed by the miner, is the
+//!    sampled attempt's gradient, and answers the input frame (likewise).
+//! 7. The weights its backward ran on are ones it committed to (an inner
+//!    step may come between an attempt's forward and its backward: the
+//!    forward's saved activations then meet the stepped weights).
+//! 8. Recomputed from the input, the forward's weights, the backward's
+//!    weights and the received gradient, the sent gradient is the same.
+//!
 //! A link that fails is the miner's doing: it signed the output and chose
 //! what to upload. Evidence is hostile input: everything is bounded and
 //! nothing panics.
 
 use iota_core::commitment::{Chain, EpochHeads};
-use iota_core::wire::Direction;
+use iota_core::wire::{Direction, FrameHeader};
 use iota_core::{PeerId, WireCodec};
 use iota_model::Backend;
 
@@ -53,6 +67,20 @@ pub struct ForwardEvidence<'a> {
     pub step_hashes: &'a [[u8; 32]],
 }
 
+/// What a middle stage uploads for its backward of a sampled attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardEvidence<'a> {
+    /// Its forward of the attempt (whose input the backward starts from).
+    pub forward: ForwardEvidence<'a>,
+    /// The whole gradient frame it received from downstream.
+    pub received_grad: &'a [u8],
+    /// The whole gradient frame it sent upstream.
+    pub sent_grad: &'a [u8],
+    /// The weights its backward ran on (the forward's unless an inner step
+    /// came between the two).
+    pub weights: &'a [f32],
+}
+
 /// What the validator knows without the miner.
 pub struct Known<'a> {
     pub ctx: &'a RunContext,
@@ -60,6 +88,8 @@ pub struct Known<'a> {
     pub stage: u32,
     /// The upstream neighbour on the sampled micro-batch's pathway.
     pub upstream: Option<PeerId>,
+    /// The downstream neighbour on it (None at the tail).
+    pub downstream: Option<PeerId>,
     /// The micro-batch's tokens (head stage).
     pub tokens: Option<&'a [u32]>,
     /// The miner's commitment heads for the epoch, as the orchestrator
@@ -87,7 +117,7 @@ pub fn check_forward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev:
         let l = links(k, mb, ev, Direction::Activation)?;
         let honest =
             r.forward(k.stage, ev.weights, l.input, mb.samples as usize).map_err(|e| format!("recompute: {e:#}"))?;
-        same_payload(k, &l, &honest, "recomputed output")
+        same_payload(k, &l.out, l.out_payload, &honest, "recomputed output")
     };
     match run() {
         Ok(()) => Finding::Honest,
@@ -131,7 +161,57 @@ pub fn check_tail<B: Backend>(
             return Err(format!("reported loss {} differs from the recomputed {mean}", claim.reported_loss));
         }
         let honest = t.grad.ok_or("the tail of a one-stage model sends no gradient")?;
-        same_payload(k, &l, &honest, "recomputed gradient")
+        same_payload(k, &l.out, l.out_payload, &honest, "recomputed gradient")
+    };
+    match run() {
+        Ok(()) => Finding::Honest,
+        Err(why) => Finding::Cheated(why),
+    }
+}
+
+/// A middle stage's backward of a sampled attempt: links 1 to 3 of its
+/// forward, then links 5 to 8 of the module text. The forward's output is
+/// judged by [`check_forward`]; a validator runs both.
+pub fn check_backward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev: BackwardEvidence) -> Finding {
+    let run = || -> Result<(), String> {
+        let l = links(k, mb, ev.forward, Direction::Activation)?;
+        let (Some(inp), Some(down)) = (l.input_header.as_ref(), k.downstream) else {
+            return Err("only a middle stage's backward is checked (the head sends no gradient upstream)".into());
+        };
+        // 5. The gradient it received, from downstream, for its output.
+        let (got, got_payload) =
+            decode_frame(ev.received_grad, k.ctx, down).map_err(|e| format!("received gradient frame: {e}"))?;
+        if got.direction != Direction::ActivationGrad || !same_mb(&got, mb) {
+            return Err("the received gradient frame is not the sampled micro-batch's gradient".into());
+        }
+        if got.codec != k.codec.id() || got.dims() != l.out.dims() {
+            return Err("the received gradient frame is not in the run's codec and the output's shape".into());
+        }
+        if got.answers != l.out.frame_id() {
+            return Err("the received gradient does not answer the output frame".into());
+        }
+        // 6. The gradient it sent, for its input.
+        let (sent, sent_payload) =
+            decode_frame(ev.sent_grad, k.ctx, k.miner).map_err(|e| format!("sent gradient frame: {e}"))?;
+        if sent.direction != Direction::ActivationGrad || !same_mb(&sent, mb) {
+            return Err("the sent gradient frame is not the sampled micro-batch's gradient".into());
+        }
+        if sent.codec != k.codec.id() || sent.dims() != inp.dims() {
+            return Err("the sent gradient frame is not in the run's codec and the input's shape".into());
+        }
+        if sent.answers != inp.frame_id() {
+            return Err("the sent gradient does not answer the input frame".into());
+        }
+        // 7. Committed weights for the backward too.
+        if !committed(k, ev.forward.step_hashes, ev.weights) {
+            return Err("the backward's weights are not ones it committed to".into());
+        }
+        // 8. The recompute.
+        let honest = r
+            .backward_after(k.stage, ev.forward.weights, ev.weights, l.input, got_payload, mb.samples as usize)
+            .map_err(|e| format!("recompute: {e:#}"))?
+            .ok_or("the stage sends no gradient upstream")?;
+        same_payload(k, &sent, sent_payload, &honest, "recomputed upstream gradient")
     };
     match run() {
         Ok(()) => Finding::Honest,
@@ -142,9 +222,27 @@ pub fn check_tail<B: Backend>(
 /// What links 1 to 3 establish: the output and its payload, and the
 /// input to recompute from.
 struct Linked<'a> {
-    out: iota_core::wire::FrameHeader,
+    out: FrameHeader,
     out_payload: &'a [u8],
     input: ForwardInput<'a>,
+    /// The input frame's header (None at the head).
+    input_header: Option<FrameHeader>,
+}
+
+/// Whether a frame is of the sampled micro-batch attempt.
+fn same_mb(h: &FrameHeader, mb: SampledMb) -> bool {
+    u64::from(h.epoch) == mb.epoch
+        && h.shard == mb.shard
+        && h.first_sample == mb.first_sample
+        && h.samples == mb.samples
+        && h.attempt == mb.attempt
+}
+
+/// Whether `weights` are a state the miner committed to: the epoch's start
+/// or one of its step hashes (which chain to its committed head).
+fn committed(k: &Known, step_hashes: &[[u8; 32]], weights: &[f32]) -> bool {
+    let w = weights_hash(weights);
+    w == k.epoch_start || step_hashes.contains(&w)
 }
 
 /// Checks 1 to 3: the output frame (of `direction`) signed by the miner
@@ -152,20 +250,14 @@ struct Linked<'a> {
 fn links<'a>(k: &'a Known, mb: SampledMb, ev: ForwardEvidence<'a>, direction: Direction) -> Result<Linked<'a>, String> {
     // 1. The output, signed by the miner.
     let (out, out_payload) = decode_frame(ev.output_frame, k.ctx, k.miner).map_err(|e| format!("output frame: {e}"))?;
-    let same_mb = |h: &iota_core::wire::FrameHeader| {
-        u64::from(h.epoch) == mb.epoch
-            && h.shard == mb.shard
-            && h.first_sample == mb.first_sample
-            && h.samples == mb.samples
-            && h.attempt == mb.attempt
-    };
-    if out.direction != direction || !same_mb(&out) {
+    if out.direction != direction || !same_mb(&out, mb) {
         return Err(format!("the output frame is not the sampled micro-batch's {direction:?} frame"));
     }
     if out.codec != k.codec.id() {
         return Err("the output frame is not in the run's codec".into());
     }
     // 2. What it answers.
+    let mut input_header = None;
     let input = match (k.tokens, ev.input_frame, k.upstream) {
         (Some(tokens), None, _) if direction == Direction::Activation => {
             if out.answers != tokens_hash(tokens) {
@@ -175,12 +267,13 @@ fn links<'a>(k: &'a Known, mb: SampledMb, ev: ForwardEvidence<'a>, direction: Di
         }
         (None, Some(frame), Some(up)) => {
             let (inp, payload) = decode_frame(frame, k.ctx, up).map_err(|e| format!("input frame: {e}"))?;
-            if inp.direction != Direction::Activation || !same_mb(&inp) {
+            if inp.direction != Direction::Activation || !same_mb(&inp, mb) {
                 return Err("the input frame is not the sampled micro-batch's activation".into());
             }
             if out.answers != inp.frame_id() {
                 return Err("the output does not answer the input frame".into());
             }
+            input_header = Some(inp);
             ForwardInput::Wire(payload)
         }
         _ => return Err("the evidence does not match the stage (tokens for the head, a frame otherwise)".into()),
@@ -189,23 +282,26 @@ fn links<'a>(k: &'a Known, mb: SampledMb, ev: ForwardEvidence<'a>, direction: Di
     if Chain::of(ev.step_hashes) != k.committed.weights {
         return Err("the step hashes do not chain to the committed weights head".into());
     }
-    let w = weights_hash(ev.weights);
-    if w != k.epoch_start && !ev.step_hashes.contains(&w) {
+    if !committed(k, ev.step_hashes, ev.weights) {
         return Err("the weights are not ones it committed to".into());
     }
-    Ok(Linked { out, out_payload, input })
+    Ok(Linked { out, out_payload, input, input_header })
 }
 
-/// Check 4's comparison: the claimed payload against the recomputed one.
-fn same_payload(k: &Known, l: &Linked, honest: &[u8], what: &str) -> Result<(), String> {
-    let dims = l.out.dims();
+/// Check 4's (and 8's) comparison: the claimed payload, sent under
+/// header `h`, against the recomputed one.
+fn same_payload(k: &Known, h: &FrameHeader, payload: &[u8], honest: &[u8], what: &str) -> Result<(), String> {
+    let dims = h.dims();
     let (Some(&rows), Some(&cols), 2) = (dims.first(), dims.get(1), dims.len()) else {
-        return Err("the output frame is not a matrix".into());
+        return Err(format!("the frame compared with the {what} is not a matrix"));
     };
     let (rows, cols) = (rows as usize, cols as usize);
-    let c = compare(k.codec, rows, cols, l.out_payload, honest).map_err(|e| format!("comparison: {e:#}"))?;
+    let c = compare(k.codec, rows, cols, payload, honest).map_err(|e| format!("comparison: {e:#}"))?;
     if !c.passes(k.tolerance) {
         return Err(format!("{what} differs: max |d| {:.3e}, relative L2 {:.3e}", c.max_abs, c.rel_l2));
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

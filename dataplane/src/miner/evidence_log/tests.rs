@@ -1,0 +1,179 @@
+//! What the evidence log keeps, and its bounds.
+
+use super::*;
+
+const A: Direction = Direction::Activation;
+
+fn w(x: f32, n: usize) -> Vec<f32> {
+    vec![x; n]
+}
+
+#[test]
+fn each_attempt_gets_the_weights_it_was_computed_with() {
+    let mut log = EvidenceLog::new(1 << 20);
+    log.begin(3, 1, w(0.0, 8));
+    assert!(log.wants_input(3) && !log.wants_input(2));
+    assert!(log.forward((3, 0, 0, 0), Some(vec![1; 10]), A));
+    log.stepped(3, [1; 32], w(1.0, 8));
+    assert!(log.forward((3, 0, 4, 0), Some(vec![2; 10]), A));
+    assert!(log.forward((3, 0, 8, 0), None, Direction::ActivationGrad));
+    log.stepped(3, [2; 32], w(2.0, 8));
+    log.stepped(3, [3; 32], w(3.0, 8));
+    assert!(log.forward((3, 0, 12, 1), None, A));
+    assert!(!log.forward((2, 0, 0, 0), None, A), "another epoch");
+    let info = |k| log.attempt(k).unwrap();
+    assert_eq!(info((3, 0, 0, 0)), AttemptInfo { version: 0, output: A, has_input: true, has_backward: false });
+    assert_eq!(info((3, 0, 4, 0)).version, 1);
+    let tail = AttemptInfo { version: 1, output: Direction::ActivationGrad, has_input: false, has_backward: false };
+    assert_eq!(info((3, 0, 8, 0)), tail);
+    assert_eq!(info((3, 0, 12, 1)).version, 3);
+    assert!(log.attempt((3, 0, 12, 0)).is_none());
+    assert_eq!(log.weights(3, 0), Some(&w(0.0, 8)[..]));
+    assert_eq!(log.weights(3, 1), Some(&w(1.0, 8)[..]));
+    assert_eq!(log.weights(3, 2), None, "no attempt used it: freed");
+    assert_eq!(log.weights(3, 3), Some(&w(3.0, 8)[..]));
+    assert_eq!(log.bytes(), (3 * 32, 20));
+    // The bundle: the right frames, weights and step hashes.
+    log.seal(3);
+    log.stepped(3, [4; 32], w(4.0, 8)); // after the UploadDone: not committed there
+    let b = log.bundle((3, 0, 4, 0), vec![9; 5], None);
+    assert_eq!(b, Err("its backward is not kept"), "a middle stage's forward alone is no evidence");
+    assert!(log.backward((3, 0, 4, 0), vec![8; 6]));
+    let b = log.bundle((3, 0, 4, 0), vec![9; 5], None);
+    assert_eq!(b, Err("the gradient frame it sent is not kept"));
+    let b = log.bundle((3, 0, 4, 0), vec![9; 5], Some(vec![6; 7])).unwrap();
+    let limits = crate::evidence_bundle::BundleLimits { max_frame: 1 << 20, weights: 8, max_steps: 16 };
+    let d = EvidenceBundle::decode(&b, limits).unwrap();
+    assert_eq!(d.input_frame, Some(vec![2; 10]));
+    assert_eq!(d.output_frame, vec![9; 5]);
+    assert_eq!(d.weights, w(1.0, 8));
+    assert_eq!(d.step_hashes, vec![[1; 32], [2; 32], [3; 32]]);
+    // Its backward came after three more inner steps: state 4.
+    let bw = d.backward.unwrap();
+    assert_eq!((bw.received, bw.sent, bw.weights), (vec![8; 6], vec![6; 7], Some(w(4.0, 8))));
+    assert_eq!(log.weights(3, 1), Some(&w(1.0, 8)[..]), "lent, then put back");
+    assert_eq!(log.bundle((3, 9, 9, 9), Vec::new(), None), Err("the attempt is not kept"));
+    // The head's and the tail's bundles have no backward.
+    let head = EvidenceBundle::decode(&log.bundle((3, 0, 12, 1), vec![1], None).unwrap(), limits).unwrap();
+    let tail = EvidenceBundle::decode(&log.bundle((3, 0, 8, 0), vec![1], None).unwrap(), limits).unwrap();
+    assert!(head.backward.is_none() && tail.backward.is_none());
+    // The next epoch's training frees this one.
+    log.begin(4, 1, w(5.0, 8));
+    assert_eq!(log.epoch(), Some(4));
+    assert!(log.attempt((3, 0, 4, 0)).is_none());
+    assert_eq!(log.bytes(), (32, 0));
+    assert_eq!(log.step_hashes(4), Some(&[][..]));
+}
+
+#[test]
+fn a_middle_stage_keeps_its_backward_with_the_weights_it_ran_on() {
+    let mut log = EvidenceLog::new(1 << 20);
+    log.begin(0, 1, w(0.0, 8));
+    let (a, b, head) = ((0, 0, 0, 0), (0, 0, 4, 0), (0, 0, 8, 0));
+    assert!(log.forward(a, Some(vec![1; 10]), A));
+    assert!(log.forward(b, Some(vec![2; 10]), A));
+    assert!(log.forward(head, None, A));
+    // Only a kept middle forward wants its backward kept.
+    assert!(log.wants_backward(a) && log.wants_backward(b));
+    assert!(!log.wants_backward(head) && !log.wants_backward((0, 9, 0, 0)) && !log.wants_backward((1, 0, 0, 0)));
+    assert!(!log.backward(head, vec![0; 4]), "a head's backward sends nothing upstream");
+    assert!(!log.backward((0, 9, 0, 0), vec![0; 4]), "an attempt without a forward");
+    // a's backward before any step, b's after one.
+    assert!(log.backward(a, vec![3; 12]));
+    log.stepped(0, [1; 32], w(1.0, 8));
+    assert!(log.backward(b, vec![4; 12]));
+    log.stepped(0, [2; 32], w(2.0, 8));
+    assert_eq!((log.backward_version(a), log.backward_version(b)), (Some(0), Some(1)));
+    assert!(log.attempt(a).unwrap().has_backward && !log.attempt(head).unwrap().has_backward);
+    assert_eq!(log.weights(0, 1), Some(&w(1.0, 8)[..]), "kept: a backward ran on it");
+    assert_eq!(log.bytes().1, 10 + 10 + 12 + 12);
+    // A repeated backward replaces the frame, counted once.
+    assert!(log.backward(b, vec![4; 2]));
+    assert_eq!(log.bytes().1, 10 + 10 + 12 + 2);
+    assert_eq!(log.backward_version(b), Some(2));
+    let limits = crate::evidence_bundle::BundleLimits { max_frame: 1 << 20, weights: 8, max_steps: 16 };
+    let d = EvidenceBundle::decode(&log.bundle(a, vec![9], Some(vec![7])).unwrap(), limits).unwrap();
+    assert_eq!(d.backward.unwrap().weights, None, "the same state as its forward: not repeated");
+    let d = EvidenceBundle::decode(&log.bundle(b, vec![9], Some(vec![7])).unwrap(), limits).unwrap();
+    assert_eq!(d.backward.unwrap().weights, Some(w(2.0, 8)));
+    // The received frames share the frames' bound (a quarter of 256).
+    let mut log = EvidenceLog::new(256);
+    log.begin(0, 1, w(0.0, 2));
+    assert!(log.forward(a, Some(vec![0; 40]), A));
+    let warned = logged(|| assert!(!log.backward(a, vec![0; 30]), "over the bound"));
+    assert_eq!(warned.matches("budget for received frames").count(), 1, "{warned}");
+    assert!(!log.wants_backward(a) && !log.wants_input(0), "nothing more once full");
+    assert!(!log.attempt(a).unwrap().has_backward);
+    assert_eq!(log.bundle(a, vec![9], Some(vec![7])), Err("its backward is not kept"));
+    // Past the snapshot budget the backward's weights are not kept.
+    let mut log = EvidenceLog::new(64);
+    log.begin(0, 1, w(0.0, 8));
+    assert!(log.forward(a, Some(vec![0; 4]), A));
+    log.stepped(0, [1; 32], w(1.0, 8));
+    assert!(log.forward(b, Some(vec![0; 4]), A), "state 1 is used: both snapshots kept");
+    log.stepped(0, [2; 32], w(2.0, 8));
+    assert!(!log.wants_backward(a));
+    assert!(!log.backward(a, vec![0; 4]), "its weights are not kept");
+}
+
+/// Log lines written while `f` runs.
+fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let w = buf.clone();
+    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+    tracing::subscriber::with_default(sub, f);
+    String::from_utf8_lossy(&buf.0.lock()).into_owned()
+}
+
+#[test]
+fn past_the_budget_no_more_snapshots_are_kept() {
+    // Room for two snapshots of 8 weights; input frames get 16 bytes.
+    let mut log = EvidenceLog::new(64);
+    let warned = logged(|| {
+        log.begin(0, 0, w(0.0, 8));
+        for i in 1..6 {
+            log.forward((0, 0, u64::from(i), 0), None, A);
+            log.stepped(0, [i; 32], w(1.0, 8));
+        }
+    });
+    assert_eq!(warned.matches("no more weights snapshots").count(), 1, "warned once: {warned}");
+    let mut log = EvidenceLog::new(64);
+    log.begin(0, 0, w(0.0, 8));
+    assert!(log.forward((0, 0, 0, 0), Some(vec![0; 10]), A));
+    log.stepped(0, [1; 32], w(1.0, 8));
+    assert!(log.forward((0, 0, 1, 0), None, A));
+    log.stepped(0, [2; 32], w(2.0, 8));
+    assert!(!log.wants_input(0));
+    assert!(!log.forward((0, 0, 2, 0), None, A), "its weights are not kept");
+    assert_eq!(log.weights(0, 2), None);
+    // And stays so for the epoch.
+    log.stepped(0, [3; 32], w(3.0, 8));
+    assert!(!log.forward((0, 0, 3, 0), None, A));
+    assert_eq!(log.step_hashes(0).unwrap().len(), 3, "the hashes are still all kept");
+    assert_eq!(log.bytes().0, 64);
+    // Input frames have their own bound.
+    let mut log = EvidenceLog::new(64);
+    log.begin(0, 0, w(0.0, 2));
+    assert!(log.forward((0, 0, 0, 0), Some(vec![0; 10]), A));
+    assert!(!log.forward((0, 0, 1, 0), Some(vec![0; 10]), A));
+    assert!(!log.wants_input(0));
+    assert!(!log.forward((0, 0, 2, 0), None, A), "nothing more once full");
+    // A restart of the epoch on another stage keeps the chain's items.
+    log.stepped(0, [7; 32], w(1.0, 2));
+    log.begin(0, 1, w(9.0, 3));
+    assert_eq!(log.step_hashes(0), Some(&[[7; 32]][..]));
+    assert!(log.attempt((0, 0, 0, 0)).is_none());
+    assert!(log.forward((0, 0, 5, 0), None, A));
+    assert_eq!(log.weights(0, 0), Some(&w(9.0, 3)[..]));
+}
