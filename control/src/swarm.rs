@@ -347,8 +347,11 @@ pub fn print_payouts(r: &SwarmReport) {
             p.emission
         );
     }
+    // Without validators the operator (the orchestrator's key) rates the
+    // work, and takes the validators' half.
+    let role = if r.validators == 0 { "oper" } else { "valid" };
     for (v, x) in &r.validator_pay {
-        println!("{:>16} {:>5} {:>75.4}", &v.to_hex()[..16], "valid", x);
+        println!("{:>16} {:>5} {:>75.4}", &v.to_hex()[..16], role, x);
     }
     println!("{:>16} {:>81.4}", "total", total);
 }
