@@ -20,6 +20,10 @@ use super::{MbStatus, MinerState, Ms, Orchestrator, Out, Refusal};
 /// Epochs benched before a miner is removed from the run.
 pub const REMOVE_AFTER_BENCHED_EPOCHS: u32 = 3;
 
+/// Routing draws among the replicas whose cost is within this factor of
+/// the cheapest one's (see `pathway`).
+const DRAW_SPREAD: f64 = 4.0;
+
 impl Orchestrator {
     /// A `PeerFailed` report from `reporter` about its neighbour `named` on
     /// the pathway of `mb`'s `attempt` (which must be the current one).
@@ -222,33 +226,44 @@ impl Orchestrator {
                 let typical = measured.get(measured.len().saturating_sub(1) / 2).copied().unwrap_or(1.0);
                 // A latency is only measured again by a delivery, so an idle
                 // miner's counts as at most twice the typical one: one slow
-                // first micro-batch or a penalised failure must not keep a
-                // replica idle (and unpaid) for the rest of the run. It gets
-                // one micro-batch once its peers are queued two deep; if it
-                // really is slow, its cost with that one in flight is its
-                // own again.
+                // first micro-batch must not keep a replica idle (and
+                // unpaid) for the rest of the run. It gets one micro-batch
+                // once its peers are queued two deep; if it really is slow,
+                // its cost with that one in flight is its own again. Not for
+                // a miner whose work failed this epoch: its penalised
+                // latency stands (retrying a flaky miner each time it falls
+                // idle made a flaky head's run 12x the honest one's).
                 let cost = |m: &MinerState| {
                     let latency = if m.latency_ms > 0.0 { m.latency_ms } else { typical };
-                    let latency = if m.in_flight == 0 { latency.min(2.0 * typical) } else { latency };
+                    let capped = m.in_flight == 0 && m.failures == 0;
+                    let latency = if capped { latency.min(2.0 * typical) } else { latency };
                     (m.in_flight as f64 + 1.0) * latency
                 };
-                // Drawn in proportion to that rate, not the cheapest
-                // outright: the cheapest-first rule paid a twice-as-fast
-                // head 3.4 times its peer (latencies are end to end, queue
-                // waits included, so a slower replica looks slower still),
-                // where the draw pays 1.8-1.9 times; and stage by stage the
-                // draws mix replicas across stages rather than pair the
-                // cheapest head with the cheapest tail in lockstep, which
-                // CLASP needs to tell one stage's miner from another's.
-                let rates: Vec<f64> = pool.iter().map(|m| 1.0 / cost(m).max(1e-9)).collect();
-                let mut ticket = rng.next_f64() * rates.iter().sum::<f64>();
-                for (m, r) in pool.iter().zip(&rates) {
+                // Drawn in proportion to that rate among the replicas within
+                // DRAW_SPREAD of the cheapest, not the cheapest outright: the
+                // cheapest-first rule paid a twice-as-fast head 3.4 times its
+                // peer (latencies are end to end, queue waits included, so a
+                // slower replica looks slower still), where the draw pays
+                // 1.8-1.9 times; and stage by stage the draws mix replicas
+                // across stages rather than pair the cheapest head with the
+                // cheapest tail in lockstep, which CLASP needs to tell one
+                // stage's miner from another's. Replicas far costlier than
+                // the cheapest (failing ones) are not drawn.
+                let least = pool.iter().map(|m| cost(m)).min_by(f64::total_cmp)?;
+                let drawn: Vec<(&MinerState, f64)> = pool
+                    .iter()
+                    .map(|m| (*m, cost(m)))
+                    .filter(|(_, c)| *c <= least * DRAW_SPREAD)
+                    .map(|(m, c)| (m, 1.0 / c.max(1e-9)))
+                    .collect();
+                let mut ticket = rng.next_f64() * drawn.iter().map(|(_, r)| r).sum::<f64>();
+                for (m, r) in &drawn {
                     if ticket < *r {
                         return Some(m.peer);
                     }
                     ticket -= r;
                 }
-                pool.last().map(|m| m.peer)
+                drawn.last().map(|(m, _)| m.peer)
             })
             .collect()
     }
