@@ -20,6 +20,10 @@ pub struct Args {
     /// Micro-batches per epoch (3 x 64 = the 192).
     #[arg(long, default_value_t = 64)]
     micro_batches: u64,
+    /// Sequences (of 64 tokens) per micro-batch: 8, the `iota-control
+    /// orchestrator` default the measurements ran with.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
     /// Honest runs whose median is the baseline.
     #[arg(long, default_value_t = 3)]
     baseline_runs: usize,
@@ -49,13 +53,13 @@ pub fn run(a: Args) -> Result<()> {
             .collect::<Result<_>>()?;
     }
     println!(
-        "liveness: tiny 2 stages x 2 replicas, {} epochs x {} micro-batches, 4 honest miners + 1 unreliable",
-        a.epochs, a.micro_batches
+        "liveness: tiny 2 stages x 2 replicas, {} epochs x {} micro-batches of {} x 64 tokens, 4 honest miners + 1 unreliable",
+        a.epochs, a.micro_batches, a.batch
     );
     // This VM's wall times swing by tens of percent from run to run: the
     // baseline is the median of `baseline_runs` honest runs.
     let mut bases: Vec<ScenarioReport> =
-        (0..a.baseline_runs.max(1)).map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches))).collect();
+        (0..a.baseline_runs.max(1)).map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches, a.batch))).collect();
     bases.sort_by_key(|r| r.wall);
     let walls: Vec<String> = bases.iter().map(|r| format!("{:.1}", r.wall.as_secs_f64())).collect();
     let base = bases.swap_remove(bases.len() / 2);
@@ -64,7 +68,7 @@ pub fn run(a: Args) -> Result<()> {
     print_row("honest (baseline)", &base, base.wall);
     for k in kinds {
         for place in [Place::Head, Place::Tail, Place::MidRun] {
-            let r = rt.block_on(run_scenario(Some((k, place)), a.epochs, a.micro_batches));
+            let r = rt.block_on(run_scenario(Some((k, place)), a.epochs, a.micro_batches, a.batch));
             print_row(&format!("{k:?} {place:?}").to_lowercase(), &r, base.wall);
         }
     }

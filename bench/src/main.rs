@@ -73,6 +73,10 @@ enum Cmd {
 
 fn main() {
     iota_model::alloc::keep_freed_memory();
+    // Logs only when asked for: the tables are the output.
+    if std::env::var_os("RUST_LOG").is_some() {
+        iota_dataplane::init_logging();
+    }
     let res = match Cli::parse().cmd {
         Cmd::StageCpu(a) => stage_cpu::run(a),
         Cmd::StageGpu(a) => stage_gpu::run(a),

@@ -27,11 +27,23 @@ use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
 
 /// A `tiny` run on the generated corpus.
 pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: WireCodec) -> RunConfig {
+    tiny_run_batch(stages, replicas, epochs, per_epoch, codec, 4)
+}
+
+/// `tiny_run` with `batch` sequences of 64 tokens per micro-batch.
+pub fn tiny_run_batch(
+    stages: u32,
+    replicas: u32,
+    epochs: u64,
+    per_epoch: u64,
+    codec: WireCodec,
+    batch: usize,
+) -> RunConfig {
     let mut model = ModelConfig::preset("tiny").unwrap();
     if codec == WireCodec::F32 {
         model.bottleneck = 0;
     }
-    let (batch, seq, accum) = (4usize, 64usize, 1usize);
+    let (seq, accum) = (64usize, 1usize);
     let steps = epochs * per_epoch / (replicas as u64 * accum as u64);
     let train = TrainConfig {
         model,

@@ -11,7 +11,7 @@ use iota_control::orchestrator::{Counters, EpochSummary, MinerState, Orchestrato
 use iota_core::WireCodec;
 use iota_dataplane::miner::{Adversary, MinerSummary};
 
-use crate::{Swarm, tiny_run};
+use crate::{Swarm, tiny_run_batch};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
@@ -45,11 +45,17 @@ async fn wait_for(swarm: &Swarm, what: &str, f: impl Fn(&Orchestrator) -> bool) 
     }
 }
 
-/// Runs `epochs` x `per_epoch` micro-batches with `adversary` at `place`
-/// (None: four honest miners only), in a temporary directory.
-pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, per_epoch: u64) -> ScenarioReport {
+/// Runs `epochs` x `per_epoch` micro-batches of `batch` sequences with
+/// `adversary` at `place` (None: four honest miners only), in a temporary
+/// directory.
+pub async fn run_scenario(
+    adversary: Option<(Adversary, Place)>,
+    epochs: u64,
+    per_epoch: u64,
+    batch: usize,
+) -> ScenarioReport {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(2, 2, epochs, per_epoch, WireCodec::Int8Row);
+    let cfg = tiny_run_batch(2, 2, epochs, per_epoch, WireCodec::Int8Row, batch);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let subscribed = |n: usize| move |o: &Orchestrator| o.miners().filter(|m| m.subscribed).count() >= n;

@@ -56,6 +56,27 @@ impl Orchestrator {
                 _ => None,
             })
             .collect();
+        // Issued before anything was measured, its miners wait the ceiling
+        // overdue time before reporting a silent neighbour (a silent head
+        // in the first epoch held the epoch's end for it). Once the
+        // measured overdue time (and the grace) passed with no report, it
+        // is issued again with that time.
+        let unmeasured: Vec<u64> = self
+            .mbs
+            .values()
+            .filter_map(|r| match &r.status {
+                MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, overdue_ms, .. } => {
+                    let measured = self.overdue_ms(pathway);
+                    let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
+                    let late = issued + measured + self.waiting_grace_ms(pathway) <= now;
+                    (*overdue_ms > measured && late && *deadline_ms > now).then_some(r.seq)
+                }
+                _ => None,
+            })
+            .collect();
+        for seq in unmeasured {
+            self.reissue_unmeasured(now, seq, out);
+        }
         for (seq, attempt, blamed) in expired {
             if let Some(b) = blamed {
                 self.blame(now, b, out);
@@ -89,6 +110,7 @@ impl Orchestrator {
                 strikes: 0,
                 waiting: Vec::new(),
                 waiting_since: None,
+                overdue_ms: overdue,
             };
             self.mbs.insert(seq, MbRecord { status, ..r });
             self.issued += 1;

@@ -42,7 +42,7 @@ impl Orchestrator {
             return Ok(());
         };
         let seq = r.seq;
-        let MbStatus::InFlight { attempt: a, pathway, waiting, waiting_since, .. } = &mut r.status else {
+        let MbStatus::InFlight { attempt: a, pathway, waiting, waiting_since, deadline_ms, .. } = &mut r.status else {
             self.counters.stale_reports += 1;
             return Ok(());
         };
@@ -57,6 +57,8 @@ impl Orchestrator {
         if i.abs_diff(j) != 1 {
             return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
         }
+        let age = now.saturating_sub(deadline_ms.saturating_sub(self.spec.route_timeout_ms));
+        tracing::debug!(seq, attempt, reporter = %reporter, named = %named, ?failure, age_ms = age, "peer failed");
         match failure {
             pb::Failure::Unreachable => {
                 self.blame(now, named, out);
@@ -90,10 +92,13 @@ impl Orchestrator {
     }
 
     /// After how long a miner on `pathway` reports its neighbour's input as
-    /// overdue (`Route.overdue_ms`): four times the slowest measured latency
-    /// of a live miner (a whole micro-batch's, so generous for one hop), at
-    /// least 300 ms, at most half the route timeout (also the value before
-    /// anything was measured).
+    /// overdue (`Route.overdue_ms`): four times the slowest measured delivery
+    /// time of a live miner (a whole micro-batch's, so generous for one
+    /// hop), at least 300 ms, at most half the route timeout (also the value
+    /// before anything was measured). Delivery times leave failed attempts'
+    /// penalties out: one failure of a flaky miner used to raise everyone's
+    /// overdue time to the ceiling, and every later failure took that long
+    /// to be noticed.
     pub(super) fn overdue_ms(&self, pathway: &[PeerId]) -> Ms {
         let ceiling = self.spec.route_timeout_ms / 2;
         // An unmeasured miner (a newcomer on probation) is taken to be as
@@ -102,8 +107,8 @@ impl Orchestrator {
         let slowest = pathway
             .iter()
             .filter_map(|p| self.miners.get(p))
-            .map(|m| m.latency_ms)
-            .chain(self.miners.values().filter(|m| m.live()).map(|m| m.latency_ms))
+            .map(|m| m.delivery_ms)
+            .chain(self.miners.values().filter(|m| m.live()).map(|m| m.delivery_ms))
             .fold(0.0, f64::max);
         if slowest <= 0.0 {
             return ceiling;
@@ -123,6 +128,7 @@ impl Orchestrator {
     pub(super) fn blame(&mut self, now: Ms, peer: PeerId, out: &mut Vec<Out>) {
         let threshold = self.spec.bench_after_failures.max(1);
         let Some(m) = self.miners.get_mut(&peer) else { return };
+        tracing::debug!(epoch = self.epoch, miner = %peer, in_a_row = m.failures_in_a_row + 1, "failure pinned");
         m.failures += 1;
         m.failures_in_a_row += 1;
         self.counters.failures_pinned += 1;
@@ -143,6 +149,7 @@ impl Orchestrator {
                 m.probation = false;
                 m.delivered += 1;
                 m.latency_ms = if m.latency_ms > 0.0 { 0.7 * m.latency_ms + 0.3 * latency_ms } else { latency_ms };
+                m.delivery_ms = if m.delivery_ms > 0.0 { 0.7 * m.delivery_ms + 0.3 * latency_ms } else { latency_ms };
             }
         }
     }

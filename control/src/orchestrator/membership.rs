@@ -118,6 +118,7 @@ impl Orchestrator {
                 probation: true,
                 delivered: 0,
                 latency_ms: 0.0,
+                delivery_ms: 0.0,
                 convicted: false,
                 convicted_epochs: 0,
                 suspended_through: None,

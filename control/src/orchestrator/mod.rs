@@ -214,6 +214,10 @@ pub struct Counters {
     /// Micro-batch failures pinned on a miner.
     #[serde(default)]
     pub failures_pinned: u64,
+    /// Attempts issued before anything was measured (so with the ceiling
+    /// overdue time) and re-issued once the measured one had passed.
+    #[serde(default)]
+    pub reissued_unmeasured: u64,
     /// Times a miner was benched.
     #[serde(default)]
     pub benched: u64,

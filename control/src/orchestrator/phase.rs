@@ -84,6 +84,7 @@ impl Orchestrator {
 
     pub(super) fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
         if p != self.phase {
+            tracing::debug!(epoch = self.epoch, from = ?self.phase, to = ?p, after_ms = now.saturating_sub(self.phase_entered), "phase");
             // How long an upload or merge took, when it ended by itself
             // (not by its timeout): later ones are timed by it.
             let took = now.saturating_sub(self.phase_entered);

@@ -123,6 +123,20 @@ impl Orchestrator {
         attributed: bool,
         out: &mut Vec<Out>,
     ) {
+        self.reroute(now, seqs, avoid, if attributed { Failed::Pinned } else { Failed::Unattributed }, out);
+    }
+
+    /// Re-issues `seq`, issued before anything was measured, now that the
+    /// measured overdue time has passed with no report: nobody failed (its
+    /// miners were told to wait longer), so nobody is penalised and it is
+    /// no strike. A silent miner's neighbours are then told the measured
+    /// time, and report it.
+    pub(super) fn reissue_unmeasured(&mut self, now: Ms, seq: u64, out: &mut Vec<Out>) {
+        self.counters.reissued_unmeasured += 1;
+        self.reroute(now, vec![seq], None, Failed::NotYet, out);
+    }
+
+    fn reroute(&mut self, now: Ms, seqs: Vec<u64>, avoid: Option<PeerId>, failed: Failed, out: &mut Vec<Out>) {
         let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
         for seq in seqs {
             let r = self.mbs[&seq].clone();
@@ -130,14 +144,17 @@ impl Orchestrator {
                 continue;
             };
             let (attempt, old) = (*attempt, pathway.clone());
-            let strikes = strikes + u32::from(!attributed);
+            tracing::debug!(epoch = self.epoch, seq, attempt, on = ?avoid, failed = ?failed, "re-issued");
+            let strikes = strikes + u32::from(failed == Failed::Unattributed);
             self.set_in_flight(&old, -1);
             // A failed attempt counts against the latency of whom it is
             // pinned on (everyone on it when nobody is blamed), so routing
             // steers away from miners whose work fails.
             let penalty = self.spec.route_timeout_ms as f64;
-            for p in old.iter().filter(|p| avoid.is_none_or(|a| a == **p)) {
-                self.penalize(*p, penalty);
+            if failed != Failed::NotYet {
+                for p in old.iter().filter(|p| avoid.is_none_or(|a| a == **p)) {
+                    self.penalize(*p, penalty);
+                }
             }
             for p in &old {
                 out.push(Out {
@@ -171,6 +188,7 @@ impl Orchestrator {
                         strikes,
                         waiting: Vec::new(),
                         waiting_since: None,
+                        overdue_ms: overdue,
                     };
                 }
                 None => {
@@ -180,4 +198,15 @@ impl Orchestrator {
             }
         }
     }
+}
+
+/// How a re-issued attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// Pinned on a miner (or the miner left): no strike.
+    Pinned,
+    /// Nobody could be blamed: a strike toward `max_attempts`.
+    Unattributed,
+    /// It had not failed: it was issued with the ceiling overdue time.
+    NotYet,
 }

@@ -49,6 +49,10 @@ pub enum MbStatus {
         /// When the first of them arrived.
         #[serde(default)]
         waiting_since: Option<u64>,
+        /// The `overdue_ms` its route told the pathway's miners (0 in
+        /// states saved before it was kept).
+        #[serde(default)]
+        overdue_ms: u64,
     },
     Done {
         loss: f32,
@@ -127,6 +131,11 @@ pub struct MinerState {
     /// the micro-batches it took part in (ms; 0 before the first).
     #[serde(default)]
     pub latency_ms: f64,
+    /// The same average over deliveries only, failed attempts' penalties
+    /// left out: how long its work takes when it works, which sets how long
+    /// its neighbours wait before reporting it overdue.
+    #[serde(default)]
+    pub delivery_ms: f64,
     /// Validators convicted its work of the current epoch: out of the
     /// epoch's merge, its work counted as zero.
     #[serde(default)]

@@ -222,11 +222,15 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         };
         iota_protocol::client::follow_commands(client.clone(), finished.clone(), rejoin, in_tx.clone(), Input::Command)
     };
-    // Ticks for the merge's retries and store fallbacks.
+    // Ticks for overdue-input reports, the merge's retries and store
+    // fallbacks. A report goes out at the first tick past its overdue time,
+    // so the period adds to how long a silent neighbour stalls its
+    // micro-batch (250 ms was half of a `tiny` epoch's detection time).
     let tick_task = {
         let (in_tx, stop) = (in_tx.clone(), finished.clone());
         tokio::spawn(async move {
-            let mut iv = tokio::time::interval(Duration::from_millis(250));
+            let mut iv = tokio::time::interval(Duration::from_millis(50));
+            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !stop.load(Ordering::SeqCst) {
                 iv.tick().await;
                 if in_tx.send(Input::Tick).await.is_err() {

@@ -8,7 +8,7 @@ use iota_dataplane::miner::Adversary;
 use iota_tests::liveness::{Place, run_scenario};
 
 async fn run_with(adversary: Adversary, place: Place) {
-    let r = run_scenario(Some((adversary, place)), 3, 16).await;
+    let r = run_scenario(Some((adversary, place)), 3, 16, 4).await;
     println!("{adversary:?} {place:?}: {:?}, {:?}\n  adversary: {:?}", r.wall, r.counters, r.bad);
     assert_eq!(r.history.len(), 3, "every epoch completed: {:?}", r.history);
     assert_eq!(r.counters.dropped, 0, "no micro-batch dropped ({adversary:?} {place:?}): {:?}", r.counters);

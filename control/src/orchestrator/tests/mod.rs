@@ -712,3 +712,88 @@ fn commitment_heads_are_kept_and_a_rewritten_history_is_on_record() {
     assert_eq!(back.commitments_of(&a, 0), Some(&honest.heads()[0]));
     assert_eq!(back.commitment_breaks(), sim.o.commitment_breaks());
 }
+
+/// The routes in `sim`'s inbox, taken out: (pathway, attempt, overdue_ms,
+/// micro-batch), one per attempt.
+fn take_routes(sim: &mut Sim) -> Vec<(Vec<PeerId>, u32, u64, MbRef)> {
+    let mut seen = Vec::new();
+    for Out { cmd, .. } in std::mem::take(&mut sim.inbox) {
+        if let pb::command::Kind::Route(r) = cmd {
+            let path: Vec<PeerId> = r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
+            let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+            if !seen.iter().any(|(_, a, _, m): &(Vec<PeerId>, u32, u64, MbRef)| *m == mb && *a == r.attempt) {
+                seen.push((path, r.attempt, r.overdue_ms, mb));
+            }
+        }
+    }
+    seen
+}
+
+/// An attempt issued before anything was measured told its miners to wait
+/// the ceiling (half the route timeout) before reporting a silent
+/// neighbour; a silent head in the first epoch held the epoch's end that
+/// long. Once a delivery is measured, the attempt is issued again after
+/// the measured overdue time and its grace: nobody is blamed or penalised,
+/// and it is no strike.
+#[test]
+fn an_attempt_issued_before_any_measurement_is_reissued_once_the_measured_overdue_time_passes() {
+    let mut sp = spec(2, 2, 1, 40, 4);
+    sp.route_timeout_ms = 20_000;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 4);
+    let routes = take_routes(&mut sim);
+    assert_eq!(routes.len(), 2, "two newcomers per stage, one micro-batch each");
+    assert!(routes.iter().all(|r| r.2 == 10_000), "nothing measured: the ceiling");
+    // One pathway delivers in 100 ms; the other says nothing.
+    let (done, quiet) = (&routes[0], &routes[1]);
+    sim.now = 100;
+    sim.ev(Event::Loss { peer: done.0[1], mb: done.3, attempt: 0, loss: 2.0, tokens: 8 });
+    sim.ev(Event::BackwardDone { peer: done.0[0], mb: done.3, attempt: 0 });
+    let measured = sim.o.overdue_ms(&quiet.0);
+    let grace = sim.o.waiting_grace_ms(&quiet.0);
+    assert_eq!(measured, 400, "four times the 100 ms delivery");
+    let latency = |sim: &Sim| quiet.0.iter().map(|p| sim.o.miner(p).unwrap().latency_ms).collect::<Vec<_>>();
+    let before = latency(&sim);
+    // Not before the measured overdue time and its grace...
+    sim.now = measured + grace - 1;
+    sim.ev(Event::Tick);
+    assert_eq!(sim.o.counters().reissued_unmeasured, 0);
+    // ... and at once after.
+    sim.now = measured + grace;
+    sim.ev(Event::Tick);
+    let c = sim.o.counters().clone();
+    assert_eq!((c.reissued_unmeasured, c.failures_pinned, c.dropped), (1, 0, 0), "{c:?}");
+    assert_eq!(latency(&sim), before, "nobody is penalised");
+    let again = take_routes(&mut sim);
+    let r = again.iter().find(|r| r.3 == quiet.3).expect("the quiet micro-batch is routed again");
+    assert_eq!(r.1, 1);
+    assert!(r.2 <= measured, "with the measured overdue time: {}", r.2);
+    match &sim.o.mbs.values().find(|m| m.mb == quiet.3).unwrap().status {
+        MbStatus::InFlight { strikes, overdue_ms, .. } => assert_eq!((*strikes, *overdue_ms), (0, r.2)),
+        s => panic!("{s:?}"),
+    }
+    // An attempt issued with the measured time is not re-issued early: its
+    // neighbours report a silent miner themselves.
+    sim.now += measured + grace;
+    sim.ev(Event::Tick);
+    assert_eq!(sim.o.counters().reissued_unmeasured, 1);
+}
+
+/// A failed attempt's penalty steers routing away from the miner, but it
+/// does not raise the time neighbours wait before reporting: one failure
+/// of a flaky miner used to put every later failure at the ceiling.
+#[test]
+fn a_failure_penalty_does_not_raise_the_overdue_time() {
+    let mut sim = Sim::new(spec(2, 2, 1, 40, 4));
+    register_all(&mut sim, 4);
+    sim.drain();
+    let peers: Vec<PeerId> = sim.o.miners().map(|m| m.peer).collect();
+    let path = vec![peers[0], peers[1]];
+    let before = sim.o.overdue_ms(&path);
+    assert!(before < 500, "measured deliveries: {before}");
+    let flaky = sim.o.miners().find(|m| m.stage == 0).unwrap().peer;
+    let latency = sim.o.miner(&flaky).unwrap().latency_ms;
+    sim.o.penalize(flaky, 1_000.0);
+    assert!(sim.o.miner(&flaky).unwrap().latency_ms > latency, "routing sees the penalty");
+    assert_eq!(sim.o.overdue_ms(&path), before, "the overdue time does not");
+}
