@@ -4,7 +4,8 @@
 //! same run: the same swarm with the honest miners only. Prints each
 //! scenario's wall time as a ratio to it, micro-batches dropped, the epoch
 //! the bad miner was first benched in, its recorded work, and (slow) its
-//! share of its stage's routes against its share of the measured speed.
+//! share of its stage's routes against its share of the measured speed;
+//! each the median of `--runs` runs.
 
 use std::time::Duration;
 
@@ -27,6 +28,10 @@ pub struct Args {
     /// Honest runs whose median is the baseline.
     #[arg(long, default_value_t = 3)]
     baseline_runs: usize,
+    /// Runs of each scenario; the median one is reported (one run's wall
+    /// time swings by 10-20% on a loaded 2-core VM).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
     /// Only these adversaries (silent, closed, slow, flaky; default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -58,8 +63,9 @@ pub fn run(a: Args) -> Result<()> {
     );
     // This VM's wall times swing by tens of percent from run to run: the
     // baseline is the median of `baseline_runs` honest runs.
-    let mut bases: Vec<ScenarioReport> =
-        (0..a.baseline_runs.max(1)).map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches, a.batch))).collect();
+    let mut bases: Vec<ScenarioReport> = (0..a.baseline_runs.max(1))
+        .map(|_| rt.block_on(run_scenario(None, a.epochs, a.micro_batches, a.batch)))
+        .collect();
     bases.sort_by_key(|r| r.wall);
     let walls: Vec<String> = bases.iter().map(|r| format!("{:.1}", r.wall.as_secs_f64())).collect();
     let base = bases.swap_remove(bases.len() / 2);
@@ -68,7 +74,11 @@ pub fn run(a: Args) -> Result<()> {
     print_row("honest (baseline)", &base, base.wall);
     for k in kinds {
         for place in [Place::Head, Place::Tail, Place::MidRun] {
-            let r = rt.block_on(run_scenario(Some((k, place)), a.epochs, a.micro_batches, a.batch));
+            let mut rs: Vec<ScenarioReport> = (0..a.runs.max(1))
+                .map(|_| rt.block_on(run_scenario(Some((k, place)), a.epochs, a.micro_batches, a.batch)))
+                .collect();
+            rs.sort_by_key(|r| r.wall);
+            let r = rs.swap_remove(rs.len() / 2);
             print_row(&format!("{k:?} {place:?}").to_lowercase(), &r, base.wall);
         }
     }

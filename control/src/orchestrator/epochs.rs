@@ -39,22 +39,25 @@ impl Orchestrator {
         // overdue (after a grace for the reports of everyone waiting to
         // arrive): pinned on a miner when the waiting reports say who
         // stalled it (see liveness.rs), on nobody otherwise.
-        let expired: Vec<(u64, u32, Option<PeerId>)> = self
+        let expired: Vec<(u64, u32, Vec<PeerId>, Vec<(PeerId, PeerId)>)> = self
             .mbs
             .values()
             .filter_map(|r| match &r.status {
                 MbStatus::InFlight { deadline_ms, attempt, pathway, waiting, waiting_since, .. } => {
-                    let blamed = Self::blame_for_timeout(pathway, waiting);
                     // Reported stalled: act after the grace, pinned on a
                     // miner or not (two neighbours waiting on each other lost
                     // a frame between them; waiting out the timeout gains
                     // nothing).
                     let grace = self.waiting_grace_ms(pathway);
                     let stalled = waiting_since.is_some_and(|t| t + grace <= now);
-                    (*deadline_ms <= now || stalled).then_some((r.seq, *attempt, blamed))
+                    (*deadline_ms <= now || stalled).then(|| (r.seq, *attempt, pathway.clone(), waiting.clone()))
                 }
                 _ => None,
             })
+            .collect();
+        let expired: Vec<(u64, u32, Option<PeerId>)> = expired
+            .into_iter()
+            .map(|(seq, attempt, pathway, waiting)| (seq, attempt, self.pin_stall(&pathway, &waiting)))
             .collect();
         // Issued before anything was measured, its miners wait the ceiling
         // overdue time before reporting a silent neighbour (a silent head

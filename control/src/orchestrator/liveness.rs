@@ -20,6 +20,10 @@ use super::{MbStatus, MinerState, Ms, Orchestrator, Out, Refusal};
 /// Epochs benched before a miner is removed from the run.
 pub const REMOVE_AFTER_BENCHED_EPOCHS: u32 = 3;
 
+/// Miners accused of a stall per epoch that are remembered (the rest are
+/// judged on the pathway's reports alone).
+const MAX_ACCUSED: usize = 4_096;
+
 /// Routing draws among the replicas whose cost is within this factor of
 /// the cheapest one's (see `pathway`).
 const DRAW_SPREAD: f64 = 4.0;
@@ -89,6 +93,65 @@ impl Orchestrator {
             .iter()
             .copied()
             .find(|p| waiting.iter().any(|(_, named)| named == p) && !waiting.iter().any(|(rep, _)| rep == p))
+    }
+
+    /// Whom a stalled attempt is pinned on, from its `NO_INPUT` reports
+    /// (`waiting`: reporter, the neighbour it waited on) and this epoch's
+    /// earlier stalls. A report is one miner's word against another's:
+    /// a miner that drops the frames it receives (or lies) reports its
+    /// honest neighbour, which waits on nobody and would take the blame.
+    /// What tells them apart is who keeps turning up. So:
+    /// - the stall's miner (`blame_for_timeout`) is pinned when another
+    ///   reporter also accused it this epoch, or when its accuser accused
+    ///   nobody else that was not corroborated;
+    /// - otherwise the accuser is pinned: it has accused another miner this
+    ///   epoch that nobody else accused, so it is the one in common;
+    /// - two miners waiting on each other (a frame lost between them, or one
+    ///   of them dropping it) are pinned on the one that was in another such
+    ///   dispute this epoch, if only one of them was; else on nobody.
+    pub(super) fn pin_stall(&mut self, pathway: &[PeerId], waiting: &[(PeerId, PeerId)]) -> Option<PeerId> {
+        for (reporter, named) in waiting {
+            if self.accusations.len() < MAX_ACCUSED || self.accusations.contains_key(named) {
+                let by = self.accusations.entry(*named).or_default();
+                if by.len() < 2 * self.spec.stages as usize + 2 {
+                    by.insert(*reporter);
+                }
+            }
+        }
+        let accusers = |p: &PeerId| self.accusations.get(p).map_or(0, |by| by.len());
+        // Accused by `r` other than `except`, by nobody but `r`.
+        let lone_accusations = |r: &PeerId, except: &[PeerId]| {
+            self.accusations.iter().any(|(named, by)| !except.contains(named) && by.len() == 1 && by.contains(r))
+        };
+        match Self::blame_for_timeout(pathway, waiting) {
+            Some(stalled) => {
+                let mut reporters = waiting.iter().filter(|(_, n)| *n == stalled).map(|(r, _)| *r);
+                let (Some(reporter), None) = (reporters.next(), reporters.next()) else { return Some(stalled) };
+                if accusers(&stalled) >= 2 || !lone_accusations(&reporter, &[stalled]) {
+                    Some(stalled)
+                } else {
+                    Some(reporter)
+                }
+            }
+            None => {
+                // A pair waiting on each other, and nobody else stalled.
+                let [(a, b), (c, d)] = waiting else { return None };
+                if (a, b) != (d, c) {
+                    return None;
+                }
+                let elsewhere = |p: &PeerId, other: &PeerId| {
+                    self.accusations.iter().any(|(named, by)| {
+                        (named == p && by.iter().any(|r| r != other))
+                            || (named != other && named != p && by.contains(p))
+                    })
+                };
+                match (elsewhere(a, b), elsewhere(b, a)) {
+                    (true, false) => Some(*a),
+                    (false, true) => Some(*b),
+                    _ => None,
+                }
+            }
+        }
     }
 
     /// After how long a miner on `pathway` reports its neighbour's input as
@@ -179,7 +242,9 @@ impl Orchestrator {
                 }
             }
             m.failures = 0;
+            m.lapsed = false;
         }
+        self.accusations.clear();
     }
 
     /// Chooses one miner per stage for a micro-batch, avoiding `avoid` where
@@ -194,7 +259,7 @@ impl Orchestrator {
                 // Miners holding this epoch's weights first; if a stage has
                 // none (e.g. all restarted), joining ones carry the work from
                 // the epoch's starting weights rather than stall the run.
-                let usable = |m: &&MinerState| !m.benched && !m.excluded(self.epoch);
+                let usable = |m: &&MinerState| !m.benched && !m.lapsed && !m.excluded(self.epoch);
                 let mut cands: Vec<&MinerState> = self.active_in(s).filter(usable).collect();
                 if cands.is_empty() {
                     cands = self.healthy_in(s).filter(usable).collect();

@@ -24,7 +24,7 @@ mod state;
 mod validating;
 mod validation_state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::commitment::EpochHeads;
 use iota_core::merge::{MergePlan, Mismatch, StageMerge};
@@ -298,6 +298,10 @@ pub struct Orchestrator {
     /// the settlements not yet old (settling.rs).
     #[serde(default)]
     settlement: SettlementBook,
+    /// This epoch's stalls: each accused miner, and who reported waiting on
+    /// it (liveness.rs, `pin_stall`). At most `MAX_ACCUSED` accused.
+    #[serde(default)]
+    accusations: BTreeMap<PeerId, BTreeSet<PeerId>>,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -335,6 +339,7 @@ impl Orchestrator {
             weights_override: None,
             started_from: BTreeMap::new(),
             settlement: SettlementBook::default(),
+            accusations: BTreeMap::new(),
         })
     }
 

@@ -124,6 +124,11 @@ pub struct MinerState {
     /// miners, and benched ones coming back).
     #[serde(default)]
     pub probation: bool,
+    /// On probation, its micro-batch was issued again unmeasured (see
+    /// `reissue_unmeasured`): no other this epoch. A silent newcomer used
+    /// to take a second one and stall the epoch's end again.
+    #[serde(default)]
+    pub lapsed: bool,
     /// Micro-batches completed through it, over the run.
     #[serde(default)]
     pub delivered: u64,

@@ -768,6 +768,11 @@ fn an_attempt_issued_before_any_measurement_is_reissued_once_the_measured_overdu
     let r = again.iter().find(|r| r.3 == quiet.3).expect("the quiet micro-batch is routed again");
     assert_eq!(r.1, 1);
     assert!(r.2 <= measured, "with the measured overdue time: {}", r.2);
+    // Its newcomers (one of them silent) get nothing more this epoch.
+    assert!(r.0.iter().all(|p| !quiet.0.contains(p)), "{:?} avoids {:?}", r.0, quiet.0);
+    assert!(quiet.0.iter().all(|p| sim.o.miner(p).unwrap().lapsed));
+    let mut rng = Rng::new(1);
+    assert!((0..50).all(|_| sim.o.pathway(&mut rng, &[], true).unwrap().iter().all(|p| !quiet.0.contains(p))));
     match &sim.o.mbs.values().find(|m| m.mb == quiet.3).unwrap().status {
         MbStatus::InFlight { strikes, overdue_ms, .. } => assert_eq!((*strikes, *overdue_ms), (0, r.2)),
         s => panic!("{s:?}"),
@@ -796,4 +801,33 @@ fn a_failure_penalty_does_not_raise_the_overdue_time() {
     sim.o.penalize(flaky, 1_000.0);
     assert!(sim.o.miner(&flaky).unwrap().latency_ms > latency, "routing sees the penalty");
     assert_eq!(sim.o.overdue_ms(&path), before, "the overdue time does not");
+}
+
+/// A miner that drops the frames it receives reports its honest
+/// neighbours, which wait on nobody: one word against another. The one that
+/// keeps turning up in disputes with different miners is pinned.
+#[test]
+fn stalls_are_pinned_on_the_miner_common_to_the_disputes() {
+    let mut sim = Sim::new(spec(2, 2, 1, 40, 4));
+    let [f, h, t1, t2] = [peer(1), peer(2), peer(3), peer(4)];
+    // A head that drops gradients accuses the tails it was paired with.
+    assert_eq!(sim.o.pin_stall(&[f, t1], &[(f, t1)]), Some(t1), "a first accusation is believed");
+    assert_eq!(sim.o.pin_stall(&[f, t2], &[(f, t2)]), Some(f), "its second, of another miner, is not");
+    assert_eq!(sim.o.pin_stall(&[f, t1], &[(f, t1)]), Some(f));
+    // An honest tail that accuses the head nobody else accused is believed.
+    assert_eq!(sim.o.pin_stall(&[h, t2], &[(t2, h)]), Some(h));
+    sim.o.liveness_new_epoch();
+    // A silent head accused by both tails is pinned each time, and a tail
+    // that accused it is still believed about another miner.
+    assert_eq!(sim.o.pin_stall(&[f, t1], &[(t1, f)]), Some(f));
+    assert_eq!(sim.o.pin_stall(&[f, t2], &[(t2, f)]), Some(f));
+    assert_eq!(sim.o.pin_stall(&[h, t1], &[(t1, h)]), Some(h), "its accusation of f was corroborated");
+    sim.o.liveness_new_epoch();
+    // A tail that drops activations: it and the head wait on each other.
+    // The first such dispute is nobody's; the tail is in the second too.
+    assert_eq!(sim.o.pin_stall(&[f, t1], &[(f, t1), (t1, f)]), None);
+    assert_eq!(sim.o.pin_stall(&[h, t1], &[(t1, h), (h, t1)]), Some(t1));
+    assert_eq!(sim.o.pin_stall(&[f, t1], &[(t1, f), (f, t1)]), Some(t1));
+    // Nobody reported: nobody is pinned.
+    assert_eq!(sim.o.pin_stall(&[f, t2], &[]), None);
 }
