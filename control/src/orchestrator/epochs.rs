@@ -68,11 +68,13 @@ impl Orchestrator {
             .mbs
             .values()
             .filter_map(|r| match &r.status {
-                MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, overdue_ms, .. } => {
+                MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, unmeasured: true, .. }
+                    if !self.nothing_measured() =>
+                {
                     let measured = self.overdue_ms(pathway);
                     let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
                     let late = issued + measured + self.waiting_grace_ms(pathway) <= now;
-                    (*overdue_ms > measured && late && *deadline_ms > now).then_some(r.seq)
+                    (late && *deadline_ms > now).then_some(r.seq)
                 }
                 _ => None,
             })
@@ -97,6 +99,7 @@ impl Orchestrator {
                 break;
             };
             let overdue = self.overdue_ms(&p);
+            let unmeasured = self.nothing_measured();
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
             let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
@@ -113,7 +116,7 @@ impl Orchestrator {
                 strikes: 0,
                 waiting: Vec::new(),
                 waiting_since: None,
-                overdue_ms: overdue,
+                unmeasured,
             };
             self.mbs.insert(seq, MbRecord { status, ..r });
             self.issued += 1;

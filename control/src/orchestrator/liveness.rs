@@ -179,6 +179,12 @@ impl Orchestrator {
         ((slowest * 4.0) as Ms).clamp(300.min(ceiling), ceiling)
     }
 
+    /// Whether no live miner has delivered yet: routes then carry the
+    /// ceiling overdue time.
+    pub(super) fn nothing_measured(&self) -> bool {
+        self.miners.values().filter(|m| m.live()).all(|m| m.delivery_ms <= 0.0)
+    }
+
     /// How long after the first `NO_INPUT` report of an attempt the
     /// orchestrator acts on the reports it has (the others waiting on the
     /// same stall report within about the same time): half the attempt's
@@ -242,7 +248,6 @@ impl Orchestrator {
                 }
             }
             m.failures = 0;
-            m.lapsed = false;
         }
         self.accusations.clear();
     }
@@ -259,7 +264,7 @@ impl Orchestrator {
                 // Miners holding this epoch's weights first; if a stage has
                 // none (e.g. all restarted), joining ones carry the work from
                 // the epoch's starting weights rather than stall the run.
-                let usable = |m: &&MinerState| !m.benched && !m.lapsed && !m.excluded(self.epoch);
+                let usable = |m: &&MinerState| !m.benched && !m.excluded(self.epoch);
                 let mut cands: Vec<&MinerState> = self.active_in(s).filter(usable).collect();
                 if cands.is_empty() {
                     cands = self.healthy_in(s).filter(usable).collect();

@@ -116,7 +116,6 @@ impl Orchestrator {
                 benched_epochs: 0,
                 removed: false,
                 probation: true,
-                lapsed: false,
                 delivered: 0,
                 latency_ms: 0.0,
                 delivery_ms: 0.0,

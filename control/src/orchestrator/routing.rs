@@ -133,15 +133,6 @@ impl Orchestrator {
     /// time, and report it.
     pub(super) fn reissue_unmeasured(&mut self, now: Ms, seq: u64, out: &mut Vec<Out>) {
         self.counters.reissued_unmeasured += 1;
-        // Its newcomers (one of them the stall, unless it is slow) wait for
-        // the next epoch, when their neighbours know the measured time.
-        if let Some(MbStatus::InFlight { pathway, .. }) = self.mbs.get(&seq).map(|r| &r.status) {
-            for p in pathway.clone() {
-                if let Some(m) = self.miners.get_mut(&p).filter(|m| m.probation && m.delivered == 0) {
-                    m.lapsed = true;
-                }
-            }
-        }
         self.reroute(now, vec![seq], None, Failed::NotYet, out);
     }
 
@@ -182,6 +173,7 @@ impl Orchestrator {
             match (strikes < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list, false)).flatten() {
                 Some(p) => {
                     let overdue = self.overdue_ms(&p);
+                    let unmeasured = self.nothing_measured();
                     self.counters.rerouted += 1;
                     self.set_in_flight(&p, 1);
                     for m in &p {
@@ -197,7 +189,7 @@ impl Orchestrator {
                         strikes,
                         waiting: Vec::new(),
                         waiting_since: None,
-                        overdue_ms: overdue,
+                        unmeasured,
                     };
                 }
                 None => {

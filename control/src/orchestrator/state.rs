@@ -49,10 +49,11 @@ pub enum MbStatus {
         /// When the first of them arrived.
         #[serde(default)]
         waiting_since: Option<u64>,
-        /// The `overdue_ms` its route told the pathway's miners (0 in
-        /// states saved before it was kept).
+        /// Issued before any live miner had delivered, so its route told
+        /// the pathway's miners the ceiling overdue time (see
+        /// `reissue_unmeasured`).
         #[serde(default)]
-        overdue_ms: u64,
+        unmeasured: bool,
     },
     Done {
         loss: f32,
@@ -124,11 +125,6 @@ pub struct MinerState {
     /// miners, and benched ones coming back).
     #[serde(default)]
     pub probation: bool,
-    /// On probation, its micro-batch was issued again unmeasured (see
-    /// `reissue_unmeasured`): no other this epoch. A silent newcomer used
-    /// to take a second one and stall the epoch's end again.
-    #[serde(default)]
-    pub lapsed: bool,
     /// Micro-batches completed through it, over the run.
     #[serde(default)]
     pub delivered: u64,
