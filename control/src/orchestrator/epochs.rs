@@ -64,12 +64,13 @@ impl Orchestrator {
         // in the first epoch held the epoch's end for it). Once the
         // measured overdue time (and the grace) passed with no report, it
         // is issued again with that time.
+        let measured_any = !self.nothing_measured();
         let unmeasured: Vec<u64> = self
             .mbs
             .values()
             .filter_map(|r| match &r.status {
                 MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, unmeasured: true, .. }
-                    if !self.nothing_measured() =>
+                    if measured_any =>
                 {
                     let measured = self.overdue_ms(pathway);
                     let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
@@ -94,12 +95,13 @@ impl Orchestrator {
         }
         let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
         let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
+        // Once per pass: it scans every miner.
+        let unmeasured = room > 0 && self.nothing_measured();
         while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
             let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
             let overdue = self.overdue_ms(&p);
-            let unmeasured = self.nothing_measured();
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
             let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
