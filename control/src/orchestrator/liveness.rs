@@ -321,7 +321,7 @@ impl Orchestrator {
                 // cheapest-first rule paid a twice-as-fast head 3.4 times its
                 // peer (latencies are end to end, queue waits included, so a
                 // slower replica looks slower still), where the draw pays
-                // 1.8-1.9 times; and stage by stage the draws mix replicas
+                // 1.8-2.4 times; and stage by stage the draws mix replicas
                 // across stages rather than pair the cheapest head with the
                 // cheapest tail in lockstep, which CLASP needs to tell one
                 // stage's miner from another's. Replicas far costlier than
