@@ -10,6 +10,10 @@ use iota_core::{PeerId, Rng};
 use super::state::{MbRecord, MinerEpoch};
 use super::{EpochSummary, MbStatus, Ms, Orchestrator, Out, Phase};
 
+/// An attempt whose time is up: (seq, attempt, pathway, its `NO_INPUT`
+/// reports).
+type Expired = (u64, u32, Vec<PeerId>, Vec<(PeerId, PeerId)>);
+
 impl Orchestrator {
     pub(super) fn start_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
         self.mbs.clear();
@@ -39,7 +43,7 @@ impl Orchestrator {
         // overdue (after a grace for the reports of everyone waiting to
         // arrive): pinned on a miner when the waiting reports say who
         // stalled it (see liveness.rs), on nobody otherwise.
-        let expired: Vec<(u64, u32, Vec<PeerId>, Vec<(PeerId, PeerId)>)> = self
+        let expired: Vec<Expired> = self
             .mbs
             .values()
             .filter_map(|r| match &r.status {
@@ -119,11 +123,14 @@ impl Orchestrator {
                 waiting: Vec::new(),
                 waiting_since: None,
                 unmeasured,
+                hedge: None,
+                last_attempt: 0,
             };
             self.mbs.insert(seq, MbRecord { status, ..r });
             self.issued += 1;
             room -= 1;
         }
+        self.hedge_late(now, rng, out);
         let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
         if finished && self.issued == self.spec.micro_batches_per_epoch {
             self.set_phase(now, Phase::Uploading, out);

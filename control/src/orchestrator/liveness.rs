@@ -46,10 +46,33 @@ impl Orchestrator {
             return Ok(());
         };
         let seq = r.seq;
-        let MbStatus::InFlight { attempt: a, pathway, waiting, waiting_since, deadline_ms, .. } = &mut r.status else {
+        let MbStatus::InFlight { attempt: a, pathway, waiting, waiting_since, deadline_ms, hedge, .. } = &mut r.status
+        else {
             self.counters.stale_reports += 1;
             return Ok(());
         };
+        if let Some(h) = hedge.as_ref().filter(|h| h.attempt == attempt) {
+            // A hedge that stalls is dropped (the first attempt is still
+            // out); only an unreachable miner is blamed for it.
+            let on_it = |p: &PeerId| h.pathway.iter().position(|q| q == p);
+            let (Some(i), Some(j)) = (on_it(&reporter), on_it(&named)) else {
+                return Err(Refusal::Invalid("a peer failure names miners of the micro-batch's pathway".into()));
+            };
+            if i.abs_diff(j) != 1 {
+                return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
+            }
+            match failure {
+                pb::Failure::Unspecified => {
+                    return Err(Refusal::Invalid("a peer failure says what failed".into()));
+                }
+                pb::Failure::Unreachable => {
+                    self.drop_hedge(seq, out);
+                    self.blame(now, named, out);
+                }
+                pb::Failure::NoInput => self.drop_hedge(seq, out),
+            }
+            return Ok(());
+        }
         if *a != attempt {
             self.counters.stale_reports += 1;
             return Ok(());
@@ -205,6 +228,9 @@ impl Orchestrator {
         if (m.failures_in_a_row >= threshold || m.probation) && !m.benched {
             m.benched = true;
             self.counters.benched += 1;
+            for seq in self.hedged_through(peer) {
+                self.drop_hedge(seq, out);
+            }
             let lost = self.in_flight_through(peer);
             self.reroute_all(now, lost, Some(peer), true, out);
         }

@@ -13,6 +13,7 @@
 
 mod commitments;
 mod epochs;
+mod hedging;
 mod liveness;
 mod membership;
 mod merging;
@@ -218,6 +219,12 @@ pub struct Counters {
     /// overdue time) and re-issued once the measured one had passed.
     #[serde(default)]
     pub reissued_unmeasured: u64,
+    /// Late attempts hedged near an epoch's end, and hedges that completed
+    /// first.
+    #[serde(default)]
+    pub hedged: u64,
+    #[serde(default)]
+    pub hedges_won: u64,
     /// Times a miner was benched.
     #[serde(default)]
     pub benched: u64,
@@ -402,11 +409,11 @@ impl Orchestrator {
             }
             Event::Loss { peer, mb, attempt, loss, tokens } => {
                 self.known(&peer)?;
-                self.on_loss(now, peer, mb, attempt, loss, tokens);
+                self.on_loss(now, peer, (mb, attempt), loss, tokens, &mut out);
             }
             Event::BackwardDone { peer, mb, attempt } => {
                 self.known(&peer)?;
-                self.on_backward_done(now, peer, mb, attempt);
+                self.on_backward_done(now, peer, (mb, attempt), &mut out);
             }
             Event::PeerFailed { peer, mb, attempt, named, failure } => {
                 self.known(&peer)?;

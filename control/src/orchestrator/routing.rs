@@ -44,59 +44,94 @@ impl Orchestrator {
         }
     }
 
-    pub(super) fn on_loss(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32, loss: f32, tokens: u32) {
+    /// The tail's loss for `mb`'s `attempt` (the current one or its hedge).
+    pub(super) fn on_loss(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        (mb, attempt): (MbRef, u32),
+        loss: f32,
+        tokens: u32,
+        out: &mut Vec<Out>,
+    ) {
         let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
             self.counters.stale_reports += 1;
             return;
         };
         let seq = r.seq;
-        match &mut r.status {
-            MbStatus::InFlight { attempt: a, pathway, loss: l, .. }
-                if *a == attempt && pathway.last() == Some(&peer) =>
-            {
-                if l.is_none() && loss.is_finite() {
-                    *l = Some(loss);
-                    self.counters.tokens += tokens as u64;
-                }
-            }
-            _ => {
-                self.counters.stale_reports += 1;
-                return;
+        let MbStatus::InFlight { attempt: a, pathway, loss: l, hedge, .. } = &mut r.status else {
+            self.counters.stale_reports += 1;
+            return;
+        };
+        // Tokens are counted once per micro-batch, whichever attempt
+        // reports first.
+        let counted = l.is_some() || hedge.as_ref().is_some_and(|h| h.loss.is_some());
+        let slot = if *a == attempt && pathway.last() == Some(&peer) {
+            l
+        } else if let Some(h) = hedge.as_mut().filter(|h| h.attempt == attempt && h.pathway.last() == Some(&peer)) {
+            &mut h.loss
+        } else {
+            self.counters.stale_reports += 1;
+            return;
+        };
+        if slot.is_none() && loss.is_finite() {
+            *slot = Some(loss);
+            if !counted {
+                self.counters.tokens += tokens as u64;
             }
         }
-        self.try_complete(now, seq);
+        self.try_complete(now, seq, out);
     }
 
-    pub(super) fn on_backward_done(&mut self, now: Ms, peer: PeerId, mb: MbRef, attempt: u32) {
+    /// The head finished its backward of `mb`'s `attempt` (the current one
+    /// or its hedge).
+    pub(super) fn on_backward_done(&mut self, now: Ms, peer: PeerId, (mb, attempt): (MbRef, u32), out: &mut Vec<Out>) {
         let Some(r) = self.mbs.values_mut().find(|r| r.mb == mb) else {
             self.counters.stale_reports += 1;
             return;
         };
         let seq = r.seq;
-        let MbStatus::InFlight { attempt: a, pathway, backward_done, .. } = &mut r.status else {
+        let MbStatus::InFlight { attempt: a, pathway, backward_done, hedge, .. } = &mut r.status else {
             self.counters.stale_reports += 1;
             return;
         };
-        if *a != attempt || pathway.first() != Some(&peer) {
+        if *a == attempt && pathway.first() == Some(&peer) {
+            *backward_done = true;
+        } else if let Some(h) = hedge.as_mut().filter(|h| h.attempt == attempt && h.pathway.first() == Some(&peer)) {
+            h.backward_done = true;
+        } else {
             self.counters.stale_reports += 1;
             return;
         }
-        *backward_done = true;
-        self.try_complete(now, seq);
+        self.try_complete(now, seq, out);
     }
 
     /// A micro-batch is complete once the tail reported its loss and the head
-    /// finished its backward (the two reports may arrive in either order).
-    pub(super) fn try_complete(&mut self, now: Ms, seq: u64) {
+    /// finished its backward (the two reports may arrive in either order),
+    /// for the current attempt or its hedge; the other is then cancelled.
+    pub(super) fn try_complete(&mut self, now: Ms, seq: u64, out: &mut Vec<Out>) {
         let r = self.mbs.get_mut(&seq).expect("known micro-batch");
-        let MbStatus::InFlight { pathway, loss: Some(loss), backward_done: true, deadline_ms, attempt, .. } = &r.status
-        else {
+        let MbStatus::InFlight { pathway, loss, backward_done, deadline_ms, attempt, hedge, .. } = &r.status else {
             return;
         };
+        let first = (*attempt, pathway.clone(), *deadline_ms);
+        let second = hedge.as_ref().map(|h| (h.attempt, h.pathway.clone(), h.deadline_ms));
+        let ((attempt, pathway, deadline_ms), loss, lost) = match (loss, backward_done, hedge) {
+            (Some(l), true, _) => (first, *l, second),
+            (_, _, Some(h)) if h.backward_done && h.loss.is_some() => {
+                self.counters.hedges_won += 1;
+                (second.expect("a hedge"), h.loss.expect("a loss"), Some(first))
+            }
+            _ => return,
+        };
         let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
-        let (loss, pathway) = (*loss, pathway.clone());
+        let mb = r.mb;
         // The attempt and pathway stay on record: validators sample them.
-        r.status = MbStatus::Done { loss, attempt: *attempt, pathway: pathway.clone() };
+        r.status = MbStatus::Done { loss, attempt, pathway: pathway.clone() };
+        if let Some((lost_attempt, lost_pathway, _)) = lost {
+            self.set_in_flight(&lost_pathway, -1);
+            self.cancel(mb, lost_attempt, &lost_pathway, out);
+        }
         self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
         self.counters.completed += 1;
         self.counters.last_loss = loss;
@@ -107,6 +142,21 @@ impl Orchestrator {
             if let Some(m) = self.miners.get_mut(p) {
                 m.work += 1;
             }
+        }
+    }
+
+    /// Tells `pathway`'s miners to drop `mb`'s `attempt`.
+    pub(super) fn cancel(&self, mb: MbRef, attempt: u32, pathway: &[PeerId], out: &mut Vec<Out>) {
+        for p in pathway {
+            out.push(Out {
+                to: *p,
+                cmd: pb::command::Kind::Cancel(pb::Cancel {
+                    epoch: self.epoch,
+                    shard: mb.shard,
+                    first_sample: mb.first_sample,
+                    attempt,
+                }),
+            });
         }
     }
 
@@ -140,11 +190,11 @@ impl Orchestrator {
         let mut rng = Rng::derived(self.spec.run_id, &[self.epoch, now, seqs.len() as u64]);
         for seq in seqs {
             let r = self.mbs[&seq].clone();
-            let MbStatus::InFlight { attempt, pathway, strikes, .. } = &r.status else {
+            let MbStatus::InFlight { attempt, pathway, strikes, hedge, last_attempt, .. } = &r.status else {
                 continue;
             };
             let (attempt, old) = (*attempt, pathway.clone());
-            tracing::debug!(epoch = self.epoch, seq, attempt, on = ?avoid, failed = ?failed, "re-issued");
+            tracing::debug!(epoch = self.epoch, seq, attempt, on = ?avoid, failed = ?failed, hedged = hedge.is_some(), "re-issued");
             let strikes = strikes + u32::from(failed == Failed::Unattributed);
             self.set_in_flight(&old, -1);
             // A failed attempt counts against the latency of whom it is
@@ -156,20 +206,30 @@ impl Orchestrator {
                     self.penalize(*p, penalty);
                 }
             }
-            for p in &old {
-                out.push(Out {
-                    to: *p,
-                    cmd: pb::command::Kind::Cancel(pb::Cancel {
-                        epoch: self.epoch,
-                        shard: r.mb.shard,
-                        first_sample: r.mb.first_sample,
-                        attempt,
-                    }),
-                });
+            self.cancel(r.mb, attempt, &old, out);
+            let last_attempt = attempt.max(*last_attempt);
+            // Its hedge is already the next attempt, on miners the failed
+            // one did not use.
+            if let Some(h) = hedge.clone() {
+                self.counters.rerouted += 1;
+                self.mbs.get_mut(&seq).unwrap().status = MbStatus::InFlight {
+                    attempt: h.attempt,
+                    pathway: h.pathway,
+                    deadline_ms: h.deadline_ms,
+                    loss: h.loss,
+                    backward_done: h.backward_done,
+                    strikes,
+                    waiting: Vec::new(),
+                    waiting_since: None,
+                    unmeasured: false,
+                    hedge: None,
+                    last_attempt,
+                };
+                continue;
             }
             let mut avoid_list: Vec<PeerId> = old.clone();
             avoid_list.extend(avoid);
-            let next = attempt + 1;
+            let next = last_attempt + 1;
             match (strikes < self.spec.max_attempts).then(|| self.pathway(&mut rng, &avoid_list, false)).flatten() {
                 Some(p) => {
                     let overdue = self.overdue_ms(&p);
@@ -190,6 +250,8 @@ impl Orchestrator {
                         waiting: Vec::new(),
                         waiting_since: None,
                         unmeasured,
+                        hedge: None,
+                        last_attempt: next,
                     };
                 }
                 None => {

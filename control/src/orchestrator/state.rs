@@ -31,6 +31,18 @@ impl Phase {
     }
 }
 
+/// A hedge: the same micro-batch issued again, on a pathway sharing no
+/// miner with the first attempt's, while the first is still out. Whichever
+/// completes first completes the micro-batch; the other is cancelled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hedge {
+    pub attempt: u32,
+    pub pathway: Vec<PeerId>,
+    pub deadline_ms: u64,
+    pub loss: Option<f32>,
+    pub backward_done: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MbStatus {
     InFlight {
@@ -54,6 +66,14 @@ pub enum MbStatus {
         /// `reissue_unmeasured`).
         #[serde(default)]
         unmeasured: bool,
+        /// A second attempt on a disjoint pathway, issued near the epoch's
+        /// end while this one is late (see hedging.rs).
+        #[serde(default)]
+        hedge: Option<Hedge>,
+        /// The highest attempt number issued for this micro-batch (a
+        /// dropped hedge's included), so none is issued twice.
+        #[serde(default)]
+        last_attempt: u32,
     },
     Done {
         loss: f32,

@@ -77,6 +77,10 @@ struct Sim {
     /// validator) here votes to roll that epoch's merge back; the others
     /// keep it.
     rollback_votes: BTreeSet<(u64, PeerId)>,
+    /// Routes (seq, attempt) miners sit on: recorded in `held_routes`, not
+    /// worked (a test completes or fails them itself).
+    hold: BTreeSet<(u64, u32)>,
+    held_routes: Vec<(PeerId, pb::Route)>,
 }
 
 impl Sim {
@@ -106,6 +110,8 @@ impl Sim {
             validation_heard: Vec::new(),
             quiet_validators: BTreeSet::new(),
             rollback_votes: BTreeSet::new(),
+            hold: BTreeSet::new(),
+            held_routes: Vec::new(),
         }
     }
 
@@ -158,6 +164,13 @@ impl Sim {
             match cmd {
                 pb::command::Kind::Route(r) => {
                     self.routes_seen += 1;
+                    if self.hold.contains(&(r.seq, r.attempt)) {
+                        // Recorded once, as its head heard it.
+                        if r.pathway.first() == Some(&to.0.to_vec()) {
+                            self.held_routes.push((to, r));
+                        }
+                        continue;
+                    }
                     let path: Vec<PeerId> =
                         r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
                     let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
@@ -526,6 +539,7 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
 }
 
 mod butterfly;
+mod hedging;
 mod liveness;
 mod objects;
 mod restarts;
