@@ -9,7 +9,9 @@ use iota_protocol::pb;
 use crate::frame::FrameMeta;
 use crate::transport::ReceivedFrame;
 
-/// What the worker reacts to.
+/// What the worker reacts to. Not boxed: a command is a few hundred bytes,
+/// the worker's queue is bounded, and every test and shell builds these.
+#[allow(clippy::large_enum_variant)]
 pub enum Input {
     Command(pb::command::Kind),
     Frame(Box<ReceivedFrame>),
