@@ -25,13 +25,16 @@ pub struct Args {
     baseline_runs: usize,
 }
 
-const SCENARIOS: [(&str, Adversary, Place); 6] = [
+const SCENARIOS: [(&str, Adversary, Place); 9] = [
     ("noise head", Adversary::Noise, Place::Head),
     ("zeros head", Adversary::Zeros, Place::Head),
     ("replay head", Adversary::Replay, Place::Head),
     ("copy middle", Adversary::Copy, Place::Middle),
+    ("grad-noise middle", Adversary::GradNoise, Place::Middle),
+    ("lazy middle", Adversary::Lazy, Place::Middle),
     ("loss-lie tail", Adversary::LossLie, Place::Tail),
     ("noise tail", Adversary::Noise, Place::Tail),
+    ("lazy tail", Adversary::Lazy, Place::Tail),
 ];
 
 pub fn run(a: Args) -> Result<()> {

@@ -59,8 +59,8 @@ enum Cmd {
     /// swarm with honest miners only: wall-time ratio, drops, benching.
     Liveness(liveness::Args),
     /// tiny 3x2 in process with two validators and one dishonest miner
-    /// (noise, zeros, replay in the head; loss-lie or noisy gradients in the
-    /// tail), against the same swarm with honest miners only: detected, the
+    /// (noise, zeros, replay in the head; copy, grad-noise, lazy in the
+    /// middle; loss-lie, noisy or stale gradients in the tail), against the same swarm with honest miners only: detected, the
     /// epoch of the conviction, honest miners flagged, wall-time ratio,
     /// validator compute as a share of the miners'.
     Adversary(adversary::Args),

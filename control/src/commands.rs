@@ -106,7 +106,7 @@ pub enum Cmd {
         validators: u32,
         /// Test tool: make miner K an adversary, MODE@K (the modes
         /// `iota-miner run --adversary` takes: noise, zeros, replay,
-        /// loss-lie, copy, grad-noise, silent, closed, slow, flaky);
+        /// loss-lie, copy, grad-noise, lazy, silent, closed, slow, flaky);
         /// repeatable.
         #[arg(long, value_name = "MODE@K", hide = true)]
         adversary: Vec<String>,

@@ -7,7 +7,9 @@
 //! sends back), before they are encoded and signed; `LossLie` (a tail)
 //! reports a lower loss than it computed; `Copy` (a middle stage) passes
 //! its input on; `GradNoise` (a middle stage) adds noise to the gradient
-//! it sends upstream. Each does everything else honestly (it trains,
+//! it sends upstream; `Lazy` (a middle stage or a tail) sends upstream,
+//! for every micro-batch, the gradient it computed for its first one, and a
+//! lazy middle stage skips its backward. Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
 
@@ -45,11 +47,18 @@ pub enum Adversary {
     /// micro-batch); it trains on the honest gradients. Elsewhere it is
     /// honest (the head sends no gradient; a noisy tail is `Noise`).
     GradNoise,
+    /// A middle stage or a tail that sends upstream, for every micro-batch,
+    /// the gradient it sent for its first one (well formed, signed, right
+    /// shape); a middle stage also skips its backward (so its own weights
+    /// learn nothing from the micro-batch: the work it is paid for, not
+    /// done). A lazy head computes honestly: it sends no gradient, and what
+    /// it skips only the weight-gradient checks would see.
+    Lazy,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 10] = [
+    pub const NAMES: [(&'static str, Adversary); 11] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -60,6 +69,7 @@ impl Adversary {
         ("loss-lie", Adversary::LossLie),
         ("copy", Adversary::Copy),
         ("grad-noise", Adversary::GradNoise),
+        ("lazy", Adversary::Lazy),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -77,6 +87,7 @@ impl Adversary {
                 | Adversary::LossLie
                 | Adversary::Copy
                 | Adversary::GradNoise
+                | Adversary::Lazy
         )
     }
 }
@@ -101,6 +112,8 @@ pub(crate) struct Tamper {
     seed: u64,
     /// `Replay`: the first activations it sent in the run.
     first: Option<Vec<f32>>,
+    /// `Lazy`: the first gradient it sent upstream in the run.
+    first_gradient: Option<Vec<f32>>,
 }
 
 impl Tamper {
@@ -108,7 +121,7 @@ impl Tamper {
     pub(crate) fn new(mode: Adversary, me: PeerId) -> Option<Tamper> {
         let mut word = [0u8; 8];
         word.copy_from_slice(&me.0[..8]);
-        mode.tampers().then(|| Tamper { mode, seed: u64::from_le_bytes(word), first: None })
+        mode.tampers().then(|| Tamper { mode, seed: u64::from_le_bytes(word), first: None, first_gradient: None })
     }
 
     /// Changes `values`, the activations about to be sent for micro-batch
@@ -126,6 +139,7 @@ impl Tamper {
             },
             Adversary::Copy
             | Adversary::GradNoise
+            | Adversary::Lazy
             | Adversary::LossLie
             | Adversary::Silent
             | Adversary::Closed
@@ -139,6 +153,21 @@ impl Tamper {
     pub(crate) fn upstream_gradient(&mut self, mb: (u64, u32, u64, u32), values: &mut [f32]) {
         if self.mode == Adversary::GradNoise {
             add_noise(self.seed ^ 0x6772_6164_6e6f, mb, values);
+        }
+    }
+
+    /// `Lazy`: the stale gradient of `len` values to send upstream instead
+    /// of computing one (None while it has sent none of that size: it then
+    /// computes honestly, and `sent_gradient` keeps what it sent).
+    pub(crate) fn stale_gradient(&self, len: usize) -> Option<Vec<f32>> {
+        self.first_gradient.as_ref().filter(|g| self.mode == Adversary::Lazy && g.len() == len).cloned()
+    }
+
+    /// A gradient it computed and is about to send upstream (`Lazy` keeps
+    /// the first one).
+    pub(crate) fn sent_gradient(&mut self, values: &[f32]) {
+        if self.mode == Adversary::Lazy && self.first_gradient.is_none() {
+            self.first_gradient = Some(values.to_vec());
         }
     }
 
@@ -167,7 +196,8 @@ mod tests {
             assert_eq!(Adversary::parse(name), Some(a));
             assert_eq!(Tamper::new(a, PeerId([1; 32])).is_some(), a.tampers());
         }
-        assert_eq!(Adversary::parse("lazy"), None);
+        assert_eq!(Adversary::parse("lazy"), Some(Adversary::Lazy));
+        assert_eq!(Adversary::parse("sloth"), None);
     }
 
     #[test]
@@ -203,6 +233,23 @@ mod tests {
         let mut short = vec![5.0; 10];
         replay.activations((0, 3, 80, 0), &mut short);
         assert_eq!(short, vec![5.0; 10]);
+    }
+
+    #[test]
+    fn lazy_sends_its_first_gradient_for_every_micro_batch() {
+        let mut t = Tamper::new(Adversary::Lazy, PeerId([3; 32])).unwrap();
+        assert_eq!(t.stale_gradient(4), None, "the first one is computed");
+        t.sent_gradient(&[1.0, 2.0, 3.0, 4.0]);
+        t.sent_gradient(&[5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(t.stale_gradient(4), Some(vec![1.0, 2.0, 3.0, 4.0]));
+        assert_eq!(t.stale_gradient(6), None, "another size is computed honestly");
+        let mut a = vec![0.5; 4];
+        t.activations((0, 1, 2, 0), &mut a);
+        assert_eq!(a, vec![0.5; 4], "its forward is honest");
+        // Other modes keep nothing.
+        let mut noise = Tamper::new(Adversary::Noise, PeerId([3; 32])).unwrap();
+        noise.sent_gradient(&[1.0; 4]);
+        assert_eq!(noise.stale_gradient(4), None);
     }
 
     #[test]

@@ -17,6 +17,18 @@ pub mod worker;
 
 pub use self::adversary::Adversary;
 
+/// Where a fault-injecting miner stops dead (no goodbye, no more
+/// heartbeats), for the chaos tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// When its epoch's merge plan arrives: it uploaded, and the plan
+    /// counts on it.
+    MergePlan,
+    /// When the epoch's Uploading phase begins: it trained, and its
+    /// upload never comes.
+    Uploading,
+}
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,8 +72,8 @@ pub struct MinerOptions {
     pub heartbeat: Duration,
     /// Fault injection for tests and chaos runs (never set by `iota-miner run`).
     pub merge_fault: Option<merge::MergeFault>,
-    /// Fault injection: stop dead (no goodbye) when a merge plan arrives.
-    pub crash_on_merge_plan: bool,
+    /// Fault injection: stop dead (no goodbye) at this point of an epoch.
+    pub crash_at: Option<CrashPoint>,
     /// An unreliable or dishonest miner, for tests and chaos runs (off
     /// unless `iota-miner run` is given the hidden `--adversary`).
     pub adversary: Option<Adversary>,
@@ -100,7 +112,7 @@ impl MinerOptions {
             pool_bytes: 256 << 20,
             heartbeat: Duration::from_millis(500),
             merge_fault: None,
-            crash_on_merge_plan: false,
+            crash_at: None,
             adversary: None,
             device: ComputeDevice::Cpu,
             gemm: GemmPrecision::Bf16,
@@ -325,7 +337,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let stop_c = stop.clone();
     let commitments_c = ep.commitments();
     let _black_hole = black_hole;
-    let (fault, crash_on_plan, adversary) = (opts.merge_fault, opts.crash_on_merge_plan, opts.adversary);
+    let (fault, crash_at, adversary) = (opts.merge_fault, opts.crash_at, opts.adversary);
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
     let gemm = opts.gemm;
@@ -341,7 +353,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             in_rx,
             out_tx,
             stop: stop_c,
-            crash_on_plan,
+            crash_at,
             tokens,
             in_flight,
             fault_merge,
@@ -436,7 +448,7 @@ struct ComputeIo {
     in_rx: mpsc::Receiver<Input>,
     out_tx: mpsc::Sender<Output>,
     stop: Arc<AtomicBool>,
-    crash_on_plan: bool,
+    crash_at: Option<CrashPoint>,
     tokens: Arc<AtomicU64>,
     in_flight: Arc<AtomicU32>,
     /// A fault-injecting merge to use instead of the configured one.
@@ -464,11 +476,13 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
         use iota_protocol::pb::command::Kind;
-        if io.crash_on_plan
-            && let Input::Command(Kind::Phase(p)) = &input
-            && p.merge_plan.is_some()
+        if let (Some(at), Input::Command(Kind::Phase(p))) = (io.crash_at, &input)
+            && match at {
+                CrashPoint::MergePlan => p.merge_plan.is_some(),
+                CrashPoint::Uploading => p.phase == iota_protocol::pb::Phase::Uploading as i32,
+            }
         {
-            warn!("crashing on the merge plan, as asked (fault injection)");
+            warn!(?at, "crashing, as asked (fault injection)");
             break;
         }
         let work = matches!(&input, Input::Frame(_) | Input::Command(Kind::Route(_)));

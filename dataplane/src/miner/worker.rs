@@ -615,6 +615,10 @@ impl<B: Backend + 'static> Worker<B> {
                 let mut g = t.din.context("tail of a split model returns an input gradient")?;
                 if let Some(t) = self.tamper.as_mut() {
                     t.activations(key, &mut g);
+                    match t.stale_gradient(g.len()) {
+                        Some(stale) => g = stale,
+                        None => t.sent_gradient(&g),
+                    }
                 }
                 let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                 self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
@@ -639,12 +643,23 @@ impl<B: Backend + 'static> Worker<B> {
                 Ok(())
             }
             (Direction::ActivationGrad, _) => {
-                let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?;
+                // A lazy middle stage skips its backward and sends a stale
+                // gradient (a head has none to send: it computes).
+                let stale =
+                    self.tamper.as_ref().filter(|_| prev.is_some()).and_then(|t| t.stale_gradient(rows * width));
+                let din = match stale {
+                    Some(g) => {
+                        self.stage.as_mut().unwrap().discard(stage_key(&key));
+                        Some(g)
+                    }
+                    None => self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?,
+                };
                 self.routes.remove(&key);
                 match din {
                     Some(mut g) => {
                         if let Some(t) = self.tamper.as_mut() {
                             t.upstream_gradient(key, &mut g);
+                            t.sent_gradient(&g);
                         }
                         let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
                         self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;

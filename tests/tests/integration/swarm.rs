@@ -204,15 +204,18 @@ async fn a_byzantine_replica_is_contained_by_the_robust_merge() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_by_download() {
+/// Issue 15's chaos: a replica killed (it stops dead: no goodbye, no more
+/// heartbeats) at `at` in the first epoch; the epoch completes without it,
+/// a newcomer takes its place and rejoins by downloading the merged
+/// weights, and no committed epoch is lost.
+async fn a_replica_crashing_is_planned_out_and_a_newcomer_rejoins_by_download(at: iota_dataplane::miner::CrashPoint) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let crasher = swarm.miner_with(|o| o.crash_on_merge_plan = true, stop.clone());
+    let crasher = swarm.miner_with(|o| o.crash_at = Some(at), stop.clone());
     let others: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
-    // The crasher stops when the first merge plan reaches it.
+    // The crasher stops at its point of the first epoch.
     let crashed = tokio::time::timeout(Duration::from_secs(60), crasher).await.expect("crasher stopped").unwrap();
     let crashed_stage = crashed.unwrap().stage;
     // Once the orchestrator has noticed, a new miner joins and takes its place.
@@ -229,12 +232,25 @@ async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_b
     }
     let history = swarm.service.with_state(|o| o.history().to_vec());
     assert_eq!(history.len(), 3, "every epoch completed: {history:?}");
+    assert!(history.iter().all(|e| e.completed + e.dropped == 16), "{history:?}");
     assert_eq!(summaries[3].stage, crashed_stage, "the newcomer took the empty place");
     for stage in 0..2 {
         let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
         assert_eq!(w.len(), 2);
         assert!(w[0] == w[1], "stage {stage}: the newcomer holds the merged weights like its replica");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_crashing_in_the_merge_is_planned_out_and_a_newcomer_rejoins_by_download() {
+    a_replica_crashing_is_planned_out_and_a_newcomer_rejoins_by_download(iota_dataplane::miner::CrashPoint::MergePlan)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_crashing_in_the_upload_phase_is_not_waited_for_and_a_newcomer_rejoins_by_download() {
+    a_replica_crashing_is_planned_out_and_a_newcomer_rejoins_by_download(iota_dataplane::miner::CrashPoint::Uploading)
+        .await;
 }
 
 /// A role whose copy of the corpus differs from the launcher's refuses to

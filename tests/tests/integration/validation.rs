@@ -279,6 +279,21 @@ async fn a_middle_miner_sending_noisy_gradients_is_convicted_in_its_first_epoch_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lazy_middle_miner_sending_stale_gradients_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(
+        Adversary::Lazy,
+        Place::Middle,
+        "recomputed upstream gradient differs",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lazy_tail_sending_stale_gradients_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Lazy, Place::Tail, "gradient differs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tail_lying_about_its_loss_is_convicted_in_its_first_epoch_and_honest_miners_never() {
     convicted_in_its_first_epoch_and_honest_ones_never(Adversary::LossLie, Place::Tail, "reported loss").await;
 }
