@@ -645,8 +645,11 @@ impl<B: Backend + 'static> Worker<B> {
             (Direction::ActivationGrad, _) => {
                 // A lazy middle stage skips its backward and sends a stale
                 // gradient (a head has none to send: it computes).
-                let stale =
-                    self.tamper.as_ref().filter(|_| prev.is_some()).and_then(|t| t.stale_gradient(rows * width));
+                let stale = self
+                    .tamper
+                    .as_ref()
+                    .filter(|_| prev.is_some())
+                    .and_then(|t| t.stale_gradient(rows.saturating_mul(width)));
                 let din = match stale {
                     Some(g) => {
                         self.stage.as_mut().unwrap().discard(stage_key(&key));
