@@ -38,7 +38,7 @@ fn the_adversary_flag_is_hidden_and_checked() {
     assert!(help.contains("--orchestrator") && !help.contains("--adversary"), "{help}");
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("miner.key");
-    let o = miner(&["run", "--adversary", "lazy", "--identity", key.to_str().unwrap()]);
+    let o = miner(&["run", "--adversary", "sloth", "--identity", key.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("silent, closed, slow, flaky, noise, zeros, replay"), "{err}");
