@@ -51,7 +51,7 @@ pub fn run(a: Args) -> Result<()> {
     let base = bases.swap_remove(bases.len() / 2);
     println!("honest runs: {} s (median is the baseline)", walls.join(", "));
     println!(
-        "{:<15} {:>9} {:>8} {:>14} {:>7} {:>7} {:>9} {:>12}",
+        "{:<17} {:>7} {:>8} {:>14} {:>7} {:>7} {:>9} {:>12}",
         "scenario", "detected", "epoch", "honest flagged", "wall s", "ratio", "checked", "validator %"
     );
     row("honest", &base, &base);
@@ -67,7 +67,7 @@ fn row(name: &str, r: &ScenarioReport, base: &ScenarioReport) {
     let flagged = r.verdicts.iter().filter(|v| v.guilty && Some(v.miner) != r.bad).count();
     let share = 100.0 * r.validator_compute.as_secs_f64() / r.miner_compute.as_secs_f64().max(1e-9);
     println!(
-        "{:<15} {:>9} {:>8} {:>14} {:>7.1} {:>7.2} {:>9} {:>11.1}%",
+        "{:<17} {:>7} {:>8} {:>14} {:>7.1} {:>7.2} {:>9} {:>11.1}%",
         name,
         match (r.bad, first) {
             (None, _) => "-",
