@@ -28,6 +28,19 @@ const MAX_ACCUSED: usize = 4_096;
 /// the cheapest one's (see `pathway`).
 const DRAW_SPREAD: f64 = 4.0;
 
+/// A peer failure is a report by one miner of an attempt's pathway about
+/// its neighbour on it.
+fn neighbours_on(pathway: &[PeerId], reporter: PeerId, named: PeerId) -> Result<(), Refusal> {
+    let at = |p: &PeerId| pathway.iter().position(|q| q == p);
+    let (Some(i), Some(j)) = (at(&reporter), at(&named)) else {
+        return Err(Refusal::Invalid("a peer failure names miners of the micro-batch's pathway".into()));
+    };
+    if i.abs_diff(j) != 1 {
+        return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
+    }
+    Ok(())
+}
+
 impl Orchestrator {
     /// A `PeerFailed` report from `reporter` about its neighbour `named` on
     /// the pathway of `mb`'s `attempt` (which must be the current one).
@@ -54,13 +67,7 @@ impl Orchestrator {
         if let Some(h) = hedge.as_ref().filter(|h| h.attempt == attempt) {
             // A hedge that stalls is dropped (the first attempt is still
             // out); only an unreachable miner is blamed for it.
-            let on_it = |p: &PeerId| h.pathway.iter().position(|q| q == p);
-            let (Some(i), Some(j)) = (on_it(&reporter), on_it(&named)) else {
-                return Err(Refusal::Invalid("a peer failure names miners of the micro-batch's pathway".into()));
-            };
-            if i.abs_diff(j) != 1 {
-                return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
-            }
+            neighbours_on(&h.pathway, reporter, named)?;
             match failure {
                 pb::Failure::Unspecified => {
                     return Err(Refusal::Invalid("a peer failure says what failed".into()));
@@ -77,13 +84,7 @@ impl Orchestrator {
             self.counters.stale_reports += 1;
             return Ok(());
         }
-        let at = |p: &PeerId| pathway.iter().position(|q| q == p);
-        let (Some(i), Some(j)) = (at(&reporter), at(&named)) else {
-            return Err(Refusal::Invalid("a peer failure names miners of the micro-batch's pathway".into()));
-        };
-        if i.abs_diff(j) != 1 {
-            return Err(Refusal::Invalid("a peer failure names a neighbour on the pathway".into()));
-        }
+        neighbours_on(pathway, reporter, named)?;
         let age = now.saturating_sub(deadline_ms.saturating_sub(self.spec.route_timeout_ms));
         tracing::debug!(seq, attempt, reporter = %reporter, named = %named, ?failure, age_ms = age, "peer failed");
         match failure {
