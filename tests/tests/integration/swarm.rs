@@ -125,7 +125,11 @@ async fn killed_miner_work_is_rerouted_and_the_epoch_completes() {
         assert!(Instant::now() < deadline, "training did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let victim = swarm.service.with_state(|o| o.miners().find(|m| m.stage == 1).map(|m| m.index).unwrap());
+    // The middle miner with the most work in flight, so that there is work
+    // to take over.
+    let victim = swarm
+        .service
+        .with_state(|o| o.miners().filter(|m| m.stage == 1).max_by_key(|m| m.in_flight).map(|m| m.index).unwrap());
     // Miners register in spawn order, so index i is the i-th task.
     flags[victim as usize].store(true, std::sync::atomic::Ordering::SeqCst);
     for (i, m) in miners.into_iter().enumerate() {
@@ -139,7 +143,10 @@ async fn killed_miner_work_is_rerouted_and_the_epoch_completes() {
     for e in &history {
         assert_eq!(e.completed + e.dropped, 40);
     }
-    assert!(counters.rerouted > 0, "the victim's micro-batches were re-routed");
+    // Once an epoch's micro-batches are all issued, late attempts are
+    // hedged; a hedge that wins takes the victim's work over with no
+    // re-route, so either counts.
+    assert!(counters.rerouted + counters.hedges_won > 0, "the victim's micro-batches were taken over: {counters:?}");
     assert!(counters.completed >= 70, "{counters:?}");
 }
 
