@@ -453,6 +453,7 @@ impl OrchestratorRpc for OrchestratorService {
                 partition: d.partition,
                 generation: d.generation,
                 hash: d.hash,
+                contributions: d.contributions,
             },
         };
         self.apply_for(REPORT, peer, ev)?;

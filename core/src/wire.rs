@@ -174,10 +174,32 @@ pub fn payload_offset() -> usize {
     offset
 }
 
-/// The bytes before the payload: magic, length, header, zero padding.
-pub fn encode_prefix(h: &FrameHeader) -> Vec<u8> {
+/// The archived bytes of a header, as a frame carries them after its
+/// prefix (and as an owner hands a contribution's header on as evidence).
+pub fn header_bytes(h: &FrameHeader) -> Vec<u8> {
     let header = rkyv::to_bytes::<rkyv::rancor::Error>(h).expect("a fixed-size header always serialises");
     debug_assert_eq!(header.len(), header_len());
+    header.to_vec()
+}
+
+/// Parses archived header bytes from anyone: the length must be this
+/// protocol's and the archive must pass `bytecheck`. Nothing is checked
+/// about the fields or the signature.
+pub fn parse_header(bytes: &[u8]) -> Result<FrameHeader, String> {
+    if bytes.len() != header_len() {
+        return Err(format!("a header is {} bytes, got {}", header_len(), bytes.len()));
+    }
+    // rkyv needs the archive aligned; copy into an aligned buffer (the
+    // header is a few hundred bytes).
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    let a = rkyv::access::<ArchivedFrameHeader, rkyv::rancor::Error>(&aligned).map_err(|e| e.to_string())?;
+    rkyv::deserialize::<FrameHeader, rkyv::rancor::Error>(a).map_err(|e| e.to_string())
+}
+
+/// The bytes before the payload: magic, length, header, zero padding.
+pub fn encode_prefix(h: &FrameHeader) -> Vec<u8> {
+    let header = header_bytes(h);
     let mut v = Vec::with_capacity(payload_offset());
     v.extend_from_slice(&FRAME_MAGIC);
     v.extend_from_slice(&(header.len() as u32).to_le_bytes());

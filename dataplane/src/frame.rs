@@ -12,8 +12,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use iota_core::wire::{
-    ArchivedFrameHeader, Direction, FRAME_MAGIC, FrameHeader, MAX_DIMS, PROTOCOL_VERSION, encode_prefix, header_len,
-    payload_offset,
+    Direction, FRAME_MAGIC, FrameHeader, MAX_DIMS, PROTOCOL_VERSION, encode_prefix, header_len, payload_offset,
 };
 use iota_core::{Identity, PeerId, WireCodec};
 use thiserror::Error;
@@ -154,13 +153,7 @@ pub fn check_prefix(prefix: &[u8; 8]) -> Result<usize, FrameError> {
 
 /// Validates archived header bytes (bytecheck) and returns the header.
 pub fn parse_header(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
-    // rkyv needs the archive aligned; copy into an aligned buffer (the header
-    // is a few hundred bytes).
-    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    let a = rkyv::access::<ArchivedFrameHeader, rkyv::rancor::Error>(&aligned)
-        .map_err(|e| FrameError::Malformed(e.to_string()))?;
-    rkyv::deserialize::<FrameHeader, rkyv::rancor::Error>(a).map_err(|e| FrameError::Malformed(e.to_string()))
+    iota_core::wire::parse_header(bytes).map_err(FrameError::Malformed)
 }
 
 /// Checks a parsed header's fields, sender and signature. `peer` is the

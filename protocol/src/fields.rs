@@ -126,6 +126,10 @@ pub fn heartbeat(h: &pb::HeartbeatRequest) -> Result<(), Rejected> {
     Ok(())
 }
 
+/// Most contribution headers in one `SliceDone`: one per other
+/// participant of a stage's merge.
+pub const MAX_CONTRIBUTIONS: usize = 1024;
+
 /// Most asks in one `Grant` request.
 pub const MAX_GRANT_ASKS: usize = 16;
 
@@ -196,7 +200,16 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
                 announced("merge_done.object", o)?;
             }
         }
-        Kind::SliceDone(d) => hash32("slice_done.hash", &d.hash)?,
+        Kind::SliceDone(d) => {
+            hash32("slice_done.hash", &d.hash)?;
+            if d.contributions.len() > MAX_CONTRIBUTIONS {
+                return Err(bad("slice_done.contributions", format!("at most {MAX_CONTRIBUTIONS}")));
+            }
+            let want = iota_core::wire::header_len();
+            if let Some(i) = d.contributions.iter().position(|c| c.len() != want) {
+                return Err(bad("slice_done.contributions", format!("header {i} is not {want} bytes")));
+            }
+        }
         Kind::PeerFailed(f) => {
             hash32("peer_failed.peer", &f.peer)?;
             if !matches!(pb::Failure::try_from(f.failure), Ok(pb::Failure::Unreachable | pb::Failure::NoInput)) {
@@ -399,6 +412,17 @@ mod tests {
             kind: Some(pb::report::Kind::SliceDone(pb::SliceDone { hash: vec![1; 31], ..Default::default() })),
         };
         assert!(report(&slice).unwrap_err().message.contains("slice_done.hash"));
+        let header = vec![0u8; iota_core::wire::header_len()];
+        let slice = |contributions: Vec<Vec<u8>>| pb::Report {
+            kind: Some(pb::report::Kind::SliceDone(pb::SliceDone {
+                hash: vec![1; 32],
+                contributions,
+                ..Default::default()
+            })),
+        };
+        assert!(report(&slice(vec![header.clone(); 3])).is_ok());
+        assert!(report(&slice(vec![header.clone(), vec![0; 7]])).unwrap_err().message.contains("header 1"));
+        assert!(report(&slice(vec![header; MAX_CONTRIBUTIONS + 1])).unwrap_err().message.contains("at most"));
     }
 
     #[test]

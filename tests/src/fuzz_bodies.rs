@@ -380,6 +380,11 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                             partition: k as u32,
                             generation: q.generation,
                             hash: vec![b.u8() % 2; 32],
+                            // Headers that are not signed contributions
+                            // (refused), sometimes.
+                            contributions: (0..b.u8() % 4 / 3)
+                                .map(|_| vec![b.u8(); iota_core::wire::header_len()])
+                                .collect(),
                         }
                     }
                     None => Event::Tick,

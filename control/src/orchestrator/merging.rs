@@ -1,14 +1,67 @@
 //! The orchestrator's side of butterfly merging: one plan per stage when
 //! Merging starts, and turning a stage merge's outputs into commands.
 
-use iota_core::merge::{MergePlan, Participant};
-
-use iota_core::merge::{MergeOut, StageMerge};
+use iota_core::merge::{MergeOut, MergePlan, Participant, PartitionOf, SignedContribution, StageMerge};
 use iota_protocol::{MergeMethod, pb};
 
-use super::{Orchestrator, Out};
+use iota_core::PeerId;
+
+use super::{Ms, Orchestrator, Out, Phase, Refusal};
+
+/// Checks the contribution headers an owner reported with its result for
+/// partition `k` of `plan`: each must be a contribution to that partition,
+/// signed by its sender (an honest owner only hands on frames it verified).
+fn check_contributions(
+    plan: &MergePlan,
+    run_id: u64,
+    k: u32,
+    headers: &[Vec<u8>],
+) -> Result<Vec<SignedContribution>, Refusal> {
+    let Some(to) = PartitionOf::of(plan, run_id, k) else { return Ok(Vec::new()) };
+    headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            SignedContribution::check(h, &to).map_err(|e| Refusal::Invalid(format!("contribution header {i}: {e}")))
+        })
+        .collect()
+}
 
 impl Orchestrator {
+    /// An owner's result for a partition (`SliceDone`), with the headers
+    /// of the contributions it reduced. A stale one is counted and
+    /// ignored; one whose headers prove a sender equivocated convicts the
+    /// sender.
+    pub(super) fn on_slice_done(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        (epoch, stage): (u64, u32),
+        (partition, generation, hash): (u32, u32, [u8; 32]),
+        contributions: &[Vec<u8>],
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        let mut mo = Vec::new();
+        let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
+        let accepted = match self.butterfly.get_mut(&stage).filter(|_| current) {
+            Some(m) => {
+                let signed = check_contributions(&m.plan, self.spec.run_id, partition, contributions)?;
+                m.slice_done(peer, partition, generation, hash, &signed, &mut mo)
+            }
+            None => false,
+        };
+        if !accepted {
+            self.counters.stale_reports += 1;
+        }
+        let liars: Vec<PeerId> =
+            mo.iter().filter_map(|o| if let MergeOut::Equivocated(p) = o { Some(*p) } else { None }).collect();
+        self.merge_outs(stage, mo, out);
+        for liar in liars {
+            self.convict_equivocator(now, stage, liar, out);
+        }
+        Ok(())
+    }
+
     /// Sends what a stage's butterfly merge asked for to its participants.
     pub(super) fn merge_outs(&mut self, stage: u32, mo: Vec<MergeOut>, out: &mut Vec<Out>) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
@@ -28,6 +81,8 @@ impl Orchestrator {
                         hash: v.hash.to_vec(),
                         writer: v.writer.0.to_vec(),
                     }),
+                    // The caller convicts it (see `convict_equivocator`).
+                    MergeOut::Equivocated(_) => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
             }

@@ -34,8 +34,8 @@ use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
 pub use self::state::{
-    BadObjectRecord, CommitmentBreak, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus, MinerEpoch,
-    MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
+    BadObjectRecord, CommitmentBreak, Counters, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus,
+    MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
 };
 use self::state::{MbRecord, Upload};
 use self::validation_state::Validation;
@@ -128,6 +128,8 @@ pub enum Event {
         partition: u32,
         generation: u32,
         hash: Vec<u8>,
+        /// Archived signed headers of the contributions the owner reduced.
+        contributions: Vec<Vec<u8>>,
     },
     /// One of the run's validators registered.
     RegisterValidator {
@@ -182,70 +184,6 @@ pub enum Refusal {
     /// An announcement of a store object the announcer was not asked to write.
     #[error("{0}")]
     NotYours(String),
-}
-
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Counters {
-    pub completed: u64,
-    pub rerouted: u64,
-    pub dropped: u64,
-    pub tokens: u64,
-    pub stale_reports: u64,
-    pub last_loss: f32,
-    /// Butterfly partitions whose two owners published different results.
-    #[serde(default)]
-    pub hash_mismatches: u64,
-    /// Butterfly merges after which the replicas' weights differed.
-    #[serde(default)]
-    pub divergent_merges: u64,
-    /// Objects a reader found different from their announcement.
-    #[serde(default)]
-    pub bad_objects: u64,
-    /// Merged slices written again by another holder after a reader found
-    /// the first writer's bad.
-    #[serde(default)]
-    pub rewritten_slices: u64,
-    /// Heartbeats whose commitment heads contradicted the same miner's
-    /// earlier ones.
-    #[serde(default)]
-    pub commitment_breaks: u64,
-    /// Announcements of objects the announcer was not asked to write.
-    #[serde(default)]
-    pub foreign_objects: u64,
-    /// Micro-batch failures pinned on a miner.
-    #[serde(default)]
-    pub failures_pinned: u64,
-    /// Attempts issued before anything was measured (so with the ceiling
-    /// overdue time) and re-issued once the measured one had passed.
-    #[serde(default)]
-    pub reissued_unmeasured: u64,
-    /// Late attempts hedged near an epoch's end, and hedges that completed
-    /// first.
-    #[serde(default)]
-    pub hedged: u64,
-    #[serde(default)]
-    pub hedges_won: u64,
-    /// Times a miner was benched.
-    #[serde(default)]
-    pub benched: u64,
-    /// Miners removed from the run.
-    #[serde(default)]
-    pub removed: u64,
-    /// (epoch, miner) works convicted by validator stake.
-    #[serde(default)]
-    pub convictions: u64,
-    /// Miners ejected by validators.
-    #[serde(default)]
-    pub ejected: u64,
-    /// Epochs merged with no validator live to check them.
-    #[serde(default)]
-    pub unvalidated_epochs: u64,
-    /// Validation rounds that ran out of time.
-    #[serde(default)]
-    pub validation_timeouts: u64,
-    /// Merges the validators' stake rolled back.
-    #[serde(default)]
-    pub rollbacks: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -466,21 +404,11 @@ impl Orchestrator {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::SliceDone { peer, epoch, stage, partition, generation, hash } => {
+            Event::SliceDone { peer, epoch, stage, partition, generation, hash, contributions } => {
                 self.known(&peer)?;
                 let h = <[u8; 32]>::try_from(hash.as_slice())
                     .map_err(|_| Refusal::Invalid("slice hash must be 32 bytes".into()))?;
-                let mut mo = Vec::new();
-                let accepted = epoch == self.epoch
-                    && matches!(self.phase, Phase::Merging)
-                    && self
-                        .butterfly
-                        .get_mut(&stage)
-                        .is_some_and(|m| m.slice_done(peer, partition, generation, h, &mut mo));
-                if !accepted {
-                    self.counters.stale_reports += 1;
-                }
-                self.merge_outs(stage, mo, &mut out);
+                self.on_slice_done(now, peer, (epoch, stage), (partition, generation, h), &contributions, &mut out)?;
             }
             Event::Stored { peer, epoch, stage, object } => {
                 self.known(&peer)?;

@@ -338,3 +338,72 @@ pub struct PayoutRow {
     /// Emission paid to it over the run.
     pub emission: f64,
 }
+
+/// What happened over a run, counted (in the state, shown by `status`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Counters {
+    pub completed: u64,
+    pub rerouted: u64,
+    pub dropped: u64,
+    pub tokens: u64,
+    pub stale_reports: u64,
+    pub last_loss: f32,
+    /// Butterfly partitions whose two owners published different results.
+    #[serde(default)]
+    pub hash_mismatches: u64,
+    /// Butterfly merges after which the replicas' weights differed.
+    #[serde(default)]
+    pub divergent_merges: u64,
+    /// Objects a reader found different from their announcement.
+    #[serde(default)]
+    pub bad_objects: u64,
+    /// Merged slices written again by another holder after a reader found
+    /// the first writer's bad.
+    #[serde(default)]
+    pub rewritten_slices: u64,
+    /// Heartbeats whose commitment heads contradicted the same miner's
+    /// earlier ones.
+    #[serde(default)]
+    pub commitment_breaks: u64,
+    /// Announcements of objects the announcer was not asked to write.
+    #[serde(default)]
+    pub foreign_objects: u64,
+    /// Micro-batch failures pinned on a miner.
+    #[serde(default)]
+    pub failures_pinned: u64,
+    /// Attempts issued before anything was measured (so with the ceiling
+    /// overdue time) and re-issued once the measured one had passed.
+    #[serde(default)]
+    pub reissued_unmeasured: u64,
+    /// Late attempts hedged near an epoch's end, and hedges that completed
+    /// first.
+    #[serde(default)]
+    pub hedged: u64,
+    #[serde(default)]
+    pub hedges_won: u64,
+    /// Times a miner was benched.
+    #[serde(default)]
+    pub benched: u64,
+    /// Miners removed from the run.
+    #[serde(default)]
+    pub removed: u64,
+    /// (epoch, miner) works convicted by validator stake.
+    #[serde(default)]
+    pub convictions: u64,
+    /// Miners ejected by validators.
+    #[serde(default)]
+    pub ejected: u64,
+    /// Merge participants proven to send two owners different
+    /// contributions to one partition.
+    #[serde(default)]
+    pub equivocations: u64,
+    /// Epochs merged with no validator live to check them.
+    #[serde(default)]
+    pub unvalidated_epochs: u64,
+    /// Validation rounds that ran out of time.
+    #[serde(default)]
+    pub validation_timeouts: u64,
+    /// Merges the validators' stake rolled back.
+    #[serde(default)]
+    pub rollbacks: u64,
+}

@@ -23,15 +23,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
+use iota_core::merge::Equivocation;
 use iota_protocol::store_keys::upload_prefix;
 use iota_protocol::{StoredObject, pb};
 use tracing::{info, warn};
 
-use crate::validation::quorum::{Accusation, Consequence};
+use crate::validation::quorum::{Accusation, Check, Consequence};
 use crate::validation::sample::beacon;
 
 use super::validation_state::{
-    MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
+    MAX_EQUIVOCATION_RECORDS, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round, ValidatorState,
+    VerdictIn, VerdictRecord, WorkKey,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
 
@@ -381,11 +383,22 @@ impl Orchestrator {
             at_ms: now,
             signed: v.signed,
         });
+        self.apply_consequences(now, consequences, out);
+        Ok(())
+    }
+
+    /// Carries out what a decided accusation asks. Work convicted while
+    /// its epoch is still training or uploading is out of the epoch's
+    /// merge and pay; a merge conviction (a proven equivocation) during
+    /// the merge too, since the merge has already planned the miner out.
+    fn apply_consequences(&mut self, now: Ms, consequences: Vec<Consequence>, out: &mut Vec<Out>) {
         for c in consequences {
             match c {
-                Consequence::Exclude { epoch, miner, .. } => {
+                Consequence::Exclude { epoch, miner, check } => {
                     self.counters.convictions += 1;
-                    let current = epoch == self.epoch && matches!(self.phase, Phase::Training | Phase::Uploading);
+                    let current = epoch == self.epoch
+                        && (matches!(self.phase, Phase::Training | Phase::Uploading)
+                            || (check == Check::Merge && self.phase == Phase::Merging));
                     if let Some(m) = self.miners.get_mut(&miner) {
                         m.convicted_epochs += 1;
                         if current {
@@ -396,7 +409,7 @@ impl Orchestrator {
                         // No routes until the epoch after next.
                         m.suspended_through = Some(m.suspended_through.unwrap_or(0).max(epoch + 1));
                     }
-                    warn!(epoch, miner = %miner, excluded = current, "validators convicted a miner's work");
+                    warn!(epoch, miner = %miner, ?check, excluded = current, "a miner's work is convicted");
                 }
                 Consequence::Eject { miner } => {
                     self.counters.ejected += 1;
@@ -410,7 +423,33 @@ impl Orchestrator {
                 }
             }
         }
-        Ok(())
+    }
+
+    /// A participant of `stage`'s merge was proven to send two owners of a
+    /// partition different contributions (the stage merge has planned it
+    /// out and holds the proof). Two signatures decide it: no vote. It
+    /// strikes like a validators' conviction, and the proof is kept.
+    pub(super) fn convict_equivocator(&mut self, now: Ms, stage: u32, miner: PeerId, out: &mut Vec<Out>) {
+        let proof = self.butterfly.get(&stage).and_then(|m| m.equivocations.iter().rev().find(|e| e.sender == miner));
+        let Some(proof) = proof.cloned() else { return };
+        self.counters.equivocations += 1;
+        warn!(epoch = proof.epoch, stage, partition = proof.partition, miner = %miner, "proven merge equivocation");
+        if self.validation.equivocations.len() >= MAX_EQUIVOCATION_RECORDS {
+            self.validation.equivocations.remove(0);
+        }
+        self.validation.equivocations.push(proof);
+        let acc = Accusation { epoch: self.epoch, miner, check: Check::Merge };
+        let consequences = match self.validation.quorum.as_mut() {
+            Some(q) => q.proven(acc),
+            // No validators: no strikes to count, the epoch's work is out.
+            None => vec![Consequence::Exclude { epoch: self.epoch, miner, check: Check::Merge }],
+        };
+        self.apply_consequences(now, consequences, out);
+    }
+
+    /// The proofs of merge equivocation this run kept (the latest).
+    pub fn equivocations(&self) -> &[Equivocation] {
+        &self.validation.equivocations
     }
 }
 

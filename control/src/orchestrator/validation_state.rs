@@ -13,6 +13,8 @@ type Ms = u64;
 
 /// Verdicts kept on record (the oldest go first).
 pub const MAX_VERDICT_RECORDS: usize = 16_384;
+/// Proofs of merge equivocation a run keeps (each a few hundred bytes).
+pub const MAX_EQUIVOCATION_RECORDS: usize = 256;
 /// Attempts of one miner listed in an `EpochWork`.
 pub const MAX_WORK_ITEMS: usize = 65_536;
 
@@ -108,6 +110,9 @@ pub struct Validation {
     pub(super) validators: BTreeMap<PeerId, ValidatorState>,
     pub(super) round: Option<Round>,
     pub(super) verdicts: Vec<VerdictRecord>,
+    /// Proofs of merge equivocation, the latest `MAX_EQUIVOCATION_RECORDS`.
+    #[serde(default)]
+    pub(super) equivocations: Vec<iota_core::merge::Equivocation>,
     /// The hash of the merged weights each stage started the current epoch
     /// from (none in epoch 0: the run seed's).
     pub(super) starts: BTreeMap<u32, [u8; 32]>,

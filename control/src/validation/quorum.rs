@@ -136,6 +136,21 @@ impl Quorum {
         } else {
             return Ok(Vec::new());
         };
+        Ok(self.decide(acc, outcome))
+    }
+
+    /// An accusation the orchestrator holds a proof of (signatures anyone
+    /// can check: a merge equivocation), decided guilty with no vote; it
+    /// strikes like a voted conviction. Validators that voted it down were
+    /// outvoted.
+    pub fn proven(&mut self, acc: Accusation) -> Vec<Consequence> {
+        if self.decided.get(&acc) == Some(&Outcome::Guilty) {
+            return Vec::new();
+        }
+        self.decide(acc, Outcome::Guilty)
+    }
+
+    fn decide(&mut self, acc: Accusation, outcome: Outcome) -> Vec<Consequence> {
         let votes = self.open.remove(&acc).unwrap_or_default();
         for (v, g) in votes {
             if (outcome == Outcome::Guilty) != g {
@@ -158,7 +173,7 @@ impl Quorum {
                 out.push(Consequence::Eject { miner: acc.miner });
             }
         }
-        Ok(out)
+        out
     }
 
     pub fn outcome(&self, acc: &Accusation) -> Option<Outcome> {
@@ -228,6 +243,20 @@ mod tests {
         assert_eq!(q.vote(PeerId([1; 32]), acc(1, 9), true), Err(VoteError::NotAValidator(PeerId([1; 32]))));
         let zero = Quorum::new([(v(5), 0)].into(), 1);
         assert!(!zero.is_validator(&v(5)), "no stake, no vote");
+    }
+
+    #[test]
+    fn a_proven_accusation_convicts_without_votes_strikes_once_and_outvotes_dissent() {
+        let mut q = quorum(&[50, 30, 20], 2);
+        let miner = PeerId([4; 32]);
+        let merge = |epoch| Accusation { epoch, miner, check: Check::Merge };
+        assert_eq!(q.vote(v(2), merge(1), false), Ok(vec![]), "an open vote against");
+        assert_eq!(q.proven(merge(1)), vec![Consequence::Exclude { epoch: 1, miner, check: Check::Merge }]);
+        assert_eq!(q.outcome(&merge(1)), Some(Outcome::Guilty));
+        assert_eq!(q.outvoted(&v(2)), 1);
+        assert_eq!(q.proven(merge(1)), vec![], "proven twice, struck once");
+        assert_eq!(q.strikes(&miner), 1);
+        assert_eq!(q.proven(merge(2)).last(), Some(&Consequence::Eject { miner }));
     }
 
     #[test]

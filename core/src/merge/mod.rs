@@ -19,12 +19,16 @@
 //! - [`reduce`]: `reduce_slice`, the per-partition reduce (the CUDA kernel
 //!   in `iota-cuda` is checked against it);
 //! - [`stage`]: `StageMerge`, one stage's merge as the coordinator sees it
-//!   (owners' hashes, verdicts, disputes, re-plans).
+//!   (owners' hashes, verdicts, disputes, re-plans);
+//! - [`equivocation`]: proofs that a participant sent two owners different
+//!   contributions.
 
+pub mod equivocation;
 pub mod plan;
 pub mod reduce;
 pub mod stage;
 
+pub use equivocation::{Equivocation, PartitionOf, SignedContribution};
 pub use plan::{BLOCK, MergePlan, Participant, Partition};
 pub use reduce::{OuterOpt, ReduceRule, ReduceStats, reduce_slice};
 pub use stage::{KEEP_PREVIOUS, MergeOut, Mismatch, StageMerge, Verdict};

@@ -1,7 +1,9 @@
 //! The orchestrator's side of one stage's butterfly merge, free of I/O: it
 //! holds the plan, collects the owners' slice hashes, accepts a result per
 //! partition (a verdict), sends a disputed partition to a referee, re-plans
-//! around participants that drop out, and knows when the stage is merged.
+//! around participants that drop out, plans out a participant proven to
+//! have sent two owners different contributions (see `equivocation`), and
+//! knows when the stage is merged.
 //! The orchestrator drives it from reports; the local merge harness and the
 //! bench drive it directly, without gRPC.
 
@@ -9,6 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::equivocation::{Equivocation, SignedContribution};
 use super::plan::MergePlan;
 use crate::identity::PeerId;
 
@@ -45,7 +48,15 @@ pub enum MergeOut {
     Plan,
     /// A verdict, to every participant.
     Verdict(Verdict),
+    /// A participant was proven to equivocate (the proof is the last of
+    /// `StageMerge::equivocations`) and is planned out: the orchestrator
+    /// convicts it.
+    Equivocated(PeerId),
 }
+
+/// A contribution as an owner reported it: payload hash, archived signed
+/// header.
+type Reported = ([u8; 32], Vec<u8>);
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StageMerge {
@@ -60,6 +71,14 @@ pub struct StageMerge {
     /// made a partition's writer again this merge.
     #[serde(default)]
     spurned: BTreeMap<u32, Vec<PeerId>>,
+    /// Per partition, each sender's contribution as the owners reported it
+    /// (payload hash, archived signed header), over the whole merge: a
+    /// sender's slice does not change with re-plans.
+    #[serde(default)]
+    contributions: Vec<BTreeMap<PeerId, Reported>>,
+    /// Proofs of equivocation found in this merge.
+    #[serde(default)]
+    pub equivocations: Vec<Equivocation>,
 }
 
 impl StageMerge {
@@ -72,6 +91,8 @@ impl StageMerge {
             done: BTreeMap::new(),
             mismatches: Vec::new(),
             spurned: BTreeMap::new(),
+            contributions: vec![BTreeMap::new(); k],
+            equivocations: Vec::new(),
         }
     }
 
@@ -91,21 +112,33 @@ impl StageMerge {
         self.done.values().all(|h| Some(h) == self.done.values().next())
     }
 
-    /// An owner's result for a partition. Stale or foreign reports are
-    /// ignored (returns false) rather than refused: they are normal after a
-    /// re-plan.
+    /// An owner's result for a partition, with the headers of the
+    /// contributions it reduced (checked by the caller: see
+    /// `SignedContribution::check`). Stale or foreign reports are ignored
+    /// (returns false) rather than refused: they are normal after a
+    /// re-plan. A contribution that contradicts another owner's report of
+    /// the same sender's is a proof: the sender is planned out
+    /// (`MergeOut::Equivocated`) and the partition is reduced again without
+    /// it, so no honest owner is named deviant for it.
     pub fn slice_done(
         &mut self,
         peer: PeerId,
         k: u32,
         generation: u32,
         hash: [u8; 32],
+        contributions: &[SignedContribution],
         out: &mut Vec<MergeOut>,
     ) -> bool {
         let ku = k as usize;
-        let Some(part) = self.plan.partitions.get(ku) else { return false };
+        let Some(part) = self.plan.partitions.get(ku).cloned() else { return false };
         if part.generation != generation || !part.owners.contains(&peer) || self.verdicts[ku].is_some() {
             return false;
+        }
+        let liars = self.compare_contributions(k, contributions);
+        if !liars.is_empty() {
+            out.extend(liars.iter().map(|l| MergeOut::Equivocated(*l)));
+            self.drop_participants(&liars, out);
+            return true;
         }
         self.reports[ku].insert(peer, hash);
         if self.reports[ku].len() < part.owners.len() {
@@ -145,6 +178,40 @@ impl StageMerge {
             None => self.accept(k, generation, KEEP_PREVIOUS, part.owners[0], out),
         }
         true
+    }
+
+    /// Records the contributions an owner reported for partition `k`;
+    /// returns the participants whose report contradicts an earlier one
+    /// (each with its proof recorded). Senders outside the plan are
+    /// skipped; a participant appears once per partition.
+    fn compare_contributions(&mut self, k: u32, contributions: &[SignedContribution]) -> Vec<PeerId> {
+        let ku = k as usize;
+        if self.contributions.len() != self.plan.partitions.len() {
+            self.contributions.resize(self.plan.partitions.len(), BTreeMap::new());
+        }
+        let mut liars = Vec::new();
+        for c in contributions {
+            if !self.plan.is_participant(&c.sender) || liars.contains(&c.sender) {
+                continue;
+            }
+            match self.contributions[ku].get(&c.sender) {
+                None => {
+                    self.contributions[ku].insert(c.sender, (c.payload_hash, c.header.clone()));
+                }
+                Some((h, _)) if *h == c.payload_hash => {}
+                Some((_, first)) => {
+                    self.equivocations.push(Equivocation {
+                        epoch: self.plan.epoch,
+                        stage: self.plan.stage,
+                        partition: k,
+                        sender: c.sender,
+                        headers: [first.clone(), c.header.clone()],
+                    });
+                    liars.push(c.sender);
+                }
+            }
+        }
+        liars
     }
 
     fn accept(&mut self, k: u32, generation: u32, hash: [u8; 32], writer: PeerId, out: &mut Vec<MergeOut>) {
@@ -244,7 +311,7 @@ mod tests {
             let part = m.plan.partitions[k].clone();
             for o in &part.owners {
                 let h = if wrong == Some((k, *o)) { [9; 32] } else { [k as u8 + 1; 32] };
-                m.slice_done(*o, k as u32, part.generation, h, out);
+                m.slice_done(*o, k as u32, part.generation, h, &[], out);
             }
         }
     }
@@ -279,11 +346,62 @@ mod tests {
         assert!(m.verdicts[1].is_none());
         // The referee computes the honest result.
         out.clear();
-        assert!(m.slice_done(part.owners[0], 1, part.generation, [2; 32], &mut out));
+        assert!(m.slice_done(part.owners[0], 1, part.generation, [2; 32], &[], &mut out));
         assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
         assert_eq!(m.mismatches[0].deviants, vec![liar]);
         // A late report of the old generation changes nothing.
-        assert!(!m.slice_done(liar, 1, 0, [9; 32], &mut out));
+        assert!(!m.slice_done(liar, 1, 0, [9; 32], &[], &mut out));
+    }
+
+    #[test]
+    fn an_equivocating_sender_is_proven_and_planned_out_and_no_owner_is_named() {
+        use crate::identity::Identity;
+        use crate::merge::equivocation::tests::signed;
+        use crate::merge::{PartitionOf, SignedContribution};
+
+        let ids: Vec<Identity> = (0..4).map(|_| Identity::generate()).collect();
+        let ps = ids.iter().map(|i| Participant { peer: i.peer_id(), work: 5 }).collect();
+        let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 10_000, 9, 1));
+        let part = m.plan.partitions[1].clone();
+        let senders: Vec<&Identity> = ids.iter().filter(|i| !part.owners.contains(&i.peer_id())).collect();
+        let liar = senders[0].peer_id();
+        let to = PartitionOf::of(&m.plan, 9, 1).unwrap();
+        // What each owner received: the liar's slice differs between them.
+        let received = |owner: u8| -> Vec<SignedContribution> {
+            senders
+                .iter()
+                .map(|i| {
+                    let payload = if i.peer_id() == liar { 10 + owner } else { 1 };
+                    SignedContribution::check(&signed(i, 1, part.offset, payload), &to).unwrap()
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        assert!(m.slice_done(part.owners[0], 1, 0, [5; 32], &received(0), &mut out));
+        assert!(out.is_empty(), "one owner's report proves nothing");
+        assert!(m.slice_done(part.owners[1], 1, 0, [6; 32], &received(1), &mut out));
+        assert_eq!(out[0], MergeOut::Equivocated(liar));
+        assert!(out.contains(&MergeOut::Plan));
+        assert!(m.mismatches.is_empty(), "no owner is named for the sender's lie");
+        assert!(!m.plan.is_participant(&liar));
+        assert_eq!(m.plan.partitions[1].generation, 1, "reduced again without the liar");
+        assert_eq!(m.equivocations.len(), 1);
+        assert_eq!(m.equivocations[0].sender, liar);
+        assert_eq!(m.equivocations[0].verify(9), Ok(()));
+        // The same honest contributions reported again prove nothing; the
+        // merge completes without the liar.
+        out.clear();
+        let honest: Vec<SignedContribution> = received(0).into_iter().filter(|c| c.sender != liar).collect();
+        for k in 0..m.plan.partitions.len() {
+            let p = m.plan.partitions[k].clone();
+            for o in &p.owners {
+                let c = if k == 1 { honest.as_slice() } else { &[] };
+                m.slice_done(*o, k as u32, p.generation, [k as u8 + 1; 32], c, &mut out);
+            }
+        }
+        assert!(!out.iter().any(|o| matches!(o, MergeOut::Equivocated(_))));
+        assert!(m.verdicts.iter().all(|v| v.is_some()));
+        assert_eq!(m.equivocations.len(), 1);
     }
 
     #[test]
@@ -303,7 +421,7 @@ mod tests {
         // Partition 0 settles; then its writer dies.
         let p0 = m.plan.partitions[0].clone();
         for o in &p0.owners {
-            m.slice_done(*o, 0, 0, [1; 32], &mut out);
+            m.slice_done(*o, 0, 0, [1; 32], &[], &mut out);
         }
         let writer = m.verdicts[0].as_ref().unwrap().writer;
         out.clear();

@@ -9,7 +9,8 @@
 //! its input on; `GradNoise` (a middle stage) adds noise to the gradient
 //! it sends upstream; `Lazy` (a middle stage or a tail) sends upstream,
 //! for every micro-batch, the gradient it computed for its first one, and a
-//! lazy middle stage skips its backward. Each does everything else honestly (it trains,
+//! lazy middle stage skips its backward; `MergeEquivocate` sends the two
+//! owners of a merge partition different slices. Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
 
@@ -54,11 +55,15 @@ pub enum Adversary {
     /// done). A lazy head computes honestly: it sends no gradient, and what
     /// it skips only the weight-gradient checks would see.
     Lazy,
+    /// In the butterfly merge, sends each partition's first owner its true
+    /// slice of the pseudo-gradient and the other owner the slice tripled
+    /// (`MergeFault::Equivocate`); it trains honestly.
+    MergeEquivocate,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 11] = [
+    pub const NAMES: [(&'static str, Adversary); 12] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -70,10 +75,16 @@ impl Adversary {
         ("copy", Adversary::Copy),
         ("grad-noise", Adversary::GradNoise),
         ("lazy", Adversary::Lazy),
+        ("merge-equivocate", Adversary::MergeEquivocate),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
         Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, a)| *a)
+    }
+
+    /// The merge fault a mode acts out, if it cheats in the merge.
+    pub fn merge_fault(self) -> Option<crate::miner::merge::MergeFault> {
+        (self == Adversary::MergeEquivocate).then_some(crate::miner::merge::MergeFault::Equivocate)
     }
 
     /// Whether the mode changes what the miner computes (the worker acts it
@@ -144,7 +155,8 @@ impl Tamper {
             | Adversary::Silent
             | Adversary::Closed
             | Adversary::Slow
-            | Adversary::Flaky => {}
+            | Adversary::Flaky
+            | Adversary::MergeEquivocate => {}
         }
     }
 

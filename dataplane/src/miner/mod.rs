@@ -337,7 +337,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let stop_c = stop.clone();
     let commitments_c = ep.commitments();
     let _black_hole = black_hole;
-    let (fault, crash_at, adversary) = (opts.merge_fault, opts.crash_at, opts.adversary);
+    let (crash_at, adversary) = (opts.crash_at, opts.adversary);
+    let fault = opts.merge_fault.or_else(|| adversary.and_then(Adversary::merge_fault));
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
     let gemm = opts.gemm;

@@ -37,6 +37,30 @@ fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
 }
 
 #[test]
+fn an_equivocating_replica_is_proven_convicted_and_no_honest_owner_is_named() {
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    for i in 0..3 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.equivocators.insert(peer(1));
+    sim.run_until_done(400);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    assert_eq!(sim.o.history().len(), 2);
+    assert!(sim.o.counters().equivocations >= 1, "{:?}", sim.o.counters());
+    let run_id = sim.o.spec().run_id;
+    for proof in sim.o.equivocations() {
+        assert_eq!(proof.sender, peer(1));
+        assert_eq!(proof.verify(run_id), Ok(()), "the kept proof stands on its own");
+    }
+    let first = &sim.o.history()[0];
+    assert_eq!(first.convicted, vec![peer(1)], "its epoch's work is out");
+    for m in sim.o.mismatches() {
+        assert!(m.deviants.iter().all(|d| *d == peer(1)), "an honest owner named: {m:?}");
+    }
+    assert_eq!(sim.o.counters().divergent_merges, 0);
+}
+
+#[test]
 fn butterfly_participant_dying_mid_merge_is_planned_out() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {

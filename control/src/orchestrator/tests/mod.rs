@@ -46,6 +46,10 @@ struct Sim {
     /// Butterfly: owners that publish a wrong hash, and the verdicts each
     /// miner has heard this epoch.
     liars: BTreeSet<PeerId>,
+    /// Butterfly: participants whose contribution to each partition's
+    /// second owner differs from the one its first owner got (owners then
+    /// report the signed headers of what they reduced).
+    equivocators: BTreeSet<PeerId>,
     verdicts: std::collections::BTreeMap<PeerId, BTreeSet<u32>>,
     die_on_plan: Option<PeerId>,
     /// Miners that heartbeat but sit on their merge commands until released.
@@ -94,6 +98,7 @@ impl Sim {
             routes_seen: 0,
             cancels_seen: 0,
             liars: BTreeSet::new(),
+            equivocators: BTreeSet::new(),
             verdicts: Default::default(),
             die_on_plan: None,
             stalled: BTreeSet::new(),
@@ -244,7 +249,31 @@ impl Sim {
                         }
                         for k in plan.owned_by(&to) {
                             let honest = [k as u8 + 1; 32];
-                            let hash = if self.liars.contains(&to) { [0xee; 32] } else { honest };
+                            let lied_to = plan.partitions[k].owners.first() != Some(&to);
+                            let others: Vec<PeerId> =
+                                plan.participants.iter().map(|q| q.peer).filter(|q| *q != to).collect();
+                            let fooled = lied_to && others.iter().any(|q| self.equivocators.contains(q));
+                            let hash = if self.liars.contains(&to) {
+                                [0xee; 32]
+                            } else if fooled {
+                                [0xdd; 32]
+                            } else {
+                                honest
+                            };
+                            // Headers only where a test watches for equivocation
+                            // (signing costs a key derivation per header).
+                            let contributions = if self.equivocators.is_empty() {
+                                Vec::new()
+                            } else {
+                                let run_id = self.o.spec().run_id;
+                                others
+                                    .iter()
+                                    .map(|q| {
+                                        let lie = lied_to && self.equivocators.contains(q);
+                                        contribution_header(*q, run_id, &plan, k, if lie { [0xbb; 32] } else { honest })
+                                    })
+                                    .collect()
+                            };
                             self.ev(Event::SliceDone {
                                 peer: to,
                                 epoch: p.epoch,
@@ -252,6 +281,7 @@ impl Sim {
                                 partition: k as u32,
                                 generation: plan.partitions[k].generation,
                                 hash: hash.to_vec(),
+                                contributions,
                             });
                         }
                     } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {
@@ -470,6 +500,35 @@ fn stale_and_foreign_reports_are_not_applied() {
         &mut Rng::new(1),
     );
     assert_eq!(r.unwrap_err(), Refusal::Unknown(stranger));
+}
+
+/// The signed header of `sender`'s contribution to partition `k` of
+/// `plan`, for a payload hashing to `payload_hash` (senders are `peer(i)`).
+fn contribution_header(sender: PeerId, run_id: u64, plan: &MergePlan, k: usize, payload_hash: [u8; 32]) -> Vec<u8> {
+    use iota_core::wire::{Direction, FrameHeader, PROTOCOL_VERSION, header_bytes};
+    let id = (0..=u8::MAX).map(|i| Identity::from_seed([i; 32])).find(|id| id.peer_id() == sender).unwrap();
+    let mut h = FrameHeader {
+        version: PROTOCOL_VERSION,
+        direction: Direction::WeightSlice,
+        codec: iota_core::WireCodec::Int8Row.id(),
+        ndim: 2,
+        stage: plan.stage as u16,
+        run_id,
+        epoch: plan.epoch as u32,
+        shard: k as u32,
+        first_sample: plan.partitions[k].offset,
+        samples: 0,
+        attempt: 0,
+        seq_no: 1,
+        shape: [1, 256, 0, 0],
+        payload_len: 260,
+        payload_hash,
+        answers: [0; 32],
+        sender: [0; 32],
+        signature: [0; 64],
+    };
+    h.sign(&id);
+    header_bytes(&h)
 }
 
 fn butterfly_spec(stages: u32, replicas: u32) -> RunSpec {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, reduce_slice};
-use iota_core::wire::Direction;
+use iota_core::wire::{Direction, header_bytes};
 use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_model::codec;
 use iota_protocol::manifest::from_pb_list;
@@ -78,6 +78,10 @@ pub enum MergeFault {
     /// whose lengths overflow (issue 21's crash inputs) and a part whose
     /// bytes differ from the hash it announces.
     PlantObjects,
+    /// Sends each partition's first owner its true slice and the other
+    /// owners (the second, a referee) the slice tripled: well formed,
+    /// signed, of plausible size (the `merge-equivocate` adversary).
+    Equivocate,
 }
 
 /// A `WeightSlice` frame, checked and copied out of the receive pool.
@@ -93,6 +97,8 @@ struct SliceMsg {
     cols: usize,
     codec: u8,
     hash: [u8; 32],
+    /// The archived signed header, handed on as evidence (`SliceDone`).
+    header: Vec<u8>,
     payload: Bytes,
 }
 
@@ -120,6 +126,9 @@ pub struct Butterfly {
     encoded: HashMap<usize, Bytes>,
     sent: HashSet<(usize, PeerId)>,
     contribs: HashMap<usize, BTreeMap<PeerId, Bytes>>,
+    /// The signed header of each contribution in `contribs` that came as a
+    /// frame (our own did not).
+    contrib_headers: HashMap<usize, BTreeMap<PeerId, Vec<u8>>>,
     early: VecDeque<SliceMsg>,
     momentum_prev: HashMap<usize, Vec<f32>>,
     /// The stage's momentum parts after the previous merge, as announced.
@@ -182,6 +191,7 @@ impl Butterfly {
             encoded: HashMap::new(),
             sent: HashSet::new(),
             contribs: HashMap::new(),
+            contrib_headers: HashMap::new(),
             early: VecDeque::new(),
             momentum_prev: HashMap::new(),
             momentum_objects: Vec::new(),
@@ -205,6 +215,7 @@ impl Butterfly {
         self.encoded.clear();
         self.sent.clear();
         self.contribs.clear();
+        self.contrib_headers.clear();
         self.early.clear();
         self.momentum_prev.clear();
         self.momentum_objects.clear();
@@ -255,7 +266,7 @@ impl Butterfly {
         for (k, part) in plan.partitions.iter().enumerate() {
             let range = part.offset as usize..(part.offset + part.len) as usize;
             if !self.encoded.contains_key(&k) {
-                let mut bytes = encode_slice(self.codec(), &delta[range])?;
+                let mut bytes = encode_slice(self.codec(), &delta[range.clone()])?;
                 if self.fault == Some(MergeFault::NanDelta) {
                     // The encoder refuses NaN, so a hostile sender writes the
                     // bytes itself: a NaN value (f32, bf16) or block scale (int8).
@@ -274,7 +285,13 @@ impl Butterfly {
                 } else if self.sent.insert((k, *o)) {
                     let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
                     let fb = Some(self.fallback_key(k, &self.me));
-                    self.send(*o, meta, enc.clone(), fb, out);
+                    let payload = if self.fault == Some(MergeFault::Equivocate) && part.owners.first() != Some(o) {
+                        let tripled: Vec<f32> = delta[range.clone()].iter().map(|d| 3.0 * d).collect();
+                        Bytes::from(encode_slice(self.codec(), &tripled)?)
+                    } else {
+                        enc.clone()
+                    };
+                    self.send(*o, meta, payload, fb, out);
                 }
             }
         }
@@ -333,7 +350,13 @@ impl Butterfly {
         }
         match m.kind {
             KIND_CONTRIBUTION if part.owners.contains(&self.me) => {
-                self.contribs.entry(m.k).or_default().entry(m.from).or_insert(m.payload);
+                // The first one from a sender stays, with its header.
+                if let std::collections::btree_map::Entry::Vacant(e) =
+                    self.contribs.entry(m.k).or_default().entry(m.from)
+                {
+                    e.insert(m.payload);
+                    self.contrib_headers.entry(m.k).or_default().insert(m.from, m.header);
+                }
             }
             // Perhaps for a plan (a referee's) that has not reached us yet.
             KIND_CONTRIBUTION => self.hold(m),
@@ -401,12 +424,18 @@ impl Butterfly {
         }
         let payload = Bytes::from(encode_slice(self.codec(), &u)?);
         let hash = *blake3::hash(&payload).as_bytes();
+        // The signed headers of what we reduced: two owners' lists together
+        // prove a sender that sent them different slices.
+        let headers = self.contrib_headers.get(&k);
+        let contributions =
+            plan.participants.iter().filter_map(|p| headers.and_then(|h| h.get(&p.peer)).cloned()).collect();
         out.push(Output::Report(pb::report::Kind::SliceDone(pb::SliceDone {
             epoch: self.epoch,
             stage: self.stage,
             partition: k as u32,
             generation: part.generation,
             hash: hash.to_vec(),
+            contributions,
         })));
         for p in &plan.participants {
             if plan.sender_of(k, &p.peer) == Some(self.me) {
@@ -613,6 +642,7 @@ fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> 
         cols,
         codec: h.codec,
         hash: h.payload_hash,
+        header: header_bytes(h),
         payload: Bytes::copy_from_slice(payload),
     })
 }

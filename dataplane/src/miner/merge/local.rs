@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use iota_core::layout::Init;
-use iota_core::merge::{MergeOut, MergePlan, Mismatch, Participant, StageMerge};
+use iota_core::merge::{MergeOut, MergePlan, Mismatch, Participant, PartitionOf, SignedContribution, StageMerge};
 use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
 use iota_protocol::{MergeSpec, StoredObject, pb, plan_to_pb};
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use super::{Butterfly, Merge, MergeFault, MergeStats};
 use crate::fileio::FileIo;
@@ -181,7 +182,7 @@ pub async fn run_local_butterfly(
                     ToReplica::Tick => b.tick(&mut out),
                 };
                 if let Err(e) = r {
-                    tracing::warn!(error = %format!("{e:#}"), "local merge replica");
+                    warn!(error = %format!("{e:#}"), "local merge replica");
                 }
                 for o in out.drain(..) {
                     let _ = out_tx.send(o);
@@ -232,6 +233,7 @@ pub async fn run_local_butterfly(
         for o in outs {
             match o {
                 MergeOut::Plan => send_plan(sm),
+                MergeOut::Equivocated(liar) => warn!(%liar, "a replica equivocated; it is planned out"),
                 MergeOut::Verdict(v) => {
                     for p in &sm.plan.participants {
                         let _ = to_replica[index[&p.peer]].send(ToReplica::Verdict(pb::SliceVerdict {
@@ -259,7 +261,14 @@ pub async fn run_local_butterfly(
             ToCoordinator::Died(p) => sm.drop_participants(&[p], &mut outs),
             ToCoordinator::Report(p, pb::report::Kind::SliceDone(d)) => {
                 if let Ok(h) = <[u8; 32]>::try_from(d.hash.as_slice()) {
-                    sm.slice_done(p, d.partition, d.generation, h, &mut outs);
+                    // As the orchestrator does: the headers handed on must
+                    // be signed contributions to the partition.
+                    let to = PartitionOf::of(&sm.plan, ctx.run_id(), d.partition);
+                    let signed: Vec<SignedContribution> = to
+                        .iter()
+                        .flat_map(|to| d.contributions.iter().filter_map(|c| SignedContribution::check(c, to).ok()))
+                        .collect();
+                    sm.slice_done(p, d.partition, d.generation, h, &signed, &mut outs);
                 }
             }
             ToCoordinator::Report(p, pb::report::Kind::MergeDone(d)) => {
