@@ -454,6 +454,8 @@ impl OrchestratorRpc for OrchestratorService {
                 generation: d.generation,
                 hash: d.hash,
                 contributions: d.contributions,
+                // 32 bytes each: `fields::report` checked.
+                flagged: d.flagged.iter().filter_map(|f| <[u8; 32]>::try_from(f.as_slice()).ok().map(PeerId)).collect(),
             },
         };
         self.apply_for(REPORT, peer, ev)?;

@@ -209,6 +209,12 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
             if let Some(i) = d.contributions.iter().position(|c| c.len() != want) {
                 return Err(bad("slice_done.contributions", format!("header {i} is not {want} bytes")));
             }
+            if d.flagged.len() > MAX_CONTRIBUTIONS {
+                return Err(bad("slice_done.flagged", format!("at most {MAX_CONTRIBUTIONS}")));
+            }
+            for f in &d.flagged {
+                hash32("slice_done.flagged", f)?;
+            }
         }
         Kind::PeerFailed(f) => {
             hash32("peer_failed.peer", &f.peer)?;
@@ -423,6 +429,11 @@ mod tests {
         assert!(report(&slice(vec![header.clone(); 3])).is_ok());
         assert!(report(&slice(vec![header.clone(), vec![0; 7]])).unwrap_err().message.contains("header 1"));
         assert!(report(&slice(vec![header; MAX_CONTRIBUTIONS + 1])).unwrap_err().message.contains("at most"));
+        let flagging = |flagged: Vec<Vec<u8>>| pb::Report {
+            kind: Some(pb::report::Kind::SliceDone(pb::SliceDone { hash: vec![1; 32], flagged, ..Default::default() })),
+        };
+        assert!(report(&flagging(vec![vec![3; 32]])).is_ok());
+        assert!(report(&flagging(vec![vec![3; 31]])).unwrap_err().message.contains("slice_done.flagged"));
     }
 
     #[test]

@@ -385,6 +385,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                             contributions: (0..b.u8() % 4 / 3)
                                 .map(|_| vec![b.u8(); iota_core::wire::header_len()])
                                 .collect(),
+                            flagged: (0..b.u8() % 4 / 3).map(|_| q.owners.last().copied().unwrap_or(peer)).collect(),
                         }
                     }
                     None => Event::Tick,

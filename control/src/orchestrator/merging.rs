@@ -1,7 +1,7 @@
 //! The orchestrator's side of butterfly merging: one plan per stage when
 //! Merging starts, and turning a stage merge's outputs into commands.
 
-use iota_core::merge::{MergeOut, MergePlan, Participant, PartitionOf, SignedContribution, StageMerge};
+use iota_core::merge::{MergeOut, MergePlan, Participant, PartitionOf, SignedContribution, SliceReport, StageMerge};
 use iota_protocol::{MergeMethod, pb};
 
 use iota_core::PeerId;
@@ -29,9 +29,11 @@ fn check_contributions(
 
 impl Orchestrator {
     /// An owner's result for a partition (`SliceDone`), with the headers
-    /// of the contributions it reduced. A stale one is counted and
-    /// ignored; one whose headers prove a sender equivocated convicts the
+    /// of the contributions it reduced and the senders it flagged. A stale
+    /// one is counted and ignored; one whose headers prove a sender
+    /// equivocated, or whose flag is a sender's second, convicts the
     /// sender.
+    #[allow(clippy::too_many_arguments, reason = "one report's fields, grouped")]
     pub(super) fn on_slice_done(
         &mut self,
         now: Ms,
@@ -39,25 +41,37 @@ impl Orchestrator {
         (epoch, stage): (u64, u32),
         (partition, generation, hash): (u32, u32, [u8; 32]),
         contributions: &[Vec<u8>],
+        flagged: Vec<PeerId>,
         out: &mut Vec<Out>,
     ) -> Result<(), Refusal> {
         let mut mo = Vec::new();
         let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
         let accepted = match self.butterfly.get_mut(&stage).filter(|_| current) {
             Some(m) => {
-                let signed = check_contributions(&m.plan, self.spec.run_id, partition, contributions)?;
-                m.slice_done(peer, partition, generation, hash, &signed, &mut mo)
+                let contributions = check_contributions(&m.plan, self.spec.run_id, partition, contributions)?;
+                let report = SliceReport { hash, contributions, flagged };
+                m.slice_done(peer, partition, generation, &report, &mut mo)
             }
             None => false,
         };
         if !accepted {
             self.counters.stale_reports += 1;
         }
-        let liars: Vec<PeerId> =
-            mo.iter().filter_map(|o| if let MergeOut::Equivocated(p) = o { Some(*p) } else { None }).collect();
+        let convicts: Vec<(PeerId, bool)> = mo
+            .iter()
+            .filter_map(|o| match o {
+                MergeOut::Equivocated(p) => Some((*p, true)),
+                MergeOut::Flawed(p) => Some((*p, false)),
+                _ => None,
+            })
+            .collect();
         self.merge_outs(stage, mo, out);
-        for liar in liars {
-            self.convict_equivocator(now, stage, liar, out);
+        for (miner, equivocated) in convicts {
+            if equivocated {
+                self.convict_equivocator(now, stage, miner, out);
+            } else {
+                self.convict_flawed(now, stage, miner, out);
+            }
         }
         Ok(())
     }
@@ -82,7 +96,7 @@ impl Orchestrator {
                         writer: v.writer.0.to_vec(),
                     }),
                     // The caller convicts it (see `convict_equivocator`).
-                    MergeOut::Equivocated(_) => continue,
+                    MergeOut::Equivocated(_) | MergeOut::Flawed(_) => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
             }

@@ -130,6 +130,8 @@ pub enum Event {
         hash: Vec<u8>,
         /// Archived signed headers of the contributions the owner reduced.
         contributions: Vec<Vec<u8>>,
+        /// Participants whose contribution it flagged.
+        flagged: Vec<PeerId>,
     },
     /// One of the run's validators registered.
     RegisterValidator {
@@ -404,11 +406,19 @@ impl Orchestrator {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::SliceDone { peer, epoch, stage, partition, generation, hash, contributions } => {
+            Event::SliceDone { peer, epoch, stage, partition, generation, hash, contributions, flagged } => {
                 self.known(&peer)?;
                 let h = <[u8; 32]>::try_from(hash.as_slice())
                     .map_err(|_| Refusal::Invalid("slice hash must be 32 bytes".into()))?;
-                self.on_slice_done(now, peer, (epoch, stage), (partition, generation, h), &contributions, &mut out)?;
+                self.on_slice_done(
+                    now,
+                    peer,
+                    (epoch, stage),
+                    (partition, generation, h),
+                    &contributions,
+                    flagged,
+                    &mut out,
+                )?;
             }
             Event::Stored { peer, epoch, stage, object } => {
                 self.known(&peer)?;

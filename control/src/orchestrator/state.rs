@@ -397,6 +397,9 @@ pub struct Counters {
     /// contributions to one partition.
     #[serde(default)]
     pub equivocations: u64,
+    /// Merge participants whose contribution two other owners flagged.
+    #[serde(default)]
+    pub flawed_contributions: u64,
     /// Epochs merged with no validator live to check them.
     #[serde(default)]
     pub unvalidated_epochs: u64,

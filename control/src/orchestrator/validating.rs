@@ -438,6 +438,21 @@ impl Orchestrator {
             self.validation.equivocations.remove(0);
         }
         self.validation.equivocations.push(proof);
+        self.convict_merge(now, miner, out);
+    }
+
+    /// Two owners of a partition other than `miner` flagged its
+    /// contribution to `stage`'s merge (undecodable, non-finite or a far
+    /// outlier: see `iota_core::merge::flaws`); the stage merge has planned
+    /// it out. Convicted as two agreeing owners' result is accepted: on
+    /// their word, with no vote.
+    pub(super) fn convict_flawed(&mut self, now: Ms, stage: u32, miner: PeerId, out: &mut Vec<Out>) {
+        self.counters.flawed_contributions += 1;
+        warn!(epoch = self.epoch, stage, miner = %miner, "two owners flagged a merge contribution");
+        self.convict_merge(now, miner, out);
+    }
+
+    fn convict_merge(&mut self, now: Ms, miner: PeerId, out: &mut Vec<Out>) {
         let acc = Accusation { epoch: self.epoch, miner, check: Check::Merge };
         let consequences = match self.validation.quorum.as_mut() {
             Some(q) => q.proven(acc),

@@ -21,14 +21,18 @@
 //! - [`stage`]: `StageMerge`, one stage's merge as the coordinator sees it
 //!   (owners' hashes, verdicts, disputes, re-plans);
 //! - [`equivocation`]: proofs that a participant sent two owners different
-//!   contributions.
+//!   contributions;
+//! - [`flaws`]: contributions every honest owner flags (undecodable,
+//!   non-finite, far outlying).
 
 pub mod equivocation;
+pub mod flaws;
 pub mod plan;
 pub mod reduce;
 pub mod stage;
 
 pub use equivocation::{Equivocation, PartitionOf, SignedContribution};
+pub use flaws::{Flaw, flaws};
 pub use plan::{BLOCK, MergePlan, Participant, Partition};
 pub use reduce::{OuterOpt, ReduceRule, ReduceStats, reduce_slice};
-pub use stage::{KEEP_PREVIOUS, MergeOut, Mismatch, StageMerge, Verdict};
+pub use stage::{KEEP_PREVIOUS, MergeOut, Mismatch, SliceReport, StageMerge, Verdict};

@@ -2,12 +2,13 @@
 //! holds the plan, collects the owners' slice hashes, accepts a result per
 //! partition (a verdict), sends a disputed partition to a referee, re-plans
 //! around participants that drop out, plans out a participant proven to
-//! have sent two owners different contributions (see `equivocation`), and
-//! knows when the stage is merged.
+//! have sent two owners different contributions (see `equivocation`) or
+//! whose contribution two other owners flag (see `flaws`), and knows when
+//! the stage is merged.
 //! The orchestrator drives it from reports; the local merge harness and the
 //! bench drive it directly, without gRPC.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,28 @@ pub enum MergeOut {
     /// `StageMerge::equivocations`) and is planned out: the orchestrator
     /// convicts it.
     Equivocated(PeerId),
+    /// Two owners other than this participant flagged its contribution
+    /// (see `flaws`); it is planned out, and the orchestrator convicts it.
+    Flawed(PeerId),
+}
+
+/// An owner's result for one partition.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceReport {
+    /// The blake3 of its encoded update.
+    pub hash: [u8; 32],
+    /// The headers of the contributions it reduced that came as frames,
+    /// checked (see `SignedContribution::check`).
+    pub contributions: Vec<SignedContribution>,
+    /// Participants whose contribution it flagged (see `flaws`).
+    pub flagged: Vec<PeerId>,
+}
+
+impl SliceReport {
+    /// A result with no evidence.
+    pub fn of(hash: [u8; 32]) -> SliceReport {
+        SliceReport { hash, ..SliceReport::default() }
+    }
 }
 
 /// A contribution as an owner reported it: payload hash, archived signed
@@ -79,6 +102,12 @@ pub struct StageMerge {
     /// Proofs of equivocation found in this merge.
     #[serde(default)]
     pub equivocations: Vec<Equivocation>,
+    /// Per partition, the owners that flagged each sender.
+    #[serde(default)]
+    flags: Vec<BTreeMap<PeerId, BTreeSet<PeerId>>>,
+    /// Participants planned out for flawed contributions: (partition, who).
+    #[serde(default)]
+    pub flawed: Vec<(u32, PeerId)>,
 }
 
 impl StageMerge {
@@ -93,6 +122,8 @@ impl StageMerge {
             spurned: BTreeMap::new(),
             contributions: vec![BTreeMap::new(); k],
             equivocations: Vec::new(),
+            flags: vec![BTreeMap::new(); k],
+            flawed: Vec::new(),
         }
     }
 
@@ -112,32 +143,39 @@ impl StageMerge {
         self.done.values().all(|h| Some(h) == self.done.values().next())
     }
 
-    /// An owner's result for a partition, with the headers of the
-    /// contributions it reduced (checked by the caller: see
-    /// `SignedContribution::check`). Stale or foreign reports are ignored
-    /// (returns false) rather than refused: they are normal after a
-    /// re-plan. A contribution that contradicts another owner's report of
-    /// the same sender's is a proof: the sender is planned out
-    /// (`MergeOut::Equivocated`) and the partition is reduced again without
-    /// it, so no honest owner is named deviant for it.
+    /// An owner's result for a partition, with its evidence. Stale or
+    /// foreign reports are ignored (returns false) rather than refused:
+    /// they are normal after a re-plan. A contribution header that
+    /// contradicts another owner's report of the same sender's is a proof:
+    /// the sender is planned out (`MergeOut::Equivocated`) and the
+    /// partition is reduced again without it, so no honest owner is named
+    /// deviant for it. A sender flagged by two owners other than itself is
+    /// planned out the same way (`MergeOut::Flawed`).
     pub fn slice_done(
         &mut self,
         peer: PeerId,
         k: u32,
         generation: u32,
-        hash: [u8; 32],
-        contributions: &[SignedContribution],
+        report: &SliceReport,
         out: &mut Vec<MergeOut>,
     ) -> bool {
+        let hash = report.hash;
         let ku = k as usize;
         let Some(part) = self.plan.partitions.get(ku).cloned() else { return false };
         if part.generation != generation || !part.owners.contains(&peer) || self.verdicts[ku].is_some() {
             return false;
         }
-        let liars = self.compare_contributions(k, contributions);
+        let liars = self.compare_contributions(k, &report.contributions);
         if !liars.is_empty() {
             out.extend(liars.iter().map(|l| MergeOut::Equivocated(*l)));
             self.drop_participants(&liars, out);
+            return true;
+        }
+        let flawed = self.count_flags(k, peer, &report.flagged);
+        if !flawed.is_empty() {
+            out.extend(flawed.iter().map(|l| MergeOut::Flawed(*l)));
+            self.flawed.extend(flawed.iter().map(|l| (k, *l)));
+            self.drop_participants(&flawed, out);
             return true;
         }
         self.reports[ku].insert(peer, hash);
@@ -212,6 +250,28 @@ impl StageMerge {
             }
         }
         liars
+    }
+
+    /// Records that owner `by` flagged `flagged` in partition `k`; returns
+    /// the participants now flagged there by two owners other than
+    /// themselves.
+    fn count_flags(&mut self, k: u32, by: PeerId, flagged: &[PeerId]) -> Vec<PeerId> {
+        let ku = k as usize;
+        if self.flags.len() != self.plan.partitions.len() {
+            self.flags.resize(self.plan.partitions.len(), BTreeMap::new());
+        }
+        let mut out = Vec::new();
+        for f in flagged {
+            if *f == by || !self.plan.is_participant(f) || out.contains(f) {
+                continue;
+            }
+            let owners = self.flags[ku].entry(*f).or_default();
+            owners.insert(by);
+            if owners.len() >= 2 {
+                out.push(*f);
+            }
+        }
+        out
     }
 
     fn accept(&mut self, k: u32, generation: u32, hash: [u8; 32], writer: PeerId, out: &mut Vec<MergeOut>) {
@@ -311,7 +371,7 @@ mod tests {
             let part = m.plan.partitions[k].clone();
             for o in &part.owners {
                 let h = if wrong == Some((k, *o)) { [9; 32] } else { [k as u8 + 1; 32] };
-                m.slice_done(*o, k as u32, part.generation, h, &[], out);
+                m.slice_done(*o, k as u32, part.generation, &SliceReport::of(h), out);
             }
         }
     }
@@ -346,11 +406,11 @@ mod tests {
         assert!(m.verdicts[1].is_none());
         // The referee computes the honest result.
         out.clear();
-        assert!(m.slice_done(part.owners[0], 1, part.generation, [2; 32], &[], &mut out));
+        assert!(m.slice_done(part.owners[0], 1, part.generation, &SliceReport::of([2; 32]), &mut out));
         assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
         assert_eq!(m.mismatches[0].deviants, vec![liar]);
         // A late report of the old generation changes nothing.
-        assert!(!m.slice_done(liar, 1, 0, [9; 32], &[], &mut out));
+        assert!(!m.slice_done(liar, 1, 0, &SliceReport::of([9; 32]), &mut out));
     }
 
     #[test]
@@ -377,9 +437,10 @@ mod tests {
                 .collect()
         };
         let mut out = Vec::new();
-        assert!(m.slice_done(part.owners[0], 1, 0, [5; 32], &received(0), &mut out));
+        let report = |hash, contributions| SliceReport { hash, contributions, flagged: Vec::new() };
+        assert!(m.slice_done(part.owners[0], 1, 0, &report([5; 32], received(0)), &mut out));
         assert!(out.is_empty(), "one owner's report proves nothing");
-        assert!(m.slice_done(part.owners[1], 1, 0, [6; 32], &received(1), &mut out));
+        assert!(m.slice_done(part.owners[1], 1, 0, &report([6; 32], received(1)), &mut out));
         assert_eq!(out[0], MergeOut::Equivocated(liar));
         assert!(out.contains(&MergeOut::Plan));
         assert!(m.mismatches.is_empty(), "no owner is named for the sender's lie");
@@ -395,13 +456,43 @@ mod tests {
         for k in 0..m.plan.partitions.len() {
             let p = m.plan.partitions[k].clone();
             for o in &p.owners {
-                let c = if k == 1 { honest.as_slice() } else { &[] };
-                m.slice_done(*o, k as u32, p.generation, [k as u8 + 1; 32], c, &mut out);
+                let c = if k == 1 { honest.clone() } else { Vec::new() };
+                m.slice_done(*o, k as u32, p.generation, &report([k as u8 + 1; 32], c), &mut out);
             }
         }
         assert!(!out.iter().any(|o| matches!(o, MergeOut::Equivocated(_))));
         assert!(m.verdicts.iter().all(|v| v.is_some()));
         assert_eq!(m.equivocations.len(), 1);
+    }
+
+    #[test]
+    fn a_sender_two_other_owners_flag_is_planned_out_and_one_owners_word_is_not_enough() {
+        let mut m = StageMerge::new(plan(3));
+        let mut out = Vec::new();
+        // With three replicas every participant owns two of the three
+        // partitions: the third's owners are both others.
+        let bad = m.plan.participants[0].peer;
+        let k = (0..3).find(|k| !m.plan.partitions[*k].owners.contains(&bad)).unwrap();
+        let owned = (0..3).find(|k| m.plan.partitions[*k].owners.contains(&bad)).unwrap();
+        let flagging = |hash| SliceReport { hash, contributions: Vec::new(), flagged: vec![bad] };
+        // In a partition it owns, only the other owner flags it (and it
+        // cannot flag itself out of trouble, or flag itself at all).
+        let po = m.plan.partitions[owned].clone();
+        for o in &po.owners {
+            m.slice_done(*o, owned as u32, 0, &flagging([owned as u8 + 1; 32]), &mut out);
+        }
+        assert!(!out.iter().any(|o| matches!(o, MergeOut::Flawed(_))), "one other owner's word");
+        assert!(m.verdicts[owned].is_some());
+        let pk = m.plan.partitions[k].clone();
+        assert!(m.slice_done(pk.owners[0], k as u32, 0, &flagging([7; 32]), &mut out));
+        assert!(!out.iter().any(|o| matches!(o, MergeOut::Flawed(_))));
+        assert!(m.slice_done(pk.owners[1], k as u32, 0, &flagging([7; 32]), &mut out));
+        assert!(out.contains(&MergeOut::Flawed(bad)));
+        assert_eq!(m.flawed, vec![(k as u32, bad)]);
+        assert!(!m.plan.is_participant(&bad));
+        assert_eq!(m.plan.partitions[k].generation, 1, "reduced again without it");
+        assert!(m.verdicts[k].is_none());
+        assert!(m.mismatches.is_empty());
     }
 
     #[test]
@@ -421,7 +512,7 @@ mod tests {
         // Partition 0 settles; then its writer dies.
         let p0 = m.plan.partitions[0].clone();
         for o in &p0.owners {
-            m.slice_done(*o, 0, 0, [1; 32], &[], &mut out);
+            m.slice_done(*o, 0, 0, &SliceReport::of([1; 32]), &mut out);
         }
         let writer = m.verdicts[0].as_ref().unwrap().writer;
         out.clear();

@@ -10,7 +10,8 @@
 //! it sends upstream; `Lazy` (a middle stage or a tail) sends upstream,
 //! for every micro-batch, the gradient it computed for its first one, and a
 //! lazy middle stage skips its backward; `MergeEquivocate` sends the two
-//! owners of a merge partition different slices. Each does everything else honestly (it trains,
+//! owners of a merge partition different slices; `Nan` and `MergeGarbage`
+//! send a pseudo-gradient with a NaN in it or a million times too large. Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
 
@@ -59,11 +60,17 @@ pub enum Adversary {
     /// slice of the pseudo-gradient and the other owner the slice tripled
     /// (`MergeFault::Equivocate`); it trains honestly.
     MergeEquivocate,
+    /// In the merge, sends a pseudo-gradient with a NaN in every slice
+    /// (`MergeFault::NanDelta`); it trains honestly.
+    Nan,
+    /// In the merge, sends a pseudo-gradient a million times too large
+    /// (`MergeFault::HugeDelta`); it trains honestly.
+    MergeGarbage,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 12] = [
+    pub const NAMES: [(&'static str, Adversary); 14] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -76,6 +83,8 @@ impl Adversary {
         ("grad-noise", Adversary::GradNoise),
         ("lazy", Adversary::Lazy),
         ("merge-equivocate", Adversary::MergeEquivocate),
+        ("nan", Adversary::Nan),
+        ("merge-garbage", Adversary::MergeGarbage),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -84,7 +93,13 @@ impl Adversary {
 
     /// The merge fault a mode acts out, if it cheats in the merge.
     pub fn merge_fault(self) -> Option<crate::miner::merge::MergeFault> {
-        (self == Adversary::MergeEquivocate).then_some(crate::miner::merge::MergeFault::Equivocate)
+        use crate::miner::merge::MergeFault;
+        match self {
+            Adversary::MergeEquivocate => Some(MergeFault::Equivocate),
+            Adversary::Nan => Some(MergeFault::NanDelta),
+            Adversary::MergeGarbage => Some(MergeFault::HugeDelta),
+            _ => None,
+        }
     }
 
     /// Whether the mode changes what the miner computes (the worker acts it
@@ -156,7 +171,9 @@ impl Tamper {
             | Adversary::Closed
             | Adversary::Slow
             | Adversary::Flaky
-            | Adversary::MergeEquivocate => {}
+            | Adversary::MergeEquivocate
+            | Adversary::Nan
+            | Adversary::MergeGarbage => {}
         }
     }
 

@@ -282,6 +282,7 @@ impl Sim {
                                 generation: plan.partitions[k].generation,
                                 hash: hash.to_vec(),
                                 contributions,
+                                flagged: Vec::new(),
                             });
                         }
                     } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, reduce_slice};
+use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, flaws, reduce_slice};
 use iota_core::wire::{Direction, header_bytes};
 use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_model::codec;
@@ -66,6 +66,11 @@ pub struct MergeStats {
 pub enum MergeFault {
     /// Sends a pseudo-gradient a million times too large.
     HugeDelta,
+    /// Sends noise of 500 times its pseudo-gradient's RMS: inside the band
+    /// owners accept when the replicas' norms are alike (see
+    /// `iota_core::merge::flaws`), so only the rule and the validators'
+    /// rollback stand in its way.
+    Overshoot,
     /// Sends a pseudo-gradient with a NaN in it.
     NanDelta,
     /// As an owner, publishes a wrong update.
@@ -413,7 +418,19 @@ impl Butterfly {
         }
         let decoded: Vec<Option<Vec<f32>>> =
             plan.participants.iter().map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok()).collect();
-        let refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
+        let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
+        // What every honest owner flags, with the same inputs, and leaves
+        // out of its reduce (so it agrees with the other honest owner
+        // whatever the rule, and an owner that keeps it in disagrees).
+        let mut flagged: Vec<Vec<u8>> = Vec::new();
+        for (i, why) in flaws(&refs) {
+            refs[i] = None;
+            let from = plan.participants[i].peer;
+            if from != self.me {
+                warn!(k, %from, ?why, "merge contribution flagged and left out");
+                flagged.push(from.0.to_vec());
+            }
+        }
         let mut momentum = self.momentum_for(k, part.offset, part.len, out)?;
         let (mut u, st) = reduce_slice(self.spec.rule, self.spec.outer, &refs, &plan.weights(), &mut momentum);
         if st.rejected_non_finite > 0 || st.clipped > 0 {
@@ -436,6 +453,7 @@ impl Butterfly {
             generation: part.generation,
             hash: hash.to_vec(),
             contributions,
+            flagged,
         })));
         for p in &plan.participants {
             if plan.sender_of(k, &p.peer) == Some(self.me) {
@@ -670,6 +688,13 @@ impl Merge for Butterfly {
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
         if self.fault == Some(MergeFault::HugeDelta) {
             delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
+        }
+        if self.fault == Some(MergeFault::Overshoot) {
+            // Noise of 500 times the honest pseudo-gradient's RMS.
+            let rms =
+                (delta.iter().map(|d| f64::from(*d) * f64::from(*d)).sum::<f64>() / delta.len().max(1) as f64).sqrt();
+            let mut rng = iota_core::Rng::new(epoch);
+            delta.iter_mut().for_each(|d| *d = rng.normal() * 500.0 * rms as f32);
         }
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();

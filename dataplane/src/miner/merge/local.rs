@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use iota_core::layout::Init;
-use iota_core::merge::{MergeOut, MergePlan, Mismatch, Participant, PartitionOf, SignedContribution, StageMerge};
+use iota_core::merge::{
+    MergeOut, MergePlan, Mismatch, Participant, PartitionOf, SignedContribution, SliceReport, StageMerge,
+};
 use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
 use iota_protocol::{MergeSpec, StoredObject, pb, plan_to_pb};
 use tokio::sync::mpsc;
@@ -44,8 +46,10 @@ pub struct LocalReplica {
 
 #[derive(Debug)]
 pub struct LocalMergeReport {
-    /// Each replica's merged weights (None: it died).
+    /// Each replica's merged weights (None: it died or was planned out).
     pub merged: Vec<Option<Vec<f32>>>,
+    /// Replicas the merge planned out (died, equivocated, flagged).
+    pub planned_out: Vec<PeerId>,
     pub sent_bytes: Vec<u64>,
     pub recv_bytes: Vec<u64>,
     pub store_fallbacks: u64,
@@ -64,6 +68,8 @@ enum ToReplica {
     Stored(pb::Stored),
     Frame(Box<ReceivedFrame>),
     Tick,
+    /// The merge is over (for a replica it planned out).
+    End,
 }
 
 enum ToCoordinator {
@@ -180,6 +186,7 @@ pub async fn run_local_butterfly(
                     ToReplica::Stored(st) => b.stored(st, &mut out),
                     ToReplica::Frame(f) => b.frame(*f, &mut out),
                     ToReplica::Tick => b.tick(&mut out),
+                    ToReplica::End => return Ok(None),
                 };
                 if let Err(e) = r {
                     warn!(error = %format!("{e:#}"), "local merge replica");
@@ -191,11 +198,13 @@ pub async fn run_local_butterfly(
                     return Ok(Some(w));
                 }
             }
-            bail!("replica channel closed before the merge finished")
+            // The merge ended without this replica (planned out): checked
+            // below against the plan.
+            Ok(None)
         }));
     }
-    // Ticks.
-    {
+    // Ticks, until the merge is over.
+    let ticks = {
         let txs = to_replica.clone();
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(Duration::from_millis(200));
@@ -207,8 +216,8 @@ pub async fn run_local_butterfly(
                     return;
                 }
             }
-        });
-    }
+        })
+    };
     // The coordinator.
     let participants = replicas.iter().zip(&peers).map(|(rep, p)| Participant { peer: *p, work: rep.work }).collect();
     let mut sm = StageMerge::new(MergePlan::new(epoch, 0, participants, n as u64, 1234, spec.slices_per_replica));
@@ -234,6 +243,7 @@ pub async fn run_local_butterfly(
             match o {
                 MergeOut::Plan => send_plan(sm),
                 MergeOut::Equivocated(liar) => warn!(%liar, "a replica equivocated; it is planned out"),
+                MergeOut::Flawed(bad) => warn!(%bad, "two owners flagged a replica's contribution; it is planned out"),
                 MergeOut::Verdict(v) => {
                     for p in &sm.plan.participants {
                         let _ = to_replica[index[&p.peer]].send(ToReplica::Verdict(pb::SliceVerdict {
@@ -264,11 +274,14 @@ pub async fn run_local_butterfly(
                     // As the orchestrator does: the headers handed on must
                     // be signed contributions to the partition.
                     let to = PartitionOf::of(&sm.plan, ctx.run_id(), d.partition);
-                    let signed: Vec<SignedContribution> = to
+                    let contributions: Vec<SignedContribution> = to
                         .iter()
                         .flat_map(|to| d.contributions.iter().filter_map(|c| SignedContribution::check(c, to).ok()))
                         .collect();
-                    sm.slice_done(p, d.partition, d.generation, h, &signed, &mut outs);
+                    let flagged =
+                        d.flagged.iter().filter_map(|f| <[u8; 32]>::try_from(f.as_slice()).ok().map(PeerId)).collect();
+                    let report = SliceReport { hash: h, contributions, flagged };
+                    sm.slice_done(p, d.partition, d.generation, &report, &mut outs);
                 }
             }
             ToCoordinator::Report(p, pb::report::Kind::MergeDone(d)) => {
@@ -302,16 +315,26 @@ pub async fn run_local_butterfly(
         apply(&sm, outs);
     }
     let elapsed = t0.elapsed();
+    // A replica planned out is still waiting for input.
+    ticks.abort();
+    for tx in &to_replica {
+        let _ = tx.send(ToReplica::End);
+    }
     drop(to_replica);
+    for ep in &eps {
+        ep.close();
+    }
     let mut merged = Vec::new();
     for t in threads {
         merged.push(tokio::task::spawn_blocking(move || t.join()).await?.map_err(|_| anyhow::anyhow!("panicked"))??);
     }
-    for ep in &eps {
-        ep.close();
+    let planned_out: Vec<PeerId> = peers.iter().copied().filter(|p| !sm.plan.is_participant(p)).collect();
+    if let Some(i) = (0..r).find(|i| merged[*i].is_none() && !planned_out.contains(&peers[*i])) {
+        bail!("replica {i} was not planned out and did not finish its merge");
     }
     Ok(LocalMergeReport {
         merged,
+        planned_out,
         sent_bytes: stats.iter().map(|s| s.sent_bytes.load(Ordering::Relaxed)).collect(),
         recv_bytes: stats.iter().map(|s| s.recv_bytes.load(Ordering::Relaxed)).collect(),
         store_fallbacks: stats.iter().map(|s| s.store_fallbacks.load(Ordering::Relaxed)).sum(),
