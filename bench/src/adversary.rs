@@ -1,7 +1,10 @@
 //! adversary: `tiny` 3 stages x 2 replicas in process on loopback with two
 //! validators and one dishonest miner (noise, zeros or replay in the head;
 //! a loss-lying or noisy-gradient tail). Baseline from the same run: the
-//! same swarm, validators included, with six honest miners. Prints per
+//! same swarm, validators included, with six honest miners. Then the merge
+//! cheats (equivocation, NaN, garbage) over 2 stages x 3 replicas (with
+//! two replicas no sender is a third party to a partition), against an
+//! honest run of that shape. Prints per
 //! mode whether both validators' stake convicted it, in which epoch, the
 //! guilty votes against honest miners, the wall time as a ratio to the
 //! honest baseline, and the validators' compute (time in evidence checks
@@ -10,7 +13,7 @@
 
 use anyhow::Result;
 use iota_dataplane::miner::Adversary;
-use iota_tests::validation::{Place, ScenarioReport, run_scenario};
+use iota_tests::validation::{Place, ScenarioReport, run_scenario, run_scenario_shaped};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,6 +40,13 @@ const SCENARIOS: [(&str, Adversary, Place); 9] = [
     ("lazy tail", Adversary::Lazy, Place::Tail),
 ];
 
+/// The merge cheats, each the first miner of a 2 x 3 swarm.
+const MERGE_SCENARIOS: [(&str, Adversary); 3] = [
+    ("merge-equivocate", Adversary::MergeEquivocate),
+    ("nan", Adversary::Nan),
+    ("merge-garbage", Adversary::MergeGarbage),
+];
+
 pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
     println!(
@@ -57,6 +67,18 @@ pub fn run(a: Args) -> Result<()> {
     row("honest", &base, &base);
     for (name, mode, place) in SCENARIOS {
         let r = rt.block_on(run_scenario(Some((mode, place)), a.epochs, a.micro_batches));
+        row(name, &r, &base);
+    }
+    println!("merge cheats: tiny 2 stages x 3 replicas, otherwise the same");
+    let shape = (2, 3);
+    let mut bases: Vec<ScenarioReport> = (0..a.baseline_runs.max(1))
+        .map(|_| rt.block_on(run_scenario_shaped(None, shape, a.epochs, a.micro_batches)))
+        .collect();
+    bases.sort_by_key(|r| r.wall);
+    let base = bases.swap_remove(bases.len() / 2);
+    row("honest 2x3", &base, &base);
+    for (name, mode) in MERGE_SCENARIOS {
+        let r = rt.block_on(run_scenario_shaped(Some((mode, Place::Head)), shape, a.epochs, a.micro_batches));
         row(name, &r, &base);
     }
     Ok(())

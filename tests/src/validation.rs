@@ -1,7 +1,7 @@
 //! The validation scenario shared by the integration tests and
-//! `iota-bench adversary`: a `tiny` 3x2 swarm in process with two
-//! validators and at most one dishonest miner, placed in the head, a
-//! middle or the tail stage.
+//! `iota-bench adversary`: a `tiny` swarm in process (3x2, or another
+//! shape) with two validators and at most one dishonest miner, placed in
+//! the head, a middle or the tail stage.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,7 @@ use crate::{Swarm, tiny_run, with_validators};
 
 /// Where the adversary lands. Stages fill evenly in registration order
 /// (0, 1, 2, 0, 1, 2): registered first it holds the head stage, second a
-/// middle stage, last the tail.
+/// middle stage (with three stages or more), last the tail.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Place {
     Head,
@@ -24,12 +24,13 @@ pub enum Place {
 }
 
 impl Place {
-    /// Its position in the registration order of six miners, and its stage.
-    fn slot(self) -> (usize, u32) {
+    /// Its position in the registration order of `stages` x `replicas`
+    /// miners, and its stage.
+    fn slot(self, stages: u32, replicas: u32) -> (usize, u32) {
         match self {
             Place::Head => (0, 0),
             Place::Middle => (1, 1),
-            Place::Tail => (5, 2),
+            Place::Tail => ((stages * replicas) as usize - 1, stages - 1),
         }
     }
 }
@@ -55,8 +56,18 @@ pub struct ScenarioReport {
 /// replicas with two validators, and `adversary` at its place (None: six
 /// honest miners).
 pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, per_epoch: u64) -> ScenarioReport {
+    run_scenario_shaped(adversary, (3, 2), epochs, per_epoch).await
+}
+
+/// `run_scenario` over `(stages, replicas)`.
+pub async fn run_scenario_shaped(
+    adversary: Option<(Adversary, Place)>,
+    (stages, replicas): (u32, u32),
+    epochs: u64,
+    per_epoch: u64,
+) -> ScenarioReport {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = tiny_run(3, 2, epochs, per_epoch, WireCodec::Int8Row);
+    let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
     cfg.spec.validation.min_per_miner = 3;
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
@@ -76,9 +87,9 @@ pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, pe
     let t0 = Instant::now();
     let (mut honest, mut bad) = (Vec::new(), None);
     // One at a time, so the registration order (and the stages) are known.
-    for i in 0..6 {
+    for i in 0..(stages * replicas) as usize {
         match adversary {
-            Some((mode, place)) if place.slot().0 == i => {
+            Some((mode, place)) if place.slot(stages, replicas).0 == i => {
                 bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()))
             }
             _ => honest.push(swarm.miner(stop.clone())),
@@ -88,7 +99,7 @@ pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, pe
     let bad_peer = adversary.map(|(_, place)| {
         let mut order: Vec<_> = swarm.service.with_state(|o| o.miners().map(|m| (m.index, m.peer, m.stage)).collect());
         order.sort();
-        let (slot, want) = place.slot();
+        let (slot, want) = place.slot(stages, replicas);
         let (_, peer, stage) = order[slot];
         assert_eq!(stage, want, "the adversary's stage");
         peer
