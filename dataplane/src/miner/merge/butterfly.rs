@@ -66,7 +66,7 @@ pub struct MergeStats {
 pub enum MergeFault {
     /// Sends a pseudo-gradient a million times too large.
     HugeDelta,
-    /// Sends noise of 500 times its pseudo-gradient's RMS: inside the band
+    /// Sends noise of 100 times its pseudo-gradient's RMS: inside the band
     /// owners accept when the replicas' norms are alike (see
     /// `iota_core::merge::flaws`), so only the rule and the validators'
     /// rollback stand in its way.
@@ -690,11 +690,11 @@ impl Merge for Butterfly {
             delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
         }
         if self.fault == Some(MergeFault::Overshoot) {
-            // Noise of 500 times the honest pseudo-gradient's RMS.
+            // Noise of 100 times the honest pseudo-gradient's RMS.
             let rms =
                 (delta.iter().map(|d| f64::from(*d) * f64::from(*d)).sum::<f64>() / delta.len().max(1) as f64).sqrt();
             let mut rng = iota_core::Rng::new(epoch);
-            delta.iter_mut().for_each(|d| *d = rng.normal() * 500.0 * rms as f32);
+            delta.iter_mut().for_each(|d| *d = rng.normal() * 100.0 * rms as f32);
         }
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
