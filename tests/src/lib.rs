@@ -209,6 +209,18 @@ impl Swarm {
         Self::serve(service, db, Some(addr)).await
     }
 
+    /// The first miner to register, once one has (a test starts its
+    /// adversary first and waits for it here, so it knows who that is).
+    pub async fn first_registered(&self) -> iota_core::PeerId {
+        for _ in 0..1000 {
+            if let Some(p) = self.service.with_state(|o| o.miners().next().map(|m| m.peer)) {
+                return p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("no miner registered within 10 s");
+    }
+
     /// Starts a miner task.
     pub fn miner(&self, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
         self.miner_with(|_| {}, stop)

@@ -428,15 +428,7 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     // once, in CI, against an honest replica with a tenth of its norm), so
     // with the plain mean it poisons the merge.
     let poisoner = swarm.miner_with(|o| o.merge_fault = Some(MergeFault::Overshoot), leave.clone());
-    let mut poisoner_peer = None;
-    for _ in 0..1000 {
-        poisoner_peer = swarm.service.with_state(|o| o.miners().next().map(|m| m.peer));
-        if poisoner_peer.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let poisoner_peer = poisoner_peer.expect("the poisoner registered");
+    let poisoner_peer = swarm.first_registered().await;
     let honest: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
     let poisoned_in = |h: &[iota_control::orchestrator::EpochSummary]| {
         h.iter()
@@ -514,15 +506,7 @@ async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> Merge
     let stop = Arc::new(AtomicBool::new(false));
     let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
     let bad = swarm.miner_with(|o| o.adversary = Some(mode), stop.clone());
-    let mut bad_peer = None;
-    for _ in 0..1000 {
-        bad_peer = swarm.service.with_state(|o| o.miners().next().map(|m| m.peer));
-        if bad_peer.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let bad_peer = bad_peer.expect("the cheat registered");
+    let bad_peer = swarm.first_registered().await;
     let honest: Vec<_> = (0..5).map(|_| swarm.miner(stop.clone())).collect();
     for m in honest {
         tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
