@@ -42,6 +42,19 @@ pub enum Cmd {
         /// before its request is even verified. Default: open to all.
         #[arg(long, value_name = "FILE")]
         admit: Option<PathBuf>,
+        /// Requests per second one source address may send (IPv6: one
+        /// /64), bursts of twice that; more are refused RESOURCE_EXHAUSTED
+        /// before their signature is checked.
+        #[arg(long, default_value_t = 1000.0, value_name = "N")]
+        address_rps: f64,
+        /// Requests per second the server takes from everyone together
+        /// (bursts of twice that).
+        #[arg(long, default_value_t = 10000.0, value_name = "N")]
+        server_rps: f64,
+        /// Identities (miners and validators) one source address may
+        /// register; a re-registration of a known one is always taken.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        identities_per_address: usize,
         /// Read flags from a TOML file (keys are flag names; flags given
         /// on the command line win).
         #[arg(long)]
@@ -157,7 +170,20 @@ pub fn run(cli: Cli) -> Result<()> {
 
 async fn run_async(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Orchestrator { run, listen, insecure_plaintext, admit, .. } => {
+        Cmd::Orchestrator {
+            run,
+            listen,
+            insecure_plaintext,
+            admit,
+            address_rps,
+            server_rps,
+            identities_per_address,
+            ..
+        } => {
+            anyhow::ensure!(
+                address_rps > 0.0 && server_rps > 0.0 && identities_per_address > 0,
+                "--address-rps, --server-rps and --identities-per-address must be positive"
+            );
             let cfg = run.run_config()?;
             run.claim_run_dir(&cfg)?;
             let mut policy = iota_protocol::auth::AuthPolicy::default();
@@ -166,7 +192,14 @@ async fn run_async(cli: Cli) -> Result<()> {
                 println!("admitting {} identities listed in {}", list.len(), file.display());
                 policy.admitted = Some(std::sync::Arc::new(list));
             }
-            let mut svc = swarm::orchestrator(&cfg, &run.run_dir, policy)?;
+            let sources = iota_protocol::source_limits::SourcePolicy {
+                per_address_rate_per_s: address_rps,
+                per_address_burst: 2.0 * address_rps,
+                global_rate_per_s: server_rps,
+                global_burst: 2.0 * server_rps,
+                identities_per_address,
+            };
+            let mut svc = swarm::orchestrator(&cfg, &run.run_dir, policy)?.with_source_policy(sources);
             let bucket = run.s3_store().await?;
             let store_arg = match &bucket {
                 // Miners reach the bucket through grants: nothing to share.

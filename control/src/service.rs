@@ -11,6 +11,7 @@
 //! otherwise.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,11 +25,12 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
-use iota_protocol::client::{GRANT, HEARTBEAT, REGISTER, REPORT, STATUS, SUBSCRIBE, VALIDATE};
+use iota_protocol::client::{GRANT, HEARTBEAT, HELLO, REGISTER, REPORT, STATUS, SUBSCRIBE, VALIDATE};
 use iota_protocol::fields;
 use iota_protocol::object_store::ObjectStore;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
 use iota_protocol::refusal::{Reason, Rejected};
+use iota_protocol::source_limits::{SourceLimits, SourcePolicy};
 use iota_protocol::{MbRef, StoredObject};
 
 use crate::audit::Audit;
@@ -150,6 +152,9 @@ impl Core {
 pub struct OrchestratorService {
     core: Arc<Mutex<Core>>,
     verifier: Arc<Verifier>,
+    /// Budgets per source address and for the whole server, checked before
+    /// a signature is.
+    limits: Arc<SourceLimits>,
     audit: Arc<Audit>,
     id: Arc<Identity>,
     run_config_json: Arc<String>,
@@ -200,11 +205,18 @@ impl OrchestratorService {
         Ok(OrchestratorService {
             core: Arc::new(Mutex::new(core)),
             verifier: Arc::new(Verifier::new(policy, aud, started)),
+            limits: Arc::new(SourceLimits::new(SourcePolicy::default())),
             audit: Arc::new(Audit::default()),
             id,
             run_config_json: Arc::new(run_config_json),
             s3: None,
         })
+    }
+
+    /// Limits sources by `policy` instead of the default one.
+    pub fn with_source_policy(mut self, policy: SourcePolicy) -> Self {
+        self.limits = Arc::new(SourceLimits::new(policy));
+        self
     }
 
     /// Serves presigned URLs on `store` to the run's miners (Grant).
@@ -262,8 +274,17 @@ impl OrchestratorService {
         r.status()
     }
 
-    fn verify<M: prost::Message + Default>(&self, method: &str, s: &pb::Signed) -> Result<(PeerId, M), Status> {
-        self.verifier.verify(method, s, now_ms()).map_err(|r| self.refuse(method, r))
+    /// Admits a request from `source` within its address's budget and the
+    /// server's, then verifies its envelope: who signed it and its body.
+    fn verify<M: prost::Message + Default>(
+        &self,
+        method: &str,
+        source: Option<IpAddr>,
+        s: &pb::Signed,
+    ) -> Result<(PeerId, M), Status> {
+        let now = now_ms();
+        self.limits.admit_request(source, now).map_err(|r| self.refuse(method, r))?;
+        self.verifier.verify(method, s, now).map_err(|r| self.refuse(method, r))
     }
 
     /// An object announced in `peer`'s report (the signer is its writer).
@@ -305,14 +326,18 @@ type CommandStream = Pin<Box<dyn Stream<Item = Result<pb::ServerSigned, Status>>
 
 #[tonic::async_trait]
 impl OrchestratorRpc for OrchestratorService {
-    async fn hello(&self, _req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloReply>, Status> {
+    async fn hello(&self, req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloReply>, Status> {
+        // Unsigned, yet it costs a signature: within the source's budget.
+        let source = req.remote_addr().map(|a| a.ip());
+        self.limits.admit_request(source, now_ms()).map_err(|r| self.refuse(HELLO, r))?;
         Ok(Response::new(sign_hello(&self.id, self.verifier.audience().run_id, now_ms())))
     }
 
     async fn register(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
-        let env = req.into_inner();
-        let (peer, body): (PeerId, pb::RegisterRequest) = self.verify(REGISTER, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, body): (PeerId, pb::RegisterRequest) = self.verify(REGISTER, source, &env)?;
         fields::register(&body).map_err(|r| self.refuse(REGISTER, r.from(peer)))?;
+        self.limits.admit_identity(source, peer).map_err(|r| self.refuse(REGISTER, r.from(peer)))?;
         let validator = body.role() == pb::Role::Validator;
         let ev = if validator {
             Event::RegisterValidator { peer, device: body.device }
@@ -320,6 +345,14 @@ impl OrchestratorRpc for OrchestratorService {
             Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s, device: body.device }
         };
         self.apply_for(REGISTER, peer, ev)?;
+        self.limits.registered(source, peer);
+        if self.limits.identities_recorded() > 2 * self.with_state(|o| o.miners().count()) + 64 {
+            // Identities that left free their address's places.
+            self.with_state(|o| {
+                let validators: HashSet<PeerId> = o.validators().map(|v| v.peer).collect();
+                self.limits.prune_identities(|p| o.miner(p).is_some() || validators.contains(p))
+            });
+        }
         let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
         if validator {
             info!(peer = %peer, "validator registered");
@@ -331,8 +364,8 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn heartbeat(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
-        let env = req.into_inner();
-        let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify(HEARTBEAT, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify(HEARTBEAT, source, &env)?;
         fields::heartbeat(&body).map_err(|r| self.refuse(HEARTBEAT, r.from(peer)))?;
         // `fields::heartbeat` checked the heads: this cannot fail.
         let commitments = iota_protocol::commitments_pb::from_pb(&body.commitments).unwrap_or_default();
@@ -345,8 +378,8 @@ impl OrchestratorRpc for OrchestratorService {
     type SubscribeStream = CommandStream;
 
     async fn subscribe(&self, req: Request<pb::Signed>) -> Result<Response<CommandStream>, Status> {
-        let env = req.into_inner();
-        let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify(SUBSCRIBE, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, _): (PeerId, pb::SubscribeRequest) = self.verify(SUBSCRIBE, source, &env)?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
             let mut core = self.core.lock();
@@ -388,8 +421,8 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn report(&self, req: Request<pb::Signed>) -> Result<Response<pb::Ack>, Status> {
-        let env = req.into_inner();
-        let (peer, body): (PeerId, pb::Report) = self.verify(REPORT, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, body): (PeerId, pb::Report) = self.verify(REPORT, source, &env)?;
         fields::report(&body).map_err(|r| self.refuse(REPORT, r.from(peer)))?;
         let Some(kind) = body.kind else { unreachable!("fields::report refuses an empty report") };
         let ev = match kind {
@@ -463,8 +496,8 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn grant(&self, req: Request<pb::Signed>) -> Result<Response<pb::ServerSigned>, Status> {
-        let env = req.into_inner();
-        let (peer, body): (PeerId, pb::GrantRequest) = self.verify(GRANT, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, body): (PeerId, pb::GrantRequest) = self.verify(GRANT, source, &env)?;
         fields::grant(&body).map_err(|r| self.refuse(GRANT, r.from(peer)))?;
         let Some(store) = self.s3.clone() else {
             let r = Rejected::new(
@@ -507,8 +540,8 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn validate(&self, req: Request<pb::Signed>) -> Result<Response<pb::Ack>, Status> {
-        let env = req.into_inner();
-        let (peer, body): (PeerId, pb::ValidatorReport) = self.verify(VALIDATE, &env)?;
+        let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
+        let (peer, body): (PeerId, pb::ValidatorReport) = self.verify(VALIDATE, source, &env)?;
         fields::validator_report(&body).map_err(|r| self.refuse(VALIDATE, r.from(peer)))?;
         if !self.with_state(|o| o.is_validator(&peer)) {
             let r = Rejected::new(Reason::WrongRole, format!("peer {peer} is not a registered validator of this run"));
@@ -558,7 +591,7 @@ impl OrchestratorRpc for OrchestratorService {
     }
 
     async fn status(&self, req: Request<pb::Signed>) -> Result<Response<pb::RunStatus>, Status> {
-        let _: (PeerId, pb::StatusRequest) = self.verify(STATUS, req.get_ref())?;
+        let _: (PeerId, pb::StatusRequest) = self.verify(STATUS, req.remote_addr().map(|a| a.ip()), req.get_ref())?;
         let now = now_ms();
         let mut st = self.with_state(|o| {
             let mut st = o.status();

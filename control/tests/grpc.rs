@@ -233,3 +233,45 @@ async fn the_control_plane_is_tls_bound_to_the_orchestrators_key() {
     assert_eq!(c.audience().orchestrator, orch_id().peer_id());
     drop(silent);
 }
+
+/// Per-address and server-wide limits over real gRPC: one address gets its
+/// burst and then RESOURCE_EXHAUSTED (before its signatures are checked: a
+/// forged envelope is refused for the rate, not the signature), and it may
+/// register only as many identities as the cap, while a known one may
+/// register again.
+#[tokio::test]
+async fn one_address_is_held_to_its_budget_and_its_identity_cap() {
+    use iota_protocol::source_limits::SourcePolicy;
+    let policy = SourcePolicy {
+        per_address_rate_per_s: 0.001,
+        per_address_burst: 12.0,
+        global_rate_per_s: 1_000.0,
+        global_burst: 1_000.0,
+        identities_per_address: 2,
+    };
+    let (url, _server) = serve(service(None).with_source_policy(policy)).await;
+    // Each connect says hello (1 request): 3 clients, 3 registrations, one
+    // re-registration = 7 of the 12.
+    let mut a = client(&url, 1).await;
+    let mut b = client(&url, 2).await;
+    let mut c = client(&url, 3).await;
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into()).await.unwrap();
+    b.register("127.0.0.1:2".into(), 1.0, "cpu".into()).await.unwrap();
+    let e = c.register("127.0.0.1:3".into(), 1.0, "cpu".into()).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("identities"), "{}", e.message());
+    a.register("127.0.0.1:1".into(), 1.0, "cpu".into()).await.unwrap();
+    // Spend the rest of the burst (5 left), then every request is refused,
+    // a forged one included, with the budget's status.
+    for _ in 0..5 {
+        a.heartbeat(0, 0, 1.0, &[]).await.unwrap();
+    }
+    let e = a.heartbeat(0, 0, 1.0, &[]).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("this address"), "{}", e.message());
+    let m = "/iota.v1.Orchestrator/Heartbeat";
+    let body = pb::HeartbeatRequest::default();
+    let mut forged = sign(a.identity(), a.audience(), m, &body, now_ms());
+    forged.signature[0] ^= 1;
+    assert_eq!(a.raw_heartbeat(forged).await.unwrap_err().code(), Code::ResourceExhausted);
+}

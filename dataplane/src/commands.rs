@@ -131,6 +131,11 @@ pub struct RunArgs {
     /// tested end to end with real processes. Never for a real run.
     #[arg(long, hide = true, value_parser = parse_adversary)]
     adversary: Option<miner::Adversary>,
+    /// A test tool, hidden: each frame of work takes at least N ms (the
+    /// worker sleeps the rest), so a chaos test's run lasts a known least
+    /// time on any machine. Never for a real run.
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    min_frame_ms: u64,
 }
 
 fn parse_adversary(s: &str) -> Result<miner::Adversary, String> {
@@ -208,6 +213,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.store = a.store;
     opts.data = a.data;
     opts.adversary = a.adversary;
+    opts.min_frame_ms = a.min_frame_ms;
     if let Some(adv) = a.adversary {
         tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
     }

@@ -32,6 +32,7 @@ use prost::Message;
 
 use crate::pb::{self, Signed};
 use crate::refusal::{Reason, Rejected};
+use crate::source_limits::{Exhausted, TokenBuckets};
 
 const RPC_DOMAIN: &[u8] = b"iota-rs rpc v2\0";
 const SERVER_DOMAIN: &[u8] = b"iota-rs server v2\0";
@@ -248,23 +249,10 @@ pub fn load_admitted(path: &std::path::Path) -> anyhow::Result<HashSet<PeerId>> 
     Ok(set)
 }
 
-struct Bucket {
-    tokens: f64,
-    at_ms: u64,
-}
-
 /// Identities with a rate-limit bucket at once. Buckets refill within
 /// `burst / rate_per_s` seconds and are then forgotten (a full bucket is the
 /// same as none), so only identities active in that window count.
 pub const MAX_BUCKETS: usize = 1 << 16;
-
-/// Per-identity token buckets, pruned as they refill.
-#[derive(Default)]
-struct Buckets {
-    map: HashMap<PeerId, Bucket>,
-    /// Prune when the map grows past this (amortises the sweep).
-    prune_at: usize,
-}
 
 /// Replay and rate-limit state of a server.
 pub struct Verifier {
@@ -274,7 +262,7 @@ pub struct Verifier {
     /// remembers start here.
     not_before_ms: u64,
     seen: Mutex<Seen>,
-    buckets: Mutex<Buckets>,
+    buckets: Mutex<TokenBuckets<PeerId>>,
 }
 
 /// Nonces seen within the skew window, oldest first.
@@ -288,13 +276,8 @@ impl Verifier {
     /// A verifier for requests to `aud`, refusing any signed before `not_before_ms`
     /// (the server's start).
     pub fn new(policy: AuthPolicy, aud: Audience, not_before_ms: u64) -> Self {
-        Verifier {
-            policy,
-            aud,
-            not_before_ms,
-            seen: Mutex::new(Seen::default()),
-            buckets: Mutex::new(Buckets { map: HashMap::new(), prune_at: 1024 }),
-        }
+        let buckets = Mutex::new(TokenBuckets::new(policy.rate_per_s, policy.burst, MAX_BUCKETS));
+        Verifier { policy, aud, not_before_ms, seen: Mutex::new(Seen::default()), buckets }
     }
 
     /// Whom this verifier accepts requests for.
@@ -371,25 +354,12 @@ impl Verifier {
     }
 
     fn check_rate(&self, peer: PeerId, now_ms: u64) -> Result<(), Rejected> {
-        let mut b = self.buckets.lock();
-        let refill_ms = (self.policy.burst / self.policy.rate_per_s * 1000.0).ceil() as u64;
-        if b.map.len() >= b.prune_at {
-            // A bucket idle for a whole refill is full again: forget it.
-            b.map.retain(|_, e| now_ms.saturating_sub(e.at_ms) < refill_ms);
-            b.prune_at = b.map.len().saturating_mul(2).max(1024);
-        }
-        if b.map.len() >= MAX_BUCKETS && !b.map.contains_key(&peer) {
-            return Err(Rejected::new(Reason::TooManyIdentities, "too many active identities; retry shortly"));
-        }
-        let e = b.map.entry(peer).or_insert(Bucket { tokens: self.policy.burst, at_ms: now_ms });
-        let dt = now_ms.saturating_sub(e.at_ms) as f64 / 1000.0;
-        e.tokens = (e.tokens + dt * self.policy.rate_per_s).min(self.policy.burst);
-        e.at_ms = now_ms.max(e.at_ms);
-        if e.tokens < 1.0 {
-            return Err(Rejected::new(Reason::RateLimited, "rate limit exceeded"));
-        }
-        e.tokens -= 1.0;
-        Ok(())
+        self.buckets.lock().take(peer, now_ms).map_err(|e| match e {
+            Exhausted::Empty => Rejected::new(Reason::RateLimited, "rate limit exceeded"),
+            Exhausted::TooManyKeys => {
+                Rejected::new(Reason::TooManyIdentities, "too many active identities; retry shortly")
+            }
+        })
     }
 }
 

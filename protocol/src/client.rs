@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::auth::{Audience, now_ms, open_hello, open_server, sign};
 use crate::pb::{self, orchestrator_client::OrchestratorClient};
 
+pub const HELLO: &str = "/iota.v1.Orchestrator/Hello";
 pub const REGISTER: &str = "/iota.v1.Orchestrator/Register";
 pub const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";
 pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";

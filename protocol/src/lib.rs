@@ -5,7 +5,8 @@
 //! - [`auth`]: signed request envelopes (sign, and the server's verifier)
 //!   and the orchestrator's signed replies and commands;
 //! - [`refusal`], [`fields`]: why a request is refused, and the rules its
-//!   fields must meet;
+//!   fields must meet; [`source_limits`]: request budgets per source
+//!   address and for the whole server;
 //! - [`client`]: the typed, signing client of the orchestrator;
 //! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
 //!   it and as a miner receives it;
@@ -25,6 +26,7 @@ pub mod plan_pb;
 pub mod refusal;
 pub mod run_config;
 pub mod run_spec;
+pub mod source_limits;
 pub mod store_keys;
 pub mod tls_identity;
 

@@ -156,10 +156,14 @@ pub struct NetSwarm {
     orch_ns: String,
     miner_ns: Vec<String>,
     orch_args: Vec<String>,
+    /// Flags every miner gets besides its identity and addresses.
+    miner_flags: Vec<String>,
     orch_key: String,
     pub orchestrator: Option<HostProcess>,
     pub miners: Vec<Option<HostProcess>>,
-    _s3: HostProcess,
+    s3: Option<HostProcess>,
+    s3_ns: String,
+    s3_bin: PathBuf,
 }
 
 const ACCESS_KEY: &str = "netns-access";
@@ -169,6 +173,11 @@ impl NetSwarm {
     /// None (after printing why) where namespaces, the binaries or s3s-fs
     /// are missing. `run_flags`: the run's shape, passed to the orchestrator.
     pub fn start(miners: u8, run_flags: &[&str]) -> Option<NetSwarm> {
+        Self::start_with(miners, run_flags, &[])
+    }
+
+    /// Like `start`, every miner run with `miner_flags` too.
+    pub fn start_with(miners: u8, run_flags: &[&str], miner_flags: &[&str]) -> Option<NetSwarm> {
         if let Some(why) = unavailable() {
             println!("skipped: {why}");
             return None;
@@ -186,14 +195,7 @@ impl NetSwarm {
         let mut net = Net::new();
         let (s3_ns, orch_ns) = (net.host(10), net.host(11));
         let miner_ns: Vec<String> = (0..miners).map(|i| net.host(20 + i)).collect();
-        let s3_dir = root.path().join("s3");
-        std::fs::create_dir_all(s3_dir.join("data")).unwrap();
-        let s3_args = ["--host", &Net::addr(10), "--port", "9000"]
-            .into_iter()
-            .chain(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, "data"])
-            .map(String::from)
-            .collect::<Vec<_>>();
-        let s3 = HostProcess::spawn(&s3_ns, &s3_dir, &s3s, &s3_args, &[]);
+        std::fs::create_dir_all(root.path().join("s3/data")).unwrap();
         // Identities made ahead, each in its own host's directory.
         let orch_dir = root.path().join("orchestrator");
         let orch_key =
@@ -222,11 +224,15 @@ impl NetSwarm {
             orch_ns,
             miner_ns,
             orch_args,
+            miner_flags: miner_flags.iter().map(|f| f.to_string()).collect(),
             orch_key: orch_key.peer_id().to_hex(),
             orchestrator: None,
             miners: (0..miners).map(|_| None).collect(),
-            _s3: s3,
+            s3: None,
+            s3_ns,
+            s3_bin: s3s,
         };
+        s.start_store();
         s.start_orchestrator();
         for i in 0..miners as usize {
             s.start_miner(i);
@@ -244,6 +250,29 @@ impl NetSwarm {
 
     pub fn s3_data(&self) -> PathBuf {
         self.root.path().join("s3/data")
+    }
+
+    /// Starts (or starts again) the S3 server on the bucket's directory.
+    pub fn start_store(&mut self) {
+        let args = ["--host", &Net::addr(10), "--port", "9000"]
+            .into_iter()
+            .chain(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, "data"])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        let n = self.s3.take().map(|p| p.generation + 1).unwrap_or(0);
+        let dir = self.root.path().join("s3");
+        let mut p = HostProcess::spawn_numbered(&self.s3_ns, &dir, &self.s3_bin, &args, &[], n);
+        p.generation = n;
+        self.s3 = Some(p);
+    }
+
+    /// Stops the S3 server (SIGKILL): the bucket refuses every connection
+    /// until `start_store`.
+    pub fn kill_store(&mut self) {
+        if let Some(p) = self.s3.as_mut() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
     }
 
     /// Starts (or starts again) the orchestrator; its log goes on after
@@ -269,6 +298,7 @@ impl NetSwarm {
             .chain(["--orchestrator-key", &self.orch_key, "--identity", "miner.key"])
             .chain(["--listen", &format!("{}:7200", Net::addr(20 + i as u8))])
             .map(String::from)
+            .chain(self.miner_flags.iter().cloned())
             .collect();
         let n = self.miners[i].take().map(|p| p.generation + 1).unwrap_or(0);
         let mut p = HostProcess::spawn_numbered(&self.miner_ns[i], &self.miner_dir(i), &self.miner_bin, &args, &[], n);
@@ -304,6 +334,11 @@ impl NetSwarm {
             .map(|g| strip_ansi(&std::fs::read_to_string(dir.join(log_name(g))).unwrap_or_default()))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// Whether the orchestrator is still running (the run has not ended).
+    pub fn orchestrator_running(&mut self) -> bool {
+        self.orchestrator.as_mut().is_some_and(|p| p.child.try_wait().ok().flatten().is_none())
     }
 
     /// Waits for the orchestrator to end the run; its whole output. Panics

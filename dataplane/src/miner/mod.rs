@@ -101,6 +101,10 @@ pub struct MinerOptions {
     /// per frame (it sleeps the rest), so tests can give honest miners
     /// different throughputs. 1 (the default): full speed.
     pub slowdown: u32,
+    /// Test tool: each frame of work takes at least this long (the worker
+    /// sleeps the rest), so a chaos test's run lasts a known least time on
+    /// any machine. 0 (the default): no floor.
+    pub min_frame_ms: u64,
 }
 
 impl MinerOptions {
@@ -122,6 +126,7 @@ impl MinerOptions {
             insecure_plaintext: false,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
             slowdown: 1,
+            min_frame_ms: 0,
         }
     }
 }
@@ -341,6 +346,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let fault = opts.merge_fault.or_else(|| adversary.and_then(Adversary::merge_fault));
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
+    let min_frame = Duration::from_millis(opts.min_frame_ms);
     let gemm = opts.gemm;
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
@@ -363,6 +369,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             sent,
             evidence_bytes,
             slowdown,
+            min_frame,
         };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
@@ -459,6 +466,7 @@ struct ComputeIo {
     sent: Arc<crate::sent_frames::SentFrames>,
     evidence_bytes: usize,
     slowdown: u32,
+    min_frame: Duration,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -512,6 +520,9 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
             std::thread::sleep(t0.elapsed() * 9);
         } else if io.slowdown > 1 && work {
             std::thread::sleep(t0.elapsed() * (io.slowdown - 1));
+        }
+        if work && let Some(rest) = io.min_frame.checked_sub(t0.elapsed()) {
+            std::thread::sleep(rest);
         }
         for o in out.drain(..) {
             if io.out_tx.blocking_send(o).is_err() {
