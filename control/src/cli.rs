@@ -53,6 +53,12 @@ pub struct RunArgs {
     /// Training corpus (text, .jsonl, .bin shards); default: a generated toy corpus.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Train on the corpus `iota-control data prepare` wrote into the run's
+    /// store (its bucket with --bucket, else RUN_DIR/store): miners and
+    /// validators fetch it from there, check it and cache it, and need no
+    /// --data of their own.
+    #[arg(long, conflicts_with = "data")]
+    pub prepared_data: bool,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Run directory: run.json (the run's settings), state database, object
@@ -167,8 +173,41 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The run configuration these settings describe (loads the corpus once
-    /// to fix the number of data shards).
+    /// to fix the number of data shards). A run on prepared data needs
+    /// `run_config_from_store`.
     pub fn run_config(&self) -> Result<RunConfig> {
+        anyhow::ensure!(!self.prepared_data, "--prepared-data: the corpus is read from the run's store");
+        let mut cfg = self.unfixed_config()?;
+        let data = self.data_path()?;
+        iota_dataplane::corpus::fix_shards(&mut cfg, data.as_deref())?;
+        self.finish(cfg, data.as_deref())
+    }
+
+    /// The run configuration, its corpus from `store` when the run trains
+    /// on prepared data (else as `run_config`).
+    pub async fn run_config_from_store(&self, store: &dyn iota_protocol::ObjectStore) -> Result<RunConfig> {
+        if !self.prepared_data {
+            return self.run_config();
+        }
+        let mut cfg = self.unfixed_config()?;
+        let (m, tokens) = iota_dataplane::prepared_corpus::fetch(store, None, cfg.train.tokenizer, None)
+            .await
+            .context("--prepared-data: reading the corpus `iota-control data prepare` wrote into the run's store")?;
+        println!("training on the prepared corpus: {} tokens in {} chunks", m.corpus.tokens, m.chunks.len());
+        let c = iota_model::data::Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction)
+            .map_err(anyhow::Error::msg)?;
+        iota_dataplane::corpus::fix_shards_of(&mut cfg, c)?;
+        self.finish(cfg, None)
+    }
+
+    fn finish(&self, mut cfg: RunConfig, data: Option<&std::path::Path>) -> Result<RunConfig> {
+        cfg.spec.run_id = run_id(&settings(&cfg, data, self.bucket.as_deref())?);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Everything but the corpus's shard count and id and the run id.
+    fn unfixed_config(&self) -> Result<RunConfig> {
         let mut model = ModelConfig::preset(&self.model)?;
         let tokenizer = if model.vocab_real <= 256 { TokenizerKind::Byte } else { TokenizerKind::Gpt2 };
         model.vocab_real = tokenizer.vocab_real();
@@ -238,12 +277,16 @@ impl RunArgs {
             bench_after_failures: self.bench_after_failures,
             validation: self.validation()?,
         };
-        let data = self.data_path()?;
         let store = if self.bucket.is_some() { StoreAccess::Granted } else { StoreAccess::Directory };
-        let mut cfg = RunConfig { spec, train, max_shards: 64, val_fraction: 0.02, corpus: None, store };
-        iota_dataplane::corpus::fix_shards(&mut cfg, data.as_deref())?;
-        cfg.spec.run_id = run_id(&settings(&cfg, data.as_deref(), self.bucket.as_deref())?);
-        cfg.validate()?;
+        let cfg = RunConfig {
+            spec,
+            train,
+            max_shards: 64,
+            val_fraction: 0.02,
+            corpus: None,
+            store,
+            corpus_in_store: self.prepared_data,
+        };
         Ok(cfg)
     }
 

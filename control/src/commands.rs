@@ -160,6 +160,13 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: crate::ledger_cmd::LedgerCmd,
     },
+    /// A run's corpus in its object store: `data prepare` tokenizes it once
+    /// and writes checked chunks with a manifest, for runs across machines
+    /// (`orchestrator --prepared-data`).
+    Data {
+        #[command(subcommand)]
+        cmd: crate::data_cmd::DataCmd,
+    },
 }
 
 /// Runs one parsed command line (on its own tokio runtime).
@@ -184,8 +191,27 @@ async fn run_async(cli: Cli) -> Result<()> {
                 address_rps > 0.0 && server_rps > 0.0 && identities_per_address > 0,
                 "--address-rps, --server-rps and --identities-per-address must be positive"
             );
-            let cfg = run.run_config()?;
+            let bucket = run.s3_store().await?;
+            let cfg = match &bucket {
+                Some(b) => run.run_config_from_store(&**b).await?,
+                None if run.prepared_data => {
+                    let dir = iota_dataplane::local_store::LocalDirStore::open(
+                        run.store_dir()?,
+                        iota_dataplane::fileio::FileIo::start(false),
+                    )?;
+                    run.run_config_from_store(&dir).await?
+                }
+                None => run.run_config()?,
+            };
             run.claim_run_dir(&cfg)?;
+            if run.prepared_data && bucket.is_none() {
+                let manifest = run.store_dir()?.join(iota_dataplane::prepared_corpus::MANIFEST_KEY);
+                anyhow::ensure!(
+                    manifest.exists(),
+                    "the prepared corpus left {} with the previous run's store (see the note above): prepare it again",
+                    run.store_dir()?.display()
+                );
+            }
             let mut policy = iota_protocol::auth::AuthPolicy::default();
             if let Some(file) = &admit {
                 let list = iota_protocol::auth::load_admitted(file)?;
@@ -200,7 +226,6 @@ async fn run_async(cli: Cli) -> Result<()> {
                 identities_per_address,
             };
             let mut svc = swarm::orchestrator(&cfg, &run.run_dir, policy)?.with_source_policy(sources);
-            let bucket = run.s3_store().await?;
             let store_arg = match &bucket {
                 // Miners reach the bucket through grants: nothing to share.
                 Some(_) => String::new(),
@@ -357,6 +382,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd),
+        Cmd::Data { cmd } => crate::data_cmd::run(cmd).await,
         Cmd::Status(a) => crate::status_cmd::run(a).await,
         Cmd::Yuma { input } => {
             let (json, name) = if input.as_os_str() == "-" {

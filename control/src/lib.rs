@@ -16,6 +16,7 @@
 pub mod audit;
 pub mod cli;
 pub mod commands;
+pub mod data_cmd;
 pub mod ledger_cmd;
 pub mod orchestrator;
 pub mod s3_store;

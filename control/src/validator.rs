@@ -123,7 +123,11 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
             anyhow::bail!("this run keeps its objects in a directory: give --store DIR")
         }
     };
-    let corpus = Arc::new(iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?);
+    let corpus = Arc::new(if cfg.corpus_in_store {
+        iota_dataplane::corpus::load_corpus_from_store(&cfg, &*store, None).await?
+    } else {
+        iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?
+    });
     let checker = Arc::new(parking_lot::Mutex::new(Checker::new(cfg.clone(), reply.run_id, Some(corpus))?));
     let v = &cfg.spec.validation;
     let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };

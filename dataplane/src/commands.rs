@@ -98,10 +98,17 @@ pub struct RunArgs {
     #[arg(long)]
     store: Option<PathBuf>,
     /// The run's corpus on this machine (text, .jsonl, .bin shards). Without
-    /// it the generated toy corpus is used; either way it must be the
-    /// run's (checked by its hash).
+    /// it the generated toy corpus is used, or, when the run trains on a
+    /// prepared corpus (`iota-control orchestrator --prepared-data`), the
+    /// corpus in the run's store; either way it must be the run's (checked
+    /// by its hash).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Where chunks of a prepared corpus fetched from the run's store are
+    /// kept (checked again before each use), so a restart does not fetch
+    /// them again.
+    #[arg(long, default_value = "iota-cache/corpus")]
+    corpus_cache: PathBuf,
     /// UDP address the data plane listens on (port 0 = any free port). For
     /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -212,6 +219,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.insecure_plaintext = a.insecure_plaintext;
     opts.store = a.store;
     opts.data = a.data;
+    opts.corpus_cache = Some(a.corpus_cache);
     opts.adversary = a.adversary;
     opts.min_frame_ms = a.min_frame_ms;
     if let Some(adv) = a.adversary {

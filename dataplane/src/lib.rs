@@ -16,6 +16,7 @@ pub mod identity_file;
 pub mod local_store;
 pub mod miner;
 pub mod pool;
+pub mod prepared_corpus;
 pub mod probe;
 pub mod recompute;
 pub mod sent_frames;

@@ -84,6 +84,7 @@ fn run_config() -> RunConfig {
         val_fraction: 0.02,
         corpus: None,
         store: Default::default(),
+        corpus_in_store: false,
     };
     cfg.spec.merge.stage_params = StageSpec::split(&cfg.train.model, stages as usize)
         .unwrap()

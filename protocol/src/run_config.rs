@@ -33,6 +33,12 @@ pub struct RunConfig {
     /// before this field keep their run id.
     #[serde(default, skip_serializing_if = "StoreAccess::is_directory")]
     pub store: StoreAccess,
+    /// The corpus is the one `iota-control data prepare` wrote into the
+    /// run's store (`data/manifest.json`): every role fetches it from there
+    /// and needs no copy of its own. Left out of the JSON when false, so
+    /// earlier runs keep their run id.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub corpus_in_store: bool,
 }
 
 /// How miners reach the run's object store.

@@ -167,6 +167,7 @@ pub struct NetSwarm {
 }
 
 const ACCESS_KEY: &str = "netns-access";
+const BUCKET: &str = "s3://iota-netns/run-1";
 const SECRET_KEY: &str = "netns-secret-key";
 
 impl NetSwarm {
@@ -178,6 +179,17 @@ impl NetSwarm {
 
     /// Like `start`, every miner run with `miner_flags` too.
     pub fn start_with(miners: u8, run_flags: &[&str], miner_flags: &[&str]) -> Option<NetSwarm> {
+        Self::start_inner(miners, run_flags, miner_flags, None)
+    }
+
+    /// Like `start`, the run training on `corpus` (byte-tokenized text),
+    /// which `iota-control data prepare` writes into the bucket from the
+    /// orchestrator's host first (`--prepared-data`): miners hold no copy.
+    pub fn start_prepared(miners: u8, run_flags: &[&str], corpus: &str) -> Option<NetSwarm> {
+        Self::start_inner(miners, run_flags, &[], Some(corpus))
+    }
+
+    fn start_inner(miners: u8, run_flags: &[&str], miner_flags: &[&str], corpus: Option<&str>) -> Option<NetSwarm> {
         if let Some(why) = unavailable() {
             println!("skipped: {why}");
             return None;
@@ -213,7 +225,8 @@ impl NetSwarm {
             .into_iter()
             .chain(run_flags.iter().copied())
             .chain(["--listen", &listen, "--run-dir", "run", "--admit", "admitted.txt"])
-            .chain(["--bucket", "s3://iota-netns/run-1", "--s3-endpoint", &endpoint, "--s3-path-style"])
+            .chain(["--bucket", BUCKET, "--s3-endpoint", &endpoint, "--s3-path-style"])
+            .chain(corpus.map(|_| "--prepared-data"))
             .map(String::from)
             .collect();
         let mut s = NetSwarm {
@@ -233,6 +246,9 @@ impl NetSwarm {
             s3_bin: s3s,
         };
         s.start_store();
+        if let Some(text) = corpus {
+            s.prepare_data(text, &endpoint);
+        }
         s.start_orchestrator();
         for i in 0..miners as usize {
             s.start_miner(i);
@@ -250,6 +266,34 @@ impl NetSwarm {
 
     pub fn s3_data(&self) -> PathBuf {
         self.root.path().join("s3/data")
+    }
+
+    /// Runs `iota-control data prepare` on the orchestrator's host, writing
+    /// `text` into the bucket (retried while the S3 server starts).
+    fn prepare_data(&self, text: &str, endpoint: &str) {
+        let dir = self.orchestrator_dir();
+        std::fs::write(dir.join("corpus.txt"), text).unwrap();
+        let args = ["data", "prepare", "--input", "corpus.txt", "--out", BUCKET, "--tokenizer", "byte"]
+            .into_iter()
+            .chain(["--s3-endpoint", endpoint, "--s3-path-style"]);
+        let mut last = String::new();
+        for _ in 0..50 {
+            let o = Command::new("ip")
+                .args(["netns", "exec", &self.orch_ns])
+                .arg(&self.control)
+                .args(args.clone())
+                .current_dir(&dir)
+                .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+                .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+                .output()
+                .unwrap();
+            if o.status.success() {
+                return;
+            }
+            last = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        panic!("data prepare failed:\n{last}");
     }
 
     /// Starts (or starts again) the S3 server on the bucket's directory.

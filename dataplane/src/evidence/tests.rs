@@ -58,6 +58,7 @@ fn run_config() -> iota_protocol::RunConfig {
         val_fraction: 0.02,
         corpus: None,
         store: Default::default(),
+        corpus_in_store: false,
     }
 }
 

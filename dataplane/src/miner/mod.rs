@@ -88,6 +88,9 @@ pub struct MinerOptions {
     /// The run's corpus on this machine (None: the generated toy corpus);
     /// checked against the run's corpus hash.
     pub data: Option<PathBuf>,
+    /// Where chunks of a corpus fetched from the run's store are kept
+    /// between runs (None: fetched again each time).
+    pub corpus_cache: Option<PathBuf>,
     /// The object store directory the orchestrator and every miner share
     /// on one machine (a run on a bucket needs none).
     pub store: Option<PathBuf>,
@@ -122,6 +125,7 @@ impl MinerOptions {
             gemm: GemmPrecision::Bf16,
             orchestrator_key: None,
             data: None,
+            corpus_cache: None,
             store: None,
             insecure_plaintext: false,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
@@ -219,6 +223,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         ),
     };
     let data = opts.data.clone();
+    let corpus_cache = opts.corpus_cache.clone();
 
     // `stop` is the caller's; `finished` ends this miner's own tasks.
     let finished = Arc::new(AtomicBool::new(false));
@@ -375,13 +380,19 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         match gpu {
             None => {
                 let be = Arc::new(iota_model::CpuBackend::new());
-                compute_loop(Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx), io)
+                compute_loop(
+                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
+                    io,
+                )
             }
             Some(gpu) => {
                 gpu.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))?;
                 let be = Arc::new(iota_cuda::backend::CudaBackend::with_precision(gpu, gemm)?);
                 info!(backend = %be.name(), "stage computes on the GPU");
-                compute_loop(Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx), io)
+                compute_loop(
+                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
+                    io,
+                )
             }
         }
     })?;

@@ -44,8 +44,11 @@ const MAX_EARLY: usize = 256;
 pub struct Worker<B: Backend = CpuBackend> {
     me: PeerId,
     cfg: RunConfig,
-    /// Where this miner reads the run's corpus (None: the toy corpus).
+    /// Where this miner reads the run's corpus (None: the toy corpus, or
+    /// the run's store when the run says its corpus is there).
     data: Option<std::path::PathBuf>,
+    /// Where chunks of a corpus fetched from the store are kept (None: not kept).
+    corpus_cache: Option<std::path::PathBuf>,
     be: Arc<B>,
     store: SharedStore,
     rt: tokio::runtime::Handle,
@@ -125,6 +128,7 @@ impl<B: Backend + 'static> Worker<B> {
             me,
             cfg,
             data,
+            corpus_cache: None,
             be,
             merge,
             tokens: Arc::new(AtomicU64::new(0)),
@@ -154,6 +158,12 @@ impl<B: Backend + 'static> Worker<B> {
             sent: None,
             tamper: None,
         }
+    }
+
+    /// Keeps the chunks of a corpus fetched from the run's store in `dir`.
+    pub fn with_corpus_cache(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.corpus_cache = dir;
+        self
     }
 
     /// Answers evidence requests from `sent` (the endpoint's record of the
@@ -349,7 +359,13 @@ impl<B: Backend + 'static> Worker<B> {
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
-            self.corpus = Some(Arc::new(crate::corpus::load_corpus(&self.cfg, self.data.as_deref())?));
+            self.corpus = Some(Arc::new(crate::corpus::load_run_corpus(
+                &self.cfg,
+                self.data.as_deref(),
+                &*self.store,
+                &self.rt,
+                self.corpus_cache.as_deref(),
+            )?));
         }
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())

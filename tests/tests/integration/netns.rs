@@ -39,9 +39,12 @@ fn every_epoch_accounted_of(out: &str, epochs: usize, per_epoch: u64) {
     }
 }
 
+/// The corpus is a text of the test's own, which `data prepare` writes into
+/// the bucket: no miner host holds it, or any path to it.
 #[test]
 fn a_swarm_of_separate_hosts_trains_on_a_bucket_over_tls() {
-    let Some(mut s) = NetSwarm::start(4, &shape("2")) else { return };
+    let text = iota_model::data::synthetic::grammar_text(7, 300_000);
+    let Some(mut s) = NetSwarm::start_prepared(4, &shape("2"), &text) else { return };
     let out = s.wait_done(Duration::from_secs(90));
     println!("{}", out.lines().filter(|l| l.starts_with("epoch")).collect::<Vec<_>>().join("\n"));
     let losses = epoch_losses(&out);
@@ -59,6 +62,12 @@ fn a_swarm_of_separate_hosts_trains_on_a_bucket_over_tls() {
     assert!(!s.orchestrator_dir().join("run/store").exists());
     let objects = walk(&s.s3_data());
     assert!(objects.iter().any(|p| p.contains("momentum")), "no momentum in the bucket: {objects:?}");
+    assert!(objects.iter().any(|p| p.ends_with("data/manifest.json")), "no corpus in the bucket: {objects:?}");
+    // Each miner fetched the corpus through its grants and cached it.
+    for i in 0..4 {
+        let cached = std::fs::read_dir(s.miner_dir(i).join("iota-cache/corpus")).map(|d| d.count()).unwrap_or(0);
+        assert!(cached > 0, "miner {i} cached no corpus chunk");
+    }
 }
 
 /// The orchestrator is killed (SIGKILL) in the middle of the second epoch's

@@ -211,3 +211,65 @@ async fn a_swarm_on_a_bucket_trains_with_no_shared_directory() {
     assert_eq!(refusals.get("not_yours"), None, "{refusals:?}");
     assert!(!dir.path().join("store").exists(), "a store directory was made");
 }
+
+/// Issue 15, "no shared paths" for a real corpus: `data prepare` writes a
+/// corpus (not the run's generated one) into the bucket; 2 x 2 miners with
+/// no `--data`, no `--store` and no credentials fetch it through grants,
+/// check it chunk by chunk, cache it, and train on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prepared_corpus_in_the_bucket_trains_miners_that_hold_no_copy() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use iota_core::train_config::TokenizerKind;
+    use iota_dataplane::prepared_corpus;
+    use iota_protocol::run_config::StoreAccess;
+
+    let Some(server) = S3Server::start() else { return };
+    let bucket = Arc::new(server.store("iota-data", "run-99").await);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = iota_tests::tiny_run(2, 2, 2, 16, iota_core::WireCodec::Int8Row);
+    // Another text than the run's generated corpus: another seed.
+    let text = iota_model::data::synthetic::grammar_text(cfg.train.seed + 1, 400_000);
+    let tokens = iota_model::data::Tokenizer::new(TokenizerKind::Byte).unwrap().encode(&text);
+    let m = prepared_corpus::prepare(&*bucket, &tokens, TokenizerKind::Byte, 100_000, |_| {}).await.unwrap();
+    assert_eq!(m.chunks.len(), tokens.len().div_ceil(100_000));
+    let chunks = m.chunks.len();
+    let toy = cfg.corpus.clone();
+    cfg.store = StoreAccess::Granted;
+    cfg.corpus_in_store = true;
+    let corpus = iota_model::data::Corpus::new(tokens, cfg.train.seq, cfg.max_shards, cfg.val_fraction).unwrap();
+    iota_dataplane::corpus::fix_shards_of(&mut cfg, corpus).unwrap();
+    assert_ne!(cfg.corpus, toy, "the prepared corpus is not the generated one");
+
+    let swarm = iota_tests::Swarm::start_on_bucket(&cfg, dir.path().join("state.sqlite"), bucket.clone()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let caches: Vec<std::path::PathBuf> = (0..4).map(|i| dir.path().join(format!("cache-{i}"))).collect();
+    let miners: Vec<_> = caches
+        .iter()
+        .map(|c| {
+            let c = c.clone();
+            swarm.miner_with(
+                move |o| {
+                    o.store = None;
+                    o.data = None;
+                    o.corpus_cache = Some(c);
+                },
+                stop.clone(),
+            )
+        })
+        .collect();
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history.len(), 2);
+    assert!(history.iter().all(|e| e.completed + e.dropped == 16), "{history:?}");
+    assert!(history[1].mean_loss < history[0].mean_loss, "{history:?}");
+    // Every miner needs tokens (the head its inputs, the tail its targets):
+    // each cached every chunk, fetched through its grants.
+    for c in &caches {
+        let cached = std::fs::read_dir(c).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(cached, chunks, "{} holds {cached} chunks", c.display());
+    }
+}
