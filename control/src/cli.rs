@@ -348,7 +348,16 @@ impl RunArgs {
     /// the run's objects live in a bucket).
     pub fn claim_run_dir(&self, cfg: &RunConfig) -> Result<()> {
         let settings = settings(cfg, self.data_path()?.as_deref(), self.bucket.as_deref())?;
-        match run_dir::claim(&self.run_dir, &settings, RUN_FILES, self.new_run)? {
+        // A store holding only a prepared corpus (`data prepare --out
+        // RUN_DIR/store`) is this run's input, not a previous run's files.
+        let only_corpus = self.prepared_data && self.bucket.is_none() && {
+            let names: Vec<_> = std::fs::read_dir(self.store_dir()?)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect())
+                .unwrap_or_default();
+            names.iter().all(|n| n == "data")
+        };
+        let run_files: Vec<&str> = RUN_FILES.iter().copied().filter(|f| !(only_corpus && *f == "store")).collect();
+        match run_dir::claim(&self.run_dir, &settings, &run_files, self.new_run)? {
             Claim::Fresh | Claim::Same => {}
             Claim::Archived(to) => {
                 eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())

@@ -169,6 +169,35 @@ pub enum Cmd {
     },
 }
 
+/// The run's configuration (its corpus from the run's store with
+/// `--prepared-data`: the bucket, else RUN_DIR/store), the run directory
+/// claimed for it.
+async fn claimed_config(run: &RunArgs, bucket: Option<&crate::s3_store::S3Store>) -> Result<iota_protocol::RunConfig> {
+    let cfg = match bucket {
+        Some(b) => run.run_config_from_store(b).await?,
+        None if run.prepared_data => {
+            let dir = iota_dataplane::local_store::LocalDirStore::open(
+                run.store_dir()?,
+                iota_dataplane::fileio::FileIo::start(false),
+            )?;
+            run.run_config_from_store(&dir).await?
+        }
+        None => run.run_config()?,
+    };
+    run.claim_run_dir(&cfg)?;
+    if run.prepared_data && bucket.is_none() {
+        // A new run in a directory that held another moves the old store
+        // aside, and the corpus prepared in it with it.
+        let manifest = run.store_dir()?.join(iota_dataplane::prepared_corpus::MANIFEST_KEY);
+        anyhow::ensure!(
+            manifest.exists(),
+            "the prepared corpus left {} with the previous run's store (see the note above): prepare it again",
+            run.store_dir()?.display()
+        );
+    }
+    Ok(cfg)
+}
+
 /// Runs one parsed command line (on its own tokio runtime).
 pub fn run(cli: Cli) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
@@ -192,26 +221,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 "--address-rps, --server-rps and --identities-per-address must be positive"
             );
             let bucket = run.s3_store().await?;
-            let cfg = match &bucket {
-                Some(b) => run.run_config_from_store(&**b).await?,
-                None if run.prepared_data => {
-                    let dir = iota_dataplane::local_store::LocalDirStore::open(
-                        run.store_dir()?,
-                        iota_dataplane::fileio::FileIo::start(false),
-                    )?;
-                    run.run_config_from_store(&dir).await?
-                }
-                None => run.run_config()?,
-            };
-            run.claim_run_dir(&cfg)?;
-            if run.prepared_data && bucket.is_none() {
-                let manifest = run.store_dir()?.join(iota_dataplane::prepared_corpus::MANIFEST_KEY);
-                anyhow::ensure!(
-                    manifest.exists(),
-                    "the prepared corpus left {} with the previous run's store (see the note above): prepare it again",
-                    run.store_dir()?.display()
-                );
-            }
+            let cfg = claimed_config(&run, bucket.as_deref()).await?;
             let mut policy = iota_protocol::auth::AuthPolicy::default();
             if let Some(file) = &admit {
                 let list = iota_protocol::auth::load_admitted(file)?;
@@ -349,8 +359,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let cfg = run.run_config()?;
-            run.claim_run_dir(&cfg)?;
+            let cfg = claimed_config(&run, None).await?;
             let miner_bin = match miner_bin {
                 Some(p) => p,
                 None => std::env::current_exe()?.parent().context("no binary directory")?.join("iota-miner"),
