@@ -37,6 +37,15 @@ pub enum Cmd {
         /// too). For local tests only.
         #[arg(long)]
         insecure_plaintext: bool,
+        /// Serve TLS with this CA-issued certificate chain (PEM, leaf first)
+        /// instead of the orchestrator's identity certificate; callers then
+        /// need --tls-ca with the CA and a URL naming the certificate's host.
+        /// The orchestrator's key still signs every reply and command.
+        #[arg(long, value_name = "FILE", requires = "tls_key", conflicts_with = "insecure_plaintext")]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert.
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
         /// Admit only the identities listed in FILE (one 64-hex miner key
         /// per line, '#' comments): any other is refused PERMISSION_DENIED
         /// before its request is even verified. Default: open to all.
@@ -71,6 +80,10 @@ pub enum Cmd {
         /// The orchestrator's key (64 hex), pinned.
         #[arg(long)]
         orchestrator_key: Option<String>,
+        /// The orchestrator's join token (`iota://KEY@HOST:PORT`, which it
+        /// prints): its URL and its key, pinned, in one.
+        #[arg(long, value_name = "TOKEN", conflicts_with_all = ["orchestrator", "orchestrator_key", "insecure_plaintext"])]
+        join: Option<String>,
         /// This validator's identity file (made on first use).
         #[arg(long, default_value = "validator.key")]
         identity: PathBuf,
@@ -93,6 +106,10 @@ pub enum Cmd {
         /// Accept a plaintext http:// orchestrator URL (local tests only).
         #[arg(long)]
         insecure_plaintext: bool,
+        /// The orchestrator has a CA-issued certificate: check its chain
+        /// against the CA certificates (PEM) in FILE and the URL's host.
+        #[arg(long, value_name = "FILE", conflicts_with = "insecure_plaintext")]
+        tls_ca: Option<PathBuf>,
     },
     /// Run a whole swarm on this machine: an orchestrator and STAGES x
     /// REPLICAS miner processes on loopback. Ctrl-C stops everything;
@@ -210,6 +227,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             run,
             listen,
             insecure_plaintext,
+            tls_cert,
+            tls_key,
             admit,
             address_rps,
             server_rps,
@@ -244,16 +263,27 @@ async fn run_async(cli: Cli) -> Result<()> {
             if let Some(b) = bucket {
                 svc = svc.with_s3(b);
             }
-            let (url, server) = swarm::serve(svc.clone(), listen, insecure_plaintext).await?;
+            let tls = match (&tls_cert, &tls_key) {
+                (Some(cert), Some(key)) => Some(iota_protocol::tls_identity::server_config_pem(cert, key)?),
+                _ if insecure_plaintext => None,
+                _ => Some(iota_protocol::tls_identity::server_config(svc.identity())?),
+            };
+            let (url, server) = swarm::serve_with(svc.clone(), listen, tls).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
-            println!(
-                "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{}{}",
-                svc.identity().peer_id().to_hex(),
-                run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display())),
-                if insecure_plaintext { " --insecure-plaintext" } else { "" }
-            );
+            let data_arg = run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()));
+            match iota_protocol::join_token::JoinToken::new(&url, svc.identity().peer_id()) {
+                Ok(token) => {
+                    println!("join token: {token}");
+                    println!("miners join with: iota-miner run --join {token}{store_arg}{data_arg}");
+                }
+                Err(_) => println!(
+                    "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{data_arg}{}",
+                    svc.identity().peer_id().to_hex(),
+                    if insecure_plaintext { " --insecure-plaintext" } else { "" }
+                ),
+            }
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => break,
@@ -294,8 +324,9 @@ async fn run_async(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Validator {
-            orchestrator,
-            orchestrator_key,
+            mut orchestrator,
+            mut orchestrator_key,
+            join,
             identity,
             print_key,
             store,
@@ -303,7 +334,13 @@ async fn run_async(cli: Cli) -> Result<()> {
             seed,
             evidence_timeout_s,
             insecure_plaintext,
+            tls_ca,
         } => {
+            if let Some(t) = join {
+                let t = iota_protocol::join_token::JoinToken::parse(&t).map_err(anyhow::Error::msg)?;
+                orchestrator = t.url();
+                orchestrator_key = Some(t.key.to_hex());
+            }
             let id = iota_dataplane::identity_file::load_or_create(&identity)?;
             if print_key {
                 println!("{}", id.peer_id().to_hex());
@@ -318,6 +355,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             );
             opts.orchestrator_key = key;
             opts.insecure_plaintext = insecure_plaintext;
+            opts.tls_ca = tls_ca;
             opts.store = store;
             opts.data = data;
             opts.evidence_timeout = std::time::Duration::from_secs(evidence_timeout_s);

@@ -23,6 +23,10 @@ pub struct StatusArgs {
     /// Accept a plaintext http:// orchestrator URL (local tests only).
     #[arg(long)]
     pub insecure_plaintext: bool,
+    /// The orchestrator has a CA-issued certificate: check its chain
+    /// against the CA certificates (PEM) in FILE and the URL's host.
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure_plaintext")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 fn short(peer: &[u8]) -> String {
@@ -117,7 +121,8 @@ pub async fn run(a: StatusArgs) -> Result<()> {
         .map(|k| PeerId::from_hex(k.trim()).context("--orchestrator-key must be 64 hex characters"))
         .transpose()?;
     let id = Arc::new(Identity::generate());
-    let mut client = iota_dataplane::miner::connect(&a.orchestrator, id, pinned, a.insecure_plaintext).await?;
+    let mut client =
+        iota_dataplane::miner::connect(&a.orchestrator, id, pinned, a.insecure_plaintext, a.tls_ca.as_deref()).await?;
     let st = client.status().await.map_err(|s| anyhow::anyhow!("status refused: {}", s.message()))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&st))?);

@@ -69,6 +69,17 @@ pub async fn serve(
     listen: SocketAddr,
     plaintext: bool,
 ) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let tls = if plaintext { None } else { Some(iota_protocol::tls_identity::server_config(svc.identity())?) };
+    serve_with(svc, listen, tls).await
+}
+
+/// Serves `svc` on `listen` with `tls` (an operator's CA-issued
+/// certificate, say), or plaintext when None; its URL and the server task.
+pub async fn serve_with(
+    svc: OrchestratorService,
+    listen: SocketAddr,
+    tls: Option<rustls::ServerConfig>,
+) -> Result<(String, tokio::task::JoinHandle<()>)> {
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the orchestrator on {listen}"))?;
     let addr = listener.local_addr()?;
@@ -78,13 +89,12 @@ pub async fn serve(
         .http2_keepalive_interval(Some(iota_protocol::client::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(iota_protocol::client::KEEPALIVE_TIMEOUT))
         .add_service(OrchestratorServer::new(svc.clone()));
-    let (url, task) = if plaintext {
+    let (url, task) = if let Some(tls) = tls {
+        let incoming = crate::tls_server::incoming(listener, std::sync::Arc::new(tls));
+        (format!("https://{addr}"), tokio::spawn(async move { report(server.serve_with_incoming(incoming).await) }))
+    } else {
         let incoming = TcpListenerStream::new(listener);
         (format!("http://{addr}"), tokio::spawn(async move { report(server.serve_with_incoming(incoming).await) }))
-    } else {
-        let tls = std::sync::Arc::new(iota_protocol::tls_identity::server_config(svc.identity())?);
-        let incoming = crate::tls_server::incoming(listener, tls);
-        (format!("https://{addr}"), tokio::spawn(async move { report(server.serve_with_incoming(incoming).await) }))
     };
     Ok((url, task))
 }

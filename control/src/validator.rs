@@ -33,6 +33,9 @@ pub struct ValidatorOptions {
     /// The orchestrator's identity, pinned (None: trust the first to answer).
     pub orchestrator_key: Option<PeerId>,
     pub insecure_plaintext: bool,
+    /// CA certificates (PEM) for an orchestrator with a CA-issued
+    /// certificate (None: its identity certificate, key pinned).
+    pub tls_ca: Option<std::path::PathBuf>,
     /// The run's object store directory, when it is one on this machine.
     pub store: Option<PathBuf>,
     /// The run's corpus (None: the generated toy corpus).
@@ -54,6 +57,7 @@ impl ValidatorOptions {
             orchestrator,
             orchestrator_key: None,
             insecure_plaintext: false,
+            tls_ca: None,
             store: None,
             data: None,
             seed,
@@ -109,9 +113,14 @@ enum Input {
 pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<ValidatorSummary> {
     let id = Arc::new(id);
     let me = id.peer_id();
-    let mut client =
-        iota_dataplane::miner::connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext)
-            .await?;
+    let mut client = iota_dataplane::miner::connect(
+        &opts.orchestrator,
+        id.clone(),
+        opts.orchestrator_key,
+        opts.insecure_plaintext,
+        opts.tls_ca.as_deref(),
+    )
+    .await?;
     let reply = client.register_validator("cpu".into()).await.context("registering as a validator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     info!(validator = %me, run = reply.run_id, "registered as a validator");

@@ -275,3 +275,63 @@ async fn one_address_is_held_to_its_budget_and_its_identity_cap() {
     forged.signature[0] ^= 1;
     assert_eq!(a.raw_heartbeat(forged).await.unwrap_err().code(), Code::ResourceExhausted);
 }
+
+/// Issue 15: an orchestrator with a CA-issued certificate (the operator's,
+/// instead of its identity certificate). A caller given the CA connects by
+/// host name and still pins the orchestrator's key in Hello; a caller with
+/// another CA, one expecting an identity certificate, or one with the CA but
+/// a pin on another key are all refused.
+#[tokio::test]
+async fn an_orchestrator_with_a_ca_issued_certificate_is_checked_by_its_chain_and_its_key() {
+    use iota_protocol::tls_identity::{load_ca_roots, server_config_pem};
+    let dir = tempfile::tempdir().unwrap();
+    // A CA, and a leaf for localhost that it signs.
+    let ca = |name: &str| {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        rcgen::CertifiedIssuer::self_signed(p, rcgen::KeyPair::generate().unwrap()).unwrap()
+    };
+    let (ours, theirs) = (ca("our CA"), ca("another CA"));
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&leaf_key, &ours).unwrap();
+    let write = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let cert = write("cert.pem", format!("{}{}", leaf.pem(), ours.pem()));
+    let key = write("key.pem", leaf_key.serialize_pem());
+    let (our_ca, their_ca) = (write("ca.pem", ours.pem()), write("other-ca.pem", theirs.pem()));
+
+    let tls = server_config_pem(&cert, &key).unwrap();
+    let (url, _server) =
+        iota_control::swarm::serve_with(service(None), "127.0.0.1:0".parse().unwrap(), Some(tls)).await.unwrap();
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let me = Arc::new(Identity::from_seed([1; 32]));
+    let pinned = Some(orch_id().peer_id());
+    let ok = ControlClient::connect_ca(by_name.clone(), me.clone(), pinned, load_ca_roots(&our_ca).unwrap()).await;
+    let st = ok.expect("the CA's certificate for localhost").status().await.unwrap();
+    assert_eq!(st.run_id, 42);
+    // Another CA: the chain leads nowhere it trusts.
+    let e = ControlClient::connect_ca(by_name.clone(), me.clone(), pinned, load_ca_roots(&their_ca).unwrap())
+        .await
+        .err()
+        .expect("another CA refused");
+    assert!(format!("{e:#}").to_lowercase().contains("certificate"), "{e:#}");
+    // The right CA, but the orchestrator is not the key pinned.
+    let other = Some(Identity::from_seed([99; 32]).peer_id());
+    let e = ControlClient::connect_ca(by_name.clone(), me.clone(), other, load_ca_roots(&our_ca).unwrap())
+        .await
+        .err()
+        .expect("another pinned key refused");
+    assert!(format!("{e:#}").contains("pinned"), "{e:#}");
+    // A caller that expects the identity certificate refuses a CA's.
+    assert!(ControlClient::connect(by_name, me.clone(), pinned).await.is_err());
+    // And a caller with a CA refuses an identity certificate.
+    let (plain_url, _s2) = serve(service(None)).await;
+    let e =
+        ControlClient::connect_ca(plain_url, me, pinned, load_ca_roots(&our_ca).unwrap()).await.err().expect("refused");
+    assert!(format!("{e:#}").to_lowercase().contains("certificate"), "{e:#}");
+}

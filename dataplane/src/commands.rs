@@ -87,12 +87,23 @@ pub struct RunArgs {
     /// messages is then protected. For local tests only.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// The orchestrator has a CA-issued certificate (`iota-control
+    /// orchestrator --tls-cert`): check its chain against the CA
+    /// certificates (PEM) in FILE and the URL's host name.
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure_plaintext")]
+    tls_ca: Option<PathBuf>,
     /// The orchestrator's identity (64 hex characters; `iota-control
     /// orchestrator` prints it). The miner refuses a server with another key
     /// and every reply or command it did not sign. Without it the miner
     /// trusts whichever orchestrator answers, and says so.
     #[arg(long, value_parser = parse_peer)]
     orchestrator_key: Option<PeerId>,
+    /// The orchestrator's join token (`iota://KEY@HOST:PORT`, which
+    /// `iota-control orchestrator` prints): its URL and its key, pinned, in
+    /// one. Instead of --orchestrator and --orchestrator-key.
+    #[arg(long, value_name = "TOKEN", value_parser = parse_join,
+          conflicts_with_all = ["orchestrator", "orchestrator_key", "insecure_plaintext"])]
+    join: Option<iota_protocol::join_token::JoinToken>,
     /// The object store directory of the run (shared by the orchestrator and
     /// every miner; `iota-control orchestrator` prints it).
     #[arg(long)]
@@ -209,14 +220,19 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     }
     let id = identity_file::load_or_create(&a.identity)?;
     println!("peer id: {}", id.peer_id().to_hex());
-    let mut opts = MinerOptions::local(a.orchestrator);
+    let (orchestrator, orchestrator_key) = match &a.join {
+        Some(t) => (t.url(), Some(t.key)),
+        None => (a.orchestrator, a.orchestrator_key),
+    };
+    let mut opts = MinerOptions::local(orchestrator);
     opts.listen = a.listen;
     opts.advertise = a.advertise;
     opts.pool_bytes = a.pool_mib << 20;
     opts.device = a.device;
     opts.gemm = a.gemm;
-    opts.orchestrator_key = a.orchestrator_key;
+    opts.orchestrator_key = orchestrator_key;
     opts.insecure_plaintext = a.insecure_plaintext;
+    opts.tls_ca = a.tls_ca;
     opts.store = a.store;
     opts.data = a.data;
     opts.corpus_cache = Some(a.corpus_cache);
@@ -233,6 +249,10 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     let s = miner::run(opts, id, stop).await?;
     println!("stage {} done: {} optimizer steps", s.stage, s.optimizer_steps);
     Ok(())
+}
+
+fn parse_join(s: &str) -> Result<iota_protocol::join_token::JoinToken, String> {
+    iota_protocol::join_token::JoinToken::parse(s)
 }
 
 fn parse_peer(s: &str) -> Result<PeerId, String> {

@@ -55,7 +55,19 @@ impl ControlClient {
     /// then checks its signed `Hello` against the same key. A plaintext
     /// `http://` URL is refused: see [`ControlClient::connect_insecure_plaintext`].
     pub async fn connect(endpoint: String, id: Arc<Identity>, pinned: Option<PeerId>) -> anyhow::Result<Self> {
-        Self::connect_with(endpoint, id, pinned, false).await
+        Self::connect_with(endpoint, id, pinned, false, None).await
+    }
+
+    /// Like [`ControlClient::connect`] to an orchestrator with a CA-issued
+    /// certificate: TLS checks its chain against `roots` and the URL's host
+    /// name; `pinned` is still checked in `Hello` and every signed reply.
+    pub async fn connect_ca(
+        endpoint: String,
+        id: Arc<Identity>,
+        pinned: Option<PeerId>,
+        roots: Arc<rustls::RootCertStore>,
+    ) -> anyhow::Result<Self> {
+        Self::connect_with(endpoint, id, pinned, false, Some(roots)).await
     }
 
     /// Like [`ControlClient::connect`], and also takes a plaintext
@@ -66,7 +78,7 @@ impl ControlClient {
         id: Arc<Identity>,
         pinned: Option<PeerId>,
     ) -> anyhow::Result<Self> {
-        Self::connect_with(endpoint, id, pinned, true).await
+        Self::connect_with(endpoint, id, pinned, true, None).await
     }
 
     async fn connect_with(
@@ -74,6 +86,7 @@ impl ControlClient {
         id: Arc<Identity>,
         pinned: Option<PeerId>,
         plaintext_ok: bool,
+        ca: Option<Arc<rustls::RootCertStore>>,
     ) -> anyhow::Result<Self> {
         let builder = |url: String| -> anyhow::Result<Endpoint> {
             Ok(Endpoint::from_shared(url)
@@ -85,10 +98,19 @@ impl ControlClient {
                 .tcp_keepalive(Some(KEEPALIVE_INTERVAL)))
         };
         let channel = if let Some(rest) = endpoint.strip_prefix("https://") {
-            // Our own TLS (the pinned identity key, not a CA) under an
-            // http:// URI, so tonic adds none of its own.
-            let tls = Arc::new(crate::tls_identity::client_config(pinned)?);
-            builder(format!("http://{rest}"))?.connect_with_connector(TlsConnector { tls }).await
+            // Our own TLS under an http:// URI, so tonic adds none of its
+            // own: the pinned identity key, or a CA's chain for the host.
+            let (tls, name) = match ca {
+                None => (crate::tls_identity::client_config(pinned)?, crate::tls_identity::CONTROL_SERVER_NAME.into()),
+                Some(roots) => {
+                    let host =
+                        rest.rsplit_once(':').map_or(rest, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+                    (crate::tls_identity::client_config_ca(roots)?, host.to_string())
+                }
+            };
+            let name = rustls::pki_types::ServerName::try_from(name)
+                .with_context(|| format!("the orchestrator address {endpoint:?}: no host name to check"))?;
+            builder(format!("http://{rest}"))?.connect_with_connector(TlsConnector { tls: Arc::new(tls), name }).await
         } else if endpoint.starts_with("http://") {
             anyhow::ensure!(
                 plaintext_ok,
@@ -204,6 +226,9 @@ impl ControlClient {
 #[derive(Clone)]
 struct TlsConnector {
     tls: Arc<rustls::ClientConfig>,
+    /// The name the certificate must carry (a CA-issued one) or is asked
+    /// for (an identity certificate, whose key is what is checked).
+    name: rustls::pki_types::ServerName<'static>,
 }
 
 impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
@@ -216,7 +241,7 @@ impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
     }
 
     fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
-        let tls = self.tls.clone();
+        let (tls, name) = (self.tls.clone(), self.name.clone());
         Box::pin(async move {
             let authority = uri.authority().ok_or_else(|| std::io::Error::other("no host in the URL"))?.to_string();
             let tcp =
@@ -224,8 +249,6 @@ impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
                     |_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {authority}")),
                 )??;
             tcp.set_nodelay(true)?;
-            let name = rustls::pki_types::ServerName::try_from(crate::tls_identity::CONTROL_SERVER_NAME)
-                .map_err(std::io::Error::other)?;
             let session =
                 tokio::time::timeout(CONNECT_TIMEOUT, tokio_rustls::TlsConnector::from(tls).connect(name, tcp))
                     .await

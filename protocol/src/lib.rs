@@ -8,6 +8,7 @@
 //!   fields must meet; [`source_limits`]: request budgets per source
 //!   address and for the whole server;
 //! - [`client`]: the typed, signing client of the orchestrator;
+//!   [`join_token`]: its address and key in one string (`iota://KEY@HOST:PORT`);
 //! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
 //!   it and as a miner receives it;
 //! - [`store_keys`], [`object_store`]: where a run's objects live and the
@@ -20,6 +21,7 @@ pub mod auth;
 pub mod client;
 pub mod commitments_pb;
 pub mod fields;
+pub mod join_token;
 pub mod manifest;
 pub mod object_store;
 pub mod plan_pb;

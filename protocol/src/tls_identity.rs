@@ -151,3 +151,52 @@ pub fn client_config(pinned: Option<PeerId>) -> anyhow::Result<rustls::ClientCon
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)
 }
+
+/// An operator's CA-issued certificate for the orchestrator, instead of its
+/// identity certificate: `cert` holds the chain (leaf first) and `key` its
+/// private key, both PEM. Callers then check the chain against their CA
+/// roots and the URL's host name ([`client_config_ca`]); the orchestrator's
+/// key is still checked in `Hello` and in every signed reply.
+pub fn server_config_pem(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<rustls::ServerConfig> {
+    use anyhow::Context;
+    use rustls::pki_types::pem::PemObject;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{}: not a PEM certificate chain", cert.display()))?;
+    anyhow::ensure!(!chain.is_empty(), "{} holds no certificate", cert.display());
+    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("{}: no PEM private key", key.display()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("the certificate and the key do not make a TLS identity")?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(cfg)
+}
+
+/// The CA certificates (PEM) a caller trusts for an orchestrator with a
+/// CA-issued certificate.
+pub fn load_ca_roots(path: &std::path::Path) -> anyhow::Result<Arc<rustls::RootCertStore>> {
+    use anyhow::Context;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).with_context(|| format!("reading {}", path.display()))? {
+        let c = c.with_context(|| format!("{}: not a PEM certificate", path.display()))?;
+        roots.add(c).with_context(|| format!("{}: a certificate rustls cannot use as a root", path.display()))?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "{} holds no CA certificate", path.display());
+    Ok(Arc::new(roots))
+}
+
+/// A caller's TLS to an orchestrator with a CA-issued certificate: the
+/// chain must lead to one of `roots` and name the host the caller dialled
+/// (webpki), HTTP/2, TLS 1.3.
+pub fn client_config_ca(roots: Arc<rustls::RootCertStore>) -> anyhow::Result<rustls::ClientConfig> {
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(cfg)
+}

@@ -336,10 +336,25 @@ impl NetSwarm {
         self.orchestrator = Some(p);
     }
 
+    /// The join token the orchestrator printed (its URL and key in one),
+    /// checked to carry the key made for it.
+    fn join_token(&self) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let out = self.orchestrator_output();
+            if let Some(t) = out.lines().rev().find_map(|l| l.strip_prefix("join token: ")) {
+                assert_eq!(t, format!("iota://{}@{}:7100", self.orch_key, Net::addr(11)));
+                return t.to_string();
+            }
+            assert!(std::time::Instant::now() < deadline, "the orchestrator printed no join token:\n{out}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     pub fn start_miner(&mut self, i: usize) {
-        let args: Vec<String> = ["run", "--orchestrator", &format!("https://{}:7100", Net::addr(11))]
+        let token = self.join_token();
+        let args: Vec<String> = ["run", "--join", &token, "--identity", "miner.key"]
             .into_iter()
-            .chain(["--orchestrator-key", &self.orch_key, "--identity", "miner.key"])
             .chain(["--listen", &format!("{}:7200", Net::addr(20 + i as u8))])
             .map(String::from)
             .chain(self.miner_flags.iter().cloned())

@@ -96,6 +96,9 @@ pub struct MinerOptions {
     pub store: Option<PathBuf>,
     /// Accept a plaintext `http://` orchestrator URL (local tests only).
     pub insecure_plaintext: bool,
+    /// CA certificates (PEM) for an orchestrator with a CA-issued
+    /// certificate (None: its identity certificate, key pinned).
+    pub tls_ca: Option<PathBuf>,
     /// Bytes of weights snapshots kept per epoch as evidence for validators
     /// (input and output frames get a quarter of it each besides; see
     /// `evidence_log`).
@@ -128,6 +131,7 @@ impl MinerOptions {
             corpus_cache: None,
             store: None,
             insecure_plaintext: false,
+            tls_ca: None,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
             slowdown: 1,
             min_frame_ms: 0,
@@ -196,7 +200,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     if opts.orchestrator_key.is_none() {
         warn!("no --orchestrator-key given: trusting whichever orchestrator answers at {}", opts.orchestrator);
     }
-    let mut client = connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext).await?;
+    let mut client =
+        connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext, opts.tls_ca.as_deref())
+            .await?;
     info!(orchestrator = %client.audience().orchestrator.to_hex(), run = client.audience().run_id, "connected");
     let device = device_label(opts.device, opts.gemm);
     let reply =
@@ -436,7 +442,9 @@ pub async fn connect(
     id: Arc<Identity>,
     pinned: Option<iota_core::PeerId>,
     plaintext: bool,
+    tls_ca: Option<&std::path::Path>,
 ) -> Result<ControlClient> {
+    let roots = tls_ca.map(iota_protocol::tls_identity::load_ca_roots).transpose()?;
     if url.starts_with("http://") && !plaintext {
         anyhow::bail!(
             "{url} is plaintext: the orchestrator's URL is https://... (iota-control orchestrator prints it); \
@@ -445,10 +453,10 @@ pub async fn connect(
     }
     let mut last = None;
     for _ in 0..50 {
-        let attempt = if plaintext {
-            ControlClient::connect_insecure_plaintext(url.to_string(), id.clone(), pinned).await
-        } else {
-            ControlClient::connect(url.to_string(), id.clone(), pinned).await
+        let attempt = match &roots {
+            _ if plaintext => ControlClient::connect_insecure_plaintext(url.to_string(), id.clone(), pinned).await,
+            Some(r) => ControlClient::connect_ca(url.to_string(), id.clone(), pinned, r.clone()).await,
+            None => ControlClient::connect(url.to_string(), id.clone(), pinned).await,
         };
         match attempt {
             Ok(c) => return Ok(c),

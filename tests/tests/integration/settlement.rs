@@ -80,7 +80,7 @@ async fn a_cheat_earns_nothing_honest_miners_earn_by_work_and_the_ledger_verifie
     let plaintext = swarm.url.starts_with("http://");
     let me = Arc::new(iota_core::Identity::generate());
     let pinned = Some(orchestrator_identity().peer_id());
-    let mut client = iota_dataplane::miner::connect(&swarm.url, me, pinned, plaintext).await.unwrap();
+    let mut client = iota_dataplane::miner::connect(&swarm.url, me, pinned, plaintext, None).await.unwrap();
     let st = client.status().await.unwrap();
     assert_eq!((st.settled_epochs, st.payouts.len(), st.validator_pay.len()), (2, table.len(), 2));
     let json = iota_control::status_cmd::to_json(&st);
