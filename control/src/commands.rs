@@ -32,6 +32,11 @@ pub enum Cmd {
         /// gRPC listen address.
         #[arg(long, default_value = "127.0.0.1:7100")]
         listen: SocketAddr,
+        /// The address miners dial (HOST:PORT), put in the join token it
+        /// prints; default: the listen address (give it when listening on
+        /// 0.0.0.0).
+        #[arg(long, value_name = "HOST:PORT")]
+        advertise: Option<String>,
         /// Serve plaintext gRPC instead of TLS with the orchestrator's
         /// identity certificate (miners then need --insecure-plaintext
         /// too). For local tests only.
@@ -226,6 +231,7 @@ async fn run_async(cli: Cli) -> Result<()> {
         Cmd::Orchestrator {
             run,
             listen,
+            advertise,
             insecure_plaintext,
             tls_cert,
             tls_key,
@@ -273,16 +279,28 @@ async fn run_async(cli: Cli) -> Result<()> {
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             let data_arg = run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()));
-            match iota_protocol::join_token::JoinToken::new(&url, svc.identity().peer_id()) {
-                Ok(token) => {
-                    println!("join token: {token}");
-                    println!("miners join with: iota-miner run --join {token}{store_arg}{data_arg}");
-                }
-                Err(_) => println!(
-                    "miners join with: iota-miner run --orchestrator {url} --orchestrator-key {}{store_arg}{data_arg}{}",
-                    svc.identity().peer_id().to_hex(),
-                    if insecure_plaintext { " --insecure-plaintext" } else { "" }
-                ),
+            let key = svc.identity().peer_id();
+            let dial = match &advertise {
+                Some(a) if !insecure_plaintext => format!("https://{a}"),
+                Some(a) => format!("http://{a}"),
+                None => url.clone(),
+            };
+            if tls_cert.is_some() {
+                // A join token means the identity certificate; a CA's needs --tls-ca.
+                println!(
+                    "miners join with: iota-miner run --orchestrator {dial} --orchestrator-key {}{store_arg}{data_arg} --tls-ca CA.pem",
+                    key.to_hex()
+                );
+            } else if insecure_plaintext {
+                println!(
+                    "miners join with: iota-miner run --orchestrator {dial} --orchestrator-key {}{store_arg}{data_arg} --insecure-plaintext",
+                    key.to_hex()
+                );
+            } else {
+                let token = iota_protocol::join_token::JoinToken::new(&dial, key)
+                    .map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
+                println!("join token: {token}");
+                println!("miners join with: iota-miner run --join {token}{store_arg}{data_arg}");
             }
             loop {
                 tokio::select! {

@@ -219,12 +219,15 @@ impl NetSwarm {
             admitted.push_str(&format!("{}\n", id.peer_id().to_hex()));
         }
         std::fs::write(orch_dir.join("admitted.txt"), admitted).unwrap();
-        let listen = format!("{}:7100", Net::addr(11));
+        // Listening on every address, as on a real host, and telling miners
+        // the one they dial (the join token carries it).
+        let advertise = format!("{}:7100", Net::addr(11));
         let endpoint = format!("http://{}:9000", Net::addr(10));
         let orch_args = ["orchestrator"]
             .into_iter()
             .chain(run_flags.iter().copied())
-            .chain(["--listen", &listen, "--run-dir", "run", "--admit", "admitted.txt"])
+            .chain(["--listen", "0.0.0.0:7100", "--advertise", &advertise])
+            .chain(["--run-dir", "run", "--admit", "admitted.txt"])
             .chain(["--bucket", BUCKET, "--s3-endpoint", &endpoint, "--s3-path-style"])
             .chain(corpus.map(|_| "--prepared-data"))
             .map(String::from)

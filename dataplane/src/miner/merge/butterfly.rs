@@ -66,10 +66,11 @@ pub struct MergeStats {
 pub enum MergeFault {
     /// Sends a pseudo-gradient a million times too large.
     HugeDelta,
-    /// Sends noise of 100 times its pseudo-gradient's RMS: inside the band
-    /// owners accept when the replicas' norms are alike (see
-    /// `iota_core::merge::flaws`), so only the rule and the validators'
-    /// rollback stand in its way.
+    /// Sends noise of 20 times its pseudo-gradient's RMS: inside the band
+    /// owners accept (1,000 times the others' median norm, see
+    /// `iota_core::merge::flaws`) unless the others did under a fiftieth of
+    /// its work, so only the rule and the validators' rollback stand in its
+    /// way; and still far larger than the weights themselves move.
     Overshoot,
     /// Sends a pseudo-gradient with a NaN in it.
     NanDelta,
@@ -690,11 +691,11 @@ impl Merge for Butterfly {
             delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
         }
         if self.fault == Some(MergeFault::Overshoot) {
-            // Noise of 100 times the honest pseudo-gradient's RMS.
+            // Noise of 20 times the honest pseudo-gradient's RMS.
             let rms =
                 (delta.iter().map(|d| f64::from(*d) * f64::from(*d)).sum::<f64>() / delta.len().max(1) as f64).sqrt();
             let mut rng = iota_core::Rng::new(epoch);
-            delta.iter_mut().for_each(|d| *d = rng.normal() * 100.0 * rms as f32);
+            delta.iter_mut().for_each(|d| *d = rng.normal() * 20.0 * rms as f32);
         }
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
