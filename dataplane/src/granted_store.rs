@@ -32,10 +32,17 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// orchestrator could not be reached or was overloaded, not a refusal or a
 /// missing object.
 fn transient(e: &io::Error) -> bool {
-    use io::ErrorKind::*;
     match e.kind() {
-        NotFound | PermissionDenied | InvalidInput | InvalidData => false,
-        TimedOut | ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => true,
+        io::ErrorKind::NotFound
+        | io::ErrorKind::PermissionDenied
+        | io::ErrorKind::InvalidInput
+        | io::ErrorKind::InvalidData => false,
+        io::ErrorKind::TimedOut
+        | io::ErrorKind::ConnectionRefused
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof => true,
         _ => e.get_ref().is_some_and(|inner| inner.is::<Transient>()),
     }
 }
