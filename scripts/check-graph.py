@@ -514,7 +514,7 @@ class Tree:
             self._load(child, mscope + (name,), root_dir)
 
     # -- name resolution
-    def absolute(self, segs, scope):
+    def absolute(self, segs, scope, _seen=None):
         """Absolute module path segments for a path written in `scope`, or None
         when it leaves the crate (extern crate, std, prelude...)."""
         first = segs[0]
@@ -532,7 +532,10 @@ class Tree:
             return cur + list(segs[k:])
         if tuple(scope) + (first,) in self.modules:          # child module (2018 paths)
             return list(scope) + list(segs)
-        target = self.scope_alias(scope, first)
+        # The aliases already being followed travel along, so uses that
+        # refer to each other (`use std::io; use io::ErrorKind::*;` in one
+        # scope) end instead of recursing for ever.
+        target = self.scope_alias(scope, first, _seen)
         if target is not None:
             return list(target) + list(segs[1:])
         return None
@@ -542,7 +545,7 @@ class Tree:
         fi = self.modules.get(tuple(scope))
         if fi is None:
             return None
-        _seen = _seen or set()
+        _seen = _seen if _seen is not None else set()
         if (tuple(scope), name) in _seen:
             return None
         _seen.add((tuple(scope), name))
@@ -560,10 +563,11 @@ class Tree:
 
     def resolve(self, segs, scope, _seen=None):
         """('module', path) | ('file', FileInfo, via) | None (outside the crate)."""
-        a = self.absolute(segs, scope)
+        _seen = _seen if _seen is not None else set()
+        a = self.absolute(segs, scope, _seen)
         if a is None:
             return None
-        return self.resolve_abs(a, _seen or set())
+        return self.resolve_abs(a, _seen)
 
     def resolve_abs(self, a, seen):
         cur = ("crate",)
