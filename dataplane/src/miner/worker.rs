@@ -359,13 +359,9 @@ impl<B: Backend + 'static> Worker<B> {
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
-            self.corpus = Some(Arc::new(crate::corpus::load_run_corpus(
-                &self.cfg,
-                self.data.as_deref(),
-                &*self.store,
-                &self.rt,
-                self.corpus_cache.as_deref(),
-            )?));
+            let (data, cache) = (self.data.as_deref(), self.corpus_cache.as_deref());
+            let corpus = crate::corpus::load_run_corpus(&self.cfg, data, &*self.store, &self.rt, cache)?;
+            self.corpus = Some(Arc::new(corpus));
         }
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())
