@@ -6,6 +6,7 @@ pub mod fuzz_bodies;
 pub mod liveness;
 pub mod netns;
 pub mod s3;
+pub mod udp_relay;
 pub mod validation;
 
 use std::path::PathBuf;

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::udp_relay::{LinkShape, UdpRelay};
+
 const SUBNET: &str = "198.18.0";
 
 /// Why namespaces cannot be made here, if they cannot (the caller skips).
@@ -21,6 +23,19 @@ pub fn unavailable() -> Option<String> {
             None
         }
     }
+}
+
+/// Runs `f` on a thread of its own inside namespace `ns` (sockets it makes
+/// belong there).
+pub fn in_namespace<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        crate::udp_relay::enter_namespace(&ns).unwrap_or_else(|e| panic!("entering {ns}: {e}"));
+        f()
+    })
 }
 
 fn ip(args: &[&str]) {
@@ -65,6 +80,30 @@ impl Net {
     pub fn addr(n: u8) -> String {
         format!("{SUBNET}.{n}")
     }
+
+    /// Limits host `n`'s link to `mbit` Mbit/s each way: a token bucket
+    /// (`tc tbf`) on both ends of its veth, queueing at most 50 ms.
+    pub fn limit_rate(&self, n: u8, mbit: u32) {
+        let burst = format!("{}b", (mbit as u64 * 1250).max(32 * 1024));
+        let rate = format!("{mbit}mbit");
+        let tbf = ["root", "tbf", "rate", &rate, "burst", &burst, "latency", "50ms"];
+        let host = format!("{}-h{n}", self.prefix);
+        let hub = format!("{}-hub", self.prefix);
+        for (ns, dev) in [(host, format!("vh{n}")), (hub, format!("vb{n}"))] {
+            let args: Vec<&str> = ["-n", &ns, "qdisc", "add", "dev", &dev].into_iter().chain(tbf).collect();
+            let o = Command::new("tc").args(&args).output().expect("running tc");
+            assert!(o.status.success(), "tc {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+        }
+    }
+}
+
+/// A wide-area link for every miner: a rate on its veth, and delay,
+/// jitter and loss on its data-plane traffic (a relay in front of its QUIC
+/// port). The control plane and the bucket (TCP) get the rate only.
+#[derive(Clone, Copy, Debug)]
+pub struct Wan {
+    pub rate_mbit: u32,
+    pub link: LinkShape,
 }
 
 impl Default for Net {
@@ -164,6 +203,8 @@ pub struct NetSwarm {
     s3: Option<HostProcess>,
     s3_ns: String,
     s3_bin: PathBuf,
+    /// One per miner when the links are shaped (each in its miner's host).
+    relays: Vec<UdpRelay>,
 }
 
 const ACCESS_KEY: &str = "netns-access";
@@ -179,17 +220,28 @@ impl NetSwarm {
 
     /// Like `start`, every miner run with `miner_flags` too.
     pub fn start_with(miners: u8, run_flags: &[&str], miner_flags: &[&str]) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, miner_flags, None)
+        Self::start_inner(miners, run_flags, miner_flags, None, None)
+    }
+
+    /// Like `start`, every miner's link shaped as `wan` says.
+    pub fn start_shaped(miners: u8, run_flags: &[&str], wan: Wan) -> Option<NetSwarm> {
+        Self::start_inner(miners, run_flags, &[], None, Some(wan))
     }
 
     /// Like `start`, the run training on `corpus` (byte-tokenized text),
     /// which `iota-control data prepare` writes into the bucket from the
     /// orchestrator's host first (`--prepared-data`): miners hold no copy.
     pub fn start_prepared(miners: u8, run_flags: &[&str], corpus: &str) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, &[], Some(corpus))
+        Self::start_inner(miners, run_flags, &[], Some(corpus), None)
     }
 
-    fn start_inner(miners: u8, run_flags: &[&str], miner_flags: &[&str], corpus: Option<&str>) -> Option<NetSwarm> {
+    fn start_inner(
+        miners: u8,
+        run_flags: &[&str],
+        miner_flags: &[&str],
+        corpus: Option<&str>,
+        wan: Option<Wan>,
+    ) -> Option<NetSwarm> {
         if let Some(why) = unavailable() {
             println!("skipped: {why}");
             return None;
@@ -207,6 +259,17 @@ impl NetSwarm {
         let mut net = Net::new();
         let (s3_ns, orch_ns) = (net.host(10), net.host(11));
         let miner_ns: Vec<String> = (0..miners).map(|i| net.host(20 + i)).collect();
+        // A shaped miner listens on port 7201 behind a relay on 7200, the
+        // port it advertises.
+        let mut relays = Vec::new();
+        for (i, ns) in miner_ns.iter().enumerate().filter(|_| wan.is_some()) {
+            let wan = wan.unwrap();
+            let n = 20 + i as u8;
+            net.limit_rate(n, wan.rate_mbit);
+            let at = |port: u16| format!("{}:{port}", Net::addr(n)).parse().unwrap();
+            let link = LinkShape { seed: wan.link.seed.wrapping_add(i as u64), ..wan.link };
+            relays.push(UdpRelay::start(Some(ns), at(7200), at(7201), link).expect("starting a link's relay"));
+        }
         std::fs::create_dir_all(root.path().join("s3/data")).unwrap();
         // Identities made ahead, each in its own host's directory.
         let orch_dir = root.path().join("orchestrator");
@@ -247,6 +310,7 @@ impl NetSwarm {
             s3: None,
             s3_ns,
             s3_bin: s3s,
+            relays,
         };
         s.start_store();
         if let Some(text) = corpus {
@@ -356,9 +420,16 @@ impl NetSwarm {
 
     pub fn start_miner(&mut self, i: usize) {
         let token = self.join_token();
+        let host = Net::addr(20 + i as u8);
+        let (listen, advertise) = (format!("{host}:7201"), format!("{host}:7200"));
+        let addrs = if self.relays.is_empty() {
+            vec!["--listen", &advertise]
+        } else {
+            vec!["--listen", &listen, "--advertise", &advertise]
+        };
         let args: Vec<String> = ["run", "--join", &token, "--identity", "miner.key"]
             .into_iter()
-            .chain(["--listen", &format!("{}:7200", Net::addr(20 + i as u8))])
+            .chain(addrs)
             .map(String::from)
             .chain(self.miner_flags.iter().cloned())
             .collect();
@@ -381,6 +452,14 @@ impl NetSwarm {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+    }
+
+    /// Datagrams the miners' link relays forwarded and dropped, in all.
+    pub fn relayed(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.relays
+            .iter()
+            .fold((0, 0), |(f, d), r| (f + r.stats().forwarded.load(Relaxed), d + r.stats().dropped.load(Relaxed)))
     }
 
     /// Takes host `n`'s link down (`up` false) or up again.

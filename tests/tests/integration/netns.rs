@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use iota_tests::netns::{NetSwarm, epoch_losses};
+use iota_tests::netns::{Net, NetSwarm, Wan, epoch_losses, in_namespace, unavailable};
+use iota_tests::udp_relay::{LinkShape, UdpRelay};
 
 /// 2 stages x 2 replicas, `tiny`, 16 micro-batches an epoch.
 fn shape(epochs: &'static str) -> Vec<&'static str> {
@@ -192,6 +193,111 @@ fn chaos_a_miners_link_cut_for_30_s_and_it_rejoins_from_the_bucket() {
     every_epoch_accounted(&out, 12);
     let miner = s.miners[2].as_ref().unwrap().output();
     assert!(miner.contains("loaded merged weights"), "the cut-off miner did not load merged weights:\n{miner}");
+}
+
+/// The link shaping the WAN tests use does what it says: through a relay
+/// of 15 ms (+ up to 5 ms jitter) each way and 10% loss each way, a round
+/// trip takes at least 30 ms and about 81% of them come back, every missing
+/// one counted as dropped by the relay; over `tc tbf` at 20 Mbit/s, a bulk
+/// TCP transfer goes no faster than that.
+#[test]
+fn a_shaped_link_holds_its_delay_loss_and_rate() {
+    use std::net::{TcpListener, TcpStream, UdpSocket};
+    if let Some(why) = unavailable() {
+        println!("skipped: {why}");
+        return;
+    }
+    let mut net = Net::new();
+    let (a, b) = (net.host(1), net.host(2));
+    net.limit_rate(2, 20);
+    let at = |port: u16| -> std::net::SocketAddr { format!("{}:{port}", Net::addr(2)).parse().unwrap() };
+    let echo = in_namespace(&b, move || {
+        let s = UdpSocket::bind(at(7301)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 64];
+        // Ends after 3 s without a ping.
+        while let Ok((n, from)) = s.recv_from(&mut buf) {
+            s.send_to(&buf[..n], from).unwrap();
+        }
+    });
+    let shape = LinkShape { delay: Duration::from_millis(15), jitter: Duration::from_millis(5), loss: 0.1, seed: 3 };
+    let relay = UdpRelay::start(Some(&b), at(7300), at(7301), shape).unwrap();
+    const PINGS: u32 = 300;
+    let rtts = in_namespace(&a, move || {
+        let s = UdpSocket::bind((Net::addr(1), 0)).unwrap();
+        s.connect(at(7300)).unwrap();
+        let mut rtts = Vec::new();
+        let mut buf = [0u8; 4];
+        for i in 0..PINGS {
+            let t0 = std::time::Instant::now();
+            s.send(&i.to_le_bytes()).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+            // An answer to an earlier ping (late) is skipped.
+            while let Ok(4) = s.recv(&mut buf) {
+                if u32::from_le_bytes(buf) == i {
+                    rtts.push(t0.elapsed());
+                    break;
+                }
+            }
+        }
+        rtts
+    })
+    .join()
+    .unwrap();
+    let dropped = relay.stats().dropped.load(std::sync::atomic::Ordering::Relaxed);
+    let min = rtts.iter().min().copied().unwrap_or_default();
+    let max = rtts.iter().max().copied().unwrap_or_default();
+    println!("{} of {PINGS} round trips, {dropped} datagrams dropped, rtt {min:?}..{max:?}", rtts.len());
+    assert!(min >= Duration::from_millis(30), "a round trip took {min:?}");
+    let back = rtts.len() as f64 / PINGS as f64;
+    assert!((0.7..0.92).contains(&back), "{back} of the round trips came back, for an expected 0.81");
+    assert_eq!(dropped as usize + rtts.len(), PINGS as usize, "a missing round trip the relay did not drop");
+    drop(relay);
+    echo.join().unwrap();
+
+    // 3 MB one way over TCP, timed by the receiver.
+    const BYTES: usize = 3 << 20;
+    let sink = in_namespace(&b, move || {
+        let l = TcpListener::bind(at(7302)).unwrap();
+        let (mut c, _) = l.accept().unwrap();
+        let t0 = std::time::Instant::now();
+        let n = std::io::copy(&mut c, &mut std::io::sink()).unwrap();
+        (n, t0.elapsed())
+    });
+    in_namespace(&a, move || {
+        let mut c = (0..100)
+            .find_map(|_| {
+                TcpStream::connect(at(7302)).ok().or_else(|| {
+                    std::thread::sleep(Duration::from_millis(20));
+                    None
+                })
+            })
+            .expect("connecting to the sink");
+        std::io::Write::write_all(&mut c, &vec![7u8; BYTES]).unwrap();
+    })
+    .join()
+    .unwrap();
+    let (n, took) = sink.join().unwrap();
+    assert_eq!(n as usize, BYTES);
+    let mbit = n as f64 * 8.0 / took.as_secs_f64() / 1e6;
+    println!("{n} bytes in {took:?}: {mbit:.1} Mbit/s through a 20 Mbit/s link");
+    assert!(mbit < 20.0 * 1.15, "{mbit:.1} Mbit/s through a 20 Mbit/s link");
+}
+
+/// Every miner on a slow, lossy link (20 Mbit/s, 10 ms (+3 ms jitter) each
+/// way on the data plane, 1% of datagrams lost each way): the run ends,
+/// every epoch accounted for, and the loss falls.
+#[test]
+fn the_swarm_trains_over_slow_lossy_links() {
+    let link = LinkShape { delay: Duration::from_millis(10), jitter: Duration::from_millis(3), loss: 0.01, seed: 5 };
+    let Some(mut s) = NetSwarm::start_shaped(4, &shape("2"), Wan { rate_mbit: 20, link }) else { return };
+    let out = s.wait_done(Duration::from_secs(120));
+    let (forwarded, dropped) = s.relayed();
+    println!("relays: {forwarded} datagrams forwarded, {dropped} dropped");
+    every_epoch_accounted(&out, 2);
+    let losses = epoch_losses(&out);
+    assert!(losses[1] < losses[0], "the loss falls: {losses:?}");
+    assert!(dropped > 0 && forwarded > 1_000, "the data plane went around the relays: {forwarded}, {dropped}");
 }
 
 /// Waits until `role` `i`'s log (all its lives) holds `text`.
