@@ -9,9 +9,11 @@ mod control;
 mod liveness;
 mod stage_cpu;
 mod stage_gpu;
+mod store;
 mod swarm;
 mod timing;
 mod transport;
+mod wan;
 
 use clap::{Parser, Subcommand};
 
@@ -69,6 +71,16 @@ enum Cmd {
     /// the honest miners' false-positive rate and the naive per-miner mean
     /// as the baseline from the same runs; estimate time up to 1,024 miners.
     Clasp(clasp::Args),
+    /// The swarm of separate hosts (network namespaces: s3s-fs, the
+    /// orchestrator, each miner; TLS, admission, the bucket), `small` 3 x 2,
+    /// with unshaped links (the baseline) and with every miner's link at
+    /// 100 Mbit/s, 50 ms RTT, 1% loss: tokens/s and the loss at equal
+    /// tokens. Needs root, s3s-fs and the release binaries.
+    Wan(wan::Args),
+    /// A checkpoint through the bucket (s3s-fs on loopback): the
+    /// orchestrator's S3 client and a miner's presigned URLs, upload and
+    /// download, against a plain file copy of the same bytes.
+    Store(store::Args),
 }
 
 fn main() {
@@ -87,6 +99,8 @@ fn main() {
         Cmd::Liveness(a) => liveness::run(a),
         Cmd::Adversary(a) => adversary::run(a),
         Cmd::Clasp(a) => clasp::run(a),
+        Cmd::Wan(a) => wan::run(a),
+        Cmd::Store(a) => store::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -35,6 +35,13 @@ pub struct Args {
     /// QUIC flow-control windows in MiB (stream, connection, send).
     #[arg(long, default_value_t = 32)]
     window_mib: u32,
+    /// QUIC congestion controller (cubic, bbr).
+    #[arg(long, default_value = "cubic", value_parser = parse_congestion)]
+    congestion: iota_dataplane::Congestion,
+}
+
+fn parse_congestion(s: &str) -> Result<iota_dataplane::Congestion, String> {
+    iota_dataplane::Congestion::parse(s).ok_or_else(|| format!("unknown congestion controller '{s}'"))
 }
 
 struct Row {
@@ -86,6 +93,7 @@ async fn quic(frames: u64, size: usize, a: &Args) -> Result<Row> {
         conn_window: 2 * w,
         send_window: 2 * w as u64,
         max_mtu: a.mtu,
+        congestion: a.congestion,
         ..TransportConfig::default()
     };
     let ctx = Arc::new(RunContext::new(0, FrameLimits::default()));

@@ -302,16 +302,24 @@ async fn run_async(cli: Cli) -> Result<()> {
                 println!("join token: {token}");
                 println!("miners join with: iota-miner run --join {token}{store_arg}{data_arg}");
             }
+            // The training time of this process's life: from the first
+            // phase past waiting for miners to the end of the run.
+            let mut trained_from: Option<(std::time::Instant, u64)> = None;
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => break,
-                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
-                        if svc.with_state(|o| *o.phase() == crate::orchestrator::Phase::Done) {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                        let (phase, tokens) = svc.with_state(|o| (o.phase().clone(), o.status().tokens));
+                        if trained_from.is_none() && phase != crate::orchestrator::Phase::Waiting {
+                            trained_from = Some((std::time::Instant::now(), tokens));
+                        }
+                        if phase == crate::orchestrator::Phase::Done {
                             break;
                         }
                     }
                 }
             }
+            let trained = trained_from.map(|(t0, c0)| (t0.elapsed(), c0));
             // Miners fetch the final weights after the run ends (through
             // grants, on a bucket): keep answering until none has been heard
             // from for 3 s, 30 s at most.
@@ -339,6 +347,14 @@ async fn run_async(cli: Cli) -> Result<()> {
                 "epoch {}, {} micro-batches completed, {} re-routed, {} dropped, {} divergent merges",
                 s.epoch, s.completed, s.rerouted, s.dropped, divergent
             );
+            if let Some((took, c0)) = trained {
+                let tokens = s.tokens.saturating_sub(c0);
+                println!(
+                    "trained {tokens} tokens in {:.1} s ({:.0} tokens/s, from the first epoch's start to the run's end)",
+                    took.as_secs_f64(),
+                    tokens as f64 / took.as_secs_f64().max(1e-9)
+                );
+            }
             Ok(())
         }
         Cmd::Validator {

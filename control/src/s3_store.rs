@@ -26,6 +26,8 @@ use iota_protocol::object_store::{ObjectStore, StoreFuture, check_key};
 /// Objects above this size go up in parts of this size (S3 takes 5 MiB to
 /// 5 GiB per part, at most 10,000 parts).
 pub const PART_SIZE: usize = 16 << 20;
+/// Parts of one multipart upload in flight at once.
+const UPLOAD_CONCURRENCY: usize = 4;
 /// How often a broken download is resumed before the error is returned.
 const RESUMES: u32 = 4;
 /// The longest a presigned URL may live (S3's own ceiling is 7 days; a
@@ -230,21 +232,43 @@ impl S3Store {
             .map_err(|e| sdk_err("create-multipart", full, e))?;
         let id = up.upload_id().ok_or_else(|| io_err(format!("S3 gave no upload id for {full}")))?.to_string();
         let result = async {
-            let mut parts = Vec::new();
-            for (i, chunk) in data.chunks(PART_SIZE).enumerate() {
-                let n = i32::try_from(i + 1).map_err(io_err)?;
-                let part = self
-                    .client
-                    .upload_part()
-                    .bucket(&self.loc.bucket)
-                    .key(full)
-                    .upload_id(&id)
-                    .part_number(n)
-                    .body(ByteStream::from(chunk.to_vec()))
-                    .send()
-                    .await
-                    .map_err(|e| sdk_err("upload-part", full, e))?;
-                parts.push(CompletedPart::builder().part_number(n).set_e_tag(part.e_tag().map(str::to_string)).build());
+            // Parts go up UPLOAD_CONCURRENCY at a time: one HTTP stream
+            // seldom fills a path to a bucket (or a server's cores).
+            let data = bytes::Bytes::from(data);
+            let count = data.len().div_ceil(PART_SIZE);
+            let mut parts: Vec<Option<CompletedPart>> = vec![None; count];
+            let mut running = tokio::task::JoinSet::new();
+            let mut next = 0usize;
+            loop {
+                while next < count && running.len() < UPLOAD_CONCURRENCY {
+                    let n = i32::try_from(next + 1).map_err(io_err)?;
+                    let chunk = data.slice(next * PART_SIZE..((next + 1) * PART_SIZE).min(data.len()));
+                    let req = self
+                        .client
+                        .upload_part()
+                        .bucket(&self.loc.bucket)
+                        .key(full)
+                        .upload_id(&id)
+                        .part_number(n)
+                        .body(ByteStream::from(chunk));
+                    let key = full.to_string();
+                    running.spawn(async move {
+                        let part = req.send().await.map_err(|e| sdk_err("upload-part", &key, e))?;
+                        let etag = part.e_tag().map(str::to_string);
+                        Ok::<_, io::Error>(CompletedPart::builder().part_number(n).set_e_tag(etag).build())
+                    });
+                    next += 1;
+                }
+                let Some(done) = running.join_next().await else { break };
+                let part = done.map_err(io_err)??;
+                let slot = part.part_number().and_then(|n| usize::try_from(n).ok()?.checked_sub(1));
+                if let Some(p) = slot.and_then(|i| parts.get_mut(i)) {
+                    *p = Some(part);
+                }
+            }
+            let parts: Vec<CompletedPart> = parts.into_iter().flatten().collect();
+            if parts.len() != count {
+                return Err(io_err(format!("S3 put {full}: {} of {count} parts uploaded", parts.len())));
             }
             self.client
                 .complete_multipart_upload()

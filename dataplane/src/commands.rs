@@ -154,6 +154,17 @@ pub struct RunArgs {
     /// time on any machine. Never for a real run.
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     min_frame_ms: u64,
+    /// The data plane's congestion controller: bbr (model-based) or cubic
+    /// (loss-based). Over 100 Mbit/s with 50 ms RTT and 1% loss, a `small`
+    /// 3x2 swarm trained at 0.68x of its unshaped speed with bbr and 0.17x
+    /// with cubic (docs/BENCHMARKS.md, `iota-bench wan`).
+    #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
+    congestion: crate::Congestion,
+}
+
+fn parse_congestion(s: &str) -> Result<crate::Congestion, String> {
+    crate::Congestion::parse(s)
+        .ok_or_else(|| format!("unknown congestion controller '{s}' ({})", crate::Congestion::NAMES.join(", ")))
 }
 
 fn parse_adversary(s: &str) -> Result<miner::Adversary, String> {
@@ -238,6 +249,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.corpus_cache = Some(a.corpus_cache);
     opts.adversary = a.adversary;
     opts.min_frame_ms = a.min_frame_ms;
+    opts.congestion = a.congestion;
     if let Some(adv) = a.adversary {
         tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
     }

@@ -28,7 +28,7 @@ pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};
 pub use pool::{AlignedHeap, BufferPool, HostMemory, HostPool, PinnedHeap, PooledBuf};
 pub use stats::StatsSnapshot;
 pub use tls::PeerDirectory;
-pub use transport::{Endpoint, ReceivedFrame, SendError, TransportConfig};
+pub use transport::{Congestion, Endpoint, ReceivedFrame, SendError, TransportConfig};
 
 /// Logging for the binaries: `RUST_LOG` filters (default `info`), to stderr.
 pub fn init_logging() {

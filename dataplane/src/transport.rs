@@ -38,6 +38,29 @@ use crate::sent_frames::{SentFrames, TapLimits};
 use crate::stats::{Stats, StatsSnapshot, add};
 use crate::tls::{self, PeerDirectory};
 
+/// The congestion controller of every connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Congestion {
+    /// Loss-based (quinn's default, as Linux TCP's): a loss halves the
+    /// window's growth, so on a long path with random loss a flow crawls.
+    Cubic,
+    /// Model-based (bandwidth and round-trip time measured, not inferred
+    /// from loss): keeps a lossy long-distance link full.
+    Bbr,
+}
+
+impl Congestion {
+    pub const NAMES: &[&str] = &["cubic", "bbr"];
+
+    pub fn parse(s: &str) -> Option<Congestion> {
+        match s {
+            "cubic" => Some(Congestion::Cubic),
+            "bbr" => Some(Congestion::Bbr),
+            _ => None,
+        }
+    }
+}
+
 /// Knobs of the transport. Defaults suit activation traffic over the
 /// internet; the probe and benchmark override them from the command line.
 #[derive(Clone, Debug)]
@@ -64,6 +87,7 @@ pub struct TransportConfig {
     /// (~200 KB) drops packets at GB/s rates; the kernel caps the request
     /// at net.core.{r,w}mem_max unless running as root.
     pub socket_buffer: usize,
+    pub congestion: Congestion,
 }
 
 impl Default for TransportConfig {
@@ -80,6 +104,7 @@ impl Default for TransportConfig {
             max_streams: 64,
             max_mtu: 1452,
             socket_buffer: 8 << 20,
+            congestion: Congestion::Cubic,
         }
     }
 }
@@ -97,6 +122,9 @@ impl TransportConfig {
         let mut mtu = quinn::MtuDiscoveryConfig::default();
         mtu.upper_bound(self.max_mtu.max(1200));
         t.mtu_discovery_config(Some(mtu));
+        if self.congestion == Congestion::Bbr {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+        }
         if self.max_mtu > 1452 {
             t.initial_mtu(self.max_mtu);
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use iota_core::wire::{Direction, FrameHeader, PROTOCOL_VERSION};
 use iota_core::{Identity, WireCodec};
 use iota_dataplane::frame::{self, FrameLimits, FrameMeta, RunContext};
-use iota_dataplane::{Endpoint, HostPool, PeerDirectory, TransportConfig};
+use iota_dataplane::{Congestion, Endpoint, HostPool, PeerDirectory, TransportConfig};
 
 const RUN: u64 = 77;
 
@@ -74,8 +74,19 @@ fn introduce(a: &Node, b: &Node) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_mixed_frames_both_ways_intact_once_in_order() {
-    let a = Arc::new(node(1, 64 << 20, TransportConfig::default()));
-    let b = Arc::new(node(2, 64 << 20, TransportConfig::default()));
+    mixed_frames_both_ways(TransportConfig::default()).await;
+}
+
+/// The same under the model-based congestion controller miners use by
+/// default (`iota-miner run --congestion bbr`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_mixed_frames_intact_under_bbr() {
+    mixed_frames_both_ways(TransportConfig { congestion: Congestion::Bbr, ..TransportConfig::default() }).await;
+}
+
+async fn mixed_frames_both_ways(cfg: TransportConfig) {
+    let a = Arc::new(node(1, 64 << 20, cfg.clone()));
+    let b = Arc::new(node(2, 64 << 20, cfg));
     introduce(&a, &b);
     const PER_LANE: u64 = 2500; // 2 directions x 2 senders = 10,000 frames
     let mut senders = Vec::new();

@@ -27,10 +27,7 @@ pub fn unavailable() -> Option<String> {
 
 /// Runs `f` on a thread of its own inside namespace `ns` (sockets it makes
 /// belong there).
-pub fn in_namespace<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
+pub fn in_namespace<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
         crate::udp_relay::enter_namespace(&ns).unwrap_or_else(|e| panic!("entering {ns}: {e}"));
@@ -174,12 +171,13 @@ impl Drop for HostProcess {
     }
 }
 
-/// A binary of the workspace, built beside this test executable
-/// (`cargo test --workspace --all-targets` builds them).
+/// A binary of the workspace, built beside this executable (a binary such
+/// as `iota-bench`) or one folder up (a test in `deps/`;
+/// `cargo test --workspace --all-targets` builds them).
 pub fn workspace_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    Some(dir.join(name)).filter(|p| p.exists())
+    let dir = exe.parent()?;
+    [dir.join(name), dir.parent()?.join(name)].into_iter().find(|p| p.exists())
 }
 
 /// A whole swarm of separate hosts: s3s-fs (host 10), the orchestrator
@@ -223,9 +221,9 @@ impl NetSwarm {
         Self::start_inner(miners, run_flags, miner_flags, None, None)
     }
 
-    /// Like `start`, every miner's link shaped as `wan` says.
-    pub fn start_shaped(miners: u8, run_flags: &[&str], wan: Wan) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, &[], None, Some(wan))
+    /// Like `start_with`, every miner's link shaped as `wan` says.
+    pub fn start_shaped(miners: u8, run_flags: &[&str], miner_flags: &[&str], wan: Wan) -> Option<NetSwarm> {
+        Self::start_inner(miners, run_flags, miner_flags, None, Some(wan))
     }
 
     /// Like `start`, the run training on `corpus` (byte-tokenized text),

@@ -111,6 +111,8 @@ pub struct MinerOptions {
     /// sleeps the rest), so a chaos test's run lasts a known least time on
     /// any machine. 0 (the default): no floor.
     pub min_frame_ms: u64,
+    /// The data plane's congestion controller.
+    pub congestion: crate::transport::Congestion,
 }
 
 impl MinerOptions {
@@ -127,6 +129,7 @@ impl MinerOptions {
             device: ComputeDevice::Cpu,
             gemm: GemmPrecision::Bf16,
             orchestrator_key: None,
+            congestion: TransportConfig::default().congestion,
             data: None,
             corpus_cache: None,
             store: None,
@@ -175,7 +178,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         dir.clone(),
         ctx.clone(),
         pool,
-        TransportConfig::default(),
+        TransportConfig { congestion: opts.congestion, ..TransportConfig::default() },
     )?);
     let local = ep.local_addr()?;
     // The frames this miner sends, as signed: its evidence for validators.

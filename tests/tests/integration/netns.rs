@@ -290,7 +290,7 @@ fn a_shaped_link_holds_its_delay_loss_and_rate() {
 #[test]
 fn the_swarm_trains_over_slow_lossy_links() {
     let link = LinkShape { delay: Duration::from_millis(10), jitter: Duration::from_millis(3), loss: 0.01, seed: 5 };
-    let Some(mut s) = NetSwarm::start_shaped(4, &shape("2"), Wan { rate_mbit: 20, link }) else { return };
+    let Some(mut s) = NetSwarm::start_shaped(4, &shape("2"), &[], Wan { rate_mbit: 20, link }) else { return };
     let out = s.wait_done(Duration::from_secs(120));
     let (forwarded, dropped) = s.relayed();
     println!("relays: {forwarded} datagrams forwarded, {dropped} dropped");
