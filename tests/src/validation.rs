@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use iota_control::orchestrator::{EpochSummary, VerdictRecord};
 use iota_core::{PeerId, WireCodec};
-use iota_dataplane::miner::Adversary;
+use iota_dataplane::miner::{Adversary, MinerOptions};
 
 use crate::{Swarm, tiny_run, with_validators};
 
@@ -62,9 +62,21 @@ pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, pe
 /// `run_scenario` over `(stages, replicas)`.
 pub async fn run_scenario_shaped(
     adversary: Option<(Adversary, Place)>,
+    shape: (u32, u32),
+    epochs: u64,
+    per_epoch: u64,
+) -> ScenarioReport {
+    run_scenario_with(adversary, shape, epochs, per_epoch, |_| {}).await
+}
+
+/// `run_scenario_shaped`, every miner (the adversary too) set up by
+/// `each` first (its compute, say).
+pub async fn run_scenario_with(
+    adversary: Option<(Adversary, Place)>,
     (stages, replicas): (u32, u32),
     epochs: u64,
     per_epoch: u64,
+    each: fn(&mut MinerOptions),
 ) -> ScenarioReport {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
@@ -90,9 +102,15 @@ pub async fn run_scenario_shaped(
     for i in 0..(stages * replicas) as usize {
         match adversary {
             Some((mode, place)) if place.slot(stages, replicas).0 == i => {
-                bad = Some(swarm.miner_with(|o| o.adversary = Some(mode), stop.clone()))
+                bad = Some(swarm.miner_with(
+                    |o| {
+                        each(o);
+                        o.adversary = Some(mode);
+                    },
+                    stop.clone(),
+                ))
             }
-            _ => honest.push(swarm.miner(stop.clone())),
+            _ => honest.push(swarm.miner_with(each, stop.clone())),
         }
         wait_for(i + 1).await;
     }

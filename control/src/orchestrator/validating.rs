@@ -148,7 +148,13 @@ impl Orchestrator {
             }
             heads.insert(m.peer, h.clone());
             let commitments = iota_protocol::commitments_pb::to_pb(std::slice::from_ref(h)).into_iter().next();
-            miners.push(pb::MinerWork { peer: m.peer.0.to_vec(), stage: m.stage, commitments, items });
+            miners.push(pb::MinerWork {
+                peer: m.peer.0.to_vec(),
+                stage: m.stage,
+                commitments,
+                items,
+                device: m.device.clone(),
+            });
         }
         pb::EpochWork {
             epoch: self.epoch,

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
-use iota_dataplane::evidence::{Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_tail};
+use iota_dataplane::evidence::{
+    CROSS_BACKEND_TOLERANCE, Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_tail,
+};
 use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_dataplane::frame::{FrameLimits, RunContext};
 use iota_dataplane::miner::worker::weights_hash;
@@ -20,6 +22,20 @@ use iota_model::{CpuBackend, Stage};
 use iota_protocol::RunConfig;
 
 use super::round::CheckJob;
+
+/// The device label a validator recomputes on: the CPU reference, fp32.
+pub const VALIDATOR_DEVICE: &str = "cpu";
+
+/// How far a miner's tensors may sit from the validator's recompute, by the
+/// device the miner registered with. On the validator's own device the
+/// arithmetic is the same, so the bytes must be (tolerance 0); on another
+/// (a GPU's bf16 or TF32 GEMMs, or reductions in another order) they are
+/// held to the calibrated cross-backend bound. The label is the miner's own
+/// claim, so a cheat can claim a GPU: the bound is set so that claiming one
+/// buys no room for the cheats we know of (see `CROSS_BACKEND_TOLERANCE`).
+pub fn tolerance_for(device: &str) -> f64 {
+    if device == VALIDATOR_DEVICE { 0.0 } else { CROSS_BACKEND_TOLERANCE }
+}
 
 /// What a validator checks with: the run, its corpus (for the head's
 /// tokens) and the recompute, plus the seed's initial weights per stage.
@@ -137,7 +153,7 @@ impl Checker {
             committed: &job.heads,
             epoch_start,
             codec: self.cfg.train.codec,
-            tolerance: 0.0,
+            tolerance: tolerance_for(&job.device),
         };
         let mb = SampledMb {
             epoch: job.epoch,

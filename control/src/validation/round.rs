@@ -28,6 +28,9 @@ use super::sample::{SampleRate, beacon, draw};
 use crate::settlement::clasp::Clasp;
 use crate::settlement::scores::{Rated, clasp_params, weight_vector};
 
+/// Longest device label kept per miner.
+const MAX_DEVICE_CHARS: usize = 64;
+
 /// An attempt: (shard, first sample, attempt).
 pub type WorkKey = (u32, u64, u32);
 
@@ -48,6 +51,8 @@ pub struct CheckJob {
     /// The downstream neighbour on it (None at the tail).
     pub downstream: Option<PeerId>,
     pub heads: EpochHeads,
+    /// The device the miner registered with.
+    pub device: String,
     /// The merged weights the stage started the epoch from (None: the run
     /// seed's initial weights, epoch 0).
     pub epoch_start: Option<[u8; 32]>,
@@ -83,6 +88,8 @@ pub enum Action {
 
 struct MinerWork {
     stage: u32,
+    /// The device it registered with (bounded: a label, not data).
+    device: String,
     heads: EpochHeads,
     /// Attempt -> (samples, pathway, the tail's reported loss).
     items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
@@ -202,7 +209,8 @@ impl ValidatorCore {
                 items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway, it.loss));
                 issued.insert((r.shard, r.first_sample, r.attempt), it.order);
             }
-            work.insert(p, MinerWork { stage: m.stage, heads, items, order: issued });
+            let device: String = m.device.chars().take(MAX_DEVICE_CHARS).collect();
+            work.insert(p, MinerWork { stage: m.stage, device, heads, items, order: issued });
         }
         let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
         let b = beacon(self.run_id, w.epoch, &heads);
@@ -266,6 +274,7 @@ impl ValidatorCore {
             upstream,
             downstream,
             heads: m.heads.clone(),
+            device: m.device.clone(),
             epoch_start: r.starts.get(&m.stage).copied(),
             reported_loss,
             object: obj,
@@ -393,7 +402,7 @@ mod tests {
                 })
                 .collect();
             let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
-            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage: s, commitments, items });
+            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage: s, commitments, items, device: "cpu".into() });
         }
         pb::EpochWork {
             epoch,
@@ -425,7 +434,7 @@ mod tests {
                 })
                 .collect();
             let commitments = iota_protocol::commitments_pb::to_pb(&[h]).into_iter().next();
-            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage, commitments, items });
+            miners.push(pb::MinerWork { peer: me.0.to_vec(), stage, commitments, items, device: "cpu".into() });
         }
         pb::EpochWork {
             epoch,

@@ -113,6 +113,10 @@ pub struct MinerOptions {
     pub min_frame_ms: u64,
     /// The data plane's congestion controller.
     pub congestion: crate::transport::Congestion,
+    /// Test tool: on the CPU, GEMM operands rounded to bf16 (a GPU's
+    /// `--gemm bf16` arithmetic), so cross-backend validation is tested
+    /// without a GPU. The miner says so in its device label.
+    pub cpu_bf16_gemm: bool,
 }
 
 impl MinerOptions {
@@ -130,6 +134,7 @@ impl MinerOptions {
             gemm: GemmPrecision::Bf16,
             orchestrator_key: None,
             congestion: TransportConfig::default().congestion,
+            cpu_bf16_gemm: false,
             data: None,
             corpus_cache: None,
             store: None,
@@ -207,7 +212,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         connect(&opts.orchestrator, id.clone(), opts.orchestrator_key, opts.insecure_plaintext, opts.tls_ca.as_deref())
             .await?;
     info!(orchestrator = %client.audience().orchestrator.to_hex(), run = client.audience().run_id, "connected");
-    let device = device_label(opts.device, opts.gemm);
+    let device = device_label(opts.device, opts.gemm, opts.cpu_bf16_gemm);
     let reply =
         client.register(addr.clone(), 0.0, device.clone()).await.context("registering with the orchestrator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
@@ -361,7 +366,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
     let min_frame = Duration::from_millis(opts.min_frame_ms);
-    let gemm = opts.gemm;
+    let (gemm, cpu_bf16_gemm) = (opts.gemm, opts.cpu_bf16_gemm);
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
         let merge_spec = cfg.spec.merge.clone();
@@ -388,7 +393,11 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         // The backend is made on this thread, with the context bound to it.
         match gpu {
             None => {
-                let be = Arc::new(iota_model::CpuBackend::new());
+                let be = Arc::new(if cpu_bf16_gemm {
+                    iota_model::CpuBackend::with_bf16_gemm()
+                } else {
+                    iota_model::CpuBackend::new()
+                });
                 compute_loop(
                     Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
                     io,
@@ -422,8 +431,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
 }
 
 /// What a miner tells the orchestrator it computes on.
-fn device_label(device: ComputeDevice, gemm: GemmPrecision) -> String {
+fn device_label(device: ComputeDevice, gemm: GemmPrecision, cpu_bf16_gemm: bool) -> String {
     match device {
+        ComputeDevice::Cpu if cpu_bf16_gemm => "cpu (bf16 gemms)".into(),
         ComputeDevice::Cpu => "cpu".into(),
         ComputeDevice::Cuda(_) => format!("{device} ({gemm:?} GEMMs)").to_lowercase(),
     }

@@ -15,11 +15,22 @@ use crate::backend::{AdamStep, AttnDims, Backend};
 #[derive(Default)]
 pub struct CpuBackend {
     log: GemmLog,
+    /// GEMM operands rounded to bf16 first (accumulation stays fp32).
+    bf16_gemm: bool,
 }
 
 impl CpuBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A backend whose GEMMs round both operands to bf16 (nearest even)
+    /// and accumulate in fp32: the arithmetic of a GPU's bf16 GEMMs
+    /// (`--gemm bf16`), on the CPU, so that honest differences between
+    /// backends can be measured and tested without a GPU. Everything else
+    /// stays the fp32 reference.
+    pub fn with_bf16_gemm() -> Self {
+        CpuBackend { bf16_gemm: true, ..Self::default() }
     }
 
     /// Starts recording the shape of every GEMM (for the benchmark's floor).
@@ -34,7 +45,14 @@ impl CpuBackend {
 
     fn gemm(&self, dst: &mut [f32], d: Mat, lhs: &[f32], l: Mat, rhs: &[f32], r: Mat, acc: bool) {
         self.log.record(GemmCall { dst: d, lhs: l, rhs: r, acc, batch: 1, parallel: true });
-        sgemm(dst, d, lhs, l, rhs, r, acc, true);
+        if self.bf16_gemm {
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter().map(|&v| iota_core::codec::bf16_to_f32(iota_core::codec::f32_to_bf16(v))).collect()
+            };
+            sgemm(dst, d, &round(lhs), l, &round(rhs), r, acc, true);
+        } else {
+            sgemm(dst, d, lhs, l, rhs, r, acc, true);
+        }
     }
 }
 
@@ -44,7 +62,8 @@ impl Backend for CpuBackend {
     type Mut<'a> = &'a mut [f32];
 
     fn name(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        let gemm = if self.bf16_gemm { ", bf16 GEMM operands" } else { "" };
+        format!("cpu ({} threads{gemm})", rayon::current_num_threads())
     }
 
     fn zeros(&self, n: usize) -> Vec<f32> {
@@ -173,5 +192,31 @@ impl Backend for CpuBackend {
 
     fn adamw(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], step: AdamStep) {
         ops::adamw(p, g, m, v, step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iota_core::codec::{bf16_to_f32, f32_to_bf16};
+
+    #[test]
+    fn a_bf16_gemm_is_the_fp32_gemm_of_operands_rounded_to_bf16() {
+        let (n, c, oc) = (8, 16, 4);
+        // Values with low mantissa bits set, so rounding changes them.
+        let inp: Vec<f32> = (0..n * c).map(|i| 1.0 + i as f32 * 1.3e-3).collect();
+        let w: Vec<f32> = (0..oc * c).map(|i| (i as f32 * 0.37).sin() * 0.1 + 1e-4).collect();
+        let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect() };
+        let (mut bf, mut by_hand, mut fp) = (vec![0f32; n * oc], vec![0f32; n * oc], vec![0f32; n * oc]);
+        CpuBackend::with_bf16_gemm().matmul(&mut bf, &inp, &w, n, c, oc, false);
+        CpuBackend::new().matmul(&mut by_hand, &round(&inp), &round(&w), n, c, oc, false);
+        CpuBackend::new().matmul(&mut fp, &inp, &w, n, c, oc, false);
+        assert_eq!(bf, by_hand);
+        assert_ne!(bf, fp, "rounding the operands changed nothing");
+        // A single output near zero may move by more than its size, so the
+        // bound is on the whole product's relative L2 (bf16 keeps 8 bits).
+        let l2 = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
+        let rel = l2(&mut bf.iter().zip(&fp).map(|(a, b)| a - b)) / l2(&mut fp.iter().copied());
+        assert!(rel > 0.0 && rel < 1e-2, "bf16 operands moved the product by {rel} relative L2");
     }
 }
