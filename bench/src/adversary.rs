@@ -41,10 +41,13 @@ const SCENARIOS: [(&str, Adversary, Place); 9] = [
 ];
 
 /// The merge cheats, each the first miner of a 2 x 3 swarm.
-const MERGE_SCENARIOS: [(&str, Adversary); 3] = [
+/// (`collude`: two of stage 0's three replicas, each the other's
+/// accomplice; "detected" is the first one's conviction.)
+const MERGE_SCENARIOS: [(&str, Adversary); 4] = [
     ("merge-equivocate", Adversary::MergeEquivocate),
     ("nan", Adversary::Nan),
     ("merge-garbage", Adversary::MergeGarbage),
+    ("collude (2)", Adversary::Collude),
 ];
 
 pub fn run(a: Args) -> Result<()> {
@@ -86,7 +89,8 @@ pub fn run(a: Args) -> Result<()> {
 
 fn row(name: &str, r: &ScenarioReport, base: &ScenarioReport) {
     let first = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)).map(|e| e.epoch));
-    let flagged = r.verdicts.iter().filter(|v| v.guilty && Some(v.miner) != r.bad).count();
+    let flagged =
+        r.verdicts.iter().filter(|v| v.guilty && Some(v.miner) != r.bad && Some(v.miner) != r.accomplice).count();
     let share = 100.0 * r.validator_compute.as_secs_f64() / r.miner_compute.as_secs_f64().max(1e-9);
     println!(
         "{:<17} {:>7} {:>8} {:>14} {:>7.1} {:>7.2} {:>9} {:>11.1}%",

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod commands;
 pub mod data_cmd;
 pub mod ledger_cmd;
+pub mod merge_auditor;
 pub mod orchestrator;
 pub mod s3_store;
 mod serde_pairs;

@@ -578,6 +578,16 @@ impl OrchestratorRpc for OrchestratorService {
                 let signed = prost::Message::encode_to_vec(&env);
                 Event::ValidationDone { validator: peer, epoch: d.epoch, weights: d.weights, signed }
             }
+            pb::validator_report::Kind::MergeAudit(a) => Event::MergeAudit {
+                validator: peer,
+                epoch: a.epoch,
+                stage: a.stage,
+                partition: a.partition,
+                generation: a.generation,
+                hash: a.hash.as_slice().try_into().ok(),
+                missing: a.missing.iter().map(|m| peer_of(m)).collect(),
+                reason: a.reason,
+            },
             pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {
                 validator: peer,
                 epoch: v.epoch,

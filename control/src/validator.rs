@@ -93,11 +93,16 @@ pub struct ValidatorSummary {
     /// The weights it sent with each round's end (epoch, weights in the
     /// order of the epoch's work).
     pub weights: Vec<(u64, Vec<f32>)>,
+    /// Merge partitions it audited (answered).
+    pub merge_audits: u64,
 }
 
 enum Input {
     Command(pb::command::Kind),
     Checked(Box<CheckJob>, Result<(), String>, Duration),
+    /// A merge audit answered, after this long (waiting for the
+    /// contributions included).
+    MergeAudited(Duration),
     /// A merged model evaluated: its held-out loss (or why it could not be
     /// had), and the seed model's when asked for.
     MergeEvaluated {
@@ -213,6 +218,20 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             Some(Ok(o)) => core.on_evidence(st.epoch, o),
                             _ => Vec::new(),
                         },
+                        Input::Command(pb::command::Kind::MergeAudit(ma)) => {
+                            let (spec, store, client, in_tx) = (cfg.spec.merge.clone(), store.clone(), client.clone(), in_tx.clone());
+                            let run_id = reply.run_id;
+                            tokio::spawn(async move {
+                                let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
+                                let _ = in_tx.send(Input::MergeAudited(took)).await;
+                            });
+                            Vec::new()
+                        }
+                        Input::MergeAudited(took) => {
+                            summary.merge_audits += 1;
+                            summary.check_time += took;
+                            Vec::new()
+                        }
                         Input::Command(pb::command::Kind::MergeCheck(mc)) => {
                             evaluate_merge(mc, &cfg, &store, &checker, last_good.is_none(), &in_tx);
                             Vec::new()

@@ -149,6 +149,10 @@ pub struct RunArgs {
     /// tested end to end with real processes. Never for a real run.
     #[arg(long, hide = true, value_parser = parse_adversary)]
     adversary: Option<miner::Adversary>,
+    /// A test tool, hidden: with `--adversary collude`, the peer ids (hex)
+    /// of the miners it conspires with. Never for a real run.
+    #[arg(long, hide = true, value_delimiter = ',', value_parser = parse_peer)]
+    accomplices: Vec<PeerId>,
     /// A test tool, hidden: each frame of work takes at least N ms (the
     /// worker sleeps the rest), so a chaos test's run lasts a known least
     /// time on any machine. Never for a real run.
@@ -248,6 +252,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.data = a.data;
     opts.corpus_cache = Some(a.corpus_cache);
     opts.adversary = a.adversary;
+    opts.accomplices = a.accomplices;
     opts.min_frame_ms = a.min_frame_ms;
     opts.congestion = a.congestion;
     if let Some(adv) = a.adversary {

@@ -207,6 +207,7 @@ impl Swarm {
                     queue.extend(out.into_iter().map(|o| (j, o)));
                 }
                 Output::Report(k) => self.reports.push((i, k)),
+                Output::Store { key, .. } => panic!("a training step stored {key}: only merge audits do"),
             }
         }
     }

@@ -288,9 +288,24 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
         }
         Kind::Done(d) => weight_vector("done.weights", &d.weights)?,
         Kind::MergeVote(v) => printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?,
+        Kind::MergeAudit(a) => {
+            if !a.hash.is_empty() {
+                hash32("merge_audit.hash", &a.hash)?;
+            }
+            if a.missing.len() > MAX_AUDIT_MISSING {
+                return Err(bad("merge_audit.missing", "names more participants than a merge can have"));
+            }
+            for m in &a.missing {
+                hash32("merge_audit.missing", m)?;
+            }
+            printable("merge_audit.reason", &a.reason, MAX_REASON_LEN)?;
+        }
     }
     Ok(())
 }
+
+/// Participants a merge audit may name as missing (a stage's replicas).
+pub const MAX_AUDIT_MISSING: usize = 1024;
 
 #[cfg(test)]
 mod tests {
@@ -373,6 +388,14 @@ mod tests {
             assert!(validator_report(&v).unwrap_err().message.contains(field), "{field}");
         }
         assert!(validator_report(&pb::ValidatorReport { kind: None }).is_err());
+        let audit = |hash: Vec<u8>, missing: Vec<Vec<u8>>| pb::ValidatorReport {
+            kind: Some(Kind::MergeAudit(pb::MergeAuditResult { hash, missing, ..Default::default() })),
+        };
+        assert!(validator_report(&audit(vec![5; 32], Vec::new())).is_ok());
+        assert!(validator_report(&audit(Vec::new(), vec![vec![1; 32]])).is_ok(), "inconclusive, naming who withheld");
+        assert!(validator_report(&audit(vec![5; 31], Vec::new())).unwrap_err().message.contains("merge_audit.hash"));
+        assert!(validator_report(&audit(Vec::new(), vec![vec![1; 3]])).unwrap_err().message.contains("missing"));
+        assert!(validator_report(&audit(Vec::new(), vec![vec![1; 32]; MAX_AUDIT_MISSING + 1])).is_err());
         let done = |weights: Vec<f32>| pb::ValidatorReport {
             kind: Some(Kind::Done(pb::ValidationDone { epoch: 0, weights })),
         };

@@ -159,6 +159,13 @@ pub fn control_request(data: &[u8]) {
                     }
                     Some(pb::validator_report::Kind::Done(_)) => {}
                     Some(pb::validator_report::Kind::MergeVote(v)) => assert!(v.reason.len() <= fields::MAX_REASON_LEN),
+                    // What the service maps to peer ids and a hash.
+                    Some(pb::validator_report::Kind::MergeAudit(a)) => {
+                        assert!(a.hash.is_empty() || a.hash.len() == 32);
+                        assert!(
+                            a.missing.len() <= fields::MAX_AUDIT_MISSING && a.missing.iter().all(|m| m.len() == 32)
+                        );
+                    }
                     None => panic!("an empty validator report passed the rules"),
                 }
             }

@@ -242,6 +242,32 @@ impl Swarm {
         tokio::spawn(miner::run(opts, Identity::generate(), stop))
     }
 
+    /// `miner_with`, under identity `id` (a test that must know a miner's
+    /// peer id before it runs: an accomplice's, say).
+    pub fn miner_as(
+        &self,
+        id: Identity,
+        change: impl FnOnce(&mut MinerOptions),
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
+        let mut opts = MinerOptions::local(self.url.clone());
+        opts.orchestrator_key = Some(self.service.identity().peer_id());
+        opts.store = Some(self.db.with_file_name("store"));
+        change(&mut opts);
+        tokio::spawn(miner::run(opts, id, stop))
+    }
+
+    /// Waits until `n` miners have registered (10 s at most).
+    pub async fn registered(&self, n: usize) {
+        for _ in 0..1000 {
+            if self.service.with_state(|o| o.miners().count() >= n) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{n} miners never registered within 10 s");
+    }
+
     /// Starts a validator task with identity `id` (which `cfg` must list
     /// with a stake: see [`with_validators`]).
     pub fn validator(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use iota_control::orchestrator::{EpochSummary, VerdictRecord};
-use iota_core::{PeerId, WireCodec};
+use iota_core::{Identity, PeerId, WireCodec};
 use iota_dataplane::miner::{Adversary, MinerOptions};
 
 use crate::{Swarm, tiny_run, with_validators};
@@ -39,6 +39,9 @@ impl Place {
 pub struct ScenarioReport {
     /// The adversary's identity.
     pub bad: Option<PeerId>,
+    /// `collude`: the second colluder (the replica after the adversary in
+    /// its stage), run with the same mode.
+    pub accomplice: Option<PeerId>,
     pub verdicts: Vec<VerdictRecord>,
     pub history: Vec<EpochSummary>,
     /// From the first miner's start to the last honest miner's end.
@@ -97,19 +100,42 @@ pub async fn run_scenario_with(
         panic!("{n} miners never registered");
     };
     let t0 = Instant::now();
-    let (mut honest, mut bad) = (Vec::new(), None);
+    let (mut honest, mut bad) = (Vec::new(), Vec::new());
+    // `collude` takes two: the adversary's slot and the next one in its
+    // stage (stages fill in registration order), each knowing the other.
+    let colluders = adversary.filter(|(m, _)| *m == Adversary::Collude).map(|(_, place)| {
+        let first = place.slot(stages, replicas).0;
+        let ids = [Identity::from_seed([0xc0; 32]), Identity::from_seed([0xc1; 32])];
+        ([first, first + stages as usize], ids)
+    });
+    let mut accomplice = None;
     // One at a time, so the registration order (and the stages) are known.
     for i in 0..(stages * replicas) as usize {
-        match adversary {
-            Some((mode, place)) if place.slot(stages, replicas).0 == i => {
-                bad = Some(swarm.miner_with(
+        match (adversary, &colluders) {
+            (Some((mode, _)), Some((slots, ids))) if slots.contains(&i) => {
+                let me = usize::from(slots[1] == i);
+                let other = ids[1 - me].peer_id();
+                if me == 1 {
+                    accomplice = Some(ids[1].peer_id());
+                }
+                let id = Identity::from_seed([0xc0 + me as u8; 32]);
+                bad.push(swarm.miner_as(
+                    id,
                     |o| {
                         each(o);
                         o.adversary = Some(mode);
+                        o.accomplices = vec![other];
                     },
                     stop.clone(),
                 ))
             }
+            (Some((mode, place)), _) if place.slot(stages, replicas).0 == i => bad.push(swarm.miner_with(
+                |o| {
+                    each(o);
+                    o.adversary = Some(mode);
+                },
+                stop.clone(),
+            )),
             _ => honest.push(swarm.miner_with(each, stop.clone())),
         }
         wait_for(i + 1).await;
@@ -133,7 +159,7 @@ pub async fn run_scenario_with(
     }
     let wall = t0.elapsed();
     stop.store(true, Ordering::SeqCst);
-    if let Some(b) = bad {
+    for b in bad {
         let _ = tokio::time::timeout(Duration::from_secs(10), b).await;
     }
     let (mut validator_compute, mut checked) = (Duration::ZERO, 0);
@@ -144,5 +170,5 @@ pub async fn run_scenario_with(
         checked += s.checked;
     }
     let (verdicts, history) = swarm.service.with_state(|o| (o.verdicts().to_vec(), o.history().to_vec()));
-    ScenarioReport { bad: bad_peer, verdicts, history, wall, miner_compute, validator_compute, checked }
+    ScenarioReport { bad: bad_peer, accomplice, verdicts, history, wall, miner_compute, validator_compute, checked }
 }

@@ -80,7 +80,12 @@ impl Orchestrator {
     pub(super) fn merge_outs(&mut self, stage: u32, mo: Vec<MergeOut>, out: &mut Vec<Out>) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
         let mut to_record = Vec::new();
+        let mut audits = Vec::new();
         for o in mo {
+            if let MergeOut::Audit { partition, generation } = o {
+                audits.push((partition, generation));
+                continue;
+            }
             for p in &bm.plan.participants {
                 let cmd = match &o {
                     MergeOut::Plan => match self.miners.get(&p.peer) {
@@ -96,7 +101,8 @@ impl Orchestrator {
                         writer: v.writer.0.to_vec(),
                     }),
                     // The caller convicts it (see `convict_equivocator`).
-                    MergeOut::Equivocated(_) | MergeOut::Flawed(_) => continue,
+                    MergeOut::Equivocated(_) | MergeOut::Flawed(_) | MergeOut::Colluded(_) => continue,
+                    MergeOut::Audit { .. } => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
             }
@@ -116,13 +122,16 @@ impl Orchestrator {
         }
         self.counters.hash_mismatches += to_record.len() as u64;
         self.mismatches.extend(to_record);
+        for (partition, generation) in audits {
+            self.open_merge_audit(stage, partition, generation, out);
+        }
     }
 
     /// One butterfly plan per stage, over the miners that uploaded (i.e.
     /// finished training), weighted by the work this orchestrator counted;
     /// a benched miner takes part only if it did work this epoch (see
     /// `MinerState::merges`).
-    pub(super) fn plan_merges(&mut self) {
+    pub(super) fn plan_merges(&mut self, rng: &mut iota_core::Rng) {
         self.butterfly.clear();
         if self.spec.merge.method != MergeMethod::Butterfly {
             return;
@@ -148,7 +157,13 @@ impl Orchestrator {
                 self.spec.run_id,
                 self.spec.merge.slices_per_replica,
             );
-            self.butterfly.insert(s, StageMerge::new(plan));
+            let mut sm = StageMerge::new(plan);
+            // With validators, every owner pair's results wait for an audit
+            // (merge_audit.rs); the draw's seed stays here.
+            if self.validation.validators.values().any(|v| v.subscribed) {
+                sm.audit_with(rng.next_u64());
+            }
+            self.butterfly.insert(s, sm);
         }
     }
 }

@@ -16,6 +16,7 @@ mod epochs;
 mod hedging;
 mod liveness;
 mod membership;
+mod merge_audit;
 mod merging;
 mod objects;
 mod phase;
@@ -146,6 +147,18 @@ pub enum Event {
         items: Vec<WorkKey>,
     },
     Verdict(VerdictIn),
+    /// A validator's recompute of an audited merge partition: the hash of
+    /// its update (None: it could not), and who withheld a contribution.
+    MergeAudit {
+        validator: PeerId,
+        epoch: u64,
+        stage: u32,
+        partition: u32,
+        generation: u32,
+        hash: Option<[u8; 32]>,
+        missing: Vec<PeerId>,
+        reason: String,
+    },
     /// A validator's judgement of `epoch`'s merged model.
     MergeVote {
         validator: PeerId,
@@ -443,6 +456,14 @@ impl Orchestrator {
             Event::MergeVote { validator, epoch, rollback, loss, reason } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason)?
             }
+            Event::MergeAudit { validator, epoch, stage, partition, generation, hash, missing, reason } => {
+                let answer = match hash {
+                    Some(h) => merge_audit::AuditAnswer::Hash(h),
+                    None if !missing.is_empty() => merge_audit::AuditAnswer::Missing(missing),
+                    None => merge_audit::AuditAnswer::Unable,
+                };
+                self.on_merge_audit(now, validator, (epoch, stage, partition, generation), answer, &reason, &mut out)?
+            }
             Event::BadObject { peer, epoch, stage, object, reason } => {
                 self.known(&peer)?;
                 self.on_bad_object(peer, epoch, stage, object, reason, &mut out)?;
@@ -517,7 +538,7 @@ impl Orchestrator {
                 // The validators check the epoch's work before it is merged
                 // (its final commitments are in once the uploads are).
                 if (all_in || timed_out) && every_stage_has_one && !self.validation_holds_merge(now, out) {
-                    self.plan_merges();
+                    self.plan_merges(rng);
                     self.set_phase(now, Phase::Merging, out);
                 }
             }
@@ -531,6 +552,7 @@ impl Orchestrator {
                 // would start the next epoch from different weights. Except
                 // one that has reported nothing at all by the timeout while
                 // others have: it holds everyone else's partitions hostage.
+                self.expire_merge_audits(now, out);
                 let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
                 for s in 0..self.spec.stages {
                     let Some(bm) = self.butterfly.get(&s) else { continue };

@@ -400,6 +400,17 @@ pub struct Counters {
     /// Merge participants whose contribution two other owners flagged.
     #[serde(default)]
     pub flawed_contributions: u64,
+    /// Merge audits the validators' stake passed, and released undecided.
+    #[serde(default)]
+    pub merge_audits_passed: u64,
+    #[serde(default)]
+    pub merge_audits_released: u64,
+    /// Partition owners a merge audit convicted of agreeing on a wrong result.
+    #[serde(default)]
+    pub colluding_owners: u64,
+    /// Merge participants convicted of withholding a contribution from an audit.
+    #[serde(default)]
+    pub withheld_contributions: u64,
     /// Epochs merged with no validator live to check them.
     #[serde(default)]
     pub unvalidated_epochs: u64,

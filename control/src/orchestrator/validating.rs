@@ -458,7 +458,7 @@ impl Orchestrator {
         self.convict_merge(now, miner, out);
     }
 
-    fn convict_merge(&mut self, now: Ms, miner: PeerId, out: &mut Vec<Out>) {
+    pub(super) fn convict_merge(&mut self, now: Ms, miner: PeerId, out: &mut Vec<Out>) {
         let acc = Accusation { epoch: self.epoch, miner, check: Check::Merge };
         let consequences = match self.validation.quorum.as_mut() {
             Some(q) => q.proven(acc),

@@ -116,6 +116,9 @@ pub struct Validation {
     /// The hash of the merged weights each stage started the current epoch
     /// from (none in epoch 0: the run seed's).
     pub(super) starts: BTreeMap<u32, [u8; 32]>,
+    /// Merge audits in progress (merge_audit.rs).
+    #[serde(default)]
+    pub(super) merge_audits: Vec<super::merge_audit::OpenAudit>,
 }
 
 impl Validation {

@@ -5,6 +5,7 @@
 //! from their events; simulations drive them directly.
 
 pub mod check;
+pub mod merge_audit;
 pub mod quorum;
 pub mod round;
 pub mod sample;

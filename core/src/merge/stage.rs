@@ -3,8 +3,10 @@
 //! partition (a verdict), sends a disputed partition to a referee, re-plans
 //! around participants that drop out, plans out a participant proven to
 //! have sent two owners different contributions (see `equivocation`) or
-//! whose contribution two other owners flag (see `flaws`), and knows when
-//! the stage is merged.
+//! whose contribution two other owners flag (see `flaws`), holds an
+//! audited partition's agreed result until a validator's recompute of it
+//! answers (two colluding owners agree on a wrong result: the audit
+//! convicts both), and knows when the stage is merged.
 //! The orchestrator drives it from reports; the local merge harness and the
 //! bench drive it directly, without gRPC.
 
@@ -56,6 +58,15 @@ pub enum MergeOut {
     /// Two owners other than this participant flagged its contribution
     /// (see `flaws`); it is planned out, and the orchestrator convicts it.
     Flawed(PeerId),
+    /// Both owners agreed on an audited partition: its result is held
+    /// until a validator recomputes it (`StageMerge::audit_result`). The
+    /// orchestrator asks every participant for its contribution and a
+    /// validator for the recompute.
+    Audit { partition: u32, generation: u32 },
+    /// A validator's recompute of an audited partition differs from the
+    /// result its owners agreed on: they are planned out, and the
+    /// orchestrator convicts them.
+    Colluded(Vec<PeerId>),
 }
 
 /// An owner's result for one partition.
@@ -108,6 +119,34 @@ pub struct StageMerge {
     /// Participants planned out for flawed contributions: (partition, who).
     #[serde(default)]
     pub flawed: Vec<(u32, PeerId)>,
+    /// The orchestrator's secret for drawing, per pair of owners, the one
+    /// partition a validator recomputes (None: no audits). The owners
+    /// cannot tell which until they have reported.
+    #[serde(default)]
+    audit_seed: Option<u64>,
+    /// Owner pairs whose audit passed (or was released): their agreed
+    /// results are accepted at once.
+    #[serde(default)]
+    cleared: BTreeSet<(PeerId, PeerId)>,
+    /// Agreed results waiting for their pair's audit, by partition.
+    #[serde(default)]
+    pub held: BTreeMap<u32, Verdict>,
+    /// Audits passed, failed (owners convicted) and released unanswered.
+    #[serde(default)]
+    pub audited: AuditCounts,
+    /// Owners an audit found agreeing on a wrong result: (partition, owners).
+    #[serde(default)]
+    pub colluded: Vec<(u32, Vec<PeerId>)>,
+}
+
+/// What the audits of one stage merge came to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditCounts {
+    pub passed: u32,
+    pub failed: u32,
+    /// Released without an answer (no validator answered in time), or the
+    /// validator could not recompute.
+    pub released: u32,
 }
 
 impl StageMerge {
@@ -124,7 +163,92 @@ impl StageMerge {
             equivocations: Vec::new(),
             flags: vec![BTreeMap::new(); k],
             flawed: Vec::new(),
+            audit_seed: None,
+            cleared: BTreeSet::new(),
+            held: BTreeMap::new(),
+            audited: AuditCounts::default(),
+            colluded: Vec::new(),
         }
+    }
+
+    /// Turns audits on: for every pair of owners, the results they agree
+    /// on wait until a validator has recomputed one of their partitions,
+    /// drawn with `seed` (which the owners must not know). Two colluding
+    /// owners that lie on every partition they share are caught at their
+    /// first merge, ones that lie on a fraction f of them with probability
+    /// at least f, and nothing they agreed on is applied before their
+    /// audit.
+    pub fn audit_with(&mut self, seed: u64) {
+        self.audit_seed = Some(seed);
+    }
+
+    /// The owner pair of partition `k` in the current plan (None: not two
+    /// owners, as after a referee).
+    fn pair_of(&self, k: u32) -> Option<(PeerId, PeerId)> {
+        match self.plan.partitions.get(k as usize)?.owners[..] {
+            [a, b] => Some((a.min(b), a.max(b))),
+            _ => None,
+        }
+    }
+
+    /// The partition audited for an owner pair: of the partitions the pair
+    /// owns now, the one with the least seeded hash.
+    fn audited_of(&self, pair: (PeerId, PeerId)) -> Option<u32> {
+        let seed = self.audit_seed?;
+        (0..self.plan.partitions.len() as u32)
+            .filter(|k| self.pair_of(*k) == Some(pair))
+            .min_by_key(|k| crate::rng::Rng::new(seed ^ u64::from(*k).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64())
+    }
+
+    /// A validator's recompute of an audited partition: `Some(hash)` of
+    /// the update it computed, or None (it could not, or nobody answered
+    /// in time: the pair's results are accepted, as without an audit). A
+    /// different hash convicts both owners (`MergeOut::Colluded`): they
+    /// are planned out and every partition not yet accepted is re-planned
+    /// without them. Returns false for an audit not waited on (stale, or
+    /// another generation).
+    pub fn audit_result(
+        &mut self,
+        k: u32,
+        generation: u32,
+        recomputed: Option<[u8; 32]>,
+        out: &mut Vec<MergeOut>,
+    ) -> bool {
+        let Some(v) = self.held.get(&k).filter(|v| v.generation == generation).cloned() else { return false };
+        let Some(pair) = self.pair_of(k).filter(|p| self.audited_of(*p) == Some(k)) else { return false };
+        match recomputed {
+            Some(h) if h != v.hash => {
+                self.audited.failed += 1;
+                let owners = vec![pair.0, pair.1];
+                self.colluded.push((k, owners.clone()));
+                out.push(MergeOut::Colluded(owners.clone()));
+                self.drop_participants(&owners, out);
+            }
+            _ => {
+                if recomputed.is_some() {
+                    self.audited.passed += 1;
+                } else {
+                    self.audited.released += 1;
+                }
+                self.cleared.insert(pair);
+                let waiting: Vec<u32> = self.held.keys().copied().filter(|j| self.pair_of(*j) == Some(pair)).collect();
+                for j in waiting {
+                    if let Some(v) = self.held.remove(&j) {
+                        self.accept(v.partition, v.generation, v.hash, v.writer, out);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// The audits waiting on a validator: (partition, generation).
+    pub fn audits_waiting(&self) -> Vec<(u32, u32)> {
+        self.held
+            .values()
+            .filter(|v| self.pair_of(v.partition).and_then(|p| self.audited_of(p)) == Some(v.partition))
+            .map(|v| (v.partition, v.generation))
+            .collect()
     }
 
     /// `peer` has reported anything in this merge: a slice hash (for the
@@ -194,7 +318,15 @@ impl StageMerge {
             m.deviants = m.owners.iter().filter(|(_, h)| *h != hash).map(|(p, _)| *p).collect();
         }
         if owners.iter().all(|(_, h)| *h == owners[0].1) {
-            self.accept(k, generation, hash, owners[0].0, out);
+            match self.pair_of(k).filter(|p| self.audit_seed.is_some() && !self.cleared.contains(p)) {
+                Some(pair) => {
+                    self.held.insert(k, Verdict { partition: k, generation, hash, writer: owners[0].0 });
+                    if self.audited_of(pair) == Some(k) {
+                        out.push(MergeOut::Audit { partition: k, generation });
+                    }
+                }
+                None => self.accept(k, generation, hash, owners[0].0, out),
+            }
             return true;
         }
         self.mismatches.push(Mismatch {
@@ -344,7 +476,10 @@ impl StageMerge {
                     }
                     next.partitions[k] = keep;
                 }
-                None => self.reports[k].clear(),
+                None => {
+                    self.reports[k].clear();
+                    self.held.remove(&(k as u32));
+                }
             }
         }
         self.plan = next;
@@ -557,5 +692,73 @@ mod tests {
         assert_eq!(again, other_owner, "a failed move leaves the writer");
         assert_eq!(m.move_writer(0, other_owner, &[], &mut out), Some(third));
         assert_eq!(m.move_writer(0, third, &[], &mut out), None, "every holder was found bad");
+    }
+
+    /// Every owner pair's results wait for one audit; two owners that
+    /// agree on wrong results are convicted at it, before any of their
+    /// results is accepted, and their partitions are re-planned; honest
+    /// pairs are accepted when their audit passes or is released.
+    #[test]
+    fn colluding_owners_are_caught_by_their_pairs_audit_before_anything_of_theirs_is_accepted() {
+        let ps = (0..4).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
+        let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 100_000, 9, 3));
+        m.audit_with(0x5eed);
+        let (a, b) = (PeerId([1; 32]), PeerId([2; 32]));
+        let shared: Vec<u32> = (0..m.plan.partitions.len() as u32).filter(|k| m.pair_of(*k) == Some((a, b))).collect();
+        assert!(shared.len() >= 2, "the colluders share partitions: {shared:?}");
+        let mut out = Vec::new();
+        for k in 0..m.plan.partitions.len() as u32 {
+            let part = m.plan.partitions[k as usize].clone();
+            let h = if shared.contains(&k) { [99; 32] } else { [k as u8 + 1; 32] };
+            for o in &part.owners {
+                m.slice_done(*o, k, part.generation, &SliceReport::of(h), &mut out);
+            }
+        }
+        assert!(out.iter().all(|o| matches!(o, MergeOut::Audit { .. })), "nothing accepted before its audit: {out:?}");
+        let pairs: BTreeSet<_> = (0..m.plan.partitions.len() as u32).filter_map(|k| m.pair_of(k)).collect();
+        assert_eq!(out.len(), pairs.len(), "one audit per owner pair");
+        assert_eq!(m.audits_waiting().len(), pairs.len());
+        let audits: Vec<(u32, u32)> = m.audits_waiting();
+        let mut out = Vec::new();
+        // The validators recompute the honest result everywhere.
+        let mut honest_accepted = 0;
+        for (k, g) in audits {
+            assert!(!m.audit_result(k, g + 1, Some([k as u8 + 1; 32]), &mut out), "another generation is stale");
+            if m.audit_result(k, g, Some([k as u8 + 1; 32]), &mut out) && !shared.contains(&k) {
+                honest_accepted += 1;
+            }
+        }
+        assert!(honest_accepted >= 1);
+        assert_eq!(m.audited.failed, 1);
+        assert_eq!(m.colluded, vec![(m.colluded[0].0, vec![a, b])]);
+        assert!(out.contains(&MergeOut::Colluded(vec![a, b])));
+        assert!(!m.plan.is_participant(&a) && !m.plan.is_participant(&b), "both planned out");
+        for k in &shared {
+            assert!(m.verdicts[*k as usize].is_none(), "a colluders' result was accepted");
+            assert!(!m.plan.partitions[*k as usize].owners.iter().any(|o| *o == a || *o == b));
+        }
+        let accepted = m.verdicts.iter().flatten().count();
+        assert!(accepted > 0 && accepted < m.plan.partitions.len());
+        for v in m.verdicts.iter().flatten() {
+            assert_eq!(v.hash, [v.partition as u8 + 1; 32], "only honest results are accepted");
+        }
+    }
+
+    #[test]
+    fn an_audit_nobody_answers_releases_its_pair_and_a_merge_without_audits_holds_nothing() {
+        let mut m = StageMerge::new(plan(3));
+        m.audit_with(7);
+        let mut out = Vec::new();
+        report_all(&mut m, None, &mut out);
+        assert!(m.verdicts.iter().all(|v| v.is_none()));
+        for (k, g) in m.audits_waiting() {
+            assert!(m.audit_result(k, g, None, &mut out));
+        }
+        assert!(m.verdicts.iter().all(|v| v.is_some()), "released audits accept their pairs' results");
+        assert_eq!(m.audited.released as usize, out.iter().filter(|o| matches!(o, MergeOut::Audit { .. })).count());
+        let mut plain = StageMerge::new(plan(3));
+        let mut out = Vec::new();
+        report_all(&mut plain, None, &mut out);
+        assert!(plain.verdicts.iter().all(|v| v.is_some()) && plain.held.is_empty());
     }
 }

@@ -66,11 +66,19 @@ pub enum Adversary {
     /// In the merge, sends a pseudo-gradient a million times too large
     /// (`MergeFault::HugeDelta`); it trains honestly.
     MergeGarbage,
+    /// In the butterfly merge, as an owner of a partition whose other owner
+    /// is an accomplice (`MinerOptions::accomplices`, who runs the same
+    /// mode), publishes the update negated: both owners agree, so the hash
+    /// comparison accepts it, and the partition moves as far as the
+    /// replicas' work but against it (`MergeFault::Collude`). With an
+    /// honest co-owner it reduces honestly; it trains honestly, and stores
+    /// its true contribution when asked.
+    Collude,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 14] = [
+    pub const NAMES: [(&'static str, Adversary); 15] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -85,6 +93,7 @@ impl Adversary {
         ("merge-equivocate", Adversary::MergeEquivocate),
         ("nan", Adversary::Nan),
         ("merge-garbage", Adversary::MergeGarbage),
+        ("collude", Adversary::Collude),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -98,6 +107,7 @@ impl Adversary {
             Adversary::MergeEquivocate => Some(MergeFault::Equivocate),
             Adversary::Nan => Some(MergeFault::NanDelta),
             Adversary::MergeGarbage => Some(MergeFault::HugeDelta),
+            Adversary::Collude => Some(MergeFault::Collude),
             _ => None,
         }
     }
@@ -164,6 +174,7 @@ impl Tamper {
                 None => self.first = Some(values.to_vec()),
             },
             Adversary::Copy
+            | Adversary::Collude
             | Adversary::GradNoise
             | Adversary::Lazy
             | Adversary::LossLie

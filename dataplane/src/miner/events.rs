@@ -31,4 +31,11 @@ pub enum Output {
         fallback: Option<String>,
     },
     Report(pb::report::Kind),
+    /// Store the frame, signed, at `key` (a merge contribution a validator
+    /// audits).
+    Store {
+        key: String,
+        meta: FrameMeta,
+        payload: Bytes,
+    },
 }

@@ -77,6 +77,8 @@ pub struct MinerOptions {
     /// An unreliable or dishonest miner, for tests and chaos runs (off
     /// unless `iota-miner run` is given the hidden `--adversary`).
     pub adversary: Option<Adversary>,
+    /// The `collude` adversary's accomplices (their peer ids).
+    pub accomplices: Vec<iota_core::PeerId>,
     /// Where the stage computes.
     pub device: ComputeDevice,
     /// GEMM precision on CUDA.
@@ -128,6 +130,7 @@ impl MinerOptions {
             pool_bytes: 256 << 20,
             heartbeat: Duration::from_millis(500),
             merge_fault: None,
+            accomplices: Vec::new(),
             crash_at: None,
             adversary: None,
             device: ComputeDevice::Cpu,
@@ -317,12 +320,20 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let pump = {
         let (ep, store, report_tx) = (ep.clone(), store.clone(), report_tx.clone());
         tokio::spawn(async move {
-            let mut senders = PeerSenders::new(ep, store, report_tx.clone());
+            let mut senders = PeerSenders::new(ep.clone(), store.clone(), report_tx.clone());
             while let Some(o) = out_rx.recv().await {
                 match o {
                     Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback),
                     Output::Report(k) => {
                         let _ = report_tx.send(k);
+                    }
+                    Output::Store { key, meta, payload } => {
+                        let (ep, store) = (ep.clone(), store.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = store.put(&key, ep.frame_bytes(&meta, &payload)).await {
+                                tracing::warn!(key, error = %e, "storing a requested merge contribution failed");
+                            }
+                        });
                     }
                 }
             }
@@ -363,6 +374,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let _black_hole = black_hole;
     let (crash_at, adversary) = (opts.crash_at, opts.adversary);
     let fault = opts.merge_fault.or_else(|| adversary.and_then(Adversary::merge_fault));
+    let accomplices = opts.accomplices.clone();
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
     let min_frame = Duration::from_millis(opts.min_frame_ms);
@@ -373,6 +385,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
         let fault_merge = (butterfly && fault.is_some()).then(|| {
             let mut b = merge::Butterfly::new(me, merge_spec, store.clone(), rt.clone(), ep_ctx.clone());
             b.fault = fault;
+            b.accomplices = accomplices.clone();
             Box::new(b) as Box<dyn merge::Merge>
         });
         let io = ComputeIo {

@@ -280,8 +280,11 @@ impl<B: Backend + 'static> Worker<B> {
                 evidence_log::answer(&mut self.evidence, &r, sent, self.me, &self.store, &self.rt, out);
                 Ok(())
             }
+            pb::command::Kind::ContributionRequest(r) => self.merge.contribution_request(&r, out),
             // For validators.
-            pb::command::Kind::EpochWork(_) | pb::command::Kind::MergeCheck(_) => Ok(()),
+            pb::command::Kind::EpochWork(_) | pb::command::Kind::MergeCheck(_) | pb::command::Kind::MergeAudit(_) => {
+                Ok(())
+            }
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
                 self.routes.remove(&key);

@@ -554,9 +554,13 @@ async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> Merge
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, &e.convicted)).collect::<Vec<_>>());
     println!("{counters:?}");
     assert_eq!(history.len(), 2, "the run completes");
-    // The first merge it joined: epoch 0's, unless a loaded machine kept it
-    // out of that one.
-    let joined = history.iter().position(|e| e.miners.iter().any(|m| m.peer == bad_peer && (m.merged || m.convicted)));
+    // The first merge it joined with something to cheat with: epoch 0's,
+    // unless a loaded machine kept it out of that one or routed it no
+    // work (a zero pseudo-gradient tripled is the same zeros: nothing to
+    // equivocate with).
+    let joined = history
+        .iter()
+        .position(|e| e.miners.iter().any(|m| m.peer == bad_peer && ((m.merged && m.completed > 0) || m.convicted)));
     let first = joined.expect("the cheat joined a merge");
     assert_eq!(history[first].convicted, vec![bad_peer], "convicted in its first merge: {history:?}");
     assert!(history[..first].iter().all(|e| e.convicted.is_empty()));
@@ -664,4 +668,73 @@ fn an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not
     for (what, r) in cheats {
         assert!(r >= 3.0 * TOL, "{what}: rel L2 {r:.3e} is within 3x the tolerance");
     }
+}
+
+/// `collude`: two replicas of stage 0 (of three) publish, for every
+/// partition they own together, the same negated update, so the owners'
+/// hashes agree and the comparison accepts it. Their pair's audit (the
+/// validators recompute one of their partitions from the contributions
+/// every participant stores) convicts both in the first merge, before any
+/// of their results is applied; no honest miner is accused, the replicas
+/// end every merge with the same weights, and the run learns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_colluding_owners_are_convicted_by_the_merge_audit_in_their_first_merge() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(2, 3, 2, 16, WireCodec::Int8Row);
+    let ids = iota_tests::with_validators(&mut cfg, 2);
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
+    let (a, b) = (iota_core::Identity::from_seed([0x61; 32]), iota_core::Identity::from_seed([0x62; 32]));
+    let (pa, pb) = (a.peer_id(), b.peer_id());
+    let colluder = |o: &mut iota_dataplane::miner::MinerOptions, with| {
+        o.adversary = Some(Adversary::Collude);
+        o.accomplices = vec![with];
+    };
+    // Stages fill in registration order (0, 1, 0, 1, 0, 1): the colluders
+    // register first and third, so both hold stage 0.
+    let mut bad = vec![swarm.miner_as(a, |o| colluder(o, pb), stop.clone())];
+    swarm.registered(1).await;
+    let mut honest = vec![swarm.miner(stop.clone())];
+    swarm.registered(2).await;
+    bad.push(swarm.miner_as(b, |o| colluder(o, pa), stop.clone()));
+    swarm.registered(3).await;
+    honest.extend((0..3).map(|_| swarm.miner(stop.clone())));
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    for m in bad {
+        let _ = tokio::time::timeout(Duration::from_secs(10), m).await;
+    }
+    let mut audits = 0;
+    for v in vs {
+        let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
+        audits += s.merge_audits;
+    }
+    let (history, counters, verdicts, stages) = swarm.service.with_state(|o| {
+        let stages: Vec<_> = [pa, pb].iter().map(|p| o.miners().find(|m| m.peer == *p).map(|m| m.stage)).collect();
+        (o.history().to_vec(), o.counters().clone(), o.verdicts().to_vec(), stages)
+    });
+    println!("history: {:?}", history.iter().map(|e| (e.mean_loss, &e.convicted)).collect::<Vec<_>>());
+    println!("{counters:?}; validators audited {audits} partitions");
+    assert_eq!(stages, vec![Some(0), Some(0)], "both colluders hold stage 0");
+    assert_eq!(history.len(), 2, "the run completes");
+    let mut convicted = history[0].convicted.clone();
+    convicted.sort();
+    let mut both = vec![pa, pb];
+    both.sort();
+    assert_eq!(convicted, both, "both colluders convicted in the first merge: {history:?}");
+    assert_eq!(counters.colluding_owners, 2, "{counters:?}");
+    assert!(counters.merge_audits_passed >= 1, "honest pairs' audits pass: {counters:?}");
+    assert_eq!(counters.withheld_contributions, 0);
+    assert!(audits >= 2, "the validators audited");
+    let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != pa && v.miner != pb).collect();
+    assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
+    assert_eq!(counters.divergent_merges, 0, "every merge left the replicas with the same weights");
+    let last_loss = history[1].mean_loss;
+    assert!(last_loss.is_finite() && last_loss < 5.4, "the run learns: {history:?}");
 }

@@ -51,6 +51,8 @@ struct Sim {
     /// report the signed headers of what they reduced).
     equivocators: BTreeSet<PeerId>,
     verdicts: std::collections::BTreeMap<PeerId, BTreeSet<u32>>,
+    /// Every slice verdict's hash the miners heard.
+    verdict_hashes: Vec<Vec<u8>>,
     die_on_plan: Option<PeerId>,
     /// Miners that heartbeat but sit on their merge commands until released.
     stalled: BTreeSet<PeerId>,
@@ -77,6 +79,11 @@ struct Sim {
     validation_heard: Vec<Out>,
     /// Validators that have stopped heartbeating.
     quiet_validators: BTreeSet<PeerId>,
+    /// Owners that publish a wrong result ([0xcc; 32]) where every owner
+    /// of the partition is one of them: they agree.
+    colluders: BTreeSet<PeerId>,
+    /// Merge audits the validators were sent.
+    audits_heard: usize,
     /// How the (non-quiet) validators judge merged models: each (epoch,
     /// validator) here votes to roll that epoch's merge back; the others
     /// keep it.
@@ -100,6 +107,7 @@ impl Sim {
             liars: BTreeSet::new(),
             equivocators: BTreeSet::new(),
             verdicts: Default::default(),
+            verdict_hashes: Vec::new(),
             die_on_plan: None,
             stalled: BTreeSet::new(),
             held: Vec::new(),
@@ -114,6 +122,8 @@ impl Sim {
             heads: Default::default(),
             validation_heard: Vec::new(),
             quiet_validators: BTreeSet::new(),
+            colluders: BTreeSet::new(),
+            audits_heard: 0,
             rollback_votes: BTreeSet::new(),
             hold: BTreeSet::new(),
             held_routes: Vec::new(),
@@ -253,8 +263,11 @@ impl Sim {
                             let others: Vec<PeerId> =
                                 plan.participants.iter().map(|q| q.peer).filter(|q| *q != to).collect();
                             let fooled = lied_to && others.iter().any(|q| self.equivocators.contains(q));
+                            let colluding = plan.partitions[k].owners.iter().all(|o| self.colluders.contains(o));
                             let hash = if self.liars.contains(&to) {
                                 [0xee; 32]
+                            } else if colluding {
+                                [0xcc; 32]
                             } else if fooled {
                                 [0xdd; 32]
                             } else {
@@ -301,7 +314,10 @@ impl Sim {
                 pb::command::Kind::Verdict(v) => {
                     // The partition's writer stores and announces its slice
                     // and momentum before it reports the merge done.
-                    if v.writer == to.0.to_vec() {
+                    // (A verdict queued before its writer was planned out
+                    // is stale: the writer moved.)
+                    let participant = self.o.merge_plan(v.stage).is_some_and(|p| p.is_participant(&to));
+                    if v.writer == to.0.to_vec() && participant {
                         let part = self.o.merge_plan(v.stage).unwrap().partitions[v.partition as usize].clone();
                         let name = part_name(part.offset, part.len);
                         let bytes = vec![v.partition as u8; part.len as usize * 4];
@@ -311,6 +327,7 @@ impl Sim {
                             self.ev(Event::Stored { peer: to, epoch: v.epoch, stage: v.stage, object });
                         }
                     }
+                    self.verdict_hashes.push(v.hash.clone());
                     let heard = self.verdicts.entry(to).or_default();
                     heard.insert(v.partition);
                     let n = self.o.merge_plan(v.stage).map_or(0, |p| p.partitions.len());
@@ -328,6 +345,26 @@ impl Sim {
                 pb::command::Kind::Stored(st) => self.stored_heard.push((to, st)),
                 cmd @ (pb::command::Kind::EpochWork(_) | pb::command::Kind::EvidenceRequest(_)) => {
                     self.validation_heard.push(Out { to, cmd })
+                }
+                pb::command::Kind::ContributionRequest(_) => {}
+                pb::command::Kind::MergeAudit(a) => {
+                    // A validator recomputes the honest result ([k + 1; 32]
+                    // here, as the simulated owners publish it).
+                    if !self.quiet_validators.contains(&to) {
+                        let plan = plan_from_pb(a.plan.as_ref().unwrap()).unwrap();
+                        let k = a.partition;
+                        self.ev(Event::MergeAudit {
+                            validator: to,
+                            epoch: plan.epoch,
+                            stage: plan.stage,
+                            partition: k,
+                            generation: plan.partitions[k as usize].generation,
+                            hash: Some([k as u8 + 1; 32]),
+                            missing: Vec::new(),
+                            reason: String::new(),
+                        });
+                    }
+                    self.audits_heard += 1;
                 }
                 pb::command::Kind::MergeCheck(mc) => {
                     if !self.quiet_validators.contains(&to) {

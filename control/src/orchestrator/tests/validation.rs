@@ -504,3 +504,74 @@ fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], orchestrator: PeerId
     };
     env.encode_to_vec()
 }
+
+/// Issue 13, `collude` in the orchestrator's terms: two of three replicas
+/// publish the same wrong result for every partition they own together.
+/// The hash comparison cannot see it (they agree); their pair's audit
+/// does: the validators recompute another result, both owners are
+/// convicted in the epoch, none of their results is ever applied, the
+/// honest pairs' audits pass, and the run completes.
+#[test]
+fn colluding_owners_are_convicted_by_their_audit_before_any_of_their_results_is_applied() {
+    let mut spec = butterfly_spec(1, 3);
+    spec.micro_batches_per_epoch = 8;
+    spec.validation.validators =
+        vec![ValidatorStake { peer: validator(0), stake: 60 }, ValidatorStake { peer: validator(1), stake: 40 }];
+    spec.validation.timeout_ms = 20_000;
+    let mut s = Sim::new(spec);
+    for v in [validator(0), validator(1)] {
+        s.ev(Event::RegisterValidator { peer: v, device: "cpu".into() });
+        s.ev(Event::Subscribed { peer: v });
+    }
+    for i in 0..3 {
+        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    s.colluders.extend([peer(0), peer(1)]);
+    commit_all(&mut s, 0);
+    for e in 0..2 {
+        until_held(&mut s);
+        done(&mut s, 0, e);
+        done(&mut s, 1, e);
+        commit_all(&mut s, e + 1);
+    }
+    s.run_until_done(400);
+    assert_eq!(*s.o.phase(), Phase::Done);
+    let c = s.o.counters();
+    assert_eq!(c.colluding_owners, 2, "{c:?}");
+    assert!(c.merge_audits_passed >= 1, "the honest pairs' audits pass: {c:?}");
+    assert_eq!(c.withheld_contributions, 0);
+    assert!(s.audits_heard >= 2 * 3, "each of the three owner pairs audited by both validators");
+    let first = &s.o.history()[0];
+    assert_eq!(first.convicted, vec![peer(0), peer(1)]);
+    assert!(!s.verdict_hashes.is_empty());
+    assert!(s.verdict_hashes.iter().all(|h| h[..] != [0xcc; 32]), "a colluders' result was applied");
+    assert_eq!(c.divergent_merges, 0);
+}
+
+/// Without the validators' answers (both quiet), audits hold the merge no
+/// longer than `validation.timeout_ms`: the owners' results are released
+/// and the run goes on, as with no audits.
+#[test]
+fn unanswered_merge_audits_are_released_at_the_timeout() {
+    let mut spec = butterfly_spec(1, 3);
+    spec.micro_batches_per_epoch = 8;
+    spec.epochs = 1;
+    spec.validation.validators = vec![ValidatorStake { peer: validator(0), stake: 1 }];
+    spec.validation.timeout_ms = 5_000;
+    let mut s = Sim::new(spec);
+    s.ev(Event::RegisterValidator { peer: validator(0), device: "cpu".into() });
+    s.ev(Event::Subscribed { peer: validator(0) });
+    for i in 0..3 {
+        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    commit_all(&mut s, 0);
+    until_held(&mut s);
+    s.quiet_validators.insert(validator(0));
+    done(&mut s, 0, 0);
+    s.run_until_done(400);
+    assert_eq!(*s.o.phase(), Phase::Done);
+    let c = s.o.counters();
+    assert!(s.audits_heard >= 3 && c.merge_audits_released >= 3, "{c:?}");
+    assert_eq!((c.merge_audits_passed, c.colluding_owners), (0, 0));
+    assert!(s.o.history()[0].convicted.is_empty());
+}

@@ -88,6 +88,11 @@ pub enum MergeFault {
     /// owners (the second, a referee) the slice tripled: well formed,
     /// signed, of plausible size (the `merge-equivocate` adversary).
     Equivocate,
+    /// As an owner whose every other owner is an accomplice
+    /// (`Butterfly::accomplices`), publishes the update negated; the
+    /// accomplices do the same, so the owners agree (the `collude`
+    /// adversary).
+    Collude,
 }
 
 /// A `WeightSlice` frame, checked and copied out of the receive pool.
@@ -123,6 +128,8 @@ pub struct Butterfly {
     ctx: Arc<RunContext>,
     pub stats: Arc<MergeStats>,
     pub fault: Option<MergeFault>,
+    /// The replicas a `Collude` fault conspires with.
+    pub accomplices: Vec<PeerId>,
     epoch: u64,
     stage: u32,
     theta_prev: Vec<f32>,
@@ -172,6 +179,45 @@ pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// One partition's reduce as an honest owner does it, from the
+/// participants' encoded contributions in plan order (None: missing):
+/// decode, leave out what `flaws` flags, `reduce_slice` with the outer
+/// momentum slice (updated in place). A validator auditing the partition
+/// runs the same function (`iota_control::validator`).
+pub struct Reduced {
+    pub update: Vec<f32>,
+    /// The contributions flagged and left out: index (plan order), why.
+    pub flagged: Vec<(usize, iota_core::merge::Flaw)>,
+    pub stats: iota_core::merge::ReduceStats,
+}
+
+pub fn reduce_partition(
+    spec: &MergeSpec,
+    len: u64,
+    payloads: &[Option<&[u8]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+) -> Reduced {
+    let decoded: Vec<Option<Vec<f32>>> =
+        payloads.iter().map(|p| p.and_then(|b| decode_slice(spec.codec, len, b).ok())).collect();
+    let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
+    let mut flagged = Vec::new();
+    for (i, why) in flaws(&refs) {
+        refs[i] = None;
+        flagged.push((i, why));
+    }
+    let (update, stats) = reduce_slice(spec.rule, spec.outer, &refs, weights, momentum);
+    Reduced { update, flagged, stats }
+}
+
+/// The hash owners publish for an update (`SliceDone.hash`): blake3 of
+/// its encoding.
+pub fn update_hash(c: WireCodec, u: &[f32]) -> Result<(Bytes, [u8; 32])> {
+    let payload = Bytes::from(encode_slice(c, u)?);
+    let hash = *blake3::hash(&payload).as_bytes();
+    Ok((payload, hash))
+}
+
 impl Butterfly {
     pub fn new(
         me: PeerId,
@@ -188,6 +234,7 @@ impl Butterfly {
             ctx,
             stats: Arc::new(MergeStats::default()),
             fault: None,
+            accomplices: Vec::new(),
             epoch: 0,
             stage: 0,
             theta_prev: Vec::new(),
@@ -417,31 +464,34 @@ impl Butterfly {
         if !plan.participants.iter().all(|p| have.contains_key(&p.peer)) {
             return Ok(());
         }
-        let decoded: Vec<Option<Vec<f32>>> =
-            plan.participants.iter().map(|p| decode_slice(self.codec(), part.len, &have[&p.peer]).ok()).collect();
-        let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
+        let have: Vec<Bytes> = plan.participants.iter().map(|p| have[&p.peer].clone()).collect();
+        let payloads: Vec<Option<&[u8]>> = have.iter().map(|b| Some(&b[..])).collect();
+        let mut momentum = self.momentum_for(k, part.offset, part.len, out)?;
         // What every honest owner flags, with the same inputs, and leaves
         // out of its reduce (so it agrees with the other honest owner
         // whatever the rule, and an owner that keeps it in disagrees).
+        let Reduced { update: mut u, flagged: flagged_at, stats: st } =
+            reduce_partition(&self.spec, part.len, &payloads, &plan.weights(), &mut momentum);
         let mut flagged: Vec<Vec<u8>> = Vec::new();
-        for (i, why) in flaws(&refs) {
-            refs[i] = None;
+        for (i, why) in flagged_at {
             let from = plan.participants[i].peer;
             if from != self.me {
                 warn!(k, %from, ?why, "merge contribution flagged and left out");
                 flagged.push(from.0.to_vec());
             }
         }
-        let mut momentum = self.momentum_for(k, part.offset, part.len, out)?;
-        let (mut u, st) = reduce_slice(self.spec.rule, self.spec.outer, &refs, &plan.weights(), &mut momentum);
         if st.rejected_non_finite > 0 || st.clipped > 0 {
             warn!(k, rejected = st.rejected_non_finite, clipped = st.clipped, "robust reduce held back contributions");
         }
         if self.fault == Some(MergeFault::CorruptUpdates) {
             u.iter_mut().for_each(|x| *x += 0.5);
         }
-        let payload = Bytes::from(encode_slice(self.codec(), &u)?);
-        let hash = *blake3::hash(&payload).as_bytes();
+        let among_accomplices =
+            part.owners.len() >= 2 && part.owners.iter().all(|o| *o == self.me || self.accomplices.contains(o));
+        if self.fault == Some(MergeFault::Collude) && among_accomplices {
+            u.iter_mut().for_each(|x| *x = -*x);
+        }
+        let (payload, hash) = update_hash(self.codec(), &u)?;
         // The signed headers of what we reduced: two owners' lists together
         // prove a sender that sent them different slices.
         let headers = self.contrib_headers.get(&k);
@@ -667,6 +717,20 @@ fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> 
 }
 
 impl Merge for Butterfly {
+    fn contribution_request(&mut self, r: &pb::ContributionRequest, out: &mut Vec<Output>) -> Result<()> {
+        let Some(plan) = self.plan.as_ref() else { return Ok(()) };
+        if r.epoch != self.epoch || r.stage != self.stage || !plan.is_participant(&self.me) {
+            return Ok(());
+        }
+        for &k in r.partitions.iter().take(4096) {
+            let k = k as usize;
+            let (Some(part), Some(payload)) = (plan.partitions.get(k), self.encoded.get(&k)) else { continue };
+            let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
+            out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload: payload.clone() });
+        }
+        Ok(())
+    }
+
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
         self.reset(epoch, stage);
         self.theta_prev = params.to_vec();

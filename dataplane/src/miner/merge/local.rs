@@ -159,6 +159,9 @@ pub async fn run_local_butterfly(
                         Output::Report(k) => {
                             let _ = co_tx.send(ToCoordinator::Report(me, k));
                         }
+                        Output::Store { key, meta, payload } => {
+                            let _ = store.put(&key, ep.frame_bytes(&meta, &payload)).await;
+                        }
                     }
                 }
             });
@@ -244,6 +247,8 @@ pub async fn run_local_butterfly(
                 MergeOut::Plan => send_plan(sm),
                 MergeOut::Equivocated(liar) => warn!(%liar, "a replica equivocated; it is planned out"),
                 MergeOut::Flawed(bad) => warn!(%bad, "two owners flagged a replica's contribution; it is planned out"),
+                // The local harness turns no audits on.
+                MergeOut::Audit { .. } | MergeOut::Colluded(_) => {}
                 MergeOut::Verdict(v) => {
                     for p in &sm.plan.participants {
                         let _ = to_replica[index[&p.peer]].send(ToReplica::Verdict(pb::SliceVerdict {

@@ -24,7 +24,9 @@ use iota_protocol::manifest::from_pb_list;
 use iota_protocol::{SharedStore, pb};
 use tracing::warn;
 
-pub use self::butterfly::{Butterfly, MergeFault, MergeStats};
+pub use self::butterfly::{
+    Butterfly, MergeFault, MergeStats, Reduced, decode_slice, encode_slice, reduce_partition, update_hash,
+};
 pub use self::parameter_server::ParameterServer;
 pub use self::parts::{BadRead, PartsRead, f32_bytes, get_verified, load_weights, read_parts};
 use super::events::Output;
@@ -62,6 +64,11 @@ pub trait Merge: Send {
     /// The merged weights of `epoch`, once, as soon as this replica has them.
     fn take_merged(&mut self) -> Option<(u64, Vec<f32>)> {
         None
+    }
+    /// The orchestrator asks for this replica's contributions to some
+    /// partitions, stored signed (a validator audits their reduce).
+    fn contribution_request(&mut self, _r: &pb::ContributionRequest, _out: &mut Vec<Output>) -> Result<()> {
+        Ok(())
     }
     /// A writer of the current merge stored (and announced) an object.
     fn stored(&mut self, _s: pb::Stored, _out: &mut Vec<Output>) -> Result<()> {

@@ -1,0 +1,212 @@
+//! Merge audits (PROTOCOL.md, "Merge audits"): the validators recompute one
+//! partition per pair of owners from the participants' stored
+//! contributions, and the stage merge (`iota_core::merge::StageMerge`)
+//! holds the pair's agreed results until the validators' stake has
+//! spoken. Two owners that agree on a wrong result are convicted (check
+//! `Merge`) before anything of theirs is applied; a participant that
+//! withholds its contribution from the audit is convicted too.
+//!
+//! The decision is by stake, like every verdict: more than half of all
+//! validator stake reporting the owners' hash passes the audit, more than
+//! half reporting another hash fails it, more than half naming a
+//! participant as missing convicts that participant. An audit no majority
+//! decides by the time every validator it went to has answered, or by
+//! `validation.timeout_ms`, is released: the owners' result is accepted as
+//! it would be without audits (a swarm whose validators are gone still
+//! merges).
+
+use std::collections::BTreeMap;
+
+use iota_core::PeerId;
+use iota_core::merge::MergeOut;
+use iota_protocol::{pb, plan_to_pb};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::{Ms, Orchestrator, Out, Phase, Refusal};
+
+/// Audits waiting at once (one per owner pair per stage; bounded).
+pub(super) const MAX_OPEN_AUDITS: usize = 4096;
+
+/// One validator's answer to an audit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) enum AuditAnswer {
+    /// The hash of the update it recomputed.
+    Hash([u8; 32]),
+    /// It could not recompute: these participants' contributions were not
+    /// stored (or not theirs) in time.
+    Missing(Vec<PeerId>),
+    /// It could not recompute for another reason (the momentum, say).
+    Unable,
+}
+
+/// An audit in progress.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct OpenAudit {
+    pub(super) epoch: u64,
+    pub(super) stage: u32,
+    pub(super) partition: u32,
+    pub(super) generation: u32,
+    /// When it was opened (set by the first `advance` after it).
+    pub(super) since: Option<Ms>,
+    pub(super) sent_to: Vec<PeerId>,
+    pub(super) answers: BTreeMap<PeerId, AuditAnswer>,
+}
+
+impl Orchestrator {
+    /// A stage merge holds an agreed partition for its audit: every
+    /// participant is asked to store its contribution, every subscribed
+    /// validator to recompute.
+    pub(super) fn open_merge_audit(&mut self, stage: u32, partition: u32, generation: u32, out: &mut Vec<Out>) {
+        let Some(bm) = self.butterfly.get(&stage) else { return };
+        let validators: Vec<PeerId> =
+            self.validation.validators.values().filter(|v| v.subscribed).map(|v| v.peer).collect();
+        let req = pb::ContributionRequest { epoch: self.epoch, stage, partitions: vec![partition] };
+        for p in &bm.plan.participants {
+            out.push(Out { to: p.peer, cmd: pb::command::Kind::ContributionRequest(req.clone()) });
+        }
+        let audit =
+            pb::MergeAudit { plan: Some(plan_to_pb(&bm.plan)), partition, momentum: self.momentum_manifest(stage) };
+        for v in &validators {
+            out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
+        }
+        let audits = &mut self.validation.merge_audits;
+        audits.retain(|a| !(a.stage == stage && a.partition == partition));
+        if audits.len() >= MAX_OPEN_AUDITS {
+            audits.remove(0);
+        }
+        audits.push(OpenAudit {
+            epoch: self.epoch,
+            stage,
+            partition,
+            generation,
+            since: None,
+            sent_to: validators,
+            answers: BTreeMap::new(),
+        });
+    }
+
+    /// A validator's answer to an audit.
+    #[allow(clippy::too_many_arguments, reason = "one report's fields")]
+    pub(super) fn on_merge_audit(
+        &mut self,
+        now: Ms,
+        validator: PeerId,
+        (epoch, stage, partition, generation): (u64, u32, u32, u32),
+        answer: AuditAnswer,
+        reason: &str,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        if !self.is_validator(&validator) {
+            return Err(Refusal::Unknown(validator));
+        }
+        let open =
+            self.validation.merge_audits.iter_mut().find(|a| {
+                a.epoch == epoch && a.stage == stage && a.partition == partition && a.generation == generation
+            });
+        let Some(open) = open.filter(|_| epoch == self.epoch && matches!(self.phase, Phase::Merging)) else {
+            self.counters.stale_reports += 1;
+            return Ok(());
+        };
+        if !reason.is_empty() {
+            info!(epoch, stage, partition, validator = %validator, reason, "merge audit answer");
+        }
+        open.answers.insert(validator, answer);
+        self.decide_merge_audit(now, stage, partition, false, out);
+        Ok(())
+    }
+
+    /// Settles an audit if the stake has decided (or `force`: the audit
+    /// ran out of time, and is released if undecided).
+    fn decide_merge_audit(&mut self, now: Ms, stage: u32, partition: u32, force: bool, out: &mut Vec<Out>) {
+        let Some(i) = self.validation.merge_audits.iter().position(|a| a.stage == stage && a.partition == partition)
+        else {
+            return;
+        };
+        let a = &self.validation.merge_audits[i];
+        let Some(held) = self.butterfly.get(&stage).and_then(|bm| bm.held.get(&partition)).cloned() else {
+            // Re-planned meanwhile (a participant dropped): a new generation
+            // gets a new audit.
+            self.validation.merge_audits.remove(i);
+            return;
+        };
+        let stake = |p: &PeerId| self.validation.validators.get(p).map_or(0, |v| v.stake);
+        let total: u64 = self.validation.validators.values().map(|v| v.stake).sum();
+        let majority = |s: u64| 2 * u128::from(s) > u128::from(total);
+        let (mut agree, mut differ) = (0u64, 0u64);
+        let mut missing: BTreeMap<PeerId, u64> = BTreeMap::new();
+        let mut other = None;
+        for (v, ans) in &a.answers {
+            match ans {
+                AuditAnswer::Hash(h) if *h == held.hash => agree += stake(v),
+                AuditAnswer::Hash(h) => {
+                    differ += stake(v);
+                    other = Some(*h);
+                }
+                AuditAnswer::Missing(ps) => {
+                    for p in ps {
+                        *missing.entry(*p).or_default() += stake(v);
+                    }
+                }
+                AuditAnswer::Unable => {}
+            }
+        }
+        let withheld: Vec<PeerId> = missing.into_iter().filter(|(_, s)| majority(*s)).map(|(p, _)| p).collect();
+        let all_answered = a.sent_to.iter().all(|v| a.answers.contains_key(v));
+        let generation = a.generation;
+        let mut mo = Vec::new();
+        let Some(bm) = self.butterfly.get_mut(&stage) else { return };
+        if majority(agree) {
+            bm.audit_result(partition, generation, Some(held.hash), &mut mo);
+            self.counters.merge_audits_passed += 1;
+        } else if majority(differ) {
+            warn!(
+                epoch = self.epoch,
+                stage, partition, "a merge audit recomputed another result than the owners agreed on"
+            );
+            bm.audit_result(partition, generation, other, &mut mo);
+        } else if !withheld.is_empty() {
+            warn!(epoch = self.epoch, stage, partition, ?withheld, "merge contributions withheld from an audit");
+            self.validation.merge_audits.remove(i);
+            bm.drop_participants(&withheld, &mut mo);
+            self.merge_outs(stage, mo, out);
+            for p in withheld {
+                self.counters.withheld_contributions += 1;
+                self.convict_merge(now, p, out);
+            }
+            return;
+        } else if force || all_answered {
+            bm.audit_result(partition, generation, None, &mut mo);
+            self.counters.merge_audits_released += 1;
+        } else {
+            return;
+        }
+        self.validation.merge_audits.remove(i);
+        let colluders: Vec<PeerId> = mo
+            .iter()
+            .filter_map(|o| if let MergeOut::Colluded(ps) = o { Some(ps.clone()) } else { None })
+            .flatten()
+            .collect();
+        self.merge_outs(stage, mo, out);
+        for p in colluders {
+            self.counters.colluding_owners += 1;
+            self.convict_merge(now, p, out);
+        }
+    }
+
+    /// Dates new audits and releases the ones past `validation.timeout_ms`.
+    pub(super) fn expire_merge_audits(&mut self, now: Ms, out: &mut Vec<Out>) {
+        let timeout = self.spec.validation.timeout_ms;
+        let mut due = Vec::new();
+        for a in &mut self.validation.merge_audits {
+            let since = *a.since.get_or_insert(now);
+            if a.epoch != self.epoch || now.saturating_sub(since) > timeout {
+                due.push((a.stage, a.partition));
+            }
+        }
+        for (stage, partition) in due {
+            warn!(epoch = self.epoch, stage, partition, "a merge audit ran out of time; its owners' result stands");
+            self.decide_merge_audit(now, stage, partition, true, out);
+        }
+    }
+}
