@@ -49,9 +49,10 @@ pub async fn audit(
     };
     let mut answer = pb::MergeAuditResult { epoch, stage, partition: ma.partition, generation, ..Default::default() };
     match result {
-        Ok(AuditFinding::Recomputed(h)) => {
-            info!(epoch, stage, partition = ma.partition, "merge partition audited");
+        Ok(AuditFinding::Recomputed(h, flagged)) => {
+            info!(epoch, stage, partition = ma.partition, flagged = flagged.len(), "merge partition audited");
             answer.hash = h.to_vec();
+            answer.flagged = flagged.iter().map(|p| p.0.to_vec()).collect();
         }
         Ok(AuditFinding::Missing(ps)) => {
             warn!(epoch, stage, partition = ma.partition, missing = ps.len(), "merge contributions never stored");

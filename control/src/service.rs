@@ -586,6 +586,7 @@ impl OrchestratorRpc for OrchestratorService {
                 generation: a.generation,
                 hash: a.hash.as_slice().try_into().ok(),
                 missing: a.missing.iter().map(|m| peer_of(m)).collect(),
+                flagged: a.flagged.iter().map(|m| peer_of(m)).collect(),
                 reason: a.reason,
             },
             pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {

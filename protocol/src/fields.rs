@@ -298,6 +298,12 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             for m in &a.missing {
                 hash32("merge_audit.missing", m)?;
             }
+            if a.flagged.len() > MAX_AUDIT_MISSING {
+                return Err(bad("merge_audit.flagged", "names more participants than a merge can have"));
+            }
+            for m in &a.flagged {
+                hash32("merge_audit.flagged", m)?;
+            }
             printable("merge_audit.reason", &a.reason, MAX_REASON_LEN)?;
         }
     }

@@ -162,9 +162,9 @@ pub fn control_request(data: &[u8]) {
                     // What the service maps to peer ids and a hash.
                     Some(pb::validator_report::Kind::MergeAudit(a)) => {
                         assert!(a.hash.is_empty() || a.hash.len() == 32);
-                        assert!(
-                            a.missing.len() <= fields::MAX_AUDIT_MISSING && a.missing.iter().all(|m| m.len() == 32)
-                        );
+                        for ids in [&a.missing, &a.flagged] {
+                            assert!(ids.len() <= fields::MAX_AUDIT_MISSING && ids.iter().all(|m| m.len() == 32));
+                        }
                     }
                     None => panic!("an empty validator report passed the rules"),
                 }

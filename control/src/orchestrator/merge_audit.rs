@@ -20,44 +20,26 @@ use std::collections::BTreeMap;
 use iota_core::PeerId;
 use iota_core::merge::MergeOut;
 use iota_protocol::{pb, plan_to_pb};
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::validation_state::{AuditAnswer, OpenAudit};
 use super::{Ms, Orchestrator, Out, Phase, Refusal};
 
 /// Audits waiting at once (one per owner pair per stage; bounded).
 pub(super) const MAX_OPEN_AUDITS: usize = 4096;
 
-/// One validator's answer to an audit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) enum AuditAnswer {
-    /// The hash of the update it recomputed.
-    Hash([u8; 32]),
-    /// It could not recompute: these participants' contributions were not
-    /// stored (or not theirs) in time.
-    Missing(Vec<PeerId>),
-    /// It could not recompute for another reason (the momentum, say).
-    Unable,
-}
-
-/// An audit in progress.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(super) struct OpenAudit {
-    pub(super) epoch: u64,
-    pub(super) stage: u32,
-    pub(super) partition: u32,
-    pub(super) generation: u32,
-    /// When it was opened (set by the first `advance` after it).
-    pub(super) since: Option<Ms>,
-    pub(super) sent_to: Vec<PeerId>,
-    pub(super) answers: BTreeMap<PeerId, AuditAnswer>,
-}
-
 impl Orchestrator {
     /// A stage merge holds an agreed partition for its audit: every
     /// participant is asked to store its contribution, every subscribed
     /// validator to recompute.
-    pub(super) fn open_merge_audit(&mut self, stage: u32, partition: u32, generation: u32, out: &mut Vec<Out>) {
+    pub(super) fn open_merge_audit(
+        &mut self,
+        stage: u32,
+        partition: u32,
+        generation: u32,
+        flags: bool,
+        out: &mut Vec<Out>,
+    ) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
         let validators: Vec<PeerId> =
             self.validation.validators.values().filter(|v| v.subscribed).map(|v| v.peer).collect();
@@ -80,6 +62,7 @@ impl Orchestrator {
             stage,
             partition,
             generation,
+            flags,
             since: None,
             sent_to: validators,
             answers: BTreeMap::new(),
@@ -123,6 +106,10 @@ impl Orchestrator {
         else {
             return;
         };
+        if self.validation.merge_audits[i].flags {
+            self.decide_flag_audit(now, i, force, out);
+            return;
+        }
         let a = &self.validation.merge_audits[i];
         let Some(held) = self.butterfly.get(&stage).and_then(|bm| bm.held.get(&partition)).cloned() else {
             // Re-planned meanwhile (a participant dropped): a new generation
@@ -138,8 +125,8 @@ impl Orchestrator {
         let mut other = None;
         for (v, ans) in &a.answers {
             match ans {
-                AuditAnswer::Hash(h) if *h == held.hash => agree += stake(v),
-                AuditAnswer::Hash(h) => {
+                AuditAnswer::Hash(h, _) if *h == held.hash => agree += stake(v),
+                AuditAnswer::Hash(h, _) => {
                     differ += stake(v);
                     other = Some(*h);
                 }
@@ -191,6 +178,70 @@ impl Orchestrator {
         for p in colluders {
             self.counters.colluding_owners += 1;
             self.convict_merge(now, p, out);
+        }
+    }
+
+    /// The flags of two owners against senders of a partition: confirmed
+    /// when more than half of all validator stake recomputed flags on every
+    /// one of them (they are convicted), refuted when more than half did
+    /// not (the two owners framed them and are convicted instead);
+    /// undecided at the deadline, the owners' word stands, as without
+    /// audits.
+    fn decide_flag_audit(&mut self, now: Ms, i: usize, force: bool, out: &mut Vec<Out>) {
+        let a = &self.validation.merge_audits[i];
+        let (stage, partition, generation) = (a.stage, a.partition, a.generation);
+        let Some(hold) = self.butterfly.get(&stage).and_then(|bm| bm.flag_held.get(&partition)).cloned() else {
+            self.validation.merge_audits.remove(i);
+            return;
+        };
+        let stake = |p: &PeerId| self.validation.validators.get(p).map_or(0, |v| v.stake);
+        let total: u64 = self.validation.validators.values().map(|v| v.stake).sum();
+        let majority = |s: u64| 2 * u128::from(s) > u128::from(total);
+        let (mut confirm, mut refute) = (0u64, 0u64);
+        for (v, ans) in &a.answers {
+            if let AuditAnswer::Hash(_, flagged) = ans {
+                if hold.flagged.iter().all(|f| flagged.contains(f)) {
+                    confirm += stake(v);
+                } else {
+                    refute += stake(v);
+                }
+            }
+        }
+        let all_answered = a.sent_to.iter().all(|v| a.answers.contains_key(v));
+        let confirmed = if majority(confirm) {
+            Some(true)
+        } else if majority(refute) {
+            warn!(epoch = self.epoch, stage, partition, flaggers = ?hold.flaggers, "owners flagged a contribution the validators' recompute does not");
+            Some(false)
+        } else if force || all_answered {
+            self.counters.merge_audits_released += 1;
+            None
+        } else {
+            return;
+        };
+        if confirmed == Some(true) {
+            self.counters.merge_audits_passed += 1;
+        }
+        self.validation.merge_audits.remove(i);
+        let mut mo = Vec::new();
+        let Some(bm) = self.butterfly.get_mut(&stage) else { return };
+        bm.flag_audit_result(partition, generation, confirmed, &mut mo);
+        let convicted: Vec<(PeerId, bool)> = mo
+            .iter()
+            .flat_map(|o| match o {
+                MergeOut::Colluded(ps) => ps.iter().map(|p| (*p, true)).collect(),
+                MergeOut::Flawed(p) => vec![(*p, false)],
+                _ => Vec::new(),
+            })
+            .collect();
+        self.merge_outs(stage, mo, out);
+        for (p, framed) in convicted {
+            if framed {
+                self.counters.colluding_owners += 1;
+                self.convict_merge(now, p, out);
+            } else {
+                self.convict_flawed(now, stage, p, out);
+            }
         }
     }
 

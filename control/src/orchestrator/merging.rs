@@ -83,7 +83,11 @@ impl Orchestrator {
         let mut audits = Vec::new();
         for o in mo {
             if let MergeOut::Audit { partition, generation } = o {
-                audits.push((partition, generation));
+                audits.push((partition, generation, false));
+                continue;
+            }
+            if let MergeOut::AuditFlags { partition, generation } = o {
+                audits.push((partition, generation, true));
                 continue;
             }
             for p in &bm.plan.participants {
@@ -102,7 +106,7 @@ impl Orchestrator {
                     }),
                     // The caller convicts it (see `convict_equivocator`).
                     MergeOut::Equivocated(_) | MergeOut::Flawed(_) | MergeOut::Colluded(_) => continue,
-                    MergeOut::Audit { .. } => continue,
+                    MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
             }
@@ -122,8 +126,8 @@ impl Orchestrator {
         }
         self.counters.hash_mismatches += to_record.len() as u64;
         self.mismatches.extend(to_record);
-        for (partition, generation) in audits {
-            self.open_merge_audit(stage, partition, generation, out);
+        for (partition, generation, flags) in audits {
+            self.open_merge_audit(stage, partition, generation, flags, out);
         }
     }
 

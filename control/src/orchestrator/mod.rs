@@ -157,6 +157,8 @@ pub enum Event {
         generation: u32,
         hash: Option<[u8; 32]>,
         missing: Vec<PeerId>,
+        /// With a hash: the senders its reduce flagged.
+        flagged: Vec<PeerId>,
         reason: String,
     },
     /// A validator's judgement of `epoch`'s merged model.
@@ -456,11 +458,11 @@ impl Orchestrator {
             Event::MergeVote { validator, epoch, rollback, loss, reason } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason)?
             }
-            Event::MergeAudit { validator, epoch, stage, partition, generation, hash, missing, reason } => {
+            Event::MergeAudit { validator, epoch, stage, partition, generation, hash, missing, flagged, reason } => {
                 let answer = match hash {
-                    Some(h) => merge_audit::AuditAnswer::Hash(h),
-                    None if !missing.is_empty() => merge_audit::AuditAnswer::Missing(missing),
-                    None => merge_audit::AuditAnswer::Unable,
+                    Some(h) => validation_state::AuditAnswer::Hash(h, flagged),
+                    None if !missing.is_empty() => validation_state::AuditAnswer::Missing(missing),
+                    None => validation_state::AuditAnswer::Unable,
                 };
                 self.on_merge_audit(now, validator, (epoch, stage, partition, generation), answer, &reason, &mut out)?
             }

@@ -118,7 +118,7 @@ pub struct Validation {
     pub(super) starts: BTreeMap<u32, [u8; 32]>,
     /// Merge audits in progress (merge_audit.rs).
     #[serde(default)]
-    pub(super) merge_audits: Vec<super::merge_audit::OpenAudit>,
+    pub(super) merge_audits: Vec<OpenAudit>,
 }
 
 impl Validation {
@@ -129,4 +129,34 @@ impl Validation {
         let merge_quorum = some.then(|| Quorum::new(stakes(), u32::MAX));
         Validation { quorum, merge_quorum, ..Validation::default() }
     }
+}
+
+/// One validator's answer to a merge audit (merge_audit.rs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) enum AuditAnswer {
+    /// The hash of the update it recomputed, and the senders its reduce
+    /// flagged (`merge::flaws`).
+    Hash([u8; 32], Vec<PeerId>),
+    /// It could not recompute: these participants' contributions were not
+    /// stored (or not theirs) in time.
+    Missing(Vec<PeerId>),
+    /// It could not recompute for another reason (the momentum, say).
+    Unable,
+}
+
+/// An audit in progress.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct OpenAudit {
+    pub(super) epoch: u64,
+    pub(super) stage: u32,
+    pub(super) partition: u32,
+    pub(super) generation: u32,
+    /// An audit of two owners' flags (`MergeOut::AuditFlags`) rather than
+    /// of an owner pair's agreed result.
+    #[serde(default)]
+    pub(super) flags: bool,
+    /// When it was opened (set by the first `advance` after it).
+    pub(super) since: Option<Ms>,
+    pub(super) sent_to: Vec<PeerId>,
+    pub(super) answers: BTreeMap<PeerId, AuditAnswer>,
 }

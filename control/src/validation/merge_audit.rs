@@ -17,8 +17,9 @@ use iota_protocol::MergeSpec;
 /// What an audit found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuditFinding {
-    /// The hash of the update recomputed from every contribution.
-    Recomputed([u8; 32]),
+    /// The hash of the update recomputed from every contribution, and the
+    /// senders whose contribution its reduce flagged and left out.
+    Recomputed([u8; 32], Vec<PeerId>),
     /// These participants' contributions were absent, or not a signed
     /// contribution of theirs to this partition.
     Missing(Vec<PeerId>),
@@ -67,7 +68,8 @@ pub fn recompute_partition(
     }
     let reduced = reduce_partition(spec, part.len, &payloads, &plan.weights(), momentum);
     let (_, hash) = update_hash(spec.codec, &reduced.update).map_err(|e| format!("encoding the update: {e}"))?;
-    Ok(AuditFinding::Recomputed(hash))
+    let flagged = reduced.flagged.iter().map(|(i, _)| plan.participants[*i].peer).collect();
+    Ok(AuditFinding::Recomputed(hash, flagged))
 }
 
 #[cfg(test)]
@@ -150,13 +152,18 @@ mod tests {
         let audit = |frames: &BTreeMap<PeerId, Vec<u8>>| {
             recompute_partition(&spec(), RUN, &plan, k, frames, &mut vec![0.0; len]).unwrap()
         };
-        assert_eq!(audit(&frames), AuditFinding::Recomputed(by_hand));
+        assert_eq!(audit(&frames), AuditFinding::Recomputed(by_hand, Vec::new()));
 
         let mut changed = frames.clone();
         let mut other = slice(0);
         other[5] += 0.25;
         changed.insert(ids[0].peer_id(), frame(&ids[0], &plan, k, &other));
-        assert!(matches!(audit(&changed), AuditFinding::Recomputed(h) if h != by_hand));
+        assert!(matches!(audit(&changed), AuditFinding::Recomputed(h, _) if h != by_hand));
+        // A contribution far outside the others' norm is flagged, as an
+        // honest owner flags it.
+        let mut huge = frames.clone();
+        huge.insert(ids[2].peer_id(), frame(&ids[2], &plan, k, &vec![1e7; len]));
+        assert!(matches!(audit(&huge), AuditFinding::Recomputed(_, f) if f == vec![ids[2].peer_id()]));
 
         let mut forged = frames.clone();
         forged.insert(ids[1].peer_id(), frame(&ids[2], &plan, k, &slice(1)));

@@ -58,6 +58,10 @@ pub enum MergeOut {
     /// Two owners other than this participant flagged its contribution
     /// (see `flaws`); it is planned out, and the orchestrator convicts it.
     Flawed(PeerId),
+    /// Two owners flagged a sender's contribution to this partition: the
+    /// conviction waits for the validators' recompute of the flags
+    /// (`StageMerge::flag_audit_result`).
+    AuditFlags { partition: u32, generation: u32 },
     /// Both owners agreed on an audited partition: its result is held
     /// until a validator recomputes it (`StageMerge::audit_result`). The
     /// orchestrator asks every participant for its contribution and a
@@ -131,12 +135,24 @@ pub struct StageMerge {
     /// Agreed results waiting for their pair's audit, by partition.
     #[serde(default)]
     pub held: BTreeMap<u32, Verdict>,
+    /// Flags waiting for their audit, by partition.
+    #[serde(default)]
+    pub flag_held: BTreeMap<u32, FlagHold>,
     /// Audits passed, failed (owners convicted) and released unanswered.
     #[serde(default)]
     pub audited: AuditCounts,
     /// Owners an audit found agreeing on a wrong result: (partition, owners).
     #[serde(default)]
     pub colluded: Vec<(u32, Vec<PeerId>)>,
+}
+
+/// Senders two owners flagged in a partition, waiting for the audit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlagHold {
+    pub generation: u32,
+    pub flagged: Vec<PeerId>,
+    /// The owners that flagged them.
+    pub flaggers: Vec<PeerId>,
 }
 
 /// What the audits of one stage merge came to.
@@ -166,6 +182,7 @@ impl StageMerge {
             audit_seed: None,
             cleared: BTreeSet::new(),
             held: BTreeMap::new(),
+            flag_held: BTreeMap::new(),
             audited: AuditCounts::default(),
             colluded: Vec::new(),
         }
@@ -297,9 +314,18 @@ impl StageMerge {
         }
         let flawed = self.count_flags(k, peer, &report.flagged);
         if !flawed.is_empty() {
-            out.extend(flawed.iter().map(|l| MergeOut::Flawed(*l)));
-            self.flawed.extend(flawed.iter().map(|l| (k, *l)));
-            self.drop_participants(&flawed, out);
+            // Two owners' word convicts a sender; with audits on, only once
+            // the validators' recompute flags it too (two colluding owners
+            // could otherwise frame an honest sender).
+            if self.audit_seed.is_some() {
+                let flaggers: BTreeSet<PeerId> =
+                    flawed.iter().flat_map(|f| self.flags[ku].get(f).cloned().unwrap_or_default()).collect();
+                let hold = FlagHold { generation, flagged: flawed, flaggers: flaggers.into_iter().collect() };
+                self.flag_held.insert(k, hold);
+                out.push(MergeOut::AuditFlags { partition: k, generation });
+                return true;
+            }
+            self.convict_flawed(k, &flawed, out);
             return true;
         }
         self.reports[ku].insert(peer, hash);
@@ -406,6 +432,44 @@ impl StageMerge {
         out
     }
 
+    fn convict_flawed(&mut self, k: u32, flawed: &[PeerId], out: &mut Vec<MergeOut>) {
+        out.extend(flawed.iter().map(|l| MergeOut::Flawed(*l)));
+        self.flawed.extend(flawed.iter().map(|l| (k, *l)));
+        self.drop_participants(flawed, out);
+    }
+
+    /// The validators' verdict on the senders two owners flagged in
+    /// partition `k`: `Some(true)` their recompute flags them too (or
+    /// None: nobody answered in time, and the owners' word stands, as
+    /// without audits): the senders are convicted (`MergeOut::Flawed`).
+    /// `Some(false)`: it does not, so the flagging owners framed them:
+    /// the owners are convicted (`MergeOut::Colluded`). Either way the
+    /// convicted are planned out. False for a flag audit not waited on.
+    pub fn flag_audit_result(
+        &mut self,
+        k: u32,
+        generation: u32,
+        confirmed: Option<bool>,
+        out: &mut Vec<MergeOut>,
+    ) -> bool {
+        let Some(hold) = self.flag_held.get(&k).filter(|h| h.generation == generation).cloned() else { return false };
+        self.flag_held.remove(&k);
+        if confirmed == Some(false) {
+            self.audited.failed += 1;
+            self.colluded.push((k, hold.flaggers.clone()));
+            out.push(MergeOut::Colluded(hold.flaggers.clone()));
+            self.drop_participants(&hold.flaggers, out);
+        } else {
+            if confirmed.is_some() {
+                self.audited.passed += 1;
+            } else {
+                self.audited.released += 1;
+            }
+            self.convict_flawed(k, &hold.flagged, out);
+        }
+        true
+    }
+
     fn accept(&mut self, k: u32, generation: u32, hash: [u8; 32], writer: PeerId, out: &mut Vec<MergeOut>) {
         let v = Verdict { partition: k, generation, hash, writer };
         self.verdicts[k as usize] = Some(v.clone());
@@ -479,6 +543,7 @@ impl StageMerge {
                 None => {
                     self.reports[k].clear();
                     self.held.remove(&(k as u32));
+                    self.flag_held.remove(&(k as u32));
                 }
             }
         }
@@ -760,5 +825,40 @@ mod tests {
         let mut out = Vec::new();
         report_all(&mut plain, None, &mut out);
         assert!(plain.verdicts.iter().all(|v| v.is_some()) && plain.held.is_empty());
+    }
+
+    /// With audits on, two owners' flags convict nobody until the
+    /// validators have recomputed them: confirmed, the sender is convicted;
+    /// refuted, the two owners framed it and are convicted instead.
+    #[test]
+    fn flags_wait_for_their_audit_and_owners_that_frame_a_sender_are_convicted() {
+        for confirmed in [Some(false), Some(true), None] {
+            let mut m = StageMerge::new(plan(3));
+            m.audit_with(3);
+            let sender = m.plan.participants[0].peer;
+            let k = (0..3).find(|k| !m.plan.partitions[*k].owners.contains(&sender)).unwrap() as u32;
+            let mut owners = m.plan.partitions[k as usize].owners.clone();
+            owners.sort();
+            let framing = SliceReport { hash: [7; 32], contributions: Vec::new(), flagged: vec![sender] };
+            let mut out = Vec::new();
+            for o in &owners {
+                m.slice_done(*o, k, 0, &framing, &mut out);
+            }
+            assert_eq!(out, vec![MergeOut::AuditFlags { partition: k, generation: 0 }], "nobody convicted yet");
+            assert!(m.plan.is_participant(&sender));
+            assert!(!m.flag_audit_result(k, 1, confirmed, &mut out), "another generation");
+            assert!(m.flag_audit_result(k, 0, confirmed, &mut out));
+            if confirmed == Some(false) {
+                assert!(out.contains(&MergeOut::Colluded(owners.clone())), "{out:?}");
+                assert!(m.plan.is_participant(&sender), "the framed sender stays");
+                assert!(owners.iter().all(|o| !m.plan.is_participant(o)));
+                assert!(m.flawed.is_empty());
+            } else {
+                assert!(out.contains(&MergeOut::Flawed(sender)));
+                assert!(!m.plan.is_participant(&sender));
+                assert_eq!(m.flawed, vec![(k, sender)]);
+            }
+            assert!(!m.flag_audit_result(k, 0, confirmed, &mut out), "decided once");
+        }
     }
 }

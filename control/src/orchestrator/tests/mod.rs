@@ -82,6 +82,9 @@ struct Sim {
     /// Owners that publish a wrong result ([0xcc; 32]) where every owner
     /// of the partition is one of them: they agree.
     colluders: BTreeSet<PeerId>,
+    /// With colluders: instead of a wrong result, they flag this sender
+    /// in every partition they own together (framing it).
+    frame: Option<PeerId>,
     /// Merge audits the validators were sent.
     audits_heard: usize,
     /// How the (non-quiet) validators judge merged models: each (epoch,
@@ -123,6 +126,7 @@ impl Sim {
             validation_heard: Vec::new(),
             quiet_validators: BTreeSet::new(),
             colluders: BTreeSet::new(),
+            frame: None,
             audits_heard: 0,
             rollback_votes: BTreeSet::new(),
             hold: BTreeSet::new(),
@@ -266,7 +270,7 @@ impl Sim {
                             let colluding = plan.partitions[k].owners.iter().all(|o| self.colluders.contains(o));
                             let hash = if self.liars.contains(&to) {
                                 [0xee; 32]
-                            } else if colluding {
+                            } else if colluding && self.frame.is_none() {
                                 [0xcc; 32]
                             } else if fooled {
                                 [0xdd; 32]
@@ -295,7 +299,7 @@ impl Sim {
                                 generation: plan.partitions[k].generation,
                                 hash: hash.to_vec(),
                                 contributions,
-                                flagged: Vec::new(),
+                                flagged: if colluding { self.frame.iter().copied().collect() } else { Vec::new() },
                             });
                         }
                     } else if p.phase == pb::Phase::Merging as i32 && p.aggregator == to.0.to_vec() {
@@ -361,6 +365,7 @@ impl Sim {
                             generation: plan.partitions[k as usize].generation,
                             hash: Some([k as u8 + 1; 32]),
                             missing: Vec::new(),
+                            flagged: Vec::new(),
                             reason: String::new(),
                         });
                     }

@@ -575,3 +575,36 @@ fn unanswered_merge_audits_are_released_at_the_timeout() {
     assert_eq!((c.merge_audits_passed, c.colluding_owners), (0, 0));
     assert!(s.o.history()[0].convicted.is_empty());
 }
+
+/// Two colluding owners that flag an honest third sender (which would
+/// convict it on their word alone) are caught by the flags' audit: the
+/// validators' recompute flags nobody, so the two owners are convicted
+/// and the framed sender is not.
+#[test]
+fn owners_that_frame_an_honest_sender_with_flags_are_convicted_and_it_is_not() {
+    let mut spec = butterfly_spec(1, 3);
+    spec.micro_batches_per_epoch = 8;
+    spec.epochs = 1;
+    spec.validation.validators =
+        vec![ValidatorStake { peer: validator(0), stake: 60 }, ValidatorStake { peer: validator(1), stake: 40 }];
+    spec.validation.timeout_ms = 20_000;
+    let mut s = Sim::new(spec);
+    for v in [validator(0), validator(1)] {
+        s.ev(Event::RegisterValidator { peer: v, device: "cpu".into() });
+        s.ev(Event::Subscribed { peer: v });
+    }
+    for i in 0..3 {
+        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    s.colluders.extend([peer(0), peer(1)]);
+    s.frame = Some(peer(2));
+    commit_all(&mut s, 0);
+    until_held(&mut s);
+    done(&mut s, 0, 0);
+    done(&mut s, 1, 0);
+    s.run_until_done(400);
+    assert_eq!(*s.o.phase(), Phase::Done);
+    let c = s.o.counters();
+    assert_eq!((c.colluding_owners, c.flawed_contributions), (2, 0), "{c:?}");
+    assert_eq!(s.o.history()[0].convicted, vec![peer(0), peer(1)]);
+}
