@@ -141,8 +141,9 @@ pub enum Cmd {
         validators: u32,
         /// Test tool: make miner K an adversary, MODE@K (the modes
         /// `iota-miner run --adversary` takes: noise, zeros, replay,
-        /// loss-lie, copy, grad-noise, lazy, silent, closed, slow, flaky);
-        /// repeatable.
+        /// loss-lie, copy, grad-noise, lazy, merge-equivocate, nan,
+        /// merge-garbage, silent, closed, slow, flaky; not collude, which
+        /// needs its accomplices' ids); repeatable.
         #[arg(long, value_name = "MODE@K", hide = true)]
         adversary: Vec<String>,
         /// Read flags from a TOML file (keys are flag names; flags given
@@ -424,6 +425,12 @@ async fn run_async(cli: Cli) -> Result<()> {
                         let names: Vec<&str> =
                             iota_dataplane::miner::Adversary::NAMES.iter().map(|(n, _)| *n).collect();
                         anyhow::bail!("--adversary {a}: unknown mode '{mode}' ({})", names.join(", "));
+                    }
+                    if mode == "collude" {
+                        anyhow::bail!(
+                            "--adversary {a}: colluders need each other's peer ids, which the swarm does not \
+                             hand out; run them with `iota-miner run --adversary collude --accomplices HEX,...`"
+                        );
                     }
                     Ok((
                         k.parse::<u32>().with_context(|| format!("--adversary {a}: K is a miner index"))?,
