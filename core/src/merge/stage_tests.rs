@@ -1,0 +1,305 @@
+//! Tests of `StageMerge` (stage.rs).
+use crate::merge::Participant;
+
+use super::*;
+
+fn plan(r: usize) -> MergePlan {
+    let ps = (0..r).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
+    MergePlan::new(2, 1, ps, 10_000, 9, 1)
+}
+
+fn report_all(m: &mut StageMerge, wrong: Option<(usize, PeerId)>, out: &mut Vec<MergeOut>) {
+    for k in 0..m.plan.partitions.len() {
+        let part = m.plan.partitions[k].clone();
+        for o in &part.owners {
+            let h = if wrong == Some((k, *o)) { [9; 32] } else { [k as u8 + 1; 32] };
+            m.slice_done(*o, k as u32, part.generation, &SliceReport::of(h), out);
+        }
+    }
+}
+
+#[test]
+fn agreeing_owners_settle_every_partition() {
+    let mut m = StageMerge::new(plan(4));
+    let mut out = Vec::new();
+    report_all(&mut m, None, &mut out);
+    assert_eq!(out.len(), 4);
+    assert!(m.verdicts.iter().all(|v| v.is_some()));
+    assert!(m.mismatches.is_empty());
+    for p in m.plan.participants.clone() {
+        assert!(!m.complete());
+        assert!(m.merge_done(p.peer, [1; 32]));
+    }
+    assert!(m.complete() && m.consistent());
+    assert!(!m.merge_done(PeerId([77; 32]), [1; 32]), "strangers are ignored");
+}
+
+#[test]
+fn a_wrong_owner_is_refereed_and_named() {
+    let mut m = StageMerge::new(plan(3));
+    let liar = m.plan.partitions[1].owners[1];
+    let mut out = Vec::new();
+    report_all(&mut m, Some((1, liar)), &mut out);
+    assert_eq!(m.mismatches.len(), 1);
+    assert!(out.contains(&MergeOut::Plan));
+    let part = m.plan.partitions[1].clone();
+    assert_eq!(part.owners.len(), 1);
+    assert!(!m.mismatches[0].owners.iter().any(|(p, _)| *p == part.owners[0]), "referee is a third replica");
+    assert!(m.verdicts[1].is_none());
+    // The referee computes the honest result.
+    out.clear();
+    assert!(m.slice_done(part.owners[0], 1, part.generation, &SliceReport::of([2; 32]), &mut out));
+    assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
+    assert_eq!(m.mismatches[0].deviants, vec![liar]);
+    // A late report of the old generation changes nothing.
+    assert!(!m.slice_done(liar, 1, 0, &SliceReport::of([9; 32]), &mut out));
+}
+
+#[test]
+fn an_equivocating_sender_is_proven_and_planned_out_and_no_owner_is_named() {
+    use crate::identity::Identity;
+    use crate::merge::equivocation::tests::signed;
+    use crate::merge::{PartitionOf, SignedContribution};
+
+    let ids: Vec<Identity> = (0..4).map(|_| Identity::generate()).collect();
+    let ps = ids.iter().map(|i| Participant { peer: i.peer_id(), work: 5 }).collect();
+    let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 10_000, 9, 1));
+    let part = m.plan.partitions[1].clone();
+    let senders: Vec<&Identity> = ids.iter().filter(|i| !part.owners.contains(&i.peer_id())).collect();
+    let liar = senders[0].peer_id();
+    let to = PartitionOf::of(&m.plan, 9, 1).unwrap();
+    // What each owner received: the liar's slice differs between them.
+    let received = |owner: u8| -> Vec<SignedContribution> {
+        senders
+            .iter()
+            .map(|i| {
+                let payload = if i.peer_id() == liar { 10 + owner } else { 1 };
+                SignedContribution::check(&signed(i, 1, part.offset, payload), &to).unwrap()
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    let report = |hash, contributions| SliceReport { hash, contributions, flagged: Vec::new() };
+    assert!(m.slice_done(part.owners[0], 1, 0, &report([5; 32], received(0)), &mut out));
+    assert!(out.is_empty(), "one owner's report proves nothing");
+    assert!(m.slice_done(part.owners[1], 1, 0, &report([6; 32], received(1)), &mut out));
+    assert_eq!(out[0], MergeOut::Equivocated(liar));
+    assert!(out.contains(&MergeOut::Plan));
+    assert!(m.mismatches.is_empty(), "no owner is named for the sender's lie");
+    assert!(!m.plan.is_participant(&liar));
+    assert_eq!(m.plan.partitions[1].generation, 1, "reduced again without the liar");
+    assert_eq!(m.equivocations.len(), 1);
+    assert_eq!(m.equivocations[0].sender, liar);
+    assert_eq!(m.equivocations[0].verify(9), Ok(()));
+    // The same honest contributions reported again prove nothing; the
+    // merge completes without the liar.
+    out.clear();
+    let honest: Vec<SignedContribution> = received(0).into_iter().filter(|c| c.sender != liar).collect();
+    for k in 0..m.plan.partitions.len() {
+        let p = m.plan.partitions[k].clone();
+        for o in &p.owners {
+            let c = if k == 1 { honest.clone() } else { Vec::new() };
+            m.slice_done(*o, k as u32, p.generation, &report([k as u8 + 1; 32], c), &mut out);
+        }
+    }
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Equivocated(_))));
+    assert!(m.verdicts.iter().all(|v| v.is_some()));
+    assert_eq!(m.equivocations.len(), 1);
+}
+
+#[test]
+fn a_sender_two_other_owners_flag_is_planned_out_and_one_owners_word_is_not_enough() {
+    let mut m = StageMerge::new(plan(3));
+    let mut out = Vec::new();
+    // With three replicas every participant owns two of the three
+    // partitions: the third's owners are both others.
+    let bad = m.plan.participants[0].peer;
+    let k = (0..3).find(|k| !m.plan.partitions[*k].owners.contains(&bad)).unwrap();
+    let owned = (0..3).find(|k| m.plan.partitions[*k].owners.contains(&bad)).unwrap();
+    let flagging = |hash| SliceReport { hash, contributions: Vec::new(), flagged: vec![bad] };
+    // In a partition it owns, only the other owner flags it (and it
+    // cannot flag itself out of trouble, or flag itself at all).
+    let po = m.plan.partitions[owned].clone();
+    for o in &po.owners {
+        m.slice_done(*o, owned as u32, 0, &flagging([owned as u8 + 1; 32]), &mut out);
+    }
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Flawed(_))), "one other owner's word");
+    assert!(m.verdicts[owned].is_some());
+    let pk = m.plan.partitions[k].clone();
+    assert!(m.slice_done(pk.owners[0], k as u32, 0, &flagging([7; 32]), &mut out));
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Flawed(_))));
+    assert!(m.slice_done(pk.owners[1], k as u32, 0, &flagging([7; 32]), &mut out));
+    assert!(out.contains(&MergeOut::Flawed(bad)));
+    assert_eq!(m.flawed, vec![(k as u32, bad)]);
+    assert!(!m.plan.is_participant(&bad));
+    assert_eq!(m.plan.partitions[k].generation, 1, "reduced again without it");
+    assert!(m.verdicts[k].is_none());
+    assert!(m.mismatches.is_empty());
+}
+
+#[test]
+fn two_replicas_keep_previous_weights_on_dispute() {
+    let mut m = StageMerge::new(plan(2));
+    let liar = m.plan.partitions[0].owners[0];
+    let mut out = Vec::new();
+    report_all(&mut m, Some((0, liar)), &mut out);
+    assert_eq!(m.verdicts[0].as_ref().unwrap().hash, KEEP_PREVIOUS);
+    assert_eq!(m.mismatches.len(), 1);
+}
+
+#[test]
+fn dropouts_replan_open_partitions_and_move_writers() {
+    let mut m = StageMerge::new(plan(4));
+    let mut out = Vec::new();
+    // Partition 0 settles; then its writer dies.
+    let p0 = m.plan.partitions[0].clone();
+    for o in &p0.owners {
+        m.slice_done(*o, 0, 0, &SliceReport::of([1; 32]), &mut out);
+    }
+    let writer = m.verdicts[0].as_ref().unwrap().writer;
+    out.clear();
+    m.drop_participants(&[writer], &mut out);
+    m.plan.validate(10_000).unwrap();
+    assert_eq!(m.plan.participants.len(), 3);
+    assert_ne!(m.verdicts[0].as_ref().unwrap().writer, writer);
+    assert!(out.iter().any(|o| matches!(o, MergeOut::Verdict(_))));
+    assert_eq!(m.plan.partitions[0].generation, 0, "settled partitions are not recomputed");
+    for k in 1..4 {
+        assert_eq!(m.plan.partitions[k].generation, 1);
+        assert!(!m.plan.partitions[k].owners.contains(&writer));
+    }
+    report_all(&mut m, None, &mut out);
+    assert!(m.verdicts.iter().all(|v| v.is_some()));
+    for p in m.plan.participants.clone() {
+        m.merge_done(p.peer, [3; 32]);
+    }
+    assert!(m.complete());
+}
+
+#[test]
+fn a_writer_whose_stored_slice_is_bad_is_replaced_by_a_holder_and_never_comes_back() {
+    let mut m = StageMerge::new(plan(3));
+    let mut out = Vec::new();
+    report_all(&mut m, None, &mut out);
+    let liar = m.verdicts[0].as_ref().unwrap().writer;
+    let other_owner = *m.plan.partitions[0].owners.iter().find(|o| **o != liar).unwrap();
+    let third = m.plan.participants.iter().map(|p| p.peer).find(|p| *p != liar && *p != other_owner).unwrap();
+    out.clear();
+    assert_eq!(m.move_writer(0, other_owner, &[], &mut out), None, "only the writer's objects move the writing");
+    assert!(out.is_empty());
+    // The other owner reported the accepted hash: it holds the slice.
+    assert_eq!(m.move_writer(0, liar, &[third], &mut out), Some(other_owner));
+    assert_eq!(out, vec![MergeOut::Verdict(m.verdicts[0].clone().unwrap())]);
+    // Then a participant that finished (and so applied every verdict);
+    // never a writer already found bad.
+    m.done.insert(liar, [1; 32]);
+    assert_eq!(m.move_writer(0, other_owner, &[], &mut out), None, "nobody unspurned holds it yet");
+    m.done.insert(third, [1; 32]);
+    let again = m.verdicts[0].as_ref().unwrap().writer;
+    assert_eq!(again, other_owner, "a failed move leaves the writer");
+    assert_eq!(m.move_writer(0, other_owner, &[], &mut out), Some(third));
+    assert_eq!(m.move_writer(0, third, &[], &mut out), None, "every holder was found bad");
+}
+
+/// Every owner pair's results wait for one audit; two owners that
+/// agree on wrong results are convicted at it, before any of their
+/// results is accepted, and their partitions are re-planned; honest
+/// pairs are accepted when their audit passes or is released.
+#[test]
+fn colluding_owners_are_caught_by_their_pairs_audit_before_anything_of_theirs_is_accepted() {
+    let ps = (0..4).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
+    let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 100_000, 9, 3));
+    m.audit_with(0x5eed);
+    let (a, b) = (PeerId([1; 32]), PeerId([2; 32]));
+    let shared: Vec<u32> = (0..m.plan.partitions.len() as u32).filter(|k| m.pair_of(*k) == Some((a, b))).collect();
+    assert!(shared.len() >= 2, "the colluders share partitions: {shared:?}");
+    let mut out = Vec::new();
+    for k in 0..m.plan.partitions.len() as u32 {
+        let part = m.plan.partitions[k as usize].clone();
+        let h = if shared.contains(&k) { [99; 32] } else { [k as u8 + 1; 32] };
+        for o in &part.owners {
+            m.slice_done(*o, k, part.generation, &SliceReport::of(h), &mut out);
+        }
+    }
+    assert!(out.iter().all(|o| matches!(o, MergeOut::Audit { .. })), "nothing accepted before its audit: {out:?}");
+    let pairs: BTreeSet<_> = (0..m.plan.partitions.len() as u32).filter_map(|k| m.pair_of(k)).collect();
+    assert_eq!(out.len(), pairs.len(), "one audit per owner pair");
+    assert_eq!(m.audits_waiting().len(), pairs.len());
+    let audits: Vec<(u32, u32)> = m.audits_waiting();
+    let mut out = Vec::new();
+    // The validators recompute the honest result everywhere.
+    let mut honest_accepted = 0;
+    for (k, g) in audits {
+        assert!(!m.audit_result(k, g + 1, Some([k as u8 + 1; 32]), &mut out), "another generation is stale");
+        if m.audit_result(k, g, Some([k as u8 + 1; 32]), &mut out) && !shared.contains(&k) {
+            honest_accepted += 1;
+        }
+    }
+    assert!(honest_accepted >= 1);
+    assert_eq!(m.audited.failed, 1);
+    assert_eq!(m.colluded, vec![(m.colluded[0].0, vec![a, b])]);
+    assert!(out.contains(&MergeOut::Colluded(vec![a, b])));
+    assert!(!m.plan.is_participant(&a) && !m.plan.is_participant(&b), "both planned out");
+    for k in &shared {
+        assert!(m.verdicts[*k as usize].is_none(), "a colluders' result was accepted");
+        assert!(!m.plan.partitions[*k as usize].owners.iter().any(|o| *o == a || *o == b));
+    }
+    let accepted = m.verdicts.iter().flatten().count();
+    assert!(accepted > 0 && accepted < m.plan.partitions.len());
+    for v in m.verdicts.iter().flatten() {
+        assert_eq!(v.hash, [v.partition as u8 + 1; 32], "only honest results are accepted");
+    }
+}
+
+#[test]
+fn an_audit_nobody_answers_releases_its_pair_and_a_merge_without_audits_holds_nothing() {
+    let mut m = StageMerge::new(plan(3));
+    m.audit_with(7);
+    let mut out = Vec::new();
+    report_all(&mut m, None, &mut out);
+    assert!(m.verdicts.iter().all(|v| v.is_none()));
+    for (k, g) in m.audits_waiting() {
+        assert!(m.audit_result(k, g, None, &mut out));
+    }
+    assert!(m.verdicts.iter().all(|v| v.is_some()), "released audits accept their pairs' results");
+    assert_eq!(m.audited.released as usize, out.iter().filter(|o| matches!(o, MergeOut::Audit { .. })).count());
+    let mut plain = StageMerge::new(plan(3));
+    let mut out = Vec::new();
+    report_all(&mut plain, None, &mut out);
+    assert!(plain.verdicts.iter().all(|v| v.is_some()) && plain.held.is_empty());
+}
+
+/// With audits on, two owners' flags convict nobody until the
+/// validators have recomputed them: confirmed, the sender is convicted;
+/// refuted, the two owners framed it and are convicted instead.
+#[test]
+fn flags_wait_for_their_audit_and_owners_that_frame_a_sender_are_convicted() {
+    for confirmed in [Some(false), Some(true), None] {
+        let mut m = StageMerge::new(plan(3));
+        m.audit_with(3);
+        let sender = m.plan.participants[0].peer;
+        let k = (0..3).find(|k| !m.plan.partitions[*k].owners.contains(&sender)).unwrap() as u32;
+        let mut owners = m.plan.partitions[k as usize].owners.clone();
+        owners.sort();
+        let framing = SliceReport { hash: [7; 32], contributions: Vec::new(), flagged: vec![sender] };
+        let mut out = Vec::new();
+        for o in &owners {
+            m.slice_done(*o, k, 0, &framing, &mut out);
+        }
+        assert_eq!(out, vec![MergeOut::AuditFlags { partition: k, generation: 0 }], "nobody convicted yet");
+        assert!(m.plan.is_participant(&sender));
+        assert!(!m.flag_audit_result(k, 1, confirmed, &mut out), "another generation");
+        assert!(m.flag_audit_result(k, 0, confirmed, &mut out));
+        if confirmed == Some(false) {
+            assert!(out.contains(&MergeOut::Colluded(owners.clone())), "{out:?}");
+            assert!(m.plan.is_participant(&sender), "the framed sender stays");
+            assert!(owners.iter().all(|o| !m.plan.is_participant(o)));
+            assert!(m.flawed.is_empty());
+        } else {
+            assert!(out.contains(&MergeOut::Flawed(sender)));
+            assert!(!m.plan.is_participant(&sender));
+            assert_eq!(m.flawed, vec![(k, sender)]);
+        }
+        assert!(!m.flag_audit_result(k, 0, confirmed, &mut out), "decided once");
+    }
+}
