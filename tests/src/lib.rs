@@ -234,12 +234,7 @@ impl Swarm {
         change: impl FnOnce(&mut MinerOptions),
         stop: Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
-        let mut opts = MinerOptions::local(self.url.clone());
-        opts.orchestrator_key = Some(self.service.identity().peer_id());
-        // The store beside the state database, as a run directory holds it.
-        opts.store = Some(self.db.with_file_name("store"));
-        change(&mut opts);
-        tokio::spawn(miner::run(opts, Identity::generate(), stop))
+        self.miner_as(Identity::generate(), change, stop)
     }
 
     /// `miner_with`, under identity `id` (a test that must know a miner's
@@ -252,6 +247,7 @@ impl Swarm {
     ) -> tokio::task::JoinHandle<anyhow::Result<MinerSummary>> {
         let mut opts = MinerOptions::local(self.url.clone());
         opts.orchestrator_key = Some(self.service.identity().peer_id());
+        // The store beside the state database, as a run directory holds it.
         opts.store = Some(self.db.with_file_name("store"));
         change(&mut opts);
         tokio::spawn(miner::run(opts, id, stop))

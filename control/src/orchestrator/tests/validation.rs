@@ -505,16 +505,12 @@ fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], orchestrator: PeerId
     env.encode_to_vec()
 }
 
-/// Issue 13, `collude` in the orchestrator's terms: two of three replicas
-/// publish the same wrong result for every partition they own together.
-/// The hash comparison cannot see it (they agree); their pair's audit
-/// does: the validators recompute another result, both owners are
-/// convicted in the epoch, none of their results is ever applied, the
-/// honest pairs' audits pass, and the run completes.
-#[test]
-fn colluding_owners_are_convicted_by_their_audit_before_any_of_their_results_is_applied() {
+/// One stage of three butterfly replicas, 8 micro-batches an epoch,
+/// `epochs` epochs; validators 0 (60) and 1 (40), subscribed.
+fn three_replicas_with_validators(epochs: u64) -> Sim {
     let mut spec = butterfly_spec(1, 3);
     spec.micro_batches_per_epoch = 8;
+    spec.epochs = epochs;
     spec.validation.validators =
         vec![ValidatorStake { peer: validator(0), stake: 60 }, ValidatorStake { peer: validator(1), stake: 40 }];
     spec.validation.timeout_ms = 20_000;
@@ -526,6 +522,18 @@ fn colluding_owners_are_convicted_by_their_audit_before_any_of_their_results_is_
     for i in 0..3 {
         s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
     }
+    s
+}
+
+/// Issue 13, `collude` in the orchestrator's terms: two of three replicas
+/// publish the same wrong result for every partition they own together.
+/// The hash comparison cannot see it (they agree); their pair's audit
+/// does: the validators recompute another result, both owners are
+/// convicted in the epoch, none of their results is ever applied, the
+/// honest pairs' audits pass, and the run completes.
+#[test]
+fn colluding_owners_are_convicted_by_their_audit_before_any_of_their_results_is_applied() {
+    let mut s = three_replicas_with_validators(2);
     s.colluders.extend([peer(0), peer(1)]);
     commit_all(&mut s, 0);
     for e in 0..2 {
@@ -582,20 +590,7 @@ fn unanswered_merge_audits_are_released_at_the_timeout() {
 /// and the framed sender is not.
 #[test]
 fn owners_that_frame_an_honest_sender_with_flags_are_convicted_and_it_is_not() {
-    let mut spec = butterfly_spec(1, 3);
-    spec.micro_batches_per_epoch = 8;
-    spec.epochs = 1;
-    spec.validation.validators =
-        vec![ValidatorStake { peer: validator(0), stake: 60 }, ValidatorStake { peer: validator(1), stake: 40 }];
-    spec.validation.timeout_ms = 20_000;
-    let mut s = Sim::new(spec);
-    for v in [validator(0), validator(1)] {
-        s.ev(Event::RegisterValidator { peer: v, device: "cpu".into() });
-        s.ev(Event::Subscribed { peer: v });
-    }
-    for i in 0..3 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
-    }
+    let mut s = three_replicas_with_validators(1);
     s.colluders.extend([peer(0), peer(1)]);
     s.frame = Some(peer(2));
     commit_all(&mut s, 0);
