@@ -567,10 +567,14 @@ impl Butterfly {
             let name = part_name(part.offset, part.len);
             let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
             let bytes = f32_bytes(&slice);
-            self.announce(StoredObject::part(&wkey, &bytes, part.offset, self.me), out);
+            // Announce only what was stored: a step that fails still sends
+            // its outputs, and an announced object that never reached the
+            // store would stall every reader of it.
+            let announced = StoredObject::part(&wkey, &bytes, part.offset, self.me);
             self.rt
                 .block_on(self.store.put(&wkey, self.stored_bytes(bytes)))
                 .with_context(|| format!("storing {wkey}"))?;
+            self.announce(announced, out);
             let momentum = if keep {
                 Some(self.momentum_for(k, part.offset, part.len, out)?)
             } else {
@@ -580,8 +584,11 @@ impl Butterfly {
                 Some(m) => {
                     let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
                     let bytes = f32_bytes(&m);
-                    self.announce(StoredObject::part(&mkey, &bytes, part.offset, self.me), out);
-                    self.rt.block_on(self.store.put(&mkey, self.stored_bytes(bytes)))?;
+                    let announced = StoredObject::part(&mkey, &bytes, part.offset, self.me);
+                    self.rt
+                        .block_on(self.store.put(&mkey, self.stored_bytes(bytes)))
+                        .with_context(|| format!("storing {mkey}"))?;
+                    self.announce(announced, out);
                 }
                 None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
             }
@@ -589,8 +596,8 @@ impl Butterfly {
         Ok(())
     }
 
-    /// Tells the orchestrator what this writer stores (the report goes out
-    /// after the put it precedes here: outputs leave once this step ends).
+    /// Tells the orchestrator what this writer has stored (called after the
+    /// put succeeded: outputs leave once the step ends, even a failed one).
     fn announce(&self, o: StoredObject, out: &mut Vec<Output>) {
         out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
             epoch: self.epoch,
