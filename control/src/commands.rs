@@ -267,6 +267,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 Some(_) => String::new(),
                 None => format!(" --store {}", run.store_dir()?.display()),
             };
+            let export_bucket = bucket.clone();
             if let Some(b) = bucket {
                 svc = svc.with_s3(b);
             }
@@ -336,6 +337,15 @@ async fn run_async(cli: Cli) -> Result<()> {
             svc.save();
             ticker.abort();
             server.abort();
+            if svc.with_state(|o| o.phase() == &crate::orchestrator::Phase::Done) {
+                let store_dir = if export_bucket.is_some() { None } else { Some(run.store_dir()?) };
+                match crate::final_model::export_for_run(&svc, &cfg, export_bucket, store_dir.as_deref(), &run.run_dir)
+                    .await
+                {
+                    Ok(p) => println!("model: {} (try `iota generate --model {}`)", p.display(), p.display()),
+                    Err(why) => println!("model: none exported ({why})"),
+                }
+            }
             let (s, history, divergent) =
                 svc.with_state(|o| (o.status(), o.history().to_vec(), o.counters().divergent_merges));
             for e in &history {

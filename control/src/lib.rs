@@ -17,6 +17,7 @@ pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod data_cmd;
+pub mod final_model;
 pub mod ledger_cmd;
 pub mod merge_auditor;
 pub mod orchestrator;

@@ -59,6 +59,8 @@ pub struct SwarmReport {
     pub validator_pay: Vec<(PeerId, f64)>,
     /// Epochs settled (each one a ledger entry).
     pub settled_epochs: u64,
+    /// The finished model's folder, or why there is none.
+    pub model: std::result::Result<PathBuf, String>,
 }
 
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
@@ -256,6 +258,12 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     svc.save();
     ticker.abort();
     server.abort();
+    let done = svc.with_state(|o| o.phase() == &Phase::Done);
+    let model = if done {
+        crate::final_model::export_for_run(&svc, &o.cfg, o.bucket.clone(), o.store.as_deref(), &o.run_dir).await
+    } else {
+        Err("the run did not finish".into())
+    };
     let (history, c) = svc.with_state(|o| (o.history().to_vec(), o.counters().clone()));
     let guilty = svc.with_state(|o| o.verdicts().iter().filter(|v| v.guilty).count() as u64);
     let (payouts, validator_pay, settled_epochs) = svc.with_state(|o| {
@@ -280,6 +288,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         payouts,
         validator_pay,
         settled_epochs,
+        model,
     })
 }
 
@@ -322,6 +331,15 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
         cfg.train.codec.name(),
         cfg.train.stages.saturating_sub(1)
     );
+    match &r.model {
+        Ok(p) => println!(
+            "model: {} (Hugging Face Llama folder; try `iota generate --model {} --prompt \"...\"`)",
+            p.display(),
+            p.display()
+        ),
+        Err(why) if !r.interrupted => println!("model: none exported ({why})"),
+        Err(_) => {}
+    }
     if r.interrupted {
         println!("interrupted; run the same command again to resume from the saved state");
     }

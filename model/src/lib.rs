@@ -27,6 +27,8 @@ pub use stage::{Stage, StageError, StageInput, TailOutput};
 pub use tensor::Tensor;
 pub mod checkpoint;
 pub mod data;
+pub mod hf;
+pub mod infer;
 pub mod optim;
 pub mod run_dir;
 pub mod train;

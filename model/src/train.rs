@@ -149,29 +149,40 @@ impl<B: Backend> Pipeline<B> {
 
     /// Mean loss over `batches` validation batches (no gradients).
     pub fn eval(&mut self, corpus: &Corpus, batches: u64) -> Result<f32> {
-        let codec = self.cfg.codec;
         let (batch, seq) = (self.cfg.batch, self.cfg.seq);
-        let n = batch * seq;
         let mut sum = 0.0f64;
         let mut count = 0usize;
-        let last = self.stages.len() - 1;
         for i in 0..batches {
             let (x, y) = corpus.val_batch(self.cfg.seed, i, batch, seq);
-            let key = u64::MAX - i;
-            let mut hidden = Vec::new();
-            for s in 0..last {
-                let input = if s == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
-                let mut out = self.stages[s].forward(key, input, batch, seq)?;
-                self.stages[s].discard(key);
-                codec::round_trip(codec, n, self.stages[s].boundary_width(), &mut out)?;
-                hidden = out;
-            }
-            let input = if last == 0 { StageInput::Tokens(&x) } else { StageInput::Hidden(&hidden) };
-            let l = self.stages[last].eval_loss(input, &y, batch, seq)?;
+            let l = self.eval_tokens(&x, &y, u64::MAX - i)?;
             sum += l.iter().map(|&v| v as f64).sum::<f64>();
             count += l.len();
         }
         Ok((sum / count.max(1) as f64) as f32)
+    }
+
+    /// Per-token losses of `tokens` (rows of `seq`) against `targets`, no
+    /// gradients, through the codec at every boundary as in training.
+    /// `key` names the micro-batch's saved activations while it runs.
+    pub fn eval_tokens(&mut self, tokens: &[u32], targets: &[u32], key: u64) -> Result<Vec<f32>> {
+        let codec = self.cfg.codec;
+        let seq = self.cfg.seq;
+        if tokens.is_empty() || !tokens.len().is_multiple_of(seq) || targets.len() != tokens.len() {
+            bail!("eval_tokens takes whole rows of {seq} tokens and as many targets");
+        }
+        let batch = tokens.len() / seq;
+        let n = batch * seq;
+        let last = self.stages.len() - 1;
+        let mut hidden = Vec::new();
+        for s in 0..last {
+            let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+            let mut out = self.stages[s].forward(key, input, batch, seq)?;
+            self.stages[s].discard(key);
+            codec::round_trip(codec, n, self.stages[s].boundary_width(), &mut out)?;
+            hidden = out;
+        }
+        let input = if last == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+        Ok(self.stages[last].eval_loss(input, targets, batch, seq)?)
     }
 
     /// Writes a checkpoint into `run_dir` (see `checkpoint`); returns its folder.

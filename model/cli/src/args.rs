@@ -26,6 +26,22 @@ pub enum Cmd {
     /// (every stage boundary goes through the bottleneck and wire codec, as in
     /// a swarm). Writes loss.csv and safetensors checkpoints to --out.
     Train(TrainArgs),
+    /// Sample text from a trained model, streaming tokens to the terminal
+    /// (a KV cache makes each new token cost one step). MODEL is an exported
+    /// folder, a swarm run directory (its model/), or a trainer checkpoint or
+    /// run directory.
+    Generate(GenerateArgs),
+    /// Measure a model's loss and perplexity on a text file: the whole file
+    /// (--split all), or the validation windows `iota train` reports on
+    /// (--split val, with the file the run trained on).
+    Eval(EvalArgs),
+    /// Write a model as a Hugging Face Llama folder (config.json,
+    /// safetensors, tokenizer files, a model card). Refuses a destination
+    /// that is not empty.
+    Export(ExportArgs),
+    /// Print a model's next-token logits at every position of a prompt, as
+    /// JSON (to compare with another implementation of the same model).
+    Logits(LogitsArgs),
     /// List the model presets: parameter counts, shapes, and the bytes per
     /// token that cross a stage boundary with each codec.
     Presets {
@@ -129,6 +145,117 @@ pub struct TrainArgs {
     /// --resume, each of these must agree with the checkpoint.
     #[arg(skip)]
     pub explicit: Vec<String>,
+}
+
+/// What crosses a stage boundary when using a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BoundaryCodec {
+    /// Quantised with the run's wire codec, as in training (the default:
+    /// the model the validators and the trainer measured).
+    Trained,
+    /// Exact: no quantisation (what a plain Llama forward computes).
+    None,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The model: an exported folder, a swarm run directory, or a trainer
+    /// checkpoint / run directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Text to continue (default: the start of a new document).
+    #[arg(long, default_value = "")]
+    pub prompt: String,
+    /// Tokens to generate (stops early at the end-of-text token or the
+    /// model's context length).
+    #[arg(long, default_value_t = 100)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0 = greedy: always the most likely token).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Sample among the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens that together reach this probability.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same seed, model and prompt give the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep going past the end-of-text token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    #[arg(long, value_enum, default_value_t = BoundaryCodec::Trained)]
+    pub boundary_codec: BoundaryCodec,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The text (or token shards) to measure on. Default: the corpus the
+    /// run trained on, when the model is a trainer run that recorded it.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// all: every window of the file; val: the trainer's validation windows.
+    #[arg(long, value_enum, default_value_t = EvalSplit::All)]
+    pub split: EvalSplit,
+    /// Batches to measure (default: the whole file for --split all, 4 for
+    /// --split val as `iota train` does).
+    #[arg(long)]
+    pub batches: Option<u64>,
+    /// Sequences per batch (default: the run's).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Tokens per sequence (default: the run's).
+    #[arg(long)]
+    pub seq: Option<usize>,
+    #[arg(long, value_enum, default_value_t = BoundaryCodec::Trained)]
+    pub boundary_codec: BoundaryCodec,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalSplit {
+    All,
+    Val,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The folder to create (must not exist, or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Weight precision: f32 (exact) or bf16 (half the size).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Split the weights into shards of at most this many MB.
+    #[arg(long, default_value_t = 5000)]
+    pub max_shard_mb: u64,
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Token ids, comma-separated (or --prompt).
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+    pub tokens: Vec<u32>,
+    /// Text to tokenize with the model's tokenizer.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, value_enum, default_value_t = BoundaryCodec::Trained)]
+    pub boundary_codec: BoundaryCodec,
 }
 
 fn parse_gemm(s: &str) -> Result<GemmPrecision, String> {

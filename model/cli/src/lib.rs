@@ -1,10 +1,14 @@
 //! iota-cli: the `iota` binary, single-process tools: train a model in one
-//! process (on the CPU reference or a GPU) and list the presets.
+//! process (on the CPU reference or a GPU), use a trained model (generate,
+//! eval, export, logits) and list the presets.
 //!
 //! It lives beside `iota-model` (whose trainer it drives) rather than in
 //! `iota-cuda`, and depends on `iota-cuda` only to offer `--device cuda`.
 
 pub mod args;
+pub mod eval;
+pub mod export;
+pub mod generate;
 pub mod presets;
 pub mod run_settings;
 pub mod train;
@@ -36,6 +40,10 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Cli {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Train(a) => train::train(a),
+        Cmd::Generate(a) => generate::generate(a),
+        Cmd::Logits(a) => generate::logits(a),
+        Cmd::Eval(a) => eval::eval(a),
+        Cmd::Export(a) => export::export(a),
         Cmd::Presets { stages } => presets::presets(stages),
     }
 }

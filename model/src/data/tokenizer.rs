@@ -52,6 +52,16 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes of `tokens` (a GPT-2 token can end inside a UTF-8
+    /// character: streaming output holds such bytes back until the
+    /// character is complete). Unknown ids give no bytes.
+    pub fn decode_bytes(&self, tokens: &[u32]) -> Vec<u8> {
+        match self {
+            Tokenizer::Byte => tokens.iter().filter(|&&t| t < 256).map(|&t| t as u8).collect(),
+            Tokenizer::Gpt2(bpe) => tokens.iter().flat_map(|&t| bpe.decode_bytes(&[t]).unwrap_or_default()).collect(),
+        }
+    }
+
     pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Byte => {

@@ -12,6 +12,7 @@
 mod fuzz_replay;
 mod hostile;
 mod liveness;
+mod model_export;
 mod netns;
 mod object_store;
 mod settlement;
