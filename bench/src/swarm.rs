@@ -71,6 +71,7 @@ pub fn run(mut a: Args) -> Result<()> {
         store: Some(store_dir.clone()),
         bucket: None,
         run_dir: a.run.run_dir.clone(),
+        metrics: None,
         listen: "127.0.0.1:0".parse()?,
         miner_bin,
         threads_per_miner: 1,

@@ -32,6 +32,11 @@ pub enum Cmd {
         /// gRPC listen address.
         #[arg(long, default_value = "127.0.0.1:7100")]
         listen: SocketAddr,
+        /// Serve Prometheus metrics at http://ADDR/metrics (off by default;
+        /// give a loopback address unless the scraper is elsewhere: the
+        /// page is unauthenticated).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
         /// The address miners dial (HOST:PORT), put in the join token it
         /// prints; default: the listen address (give it when listening on
         /// 0.0.0.0).
@@ -125,6 +130,11 @@ pub enum Cmd {
         /// gRPC listen address of the orchestrator (port 0 = any).
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+        /// Serve Prometheus metrics at http://ADDR/metrics (off by default;
+        /// give a loopback address unless the scraper is elsewhere: the
+        /// page is unauthenticated).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
         /// Compute threads per miner process.
         #[arg(long, default_value_t = 1)]
         threads_per_miner: usize,
@@ -237,6 +247,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             tls_cert,
             tls_key,
             admit,
+            metrics,
             address_rps,
             server_rps,
             identities_per_address,
@@ -279,6 +290,15 @@ async fn run_async(cli: Cli) -> Result<()> {
             let (url, server) = swarm::serve_with(svc.clone(), listen, tls).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
+            let metrics_server = match metrics {
+                Some(addr) => {
+                    let router = crate::http_endpoint::orchestrator_router(svc.clone());
+                    let (at, task) = crate::http_endpoint::serve(addr, router).await?;
+                    println!("metrics at http://{at}/metrics");
+                    Some(task)
+                }
+                None => None,
+            };
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             let data_arg = run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()));
             let key = svc.identity().peer_id();
@@ -337,6 +357,9 @@ async fn run_async(cli: Cli) -> Result<()> {
             svc.save();
             ticker.abort();
             server.abort();
+            if let Some(t) = metrics_server {
+                t.abort();
+            }
             if svc.with_state(|o| o.phase() == &crate::orchestrator::Phase::Done) {
                 let store_dir = if export_bucket.is_some() { None } else { Some(run.store_dir()?) };
                 match crate::final_model::export_for_run(&svc, &cfg, export_bucket, store_dir.as_deref(), &run.run_dir)
@@ -418,7 +441,17 @@ async fn run_async(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Swarm { mut run, listen, threads_per_miner, miner_bin, miner_device, validators, adversary, .. } => {
+        Cmd::Swarm {
+            mut run,
+            listen,
+            metrics,
+            threads_per_miner,
+            miner_bin,
+            miner_device,
+            validators,
+            adversary,
+            ..
+        } => {
             // The swarm's validators are listed in the run (stake 100 each).
             let mut validator_ids = Vec::new();
             for i in 0..validators {
@@ -466,6 +499,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 bucket: run.s3_store().await?,
                 run_dir: run.run_dir.clone(),
                 listen,
+                metrics,
                 miner_bin,
                 threads_per_miner,
                 miner_device,

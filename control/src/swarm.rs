@@ -31,6 +31,8 @@ pub struct SwarmOptions {
     pub run_dir: PathBuf,
     /// Where the orchestrator's gRPC listens.
     pub listen: SocketAddr,
+    /// Where to serve Prometheus metrics (None: nowhere).
+    pub metrics: Option<SocketAddr>,
     pub miner_bin: PathBuf,
     pub threads_per_miner: usize,
     /// `--device` of every miner process (cpu, cuda, cuda:N); the miner validates it.
@@ -153,6 +155,15 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     }
     let (url, server) = serve(svc.clone(), o.listen, false).await?;
     let ticker = svc.spawn_ticker();
+    let metrics_server = match o.metrics {
+        Some(addr) => {
+            let (at, task) =
+                crate::http_endpoint::serve(addr, crate::http_endpoint::orchestrator_router(svc.clone())).await?;
+            eprintln!("swarm: metrics at http://{at}/metrics");
+            Some(task)
+        }
+        None => None,
+    };
     let spec = o.cfg.spec.clone();
     let n = spec.stages * spec.replicas;
     let stop_validators = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -258,6 +269,9 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     svc.save();
     ticker.abort();
     server.abort();
+    if let Some(t) = metrics_server {
+        t.abort();
+    }
     let done = svc.with_state(|o| o.phase() == &Phase::Done);
     let model = if done {
         crate::final_model::export_for_run(&svc, &o.cfg, o.bucket.clone(), o.store.as_deref(), &o.run_dir).await

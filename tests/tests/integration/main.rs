@@ -15,6 +15,7 @@ mod liveness;
 mod model_export;
 mod netns;
 mod object_store;
+mod operator_endpoints;
 mod settlement;
 mod swarm;
 mod validation;
