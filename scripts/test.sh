@@ -16,6 +16,8 @@ ensure_bittensor
 # Network namespaces for the multi-host test (it skips, saying why, where
 # they cannot be made).
 ensure_cmd ip iproute2 || echo "note: iproute2 could not be installed; the network-namespace test will skip" >&2
+# Headless Chromium for the dashboard test (it skips, saying why, without).
+ensure_cmd chromium chromium || echo "note: chromium could not be installed; the dashboard's browser test will skip" >&2
 python3 scripts/check-graph.py
 cargo test --workspace --all-targets --exclude iota-tests "$@"
 # The integration binary runs whole swarms (4 to 6 miners, each with its

@@ -72,6 +72,7 @@ pub fn run(mut a: Args) -> Result<()> {
         bucket: None,
         run_dir: a.run.run_dir.clone(),
         metrics: None,
+        dashboard: None,
         listen: "127.0.0.1:0".parse()?,
         miner_bin,
         threads_per_miner: 1,

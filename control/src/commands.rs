@@ -37,6 +37,12 @@ pub enum Cmd {
         /// page is unauthenticated).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// Serve the web dashboard (loss curves, throughput, miners,
+        /// pathways, merge, validation, payouts) at http://ADDR/; without
+        /// ADDR on 127.0.0.1:7180. Off by default; read-only and
+        /// unauthenticated, so keep it on loopback unless told otherwise.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7180")]
+        dashboard: Option<SocketAddr>,
         /// The address miners dial (HOST:PORT), put in the join token it
         /// prints; default: the listen address (give it when listening on
         /// 0.0.0.0).
@@ -135,6 +141,12 @@ pub enum Cmd {
         /// page is unauthenticated).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// Serve the web dashboard (loss curves, throughput, miners,
+        /// pathways, merge, validation, payouts) at http://ADDR/; without
+        /// ADDR on 127.0.0.1:7180. Off by default; read-only and
+        /// unauthenticated, so keep it on loopback unless told otherwise.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7180")]
+        dashboard: Option<SocketAddr>,
         /// Compute threads per miner process.
         #[arg(long, default_value_t = 1)]
         threads_per_miner: usize,
@@ -248,6 +260,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             tls_key,
             admit,
             metrics,
+            dashboard,
             address_rps,
             server_rps,
             identities_per_address,
@@ -290,15 +303,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             let (url, server) = swarm::serve_with(svc.clone(), listen, tls).await?;
             let ticker = svc.spawn_ticker();
             println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
-            let metrics_server = match metrics {
-                Some(addr) => {
-                    let router = crate::http_endpoint::orchestrator_router(svc.clone());
-                    let (at, task) = crate::http_endpoint::serve(addr, router).await?;
-                    println!("metrics at http://{at}/metrics");
-                    Some(task)
-                }
-                None => None,
-            };
+            let page_servers =
+                crate::http_endpoint::serve_operator_pages(&svc, metrics, dashboard, |m| println!("{m}")).await?;
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
             let data_arg = run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()));
             let key = svc.identity().peer_id();
@@ -357,7 +363,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             svc.save();
             ticker.abort();
             server.abort();
-            if let Some(t) = metrics_server {
+            for t in page_servers {
                 t.abort();
             }
             if svc.with_state(|o| o.phase() == &crate::orchestrator::Phase::Done) {
@@ -445,6 +451,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             mut run,
             listen,
             metrics,
+            dashboard,
             threads_per_miner,
             miner_bin,
             miner_device,
@@ -500,6 +507,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 run_dir: run.run_dir.clone(),
                 listen,
                 metrics,
+                dashboard,
                 miner_bin,
                 threads_per_miner,
                 miner_device,

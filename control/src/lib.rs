@@ -16,6 +16,7 @@
 pub mod audit;
 pub mod cli;
 pub mod commands;
+pub mod dashboard;
 pub mod data_cmd;
 pub mod final_model;
 pub mod http_endpoint;

@@ -33,6 +33,8 @@ pub struct SwarmOptions {
     pub listen: SocketAddr,
     /// Where to serve Prometheus metrics (None: nowhere).
     pub metrics: Option<SocketAddr>,
+    /// Where to serve the web dashboard (None: nowhere).
+    pub dashboard: Option<SocketAddr>,
     pub miner_bin: PathBuf,
     pub threads_per_miner: usize,
     /// `--device` of every miner process (cpu, cuda, cuda:N); the miner validates it.
@@ -155,15 +157,8 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     }
     let (url, server) = serve(svc.clone(), o.listen, false).await?;
     let ticker = svc.spawn_ticker();
-    let metrics_server = match o.metrics {
-        Some(addr) => {
-            let (at, task) =
-                crate::http_endpoint::serve(addr, crate::http_endpoint::orchestrator_router(svc.clone())).await?;
-            eprintln!("swarm: metrics at http://{at}/metrics");
-            Some(task)
-        }
-        None => None,
-    };
+    let page_servers =
+        crate::http_endpoint::serve_operator_pages(&svc, o.metrics, o.dashboard, |m| eprintln!("swarm: {m}")).await?;
     let spec = o.cfg.spec.clone();
     let n = spec.stages * spec.replicas;
     let stop_validators = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -269,7 +264,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     svc.save();
     ticker.abort();
     server.abort();
-    if let Some(t) = metrics_server {
+    for t in page_servers {
         t.abort();
     }
     let done = svc.with_state(|o| o.phase() == &Phase::Done);

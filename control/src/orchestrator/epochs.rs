@@ -190,6 +190,7 @@ impl Orchestrator {
             excluded,
             convicted,
             rolled_back,
+            held_out_loss: self.held_out_loss(),
             miners,
         };
         self.settle(&summary.miners, rolled_back, &summary.convicted, f64::from(summary.mean_loss));

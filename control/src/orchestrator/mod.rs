@@ -19,6 +19,7 @@ mod membership;
 mod merge_audit;
 mod merging;
 mod objects;
+mod observe;
 mod phase;
 mod routing;
 mod settling;
@@ -34,6 +35,7 @@ use iota_core::{PeerId, Rng};
 use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 
+pub use self::observe::MergeProgress;
 pub use self::state::{
     BadObjectRecord, CommitmentBreak, Counters, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus,
     MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,

@@ -92,6 +92,7 @@ impl Orchestrator {
             match self.phase {
                 Phase::Uploading if within => self.last_upload_ms = Some(took),
                 Phase::Merging if within => self.last_merge_ms = Some(took),
+                Phase::Training => self.counters.training_ms += took,
                 _ => {}
             }
             self.phase_entered = now;

@@ -231,6 +231,10 @@ pub struct EpochSummary {
     /// from the weights this one started from.
     #[serde(default)]
     pub rolled_back: bool,
+    /// The merged model's loss on held-out data, as the validators that
+    /// checked it measured it (their median; None without validators).
+    #[serde(default)]
+    pub held_out_loss: Option<f32>,
     /// Every miner's account of the epoch (what attribution and settlement
     /// start from), in peer order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -343,6 +347,10 @@ pub struct PayoutRow {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     pub completed: u64,
+    /// Time spent in the Training phase over the run (ms; the current
+    /// phase not yet counted, see `Orchestrator::training_ms`).
+    #[serde(default)]
+    pub training_ms: u64,
     pub rerouted: u64,
     pub dropped: u64,
     pub tokens: u64,

@@ -507,7 +507,7 @@ impl Orchestrator {
             }
             info!(epoch, validators = live.len(), "merged model sent to the validators");
             self.validation.merge_round =
-                Some(MergeRound { epoch, started_ms: now, sent_to: live, voted: BTreeSet::new() });
+                Some(MergeRound { epoch, started_ms: now, sent_to: live, voted: BTreeSet::new(), losses: Vec::new() });
             return None;
         }
         let outcome = self.validation.merge_quorum.as_ref().and_then(|q| q.outcome(&merge_accusation(epoch)));
@@ -533,6 +533,20 @@ impl Orchestrator {
         None
     }
 
+    /// The current epoch's merged model's held-out loss: the median of
+    /// what its voters measured (None before any vote, or without
+    /// validators).
+    pub(super) fn held_out_loss(&self) -> Option<f32> {
+        let r = self.validation.merge_round.as_ref().filter(|r| r.epoch == self.epoch)?;
+        let mut l = r.losses.clone();
+        l.sort_by(f32::total_cmp);
+        match l.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(l[n / 2]),
+            n => Some(0.5 * (l[n / 2 - 1] + l[n / 2])),
+        }
+    }
+
     /// A validator's vote on the epoch's merged model.
     pub(super) fn on_merge_vote(
         &mut self,
@@ -551,7 +565,9 @@ impl Orchestrator {
             .as_mut()
             .filter(|r| r.epoch == epoch && r.sent_to.contains(&validator))
             .ok_or_else(|| Refusal::Invalid(format!("no check of epoch {epoch}'s merge is open for {validator}")))?;
-        r.voted.insert(validator);
+        if r.voted.insert(validator) && loss.is_finite() {
+            r.losses.push(loss);
+        }
         let q = self.validation.merge_quorum.as_mut().ok_or_else(|| Refusal::Invalid("no validators".into()))?;
         q.vote(validator, merge_accusation(epoch), rollback).map_err(|e| Refusal::Invalid(e.to_string()))?;
         if rollback {

@@ -96,6 +96,9 @@ pub(super) struct MergeRound {
     pub(super) started_ms: Ms,
     pub(super) sent_to: BTreeSet<PeerId>,
     pub(super) voted: BTreeSet<PeerId>,
+    /// The held-out losses the voters measured (one per voter).
+    #[serde(default)]
+    pub(super) losses: Vec<f32>,
 }
 
 /// The orchestrator's validation records.

@@ -62,7 +62,10 @@ async fn the_orchestrator_serves_metrics_that_agree_with_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = tiny_run(2, 2, 2, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
-    let router = iota_control::http_endpoint::orchestrator_router(swarm.service.clone());
+    let router = iota_control::http_endpoint::orchestrator_router(
+        swarm.service.clone(),
+        iota_control::http_endpoint::Pages { metrics: true, dashboard: false },
+    );
     let (addr, server) = iota_control::http_endpoint::serve("127.0.0.1:0".parse().unwrap(), router).await.unwrap();
     // Before any miner: waiting, nothing done.
     let (status, body) =
@@ -111,5 +114,174 @@ async fn the_orchestrator_serves_metrics_that_agree_with_the_run() {
     assert_eq!(bad.1.0, 405);
     assert_eq!(bad.2.0, 400);
     assert_eq!(bad.3.0, 431);
+    server.abort();
+}
+
+/// A browser for the dashboard test: $IOTA_TEST_CHROMIUM, else the first of
+/// Debian's and the usual names on PATH.
+fn chromium() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("IOTA_TEST_CHROMIUM") {
+        return Some(p.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |d| d.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `url` with `args`, 90 s at most; its stdout.
+fn headless(browser: &std::path::Path, profile: &std::path::Path, args: &[&str], url: &str) -> String {
+    let mut child = std::process::Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromium starts");
+    let mut out = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium took over 90 s on {url}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    out.push_str(&reader.join().unwrap());
+    out
+}
+
+/// The value of `attr="…"` on the element whose id is `id` in a dumped DOM.
+fn attr_of(dom: &str, id: &str, attr: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let start = dom[..at].rfind('<')?;
+    let tag = &dom[start..start + dom[start..].find('>')?];
+    let v = tag.split(&format!("{attr}=\"")).nth(1)?;
+    Some(v[..v.find('"')?].to_string())
+}
+
+/// The dashboard of a live `tiny` swarm: its JSON agrees with the run, and
+/// in headless Chromium the page draws the loss curve and lists every miner
+/// (a screenshot is kept under the test's output); unknown routes are 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_shows_a_live_run_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(2, 2, 3, 48, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let pages = iota_control::http_endpoint::Pages { metrics: false, dashboard: true };
+    let router = iota_control::http_endpoint::orchestrator_router(swarm.service.clone(), pages);
+    let (addr, server) = iota_control::http_endpoint::serve("127.0.0.1:0".parse().unwrap(), router).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..4).map(|_| swarm.miner(stop.clone())).collect();
+    // Live: every miner in, micro-batches completing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (subscribed, completed) =
+            swarm.service.with_state(|o| (o.miners().filter(|m| m.subscribed).count(), o.counters().completed));
+        if subscribed == 4 && completed >= 6 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the swarm did not get going: {subscribed} miners, {completed} done"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let peers: Vec<String> =
+        swarm.service.with_state(|o| o.miners().map(|m| m.peer.to_hex()[..12].to_string()).collect());
+    let (status, body) =
+        tokio::task::spawn_blocking(move || http(addr, "GET /api/state HTTP/1.1\r\n\r\n")).await.unwrap();
+    assert_eq!(status, 200);
+    let st: serde_json::Value = serde_json::from_str(&body).expect("the state is JSON");
+    assert_eq!(st["epochs"], 3);
+    assert_eq!(st["miners"].as_array().unwrap().len(), 4);
+    for m in st["miners"].as_array().unwrap() {
+        assert!(peers.contains(&m["peer"].as_str().unwrap().to_string()), "{m}");
+        assert_eq!(m["device"], "cpu");
+    }
+    let train = st["train"].as_array().unwrap();
+    assert!(train.len() >= 6, "loss points: {}", train.len());
+    assert!(train.iter().all(|p| p[1].as_f64().is_some_and(|l| l > 0.0 && l < 20.0)), "{train:?}");
+    assert_eq!(st["stages"].as_array().unwrap().len(), 2);
+    // Only the dashboard's routes are served here.
+    let (page, state_head, metrics, nope) = tokio::task::spawn_blocking(move || {
+        (
+            http(addr, "GET / HTTP/1.1\r\n\r\n"),
+            http(addr, "HEAD /api/state HTTP/1.1\r\n\r\n"),
+            http(addr, "GET /metrics HTTP/1.1\r\n\r\n"),
+            http(addr, "GET /api/nothing HTTP/1.1\r\n\r\n"),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(page.0, 200);
+    assert!(page.1.contains("id=\"losschart\""));
+    assert_eq!(state_head, (200, String::new()), "HEAD has no body");
+    assert_eq!(metrics.0, 404, "metrics were not asked for");
+    assert_eq!(nope.0, 404);
+    assert!(nope.1.contains("no page at /api/nothing"));
+
+    match chromium() {
+        None => eprintln!(
+            "SKIPPED the browser half of the dashboard test: no chromium on PATH (apt-get install chromium, or set IOTA_TEST_CHROMIUM)"
+        ),
+        Some(browser) => {
+            let url = format!("http://{addr}/");
+            let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+            std::fs::create_dir_all(&out_dir).unwrap();
+            let shot = out_dir.join("dashboard.png");
+            let _ = std::fs::remove_file(&shot);
+            let profile = dir.path().join("chromium-profile");
+            let (dom, ()) = tokio::task::spawn_blocking({
+                let (browser, shot, url) = (browser.clone(), shot.clone(), url.clone());
+                move || {
+                    // Virtual time runs the page's polls (several of them)
+                    // while the swarm goes on training.
+                    let dom = headless(&browser, &profile, &["--virtual-time-budget=5000", "--dump-dom"], &url);
+                    let shot_arg = format!("--screenshot={}", shot.display());
+                    headless(
+                        &browser,
+                        &profile,
+                        &["--virtual-time-budget=5000", "--window-size=1400,1700", &shot_arg],
+                        &url,
+                    );
+                    (dom, ())
+                }
+            })
+            .await
+            .unwrap();
+            let points: usize = attr_of(&dom, "losschart", "data-points")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no loss chart in the page: {}", &dom[..dom.len().min(2000)]));
+            assert!(points >= 6, "the loss chart has {points} points");
+            assert_eq!(attr_of(&dom, "miners", "data-rows").as_deref(), Some("4"), "miner rows");
+            for p in &peers {
+                assert!(dom.contains(&format!("data-peer=\"{p}\"")), "miner {p} is not in the table");
+            }
+            // The connection line says when it last updated (the script's
+            // own text holds the failure message, so look at the element).
+            let conn = dom.split("id=\"conn\"").nth(1).and_then(|t| t.split('>').nth(1)).unwrap_or_default();
+            assert!(conn.starts_with("updated"), "the page's connection line: {conn}");
+            let png = std::fs::read(&shot).expect("a screenshot");
+            assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "screenshot of {} bytes", png.len());
+            eprintln!("dashboard screenshot: {}", shot.display());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for m in miners {
+        let _ = tokio::time::timeout(Duration::from_secs(60), m).await;
+    }
     server.abort();
 }

@@ -327,6 +327,11 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
     let h = s.o.history();
     assert_eq!(h.iter().map(|e| e.rolled_back).collect::<Vec<_>>(), vec![true, false, false]);
     assert_eq!(s.o.counters().rollbacks, 1);
+    // The held-out loss kept per epoch is the median of the votes in at the
+    // verdict (the sim's validators measure 99 when they vote a merge down,
+    // 2 when not; validator 0's 60% decides each epoch as it votes).
+    let held_out: Vec<Option<f32>> = h.iter().map(|e| e.held_out_loss).collect();
+    assert_eq!(held_out, vec![Some(99.0), Some(2.0), Some(2.0)]);
     // Epoch 1 started again from the run seed's weights (not epoch 0's
     // merge); epoch 2 from epoch 1's merge, as usual.
     let e1 = training_weights(&s, 1);
