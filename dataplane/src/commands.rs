@@ -26,7 +26,7 @@ pub struct Cli {
 pub enum Cmd {
     /// Join a training run: register with the orchestrator, take the stage it
     /// assigns, and work until the run is done.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Measure the QUIC data plane: send frames to a peer and report
     /// throughput and latency (send start to acknowledgement).
     ///
@@ -164,6 +164,17 @@ pub struct RunArgs {
     /// with cubic (docs/BENCHMARKS.md, `iota-bench wan`).
     #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
     congestion: crate::Congestion,
+    /// Serve this miner's Prometheus metrics at http://ADDR/metrics: step
+    /// times, tokens, frames and bytes per lane, frames rejected by reason,
+    /// merge times, store retries, GPU memory. Off by default; read-only
+    /// and unauthenticated, so give a loopback address unless the scraper
+    /// is elsewhere.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+    /// For launchers (the local swarm), hidden: on exit, write the wire
+    /// totals (frames and bytes per lane, rejections) as JSON to FILE.
+    #[arg(long, hide = true, value_name = "FILE")]
+    stats_out: Option<std::path::PathBuf>,
 }
 
 fn parse_congestion(s: &str) -> Result<crate::Congestion, String> {
@@ -218,7 +229,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     rt.block_on(async {
         match cli.cmd {
-            Cmd::Run(a) => run_miner(a).await,
+            Cmd::Run(a) => run_miner(*a).await,
             Cmd::TransportProbe(a) => transport_probe(a).await,
             Cmd::Selftest(a) => selftest(a),
         }
@@ -255,6 +266,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.accomplices = a.accomplices;
     opts.min_frame_ms = a.min_frame_ms;
     opts.congestion = a.congestion;
+    opts.metrics = a.metrics;
     if let Some(adv) = a.adversary {
         tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
     }
@@ -263,7 +275,12 @@ async fn run_miner(a: RunArgs) -> Result<()> {
         let stop = stop.clone();
         ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
     }
+    let stats_out = a.stats_out.clone();
     let s = miner::run(opts, id, stop).await?;
+    if let Some(path) = stats_out {
+        let json = serde_json::to_vec_pretty(&s.transport.wire_totals())?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     println!("stage {} done: {} optimizer steps", s.stage, s.optimizer_steps);
     Ok(())
 }

@@ -72,6 +72,14 @@ where
     retrying(ATTEMPTS, FIRST_BACKOFF, what, key, op).await
 }
 
+/// Store operations retried in this process (the miner's metrics).
+static STORE_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Store operations retried in this process so far.
+pub fn store_retries() -> u64 {
+    STORE_RETRIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 async fn retrying<T, F, Fut>(attempts: u32, first: Duration, what: &str, key: &str, mut op: F) -> io::Result<T>
 where
     F: FnMut() -> Fut,
@@ -85,6 +93,7 @@ where
     for attempt in 1..=attempts {
         match op().await {
             Err(e) if attempt < attempts && transient(&e) => {
+                STORE_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(what, key, attempt, error = %e, "store operation failed; retrying");
                 tokio::time::sleep(wait.mul_f32(rng.next_f32())).await;
                 wait = wait.saturating_mul(2);

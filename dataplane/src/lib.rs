@@ -15,6 +15,7 @@ pub mod granted_store;
 pub mod identity_file;
 pub mod local_store;
 pub mod miner;
+pub mod miner_metrics;
 pub mod pool;
 pub mod prepared_corpus;
 pub mod probe;

@@ -5,7 +5,39 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use iota_core::wire::Direction;
+
 use crate::frame::FrameError;
+
+/// Frames and bytes (framing included: prefix, header, padding, payload)
+/// of one lane: one direction of traffic (activations, their gradients,
+/// weight slices, control).
+#[derive(Debug, Default)]
+pub struct LaneCounters {
+    pub frames_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+}
+
+/// A point-in-time copy of one lane's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LaneSnapshot {
+    pub frames_sent: u64,
+    pub bytes_sent: u64,
+    pub frames_received: u64,
+    pub bytes_received: u64,
+}
+
+/// The lane's name in metrics.
+pub fn lane_name(d: Direction) -> &'static str {
+    match d {
+        Direction::Activation => "activations",
+        Direction::ActivationGrad => "activation_grads",
+        Direction::WeightSlice => "weight_slices",
+        Direction::Control => "control",
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -18,11 +50,13 @@ pub struct Stats {
     pub payload_copies: AtomicU64,
     pub connects: AtomicU64,
     pub send_failures: AtomicU64,
+    /// Per lane, indexed by `Direction as usize`.
+    lanes: [LaneCounters; 4],
     rejected: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// A point-in-time copy of `Stats`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatsSnapshot {
     pub frames_sent: u64,
     pub bytes_sent: u64,
@@ -31,10 +65,56 @@ pub struct StatsSnapshot {
     pub payload_copies: u64,
     pub connects: u64,
     pub send_failures: u64,
+    /// Per lane, in `Direction::ALL` order.
+    pub lanes: [(Direction, LaneSnapshot); 4],
     pub rejected: BTreeMap<&'static str, u64>,
 }
 
+impl Default for StatsSnapshot {
+    fn default() -> Self {
+        StatsSnapshot {
+            frames_sent: 0,
+            bytes_sent: 0,
+            frames_received: 0,
+            bytes_received: 0,
+            payload_copies: 0,
+            connects: 0,
+            send_failures: 0,
+            lanes: Direction::ALL.map(|d| (d, LaneSnapshot::default())),
+            rejected: BTreeMap::new(),
+        }
+    }
+}
+
+/// A miner's wire totals as it leaves them for its launcher
+/// (`iota-miner run --stats-out FILE`): lanes by name, rejections by reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WireTotals {
+    pub lanes: BTreeMap<String, LaneSnapshot>,
+    pub rejected: BTreeMap<String, u64>,
+    pub send_failures: u64,
+}
+
+impl WireTotals {
+    /// Bytes sent across stage boundaries: activations and their gradients.
+    pub fn boundary_bytes_sent(&self) -> u64 {
+        [Direction::Activation, Direction::ActivationGrad]
+            .iter()
+            .filter_map(|d| self.lanes.get(lane_name(*d)))
+            .map(|l| l.bytes_sent)
+            .sum()
+    }
+}
+
 impl StatsSnapshot {
+    pub fn wire_totals(&self) -> WireTotals {
+        WireTotals {
+            lanes: self.lanes.iter().map(|(d, l)| (lane_name(*d).to_string(), *l)).collect(),
+            rejected: self.rejected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            send_failures: self.send_failures,
+        }
+    }
+
     pub fn rejected_total(&self) -> u64 {
         self.rejected.values().sum()
     }
@@ -44,6 +124,24 @@ impl StatsSnapshot {
 }
 
 impl Stats {
+    /// A frame of `wire_bytes` (framing included) went out on `lane`.
+    pub fn sent(&self, lane: Direction, wire_bytes: u64) {
+        add(&self.frames_sent, 1);
+        add(&self.bytes_sent, wire_bytes);
+        let l = &self.lanes[lane as usize];
+        add(&l.frames_sent, 1);
+        add(&l.bytes_sent, wire_bytes);
+    }
+
+    /// A frame of `wire_bytes` (framing included) was accepted on `lane`.
+    pub fn received(&self, lane: Direction, wire_bytes: u64) {
+        add(&self.frames_received, 1);
+        add(&self.bytes_received, wire_bytes);
+        let l = &self.lanes[lane as usize];
+        add(&l.frames_received, 1);
+        add(&l.bytes_received, wire_bytes);
+    }
+
     pub fn reject(&self, e: &FrameError) {
         *self.rejected.lock().entry(e.kind()).or_default() += 1;
     }
@@ -58,6 +156,16 @@ impl Stats {
             payload_copies: l(&self.payload_copies),
             connects: l(&self.connects),
             send_failures: l(&self.send_failures),
+            lanes: Direction::ALL.map(|d| {
+                let c = &self.lanes[d as usize];
+                let snap = LaneSnapshot {
+                    frames_sent: l(&c.frames_sent),
+                    bytes_sent: l(&c.bytes_sent),
+                    frames_received: l(&c.frames_received),
+                    bytes_received: l(&c.bytes_received),
+                };
+                (d, snap)
+            }),
             rejected: self.rejected.lock().clone(),
         }
     }

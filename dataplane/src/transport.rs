@@ -333,8 +333,7 @@ impl Endpoint {
         }
         let id = header.frame_id();
         inner.commitments.lock().frame(u64::from(meta.epoch), to, meta.direction as u8, Side::Sent, &id);
-        add(&inner.stats.frames_sent, 1);
-        add(&inner.stats.bytes_sent, (prefix.len() + payload.len()) as u64);
+        inner.stats.sent(meta.direction, (prefix.len() + payload.len()) as u64);
         Ok(id)
     }
 
@@ -502,6 +501,8 @@ impl Inner {
         add(&self.stats.payload_copies, 1);
         self.guard(peer, h.direction).accept(h.seq_no).map_err(|e| (e, true))?;
         self.commitments.lock().frame(u64::from(h.epoch), peer, h.direction as u8, Side::Received, &h.frame_id());
+        // What crossed the wire for it: prefix, header and padding, payload.
+        self.stats.received(h.direction, (prefix.len() + hb.len() + len) as u64);
         Ok(ReceivedFrame { header: h, payload: buf, peer })
     }
 }
@@ -631,8 +632,6 @@ async fn read_stream(inner: Arc<Inner>, peer: PeerId, mut s: quinn::RecvStream) 
         }
         match inner.read_frame(peer, &mut s, prefix).await {
             Ok(f) => {
-                add(&inner.stats.frames_received, 1);
-                add(&inner.stats.bytes_received, f.payload.len() as u64);
                 if inner.tx.send(f).await.is_err() {
                     return; // the consumer is gone
                 }

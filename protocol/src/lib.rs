@@ -21,6 +21,7 @@ pub mod auth;
 pub mod client;
 pub mod commitments_pb;
 pub mod fields;
+pub mod http_endpoint;
 pub mod join_token;
 pub mod manifest;
 pub mod object_store;

@@ -119,6 +119,8 @@ pub struct MinerOptions {
     /// `--gemm bf16` arithmetic), so cross-backend validation is tested
     /// without a GPU. The miner says so in its device label.
     pub cpu_bf16_gemm: bool,
+    /// Where to serve this miner's Prometheus metrics (None: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl MinerOptions {
@@ -146,6 +148,7 @@ impl MinerOptions {
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
             slowdown: 1,
             min_frame_ms: 0,
+            metrics: None,
         }
     }
 }
@@ -161,6 +164,8 @@ pub struct MinerSummary {
     /// Time its stage worker spent handling frames and commands (its
     /// compute, merges and uploads; what validation is weighed against).
     pub compute: std::time::Duration,
+    /// What its transport sent and received, by lane.
+    pub transport: crate::stats::StatsSnapshot,
 }
 
 /// Joins the run at `opts.orchestrator` and works until it is done (or
@@ -248,6 +253,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (out_tx, mut out_rx) = mpsc::channel::<Output>(1024);
     let epoch = Arc::new(AtomicU64::new(0));
     let tokens = Arc::new(AtomicU64::new(0));
+    let metrics = crate::miner_metrics::MinerMetrics::default();
     let in_flight = Arc::new(AtomicU32::new(0));
     // The last throughput measured (f64 bits), for re-registrations.
     let measured_tps = Arc::new(AtomicU64::new(0));
@@ -365,6 +371,32 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             }
         })
     };
+    let metrics_server = match opts.metrics {
+        Some(at) => {
+            let (ep, metrics, epoch, tokens, in_flight) =
+                (ep.clone(), metrics.clone(), epoch.clone(), tokens.clone(), in_flight.clone());
+            let router: iota_protocol::http_endpoint::Router = Arc::new(move |path: &str| {
+                (path == "/metrics").then(|| {
+                    let transport = ep.stats();
+                    let text = metrics.encode(&crate::miner_metrics::Scrape {
+                        transport: &transport,
+                        tokens: tokens.load(Ordering::Relaxed),
+                        in_flight: in_flight.load(Ordering::Relaxed),
+                        store_retries: crate::granted_store::store_retries(),
+                        epoch: epoch.load(Ordering::Relaxed),
+                    });
+                    iota_protocol::http_endpoint::Page {
+                        content_type: iota_protocol::http_endpoint::OPENMETRICS,
+                        body: text.into_bytes(),
+                    }
+                })
+            });
+            let (bound, task) = iota_protocol::http_endpoint::serve(at, router).await?;
+            info!(at = %format!("http://{bound}/metrics"), "metrics");
+            Some(task)
+        }
+        None => None,
+    };
     // The compute thread.
     let rt = tokio::runtime::Handle::current();
     let me = ep.peer_id();
@@ -402,6 +434,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             evidence_bytes,
             slowdown,
             min_frame,
+            metrics,
+            device_memory: None,
         };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
@@ -418,8 +452,15 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             }
             Some(gpu) => {
                 gpu.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))?;
+                let ctx = gpu.ctx.clone();
                 let be = Arc::new(iota_cuda::backend::CudaBackend::with_precision(gpu, gemm)?);
                 info!(backend = %be.name(), "stage computes on the GPU");
+                let io = ComputeIo {
+                    device_memory: Some(Box::new(move || {
+                        ctx.mem_get_info().ok().map(|(free, total)| ((total - free) as u64, total as u64))
+                    })),
+                    ..io
+                };
                 compute_loop(
                     Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
                     io,
@@ -427,7 +468,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             }
         }
     })?;
-    let summary = tokio::task::spawn_blocking(move || compute.join())
+    let mut summary = tokio::task::spawn_blocking(move || compute.join())
         .await?
         .map_err(|_| anyhow::anyhow!("stage worker panicked"))??;
     // Let the last frames and reports go out, then stop.
@@ -435,8 +476,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let _ = tokio::time::timeout(Duration::from_secs(5), pump).await;
     drop(report_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), report_task).await;
+    summary.transport = ep.stats();
     finished.store(true, Ordering::SeqCst);
-    for t in [cmd_task, frame_task, hb_task, tick_task] {
+    for t in [cmd_task, frame_task, hb_task, tick_task].into_iter().chain(metrics_server) {
         t.abort();
     }
     ep.close();
@@ -497,6 +539,9 @@ pub async fn connect(
 }
 
 /// What the compute thread talks through.
+/// Reads the device's memory (in use, in all; bytes).
+type DeviceMemoryProbe = Box<dyn Fn() -> Option<(u64, u64)> + Send>;
+
 struct ComputeIo {
     in_rx: mpsc::Receiver<Input>,
     out_tx: mpsc::Sender<Output>,
@@ -512,6 +557,9 @@ struct ComputeIo {
     evidence_bytes: usize,
     slowdown: u32,
     min_frame: Duration,
+    metrics: crate::miner_metrics::MinerMetrics,
+    /// The device's memory (in use, in all), where there is a device.
+    device_memory: Option<DeviceMemoryProbe>,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -527,6 +575,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
     w.set_adversary(io.adversary);
     let mut out = Vec::new();
     let mut compute = std::time::Duration::ZERO;
+    let (mut merge_since, mut memory_at) = (None, None);
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
         use iota_protocol::pb::command::Kind;
@@ -556,11 +605,45 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
             }
             _ => {}
         }
+        use crate::miner_metrics::StepKind;
+        let kind = match &input {
+            Input::Command(Kind::Route(_)) => Some(StepKind::Forward),
+            Input::Frame(f) => Some(match f.header.direction {
+                iota_core::wire::Direction::Activation => StepKind::Forward,
+                iota_core::wire::Direction::ActivationGrad => StepKind::Backward,
+                iota_core::wire::Direction::WeightSlice => StepKind::WeightSlice,
+                iota_core::wire::Direction::Control => StepKind::Command,
+            }),
+            Input::Command(_) => Some(StepKind::Command),
+            Input::Tick => None,
+        };
+        // A merge's time as this miner sees it: from its plan to the next phase.
+        if let Input::Command(Kind::Phase(p)) = &input {
+            if p.merge_plan.is_some() && merge_since.is_none() {
+                merge_since = Some(std::time::Instant::now());
+            } else if p.merge_plan.is_none()
+                && p.phase != iota_protocol::pb::Phase::Merging as i32
+                && let Some(t) = merge_since.take()
+            {
+                io.metrics.observe_merge(t.elapsed().as_secs_f64());
+            }
+        }
         let t0 = std::time::Instant::now();
         if let Err(e) = w.handle(input, &mut out) {
             warn!(error = %format!("{e:#}"), "stage worker");
         }
         compute += t0.elapsed();
+        if let Some(kind) = kind {
+            io.metrics.observe_step(kind, t0.elapsed().as_secs_f64());
+        }
+        if let Some(probe) = &io.device_memory
+            && memory_at.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
+        {
+            memory_at = Some(std::time::Instant::now());
+            if let Some((used, total)) = probe() {
+                io.metrics.set_device_memory(used, total);
+            }
+        }
         if io.adversary == Some(Adversary::Slow) && work {
             std::thread::sleep(t0.elapsed() * 9);
         } else if io.slowdown > 1 && work {
@@ -586,5 +669,7 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         params: stage.map(|s| s.params_host()).unwrap_or_default(),
         rejected_frames: w.rejected_frames,
         compute,
+        // Filled in once the last frames are out.
+        transport: Default::default(),
     })
 }
