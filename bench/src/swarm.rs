@@ -73,6 +73,7 @@ pub fn run(mut a: Args) -> Result<()> {
         run_dir: a.run.run_dir.clone(),
         metrics: None,
         dashboard: None,
+        log_format: Default::default(),
         listen: "127.0.0.1:0".parse()?,
         miner_bin,
         threads_per_miner: 1,

@@ -19,6 +19,10 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
+    /// Log lines as text for people, or as one JSON object per line for
+    /// log collectors (RUST_LOG filters either).
+    #[arg(long, global = true, value_enum, default_value_t = iota_dataplane::LogFormat::Text)]
+    pub log_format: iota_dataplane::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -250,6 +254,7 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 async fn run_async(cli: Cli) -> Result<()> {
+    let log_format = cli.log_format;
     match cli.cmd {
         Cmd::Orchestrator {
             run,
@@ -508,6 +513,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 listen,
                 metrics,
                 dashboard,
+                log_format,
                 miner_bin,
                 threads_per_miner,
                 miner_device,

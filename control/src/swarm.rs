@@ -35,6 +35,8 @@ pub struct SwarmOptions {
     pub metrics: Option<SocketAddr>,
     /// Where to serve the web dashboard (None: nowhere).
     pub dashboard: Option<SocketAddr>,
+    /// How the miners write their logs (RUN_DIR/logs/miner-K.log).
+    pub log_format: iota_dataplane::LogFormat,
     pub miner_bin: PathBuf,
     pub threads_per_miner: usize,
     /// `--device` of every miner process (cpu, cuda, cuda:N); the miner validates it.
@@ -159,6 +161,10 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .arg(o.threads_per_miner.to_string())
         .arg("--identity")
         .arg(&key)
+        .args(match o.log_format {
+            iota_dataplane::LogFormat::Json => &["--log-format", "json"][..],
+            iota_dataplane::LogFormat::Text => &[][..],
+        })
         .arg("--stats-out")
         .arg(wire_totals_path(&o.run_dir, i))
         .args(["--device", &o.miner_device])

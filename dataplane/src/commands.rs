@@ -20,6 +20,10 @@ use crate::{Endpoint, FrameLimits, HostPool, PeerDirectory, RunContext, Transpor
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
+    /// Log lines as text for people, or as one JSON object per line for
+    /// log collectors (RUST_LOG filters either).
+    #[arg(long, global = true, value_enum, default_value_t = crate::LogFormat::Text)]
+    pub log_format: crate::LogFormat,
 }
 
 #[derive(Subcommand)]

@@ -31,9 +31,30 @@ pub use stats::StatsSnapshot;
 pub use tls::PeerDirectory;
 pub use transport::{Congestion, Endpoint, ReceivedFrame, SendError, TransportConfig};
 
+/// How the binaries write their logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line per event for people.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields) for
+    /// log collectors.
+    Json,
+}
+
 /// Logging for the binaries: `RUST_LOG` filters (default `info`), to stderr.
 pub fn init_logging() {
+    init_logging_as(LogFormat::Text, "info");
+}
+
+/// Logging in `format`, `RUST_LOG` filtering (`default_filter` without it),
+/// to stderr.
+pub fn init_logging_as(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => fmt.try_init(),
+        LogFormat::Json => fmt.json().with_current_span(false).try_init(),
+    };
 }

@@ -16,9 +16,7 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(args);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    iota_dataplane::init_logging_as(cli.log_format, "warn");
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(2);

@@ -6,8 +6,9 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    iota_dataplane::init_logging();
-    if let Err(e) = iota_dataplane::commands::run(iota_dataplane::commands::Cli::parse()) {
+    let cli = iota_dataplane::commands::Cli::parse();
+    iota_dataplane::init_logging_as(cli.log_format, "info");
+    if let Err(e) = iota_dataplane::commands::run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }

@@ -392,3 +392,51 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
         assert!(sent as f64 >= formula, "measured {sent} < formula {formula}");
     }
 }
+
+/// `iota-control --log-format json swarm`: the swarm's and its miners' log
+/// lines are one JSON object each; the summary reports the boundary bytes
+/// per token counted on the wire beside the formula; `--dashboard` and
+/// `--metrics` say where they are.
+#[test]
+fn the_swarm_logs_json_and_reports_measured_wire_bytes() {
+    let Some(control) = iota_tests::netns::workspace_binary("iota-control") else {
+        eprintln!("SKIPPED: iota-control is not built (cargo build --release --bins)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let out = std::process::Command::new(&control)
+        .args(["--log-format", "json", "swarm", "--model", "tiny", "--epochs", "1", "--micro-batches", "8"])
+        .args(["--dashboard", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--run-dir"])
+        .arg(&run_dir)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "swarm failed:\n{stdout}\n{stderr}");
+    let json_lines = |text: &str, whose: &str| {
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{whose}: not JSON ({e}): {l}")))
+            .collect();
+        for v in &lines {
+            assert!(v["level"].is_string() && v["fields"]["message"].is_string(), "{whose}: {v}");
+        }
+        lines.len()
+    };
+    assert!(json_lines(&stderr, "the swarm") > 0, "no JSON log lines:\n{stderr}");
+    let miner_log = std::fs::read_to_string(run_dir.join("logs/miner-0.log")).unwrap();
+    assert!(json_lines(&miner_log, "miner 0") > 0);
+    assert!(miner_log.lines().filter(|l| !l.trim().is_empty()).all(|l| l.starts_with('{')), "{miner_log}");
+    assert!(stderr.contains("dashboard at http://127.0.0.1:") && stderr.contains("/metrics"), "{stderr}");
+    // "boundary traffic, bytes per token: M measured on the wire (...), F by formula (...)"
+    let line = stdout.lines().find(|l| l.starts_with("boundary traffic")).expect("a traffic line");
+    let number_before = |marker: &str| -> f64 {
+        let head = &line[..line.find(marker).unwrap_or_else(|| panic!("no '{marker}' in {line}"))];
+        head.rsplit([' ', ':']).find(|w| !w.is_empty()).unwrap().parse().unwrap()
+    };
+    let (measured, formula) = (number_before(" measured on the wire"), number_before(" by formula"));
+    assert!(formula > 0.0 && measured >= formula - 0.05, "{line}");
+    assert!(stdout.contains("model: "), "{stdout}");
+}
