@@ -18,6 +18,15 @@ ensure_bittensor
 ensure_cmd ip iproute2 || echo "note: iproute2 could not be installed; the network-namespace test will skip" >&2
 # Headless Chromium for the dashboard test (it skips, saying why, without).
 ensure_cmd chromium chromium || echo "note: chromium could not be installed; the dashboard's browser test will skip" >&2
+# PostgreSQL for the --state-db postgres:// restart test (the test starts
+# its own server in a temporary directory; it skips, saying why, without).
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    echo "installing postgresql (needed for the PostgreSQL state test)..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get install -y -q postgresql >/dev/null 2>&1 || {
+        as_root apt-get update -q >/dev/null && as_root apt-get install -y -q postgresql >/dev/null
+    } || echo "note: postgresql could not be installed; the PostgreSQL state test will skip" >&2
+fi
 python3 scripts/check-graph.py
 cargo test --workspace --all-targets --exclude iota-tests "$@"
 # The integration binary runs whole swarms (4 to 6 miners, each with its

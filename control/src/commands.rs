@@ -36,6 +36,15 @@ pub enum Cmd {
         /// gRPC listen address.
         #[arg(long, default_value = "127.0.0.1:7100")]
         listen: SocketAddr,
+        /// Where the run's state is kept: a SQLite file (the default,
+        /// RUN_DIR/state.sqlite) or a PostgreSQL database
+        /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DB; several runs can
+        /// share one, each under its run id). The connection is not
+        /// encrypted: keep the database on this host or a private network.
+        /// A URL holding a password is better given in the environment
+        /// (IOTA_STATE_DB), out of the process list; it is never printed.
+        #[arg(long, value_name = "URL|FILE")]
+        state_db: Option<String>,
         /// Serve Prometheus metrics at http://ADDR/metrics (off by default;
         /// give a loopback address unless the scraper is elsewhere: the
         /// page is unauthenticated).
@@ -266,6 +275,7 @@ async fn run_async(cli: Cli) -> Result<()> {
             admit,
             metrics,
             dashboard,
+            state_db,
             address_rps,
             server_rps,
             identities_per_address,
@@ -290,7 +300,11 @@ async fn run_async(cli: Cli) -> Result<()> {
                 global_burst: 2.0 * server_rps,
                 identities_per_address,
             };
-            let mut svc = swarm::orchestrator(&cfg, &run.run_dir, policy)?.with_source_policy(sources);
+            let state = match state_db.or_else(|| std::env::var("IOTA_STATE_DB").ok().filter(|s| !s.is_empty())) {
+                Some(s) => crate::state_db::StateLocation::parse(&s),
+                None => crate::state_db::StateLocation::Sqlite(run.run_dir.join("state.sqlite")),
+            };
+            let mut svc = swarm::orchestrator_at(&cfg, &run.run_dir, &state, policy)?.with_source_policy(sources);
             let store_arg = match &bucket {
                 // Miners reach the bucket through grants: nothing to share.
                 Some(_) => String::new(),
@@ -307,7 +321,11 @@ async fn run_async(cli: Cli) -> Result<()> {
             };
             let (url, server) = swarm::serve_with(svc.clone(), listen, tls).await?;
             let ticker = svc.spawn_ticker();
-            println!("orchestrator listening at {url} (run {}, state in {})", cfg.spec.run_id, run.run_dir.display());
+            let state_shown = match &state {
+                crate::state_db::StateLocation::Sqlite(p) => p.display().to_string(),
+                crate::state_db::StateLocation::Postgres(u) => crate::state_db::redacted(u),
+            };
+            println!("orchestrator listening at {url} (run {}, state in {state_shown})", cfg.spec.run_id);
             let page_servers =
                 crate::http_endpoint::serve_operator_pages(&svc, metrics, dashboard, |m| println!("{m}")).await?;
             println!("orchestrator key: {}", svc.identity().peer_id().to_hex());

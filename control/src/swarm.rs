@@ -121,7 +121,17 @@ fn report(r: Result<(), tonic::transport::Error>) {
 /// orchestrator identity kept in `run_dir/keys/orchestrator.key` (made on
 /// first use; miners pin its public half).
 pub fn orchestrator(cfg: &RunConfig, run_dir: &std::path::Path, policy: AuthPolicy) -> Result<OrchestratorService> {
-    let store = StateDb::open(&run_dir.join("state.sqlite"))?;
+    orchestrator_at(cfg, run_dir, &crate::state_db::StateLocation::Sqlite(run_dir.join("state.sqlite")), policy)
+}
+
+/// `orchestrator` with its state at `state` (SQLite or PostgreSQL).
+pub fn orchestrator_at(
+    cfg: &RunConfig,
+    run_dir: &std::path::Path,
+    state: &crate::state_db::StateLocation,
+    policy: AuthPolicy,
+) -> Result<OrchestratorService> {
+    let store = StateDb::open_at(state, cfg.spec.run_id)?;
     let id = iota_dataplane::identity_file::load_or_create(&run_dir.join("keys").join("orchestrator.key"))?;
     OrchestratorService::new(
         Orchestrator::new(cfg.spec.clone()).map_err(anyhow::Error::msg)?,

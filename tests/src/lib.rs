@@ -5,6 +5,7 @@
 pub mod fuzz_bodies;
 pub mod liveness;
 pub mod netns;
+pub mod postgres;
 pub mod s3;
 pub mod udp_relay;
 pub mod validation;
@@ -15,7 +16,7 @@ use std::sync::atomic::AtomicBool;
 
 use iota_control::orchestrator::Orchestrator;
 use iota_control::service::OrchestratorService;
-use iota_control::state_db::StateDb;
+use iota_control::state_db::{StateDb, StateLocation};
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Identity, ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_dataplane::miner::{self, MinerOptions, MinerSummary};
@@ -110,6 +111,8 @@ pub struct Swarm {
     /// the runtime) ends every task it had, connections included.
     rt: Option<tokio::runtime::Runtime>,
     pub db: PathBuf,
+    /// Where the state is kept: `db` (SQLite), or a PostgreSQL URL.
+    state: StateLocation,
 }
 
 impl Drop for Swarm {
@@ -144,6 +147,23 @@ impl Swarm {
         db: PathBuf,
         change: impl FnOnce(OrchestratorService) -> OrchestratorService,
     ) -> Swarm {
+        let state = StateLocation::Sqlite(db.clone());
+        Self::start_at(cfg, db, state, change).await
+    }
+
+    /// Starts an orchestrator whose state is in the PostgreSQL database at
+    /// `url` (`dir` holds the object store).
+    pub async fn start_on_postgres(cfg: &RunConfig, dir: &std::path::Path, url: &str) -> Swarm {
+        let state = StateLocation::Postgres(url.to_string());
+        Self::start_at(cfg, dir.join("state.sqlite"), state, |s| s).await
+    }
+
+    async fn start_at(
+        cfg: &RunConfig,
+        db: PathBuf,
+        state: StateLocation,
+        change: impl FnOnce(OrchestratorService) -> OrchestratorService,
+    ) -> Swarm {
         // IOTA_TEST_LOG=1 (with RUST_LOG as usual) shows the miners' and
         // orchestrator's logs, for chasing a failure.
         if std::env::var_os("IOTA_TEST_LOG").is_some() {
@@ -151,16 +171,21 @@ impl Swarm {
         }
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
-            Some(StateDb::open(&db).unwrap()),
+            Some(StateDb::open_at(&state, cfg.spec.run_id).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
             orchestrator_identity(),
         )
         .unwrap();
-        Self::serve(change(service), db, None).await
+        Self::serve(change(service), db, state, None).await
     }
 
-    async fn serve(service: OrchestratorService, db: PathBuf, addr: Option<std::net::SocketAddr>) -> Swarm {
+    async fn serve(
+        service: OrchestratorService,
+        db: PathBuf,
+        state: StateLocation,
+        addr: Option<std::net::SocketAddr>,
+    ) -> Swarm {
         let listener = std::net::TcpListener::bind(addr.unwrap_or("127.0.0.1:0".parse().unwrap())).unwrap();
         listener.set_nonblocking(true).unwrap();
         // TLS with the orchestrator's identity certificate, as in production.
@@ -181,7 +206,7 @@ impl Swarm {
         rt.spawn(async move {
             ticker_svc.spawn_ticker().await.ok();
         });
-        Swarm { service, url, rt: Some(rt), db }
+        Swarm { service, url, rt: Some(rt), db, state }
     }
 
     /// Kills the orchestrator (no clean shutdown) and starts a new one from
@@ -191,11 +216,11 @@ impl Swarm {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
-        let db = self.db.clone();
+        let (db, state) = (self.db.clone(), self.state.clone());
         drop(self);
         let service = OrchestratorService::new(
             Orchestrator::new(cfg.spec.clone()).unwrap(),
-            Some(StateDb::open(&db).unwrap()),
+            Some(StateDb::open_at(&state, cfg.spec.run_id).unwrap()),
             cfg.to_json(),
             AuthPolicy::default(),
             orchestrator_identity(),
@@ -208,7 +233,7 @@ impl Swarm {
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        Self::serve(service, db, Some(addr)).await
+        Self::serve(service, db, state, Some(addr)).await
     }
 
     /// The first miner to register, once one has (a test starts its

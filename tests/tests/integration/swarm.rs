@@ -155,6 +155,41 @@ async fn restarted_orchestrator_resumes_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = tiny_run(2, 1, 3, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    crash_mid_run_and_resume(swarm, &cfg).await;
+}
+
+/// The same crash and restart with the state in PostgreSQL
+/// (`--state-db postgres://...`), on a server the test starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarted_orchestrator_resumes_the_run_from_postgres() {
+    let server = match tokio::task::spawn_blocking(iota_tests::postgres::start).await.unwrap() {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("SKIPPED restarted_orchestrator_resumes_the_run_from_postgres: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(2, 1, 3, 16, WireCodec::Int8Row);
+    let swarm = Swarm::start_on_postgres(&cfg, dir.path(), &server.url).await;
+    crash_mid_run_and_resume(swarm, &cfg).await;
+    assert!(!dir.path().join("state.sqlite").exists(), "no SQLite file beside a PostgreSQL state");
+    // The run's rows, under its id: the last snapshot and every epoch.
+    let (url, run) = (server.url.clone(), cfg.spec.run_id as i64);
+    let (saved_epoch, epochs): (i64, i64) = tokio::task::spawn_blocking(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let e = c.query_one("SELECT epoch FROM iota_snapshot WHERE run_id = $1", &[&run]).unwrap().get(0);
+        let n = c.query_one("SELECT count(*) FROM iota_epochs WHERE run_id = $1", &[&run]).unwrap().get(0);
+        (e, n)
+    })
+    .await
+    .unwrap();
+    assert_eq!((saved_epoch, epochs), (3, 3));
+}
+
+/// Crashes the orchestrator once the first epoch is done, starts it again
+/// from its saved state, and checks the run goes on to its end.
+async fn crash_mid_run_and_resume(swarm: Swarm, cfg: &iota_protocol::RunConfig) {
     let stop = Arc::new(AtomicBool::new(false));
     let miners: Vec<_> = (0..2).map(|_| swarm.miner(stop.clone())).collect();
     // Wait until the first epoch is complete, then crash and restart the orchestrator.
@@ -163,7 +198,7 @@ async fn restarted_orchestrator_resumes_the_run() {
         assert!(Instant::now() < deadline, "first epoch did not finish");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let swarm = swarm.restart(&cfg).await;
+    let swarm = swarm.restart(cfg).await;
     assert!(swarm.service.with_state(|o| o.epoch()) >= 1, "the completed epoch survived the crash");
     for m in miners {
         let Ok(finished) = tokio::time::timeout(Duration::from_secs(90), m).await else {
