@@ -394,6 +394,21 @@ fn settings(cfg: &RunConfig, data: Option<&std::path::Path>, bucket: Option<&str
     Ok(v)
 }
 
+/// The run's configuration back from its saved settings (`run.json`):
+/// the run id is the settings' hash again.
+pub fn config_from_settings(settings: &serde_json::Value) -> Result<RunConfig> {
+    let mut v = settings.clone();
+    let id = run_id(settings);
+    let m = v.as_object_mut().context("run.json is not an object")?;
+    m.remove("data");
+    m.remove("bucket");
+    m.get_mut("spec")
+        .and_then(|s| s.as_object_mut())
+        .context("run.json has no spec")?
+        .insert("run_id".into(), id.into());
+    serde_json::from_value(v).context("run.json does not hold a run's settings")
+}
+
 /// A run's id: the first 8 bytes of the BLAKE3 hash of its settings, so two
 /// runs with different settings never share an id (or state, or keys in the
 /// store).

@@ -225,6 +225,19 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: crate::data_cmd::DataCmd,
     },
+    /// Export a run's current merged model as a Hugging Face Llama folder
+    /// (RUN_DIR/model; an earlier one there moves aside to model.prev-N),
+    /// from its saved state and store, whether or not its orchestrator
+    /// runs. A swarm or orchestrator does this by itself at the run's end.
+    Export {
+        /// The run directory (holding run.json, the state and the store).
+        #[arg(long, value_name = "DIR")]
+        run_dir: PathBuf,
+        /// The run's state, when not RUN_DIR/state.sqlite (as given to the
+        /// orchestrator: a file or postgres://...; IOTA_STATE_DB works too).
+        #[arg(long, value_name = "URL|FILE")]
+        state_db: Option<String>,
+    },
 }
 
 /// The run's configuration (its corpus from the run's store with
@@ -548,6 +561,14 @@ async fn run_async(cli: Cli) -> Result<()> {
         Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd),
         Cmd::Data { cmd } => crate::data_cmd::run(cmd).await,
         Cmd::Status(a) => crate::status_cmd::run(a).await,
+        Cmd::Export { run_dir, state_db } => {
+            let state = state_db
+                .or_else(|| std::env::var("IOTA_STATE_DB").ok().filter(|s| !s.is_empty()))
+                .map(|s| crate::state_db::StateLocation::parse(&s));
+            let dir = crate::final_model::export_run_dir(&run_dir, state.as_ref()).await?;
+            println!("model: {} (try `iota generate --model {} --prompt \"...\"`)", dir.display(), dir.display());
+            Ok(())
+        }
         Cmd::Yuma { input } => {
             let (json, name) = if input.as_os_str() == "-" {
                 (std::io::read_to_string(std::io::stdin()), "standard input".to_string())

@@ -23,6 +23,26 @@ pub enum FinalModel {
     AlreadyThere(PathBuf),
 }
 
+/// What the run's state says of its current weights.
+pub struct MergedWeights {
+    /// The epoch whose merge they are (None: the seed's; nothing trained).
+    pub epoch: Option<u64>,
+    /// Each stage's stored objects.
+    pub objects: Vec<Vec<iota_protocol::StoredObject>>,
+    /// Training tokens so far.
+    pub tokens: u64,
+}
+
+impl MergedWeights {
+    pub fn of(o: &crate::orchestrator::Orchestrator, stages: u32) -> MergedWeights {
+        MergedWeights {
+            epoch: o.weights_epoch(),
+            objects: (0..stages).map(|s| o.stage_weights(s)).collect(),
+            tokens: o.counters().tokens,
+        }
+    }
+}
+
 /// Reads the run's current merged weights and writes them to
 /// `run_dir/model`. A folder there from an earlier state of the run is
 /// moved aside to `model.prev-N` (never deleted).
@@ -33,10 +53,19 @@ pub async fn export_final_model(
     run_dir: &Path,
     upload: bool,
 ) -> Result<FinalModel> {
-    let stages = cfg.train.stages as u32;
-    let (epoch, objects, tokens) = svc.with_state(|o| {
-        (o.weights_epoch(), (0..stages).map(|s| o.stage_weights(s)).collect::<Vec<_>>(), o.counters().tokens)
-    });
+    let merged = svc.with_state(|o| MergedWeights::of(o, cfg.train.stages as u32));
+    export_merged(&merged, cfg, store, run_dir, upload).await
+}
+
+/// `export_final_model` from the state's account of the merged weights.
+pub async fn export_merged(
+    merged: &MergedWeights,
+    cfg: &RunConfig,
+    store: &SharedStore,
+    run_dir: &Path,
+    upload: bool,
+) -> Result<FinalModel> {
+    let (epoch, objects, tokens) = (merged.epoch, &merged.objects, merged.tokens);
     let Some(epoch) = epoch else { bail!("no epoch has merged yet: there is no trained model to export") };
     let trained_for = format!("{} epoch{}", epoch + 1, if epoch == 0 { "" } else { "s" });
     let dest = run_dir.join(RUN_MODEL_DIR);
@@ -81,6 +110,44 @@ pub async fn export_final_model(
         }
     }
     Ok(FinalModel::Written(dest))
+}
+
+/// `iota-control export --run-dir DIR`: the model of a run's current
+/// merged weights, from its saved state and its store directory, without
+/// the orchestrator running (or while it runs: the state is only read).
+pub async fn export_run_dir(run_dir: &Path, state: Option<&crate::state_db::StateLocation>) -> Result<PathBuf> {
+    let settings_path = run_dir.join(iota_model::run_dir::SETTINGS_FILE);
+    let text = std::fs::read_to_string(&settings_path)
+        .with_context(|| format!("reading {} (is {} a run directory?)", settings_path.display(), run_dir.display()))?;
+    let settings: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} does not parse", settings_path.display()))?;
+    if settings.get("bucket").is_some_and(|b| !b.is_null()) {
+        bail!(
+            "this run keeps its objects in a bucket: its orchestrator exports the model at the run's end (model/ \
+             in the bucket and RUN_DIR/model); exporting from a bucket on demand is not supported yet"
+        );
+    }
+    let cfg = crate::cli::config_from_settings(&settings)?;
+    let default_state = crate::state_db::StateLocation::Sqlite(run_dir.join("state.sqlite"));
+    let state = state.unwrap_or(&default_state);
+    let loc = state.clone();
+    let run_id = cfg.spec.run_id;
+    let saved = tokio::task::spawn_blocking(move || crate::state_db::StateDb::open_at(&loc, run_id)?.load())
+        .await
+        .context("the state task failed")??
+        .with_context(|| format!("no saved state of run {run_id} in {state:?}"))?;
+    let merged = MergedWeights::of(&saved, cfg.train.stages as u32);
+    let store_dir = run_dir.join("store");
+    let store: SharedStore =
+        iota_dataplane::local_store::LocalDirStore::shared(&store_dir, iota_dataplane::fileio::FileIo::start(false))
+            .with_context(|| format!("opening the object store {}", store_dir.display()))?;
+    match export_merged(&merged, &cfg, &store, run_dir, false).await? {
+        FinalModel::Written(p) => Ok(p),
+        FinalModel::AlreadyThere(p) => {
+            eprintln!("{} already holds this state's model", p.display());
+            Ok(p)
+        }
+    }
 }
 
 /// Exports a finished run's model from its store (the bucket, else the

@@ -439,4 +439,25 @@ fn the_swarm_logs_json_and_reports_measured_wire_bytes() {
     let (measured, formula) = (number_before(" measured on the wire"), number_before(" by formula"));
     assert!(formula > 0.0 && measured >= formula - 0.05, "{line}");
     assert!(stdout.contains("model: "), "{stdout}");
+
+    // On demand, from the saved state and the store: the same model, byte
+    // for byte; the swarm's own export moved aside, never deleted.
+    let export = |dir: &std::path::Path| {
+        std::process::Command::new(&control).arg("export").arg("--run-dir").arg(dir).output().unwrap()
+    };
+    let model = run_dir.join("model");
+    let swarm_weights = std::fs::read(model.join("model.safetensors")).unwrap();
+    let again = export(&run_dir);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already holds"),
+        "the same state's model is not rewritten"
+    );
+    std::fs::rename(&model, run_dir.join("model.by-swarm")).unwrap();
+    let fresh = export(&run_dir);
+    assert!(fresh.status.success(), "{}", String::from_utf8_lossy(&fresh.stderr));
+    assert_eq!(std::fs::read(model.join("model.safetensors")).unwrap(), swarm_weights);
+    let nowhere = export(&dir.path().join("no-such-run"));
+    assert!(!nowhere.status.success());
+    assert!(String::from_utf8_lossy(&nowhere.stderr).contains("a run directory?"), "a clear error");
 }
