@@ -67,6 +67,9 @@ pub struct SwarmReport {
     pub settled_epochs: u64,
     /// The finished model's folder, or why there is none.
     pub model: std::result::Result<PathBuf, String>,
+    /// Every miner: (peer, stage, device, micro-batches delivered, mean
+    /// tokens/s over the run's training time, as the orchestrator counted).
+    pub miners: Vec<(PeerId, u32, String, u64, f64)>,
     /// Bytes the miners' transports sent across stage boundaries
     /// (activations and their gradients, framing included), counted on the
     /// wire; None when a miner left no totals.
@@ -340,6 +343,20 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         settled_epochs,
         model,
         boundary_bytes: measured_boundary_bytes(&o.run_dir, n),
+        miners: svc.with_state(|o| {
+            let (per_mb, secs) =
+                (o.tokens_per_micro_batch(), o.training_ms(iota_protocol::auth::now_ms()) as f64 / 1e3);
+            let mut v: Vec<_> = o
+                .miners()
+                .filter(|m| m.subscribed)
+                .map(|m| {
+                    let tps = if secs > 0.0 { m.delivered as f64 * per_mb / secs } else { 0.0 };
+                    (m.peer, m.stage, m.device.clone(), m.delivered, tps)
+                })
+                .collect();
+            v.sort_by_key(|m| (m.1, m.0));
+            v
+        }),
     })
 }
 
@@ -367,6 +384,13 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
         );
     }
     print_payouts(r);
+    if !r.miners.is_empty() {
+        println!("{:>16} {:>5} {:>24} {:>9} {:>12}", "miner", "stage", "device", "delivered", "tok/s (mean)");
+        for (peer, stage, device, delivered, tps) in &r.miners {
+            let device: String = device.chars().take(24).collect();
+            println!("{:>16} {stage:>5} {device:>24} {delivered:>9} {tps:>12.0}", &peer.to_hex()[..16]);
+        }
+    }
     println!(
         "micro-batches: {} completed, {} re-routed, {} dropped; {} tokens in {:.1}s ({:.0} tokens/s)",
         r.completed,

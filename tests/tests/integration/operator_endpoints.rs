@@ -307,7 +307,7 @@ fn free_loopback_addr() -> std::net::SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn miners_serve_metrics_and_count_their_wire_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
+    let cfg = tiny_run(2, 2, 4, 16, WireCodec::Int8Row);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let pages = iota_control::http_endpoint::Pages { metrics: true, dashboard: false };
     let router = iota_control::http_endpoint::orchestrator_router(swarm.service.clone(), pages);
@@ -321,15 +321,23 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
         assert!(std::time::Instant::now() < deadline, "the swarm did not get past its first merge");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Each miner hears of the merge's end on its own time: scrape until all
+    // four have timed one (a few seconds at most; the run lasts longer).
     let scrapes = tokio::task::spawn_blocking({
         let addrs = addrs.clone();
         move || {
-            let miners: Vec<_> = addrs.iter().map(|a| http(*a, "GET /metrics HTTP/1.1\r\n\r\n")).collect();
-            (
-                miners,
-                http(orch_addr, "GET /metrics HTTP/1.1\r\n\r\n"),
-                http(addrs[0], "GET /dashboard HTTP/1.1\r\n\r\n"),
-            )
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let miners: Vec<_> = addrs.iter().map(|a| http(*a, "GET /metrics HTTP/1.1\r\n\r\n")).collect();
+                let merged = |body: &str| {
+                    body.lines().any(|l| l.starts_with("iota_miner_merge_seconds_count ") && !l.ends_with(" 0"))
+                };
+                if miners.iter().all(|(_, b)| merged(b)) || std::time::Instant::now() > deadline {
+                    let orch = http(orch_addr, "GET /metrics HTTP/1.1\r\n\r\n");
+                    return (miners, orch, http(addrs[0], "GET /dashboard HTTP/1.1\r\n\r\n"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     })
     .await
@@ -369,16 +377,32 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
     server.abort();
     let c = swarm.service.with_state(|o| o.counters().clone());
     let lane = |s: &iota_dataplane::miner::MinerSummary, name: &str| s.transport.wire_totals().lanes[name];
+    // Every micro-batch went through once, nothing hedged or re-sent: each
+    // boundary frame sent was received, and the bytes are the formula's.
+    // (A hedge or a re-route sends frames a cancelled attempt's receiver
+    // may refuse, so then only bounds hold.)
+    let clean = c.rerouted == 0 && c.hedged == 0 && c.dropped == 0;
     let mut sent = 0u64;
     for name in ["activations", "activation_grads"] {
-        let out: u64 = summaries.iter().map(|s| lane(s, name).bytes_sent).sum();
-        let got: u64 = summaries.iter().map(|s| lane(s, name).bytes_received).sum();
-        assert_eq!(out, got, "{name}: every byte sent was received (loopback, no loss)");
-        sent += out;
+        let (out, got): (Vec<_>, Vec<_>) = summaries.iter().map(|s| (lane(s, name), lane(s, name))).unzip();
+        let (bytes_out, frames_out) =
+            (out.iter().map(|l| l.bytes_sent).sum::<u64>(), out.iter().map(|l| l.frames_sent).sum::<u64>());
+        let (bytes_in, frames_in) =
+            (got.iter().map(|l| l.bytes_received).sum::<u64>(), got.iter().map(|l| l.frames_received).sum::<u64>());
+        // All of a lane's frames are the same size here (one micro-batch's
+        // boundary tensor): bytes are counted per whole frame both ways.
+        assert!(frames_out > 0 && bytes_out % frames_out == 0, "{name}: {bytes_out} bytes in {frames_out} frames");
+        assert_eq!(bytes_in, frames_in * (bytes_out / frames_out), "{name}: received bytes per frame");
+        if clean {
+            assert_eq!((bytes_out, frames_out), (bytes_in, frames_in), "{name}: every frame sent was received");
+        } else {
+            assert!(frames_in <= frames_out, "{name}: {frames_in} received of {frames_out} sent");
+        }
+        sent += bytes_out;
     }
     assert_eq!(sent, summaries.iter().map(|s| s.transport.wire_totals().boundary_bytes_sent()).sum::<u64>());
     let formula = iota_control::swarm::wire_bytes_per_token(&cfg) * c.tokens as f64;
-    if c.rerouted == 0 && c.hedged == 0 {
+    if clean {
         assert!(
             (sent as f64 - formula).abs() < 1e-6 * formula,
             "measured {sent} bytes, formula {formula:.0} for {} tokens",
@@ -439,6 +463,26 @@ fn the_swarm_logs_json_and_reports_measured_wire_bytes() {
     let (measured, formula) = (number_before(" measured on the wire"), number_before(" by formula"));
     assert!(formula > 0.0 && measured >= formula - 0.05, "{line}");
     assert!(stdout.contains("model: "), "{stdout}");
+    // The miner list: every miner with its device and a measured rate.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.contains("tok/s (mean)"))
+        .skip(1)
+        .take_while(|l| l.contains(" cpu "))
+        .collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    // (stage, rate): every stage's work was measured (a miner that joined
+    // late may have carried none in a one-epoch run).
+    let rates: Vec<(u32, f64)> = rows
+        .iter()
+        .map(|r| {
+            let f: Vec<&str> = r.split_whitespace().collect();
+            (f[1].parse().unwrap(), f.last().unwrap().parse().unwrap())
+        })
+        .collect();
+    for stage in 0..3 {
+        assert!(rates.iter().any(|&(s, r)| s == stage && r > 0.0), "stage {stage}: {rows:?}");
+    }
 
     // On demand, from the saved state and the store: the same model, byte
     // for byte; the swarm's own export moved aside, never deleted.
