@@ -111,6 +111,7 @@ pub fn run(a: Args) -> Result<()> {
         codec,
         rule,
         outer: OuterOpt::AVERAGE,
+        outer_momentum_warmup: 0,
         stage_params: Vec::new(),
     };
     compare_rules();

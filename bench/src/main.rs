@@ -6,6 +6,7 @@ mod adversary;
 mod butterfly;
 mod clasp;
 mod control;
+mod convergence;
 mod liveness;
 mod stage_cpu;
 mod stage_gpu;
@@ -48,6 +49,13 @@ enum Cmd {
     /// against single-process training on the same tokens: tokens/s and the
     /// final validation loss.
     Swarm(Box<swarm::Args>),
+    /// The swarm's training algorithm against one process on the same
+    /// tokens from one seed and data order: one process at the global
+    /// batch, synchronous data parallel, the swarm merging every H inner
+    /// steps (H = 1, 8, 32, 128 and its own epoch), and its own interval
+    /// without the bottleneck and with the f32 codec. Prints validation
+    /// loss and wall time for each, and writes the loss curves (SVG).
+    Convergence(Box<convergence::Args>),
     /// One stage's butterfly merge with R in-process replicas on loopback
     /// QUIC (R = 2, 4, 8, 16; P = 25M) against the parameter-server merge of
     /// the same weights: bytes per replica, the aggregator's bytes, time.
@@ -94,6 +102,7 @@ fn main() {
         Cmd::StageGpu(a) => stage_gpu::run(a),
         Cmd::Transport(a) => transport::run(a),
         Cmd::Swarm(a) => swarm::run(*a),
+        Cmd::Convergence(a) => convergence::run(*a),
         Cmd::Butterfly(a) => butterfly::run(a),
         Cmd::Control(a) => control::run(a),
         Cmd::Liveness(a) => liveness::run(a),

@@ -44,6 +44,14 @@ pub struct RunArgs {
     /// Peak learning rate (warm-up then cosine decay).
     #[arg(long, default_value_t = 2e-3)]
     pub lr: f32,
+    /// Inner optimizer of every miner: adamw, or nadam (Adam with a
+    /// Nesterov look-ahead on the first moment).
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// beta1 of each stage's inner optimizer, head first, comma-separated
+    /// (a shorter list repeats its last value; default 0.9 everywhere).
+    #[arg(long, value_delimiter = ',')]
+    pub stage_beta1: Vec<f32>,
     /// Wire codec at stage boundaries: int8, int4, bf16, f32.
     #[arg(long, default_value = "int8")]
     pub codec: String,
@@ -166,6 +174,10 @@ pub struct RunArgs {
     /// Outer Nesterov momentum (DiLoCo uses 0.9 with outer lr 0.7).
     #[arg(long, default_value_t = 0.0)]
     pub outer_momentum: f32,
+    /// Merges over which the outer momentum rises linearly from 0.5 to
+    /// --outer-momentum (IOTA warms it from 0.5 to 0.9); 0 = no warm-up.
+    #[arg(long, default_value_t = 0)]
+    pub outer_momentum_warmup: u64,
     /// Butterfly partitions per replica (more: smaller messages, finer re-plans).
     #[arg(long, default_value_t = 1)]
     pub slices_per_replica: u32,
@@ -231,7 +243,15 @@ impl RunArgs {
             grad_accum: self.grad_accum,
             steps,
             schedule: LrSchedule { peak: self.lr, warmup: (steps / 20).clamp(1, 100), total: steps, min_ratio: 0.1 },
-            adamw: AdamWConfig::default(),
+            adamw: AdamWConfig {
+                nesterov: match self.optimizer.as_str() {
+                    "adamw" | "adam" => false,
+                    "nadam" => true,
+                    other => bail!("unknown --optimizer '{other}' (adamw, nadam)"),
+                },
+                stage_beta1: self.stage_beta1.clone(),
+                ..AdamWConfig::default()
+            },
             codec,
             seed: self.seed,
         };
@@ -249,6 +269,7 @@ impl RunArgs {
                 format!("unknown merge rule '{}' (centered-clip, trimmed-mean, mean)", self.merge_rule)
             })?,
             outer: OuterOpt { lr: self.outer_lr, momentum: self.outer_momentum },
+            outer_momentum_warmup: self.outer_momentum_warmup,
             stage_params: StageSpec::split(&train.model, self.stages as usize)?
                 .iter()
                 .map(|s| ParamLayout::for_stage(&train.model, s).total() as u64)

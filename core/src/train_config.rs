@@ -49,6 +49,7 @@ impl TrainConfig {
         if !(self.schedule.peak > 0.0 && self.schedule.peak.is_finite()) {
             bail!("--lr must be a positive number");
         }
+        self.adamw.validate()?;
         Ok(())
     }
 
@@ -57,7 +58,7 @@ impl TrainConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
     pub beta1: f32,
     pub beta2: f32,
@@ -65,11 +66,53 @@ pub struct AdamWConfig {
     pub weight_decay: f32,
     /// Clip the gradient's global L2 norm to this (0 = no clipping).
     pub grad_clip: f32,
+    /// NAdam (Nesterov look-ahead on the first moment) instead of Adam.
+    /// Left out of saved settings when off, so older runs keep their id.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub nesterov: bool,
+    /// beta1 of each pipeline stage, head first (empty: `beta1` everywhere;
+    /// shorter than the stage count: the last value for the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_beta1: Vec<f32>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl AdamWConfig {
+    /// beta1 of stage `stage`.
+    pub fn beta1_of(&self, stage: usize) -> f32 {
+        match self.stage_beta1.get(stage).or(self.stage_beta1.last()) {
+            Some(&b) => b,
+            None => self.beta1,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        for &b in std::iter::once(&self.beta1).chain(&self.stage_beta1) {
+            if !(0.0..1.0).contains(&b) {
+                bail!("beta1 {b} must be in [0, 1)");
+            }
+        }
+        if !(0.0..1.0).contains(&self.beta2) {
+            bail!("beta2 {} must be in [0, 1)", self.beta2);
+        }
+        Ok(())
+    }
 }
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: 1.0 }
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            nesterov: false,
+            stage_beta1: Vec::new(),
+        }
     }
 }
 

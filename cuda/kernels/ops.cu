@@ -217,14 +217,17 @@ extern "C" __global__ void cross_entropy(float* __restrict__ logits, const unsig
 extern "C" __global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                  float* __restrict__ v, unsigned short* __restrict__ p_bf16, long long n, float beta1,
                                  float beta2, float eps, float step_size, float inv_sqrt_bc2, float decay,
-                                 float grad_scale) {
+                                 float grad_scale, float grad_coef) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float gi = g[i] * grad_scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        float pi = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+        // grad_coef is 0 for Adam, NAdam's look-ahead weight on g otherwise.
+        float update = step_size * mi;
+        if (grad_coef != 0.0f) update += grad_coef * gi;
+        float pi = p[i] * decay - update / (sqrtf(vi) * inv_sqrt_bc2 + eps);
         p[i] = pi;
         if (p_bf16) {
             unsigned int b = __float_as_uint(pi);

@@ -669,9 +669,8 @@ impl Backend for CudaBackend {
 
     fn adamw(&self, p: DMut<'_>, g: DRef<'_>, m: DMut<'_>, v: DMut<'_>, step: AdamStep) {
         assert!(p.len == g.len && p.len == m.len && p.len == v.len, "adamw lengths");
-        let bc1 = 1.0 - (step.beta1 as f64).powi(step.t as i32);
+        let (step_size, grad_coef) = step.moment_coefficients();
         let bc2 = 1.0 - (step.beta2 as f64).powi(step.t as i32);
-        let step_size = (step.lr as f64 / bc1) as f32;
         let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
         let decay = 1.0 - step.lr * step.weight_decay;
         let (n, null) = (p.len as i64, 0u64);
@@ -691,7 +690,8 @@ impl Backend for CudaBackend {
             &step_size,
             &inv_sqrt_bc2,
             &decay,
-            &step.grad_scale
+            &step.grad_scale,
+            &grad_coef
         );
     }
 }

@@ -19,6 +19,7 @@ fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
         codec,
         rule,
         outer: OuterOpt::AVERAGE,
+        outer_momentum_warmup: 0,
         stage_params: Vec::new(),
     }
 }

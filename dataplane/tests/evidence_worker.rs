@@ -72,6 +72,7 @@ fn run_config() -> RunConfig {
                 codec: WireCodec::Bf16,
                 rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
                 outer: OuterOpt::AVERAGE,
+                outer_momentum_warmup: 0,
                 stage_params: Vec::new(),
             },
             miners_per_stage_cap: 0,

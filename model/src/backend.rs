@@ -61,6 +61,26 @@ pub struct AdamStep {
     pub t: u64,
     /// Multiplies the gradient first (grad-norm clipping, accumulation mean).
     pub grad_scale: f32,
+    /// NAdam: the first moment looks one step ahead (Dozat 2016), i.e. the
+    /// update uses beta1 m_t / (1 - beta1^(t+1)) + (1 - beta1) g_t / (1 - beta1^t)
+    /// in place of Adam's m_t / (1 - beta1^t).
+    pub nesterov: bool,
+}
+
+impl AdamStep {
+    /// The update's coefficients on m_t and on the (scaled) gradient:
+    /// (lr / (1 - beta1^t), 0) for Adam; NAdam's look-ahead otherwise.
+    pub fn moment_coefficients(&self) -> (f32, f32) {
+        let b1 = self.beta1 as f64;
+        let bc1 = 1.0 - b1.powi(self.t as i32);
+        let lr = self.lr as f64;
+        if self.nesterov {
+            let bc1_next = 1.0 - b1.powi(self.t as i32 + 1);
+            ((lr * b1 / bc1_next) as f32, (lr * (1.0 - b1) / bc1) as f32)
+        } else {
+            ((lr / bc1) as f32, 0.0)
+        }
+    }
 }
 
 pub trait Backend: Send + Sync {

@@ -33,6 +33,7 @@ impl<B: Backend> AdamW<B> {
     pub fn step(&mut self, stage: &mut Stage<B>, cfg: &AdamWConfig, lr: f32) -> StepStats {
         let be = stage.backend().clone();
         let layout = stage.layout().clone();
+        let beta1 = cfg.beta1_of(stage.spec().index);
         let (params, grads) = stage.params_and_grads();
         let norm = be.sum_squares(be.all(grads)).sqrt() as f32;
         if !norm.is_finite() {
@@ -49,12 +50,13 @@ impl<B: Backend> AdamW<B> {
                 be.view_mut(&mut self.v, r),
                 AdamStep {
                     lr,
-                    beta1: cfg.beta1,
+                    beta1,
                     beta2: cfg.beta2,
                     eps: cfg.eps,
                     weight_decay: if e.decay { cfg.weight_decay } else { 0.0 },
                     t: self.t,
                     grad_scale: scale,
+                    nesterov: cfg.nesterov,
                 },
             );
         }
@@ -82,7 +84,16 @@ mod tests {
         use crate::CpuBackend;
         let be = CpuBackend::new();
         let (mut p, g, mut m, mut v) = (vec![1.0f32, -2.0], vec![0.5f32, 0.25], vec![0.0f32; 2], vec![0.0f32; 2]);
-        let h = AdamStep { lr: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1, t: 1, grad_scale: 2.0 };
+        let h = AdamStep {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            t: 1,
+            grad_scale: 2.0,
+            nesterov: false,
+        };
         be.adamw(&mut p, &g, &mut m, &mut v, h);
         for i in 0..2 {
             let gi = g[i] as f64 * 2.0;
@@ -92,5 +103,64 @@ mod tests {
             let want = p0 * (1.0 - 0.01) - 0.1 * mh / (vh.sqrt() + 1e-8);
             assert!((p[i] as f64 - want).abs() < 1e-6, "{} vs {want}", p[i]);
         }
+    }
+
+    #[test]
+    fn nadam_matches_scalar_reference_over_steps() {
+        use crate::CpuBackend;
+        let be = CpuBackend::new();
+        let (b1, b2, lr, eps) = (0.8f64, 0.99f64, 0.05f64, 1e-8f64);
+        let (mut p, mut m, mut v) = (vec![0.7f32, -1.5], vec![0.0f32; 2], vec![0.0f32; 2]);
+        let (mut rp, mut rm, mut rv) = ([0.7f64, -1.5], [0.0f64; 2], [0.0f64; 2]);
+        for t in 1..=4u64 {
+            let g = [0.3f32 * t as f32, -0.2];
+            let h = AdamStep {
+                lr: lr as f32,
+                beta1: b1 as f32,
+                beta2: b2 as f32,
+                eps: eps as f32,
+                weight_decay: 0.0,
+                t,
+                grad_scale: 1.0,
+                nesterov: true,
+            };
+            be.adamw(&mut p, &g, &mut m, &mut v, h);
+            for i in 0..2 {
+                let gi = g[i] as f64;
+                rm[i] = b1 * rm[i] + (1.0 - b1) * gi;
+                rv[i] = b2 * rv[i] + (1.0 - b2) * gi * gi;
+                let m_hat = b1 * rm[i] / (1.0 - b1.powi(t as i32 + 1)) + (1.0 - b1) * gi / (1.0 - b1.powi(t as i32));
+                let v_hat = rv[i] / (1.0 - b2.powi(t as i32));
+                rp[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+                assert!((p[i] as f64 - rp[i]).abs() < 1e-5, "step {t}: {} vs {}", p[i], rp[i]);
+            }
+        }
+        // And it is not Adam: the same steps without look-ahead end elsewhere.
+        let (mut q, mut m2, mut v2) = (vec![0.7f32, -1.5], vec![0.0f32; 2], vec![0.0f32; 2]);
+        for t in 1..=4u64 {
+            let g = [0.3f32 * t as f32, -0.2];
+            let h = AdamStep {
+                lr: lr as f32,
+                beta1: b1 as f32,
+                beta2: b2 as f32,
+                eps: eps as f32,
+                weight_decay: 0.0,
+                t,
+                grad_scale: 1.0,
+                nesterov: false,
+            };
+            be.adamw(&mut q, &g, &mut m2, &mut v2, h);
+        }
+        assert!((q[0] - p[0]).abs() > 1e-4, "{q:?} vs {p:?}");
+    }
+
+    #[test]
+    fn stage_beta1_falls_back_to_the_last_value_then_to_beta1() {
+        let mut c = AdamWConfig::default();
+        assert_eq!(c.beta1_of(2), 0.9);
+        c.stage_beta1 = vec![0.8, 0.85];
+        assert_eq!((c.beta1_of(0), c.beta1_of(1), c.beta1_of(5)), (0.8, 0.85, 0.85));
+        c.stage_beta1.push(1.0);
+        assert!(c.validate().is_err());
     }
 }

@@ -197,6 +197,15 @@ impl<B: Backend> Stage<B> {
         self.params = self.be.upload(host);
         Ok(())
     }
+    /// Replaces the accumulated gradients (data-parallel replicas that
+    /// average their gradients before stepping).
+    pub fn set_grads(&mut self, host: &[f32]) -> Result<(), StageError> {
+        if host.len() != self.layout.total() {
+            return Err(StageError::Shape { what: "stage gradients", expected: self.layout.total(), got: host.len() });
+        }
+        self.grads = self.be.upload(host);
+        Ok(())
+    }
     pub fn zero_grads(&mut self) {
         self.be.fill(self.be.all_mut(&mut self.grads), 0.0);
     }

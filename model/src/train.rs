@@ -34,6 +34,63 @@ pub struct StepReport {
     pub wire_bytes: usize,
 }
 
+/// Loss and traffic of micro-batches accumulated before a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Accumulated {
+    pub loss_sum: f64,
+    pub tokens: usize,
+    pub wire_bytes: usize,
+}
+
+/// The trainer's data order: micro-batch `g` is `batch` consecutive samples
+/// of shard `g % shards`, round-robin over the shards.
+pub fn micro_batch_id(g: u64, shards: usize, batch: usize) -> MicroBatchId {
+    let shards = shards.max(1) as u64;
+    MicroBatchId {
+        first: SampleId { epoch: 0, shard: (g % shards) as u32, index: (g / shards) * batch as u64 },
+        len: batch as u32,
+    }
+}
+
+/// One micro-batch through `stages` in order (the head first), forward
+/// then backward, every boundary tensor through the wire codec both ways,
+/// gradients accumulated in each stage scaled by `loss_scale`. The stages
+/// may belong to different replicas, as on a swarm pathway. Returns the
+/// per-token losses and the boundary bytes.
+pub fn accumulate_through<B: Backend>(
+    stages: &mut [&mut Stage<B>],
+    codec: iota_core::WireCodec,
+    seq: usize,
+    tokens: &[u32],
+    targets: &[u32],
+    key: u64,
+    loss_scale: f32,
+) -> Result<(Vec<f32>, usize)> {
+    let batch = tokens.len() / seq;
+    let n = batch * seq;
+    let last = stages.len() - 1;
+    let mut wire = 0usize;
+    let mut hidden: Vec<f32> = Vec::new();
+    for s in 0..last {
+        let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+        let mut out = stages[s].forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
+        let width = stages[s].boundary_width();
+        wire += codec::round_trip(codec, n, width, &mut out).with_context(|| format!("stage {s} output"))?;
+        hidden = out;
+    }
+    let input = if last == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
+    let tail =
+        stages[last].forward_backward(input, targets, batch, seq, loss_scale).context("tail stage forward/backward")?;
+    let mut grad = tail.din;
+    for s in (0..last).rev() {
+        let mut g = grad.take().expect("non-head stages return an input gradient");
+        let width = stages[s].boundary_width();
+        wire += codec::round_trip(codec, n, width, &mut g).with_context(|| format!("gradient into stage {s}"))?;
+        grad = stages[s].backward(key, &g).with_context(|| format!("stage {s} backward"))?;
+    }
+    Ok((tail.losses, wire))
+}
+
 pub struct Pipeline<B: Backend> {
     pub cfg: TrainConfig,
     stages: Vec<Stage<B>>,
@@ -74,56 +131,53 @@ impl<B: Backend> Pipeline<B> {
         key: u64,
         loss_scale: f32,
     ) -> Result<(Vec<f32>, usize)> {
-        let (batch, seq) = (tokens.len() / self.cfg.seq, self.cfg.seq);
-        let codec = self.cfg.codec;
-        let n = batch * seq;
-        let last = self.stages.len() - 1;
-        let mut wire = 0usize;
-        let mut hidden: Vec<f32> = Vec::new();
-        for s in 0..last {
-            let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
-            let mut out =
-                self.stages[s].forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
-            let width = self.stages[s].boundary_width();
-            wire += codec::round_trip(codec, n, width, &mut out).with_context(|| format!("stage {s} output"))?;
-            hidden = out;
-        }
-        let input = if last == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
-        let tail = self.stages[last]
-            .forward_backward(input, targets, batch, seq, loss_scale)
-            .context("tail stage forward/backward")?;
-        let mut grad = tail.din;
-        for s in (0..last).rev() {
-            let mut g = grad.take().expect("non-head stages return an input gradient");
-            let width = self.stages[s].boundary_width();
-            wire += codec::round_trip(codec, n, width, &mut g).with_context(|| format!("gradient into stage {s}"))?;
-            grad = self.stages[s].backward(key, &g).with_context(|| format!("stage {s} backward"))?;
-        }
-        Ok((tail.losses, wire))
+        let (codec, seq) = (self.cfg.codec, self.cfg.seq);
+        let mut stages: Vec<&mut Stage<B>> = self.stages.iter_mut().collect();
+        accumulate_through(&mut stages, codec, seq, tokens, targets, key, loss_scale)
     }
 
-    /// One optimizer step over `grad_accum` micro-batches.
+    /// One optimizer step over `grad_accum` micro-batches: those numbered
+    /// `step * grad_accum ..` in the trainer's data order (`micro_batch_id`).
     pub fn train_step(&mut self, corpus: &Corpus) -> Result<StepReport> {
-        let k = self.cfg.grad_accum;
+        let k = self.cfg.grad_accum as u64;
+        self.zero_grads();
+        let acc = self.accumulate_micro_batches(corpus, self.step * k, k, 1.0 / k as f32)?;
+        Ok(self.apply_step(acc))
+    }
+
+    pub fn zero_grads(&mut self) {
         for s in &mut self.stages {
             s.zero_grads();
         }
-        let mut loss_sum = 0.0f64;
-        let mut count = 0usize;
-        let mut wire = 0usize;
-        for j in 0..k {
-            let g = self.step * k as u64 + j as u64;
-            let shards = corpus.num_shards() as u64;
-            let mb = MicroBatchId {
-                first: SampleId { epoch: 0, shard: (g % shards) as u32, index: (g / shards) * self.cfg.batch as u64 },
-                len: self.cfg.batch as u32,
-            };
+    }
+
+    /// Forward and backward of the `count` micro-batches numbered from
+    /// `first` in the trainer's data order, their gradients added to the
+    /// stages' (scaled by `loss_scale`) without an optimizer step. Data
+    /// parallel replicas call this with disjoint ranges of one global step's
+    /// micro-batches.
+    pub fn accumulate_micro_batches(
+        &mut self,
+        corpus: &Corpus,
+        first: u64,
+        count: u64,
+        loss_scale: f32,
+    ) -> Result<Accumulated> {
+        let mut acc = Accumulated::default();
+        for g in first..first + count {
+            let mb = micro_batch_id(g, corpus.num_shards(), self.cfg.batch);
             let (x, y) = corpus.micro_batch(self.cfg.seed, mb, self.cfg.seq);
-            let (losses, bytes) = self.accumulate(&x, &y, mb.key(), 1.0 / k as f32)?;
-            loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
-            count += losses.len();
-            wire += bytes;
+            let (losses, bytes) = self.accumulate(&x, &y, mb.key(), loss_scale)?;
+            acc.loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+            acc.tokens += losses.len();
+            acc.wire_bytes += bytes;
         }
+        Ok(acc)
+    }
+
+    /// The optimizer step of every stage from the gradients accumulated so
+    /// far, at the schedule's rate for this step.
+    pub fn apply_step(&mut self, acc: Accumulated) -> StepReport {
         let lr = self.cfg.schedule.at(self.step);
         let mut grad_norms = Vec::with_capacity(self.stages.len());
         let mut skipped = Vec::new();
@@ -136,15 +190,15 @@ impl<B: Backend> Pipeline<B> {
         }
         let report = StepReport {
             step: self.step,
-            loss: (loss_sum / count as f64) as f32,
+            loss: (acc.loss_sum / acc.tokens.max(1) as f64) as f32,
             lr,
             grad_norms,
             skipped,
-            tokens: count,
-            wire_bytes: wire,
+            tokens: acc.tokens,
+            wire_bytes: acc.wire_bytes,
         };
         self.step += 1;
-        Ok(report)
+        report
     }
 
     /// Mean loss over `batches` validation batches (no gradients).

@@ -141,8 +141,24 @@ pub struct MergeSpec {
     pub codec: WireCodec,
     pub rule: ReduceRule,
     pub outer: OuterOpt,
+    /// Merges over which the outer momentum rises from 0.5 to its setting
+    /// (0: from the first merge). Left out of the settings when 0, so runs
+    /// saved before it existed keep their run id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outer_momentum_warmup: u64,
     /// Parameter count of every stage (the butterfly plan splits these).
     pub stage_params: Vec<u64>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl MergeSpec {
+    /// The outer optimizer of the merge that ends epoch `epoch`.
+    pub fn outer_at(&self, epoch: u64) -> OuterOpt {
+        self.outer.at_merge(self.outer_momentum_warmup, epoch)
+    }
 }
 
 impl Default for MergeSpec {
@@ -155,6 +171,7 @@ impl Default for MergeSpec {
             codec: WireCodec::Bf16,
             rule: ReduceRule::Mean,
             outer: OuterOpt::AVERAGE,
+            outer_momentum_warmup: 0,
             stage_params: Vec::new(),
         }
     }

@@ -314,6 +314,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
             codec: WireCodec::F32,
             rule: ReduceRule::Mean,
             outer: OuterOpt::AVERAGE,
+            outer_momentum_warmup: 0,
             stage_params: vec![1_000, 1_000],
         },
         miners_per_stage_cap: 3,
@@ -595,6 +596,7 @@ pub fn signed_frame_run(data: &[u8]) -> bool {
                 codec: WireCodec::F32,
                 rule: ReduceRule::Mean,
                 outer: OuterOpt::AVERAGE,
+                outer_momentum_warmup: 0,
                 stage_params: vec![PARAMS],
             };
             let store: SharedStore = std::sync::Arc::new(MemStore::default());

@@ -81,6 +81,7 @@ pub fn tiny_run_batch(
                 codec: WireCodec::Bf16,
                 rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
                 outer: OuterOpt::AVERAGE,
+                outer_momentum_warmup: 0,
                 stage_params: Vec::new(),
             },
             miners_per_stage_cap: 0,

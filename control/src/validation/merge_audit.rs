@@ -66,7 +66,7 @@ pub fn recompute_partition(
     if !missing.is_empty() {
         return Ok(AuditFinding::Missing(missing));
     }
-    let reduced = reduce_partition(spec, part.len, &payloads, &plan.weights(), momentum);
+    let reduced = reduce_partition(spec, plan.epoch, part.len, &payloads, &plan.weights(), momentum);
     let (_, hash) = update_hash(spec.codec, &reduced.update).map_err(|e| format!("encoding the update: {e}"))?;
     let flagged = reduced.flagged.iter().map(|(i, _)| plan.participants[*i].peer).collect();
     Ok(AuditFinding::Recomputed(hash, flagged))
@@ -92,6 +92,7 @@ mod tests {
             codec: WireCodec::F32,
             rule: ReduceRule::Mean,
             outer: OuterOpt::AVERAGE,
+            outer_momentum_warmup: 0,
             stage_params: vec![3000],
         }
     }

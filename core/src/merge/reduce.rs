@@ -46,6 +46,19 @@ pub struct OuterOpt {
 
 impl OuterOpt {
     pub const AVERAGE: OuterOpt = OuterOpt { lr: 1.0, momentum: 0.0 };
+
+    /// The optimizer of merge `k` (0-based) when the momentum warms up over
+    /// `warmup` merges: it rises linearly from 0.5 to its setting, as IOTA
+    /// warms its outer momentum from 0.5 to 0.9 (a large momentum on the
+    /// first, largest pseudo-gradients overshoots). A setting of 0.5 or
+    /// less, or no warm-up, applies from the first merge.
+    pub fn at_merge(self, warmup: u64, k: u64) -> OuterOpt {
+        if warmup == 0 || self.momentum <= 0.5 || k >= warmup {
+            return self;
+        }
+        let f = k as f32 / warmup as f32;
+        OuterOpt { lr: self.lr, momentum: 0.5 + (self.momentum - 0.5) * f }
+    }
 }
 
 /// What one slice reduce did.
@@ -200,6 +213,18 @@ mod tests {
 
     fn norm(a: &[f32]) -> f64 {
         a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt()
+    }
+
+    #[test]
+    fn outer_momentum_warms_up_linearly_from_one_half() {
+        let o = OuterOpt { lr: 0.7, momentum: 0.9 };
+        assert_eq!(o.at_merge(4, 0), OuterOpt { lr: 0.7, momentum: 0.5 });
+        assert!((o.at_merge(4, 2).momentum - 0.7).abs() < 1e-6);
+        assert_eq!(o.at_merge(4, 4), o);
+        assert_eq!(o.at_merge(4, 100), o);
+        assert_eq!(o.at_merge(0, 0), o, "no warm-up");
+        let low = OuterOpt { lr: 1.0, momentum: 0.3 };
+        assert_eq!(low.at_merge(4, 0), low, "never raised above its setting");
     }
 
     #[test]

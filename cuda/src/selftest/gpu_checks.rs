@@ -185,19 +185,34 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
     let loss_c = cpu.cross_entropy(cpu.all_mut(&mut lc), &targets, n, vocab, vreal, 0.5);
     push("cross_entropy loss", format!("{n}x{vocab}"), &loss_g, &loss_c, 1e-5, t0);
     push("cross_entropy grad", format!("{n}x{vocab}"), &cuda.to_host(&lg), &cpu.to_host(&lc), 1e-5, Instant::now());
-    let t0 = Instant::now();
-    let (g, c_) = both!(
-        vec![rand(4096), rand(4096)],
-        vec![rand(4096), rand(4096).iter().map(|x| x.abs()).collect(), rand(4096)],
-        |be, i, o| {
-            let step =
-                AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, grad_scale: 0.5 };
-            let (m, rest) = o.split_at_mut(1);
-            let (v, p) = rest.split_at_mut(1);
-            be.adamw(be.all_mut(&mut p[0]), be.all(&i[0]), be.all_mut(&mut m[0]), be.all_mut(&mut v[0]), step);
-        }
-    );
-    push("adamw (params)", "4096".into(), &g[2], &c_[2], 1e-5, t0);
+    // Adam, then NAdam (the `both!` body is a fn item: the flag is a literal).
+    macro_rules! optimizer_check {
+        ($what:expr, $nesterov:literal) => {{
+            let t0 = Instant::now();
+            let (g, c_) = both!(
+                vec![rand(4096), rand(4096)],
+                vec![rand(4096), rand(4096).iter().map(|x| x.abs()).collect(), rand(4096)],
+                |be, i, o| {
+                    let step = AdamStep {
+                        lr: 1e-3,
+                        beta1: 0.9,
+                        beta2: 0.95,
+                        eps: 1e-8,
+                        weight_decay: 0.1,
+                        t: 3,
+                        grad_scale: 0.5,
+                        nesterov: $nesterov,
+                    };
+                    let (m, rest) = o.split_at_mut(1);
+                    let (v, p) = rest.split_at_mut(1);
+                    be.adamw(be.all_mut(&mut p[0]), be.all(&i[0]), be.all_mut(&mut m[0]), be.all_mut(&mut v[0]), step);
+                }
+            );
+            push($what, "4096".into(), &g[2], &c_[2], 1e-5, t0);
+        }};
+    }
+    optimizer_check!("adamw (params)", false);
+    optimizer_check!("nadam (params)", true);
 
     // decode_wire: valid int8 bytes decode identically; bytes the CPU
     // rejects (a scale so large that 127 x scale overflows) are rejected.

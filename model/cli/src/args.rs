@@ -90,6 +90,14 @@ pub struct TrainArgs {
     /// Clip each stage's gradient L2 norm to this (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f32,
+    /// Optimizer: adamw, or nadam (Adam with a Nesterov look-ahead on the
+    /// first moment).
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// beta1 of each stage, head first, comma-separated (a shorter list
+    /// repeats its last value; default 0.9 everywhere).
+    #[arg(long, value_delimiter = ',')]
+    pub stage_beta1: Vec<f32>,
     /// Pipeline stages to split the model into (run in this one process).
     #[arg(long, default_value_t = 1)]
     pub stages: usize,
@@ -303,7 +311,17 @@ impl TrainArgs {
             grad_accum: a.grad_accum,
             steps: a.steps,
             schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
-            adamw: AdamWConfig { weight_decay: a.weight_decay, grad_clip: a.grad_clip, ..AdamWConfig::default() },
+            adamw: AdamWConfig {
+                weight_decay: a.weight_decay,
+                grad_clip: a.grad_clip,
+                nesterov: match a.optimizer.as_str() {
+                    "adamw" | "adam" => false,
+                    "nadam" => true,
+                    other => anyhow::bail!("unknown --optimizer '{other}' (adamw, nadam)"),
+                },
+                stage_beta1: a.stage_beta1.clone(),
+                ..AdamWConfig::default()
+            },
             codec,
             seed: a.seed,
         };

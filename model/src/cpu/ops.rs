@@ -350,9 +350,8 @@ pub fn cross_entropy(
 
 pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamStep) {
     assert!(p.len() == g.len() && p.len() == m.len() && p.len() == v.len(), "adamw lengths");
-    let bc1 = 1.0 - (h.beta1 as f64).powi(h.t as i32);
+    let (step, grad_coef) = h.moment_coefficients();
     let bc2 = 1.0 - (h.beta2 as f64).powi(h.t as i32);
-    let step = (h.lr as f64 / bc1) as f32;
     let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
     let decay = 1.0 - h.lr * h.weight_decay;
     p.par_chunks_mut(ELEM_CHUNK)
@@ -365,7 +364,9 @@ pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamStep
                 mc[i] = h.beta1 * mc[i] + (1.0 - h.beta1) * gi;
                 vc[i] = h.beta2 * vc[i] + (1.0 - h.beta2) * gi * gi;
                 let denom = vc[i].sqrt() * inv_sqrt_bc2 + h.eps;
-                pc[i] = pc[i] * decay - step * mc[i] / denom;
+                // Adam's update unchanged when there is no look-ahead term.
+                let update = if h.nesterov { step * mc[i] + grad_coef * gi } else { step * mc[i] };
+                pc[i] = pc[i] * decay - update / denom;
             }
         });
 }

@@ -193,6 +193,7 @@ pub struct Reduced {
 
 pub fn reduce_partition(
     spec: &MergeSpec,
+    epoch: u64,
     len: u64,
     payloads: &[Option<&[u8]>],
     weights: &[f64],
@@ -206,7 +207,7 @@ pub fn reduce_partition(
         refs[i] = None;
         flagged.push((i, why));
     }
-    let (update, stats) = reduce_slice(spec.rule, spec.outer, &refs, weights, momentum);
+    let (update, stats) = reduce_slice(spec.rule, spec.outer_at(epoch), &refs, weights, momentum);
     Reduced { update, flagged, stats }
 }
 
@@ -471,7 +472,7 @@ impl Butterfly {
         // out of its reduce (so it agrees with the other honest owner
         // whatever the rule, and an owner that keeps it in disagrees).
         let Reduced { update: mut u, flagged: flagged_at, stats: st } =
-            reduce_partition(&self.spec, part.len, &payloads, &plan.weights(), &mut momentum);
+            reduce_partition(&self.spec, self.epoch, part.len, &payloads, &plan.weights(), &mut momentum);
         let mut flagged: Vec<Vec<u8>> = Vec::new();
         for (i, why) in flagged_at {
             let from = plan.participants[i].peer;

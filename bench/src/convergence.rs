@@ -1,0 +1,807 @@
+//! convergence: does the swarm's training algorithm learn as well as one
+//! process on the same tokens? From one seed and one data order it trains:
+//!
+//! - one process at the swarm's global batch (every replica's micro-batches
+//!   of a step accumulated into one optimizer step): the baseline;
+//! - synchronous data parallel: R replicas, each on its own micro-batches,
+//!   gradients averaged every step (the ideal the merges approximate; the
+//!   same computation as the baseline up to float summation order);
+//! - the swarm's algorithm at merge intervals H: R replicas each taking H
+//!   AdamW steps on their own micro-batches, then the merge the miners run
+//!   (pseudo-gradients through the merge codec, the butterfly's partitions,
+//!   the reduce rule and outer optimizer of `reduce_partition`);
+//! - the swarm's own interval with the bottleneck off, and with the f32
+//!   boundary codec, to separate what those cost.
+//!
+//! Replica r takes micro-batches `step * R * A + r * A ..` (A = grad_accum),
+//! which are exactly the micro-batches the baseline accumulates in that
+//! step, so every variant sees the same tokens in the same order. It runs
+//! in one process (the pipeline's stages in sequence, each boundary through
+//! the wire codec), so it measures the algorithm and not the schedule: the
+//! real swarm's staleness (a stage forwarding the next micro-batch before
+//! stepping) is what `iota-bench swarm` adds on top.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use iota_core::PeerId;
+use iota_core::Rng;
+use iota_core::codec::WireCodec;
+use iota_core::merge::{MergePlan, Participant};
+use iota_dataplane::miner::merge::{encode_slice, reduce_partition};
+use iota_model::data::Corpus;
+use iota_model::train::{Accumulated, Pipeline, TrainConfig, accumulate_through, micro_batch_id};
+use iota_model::{CpuBackend, Stage};
+use iota_protocol::MergeSpec;
+use serde::Serialize;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The swarm's settings (model, stages, replicas, epochs, micro-batches,
+    /// batch, lr, codec, bottleneck, data, merge codec, rule, outer optimizer):
+    /// the merge interval of the swarm itself is one epoch, i.e.
+    /// micro-batches / (replicas x grad-accum) inner steps.
+    #[command(flatten)]
+    run: iota_control::cli::RunArgs,
+    /// Merge intervals (inner steps per merge) to try besides the swarm's own.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    intervals: Vec<u64>,
+    /// Variants to run, comma-separated, in order (default: one, sync, the
+    /// swarm at each interval and at its own, and the swarm's own interval
+    /// with no bottleneck and with the f32 codec). Names: one, sync,
+    /// one-replica-batch (one process at a replica's batch, R times the
+    /// steps), hN (pathways mixed across replicas, as the orchestrator
+    /// routes), hN-fixed (each replica its own pathway), hN-no-bottleneck,
+    /// hN-f32.
+    #[arg(long, value_delimiter = ',')]
+    runs: Vec<String>,
+    /// Validation batches for the final loss.
+    #[arg(long, default_value_t = 16)]
+    val_batches: u64,
+    /// Points on the loss curve: a validation loss every this many global steps.
+    #[arg(long, default_value_t = 12)]
+    curve_every: u64,
+    /// Validation batches for each curve point.
+    #[arg(long, default_value_t = 4)]
+    curve_batches: u64,
+    /// Folder for the curve plot (SVG) and the results (JSON); files are
+    /// named by the time of the run, nothing there is overwritten.
+    #[arg(long, default_value = "runs/convergence")]
+    out: PathBuf,
+}
+
+/// One variant of the comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Variant {
+    /// One process, all R x A micro-batches of a step in one optimizer step.
+    OneProcess,
+    /// One process at a replica's batch, taking R times the steps (the
+    /// comparison docs/BENCHMARKS.md used to make).
+    OneProcessReplicaBatch,
+    /// R replicas, gradients averaged every step.
+    SyncDataParallel,
+    /// The swarm's algorithm, merging every `interval` inner steps. With
+    /// `mixed` pathways (as the orchestrator routes) each stage's replica
+    /// for a micro-batch is drawn independently, so a replica's stage
+    /// trains on activations from the other replicas' stages too; without,
+    /// each replica is a whole pipeline of its own.
+    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool },
+}
+
+impl Variant {
+    pub fn parse(s: &str) -> Result<Variant> {
+        Ok(match s {
+            "one" => Variant::OneProcess,
+            "one-replica-batch" => Variant::OneProcessReplicaBatch,
+            "sync" => Variant::SyncDataParallel,
+            _ => {
+                let rest = s.strip_prefix('h').with_context(|| format!("unknown variant '{s}'"))?;
+                let (n, suffix) = rest.split_once('-').unwrap_or((rest, ""));
+                let interval: u64 = n.parse().with_context(|| format!("'{s}': H must be a number"))?;
+                if interval == 0 {
+                    bail!("'{s}': the merge interval must be positive");
+                }
+                let (bottleneck, f32_codec, mixed) = match suffix {
+                    "" => (true, false, true),
+                    "no-bottleneck" => (false, false, true),
+                    "f32" => (true, true, true),
+                    "fixed" => (true, false, false),
+                    other => bail!("'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed)"),
+                };
+                Variant::Swarm { interval, bottleneck, f32_codec, mixed }
+            }
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Variant::OneProcess => "one process, global batch".into(),
+            Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
+            Variant::SyncDataParallel => "sync data parallel".into(),
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed } => {
+                let mut n = format!("swarm H={interval}");
+                if !mixed {
+                    n += ", fixed pathways";
+                }
+                if !bottleneck {
+                    n += ", no bottleneck";
+                }
+                if *f32_codec {
+                    n += ", f32 codec";
+                }
+                n
+            }
+        }
+    }
+}
+
+/// What the harness knows of the run: the per-replica training settings,
+/// the replica count and the merge the swarm would run.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// One replica's trainer settings (its batch, grad_accum, steps and schedule).
+    pub train: TrainConfig,
+    pub replicas: usize,
+    pub merge: MergeSpec,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub name: String,
+    pub final_loss: f32,
+    /// (tokens trained, validation loss of the model a user would have then).
+    pub curve: Vec<(u64, f32)>,
+    pub seconds: f64,
+    pub tokens: u64,
+    pub merges: u64,
+}
+
+/// Trains one variant; its validation loss every `curve_every` global steps
+/// and at the end.
+pub fn train_variant(
+    setup: &Setup,
+    variant: &Variant,
+    corpus: &Corpus,
+    curve_every: u64,
+    curve_batches: u64,
+    val_batches: u64,
+) -> Result<Outcome> {
+    let be = Arc::new(CpuBackend::new());
+    let r = setup.replicas;
+    let steps = setup.train.steps;
+    let tokens_per_global_step = (r * setup.train.tokens_per_step()) as u64;
+    let t0 = Instant::now();
+    let mut curve = Vec::new();
+    let mut trainer = Trainer::new(be, setup, variant)?;
+    for step in 1..=steps {
+        trainer.step(corpus)?;
+        if curve_every > 0 && step % curve_every == 0 && step < steps {
+            curve.push((step * tokens_per_global_step, trainer.eval(corpus, curve_batches)?));
+        }
+    }
+    let final_loss = trainer.eval(corpus, val_batches)?;
+    curve.push((steps * tokens_per_global_step, final_loss));
+    Ok(Outcome {
+        name: variant.name(),
+        final_loss,
+        curve,
+        seconds: t0.elapsed().as_secs_f64(),
+        tokens: steps * tokens_per_global_step,
+        merges: trainer.merges,
+    })
+}
+
+enum Mode {
+    One(Pipeline<CpuBackend>),
+    Sync(Vec<Pipeline<CpuBackend>>),
+    Swarm {
+        replicas: Vec<Pipeline<CpuBackend>>,
+        merged: Pipeline<CpuBackend>,
+        sim: MergeSim,
+        interval: u64,
+        mixed: bool,
+    },
+}
+
+struct Trainer {
+    mode: Mode,
+    setup: Setup,
+    step: u64,
+    merges: u64,
+}
+
+impl Trainer {
+    fn new(be: Arc<CpuBackend>, setup: &Setup, variant: &Variant) -> Result<Trainer> {
+        let r = setup.replicas;
+        let mut train = setup.train.clone();
+        let mode = match variant {
+            Variant::OneProcess => {
+                train.grad_accum *= r;
+                Mode::One(Pipeline::new(be, train)?)
+            }
+            Variant::OneProcessReplicaBatch => {
+                train.steps *= r as u64;
+                train.schedule.total = train.steps;
+                train.schedule.warmup = (train.steps / 20).clamp(1, 100);
+                Mode::One(Pipeline::new(be, train)?)
+            }
+            Variant::SyncDataParallel => {
+                Mode::Sync((0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?)
+            }
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed } => {
+                if !bottleneck {
+                    train.model.bottleneck = 0;
+                }
+                if *f32_codec {
+                    train.codec = WireCodec::F32;
+                }
+                let replicas: Vec<_> =
+                    (0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?;
+                let merged = Pipeline::new(be.clone(), train.clone())?;
+                let sim = MergeSim::new(&merged, setup);
+                Mode::Swarm { replicas, merged, sim, interval: *interval, mixed: *mixed }
+            }
+        };
+        Ok(Trainer { mode, setup: setup.clone(), step: 0, merges: 0 })
+    }
+
+    /// One global step: every replica's micro-batches of it.
+    fn step(&mut self, corpus: &Corpus) -> Result<()> {
+        let r = self.setup.replicas as u64;
+        let a = self.setup.train.grad_accum as u64;
+        let first = self.step * r * a;
+        match &mut self.mode {
+            Mode::One(p) => {
+                p.train_step(corpus)?;
+            }
+            Mode::Sync(replicas) => {
+                let mut total = Accumulated::default();
+                for (i, p) in replicas.iter_mut().enumerate() {
+                    p.zero_grads();
+                    let acc = p.accumulate_micro_batches(corpus, first + i as u64 * a, a, 1.0 / (r * a) as f32)?;
+                    total.loss_sum += acc.loss_sum;
+                    total.tokens += acc.tokens;
+                    total.wire_bytes += acc.wire_bytes;
+                }
+                // The all-reduce: every replica steps on the sum of the
+                // (already 1/(R A)-scaled) gradients, summed in replica order.
+                let stages = replicas[0].stages().len();
+                for s in 0..stages {
+                    let mut sum = replicas[0].stages()[s].grads_host();
+                    for p in &replicas[1..] {
+                        for (x, g) in sum.iter_mut().zip(p.stages()[s].grads_host()) {
+                            *x += g;
+                        }
+                    }
+                    for p in replicas.iter_mut() {
+                        p.stages_mut()[s].set_grads(&sum)?;
+                    }
+                }
+                for p in replicas.iter_mut() {
+                    p.apply_step(total);
+                }
+            }
+            Mode::Swarm { replicas, merged, sim, interval, mixed } => {
+                if *mixed {
+                    mixed_step(replicas, corpus, first, a, self.setup.seed, self.step)?;
+                } else {
+                    for (i, p) in replicas.iter_mut().enumerate() {
+                        p.zero_grads();
+                        let acc = p.accumulate_micro_batches(corpus, first + i as u64 * a, a, 1.0 / a as f32)?;
+                        p.apply_step(acc);
+                    }
+                }
+                let done = self.step + 1;
+                if done % *interval == 0 || done == self.setup.train.steps {
+                    sim.merge(replicas, merged, self.merges)?;
+                    self.merges += 1;
+                }
+            }
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Validation loss of the model the run has now: the one process's, a
+    /// sync replica's (all equal), or the swarm's last merged weights.
+    fn eval(&mut self, corpus: &Corpus, batches: u64) -> Result<f32> {
+        match &mut self.mode {
+            Mode::One(p) => p.eval(corpus, batches),
+            Mode::Sync(replicas) => replicas[0].eval(corpus, batches),
+            Mode::Swarm { merged, .. } => merged.eval(corpus, batches),
+        }
+    }
+}
+
+/// One inner step of every replica with pathways drawn as the orchestrator
+/// draws them (one replica per stage, independently): the step's R groups
+/// of A micro-batches go through each stage's replicas in a random order,
+/// so every stage replica still takes A micro-batches per step (the
+/// orchestrator balances load) but from every other stage's replicas.
+fn mixed_step(
+    replicas: &mut [Pipeline<CpuBackend>],
+    corpus: &Corpus,
+    first: u64,
+    a: u64,
+    seed: u64,
+    step: u64,
+) -> Result<()> {
+    let r = replicas.len();
+    let stages = replicas[0].stages().len();
+    let (codec, seq, batch) = (replicas[0].cfg.codec, replicas[0].cfg.seq, replicas[0].cfg.batch);
+    let mut rng = Rng::derived(seed, &[0x7061_7468, step]);
+    let perms: Vec<Vec<usize>> = (0..stages)
+        .map(|_| {
+            let mut p: Vec<usize> = (0..r).collect();
+            for i in (1..r).rev() {
+                p.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            p
+        })
+        .collect();
+    for p in replicas.iter_mut() {
+        p.zero_grads();
+    }
+    for j in 0..r {
+        let path: Vec<usize> = perms.iter().map(|p| p[j]).collect();
+        for i in 0..a {
+            let mb = micro_batch_id(first + j as u64 * a + i, corpus.num_shards(), batch);
+            let (x, y) = corpus.micro_batch(seed, mb, seq);
+            // The stages of this pathway, each from the replica drawn for it.
+            let mut chosen: Vec<Option<&mut Stage<CpuBackend>>> = (0..stages).map(|_| None).collect();
+            for (ri, p) in replicas.iter_mut().enumerate() {
+                for (s, st) in p.stages_mut().iter_mut().enumerate() {
+                    if path[s] == ri {
+                        chosen[s] = Some(st);
+                    }
+                }
+            }
+            let mut pathway: Vec<&mut Stage<CpuBackend>> = chosen.into_iter().flatten().collect();
+            accumulate_through(&mut pathway, codec, seq, &x, &y, mb.key(), 1.0 / a as f32)?;
+        }
+    }
+    for p in replicas.iter_mut() {
+        p.apply_step(Accumulated::default());
+    }
+    Ok(())
+}
+
+/// The merge every miner of a stage runs, in one process: each replica's
+/// pseudo-gradient (last merged weights minus its own) cut into the
+/// butterfly's partitions and encoded with the merge codec, each partition
+/// reduced as an honest owner reduces it (`reduce_partition`), the merged
+/// weights put back into every replica. Adam moments stay per replica, as
+/// on the miners.
+struct MergeSim {
+    spec: MergeSpec,
+    seed: u64,
+    /// Outer momentum per stage.
+    momentum: Vec<Vec<f32>>,
+}
+
+impl MergeSim {
+    fn new(merged: &Pipeline<CpuBackend>, setup: &Setup) -> MergeSim {
+        MergeSim {
+            spec: setup.merge.clone(),
+            seed: setup.seed,
+            momentum: merged.stages().iter().map(|s| vec![0.0; s.layout().total()]).collect(),
+        }
+    }
+
+    fn merge(
+        &mut self,
+        replicas: &mut [Pipeline<CpuBackend>],
+        merged: &mut Pipeline<CpuBackend>,
+        k: u64,
+    ) -> Result<()> {
+        let spec = &self.spec;
+        let r = replicas.len();
+        let participants: Vec<Participant> =
+            (0..r).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 1 }).collect();
+        for s in 0..merged.stages().len() {
+            let theta_prev = merged.stages()[s].params_host();
+            let locals: Vec<Vec<f32>> = replicas.iter().map(|p| p.stages()[s].params_host()).collect();
+            let n = theta_prev.len() as u64;
+            let plan = MergePlan::new(k, s as u32, participants.clone(), n, self.seed, spec.slices_per_replica);
+            let weights = plan.weights();
+            let mut theta_next = theta_prev.clone();
+            for part in &plan.partitions {
+                let range = part.offset as usize..(part.offset + part.len) as usize;
+                let payloads: Vec<Vec<u8>> = plan
+                    .participants
+                    .iter()
+                    .map(|pp| {
+                        let i = participants.iter().position(|q| q.peer == pp.peer).expect("planned participant");
+                        let delta: Vec<f32> = theta_prev[range.clone()]
+                            .iter()
+                            .zip(&locals[i][range.clone()])
+                            .map(|(g, l)| g - l)
+                            .collect();
+                        encode_slice(spec.codec, &delta)
+                    })
+                    .collect::<Result<_>>()?;
+                let refs: Vec<Option<&[u8]>> = payloads.iter().map(|p| Some(p.as_slice())).collect();
+                let reduced =
+                    reduce_partition(spec, k, part.len, &refs, &weights, &mut self.momentum[s][range.clone()]);
+                if !reduced.flagged.is_empty() {
+                    bail!("merge {k} stage {s}: an honest replica's contribution was flagged: {:?}", reduced.flagged);
+                }
+                for (t, u) in theta_next[range].iter_mut().zip(&reduced.update) {
+                    *t -= u;
+                }
+            }
+            merged.stages_mut()[s].set_params(&theta_next)?;
+            for p in replicas.iter_mut() {
+                p.stages_mut()[s].set_params(&theta_next)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
+    let mut v = vec![Variant::OneProcess, Variant::SyncDataParallel];
+    let mut hs: Vec<u64> = intervals.to_vec();
+    if !hs.contains(&own) {
+        hs.push(own);
+    }
+    hs.sort_unstable();
+    for h in hs {
+        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true });
+    }
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false });
+    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true });
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true });
+    v
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let cfg = a.run.run_config()?;
+    let corpus = iota_dataplane::corpus::load_corpus(&cfg, a.run.data_path()?.as_deref())?;
+    let setup = Setup {
+        train: cfg.train.clone(),
+        replicas: cfg.spec.replicas as usize,
+        merge: cfg.spec.merge.clone(),
+        seed: cfg.train.seed,
+    };
+    let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
+    let variants: Vec<Variant> = if a.runs.is_empty() {
+        default_runs(&a.intervals, own)
+    } else {
+        a.runs.iter().map(|s| Variant::parse(s)).collect::<Result<_>>()?
+    };
+    println!(
+        "convergence: {} in {} stages, {} replicas x batch {} x seq {} (grad_accum {}), {} global steps ({} tokens), \
+         codec {}, merge {} {} outer lr {} momentum {} (warm-up {} merges); the swarm merges every {own} inner steps",
+        a.run.model,
+        setup.train.stages,
+        setup.replicas,
+        setup.train.batch,
+        setup.train.seq,
+        setup.train.grad_accum,
+        setup.train.steps,
+        setup.train.steps * (setup.replicas * setup.train.tokens_per_step()) as u64,
+        setup.train.codec.name(),
+        setup.merge.codec.name(),
+        setup.merge.rule.name(),
+        setup.merge.outer.lr,
+        setup.merge.outer.momentum,
+        setup.merge.outer_momentum_warmup,
+    );
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for (i, v) in variants.iter().enumerate() {
+        let o = train_variant(&setup, v, &corpus, a.curve_every, a.curve_batches, a.val_batches)?;
+        println!(
+            "  [{}/{}] {:<40} validation loss {:.4}  ({:.1} s, {} merges)",
+            i + 1,
+            variants.len(),
+            o.name,
+            o.final_loss,
+            o.seconds,
+            o.merges
+        );
+        outcomes.push(o);
+    }
+    print_table(&outcomes);
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let svg_path = a.out.join(format!("convergence-{stamp}.svg"));
+    let json_path = a.out.join(format!("convergence-{stamp}.json"));
+    write_new(&svg_path, plot_svg(&outcomes, &a.run.model).as_bytes())?;
+    write_new(&json_path, &serde_json::to_vec_pretty(&outcomes)?)?;
+    println!("  curves: {}\n  results: {}", svg_path.display(), json_path.display());
+    Ok(())
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("creating {} (never overwritten)", path.display()))?;
+    f.write_all(bytes)?;
+    Ok(())
+}
+
+fn print_table(outcomes: &[Outcome]) {
+    let base = outcomes.iter().find(|o| o.name == Variant::OneProcess.name()).map(|o| o.final_loss);
+    println!("\n  {:<40} {:>10} {:>12} {:>10} {:>8}", "", "val loss", "vs one proc", "seconds", "tok/s");
+    for o in outcomes {
+        let rel = base.map_or("-".to_string(), |b| format!("{:+.2}%", (o.final_loss / b - 1.0) * 100.0));
+        println!(
+            "  {:<40} {:>10.4} {:>12} {:>10.1} {:>8.0}",
+            o.name,
+            o.final_loss,
+            rel,
+            o.seconds,
+            o.tokens as f64 / o.seconds.max(1e-9)
+        );
+    }
+}
+
+/// The loss curves as an SVG line chart: tokens on x, validation loss on y.
+pub fn plot_svg(outcomes: &[Outcome], model: &str) -> String {
+    const W: f64 = 760.0;
+    const H: f64 = 440.0;
+    const L: f64 = 70.0;
+    const R: f64 = 250.0;
+    const T: f64 = 40.0;
+    const B: f64 = 50.0;
+    const COLORS: [&str; 10] =
+        ["#000000", "#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+    let points = outcomes.iter().flat_map(|o| o.curve.iter());
+    let (mut x_max, mut y_min, mut y_max) = (1.0f64, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y) in points {
+        x_max = x_max.max(x as f64);
+        if y.is_finite() {
+            y_min = y_min.min(y as f64);
+            y_max = y_max.max(y as f64);
+        }
+    }
+    if !y_min.is_finite() {
+        (y_min, y_max) = (0.0, 1.0);
+    }
+    let pad = ((y_max - y_min) * 0.05).max(1e-3);
+    let (y_lo, y_hi) = (y_min - pad, y_max + pad);
+    let px = |x: f64| L + x / x_max * (W - L - R);
+    let py = |y: f64| T + (y_hi - y) / (y_hi - y_lo) * (H - T - B);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{L}\" y=\"24\" font-size=\"14\">validation loss vs tokens trained ({model})</text>\n"
+    );
+    let (x0, x1, y0, y1) = (px(0.0), px(x_max), py(y_lo), py(y_hi));
+    s += &format!("<path d=\"M{x0},{y1} L{x0},{y0} L{x1},{y0}\" stroke=\"black\" fill=\"none\"/>\n");
+    for i in 0..=4 {
+        let yv = y_lo + (y_hi - y_lo) * i as f64 / 4.0;
+        let xv = x_max * i as f64 / 4.0;
+        s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{yv:.2}</text>\n", x0 - 6.0, py(yv) + 4.0);
+        s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0}k</text>\n", px(xv), y0 + 18.0, xv / 1e3);
+    }
+    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">tokens</text>\n", (x0 + x1) / 2.0, H - 10.0);
+    for (i, o) in outcomes.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = o
+            .curve
+            .iter()
+            .filter(|p| p.1.is_finite())
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x as f64), py(y as f64)))
+            .collect();
+        s += &format!("<polyline points=\"{}\" stroke=\"{c}\" stroke-width=\"1.5\" fill=\"none\"/>\n", pts.join(" "));
+        let ly = T + 16.0 * i as f64;
+        s += &format!(
+            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"2\"/>\
+             <text x=\"{}\" y=\"{}\">{} ({:.3})</text>\n",
+            W - R + 15.0,
+            W - R + 35.0,
+            W - R + 40.0,
+            ly + 4.0,
+            o.name,
+            o.final_loss
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iota_core::merge::{OuterOpt, ReduceRule};
+
+    fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus) {
+        let mut model = iota_core::ModelConfig::preset("tiny").unwrap();
+        model.bottleneck = 0;
+        let train = TrainConfig {
+            tokenizer: iota_core::train_config::TokenizerKind::Byte,
+            stages: 2,
+            batch: 2,
+            seq: 16,
+            grad_accum,
+            steps,
+            schedule: iota_core::train_config::LrSchedule { peak: 3e-3, warmup: 2, total: steps, min_ratio: 0.1 },
+            adamw: Default::default(),
+            codec: WireCodec::F32,
+            seed: 7,
+            model,
+        };
+        let text: Vec<u32> = (0..40_000u32).map(|i| (i * 7 + i / 13) % 200 + 20).collect();
+        let corpus = Corpus::new(text, 16, 8, 0.05).unwrap();
+        let merge = MergeSpec {
+            rule: ReduceRule::Mean,
+            outer: OuterOpt::AVERAGE,
+            codec: WireCodec::F32,
+            slices_per_replica: 2,
+            ..MergeSpec::default()
+        };
+        (Setup { train, replicas, merge, seed: 7 }, corpus)
+    }
+
+    fn params(t: &Trainer) -> Vec<Vec<f32>> {
+        let p = match &t.mode {
+            Mode::One(p) => p,
+            Mode::Sync(r) => &r[0],
+            Mode::Swarm { merged, .. } => merged,
+        };
+        p.stages().iter().map(|s| s.params_host()).collect()
+    }
+
+    fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+        a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
+        let (setup, corpus) = tiny_setup(3, 2, 6);
+        let be = Arc::new(CpuBackend::new());
+        let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
+        let mut sync = Trainer::new(be.clone(), &setup, &Variant::SyncDataParallel).unwrap();
+        let start = params(&one);
+        for _ in 0..6 {
+            one.step(&corpus).unwrap();
+            sync.step(&corpus).unwrap();
+        }
+        let (p1, p2) = (params(&one), params(&sync));
+        let moved = max_diff(&start, &p1);
+        let diff = max_diff(&p1, &p2);
+        assert!(moved > 1e-3, "training moved the weights by {moved}");
+        assert!(diff < 1e-5, "sync DP differs from one process by {diff} (moved {moved})");
+        // Every replica holds the same weights.
+        if let Mode::Sync(r) = &sync.mode {
+            for p in &r[1..] {
+                let q: Vec<Vec<f32>> = p.stages().iter().map(|s| s.params_host()).collect();
+                assert_eq!(max_diff(&p2, &q), 0.0);
+            }
+        }
+        // And replicas that do not average their gradients diverge from it:
+        // the check above can fail.
+        let mut apart = Trainer::new(
+            be,
+            &setup,
+            &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false },
+        )
+        .unwrap();
+        for _ in 0..5 {
+            apart.step(&corpus).unwrap();
+        }
+        if let Mode::Swarm { replicas, .. } = &apart.mode {
+            let a: Vec<Vec<f32>> = replicas[0].stages().iter().map(|s| s.params_host()).collect();
+            let b: Vec<Vec<f32>> = replicas[1].stages().iter().map(|s| s.params_host()).collect();
+            assert!(max_diff(&a, &b) > 1e-4);
+        }
+    }
+
+    #[test]
+    fn one_replica_merging_with_plain_averaging_is_one_process() {
+        // R = 1: the merge must hand back exactly the replica's weights
+        // (pseudo-gradient through the f32 codec, mean, lr 1), and a
+        // pathway drawn from one replica is that replica's pipeline.
+        let (setup, corpus) = tiny_setup(1, 1, 5);
+        let be = Arc::new(CpuBackend::new());
+        let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
+        let mut swarm =
+            Trainer::new(be, &setup, &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true })
+                .unwrap();
+        for _ in 0..5 {
+            one.step(&corpus).unwrap();
+            swarm.step(&corpus).unwrap();
+        }
+        assert_eq!(swarm.merges, 3, "merges after steps 2 and 4 and at the end");
+        let d = max_diff(&params(&one), &params(&swarm));
+        assert!(d < 1e-6, "{d}");
+    }
+
+    #[test]
+    fn after_a_merge_every_replica_holds_the_merged_weights() {
+        let (setup, corpus) = tiny_setup(2, 1, 3);
+        let be = Arc::new(CpuBackend::new());
+        let mut t =
+            Trainer::new(be, &setup, &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true })
+                .unwrap();
+        t.step(&corpus).unwrap();
+        // After a merge every replica holds the mean of what they had.
+        if let Mode::Swarm { replicas, merged, .. } = &t.mode {
+            for p in replicas {
+                for (a, b) in p.stages().iter().zip(merged.stages()) {
+                    assert_eq!(a.params_host(), b.params_host());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn variant_names_parse() {
+        assert_eq!(
+            Variant::parse("h8").unwrap(),
+            Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true }
+        );
+        assert_eq!(
+            Variant::parse("h8-fixed").unwrap(),
+            Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false }
+        );
+        assert_eq!(
+            Variant::parse("h24-no-bottleneck").unwrap(),
+            Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true }
+        );
+        assert_eq!(
+            Variant::parse("h24-f32").unwrap(),
+            Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true }
+        );
+        assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
+        assert_eq!(default_runs(&[1, 8], 24).len(), 8);
+    }
+
+    #[test]
+    fn the_harness_runs_end_to_end_on_tiny_and_draws_its_curves() {
+        let out = tempfile::tempdir().unwrap();
+        let args = <Cli as clap::Parser>::parse_from([
+            "x",
+            "--model",
+            "tiny",
+            "--epochs",
+            "2",
+            "--micro-batches",
+            "8",
+            "--batch",
+            "4",
+            "--seq",
+            "32",
+            "--intervals",
+            "1,8",
+            "--val-batches",
+            "4",
+            "--curve-every",
+            "2",
+            "--run-dir",
+            out.path().join("run").to_str().unwrap(),
+            "--out",
+            out.path().join("plots").to_str().unwrap(),
+        ]);
+        run(args.a).unwrap();
+        let files: Vec<PathBuf> =
+            std::fs::read_dir(out.path().join("plots")).unwrap().map(|e| e.unwrap().path()).collect();
+        let json = files.iter().find(|p| p.extension().is_some_and(|e| e == "json")).expect("results json");
+        let svg = files.iter().find(|p| p.extension().is_some_and(|e| e == "svg")).expect("curves svg");
+        let results: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        // one, sync, h1, h4 (the swarm's own: 8 / 2), h8, h4 fixed, no bottleneck, f32.
+        assert_eq!(results.len(), 8, "{results:?}");
+        for r in &results {
+            let loss = r["final_loss"].as_f64().unwrap();
+            assert!(loss.is_finite() && loss > 0.0 && loss < 6.0, "{r}");
+            assert_eq!(r["curve"].as_array().unwrap().len(), 4, "points at steps 2, 4, 6 and the end (8)");
+        }
+        let svg = std::fs::read_to_string(svg).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 8);
+        assert!(svg.contains("swarm H=4"));
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+}
