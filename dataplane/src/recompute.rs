@@ -63,7 +63,11 @@ impl<B: Backend> Recompute<B> {
         let spec = self.specs.get(stage as usize).with_context(|| format!("the run has no stage {stage}"))?;
         let want = ParamLayout::for_stage(&self.cfg.train.model, spec).total();
         ensure!(weights.len() == want, "stage {stage} has {want} weights, not {}", weights.len());
-        Ok(Stage::with_params(self.be.clone(), &self.cfg.train.model, spec.clone(), weights)?)
+        let mut st = Stage::with_params(self.be.clone(), &self.cfg.train.model, spec.clone(), weights)?;
+        // `backward_after` sets the weights a backward claims to have run
+        // on between the forward and the backward: it must use them.
+        st.set_weight_stashing(false);
+        Ok(st)
     }
 
     fn rows(&self, samples: usize) -> Result<usize> {

@@ -34,11 +34,12 @@ impl<B: Backend> AdamW<B> {
         let be = stage.backend().clone();
         let layout = stage.layout().clone();
         let beta1 = cfg.beta1_of(stage.spec().index);
-        let (params, grads) = stage.params_and_grads();
-        let norm = be.sum_squares(be.all(grads)).sqrt() as f32;
+        let norm = be.sum_squares(be.all(stage.grads())).sqrt() as f32;
         if !norm.is_finite() {
             return StepStats { grad_norm: norm, applied: false };
         }
+        stage.before_update();
+        let (params, grads) = stage.params_and_grads();
         let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip { cfg.grad_clip / norm } else { 1.0 };
         self.t += 1;
         for e in &layout.entries {

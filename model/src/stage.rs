@@ -69,6 +69,8 @@ macro_rules! ctx {
 }
 
 struct Saved<B: Backend> {
+    /// The weights version the forward ran with (`Stage::version`).
+    version: u64,
     batch: usize,
     seq: usize,
     tokens: Option<Vec<u32>>,
@@ -102,6 +104,16 @@ pub struct Stage<B: Backend> {
     head: Option<HeadIdx>,
     saved: HashMap<u64, Saved<B>>,
     max_in_flight: usize,
+    /// Bumped by every change of the weights (an optimizer step, a merge).
+    version: u64,
+    /// Weight stashing (PipeDream): the weights of earlier versions that
+    /// micro-batches still in flight were forwarded with, so their backward
+    /// runs with the same weights as their forward. Without it a stage that
+    /// steps between a micro-batch's forward and backward differentiates a
+    /// function it never evaluated; on the swarm that cost more than the
+    /// merge interval did (docs/BENCHMARKS.md, convergence).
+    stash: HashMap<u64, B::Buf>,
+    stash_weights: bool,
 }
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
@@ -151,6 +163,9 @@ impl<B: Backend> Stage<B> {
             head: has_lm_head.then(|| HeadIdx::new(&layout)),
             saved: HashMap::new(),
             max_in_flight: 64,
+            version: 0,
+            stash: HashMap::new(),
+            stash_weights: true,
             cfg: cfg.clone(),
             spec,
             layout,
@@ -194,8 +209,50 @@ impl<B: Backend> Stage<B> {
         if host.len() != self.layout.total() {
             return Err(StageError::Shape { what: "stage parameters", expected: self.layout.total(), got: host.len() });
         }
-        self.params = self.be.upload(host);
+        let old = std::mem::replace(&mut self.params, self.be.upload(host));
+        if self.stash_weights && self.in_flight_at(self.version) {
+            self.stash.entry(self.version).or_insert(old);
+        }
+        self.version += 1;
         Ok(())
+    }
+
+    /// Called right before the weights change in place (an optimizer
+    /// step): keeps a copy of the current weights while a micro-batch
+    /// forwarded with them still awaits its backward.
+    pub fn before_update(&mut self) {
+        if self.stash_weights && self.in_flight_at(self.version) && !self.stash.contains_key(&self.version) {
+            let mut copy = self.be.zeros(self.layout.total());
+            self.be.copy(self.be.all_mut(&mut copy), self.be.all(&self.params));
+            self.stash.insert(self.version, copy);
+        }
+        self.version += 1;
+    }
+
+    /// Turns weight stashing off (backward then runs with the current
+    /// weights, whatever the forward ran with) or on.
+    pub fn set_weight_stashing(&mut self, on: bool) {
+        self.stash_weights = on;
+        if !on {
+            self.stash.clear();
+        }
+    }
+
+    /// Weight versions kept for micro-batches in flight.
+    pub fn stashed_versions(&self) -> usize {
+        self.stash.len()
+    }
+
+    fn in_flight_at(&self, version: u64) -> bool {
+        self.saved.values().any(|s| s.version == version)
+    }
+
+    /// Drops stashed weights no micro-batch in flight needs any more.
+    fn prune_stash(&mut self) {
+        if !self.stash.is_empty() {
+            let live: std::collections::HashSet<u64> = self.saved.values().map(|s| s.version).collect();
+            self.stash.retain(|v, _| live.contains(v));
+        }
     }
     /// Replaces the accumulated gradients (data-parallel replicas that
     /// average their gradients before stepping).
@@ -218,7 +275,9 @@ impl<B: Backend> Stage<B> {
     }
     /// Drops a micro-batch's saved activations (its backward will never come).
     pub fn discard(&mut self, key: u64) -> bool {
-        self.saved.remove(&key).is_some()
+        let found = self.saved.remove(&key).is_some();
+        self.prune_stash();
+        found
     }
     /// Width of the tensors at this stage's input and output boundaries.
     pub fn boundary_width(&self) -> usize {
@@ -330,7 +389,7 @@ impl<B: Backend> Stage<B> {
             blocks.push(acts);
             h = out;
         }
-        Saved { batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
+        Saved { version: self.version, batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
     }
 
     /// Blocks backward, then decoder / embedding backward. Returns the
@@ -425,6 +484,12 @@ impl<B: Backend> Stage<B> {
             return Err(StageError::Shape { what: "output gradient", expected: want, got: self.be.len(&dz) });
         }
         let s = self.saved.remove(&key).unwrap();
+        // The weights this micro-batch was forwarded with, if they changed since.
+        let current = match self.stash.remove(&s.version) {
+            Some(w) if s.version != self.version => Some(std::mem::replace(&mut self.params, w)),
+            _ => None,
+        };
+        let version = s.version;
         let dres = match (&self.encode, &s.enc) {
             (Some(idx), Some(acts)) => {
                 let c = ctx!(self, s.batch, s.seq);
@@ -432,7 +497,14 @@ impl<B: Backend> Stage<B> {
             }
             _ => dz,
         };
-        Ok(self.run_backward(s, dres))
+        let din = self.run_backward(s, dres);
+        if let Some(cur) = current {
+            let old = std::mem::replace(&mut self.params, cur);
+            if self.in_flight_at(version) {
+                self.stash.insert(version, old);
+            }
+        }
+        Ok(din)
     }
 
     /// Tail (or whole-model) stage: forward, loss against `targets`, and

@@ -188,3 +188,48 @@ fn cpu_results_are_bitwise_independent_of_the_thread_count() {
         }
     }
 }
+
+#[test]
+fn a_stage_stepped_between_forward_and_backward_differentiates_the_weights_it_forwarded_with() {
+    use iota_core::StageSpec;
+    use iota_model::optim::AdamW;
+    use iota_model::{Stage, StageInput};
+    let cfg = config(2, 16, WireCodec::F32, 10);
+    let spec = StageSpec::split(&cfg.model, 2).unwrap()[0].clone();
+    let be = Arc::new(CpuBackend::new());
+    let data = corpus(16);
+    let batch = |i: u64| {
+        let mb = iota_model::train::micro_batch_id(i, data.num_shards(), 2);
+        data.micro_batch(1, mb, 16).0
+    };
+    let (x1, x2) = (batch(0), batch(1));
+    let width = spec.boundary_width;
+    let dout = |salt: f32| -> Vec<f32> { (0..32 * width).map(|i| ((i as f32 * 0.37 + salt).sin()) * 1e-2).collect() };
+    // The pipeline's order: forward 1, forward 2, backward 1, step, backward 2.
+    let run = |stash: bool| -> (Vec<f32>, usize) {
+        let mut st = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
+        st.set_weight_stashing(stash);
+        let mut opt = AdamW::new(&*be, st.layout().total());
+        st.forward(1, StageInput::Tokens(&x1), 2, 16).unwrap();
+        st.forward(2, StageInput::Tokens(&x2), 2, 16).unwrap();
+        st.backward(1, &dout(0.0)).unwrap();
+        assert!(opt.step(&mut st, &cfg.adamw, 1e-2).applied);
+        let kept = st.stashed_versions();
+        st.zero_grads();
+        st.backward(2, &dout(1.0)).unwrap();
+        assert_eq!(st.stashed_versions(), 0, "nothing in flight, nothing kept");
+        (st.grads_host(), kept)
+    };
+    // Reference: micro-batch 2 alone, on the weights it was forwarded with.
+    let mut fresh = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
+    fresh.forward(2, StageInput::Tokens(&x2), 2, 16).unwrap();
+    fresh.backward(2, &dout(1.0)).unwrap();
+    let want = fresh.grads_host();
+    let (stashed, kept) = run(true);
+    assert_eq!(kept, 1, "the step kept the weights micro-batch 2 was forwarded with");
+    assert_eq!(stashed, want);
+    let (unstashed, kept) = run(false);
+    assert_eq!(kept, 0);
+    let diff = unstashed.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(diff > 1e-6, "stepping changed nothing the backward reads: {diff}");
+}

@@ -282,18 +282,23 @@ impl EvidenceLog {
     pub fn wants_backward(&self, key: MbKey) -> bool {
         self.kept(key.0).is_some_and(|e| {
             !e.frames_full
-                && e.attempts.get(&key).is_some_and(|a| a.input_frame.is_some() && a.output == Direction::Activation)
-                && e.versions.last().is_some_and(|v| v.weights.is_some())
+                && e.attempts.get(&key).is_some_and(|a| {
+                    a.input_frame.is_some()
+                        && a.output == Direction::Activation
+                        && e.versions.get(a.version).is_some_and(|v| v.weights.is_some())
+                })
         })
     }
 
-    /// This miner (a middle stage) computed the backward of `key` with its
-    /// current weights on `received`, the whole gradient frame it got from
-    /// downstream, and sent a gradient upstream. False if it is not kept.
+    /// This miner (a middle stage) computed the backward of `key` on
+    /// `received`, the whole gradient frame it got from downstream, with
+    /// the weights its forward ran on (the stage stashes them across inner
+    /// steps: `Stage::before_update`), and sent a gradient upstream. False
+    /// if it is not kept.
     pub fn backward(&mut self, key: MbKey, received: Vec<u8>) -> bool {
         let frame_budget = self.frame_budget();
         let Some(e) = self.kept_mut(key.0) else { return false };
-        let Some(version) = e.versions.len().checked_sub(1) else { return false };
+        let Some(version) = e.attempts.get(&key).map(|a| a.version) else { return false };
         if e.versions.get(version).is_none_or(|v| v.weights.is_none()) {
             return false;
         }

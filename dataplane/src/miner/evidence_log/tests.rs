@@ -48,9 +48,10 @@ fn each_attempt_gets_the_weights_it_was_computed_with() {
     assert_eq!(d.output_frame, vec![9; 5]);
     assert_eq!(d.weights, w(1.0, 8));
     assert_eq!(d.step_hashes, vec![[1; 32], [2; 32], [3; 32]]);
-    // Its backward came after three more inner steps: state 4.
+    // Its backward came after three more inner steps, on the weights its
+    // forward ran on (stashed): state 1, not repeated.
     let bw = d.backward.unwrap();
-    assert_eq!((bw.received, bw.sent, bw.weights), (vec![8; 6], vec![6; 7], Some(w(4.0, 8))));
+    assert_eq!((bw.received, bw.sent, bw.weights), (vec![8; 6], vec![6; 7], None));
     assert_eq!(log.weights(3, 1), Some(&w(1.0, 8)[..]), "lent, then put back");
     assert_eq!(log.bundle((3, 9, 9, 9), Vec::new(), None), Err("the attempt is not kept"));
     // The head's and the tail's bundles have no backward.
@@ -78,24 +79,25 @@ fn a_middle_stage_keeps_its_backward_with_the_weights_it_ran_on() {
     assert!(!log.wants_backward(head) && !log.wants_backward((0, 9, 0, 0)) && !log.wants_backward((1, 0, 0, 0)));
     assert!(!log.backward(head, vec![0; 4]), "a head's backward sends nothing upstream");
     assert!(!log.backward((0, 9, 0, 0), vec![0; 4]), "an attempt without a forward");
-    // a's backward before any step, b's after one.
+    // a's backward before any step, b's after one: both on state 0, the
+    // weights their forwards ran on (the stage stashes them).
     assert!(log.backward(a, vec![3; 12]));
     log.stepped(0, [1; 32], w(1.0, 8));
     assert!(log.backward(b, vec![4; 12]));
     log.stepped(0, [2; 32], w(2.0, 8));
-    assert_eq!((log.backward_version(a), log.backward_version(b)), (Some(0), Some(1)));
+    assert_eq!((log.backward_version(a), log.backward_version(b)), (Some(0), Some(0)));
     assert!(log.attempt(a).unwrap().has_backward && !log.attempt(head).unwrap().has_backward);
-    assert_eq!(log.weights(0, 1), Some(&w(1.0, 8)[..]), "kept: a backward ran on it");
+    assert_eq!(log.weights(0, 0), Some(&w(0.0, 8)[..]), "kept: the forwards and backwards ran on it");
     assert_eq!(log.bytes().1, 10 + 10 + 12 + 12);
     // A repeated backward replaces the frame, counted once.
     assert!(log.backward(b, vec![4; 2]));
     assert_eq!(log.bytes().1, 10 + 10 + 12 + 2);
-    assert_eq!(log.backward_version(b), Some(2));
+    assert_eq!(log.backward_version(b), Some(0));
     let limits = crate::evidence_bundle::BundleLimits { max_frame: 1 << 20, weights: 8, max_steps: 16 };
     let d = EvidenceBundle::decode(&log.bundle(a, vec![9], Some(vec![7])).unwrap(), limits).unwrap();
     assert_eq!(d.backward.unwrap().weights, None, "the same state as its forward: not repeated");
     let d = EvidenceBundle::decode(&log.bundle(b, vec![9], Some(vec![7])).unwrap(), limits).unwrap();
-    assert_eq!(d.backward.unwrap().weights, Some(w(2.0, 8)));
+    assert_eq!(d.backward.unwrap().weights, None, "after a step too");
     // The received frames share the frames' bound (a quarter of 256).
     let mut log = EvidenceLog::new(256);
     log.begin(0, 1, w(0.0, 2));
@@ -105,15 +107,18 @@ fn a_middle_stage_keeps_its_backward_with_the_weights_it_ran_on() {
     assert!(!log.wants_backward(a) && !log.wants_input(0), "nothing more once full");
     assert!(!log.attempt(a).unwrap().has_backward);
     assert_eq!(log.bundle(a, vec![9], Some(vec![7])), Err("its backward is not kept"));
-    // Past the snapshot budget the backward's weights are not kept.
+    // Past the snapshot budget a backward is still kept: it ran on its
+    // forward's weights, kept with the forward, not on the latest ones.
     let mut log = EvidenceLog::new(64);
     log.begin(0, 1, w(0.0, 8));
     assert!(log.forward(a, Some(vec![0; 4]), A));
     log.stepped(0, [1; 32], w(1.0, 8));
     assert!(log.forward(b, Some(vec![0; 4]), A), "state 1 is used: both snapshots kept");
     log.stepped(0, [2; 32], w(2.0, 8));
-    assert!(!log.wants_backward(a));
-    assert!(!log.backward(a, vec![0; 4]), "its weights are not kept");
+    assert_eq!(log.weights(0, 2), None, "past the budget");
+    assert!(log.wants_backward(a));
+    assert!(log.backward(a, vec![0; 4]));
+    assert_eq!(log.backward_version(a), Some(0));
 }
 
 /// Log lines written while `f` runs.
