@@ -295,7 +295,7 @@ impl Trainer {
                     }
                 }
                 let done = self.step + 1;
-                if done % *interval == 0 || done == self.setup.train.steps {
+                if done.is_multiple_of(*interval) || done == self.setup.train.steps {
                     sim.merge(replicas, merged, self.merges)?;
                     self.merges += 1;
                 }

@@ -71,10 +71,10 @@ pub fn accumulate_through<B: Backend>(
     let last = stages.len() - 1;
     let mut wire = 0usize;
     let mut hidden: Vec<f32> = Vec::new();
-    for s in 0..last {
+    for (s, stage) in stages.iter_mut().enumerate().take(last) {
         let input = if s == 0 { StageInput::Tokens(tokens) } else { StageInput::Hidden(&hidden) };
-        let mut out = stages[s].forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
-        let width = stages[s].boundary_width();
+        let mut out = stage.forward(key, input, batch, seq).with_context(|| format!("stage {s} forward"))?;
+        let width = stage.boundary_width();
         wire += codec::round_trip(codec, n, width, &mut out).with_context(|| format!("stage {s} output"))?;
         hidden = out;
     }
