@@ -113,19 +113,19 @@ mod tests {
         let (b1, b2, lr, eps) = (0.8f64, 0.99f64, 0.05f64, 1e-8f64);
         let (mut p, mut m, mut v) = (vec![0.7f32, -1.5], vec![0.0f32; 2], vec![0.0f32; 2]);
         let (mut rp, mut rm, mut rv) = ([0.7f64, -1.5], [0.0f64; 2], [0.0f64; 2]);
+        let step = |t: u64, nesterov: bool| AdamStep {
+            lr: lr as f32,
+            beta1: b1 as f32,
+            beta2: b2 as f32,
+            eps: eps as f32,
+            weight_decay: 0.0,
+            t,
+            grad_scale: 1.0,
+            nesterov,
+        };
         for t in 1..=4u64 {
             let g = [0.3f32 * t as f32, -0.2];
-            let h = AdamStep {
-                lr: lr as f32,
-                beta1: b1 as f32,
-                beta2: b2 as f32,
-                eps: eps as f32,
-                weight_decay: 0.0,
-                t,
-                grad_scale: 1.0,
-                nesterov: true,
-            };
-            be.adamw(&mut p, &g, &mut m, &mut v, h);
+            be.adamw(&mut p, &g, &mut m, &mut v, step(t, true));
             for i in 0..2 {
                 let gi = g[i] as f64;
                 rm[i] = b1 * rm[i] + (1.0 - b1) * gi;
@@ -140,17 +140,7 @@ mod tests {
         let (mut q, mut m2, mut v2) = (vec![0.7f32, -1.5], vec![0.0f32; 2], vec![0.0f32; 2]);
         for t in 1..=4u64 {
             let g = [0.3f32 * t as f32, -0.2];
-            let h = AdamStep {
-                lr: lr as f32,
-                beta1: b1 as f32,
-                beta2: b2 as f32,
-                eps: eps as f32,
-                weight_decay: 0.0,
-                t,
-                grad_scale: 1.0,
-                nesterov: false,
-            };
-            be.adamw(&mut q, &g, &mut m2, &mut v2, h);
+            be.adamw(&mut q, &g, &mut m2, &mut v2, step(t, false));
         }
         assert!((q[0] - p[0]).abs() > 1e-4, "{q:?} vs {p:?}");
     }

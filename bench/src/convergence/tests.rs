@@ -1,0 +1,192 @@
+//! The harness's own checks: the comparisons it draws must be fair.
+
+use super::*;
+use iota_core::merge::{OuterOpt, ReduceRule};
+
+fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus) {
+    let mut model = iota_core::ModelConfig::preset("tiny").unwrap();
+    model.bottleneck = 0;
+    let train = TrainConfig {
+        tokenizer: iota_core::train_config::TokenizerKind::Byte,
+        stages: 2,
+        batch: 2,
+        seq: 16,
+        grad_accum,
+        steps,
+        schedule: iota_core::train_config::LrSchedule { peak: 3e-3, warmup: 2, total: steps, min_ratio: 0.1 },
+        adamw: Default::default(),
+        codec: WireCodec::F32,
+        seed: 7,
+        model,
+    };
+    let text: Vec<u32> = (0..40_000u32).map(|i| (i * 7 + i / 13) % 200 + 20).collect();
+    let corpus = Corpus::new(text, 16, 8, 0.05).unwrap();
+    let merge = MergeSpec {
+        rule: ReduceRule::Mean,
+        outer: OuterOpt::AVERAGE,
+        codec: WireCodec::F32,
+        slices_per_replica: 2,
+        ..MergeSpec::default()
+    };
+    (Setup { train, replicas, merge, seed: 7 }, corpus)
+}
+
+fn params(t: &Trainer) -> Vec<Vec<f32>> {
+    let p = match &t.mode {
+        Mode::One(p) => p,
+        Mode::Sync(r) => &r[0],
+        Mode::Swarm { merged, .. } => merged,
+    };
+    p.stages().iter().map(|s| s.params_host()).collect()
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
+    let (setup, corpus) = tiny_setup(3, 2, 6);
+    let be = Arc::new(CpuBackend::new());
+    let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
+    let mut sync = Trainer::new(be.clone(), &setup, &Variant::SyncDataParallel).unwrap();
+    let start = params(&one);
+    for _ in 0..6 {
+        one.step(&corpus).unwrap();
+        sync.step(&corpus).unwrap();
+    }
+    let (p1, p2) = (params(&one), params(&sync));
+    let moved = max_diff(&start, &p1);
+    let diff = max_diff(&p1, &p2);
+    assert!(moved > 1e-3, "training moved the weights by {moved}");
+    assert!(diff < 1e-5, "sync DP differs from one process by {diff} (moved {moved})");
+    // Every replica holds the same weights.
+    if let Mode::Sync(r) = &sync.mode {
+        for p in &r[1..] {
+            let q: Vec<Vec<f32>> = p.stages().iter().map(|s| s.params_host()).collect();
+            assert_eq!(max_diff(&p2, &q), 0.0);
+        }
+    }
+    // And replicas that do not average their gradients diverge from it:
+    // the check above can fail.
+    let mut apart =
+        Trainer::new(be, &setup, &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false })
+            .unwrap();
+    for _ in 0..5 {
+        apart.step(&corpus).unwrap();
+    }
+    if let Mode::Swarm { replicas, .. } = &apart.mode {
+        let a: Vec<Vec<f32>> = replicas[0].stages().iter().map(|s| s.params_host()).collect();
+        let b: Vec<Vec<f32>> = replicas[1].stages().iter().map(|s| s.params_host()).collect();
+        assert!(max_diff(&a, &b) > 1e-4);
+    }
+}
+
+#[test]
+fn one_replica_merging_with_plain_averaging_is_one_process() {
+    // R = 1: the merge must hand back exactly the replica's weights
+    // (pseudo-gradient through the f32 codec, mean, lr 1), and a
+    // pathway drawn from one replica is that replica's pipeline.
+    let (setup, corpus) = tiny_setup(1, 1, 5);
+    let be = Arc::new(CpuBackend::new());
+    let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
+    let mut swarm =
+        Trainer::new(be, &setup, &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true })
+            .unwrap();
+    for _ in 0..5 {
+        one.step(&corpus).unwrap();
+        swarm.step(&corpus).unwrap();
+    }
+    assert_eq!(swarm.merges, 3, "merges after steps 2 and 4 and at the end");
+    let d = max_diff(&params(&one), &params(&swarm));
+    assert!(d < 1e-6, "{d}");
+}
+
+#[test]
+fn after_a_merge_every_replica_holds_the_merged_weights() {
+    let (setup, corpus) = tiny_setup(2, 1, 3);
+    let be = Arc::new(CpuBackend::new());
+    let mut t =
+        Trainer::new(be, &setup, &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true })
+            .unwrap();
+    t.step(&corpus).unwrap();
+    // After a merge every replica holds the mean of what they had.
+    if let Mode::Swarm { replicas, merged, .. } = &t.mode {
+        for p in replicas {
+            for (a, b) in p.stages().iter().zip(merged.stages()) {
+                assert_eq!(a.params_host(), b.params_host());
+            }
+        }
+    }
+}
+
+#[test]
+fn variant_names_parse() {
+    assert_eq!(
+        Variant::parse("h8").unwrap(),
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true }
+    );
+    assert_eq!(
+        Variant::parse("h8-fixed").unwrap(),
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false }
+    );
+    assert_eq!(
+        Variant::parse("h24-no-bottleneck").unwrap(),
+        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true }
+    );
+    assert_eq!(
+        Variant::parse("h24-f32").unwrap(),
+        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true }
+    );
+    assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
+    assert_eq!(default_runs(&[1, 8], 24).len(), 8);
+}
+
+#[test]
+fn the_harness_runs_end_to_end_on_tiny_and_draws_its_curves() {
+    let out = tempfile::tempdir().unwrap();
+    let args = <Cli as clap::Parser>::parse_from([
+        "x",
+        "--model",
+        "tiny",
+        "--epochs",
+        "2",
+        "--micro-batches",
+        "8",
+        "--batch",
+        "4",
+        "--seq",
+        "32",
+        "--intervals",
+        "1,8",
+        "--val-batches",
+        "4",
+        "--curve-every",
+        "2",
+        "--run-dir",
+        out.path().join("run").to_str().unwrap(),
+        "--out",
+        out.path().join("plots").to_str().unwrap(),
+    ]);
+    run(args.a).unwrap();
+    let files: Vec<PathBuf> = std::fs::read_dir(out.path().join("plots")).unwrap().map(|e| e.unwrap().path()).collect();
+    let json = files.iter().find(|p| p.extension().is_some_and(|e| e == "json")).expect("results json");
+    let svg = files.iter().find(|p| p.extension().is_some_and(|e| e == "svg")).expect("curves svg");
+    let results: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    // one, sync, h1, h4 (the swarm's own: 8 / 2), h8, h4 fixed, no bottleneck, f32.
+    assert_eq!(results.len(), 8, "{results:?}");
+    for r in &results {
+        let loss = r["final_loss"].as_f64().unwrap();
+        assert!(loss.is_finite() && loss > 0.0 && loss < 6.0, "{r}");
+        assert_eq!(r["curve"].as_array().unwrap().len(), 4, "points at steps 2, 4, 6 and the end (8)");
+    }
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 8);
+    assert!(svg.contains("swarm H=4"));
+}
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    a: Args,
+}
