@@ -208,6 +208,9 @@ enum Mode {
 
 struct Trainer {
     mode: Mode,
+    /// Optimizer steps of a one-process trainer per global step: R at a
+    /// replica's batch (the same tokens in R times the steps), else 1.
+    one_steps: usize,
     setup: Setup,
     step: u64,
     merges: u64,
@@ -245,7 +248,8 @@ impl Trainer {
                 Mode::Swarm { replicas, merged, sim, interval: *interval, mixed: *mixed }
             }
         };
-        Ok(Trainer { mode, setup: setup.clone(), step: 0, merges: 0 })
+        let one_steps = if *variant == Variant::OneProcessReplicaBatch { r } else { 1 };
+        Ok(Trainer { mode, one_steps, setup: setup.clone(), step: 0, merges: 0 })
     }
 
     /// One global step: every replica's micro-batches of it.
@@ -255,7 +259,9 @@ impl Trainer {
         let first = self.step * r * a;
         match &mut self.mode {
             Mode::One(p) => {
-                p.train_step(corpus)?;
+                for _ in 0..self.one_steps {
+                    p.train_step(corpus)?;
+                }
             }
             Mode::Sync(replicas) => {
                 let mut total = Accumulated::default();

@@ -83,6 +83,22 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
 }
 
 #[test]
+fn every_variant_trains_the_same_tokens() {
+    // 3 global steps of 2 replicas x grad_accum 2: 12 micro-batches each.
+    let (setup, corpus) = tiny_setup(2, 2, 3);
+    let be = Arc::new(CpuBackend::new());
+    for (v, steps) in [(Variant::OneProcess, 3), (Variant::OneProcessReplicaBatch, 6)] {
+        let mut t = Trainer::new(be.clone(), &setup, &v).unwrap();
+        for _ in 0..3 {
+            t.step(&corpus).unwrap();
+        }
+        let Mode::One(p) = &t.mode else { unreachable!() };
+        let micro_batches = p.step_count() * p.cfg.grad_accum as u64;
+        assert_eq!((p.step_count(), micro_batches), (steps, 12), "{v:?}");
+    }
+}
+
+#[test]
 fn one_replica_merging_with_plain_averaging_is_one_process() {
     // R = 1: the merge must hand back exactly the replica's weights
     // (pseudo-gradient through the f32 codec, mean, lr 1), and a
