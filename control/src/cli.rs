@@ -178,9 +178,17 @@ pub struct RunArgs {
     /// --outer-momentum (IOTA warms it from 0.5 to 0.9); 0 = no warm-up.
     #[arg(long, default_value_t = 0)]
     pub outer_momentum_warmup: u64,
-    /// Butterfly partitions per replica (more: smaller messages, finer re-plans).
+    /// Butterfly partitions per replica, at least (more: smaller messages,
+    /// finer re-plans). A large stage gets more, so that every slice fits
+    /// --max-slice-mib.
     #[arg(long, default_value_t = 1)]
     pub slices_per_replica: u32,
+    /// Largest butterfly slice on the wire, in MiB (4 KiB to 128 MiB as a
+    /// fraction): the merge plan cuts each stage into partitions whose encoded
+    /// slices fit one frame, so none is refused for its size or goes through
+    /// the object store for it.
+    #[arg(long, default_value_t = 64.0)]
+    pub max_slice_mib: f64,
 }
 
 impl RunArgs {
@@ -274,6 +282,7 @@ impl RunArgs {
                 .iter()
                 .map(|s| ParamLayout::for_stage(&train.model, s).total() as u64)
                 .collect(),
+            max_slice_bytes: (self.max_slice_mib * (1u64 << 20) as f64).round() as u64,
         };
         if !(self.outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
             bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");

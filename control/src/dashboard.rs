@@ -194,6 +194,8 @@ pub fn state(o: &Orchestrator, now: Ms) -> Value {
             "hash_mismatches": c.hash_mismatches,
             "bad_objects": c.bad_objects,
             "divergent_merges": c.divergent_merges,
+            "contributions_from_store": c.merge_contributions_from_store,
+            "updates_from_store": c.merge_updates_from_store,
         },
         "payouts": payouts,
         "settled_epochs": o.settlements().last().map_or(0, |s| s.epoch + 1),

@@ -80,6 +80,18 @@ pub fn orchestrator_metrics(o: &Orchestrator) -> String {
     counter(&mut r, "miners_benched", "Times a miner was benched for not delivering.", c.benched);
     counter(&mut r, "merge_hash_mismatches", "Butterfly partitions whose two owners disagreed.", c.hash_mismatches);
     counter(&mut r, "divergent_merges", "Merges after which replicas' weights differed.", c.divergent_merges);
+    counter(
+        &mut r,
+        "merge_contributions_from_store",
+        "Butterfly contributions an owner read from the object store (the sender could not deliver them).",
+        c.merge_contributions_from_store,
+    );
+    counter(
+        &mut r,
+        "merge_updates_from_store",
+        "Merged butterfly slices a replica read from the object store (the update never reached it).",
+        c.merge_updates_from_store,
+    );
     counter(&mut r, "store_objects_bad", "Store objects a reader found unlike their announcement.", c.bad_objects);
     counter(
         &mut r,

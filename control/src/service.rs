@@ -460,6 +460,7 @@ impl OrchestratorRpc for OrchestratorService {
                 key: m.key,
                 weights_hash: m.weights_hash,
                 object: m.object.map(|o| self.announced(peer, &o)).transpose()?,
+                from_store: (m.contributions_from_store, m.updates_from_store),
             },
             pb::report::Kind::Stored(st) => Event::Stored {
                 peer,

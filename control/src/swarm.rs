@@ -74,6 +74,9 @@ pub struct SwarmReport {
     /// (activations and their gradients, framing included), counted on the
     /// wire; None when a miner left no totals.
     pub boundary_bytes: Option<u64>,
+    /// Butterfly slices read from the object store instead of the data
+    /// plane: (contributions, merged updates).
+    pub merge_from_store: (u64, u64),
 }
 
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
@@ -343,6 +346,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         settled_epochs,
         model,
         boundary_bytes: measured_boundary_bytes(&o.run_dir, n),
+        merge_from_store: (c.merge_contributions_from_store, c.merge_updates_from_store),
         miners: svc.with_state(|o| {
             let (per_mb, secs) =
                 (o.tokens_per_micro_batch(), o.training_ms(iota_protocol::auth::now_ms()) as f64 / 1e3);
@@ -420,6 +424,15 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
         wire_bytes_per_token(cfg),
         cfg.train.codec.name(),
     );
+    if cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly {
+        match r.merge_from_store {
+            (0, 0) => println!("merge: every butterfly slice went over the data plane"),
+            (c, u) => println!(
+                "merge: {c} contributions and {u} merged updates went through the object store instead of the \
+                 data plane (a peer unreachable or a frame lost; the orchestrator's log names the replicas)"
+            ),
+        }
+    }
     match &r.model {
         Ok(p) => println!(
             "model: {} (Hugging Face Llama folder; try `iota generate --model {} --prompt \"...\"`)",

@@ -7,8 +7,11 @@ use std::time::Duration;
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Rng, WireCodec};
 use iota_dataplane::fileio::FileIo;
+use iota_dataplane::frame::FrameLimits;
 use iota_dataplane::local_store::LocalDirStore;
-use iota_dataplane::miner::merge::local::{LocalReplica, flat_layout, run_local_butterfly};
+use iota_dataplane::miner::merge::local::{
+    LocalReplica, flat_layout, run_local_butterfly, run_local_butterfly_with_limits,
+};
 use iota_dataplane::miner::merge::{MergeFault, load_weights};
 use iota_protocol::{MergeMethod, MergeSpec};
 
@@ -21,6 +24,7 @@ fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
         outer: OuterOpt::AVERAGE,
         outer_momentum_warmup: 0,
         stage_params: Vec::new(),
+        max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
     }
 }
 
@@ -85,6 +89,52 @@ async fn butterfly_equals_the_mean_and_replicas_end_bitwise_identical() {
             println!("R={r} slices={slices}: sent {:?} received {:?}", rep.sent_bytes, rep.recv_bytes);
         }
     }
+}
+
+/// A stage several times larger than the receivers' frame limit: the plan
+/// cuts it into partitions whose slices fit, so no frame is refused and
+/// nothing goes through the store; the merge equals the unbounded one
+/// bit for bit. The same merge planned without the bound (one partition
+/// per replica) is refused by the same receivers, so the check can fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_larger_than_the_frame_limit_merges_in_slices_that_fit() {
+    let n = 40_000; // 160 KB of f32: 8 times the limit
+    let limit = 20_000u64;
+    let tight = FrameLimits { max_payload: limit, ..FrameLimits::default() };
+    let (prev, reps) = replicas(3, n, 11);
+    let want = weighted_mean(&reps);
+    let bounded = MergeSpec { max_slice_bytes: limit, ..spec(ReduceRule::Mean, WireCodec::F32, 1) };
+    let dir = tempfile::tempdir().unwrap();
+    let rep = run_local_butterfly_with_limits(bounded, 0, prev.clone(), reps.clone(), dir.path(), TIMEOUT, &[], tight)
+        .await
+        .unwrap();
+    assert_eq!(rep.frames_refused, 0, "a slice was refused");
+    assert_eq!(rep.store_fallbacks, 0, "a slice went through the store");
+    let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+    assert!(merged.iter().all(|m| m == &merged[0]), "replicas differ");
+    assert!(max_abs(&merged[0], &want) < 1e-6);
+    // Partitioning does not change an element-wise mean: the same bits as
+    // one partition per replica under no limit.
+    let dir = tempfile::tempdir().unwrap();
+    let free = run_local_butterfly(
+        spec(ReduceRule::Mean, WireCodec::F32, 1),
+        0,
+        prev.clone(),
+        reps.clone(),
+        dir.path(),
+        TIMEOUT,
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(free.merged[0].as_ref().unwrap(), &merged[0]);
+    // Planned as before the bound existed, the receivers' limit refuses the
+    // slices: a miner says so instead of merging.
+    let unbounded = MergeSpec { max_slice_bytes: 1 << 27, ..spec(ReduceRule::Mean, WireCodec::F32, 1) };
+    let dir = tempfile::tempdir().unwrap();
+    let refused =
+        run_local_butterfly_with_limits(unbounded, 0, prev, reps, dir.path(), Duration::from_secs(5), &[], tight).await;
+    assert!(refused.is_err(), "a plan of slices over the frame limit cannot complete");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! What a run is: shape of the swarm, epoch length, timeouts.
 
 use iota_core::WireCodec;
-use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::merge::{BLOCK, MergePlan, OuterOpt, Participant, ReduceRule};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,16 +148,51 @@ pub struct MergeSpec {
     pub outer_momentum_warmup: u64,
     /// Parameter count of every stage (the butterfly plan splits these).
     pub stage_params: Vec<u64>,
+    /// Largest payload of one merge frame (bytes): the plan cuts a stage
+    /// into partitions whose slices, encoded with `codec`, fit it, so no
+    /// receiver refuses a slice for its size and none goes through the store
+    /// for it. Left out of the settings at its default, so runs saved before
+    /// it existed keep their run id.
+    #[serde(default = "default_max_slice_bytes", skip_serializing_if = "is_default_max_slice_bytes")]
+    pub max_slice_bytes: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+/// 64 MiB: a quarter of a miner's default receive pool (256 MiB), so
+/// contributions from several replicas are read at once, and an eighth of
+/// the data plane's frame limit.
+pub const DEFAULT_MAX_SLICE_BYTES: u64 = 64 << 20;
+/// The bounds a run may set `max_slice_bytes` within: at least one block
+/// of f32 values; at most half a default receive pool.
+pub const MAX_SLICE_BYTES_RANGE: std::ops::RangeInclusive<u64> = 4096..=128 << 20;
+
+fn default_max_slice_bytes() -> u64 {
+    DEFAULT_MAX_SLICE_BYTES
+}
+
+fn is_default_max_slice_bytes(v: &u64) -> bool {
+    *v == DEFAULT_MAX_SLICE_BYTES
+}
+
 impl MergeSpec {
     /// The outer optimizer of the merge that ends epoch `epoch`.
     pub fn outer_at(&self, epoch: u64) -> OuterOpt {
         self.outer.at_merge(self.outer_momentum_warmup, epoch)
+    }
+
+    /// Longest partition (values) whose slice, encoded with the merge
+    /// codec as whole blocks, fits `max_slice_bytes`.
+    pub fn max_partition_len(&self) -> u64 {
+        let block_bytes = self.codec.row_bytes(BLOCK as usize) as u64;
+        (self.max_slice_bytes / block_bytes).max(1) * BLOCK
+    }
+
+    /// The butterfly plan of one stage's merge under this spec.
+    pub fn plan(&self, epoch: u64, stage: u32, participants: Vec<Participant>, params: u64, seed: u64) -> MergePlan {
+        MergePlan::bounded(epoch, stage, participants, params, seed, self.slices_per_replica, self.max_partition_len())
     }
 }
 
@@ -173,6 +208,7 @@ impl Default for MergeSpec {
             outer: OuterOpt::AVERAGE,
             outer_momentum_warmup: 0,
             stage_params: Vec::new(),
+            max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
         }
     }
 }
@@ -203,6 +239,13 @@ impl RunSpec {
         }
         if self.merge.codec == WireCodec::Int4Row {
             return Err("merge codec must be f32, bf16 or int8".into());
+        }
+        if !MAX_SLICE_BYTES_RANGE.contains(&self.merge.max_slice_bytes) {
+            return Err(format!(
+                "merge: max_slice_bytes must be within {} to {} bytes",
+                MAX_SLICE_BYTES_RANGE.start(),
+                MAX_SLICE_BYTES_RANGE.end()
+            ));
         }
         let v = &self.validation;
         if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 {

@@ -316,6 +316,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
             outer: OuterOpt::AVERAGE,
             outer_momentum_warmup: 0,
             stage_params: vec![1_000, 1_000],
+            max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
         },
         miners_per_stage_cap: 3,
         registration_timeout_ms: 10_000,
@@ -409,6 +410,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
                     let stage = o.miner(&peer).map_or(0, |m| m.stage);
                     StoredObject::of(&format!("epoch-{:06}/stage-{stage:03}/merged.safetensors", o.epoch()), &[1], peer)
                 }),
+                from_store: (b.u8() as u32 * 0x0101_0101, b.u8() as u32),
             },
             9 => {
                 let stage = b.u8() as u32 % 2;
@@ -598,6 +600,7 @@ pub fn signed_frame_run(data: &[u8]) -> bool {
                 outer: OuterOpt::AVERAGE,
                 outer_momentum_warmup: 0,
                 stage_params: vec![PARAMS],
+                max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
             };
             let store: SharedStore = std::sync::Arc::new(MemStore::default());
             let ctx = std::sync::Arc::new(RunContext::new(7, FrameLimits::default()));

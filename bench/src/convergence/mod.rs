@@ -29,7 +29,7 @@ use anyhow::{Context, Result, bail};
 use iota_core::PeerId;
 use iota_core::Rng;
 use iota_core::codec::WireCodec;
-use iota_core::merge::{MergePlan, Participant};
+use iota_core::merge::Participant;
 use iota_dataplane::miner::merge::{encode_slice, reduce_partition};
 use iota_model::data::Corpus;
 use iota_model::train::{Accumulated, Pipeline, TrainConfig, accumulate_through, micro_batch_id};
@@ -411,7 +411,7 @@ impl MergeSim {
             let theta_prev = merged.stages()[s].params_host();
             let locals: Vec<Vec<f32>> = replicas.iter().map(|p| p.stages()[s].params_host()).collect();
             let n = theta_prev.len() as u64;
-            let plan = MergePlan::new(k, s as u32, participants.clone(), n, self.seed, spec.slices_per_replica);
+            let plan = spec.plan(k, s as u32, participants.clone(), n, self.seed);
             let weights = plan.weights();
             let mut theta_next = theta_prev.clone();
             for part in &plan.partitions {

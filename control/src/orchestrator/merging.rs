@@ -153,14 +153,7 @@ impl Orchestrator {
                 })
                 .unwrap_or_default();
             let params = self.spec.merge.stage_params[s as usize];
-            let plan = MergePlan::new(
-                self.epoch,
-                s,
-                participants,
-                params,
-                self.spec.run_id,
-                self.spec.merge.slices_per_replica,
-            );
+            let plan = self.spec.merge.plan(self.epoch, s, participants, params, self.spec.run_id);
             let mut sm = StageMerge::new(plan);
             // With validators, every owner pair's results wait for an audit
             // (merge_audit.rs); the draw's seed stays here.

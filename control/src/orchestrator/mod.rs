@@ -108,6 +108,9 @@ pub enum Event {
         weights_hash: Vec<u8>,
         /// Parameter server: the merged object.
         object: Option<StoredObject>,
+        /// Butterfly: slices it read from the store (contributions,
+        /// merged updates) instead of over the data plane.
+        from_store: (u32, u32),
     },
     /// A butterfly writer stored a merged slice or its momentum.
     Stored {
@@ -396,7 +399,7 @@ impl Orchestrator {
                     self.counters.stale_reports += 1;
                 }
             }
-            Event::MergeDone { peer, epoch, stage, key, weights_hash, object } => {
+            Event::MergeDone { peer, epoch, stage, key, weights_hash, object, from_store } => {
                 self.known(&peer)?;
                 let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
                 let accepted = match self.spec.merge.method {
@@ -415,7 +418,20 @@ impl Orchestrator {
                     MergeMethod::Butterfly if current => {
                         let h = <[u8; 32]>::try_from(weights_hash.as_slice())
                             .map_err(|_| Refusal::Invalid("weights hash must be 32 bytes".into()))?;
-                        self.butterfly.get_mut(&stage).is_some_and(|m| m.merge_done(peer, h))
+                        let Some(m) = self.butterfly.get_mut(&stage) else { return Ok(out) };
+                        // A replica reads each partition from the store at most once per generation.
+                        let most = m.plan.partitions.len() as u64 * 4;
+                        let accepted = m.merge_done(peer, h);
+                        if accepted && from_store != (0, 0) {
+                            let (c, u) = (u64::from(from_store.0).min(most), u64::from(from_store.1).min(most));
+                            tracing::warn!(
+                                %peer, epoch, stage, contributions = c, updates = u,
+                                "merge slices went through the object store (a peer unreachable, or a frame lost)"
+                            );
+                            self.counters.merge_contributions_from_store += c;
+                            self.counters.merge_updates_from_store += u;
+                        }
+                        accepted
                     }
                     _ => false,
                 };

@@ -428,4 +428,11 @@ pub struct Counters {
     /// Merges the validators' stake rolled back.
     #[serde(default)]
     pub rollbacks: u64,
+    /// Butterfly slices replicas read from the object store instead of
+    /// the data plane: contributions a participant could not deliver to
+    /// an owner, and merged updates that never reached a replica.
+    #[serde(default)]
+    pub merge_contributions_from_store: u64,
+    #[serde(default)]
+    pub merge_updates_from_store: u64,
 }

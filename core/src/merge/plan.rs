@@ -43,10 +43,27 @@ impl MergePlan {
     pub fn new(
         epoch: u64,
         stage: u32,
+        participants: Vec<Participant>,
+        params: u64,
+        seed: u64,
+        slices_per_replica: u32,
+    ) -> MergePlan {
+        MergePlan::bounded(epoch, stage, participants, params, seed, slices_per_replica, u64::MAX)
+    }
+
+    /// `new`, with no partition longer than `max_partition_len` values
+    /// (rounded down to whole blocks, at least one): a slice must fit one
+    /// frame its receivers accept, so a large stage gets more partitions
+    /// than `slices_per_replica` asks for, a multiple of the participant
+    /// count so that ownership stays balanced.
+    pub fn bounded(
+        epoch: u64,
+        stage: u32,
         mut participants: Vec<Participant>,
         params: u64,
         seed: u64,
         slices_per_replica: u32,
+        max_partition_len: u64,
     ) -> MergePlan {
         participants.sort_by_key(|p| p.peer);
         participants.dedup_by_key(|p| p.peer);
@@ -61,9 +78,12 @@ impl MergePlan {
         for i in (1..r).rev() {
             perm.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        let k = r * slices_per_replica.max(1) as usize;
         let blocks = params.div_ceil(BLOCK);
-        let k = k.min(blocks as usize).max(1);
+        let max_blocks = (max_partition_len / BLOCK).max(1);
+        // Partitions that keep each under the bound, rounded up to whole rounds of owners.
+        let by_size = blocks.div_ceil(max_blocks).div_ceil(r as u64).saturating_mul(r as u64);
+        let k = (r as u64 * u64::from(slices_per_replica.max(1))).max(by_size);
+        let k = k.min(blocks).max(1) as usize;
         let mut offset = 0u64;
         for i in 0..k {
             // Blocks spread as evenly as possible; the last partition ends at P.
@@ -238,6 +258,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bounded_plans_cut_large_stages_into_partitions_under_the_bound() {
+        for r in [1usize, 2, 3, 5] {
+            for (params, bound) in [(1_000_000u64, 65_536u64), (1_000_003, 100_000), (10_000, 256), (10_000, 1)] {
+                let plan = MergePlan::bounded(3, 1, peers(r), params, 42, 1, bound);
+                plan.validate(params).unwrap();
+                let longest = plan.partitions.iter().map(|p| p.len).max().unwrap();
+                assert!(longest <= bound.max(BLOCK), "r={r} P={params}: a partition of {longest} > {bound}");
+                assert!(plan.partitions.len() >= params.div_ceil(bound.max(BLOCK)) as usize);
+                if plan.partitions.len() as u64 * BLOCK < params {
+                    // Not capped by the block count: whole rounds of owners.
+                    assert_eq!(plan.partitions.len() % r, 0, "r={r} P={params}");
+                }
+                let owned: Vec<u64> = plan.participants.iter().map(|p| plan.elements_owned(&p.peer)).collect();
+                let (lo, hi) = (*owned.iter().min().unwrap(), *owned.iter().max().unwrap());
+                assert!(hi - lo <= 2 * bound.max(BLOCK), "r={r} P={params}: {owned:?}");
+            }
+        }
+        // A bound the stage fits under changes nothing.
+        assert_eq!(
+            MergePlan::bounded(1, 0, peers(4), 50_000, 7, 2, 50_000),
+            MergePlan::new(1, 0, peers(4), 50_000, 7, 2)
+        );
     }
 
     #[test]

@@ -14,6 +14,25 @@ fn butterfly_epochs_merge_by_plan_and_verdicts() {
     assert_eq!(sim.o.history().len(), 2);
     assert_eq!(sim.o.counters().hash_mismatches, 0);
     assert_eq!(sim.o.counters().divergent_merges, 0);
+    assert_eq!(sim.o.counters().merge_contributions_from_store, 0);
+}
+
+#[test]
+fn slices_read_from_the_store_are_counted_and_bounded() {
+    let mut sim = Sim::new(butterfly_spec(2, 3));
+    for i in 0..6 {
+        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+    }
+    sim.from_store.insert(peer(0), (2, 1));
+    // A replica cannot have read more slices than a few per partition.
+    sim.from_store.insert(peer(1), (u32::MAX, 0));
+    sim.run_until_done(200);
+    assert_eq!(sim.o.phase(), &Phase::Done);
+    let c = sim.o.counters();
+    // Two epochs: peer(0) said (2, 1) each time; peer(1)'s claim is cut to
+    // 4 per partition of its 3-partition plan.
+    assert_eq!(c.merge_updates_from_store, 2);
+    assert_eq!(c.merge_contributions_from_store, 2 * 2 + 2 * 4 * 3);
 }
 
 #[test]

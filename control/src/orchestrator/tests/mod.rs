@@ -46,6 +46,9 @@ struct Sim {
     /// Butterfly: owners that publish a wrong hash, and the verdicts each
     /// miner has heard this epoch.
     liars: BTreeSet<PeerId>,
+    /// Butterfly: what each replica says it read from the store in every
+    /// merge (contributions, updates).
+    from_store: std::collections::BTreeMap<PeerId, (u32, u32)>,
     /// Butterfly: participants whose contribution to each partition's
     /// second owner differs from the one its first owner got (owners then
     /// report the signed headers of what they reduced).
@@ -108,6 +111,7 @@ impl Sim {
             routes_seen: 0,
             cancels_seen: 0,
             liars: BTreeSet::new(),
+            from_store: Default::default(),
             equivocators: BTreeSet::new(),
             verdicts: Default::default(),
             verdict_hashes: Vec::new(),
@@ -312,6 +316,7 @@ impl Sim {
                             object: Some(StoredObject::of(&key, b"merged", to)),
                             key,
                             weights_hash: Vec::new(),
+                            from_store: (0, 0),
                         });
                     }
                 }
@@ -343,6 +348,7 @@ impl Sim {
                             key: String::new(),
                             weights_hash: vec![7; 32],
                             object: None,
+                            from_store: self.from_store.get(&to).copied().unwrap_or_default(),
                         });
                     }
                 }

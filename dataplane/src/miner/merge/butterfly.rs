@@ -156,6 +156,11 @@ pub struct Butterfly {
     last_store_poll: Instant,
     merged: Option<(u64, Vec<f32>)>,
     finished: bool,
+    /// This merge's slices read from the store instead of the data plane:
+    /// contributions (as an owner) and merged updates (reported in
+    /// `MergeDone`).
+    contributions_from_store: u32,
+    updates_from_store: u32,
 }
 
 fn blocks(len: u64) -> usize {
@@ -258,6 +263,8 @@ impl Butterfly {
             last_store_poll: Instant::now(),
             merged: None,
             finished: false,
+            contributions_from_store: 0,
+            updates_from_store: 0,
         }
     }
 
@@ -281,6 +288,8 @@ impl Butterfly {
         self.finalized.clear();
         self.merged = None;
         self.finished = false;
+        self.contributions_from_store = 0;
+        self.updates_from_store = 0;
     }
 
     fn codec(&self) -> WireCodec {
@@ -369,6 +378,8 @@ impl Butterfly {
                 key: weights_parts_prefix(self.epoch, self.stage),
                 weights_hash: hash.as_bytes().to_vec(),
                 object: None,
+                contributions_from_store: self.contributions_from_store,
+                updates_from_store: self.updates_from_store,
             })));
             self.merged = Some((self.epoch, self.theta_next.clone()));
         }
@@ -559,6 +570,7 @@ impl Butterfly {
                     return Ok(());
                 }
                 self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.updates_from_store = self.updates_from_store.saturating_add(1);
                 r.values
             }
         };
@@ -690,6 +702,7 @@ impl Butterfly {
                     Ok((h, payload)) => {
                         if let Some(m) = slice_msg(&h, from, payload) {
                             self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
+                            self.contributions_from_store = self.contributions_from_store.saturating_add(1);
                             self.accept(m, false);
                         }
                     }
@@ -789,6 +802,22 @@ impl Merge for Butterfly {
         };
         let plan = plan_from_pb(pp).map_err(anyhow::Error::msg)?;
         plan.validate(layout.total() as u64).map_err(anyhow::Error::msg)?;
+        // Our slices go to peers with the same limit: a plan we could not
+        // receive, they could not either.
+        let limit = self.ctx.limits.max_payload;
+        if let Some((k, bytes)) = plan
+            .partitions
+            .iter()
+            .map(|p| self.codec().payload_bytes(blocks(p.len), BLOCK as usize).map_or(u64::MAX, |b| b as u64))
+            .enumerate()
+            .find(|(_, b)| *b > limit)
+        {
+            bail!(
+                "merge plan partition {k} is a slice of {bytes} bytes, over this miner's frame limit of {limit} \
+                 (the run's max_slice_bytes is {})",
+                self.spec.max_slice_bytes
+            );
+        }
         if plan.epoch != self.epoch || plan.stage != stage || p.epoch != self.epoch {
             bail!(
                 "merge plan for epoch {} stage {}, we are at epoch {} stage {stage}",

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use iota_core::layout::Init;
-use iota_core::merge::{
-    MergeOut, MergePlan, Mismatch, Participant, PartitionOf, SignedContribution, SliceReport, StageMerge,
-};
+use iota_core::merge::{MergeOut, Mismatch, Participant, PartitionOf, SignedContribution, SliceReport, StageMerge};
 use iota_core::{Identity, ParamEntry, ParamLayout, PeerId};
 use iota_protocol::{MergeSpec, StoredObject, pb, plan_to_pb};
 use tokio::sync::mpsc;
@@ -53,6 +51,8 @@ pub struct LocalMergeReport {
     pub sent_bytes: Vec<u64>,
     pub recv_bytes: Vec<u64>,
     pub store_fallbacks: u64,
+    /// Frames the replicas' endpoints refused, all reasons.
+    pub frames_refused: u64,
     pub elapsed: Duration,
     pub mismatches: Vec<Mismatch>,
     pub peers: Vec<PeerId>,
@@ -102,12 +102,39 @@ pub async fn run_local_butterfly(
     timeout: Duration,
     momentum: &[StoredObject],
 ) -> Result<LocalMergeReport> {
+    run_local_butterfly_with_limits(
+        spec,
+        epoch,
+        theta_prev,
+        replicas,
+        store_dir,
+        timeout,
+        momentum,
+        FrameLimits::default(),
+    )
+    .await
+}
+
+/// `run_local_butterfly` with every replica's endpoint refusing frames
+/// past `limits`.
+// The harness's inputs, each needed; a struct would only be unpacked here.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_local_butterfly_with_limits(
+    spec: MergeSpec,
+    epoch: u64,
+    theta_prev: Arc<Vec<f32>>,
+    replicas: Vec<LocalReplica>,
+    store_dir: &Path,
+    timeout: Duration,
+    momentum: &[StoredObject],
+    limits: FrameLimits,
+) -> Result<LocalMergeReport> {
     let r = replicas.len();
     let n = theta_prev.len();
     let ids: Vec<Identity> = (0..r).map(|_| Identity::generate()).collect();
     let peers: Vec<PeerId> = ids.iter().map(|i| i.peer_id()).collect();
     let dir = PeerDirectory::new();
-    let ctx = Arc::new(RunContext::new(7, FrameLimits::default()));
+    let ctx = Arc::new(RunContext::new(7, limits));
     ctx.set_epoch_window(epoch as u32, epoch as u32);
     let store = LocalDirStore::shared(store_dir, FileIo::start(false))?;
     let mut eps = Vec::new();
@@ -223,7 +250,7 @@ pub async fn run_local_butterfly(
     };
     // The coordinator.
     let participants = replicas.iter().zip(&peers).map(|(rep, p)| Participant { peer: *p, work: rep.work }).collect();
-    let mut sm = StageMerge::new(MergePlan::new(epoch, 0, participants, n as u64, 1234, spec.slices_per_replica));
+    let mut sm = StageMerge::new(spec.plan(epoch, 0, participants, n as u64, 1234));
     let index: BTreeMap<PeerId, usize> = peers.iter().enumerate().map(|(i, p)| (*p, i)).collect();
     let send_plan = |sm: &StageMerge| {
         for p in &sm.plan.participants {
@@ -322,6 +349,7 @@ pub async fn run_local_butterfly(
     let elapsed = t0.elapsed();
     // A replica planned out is still waiting for input.
     ticks.abort();
+    let frames_refused = eps.iter().map(|ep| ep.stats().rejected_total()).sum();
     for tx in &to_replica {
         let _ = tx.send(ToReplica::End);
     }
@@ -343,6 +371,7 @@ pub async fn run_local_butterfly(
         sent_bytes: stats.iter().map(|s| s.sent_bytes.load(Ordering::Relaxed)).collect(),
         recv_bytes: stats.iter().map(|s| s.recv_bytes.load(Ordering::Relaxed)).collect(),
         store_fallbacks: stats.iter().map(|s| s.store_fallbacks.load(Ordering::Relaxed)).sum(),
+        frames_refused,
         elapsed,
         mismatches: sm.mismatches.clone(),
         peers,

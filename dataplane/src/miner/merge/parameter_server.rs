@@ -120,6 +120,7 @@ impl Merge for ParameterServer {
             key: obj.key.clone(),
             weights_hash: Vec::new(),
             object: Some(obj.to_pb()),
+            ..Default::default()
         })));
         Ok(())
     }
