@@ -86,8 +86,12 @@ pub enum Variant {
     /// `mixed` pathways (as the orchestrator routes) each stage's replica
     /// for a micro-batch is drawn independently, so a replica's stage
     /// trains on activations from the other replicas' stages too; without,
-    /// each replica is a whole pipeline of its own.
-    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool },
+    /// each replica is a whole pipeline of its own. With `overlap`, the
+    /// merge of each window lands one window late (the replicas train the
+    /// next window meanwhile, as a swarm whose merge runs behind compute),
+    /// and each replica keeps what it trained since: weights = merged +
+    /// (own now - own at the merge's start). The last merge is applied at once.
+    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: bool },
 }
 
 impl Variant {
@@ -103,14 +107,15 @@ impl Variant {
                 if interval == 0 {
                     bail!("'{s}': the merge interval must be positive");
                 }
-                let (bottleneck, f32_codec, mixed) = match suffix {
-                    "" => (true, false, true),
-                    "no-bottleneck" => (false, false, true),
-                    "f32" => (true, true, true),
-                    "fixed" => (true, false, false),
-                    other => bail!("'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed)"),
+                let (bottleneck, f32_codec, mixed, overlap) = match suffix {
+                    "" => (true, false, true, false),
+                    "no-bottleneck" => (false, false, true, false),
+                    "f32" => (true, true, true, false),
+                    "fixed" => (true, false, false, false),
+                    "overlap" => (true, false, true, true),
+                    other => bail!("'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap)"),
                 };
-                Variant::Swarm { interval, bottleneck, f32_codec, mixed }
+                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap }
             }
         })
     }
@@ -120,10 +125,13 @@ impl Variant {
             Variant::OneProcess => "one process, global batch".into(),
             Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
             Variant::SyncDataParallel => "sync data parallel".into(),
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
                 let mut n = format!("swarm H={interval}");
                 if !mixed {
                     n += ", fixed pathways";
+                }
+                if *overlap {
+                    n += ", merge overlapped";
                 }
                 if !bottleneck {
                     n += ", no bottleneck";
@@ -203,7 +211,18 @@ enum Mode {
         sim: MergeSim,
         interval: u64,
         mixed: bool,
+        overlap: bool,
+        /// Overlapped: the merge in flight (its result per stage, and each
+        /// replica's weights per stage when it started).
+        pending: Option<PendingMerge>,
     },
+}
+
+/// A merge whose result lands one window after it started.
+struct PendingMerge {
+    merged: Vec<Vec<f32>>,
+    /// [replica][stage]
+    started_from: Vec<Vec<Vec<f32>>>,
 }
 
 struct Trainer {
@@ -234,7 +253,7 @@ impl Trainer {
             Variant::SyncDataParallel => {
                 Mode::Sync((0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?)
             }
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
                 }
@@ -245,7 +264,15 @@ impl Trainer {
                     (0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?;
                 let merged = Pipeline::new(be.clone(), train.clone())?;
                 let sim = MergeSim::new(&merged, setup);
-                Mode::Swarm { replicas, merged, sim, interval: *interval, mixed: *mixed }
+                Mode::Swarm {
+                    replicas,
+                    merged,
+                    sim,
+                    interval: *interval,
+                    mixed: *mixed,
+                    overlap: *overlap,
+                    pending: None,
+                }
             }
         };
         let one_steps = if *variant == Variant::OneProcessReplicaBatch { r } else { 1 };
@@ -290,7 +317,7 @@ impl Trainer {
                     p.apply_step(total);
                 }
             }
-            Mode::Swarm { replicas, merged, sim, interval, mixed } => {
+            Mode::Swarm { replicas, merged, sim, interval, mixed, overlap, pending } => {
                 if *mixed {
                     mixed_step(replicas, corpus, first, a, self.setup.seed, self.step)?;
                 } else {
@@ -301,8 +328,26 @@ impl Trainer {
                     }
                 }
                 let done = self.step + 1;
-                if done.is_multiple_of(*interval) || done == self.setup.train.steps {
-                    sim.merge(replicas, merged, self.merges)?;
+                let last = done == self.setup.train.steps;
+                if done.is_multiple_of(*interval) || last {
+                    // The merge started a window ago lands first: every
+                    // replica keeps what it trained meanwhile.
+                    if let Some(p) = pending.take() {
+                        land(p, replicas, merged)?;
+                    }
+                    let next = sim.reduce(replicas, merged, self.merges)?;
+                    if *overlap && !last {
+                        let started_from =
+                            replicas.iter().map(|p| p.stages().iter().map(|s| s.params_host()).collect()).collect();
+                        *pending = Some(PendingMerge { merged: next, started_from });
+                    } else {
+                        for (s, theta) in next.iter().enumerate() {
+                            merged.stages_mut()[s].set_params(theta)?;
+                            for p in replicas.iter_mut() {
+                                p.stages_mut()[s].set_params(theta)?;
+                            }
+                        }
+                    }
                     self.merges += 1;
                 }
             }
@@ -320,6 +365,21 @@ impl Trainer {
             Mode::Swarm { merged, .. } => merged.eval(corpus, batches),
         }
     }
+}
+
+/// Applies a merge that ran behind compute: the merged weights become the
+/// model, and each replica moves onto them with what it trained since the
+/// merge started (merged + own now - own then).
+fn land(p: PendingMerge, replicas: &mut [Pipeline<CpuBackend>], merged: &mut Pipeline<CpuBackend>) -> Result<()> {
+    for (s, theta) in p.merged.iter().enumerate() {
+        merged.stages_mut()[s].set_params(theta)?;
+        for (rep, then) in replicas.iter_mut().zip(&p.started_from) {
+            let now = rep.stages()[s].params_host();
+            let moved: Vec<f32> = theta.iter().zip(&now).zip(&then[s]).map(|((m, n), t)| m + (n - t)).collect();
+            rep.stages_mut()[s].set_params(&moved)?;
+        }
+    }
+    Ok(())
 }
 
 /// One inner step of every replica with pathways drawn as the orchestrator
@@ -397,12 +457,15 @@ impl MergeSim {
         }
     }
 
-    fn merge(
+    /// The merged weights of every stage: the replicas' pseudo-gradients
+    /// against the last merged weights (`merged`), reduced.
+    fn reduce(
         &mut self,
-        replicas: &mut [Pipeline<CpuBackend>],
-        merged: &mut Pipeline<CpuBackend>,
+        replicas: &[Pipeline<CpuBackend>],
+        merged: &Pipeline<CpuBackend>,
         k: u64,
-    ) -> Result<()> {
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::new();
         let spec = &self.spec;
         let r = replicas.len();
         let participants: Vec<Participant> =
@@ -439,12 +502,9 @@ impl MergeSim {
                     *t -= u;
                 }
             }
-            merged.stages_mut()[s].set_params(&theta_next)?;
-            for p in replicas.iter_mut() {
-                p.stages_mut()[s].set_params(&theta_next)?;
-            }
+            out.push(theta_next);
         }
-        Ok(())
+        Ok(out)
     }
 }
 
@@ -456,11 +516,11 @@ fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
     }
     hs.sort_unstable();
     for h in hs {
-        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true });
+        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true, overlap: false });
     }
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false });
-    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true });
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true });
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false, overlap: false });
+    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true, overlap: false });
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true, overlap: false });
     v
 }
 

@@ -69,9 +69,12 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
     }
     // And replicas that do not average their gradients diverge from it:
     // the check above can fail.
-    let mut apart =
-        Trainer::new(be, &setup, &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false })
-            .unwrap();
+    let mut apart = Trainer::new(
+        be,
+        &setup,
+        &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false, overlap: false },
+    )
+    .unwrap();
     for _ in 0..5 {
         apart.step(&corpus).unwrap();
     }
@@ -106,9 +109,12 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
     let (setup, corpus) = tiny_setup(1, 1, 5);
     let be = Arc::new(CpuBackend::new());
     let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
-    let mut swarm =
-        Trainer::new(be, &setup, &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true })
-            .unwrap();
+    let mut swarm = Trainer::new(
+        be,
+        &setup,
+        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+    )
+    .unwrap();
     for _ in 0..5 {
         one.step(&corpus).unwrap();
         swarm.step(&corpus).unwrap();
@@ -118,13 +124,85 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
     assert!(d < 1e-6, "{d}");
 }
 
+fn overlapped(interval: u64) -> Variant {
+    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: true }
+}
+
+#[test]
+fn an_overlapped_merge_of_one_replica_is_one_process() {
+    // R = 1: the merge returns the replica's weights, so landing it a window
+    // late (merged + own now - own then) must leave the replica on exactly
+    // the trajectory of one process.
+    let (setup, corpus) = tiny_setup(1, 1, 5);
+    let be = Arc::new(CpuBackend::new());
+    let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
+    let mut swarm = Trainer::new(be, &setup, &overlapped(2)).unwrap();
+    for _ in 0..5 {
+        one.step(&corpus).unwrap();
+        swarm.step(&corpus).unwrap();
+    }
+    assert_eq!(swarm.merges, 3);
+    let d = max_diff(&params(&one), &params(&swarm));
+    assert!(d < 1e-6, "{d}");
+}
+
+#[test]
+fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
+    let (setup, corpus) = tiny_setup(2, 1, 5);
+    let be = Arc::new(CpuBackend::new());
+    let mut lagged = Trainer::new(be.clone(), &setup, &overlapped(2)).unwrap();
+    let mut sync = Trainer::new(
+        be,
+        &setup,
+        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+    )
+    .unwrap();
+    let start = params(&lagged);
+    for _ in 0..2 {
+        lagged.step(&corpus).unwrap();
+        sync.step(&corpus).unwrap();
+    }
+    // The first merge started but has not landed: the model is still the
+    // initial one and the replicas keep their own weights.
+    assert_eq!(max_diff(&params(&lagged), &start), 0.0);
+    assert!(max_diff(&params(&sync), &start) > 1e-4);
+    let Mode::Swarm { replicas, pending, .. } = &lagged.mode else { unreachable!() };
+    let expected_first = pending.as_ref().expect("a merge in flight").merged.clone();
+    let own = |p: &Pipeline<CpuBackend>| p.stages().iter().map(|s| s.params_host()).collect::<Vec<_>>();
+    assert!(max_diff(&own(&replicas[0]), &own(&replicas[1])) > 1e-4, "replicas trained apart");
+    // The first merge is what the synchronous merge computed at the same point.
+    assert!(max_diff(&expected_first, &params(&sync)) < 1e-6);
+    for _ in 0..2 {
+        lagged.step(&corpus).unwrap();
+    }
+    // Step 4 ends the second window: the first merge landed (the model is
+    // it), then the second started from each replica moved onto it with
+    // its own two steps since: near the model, apart from each other.
+    assert!(max_diff(&params(&lagged), &expected_first) < 1e-6);
+    let Mode::Swarm { pending, .. } = &lagged.mode else { unreachable!() };
+    let second = pending.as_ref().expect("the second merge in flight");
+    let (a, b) = (&second.started_from[0], &second.started_from[1]);
+    assert!(max_diff(a, b) > 1e-4, "each replica keeps its own progress");
+    assert!(max_diff(a, &expected_first) > 1e-4 && max_diff(a, &expected_first) < 0.1);
+    // The last step merges at once: every replica ends on the model.
+    lagged.step(&corpus).unwrap();
+    let Mode::Swarm { replicas, merged, pending, .. } = &lagged.mode else { unreachable!() };
+    assert!(pending.is_none());
+    for p in replicas {
+        assert_eq!(max_diff(&own(p), &own(merged)), 0.0);
+    }
+}
+
 #[test]
 fn after_a_merge_every_replica_holds_the_merged_weights() {
     let (setup, corpus) = tiny_setup(2, 1, 3);
     let be = Arc::new(CpuBackend::new());
-    let mut t =
-        Trainer::new(be, &setup, &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true })
-            .unwrap();
+    let mut t = Trainer::new(
+        be,
+        &setup,
+        &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+    )
+    .unwrap();
     t.step(&corpus).unwrap();
     // After a merge every replica holds the mean of what they had.
     if let Mode::Swarm { replicas, merged, .. } = &t.mode {
@@ -140,20 +218,21 @@ fn after_a_merge_every_replica_holds_the_merged_weights() {
 fn variant_names_parse() {
     assert_eq!(
         Variant::parse("h8").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true }
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true, overlap: false }
     );
     assert_eq!(
         Variant::parse("h8-fixed").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false }
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false, overlap: false }
     );
     assert_eq!(
         Variant::parse("h24-no-bottleneck").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true }
+        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true, overlap: false }
     );
     assert_eq!(
         Variant::parse("h24-f32").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true }
+        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true, overlap: false }
     );
+    assert_eq!(Variant::parse("h24-overlap").unwrap(), overlapped(24));
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
 }
