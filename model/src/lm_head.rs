@@ -12,23 +12,36 @@ use iota_core::ParamLayout;
 use crate::backend::Backend;
 use crate::block::Ctx;
 
-/// Most logits held at once (f32 values).
-const LOGIT_BUDGET: usize = 8 << 20;
+/// Most logits held at once (f32 values), unless a stage is given another
+/// budget (`Stage::set_logit_budget`).
+pub const LOGIT_BUDGET: usize = 8 << 20;
 
 #[derive(Clone, Debug)]
 pub struct HeadIdx {
     pub norm: Range<usize>,
     pub lm: Range<usize>,
+    /// Most logits held at once (f32 values; at least one row's).
+    pub logit_budget: usize,
 }
 
 impl HeadIdx {
     pub fn new(layout: &ParamLayout) -> Self {
-        HeadIdx { norm: layout.range("model.norm.weight"), lm: layout.range("lm_head.weight") }
+        HeadIdx {
+            norm: layout.range("model.norm.weight"),
+            lm: layout.range("lm_head.weight"),
+            logit_budget: LOGIT_BUDGET,
+        }
     }
 }
 
+/// Rows of logits computed at once under the default budget.
 pub fn rows_per_chunk(n: usize, vocab: usize) -> usize {
-    (LOGIT_BUDGET / vocab.max(1)).clamp(1, n.max(1))
+    rows_per_chunk_within(n, vocab, LOGIT_BUDGET)
+}
+
+/// Rows of logits computed at once when at most `budget` values may be held.
+pub fn rows_per_chunk_within(n: usize, vocab: usize, budget: usize) -> usize {
+    (budget / vocab.max(1)).clamp(1, n.max(1))
 }
 
 /// Per-row losses for residual `h [n, d]` and `targets [n]`. With `grads`,
@@ -49,7 +62,7 @@ pub fn head_forward_backward<B: Backend>(
     let mut hn = be.zeros(n * d);
     let mut rstd = be.zeros(n);
     be.rmsnorm(be.all_mut(&mut hn), be.all_mut(&mut rstd), be.all(h), c.p(&idx.norm), n, d, cfg.norm_eps);
-    let chunk = rows_per_chunk(n, v);
+    let chunk = rows_per_chunk_within(n, v, idx.logit_budget);
     let mut logits = be.zeros(chunk * v);
     let mut dhn = grads.as_ref().map(|_| be.zeros(n * d));
     let mut losses = Vec::with_capacity(n);

@@ -273,6 +273,15 @@ impl<B: Backend> Stage<B> {
     pub fn set_max_in_flight(&mut self, n: usize) {
         self.max_in_flight = n.max(1);
     }
+    /// Most logits the LM head holds at once (f32 values; default
+    /// `lm_head::LOGIT_BUDGET`): the loss and its gradient are computed in
+    /// chunks of rows that fit, so the full [tokens, vocab] logits never
+    /// exist. No effect on a stage without the head.
+    pub fn set_logit_budget(&mut self, values: usize) {
+        if let Some(h) = self.head.as_mut() {
+            h.logit_budget = values.max(1);
+        }
+    }
     /// Drops a micro-batch's saved activations (its backward will never come).
     pub fn discard(&mut self, key: u64) -> bool {
         let found = self.saved.remove(&key).is_some();

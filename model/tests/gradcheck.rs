@@ -356,3 +356,67 @@ fn whole_stages_match_finite_differences() {
         }
     }
 }
+
+/// The LM head and loss computed a few rows at a time (the full logits
+/// never held) give the losses, gradients and input gradient of the whole
+/// computation, and match finite differences themselves.
+#[test]
+fn the_chunked_lm_head_matches_the_whole_one_and_finite_differences() {
+    let be = Arc::new(CpuBackend::new());
+    let mut rng = Rng::new(21);
+    let cfg = micro_config(4);
+    let spec = StageSpec::split(&cfg, 2).unwrap().pop().unwrap();
+    assert!(spec.has_lm_head());
+    let (batch, seq) = (2, 5);
+    let n = batch * seq;
+    let hidden = randn(&mut rng, n * cfg.bottleneck, 1.0);
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(cfg.vocab_real as u64) as u32).collect();
+    let run = |budget: Option<usize>, params: &[f32]| {
+        let mut s = Stage::with_params(be.clone(), &cfg, spec.clone(), params).unwrap();
+        if let Some(b) = budget {
+            s.set_logit_budget(b);
+        }
+        let out = s.forward_backward(StageInput::Hidden(&hidden), &targets, batch, seq, 1.0).unwrap();
+        (out.losses, out.din.unwrap(), s.grads_host())
+    };
+    let params = Stage::new(be.clone(), &cfg, spec.clone(), 5).params_host();
+    let (l_whole, d_whole, g_whole) = run(None, &params);
+    // 3 rows of logits at a time: chunks of 3, 3, 3 and 1 rows.
+    let (l_chunk, d_chunk, g_chunk) = run(Some(3 * cfg.vocab_size), &params);
+    let max_rel = |a: &[f32], b: &[f32]| {
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    };
+    assert!(max_rel(&l_whole, &l_chunk) < 1e-6, "losses");
+    assert!(max_rel(&d_whole, &d_chunk) < 1e-5, "input gradient");
+    let lm = spec_range(&be, &cfg, &spec, "lm_head.weight");
+    assert!(max_rel(&g_whole[lm.clone()], &g_chunk[lm.clone()]) < 1e-5, "LM head gradient");
+    assert!(max_rel(&g_whole, &g_chunk) < 1e-5, "every gradient");
+    // One row at a time, against finite differences of the loss.
+    let (_, _, g_rows) = run(Some(1), &params);
+    let loss = |p: &[f32]| -> f64 {
+        let mut s = Stage::with_params(be.clone(), &cfg, spec.clone(), p).unwrap();
+        s.set_logit_budget(1);
+        let l = s.eval_loss(StageInput::Hidden(&hidden), &targets, batch, seq).unwrap();
+        l.iter().map(|&v| v as f64).sum::<f64>() / n as f64
+    };
+    let mut idx_rng = Rng::new(3);
+    let norm = spec_range(&be, &cfg, &spec, "model.norm.weight");
+    for range in [lm, norm] {
+        for _ in 0..8 {
+            let i = range.start + idx_rng.below(range.len() as u64) as usize;
+            let eps = 3e-3f32;
+            let mut p = params.clone();
+            p[i] += eps;
+            let up = loss(&p);
+            p[i] -= 2.0 * eps;
+            let num = (up - loss(&p)) / (2.0 * eps as f64);
+            let a = g_rows[i] as f64;
+            assert!((a - num).abs() < 2e-3 * num.abs().max(0.05), "param {i}: analytic {a} vs numeric {num}");
+        }
+    }
+}
+
+fn spec_range(be: &Arc<CpuBackend>, cfg: &ModelConfig, spec: &StageSpec, name: &str) -> std::ops::Range<usize> {
+    Stage::new(be.clone(), cfg, spec.clone(), 0).layout().range(name)
+}
