@@ -1,6 +1,7 @@
 //! The reduce of one partition: a (robust) weighted mean of the
 //! participants' pseudo-gradients, then the outer optimizer.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// How an owner combines the participants' pseudo-gradients.
@@ -70,11 +71,19 @@ pub struct ReduceStats {
     pub clipped: usize,
 }
 
+/// Coordinates per parallel task. Fixed, not a function of the thread
+/// count: every sum over coordinates adds per-chunk partials in chunk
+/// order, so a reduce gives the same bits on any machine.
+pub const REDUCE_CHUNK: usize = 1 << 14;
+
 /// Reduces one partition. `contribs[i]` is participant i's pseudo-gradient
 /// slice (None if it never arrived) and `weights[i]` its work weight;
 /// `momentum` is the outer momentum slice, updated in place. Returns the
-/// update u (theta_next = theta_prev - u). Sums run in f64 in participant
-/// order, so two owners given the same inputs produce the same bits.
+/// update u (theta_next = theta_prev - u). Per coordinate, sums run in f64
+/// in participant order; sums over coordinates (centered clipping's
+/// distances) add fixed chunks' partials in order; so two owners given the
+/// same inputs produce the same bits, whatever their core counts.
+/// Coordinates are spread over the rayon pool in chunks of `REDUCE_CHUNK`.
 pub fn reduce_slice(
     rule: ReduceRule,
     outer: OuterOpt,
@@ -88,7 +97,7 @@ pub fn reduce_slice(
     let mut used: Vec<(&[f32], f64)> = Vec::with_capacity(contribs.len());
     for (c, &w) in contribs.iter().zip(weights) {
         let Some(c) = c else { continue };
-        if c.len() != n || !c.iter().all(|x| x.is_finite()) {
+        if c.len() != n || !c.par_chunks(REDUCE_CHUNK).all(|c| c.iter().all(|x| x.is_finite())) {
             stats.rejected_non_finite += 1;
             continue;
         }
@@ -109,42 +118,57 @@ pub fn reduce_slice(
     }
     // Nesterov: m <- mu m + g; u = lr (g + mu m).
     let (lr, mu) = (outer.lr, outer.momentum);
-    let u = g
-        .iter()
-        .zip(momentum.iter_mut())
-        .map(|(&g, m)| {
-            *m = mu * *m + g;
-            lr * (g + mu * *m)
-        })
-        .collect();
+    let mut u = vec![0.0f32; n];
+    u.par_chunks_mut(REDUCE_CHUNK).zip(momentum.par_chunks_mut(REDUCE_CHUNK)).zip(g.par_chunks(REDUCE_CHUNK)).for_each(
+        |((u, m), g)| {
+            for ((u, m), &g) in u.iter_mut().zip(m.iter_mut()).zip(g) {
+                *m = mu * *m + g;
+                *u = lr * (g + mu * *m);
+            }
+        },
+    );
     (u, stats)
 }
 
+/// `out[j] = sum_i w_i c_i[j]` over chunks of coordinates, each summing
+/// participants in order into f64 (from -0.0, as `Iterator::sum` does, so
+/// an all-zero column keeps its sign).
 fn weighted_mean(used: &[(&[f32], f64)], w: &[f64], out: &mut [f32]) {
-    for (j, o) in out.iter_mut().enumerate() {
-        let s: f64 = used.iter().zip(w).map(|((c, _), w)| w * c[j] as f64).sum();
-        *o = s as f32;
-    }
+    out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
+        let at = ci * REDUCE_CHUNK;
+        let mut acc = vec![-0.0f64; o.len()];
+        for ((c, _), w) in used.iter().zip(w) {
+            for (a, &x) in acc.iter_mut().zip(&c[at..at + o.len()]) {
+                *a += w * x as f64;
+            }
+        }
+        for (o, a) in o.iter_mut().zip(acc) {
+            *o = a as f32;
+        }
+    });
 }
 
 fn trimmed_mean(used: &[(&[f32], f64)], w: &[f64], trim: usize, out: &mut [f32]) {
     let r = used.len();
     // Never trim everything: keep at least one value per coordinate.
     let trim = trim.min(r.saturating_sub(1) / 2);
-    let mut col: Vec<(f32, f64)> = Vec::with_capacity(r);
-    for (j, o) in out.iter_mut().enumerate() {
-        col.clear();
-        col.extend(used.iter().zip(w).map(|((c, _), w)| (c[j], *w)));
-        col.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let kept = &col[trim..r - trim];
-        let wsum: f64 = kept.iter().map(|k| k.1).sum();
-        let s: f64 = kept.iter().map(|k| k.1 * k.0 as f64).sum();
-        *o = if wsum > 0.0 {
-            (s / wsum) as f32
-        } else {
-            (kept.iter().map(|k| k.0 as f64).sum::<f64>() / kept.len() as f64) as f32
-        };
-    }
+    out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
+        let at = ci * REDUCE_CHUNK;
+        let mut col: Vec<(f32, f64)> = Vec::with_capacity(r);
+        for (j, o) in o.iter_mut().enumerate() {
+            col.clear();
+            col.extend(used.iter().zip(w).map(|((c, _), w)| (c[at + j], *w)));
+            col.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let kept = &col[trim..r - trim];
+            let wsum: f64 = kept.iter().map(|k| k.1).sum();
+            let s: f64 = kept.iter().map(|k| k.1 * k.0 as f64).sum();
+            *o = if wsum > 0.0 {
+                (s / wsum) as f32
+            } else {
+                (kept.iter().map(|k| k.0 as f64).sum::<f64>() / kept.len() as f64) as f32
+            };
+        }
+    });
 }
 
 fn median_of(v: &mut [f32]) -> f32 {
@@ -153,21 +177,37 @@ fn median_of(v: &mut [f32]) -> f32 {
     if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0) as f32 }
 }
 
+/// Each contribution's distance to `center`: per-chunk partial sums of
+/// squares, added in chunk order.
+fn distances(used: &[(&[f32], f64)], center: &[f32]) -> Vec<f64> {
+    let partials: Vec<Vec<f64>> = center
+        .par_chunks(REDUCE_CHUNK)
+        .enumerate()
+        .map(|(ci, v)| {
+            let at = ci * REDUCE_CHUNK;
+            used.iter()
+                .map(|(c, _)| c[at..at + v.len()].iter().zip(v).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>())
+                .collect()
+        })
+        .collect();
+    (0..used.len()).map(|i| partials.iter().map(|p| p[i]).sum::<f64>().sqrt()).collect()
+}
+
 fn centered_clip(used: &[(&[f32], f64)], w: &[f64], tau_factor: f32, iters: u32, out: &mut [f32]) -> usize {
     let r = used.len();
-    let mut col = vec![0.0f32; r];
-    for (j, o) in out.iter_mut().enumerate() {
-        for (i, (c, _)) in used.iter().enumerate() {
-            col[i] = c[j];
+    out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
+        let at = ci * REDUCE_CHUNK;
+        let mut col = vec![0.0f32; r];
+        for (j, o) in o.iter_mut().enumerate() {
+            for (i, (c, _)) in used.iter().enumerate() {
+                col[i] = c[at + j];
+            }
+            *o = median_of(&mut col);
         }
-        *o = median_of(&mut col);
-    }
+    });
     let mut clipped = vec![false; r];
     for _ in 0..iters.max(1) {
-        let dist: Vec<f64> = used
-            .iter()
-            .map(|(c, _)| c.iter().zip(out.iter()).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>().sqrt())
-            .collect();
+        let dist = distances(used, out);
         let mut d32: Vec<f32> = dist.iter().map(|&d| d as f32).collect();
         let tau = tau_factor as f64 * median_of(&mut d32) as f64;
         let scale: Vec<f64> = dist
@@ -182,11 +222,20 @@ fn centered_clip(used: &[(&[f32], f64)], w: &[f64], tau_factor: f32, iters: u32,
                 }
             })
             .collect();
-        for (j, o) in out.iter_mut().enumerate() {
-            let v = *o as f64;
-            let step: f64 = used.iter().zip(w).zip(&scale).map(|(((c, _), w), s)| w * s * (c[j] as f64 - v)).sum();
-            *o = (v + step) as f32;
-        }
+        let coef: Vec<f64> = w.iter().zip(&scale).map(|(w, s)| w * s).collect();
+        // v + sum_i w_i s_i (c_i - v), the sum over participants in order.
+        out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
+            let at = ci * REDUCE_CHUNK;
+            let mut step = vec![-0.0f64; o.len()];
+            for ((c, _), k) in used.iter().zip(&coef) {
+                for ((s, &x), &v) in step.iter_mut().zip(&c[at..at + o.len()]).zip(o.iter()) {
+                    *s += k * (x as f64 - v as f64);
+                }
+            }
+            for (o, s) in o.iter_mut().zip(step) {
+                *o = (*o as f64 + s) as f32;
+            }
+        });
     }
     clipped.iter().filter(|&&c| c).count()
 }
@@ -302,6 +351,72 @@ mod tests {
         let err = dist(&u, &mean_of(&xs, &w)) / norm(&u);
         assert_eq!(st.clipped, 0);
         assert!(err < 1e-3, "relative error {err}");
+    }
+
+    /// The reduce as it was written before it ran in parallel chunks: one
+    /// coordinate at a time, distances summed over all coordinates in order.
+    fn serial_reference(rule: ReduceRule, xs: &[Vec<f32>], w: &[f64]) -> Vec<f32> {
+        let n = xs[0].len();
+        let mean = |v: Option<&[f32]>, scale: &[f64]| -> Vec<f32> {
+            (0..n)
+                .map(|j| {
+                    let at = v.map_or(0.0, |v| v[j] as f64);
+                    let s: f64 = xs.iter().zip(w).zip(scale).map(|((c, w), s)| w * s * (c[j] as f64 - at)).sum();
+                    (at + s) as f32
+                })
+                .collect()
+        };
+        match rule {
+            ReduceRule::Mean => {
+                (0..n).map(|j| xs.iter().zip(w).map(|(c, w)| w * c[j] as f64).sum::<f64>() as f32).collect()
+            }
+            ReduceRule::CenteredClip { tau_factor, iters } => {
+                let mut v: Vec<f32> =
+                    (0..n).map(|j| median_of(&mut xs.iter().map(|c| c[j]).collect::<Vec<_>>())).collect();
+                for _ in 0..iters {
+                    let d: Vec<f64> = xs
+                        .iter()
+                        .map(|c| c.iter().zip(&v).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt())
+                        .collect();
+                    let tau =
+                        tau_factor as f64 * median_of(&mut d.iter().map(|&d| d as f32).collect::<Vec<_>>()) as f64;
+                    let scale: Vec<f64> = d.iter().map(|&d| if d > tau && d > 0.0 { tau / d } else { 1.0 }).collect();
+                    v = mean(Some(&v), &scale);
+                }
+                v
+            }
+            ReduceRule::TrimmedMean { .. } => unreachable!("not compared"),
+        }
+    }
+
+    #[test]
+    fn chunked_parallel_reduce_matches_the_serial_one_on_any_thread_count() {
+        // Three chunks and a partial one; a Byzantine replica so clipping acts.
+        let n = 3 * REDUCE_CHUNK + 1234;
+        let mut xs = honest(5, n, 4);
+        xs[2].iter_mut().for_each(|x| *x *= -30.0);
+        let w = [0.1, 0.3, 0.2, 0.25, 0.15];
+        let refs: Vec<Option<&[f32]>> = xs.iter().map(|x| Some(x.as_slice())).collect();
+        let cc = ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 };
+        for rule in [ReduceRule::Mean, cc] {
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| {
+                    let mut m = vec![0.0; n];
+                    reduce_slice(rule, OuterOpt::AVERAGE, &refs, &w, &mut m)
+                })
+            };
+            let (one, st) = run(1);
+            assert_eq!(one, run(3).0, "{rule:?}: bits depend on the thread count");
+            let want = serial_reference(rule, &xs, &w);
+            if rule == ReduceRule::Mean {
+                assert!(one.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "the mean's bits changed");
+            } else {
+                assert_eq!(st.clipped, 1);
+                let err = dist(&one, &want) / norm(&want);
+                assert!(err < 1e-6, "centered clipping moved by {err} from the serial reduce");
+            }
+        }
     }
 
     #[test]
