@@ -86,12 +86,13 @@ pub enum Variant {
     /// `mixed` pathways (as the orchestrator routes) each stage's replica
     /// for a micro-batch is drawn independently, so a replica's stage
     /// trains on activations from the other replicas' stages too; without,
-    /// each replica is a whole pipeline of its own. With `overlap`, the
-    /// merge of each window lands one window late (the replicas train the
-    /// next window meanwhile, as a swarm whose merge runs behind compute),
-    /// and each replica keeps what it trained since: weights = merged +
-    /// (own now - own at the merge's start). The last merge is applied at once.
-    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: bool },
+    /// each replica is a whole pipeline of its own. With `overlap` = D > 0,
+    /// the merge of each window lands D inner steps into the next (the
+    /// replicas train meanwhile, as a swarm whose merge runs behind
+    /// compute; D = `interval`: one window late), and each replica keeps
+    /// what it trained since: weights = merged + (own now - own at the
+    /// merge's start). The last merge is applied at once.
+    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64 },
 }
 
 impl Variant {
@@ -108,12 +109,17 @@ impl Variant {
                     bail!("'{s}': the merge interval must be positive");
                 }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
-                    "" => (true, false, true, false),
-                    "no-bottleneck" => (false, false, true, false),
-                    "f32" => (true, true, true, false),
-                    "fixed" => (true, false, false, false),
-                    "overlap" => (true, false, true, true),
-                    other => bail!("'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap)"),
+                    "" => (true, false, true, 0),
+                    "no-bottleneck" => (false, false, true, 0),
+                    "f32" => (true, true, true, 0),
+                    "fixed" => (true, false, false, 0),
+                    "overlap" => (true, false, true, interval),
+                    other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
+                        Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
+                        _ => bail!(
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H)"
+                        ),
+                    },
                 };
                 Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap }
             }
@@ -130,8 +136,10 @@ impl Variant {
                 if !mixed {
                     n += ", fixed pathways";
                 }
-                if *overlap {
-                    n += ", merge overlapped";
+                if *overlap == *interval {
+                    n += ", merge lands a window late";
+                } else if *overlap > 0 {
+                    n += &format!(", merge lands {overlap} steps late");
                 }
                 if !bottleneck {
                     n += ", no bottleneck";
@@ -211,15 +219,18 @@ enum Mode {
         sim: MergeSim,
         interval: u64,
         mixed: bool,
-        overlap: bool,
+        /// Inner steps a merge takes to land (0: at once).
+        overlap: u64,
         /// Overlapped: the merge in flight (its result per stage, and each
         /// replica's weights per stage when it started).
         pending: Option<PendingMerge>,
     },
 }
 
-/// A merge whose result lands one window after it started.
+/// A merge whose result lands some steps after it started.
 struct PendingMerge {
+    /// The global step after which it lands.
+    lands_after: u64,
     merged: Vec<Vec<f32>>,
     /// [replica][stage]
     started_from: Vec<Vec<Vec<f32>>>,
@@ -329,17 +340,18 @@ impl Trainer {
                 }
                 let done = self.step + 1;
                 let last = done == self.setup.train.steps;
-                if done.is_multiple_of(*interval) || last {
-                    // The merge started a window ago lands first: every
-                    // replica keeps what it trained meanwhile.
-                    if let Some(p) = pending.take() {
-                        land(p, replicas, merged)?;
-                    }
+                let boundary = done.is_multiple_of(*interval) || last;
+                // A merge that started earlier lands first (at a boundary
+                // at the latest): every replica keeps what it trained meanwhile.
+                if pending.as_ref().is_some_and(|p| p.lands_after <= done || boundary) {
+                    land(pending.take().expect("checked"), replicas, merged)?;
+                }
+                if boundary {
                     let next = sim.reduce(replicas, merged, self.merges)?;
-                    if *overlap && !last {
+                    if *overlap > 0 && !last {
                         let started_from =
                             replicas.iter().map(|p| p.stages().iter().map(|s| s.params_host()).collect()).collect();
-                        *pending = Some(PendingMerge { merged: next, started_from });
+                        *pending = Some(PendingMerge { lands_after: done + *overlap, merged: next, started_from });
                     } else {
                         for (s, theta) in next.iter().enumerate() {
                             merged.stages_mut()[s].set_params(theta)?;
@@ -516,11 +528,11 @@ fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
     }
     hs.sort_unstable();
     for h in hs {
-        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true, overlap: false });
+        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 });
     }
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false, overlap: false });
-    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true, overlap: false });
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true, overlap: false });
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 });
+    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true, overlap: 0 });
+    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true, overlap: 0 });
     v
 }
 

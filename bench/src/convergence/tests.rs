@@ -72,7 +72,7 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
     let mut apart = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false, overlap: false },
+        &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 },
     )
     .unwrap();
     for _ in 0..5 {
@@ -112,7 +112,7 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
     let mut swarm = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
     )
     .unwrap();
     for _ in 0..5 {
@@ -125,7 +125,7 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
 }
 
 fn overlapped(interval: u64) -> Variant {
-    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: true }
+    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: interval }
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
     let mut sync = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
     )
     .unwrap();
     let start = params(&lagged);
@@ -194,13 +194,36 @@ fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
 }
 
 #[test]
+fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
+    let (setup, corpus) = tiny_setup(2, 1, 6);
+    let be = Arc::new(CpuBackend::new());
+    let v = Variant::Swarm { interval: 3, bottleneck: true, f32_codec: false, mixed: true, overlap: 1 };
+    let mut t = Trainer::new(be, &setup, &v).unwrap();
+    let start = params(&t);
+    for _ in 0..3 {
+        t.step(&corpus).unwrap();
+    }
+    let Mode::Swarm { pending, .. } = &t.mode else { unreachable!() };
+    let first = pending.as_ref().expect("in flight after the window").merged.clone();
+    assert_eq!(max_diff(&params(&t), &start), 0.0, "not landed yet");
+    t.step(&corpus).unwrap();
+    let Mode::Swarm { pending, .. } = &t.mode else { unreachable!() };
+    assert!(pending.is_none(), "landed one step in");
+    assert_eq!(max_diff(&params(&t), &first), 0.0);
+    for _ in 0..2 {
+        t.step(&corpus).unwrap();
+    }
+    assert_eq!(t.merges, 2);
+}
+
+#[test]
 fn after_a_merge_every_replica_holds_the_merged_weights() {
     let (setup, corpus) = tiny_setup(2, 1, 3);
     let be = Arc::new(CpuBackend::new());
     let mut t = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true, overlap: false },
+        &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
     )
     .unwrap();
     t.step(&corpus).unwrap();
@@ -218,21 +241,26 @@ fn after_a_merge_every_replica_holds_the_merged_weights() {
 fn variant_names_parse() {
     assert_eq!(
         Variant::parse("h8").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true, overlap: false }
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 }
     );
     assert_eq!(
         Variant::parse("h8-fixed").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false, overlap: false }
+        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 }
     );
     assert_eq!(
         Variant::parse("h24-no-bottleneck").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true, overlap: false }
+        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true, overlap: 0 }
     );
     assert_eq!(
         Variant::parse("h24-f32").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true, overlap: false }
+        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true, overlap: 0 }
     );
     assert_eq!(Variant::parse("h24-overlap").unwrap(), overlapped(24));
+    assert_eq!(
+        Variant::parse("h24-overlap6").unwrap(),
+        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: false, mixed: true, overlap: 6 }
+    );
+    assert!(Variant::parse("h4-overlap5").is_err() && Variant::parse("h4-overlap0").is_err());
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
 }
