@@ -86,6 +86,8 @@ async fn butterfly_equals_the_mean_and_replicas_end_bitwise_identical() {
             assert!(err < 1e-6, "R={r} slices={slices}: max error {err}");
             assert!(merged.iter().all(|m| m == &merged[0]), "R={r}: replicas differ");
             assert!(rep.mismatches.is_empty());
+            // Plain averaging keeps no outer momentum: none is stored.
+            assert!(rep.momentum_objects.is_empty() && !rep.weights_objects.is_empty());
             println!("R={r} slices={slices}: sent {:?} received {:?}", rep.sent_bytes, rep.recv_bytes);
         }
     }
@@ -286,6 +288,7 @@ async fn outer_nesterov_momentum_persists_across_merges_through_the_store() {
     // Epoch 0 with 3 replicas, epoch 1 with 4 (other identities, another plan).
     let (prev0, reps0) = replicas(3, n, 31);
     let m0 = run_local_butterfly(s.clone(), 0, prev0.clone(), reps0.clone(), dir.path(), TIMEOUT, &[]).await.unwrap();
+    assert_eq!(m0.momentum_objects.len(), m0.weights_objects.len(), "every partition's momentum is stored");
     let theta1 = m0.merged[0].clone().unwrap();
     let mut rng = Rng::new(77);
     let reps1: Vec<LocalReplica> = (0..4)

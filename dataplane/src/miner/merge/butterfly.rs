@@ -588,6 +588,12 @@ impl Butterfly {
                 .block_on(self.store.put(&wkey, self.stored_bytes(bytes)))
                 .with_context(|| format!("storing {wkey}"))?;
             self.announce(announced, out);
+            // Without outer momentum every reader (owners, auditors) uses
+            // zeros and reads none: storing them would double the merge's
+            // writes for nothing.
+            if self.spec.outer.momentum == 0.0 {
+                return Ok(());
+            }
             let momentum = if keep {
                 Some(self.momentum_for(k, part.offset, part.len, out)?)
             } else {
