@@ -36,9 +36,14 @@ pub struct FileIo {
 /// Chunk size of io_uring reads and writes.
 const CHUNK: usize = 4 << 20;
 
+/// A temporary name of this write alone: two writers of one path (two
+/// replicas storing one merged slice, two processes on one store
+/// directory) must not rename each other's temporary file away.
 fn tmp_path(path: &Path) -> PathBuf {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut p = path.as_os_str().to_owned();
-    p.push(".tmp");
+    p.push(format!(".{}-{n}.tmp", std::process::id()));
     PathBuf::from(p)
 }
 
@@ -188,7 +193,8 @@ mod tests {
         let path = dir.join("blob.bin");
         let data: Vec<u8> = (0..(9 << 20) + 123).map(|i| (i * 7 % 251) as u8).collect();
         io.write(&path, data.clone()).await.unwrap();
-        assert!(!tmp_path(&path).exists(), "temporary file renamed away");
+        let names: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("blob.bin")], "temporary file renamed away");
         assert_eq!(io.read(&path).await.unwrap(), data);
         io.write(&path, vec![1, 2, 3]).await.unwrap();
         assert_eq!(io.read(&path).await.unwrap(), vec![1, 2, 3]);
@@ -205,5 +211,28 @@ mod tests {
         let std_io = FileIo::start(true);
         assert_eq!(std_io.backend(), &IoBackend::Std("disabled by configuration".into()));
         round_trip(&std_io, dir.path()).await;
+    }
+
+    /// Two I/O threads writing one path at once (two replicas storing one
+    /// merged slice): every write succeeds and the file is one of them whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writers_of_one_path_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slice.f32");
+        let (a, b) = (FileIo::start(true), FileIo::start(true));
+        let writes: Vec<_> = (0..16u8)
+            .map(|i| {
+                let io = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let path = path.clone();
+                tokio::spawn(async move { io.write(&path, vec![i; 1 << 16]).await })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap().expect("a concurrent write failed");
+        }
+        let got = std::fs::read(&path).unwrap();
+        assert_eq!(got.len(), 1 << 16);
+        assert!(got.iter().all(|&x| x == got[0]), "two writes interleaved");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "a temporary file was left");
     }
 }

@@ -574,43 +574,60 @@ impl Butterfly {
                 r.values
             }
         };
+        if v.writer[..] == self.me.0[..] {
+            // Before the partition counts as done: a put that fails (the
+            // store down, another writer racing us) is tried again at the
+            // next step instead of leaving the slice unstored, which every
+            // replica without the update would wait for.
+            self.store_partition(k, &part, &v, keep, &slice, out)?;
+        }
         self.theta_next[range].copy_from_slice(&slice);
         self.finalized[k] = true;
-        if v.writer[..] == self.me.0[..] {
-            let name = part_name(part.offset, part.len);
-            let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
-            let bytes = f32_bytes(&slice);
-            // Announce only what was stored: a step that fails still sends
-            // its outputs, and an announced object that never reached the
-            // store would stall every reader of it.
-            let announced = StoredObject::part(&wkey, &bytes, part.offset, self.me);
-            self.rt
-                .block_on(self.store.put(&wkey, self.stored_bytes(bytes)))
-                .with_context(|| format!("storing {wkey}"))?;
-            self.announce(announced, out);
-            // Without outer momentum every reader (owners, auditors) uses
-            // zeros and reads none: storing them would double the merge's
-            // writes for nothing.
-            if self.spec.outer.momentum == 0.0 {
-                return Ok(());
+        Ok(())
+    }
+
+    /// The writer's part: stores partition `k`'s merged slice (and its outer
+    /// momentum, if the run keeps one) and announces what it stored.
+    fn store_partition(
+        &mut self,
+        k: usize,
+        part: &iota_core::merge::Partition,
+        v: &pb::SliceVerdict,
+        keep: bool,
+        slice: &[f32],
+        out: &mut Vec<Output>,
+    ) -> Result<()> {
+        let name = part_name(part.offset, part.len);
+        let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
+        let bytes = f32_bytes(slice);
+        // Announce only what was stored: a step that fails still sends
+        // its outputs, and an announced object that never reached the
+        // store would stall every reader of it.
+        let announced = StoredObject::part(&wkey, &bytes, part.offset, self.me);
+        self.rt.block_on(self.store.put(&wkey, self.stored_bytes(bytes))).with_context(|| format!("storing {wkey}"))?;
+        self.announce(announced, out);
+        // Without outer momentum every reader (owners, auditors) uses
+        // zeros and reads none: storing them would double the merge's
+        // writes for nothing.
+        if self.spec.outer.momentum == 0.0 {
+            return Ok(());
+        }
+        let momentum = if keep {
+            Some(self.momentum_for(k, part.offset, part.len, out)?)
+        } else {
+            self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.momentum.clone())
+        };
+        match momentum {
+            Some(m) => {
+                let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
+                let bytes = f32_bytes(&m);
+                let announced = StoredObject::part(&mkey, &bytes, part.offset, self.me);
+                self.rt
+                    .block_on(self.store.put(&mkey, self.stored_bytes(bytes)))
+                    .with_context(|| format!("storing {mkey}"))?;
+                self.announce(announced, out);
             }
-            let momentum = if keep {
-                Some(self.momentum_for(k, part.offset, part.len, out)?)
-            } else {
-                self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.momentum.clone())
-            };
-            match momentum {
-                Some(m) => {
-                    let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
-                    let bytes = f32_bytes(&m);
-                    let announced = StoredObject::part(&mkey, &bytes, part.offset, self.me);
-                    self.rt
-                        .block_on(self.store.put(&mkey, self.stored_bytes(bytes)))
-                        .with_context(|| format!("storing {mkey}"))?;
-                    self.announce(announced, out);
-                }
-                None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
-            }
+            None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
         }
         Ok(())
     }
