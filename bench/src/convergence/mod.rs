@@ -210,6 +210,8 @@ pub fn train_variant(
     })
 }
 
+// One per trainer: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Mode {
     One(Pipeline<CpuBackend>),
     Sync(Vec<Pipeline<CpuBackend>>),
