@@ -8,6 +8,7 @@ mod clasp;
 mod control;
 mod convergence;
 mod liveness;
+mod scale;
 mod stage_cpu;
 mod stage_gpu;
 mod store;
@@ -89,6 +90,13 @@ enum Cmd {
     /// orchestrator's S3 client and a miner's presigned URLs, upload and
     /// download, against a plain file copy of the same bytes.
     Store(store::Args),
+    /// Per-miner memory and traffic of each stage of a model (`1.5b`,
+    /// `15b`, ...): with --plan-only, every stage's memory by what holds it
+    /// (weights, gradients, optimizer moments, stashes, bf16 copies, saved
+    /// activations, workspaces), which cards (16, 24, 80 GiB) hold it, the
+    /// boundary bytes per token and the merge's bytes per replica per epoch,
+    /// from the accounting a miner states when it registers.
+    Scale(scale::Args),
 }
 
 fn main() {
@@ -110,6 +118,7 @@ fn main() {
         Cmd::Clasp(a) => clasp::run(a),
         Cmd::Wan(a) => wan::run(a),
         Cmd::Store(a) => store::run(a),
+        Cmd::Scale(a) => scale::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -1,9 +1,10 @@
 //! iota-core: the vocabulary every other iota-rs crate shares.
 //!
 //! Identifiers and signed identities, the data-plane frame schema, model presets and their exact parameter layout, the stage
-//! split, wire codec descriptors and a deterministic random generator. Nothing
-//! here performs I/O, so the control plane, the data plane and the model can
-//! all depend on it without pulling in a runtime.
+//! split, wire codec descriptors, a deterministic random generator, and what a
+//! stage holds in memory and sends, counted from the code (`memory_plan`,
+//! `traffic_plan`). Nothing here performs I/O, so the control plane, the data
+//! plane and the model can all depend on it without pulling in a runtime.
 
 pub mod codec;
 pub mod commitment;
@@ -12,8 +13,10 @@ pub mod error;
 pub mod identity;
 pub mod ids;
 pub mod layout;
+pub mod memory_plan;
 pub mod merge;
 pub mod rng;
+pub mod traffic_plan;
 pub mod train_config;
 pub mod wire;
 

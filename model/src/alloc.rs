@@ -20,25 +20,48 @@ pub fn keep_freed_memory() {
 }
 
 /// Wraps an allocator and keeps, per thread, the bytes allocated minus the
-/// bytes freed on that thread. Work run on one thread (a current-thread
-/// tokio runtime) can then be measured while other threads run: what a
-/// server keeps per client, in tests and benchmarks. Costs one thread-local
-/// add per call.
+/// bytes freed on that thread, and the highest that count has been. Work run
+/// on one thread (a current-thread tokio runtime, a one-thread rayon pool)
+/// can then be measured while other threads run: what a server keeps per
+/// client, what a stage's forward and backward hold at their peak, in tests
+/// and benchmarks. Costs one thread-local add and compare per call.
 pub struct ThreadCounted<A>(pub A);
 
+struct Counts {
+    live: std::cell::Cell<i64>,
+    peak: std::cell::Cell<i64>,
+}
+
 thread_local! {
-    static LIVE: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+    static COUNTS: Counts = const { Counts { live: std::cell::Cell::new(0), peak: std::cell::Cell::new(0) } };
 }
 
 fn count(n: i64) {
     // During thread teardown the slot may be gone: those bytes go uncounted.
-    let _ = LIVE.try_with(|c| c.set(c.get() + n));
+    let _ = COUNTS.try_with(|c| {
+        let live = c.live.get() + n;
+        c.live.set(live);
+        if live > c.peak.get() {
+            c.peak.set(live);
+        }
+    });
 }
 
 /// Bytes this thread has allocated and not freed (through a `ThreadCounted`
 /// global allocator).
 pub fn live_on_this_thread() -> i64 {
-    LIVE.with(|c| c.get())
+    COUNTS.with(|c| c.live.get())
+}
+
+/// The highest `live_on_this_thread` since the thread started or the last
+/// `reset_peak_on_this_thread`.
+pub fn peak_on_this_thread() -> i64 {
+    COUNTS.with(|c| c.peak.get())
+}
+
+/// Starts a new peak measurement from the bytes live now.
+pub fn reset_peak_on_this_thread() {
+    COUNTS.with(|c| c.peak.set(c.live.get()));
 }
 
 // SAFETY: every call goes to the wrapped allocator unchanged; the counter is

@@ -1,0 +1,221 @@
+//! scale: what each stage of a model needs, per miner. `--plan-only`
+//! prints, from `iota_core::memory_plan` and `iota_core::traffic_plan` (the
+//! accounting a miner states when it registers), every stage's memory by
+//! what holds it, which card sizes hold it, the boundary bytes per token and
+//! the butterfly merge's bytes per replica per epoch. The measured mode
+//! (the swarm on a GPU, each miner's peak memory beside its plan) needs the
+//! swarm harness and is not here yet.
+
+use anyhow::{Context, Result, bail};
+use iota_core::memory_plan::{
+    ComputeBackend, FIT_RESERVE, GIB, InnerOptimizer, StageMemory, Workload, host_memory, plan_memory,
+};
+use iota_core::traffic_plan::{boundary_traffic, merge_traffic};
+use iota_core::{ModelConfig, StageSpec, WireCodec};
+
+/// Card sizes a plan is checked against, in GiB.
+const CARDS_GIB: [u64; 3] = [16, 24, 80];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print the plan only (the measured mode is not available yet).
+    #[arg(long)]
+    plan_only: bool,
+    /// Model preset.
+    #[arg(long, default_value = "1.5b")]
+    model: String,
+    #[arg(long, default_value_t = 3)]
+    stages: usize,
+    /// Replicas per stage (sets the merge's traffic and host memory).
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    #[arg(long, default_value_t = 1024)]
+    seq: usize,
+    /// Micro-batches a head or body miner holds at once (default 2: the
+    /// swarm's default --max-in-flight, 2 per replica, spread over the
+    /// replicas of a stage).
+    #[arg(long, default_value_t = 2)]
+    in_flight: usize,
+    /// Boundary wire codec: int8, int4, bf16, f32.
+    #[arg(long, default_value = "int8")]
+    codec: String,
+    /// Codec of the merge's slices: bf16, int8, f32.
+    #[arg(long, default_value = "bf16")]
+    merge_codec: String,
+    /// cuda-bf16 (bf16 GEMMs), cuda-fp32 or cpu.
+    #[arg(long, default_value = "cuda-bf16")]
+    backend: String,
+    /// adamw or nadam (both keep two fp32 moments).
+    #[arg(long, default_value = "adamw")]
+    optimizer: String,
+    /// Backward on the current weights instead of the stashed ones.
+    #[arg(long)]
+    no_weight_stashing: bool,
+    /// The run keeps outer momentum (a partition's writer stores it too).
+    #[arg(long)]
+    outer_momentum: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if !a.plan_only {
+        bail!(
+            "scale without --plan-only measures each miner of a swarm on a GPU, which needs the swarm harness \
+             (not here yet); run `iota-bench scale --plan-only` for the plan"
+        );
+    }
+    let cfg = ModelConfig::preset(&a.model)?;
+    if a.seq == 0 || a.seq > cfg.max_seq || a.batch == 0 {
+        bail!("--seq must be in 1..={} and --batch positive", cfg.max_seq);
+    }
+    let codec = WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}'", a.codec))?;
+    let merge_codec = match WireCodec::parse(&a.merge_codec) {
+        Some(c) if c != WireCodec::Int4Row => c,
+        _ => bail!("unknown merge codec '{}' (bf16, int8, f32)", a.merge_codec),
+    };
+    let backend = ComputeBackend::parse(&a.backend)
+        .with_context(|| format!("unknown backend '{}' (cuda-bf16, cuda-fp32, cpu)", a.backend))?;
+    let optimizer = match a.optimizer.as_str() {
+        "adamw" => InnerOptimizer::AdamW,
+        "nadam" => InnerOptimizer::NAdam,
+        other => bail!("unknown optimizer '{other}' (adamw, nadam)"),
+    };
+    let w = Workload {
+        batch: a.batch,
+        seq: a.seq,
+        in_flight: a.in_flight,
+        weight_stashing: !a.no_weight_stashing,
+        optimizer,
+        backend,
+    };
+    let plan = plan_memory(&cfg, a.stages, &w)?;
+    let specs = StageSpec::split(&cfg, a.stages)?;
+    println!(
+        "scale --plan-only: {}, {} stages x {} replicas, batch {} x seq {} ({} tokens a micro-batch), \
+         {} micro-batch(es) in flight at a head or body miner, {}, {:?}, weight stashing {}",
+        cfg.name,
+        a.stages,
+        a.replicas,
+        a.batch,
+        a.seq,
+        a.batch * a.seq,
+        a.in_flight,
+        backend.name(),
+        optimizer,
+        if w.weight_stashing { "on" } else { "off" },
+    );
+    print_memory(&plan, backend);
+    println!();
+    print_traffic(&cfg, &specs, &plan, codec, (merge_codec, a.outer_momentum), a.replicas);
+    Ok(())
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2}", b as f64 / GIB as f64)
+}
+
+fn print_memory(plan: &[StageMemory], backend: ComputeBackend) {
+    let where_ = if backend.is_cuda() { "GPU" } else { "host" };
+    print!("\n{:<44}", format!("{where_} memory per miner (GiB)"));
+    for m in plan {
+        print!(" {:>14}", format!("{} ({:?})", m.index, m.role).to_lowercase());
+    }
+    println!();
+    print!("{:<44}", "parameters");
+    for m in plan {
+        print!(" {:>14}", format!("{:.1}M", m.params as f64 / 1e6));
+    }
+    println!();
+    // Every stage has the same lines in the same order, but the last one's
+    // label says which workspace is the larger (the tail's may be its loss).
+    let lines: Vec<Vec<(&str, u64)>> = plan.iter().map(StageMemory::lines).collect();
+    for i in 0..lines[0].len() {
+        let label = if i + 1 == lines[0].len() { "workspace (backward, or the tail's loss)" } else { lines[0][i].0 };
+        print!("{label:<44}");
+        for l in &lines {
+            print!(" {:>14}", gib(l[i].1));
+        }
+        println!();
+    }
+    print!("{:<44}", "  saved activations: attention probabilities");
+    for m in plan {
+        print!(" {:>14}", gib(m.attention_probs_per_micro_batch * m.held_micro_batches as u64));
+    }
+    println!();
+    print!("{:<44}", "  micro-batches held / stashed versions");
+    for m in plan {
+        print!(" {:>14}", format!("{} / {}", m.held_micro_batches, m.stashed_versions));
+    }
+    println!();
+    print!("{:<44}", "loading merged weights (a second fp32 copy)");
+    for m in plan {
+        print!(" {:>14}", gib(m.reload_peak()));
+    }
+    println!();
+    print!("{:<44}", "PEAK");
+    for m in plan {
+        print!(" {:>14}", gib(m.peak()));
+    }
+    println!();
+    print!("{:<44}", "between micro-batches");
+    for m in plan {
+        print!(" {:>14}", gib(m.between_micro_batches()));
+    }
+    println!();
+    for card in CARDS_GIB {
+        let usable = card as f64 * (1.0 - FIT_RESERVE);
+        print!("{:<44}", format!("fits {card} GiB ({usable:.1} usable): headroom"));
+        for m in plan {
+            let headroom = usable - m.peak() as f64 / GIB as f64;
+            print!(" {:>14}", format!("{} ({headroom:+.1})", if m.fits(card * GIB) { "yes" } else { "no" }));
+        }
+        println!();
+    }
+}
+
+fn print_traffic(
+    cfg: &ModelConfig,
+    specs: &[StageSpec],
+    plan: &[StageMemory],
+    codec: WireCodec,
+    (merge_codec, outer_momentum): (WireCodec, bool),
+    replicas: usize,
+) {
+    if let Some(t) = specs.first().map(|s| boundary_traffic(cfg, s, codec)).filter(|t| t.boundaries > 0) {
+        let c = t.per_direction;
+        println!(
+            "boundary ({} channels, {}): {} B per token each way, {:.1}x less than the bf16 hidden state ({} B)",
+            specs[0].boundary_width,
+            codec.name(),
+            c.bytes_per_token,
+            c.ratio,
+            c.bf16_hidden_bytes
+        );
+    }
+    println!(
+        "{:<44} {:>12} {:>12} {:>14} {:>12} {:>14}",
+        "per stage", "B/token sent", "merge MB out", "merge MB in", "store MB", "host GiB"
+    );
+    for (s, m) in specs.iter().zip(plan) {
+        let t = boundary_traffic(cfg, s, codec);
+        let mt = merge_traffic(m.params, replicas, merge_codec, outer_momentum);
+        let host = host_memory(m.params, replicas, merge_codec);
+        println!(
+            "{:<44} {:>12} {:>12.1} {:>14.1} {:>12.1} {:>14}",
+            format!("stage {} ({:?})", s.index, s.role()).to_lowercase(),
+            t.sent_per_token(),
+            mt.sent() / 1e6,
+            mt.received / 1e6,
+            mt.store_writes / 1e6,
+            gib(host.total()),
+        );
+    }
+    println!(
+        "merge: per replica per epoch, {} slices, R = {replicas} (2P(R-1)/R contributions + P(R-2)/R updates); \
+         store MB: f32 merged slices (and outer momentum, with --outer-momentum) it writes as a partition's writer; host GiB: receive pool \
+         (256 MiB), evidence log budgets (1.25 GiB), the merge's vectors (not on the GPU)",
+        merge_codec.name()
+    );
+}

@@ -1,0 +1,407 @@
+//! What one pipeline stage holds in memory, counted from the code that
+//! allocates it (no I/O; `iota-bench scale --plan-only` prints it, and a
+//! miner will state it when it registers).
+//!
+//! Every figure names the buffers it stands for, so a change to one of them
+//! shows which line here follows:
+//! - `Stage` (`iota-model/src/stage.rs`): one flat fp32 parameter buffer and
+//!   one gradient buffer of the stage's `ParamLayout`; a RoPE table per
+//!   sequence length; per micro-batch in flight a `Saved` (every block's
+//!   `BlockActs`, the output residual, the bottleneck's input and encoder
+//!   activations); with weight stashing a full copy of the weights per older
+//!   version a micro-batch in flight was forwarded with (`before_update`).
+//! - `block_forward` / `block_backward` (`block.rs`), `boundary.rs`,
+//!   `head_forward_backward` (`lm_head.rs`, logits in chunks of at most
+//!   `LOGIT_BUDGET` values): the temporaries of one forward and backward.
+//! - `AdamW` (`optim.rs`): two fp32 moments per parameter, AdamW and NAdam.
+//! - `CudaBackend` (`iota-cuda/src/backend.rs`): every buffer is fp32, as
+//!   on the CPU; with bf16 GEMMs two grow-only scratch buffers take the bf16
+//!   casts of the largest operands seen (`cast_into`); the cuBLASLt
+//!   workspace; attention's backward a `[kv_heads, seq, seq]` score buffer.
+//! - The miner (`iota-dataplane`): the receive pool, the evidence log and
+//!   the butterfly merge's vectors live in host memory, never on the GPU.
+//!
+//! Not counted, because no code of ours decides it: the CUDA driver's own
+//! use (a fixed allowance, `CUDA_RUNTIME_ALLOWANCE`) and the caching
+//! allocator's slack between freed and reused blocks.
+
+use crate::codec::WireCodec;
+use crate::config::ModelConfig;
+use crate::error::ConfigError;
+use crate::layout::{ParamLayout, StageRole, StageSpec};
+use crate::merge::BLOCK;
+
+pub const GIB: u64 = 1 << 30;
+
+/// Most logits the LM head holds at once, in f32 values
+/// (`iota_model::lm_head::LOGIT_BUDGET`; a model test keeps them equal).
+pub const LOGIT_BUDGET: usize = 8 << 20;
+
+/// The cuBLASLt workspace of the bf16 GEMM path (`lt.rs`, Hopper and later).
+pub const CUBLASLT_WORKSPACE: u64 = 32 << 20;
+
+/// An allowance for what the CUDA driver holds for a process that no code of
+/// ours allocates: the context, the NVRTC-compiled kernels' and cuBLAS's
+/// module images, cuBLAS's own workspace. Not measured here: a stated
+/// assumption, to be replaced by a measurement (docs/BENCHMARKS.md).
+pub const CUDA_RUNTIME_ALLOWANCE: u64 = 512 << 20;
+
+/// A miner's receive pool budget (`MinerOptions::pool_bytes`); page-locked
+/// host memory on a CUDA miner.
+pub const RECEIVE_POOL_BYTES: u64 = 256 << 20;
+
+/// The evidence log's budget for weights snapshots (`DEFAULT_EVIDENCE_BYTES`);
+/// received frames take up to a quarter more.
+pub const EVIDENCE_WEIGHTS_BYTES: u64 = 1 << 30;
+
+/// Share of a card a plan leaves free: the caching allocator's slack and
+/// what the driver holds beyond `CUDA_RUNTIME_ALLOWANCE`. The one
+/// measurement so far (`1.5b` tail, batch 2 x 1024, an H200) came out 10%
+/// above this plan (docs/BENCHMARKS.md, scale).
+pub const FIT_RESERVE: f64 = 0.10;
+
+/// What a stage computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeBackend {
+    /// `CpuBackend`: everything in host memory, fp32.
+    Cpu,
+    /// `CudaBackend` with fp32 GEMMs (cuBLAS sgemm).
+    CudaF32Gemm,
+    /// `CudaBackend` with bf16 GEMMs (cuBLASLt): fp32 storage, bf16 operand
+    /// casts into scratch buffers.
+    CudaBf16Gemm,
+}
+
+impl ComputeBackend {
+    pub fn is_cuda(self) -> bool {
+        self != ComputeBackend::Cpu
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeBackend::Cpu => "cpu",
+            ComputeBackend::CudaF32Gemm => "cuda-fp32",
+            ComputeBackend::CudaBf16Gemm => "cuda-bf16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ComputeBackend> {
+        [ComputeBackend::Cpu, ComputeBackend::CudaF32Gemm, ComputeBackend::CudaBf16Gemm]
+            .into_iter()
+            .find(|b| b.name() == s)
+    }
+}
+
+/// The inner optimizer. Both keep two fp32 moments per parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InnerOptimizer {
+    AdamW,
+    NAdam,
+}
+
+impl InnerOptimizer {
+    pub fn moments(self) -> u64 {
+        match self {
+            InnerOptimizer::AdamW | InnerOptimizer::NAdam => 2,
+        }
+    }
+}
+
+/// How a stage is driven.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Workload {
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    pub seq: usize,
+    /// Micro-batches a head or body stage holds activations for at its peak
+    /// (forwarded, backward not yet done). A tail (or whole-model) stage runs
+    /// forward and backward at once and holds one, whatever this says.
+    pub in_flight: usize,
+    /// `Stage::set_weight_stashing` (on by default).
+    pub weight_stashing: bool,
+    pub optimizer: InnerOptimizer,
+    pub backend: ComputeBackend,
+}
+
+/// One stage's memory, by what holds it, in bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageMemory {
+    pub index: usize,
+    pub role: StageRole,
+    pub params: usize,
+    /// Micro-batches whose activations are held at the peak.
+    pub held_micro_batches: usize,
+    /// Older weight versions kept for micro-batches in flight.
+    pub stashed_versions: usize,
+    /// fp32 master weights.
+    pub weights: u64,
+    /// fp32 accumulated gradients.
+    pub grads: u64,
+    /// The optimizer's moments.
+    pub optimizer_state: u64,
+    pub weight_stashes: u64,
+    /// bf16 casts of the largest GEMM operands (grow-only scratch).
+    pub bf16_operands: u64,
+    /// RoPE tables (one sequence length).
+    pub rope_tables: u64,
+    /// The cuBLASLt workspace and the CUDA driver allowance.
+    pub runtime: u64,
+    /// Saved activations of one micro-batch.
+    pub activations_per_micro_batch: u64,
+    /// Of which the attention probabilities `[batch, heads, seq, seq]`.
+    pub attention_probs_per_micro_batch: u64,
+    /// The largest set of temporaries alive at once beyond the held
+    /// activations: the loss's logits chunk and its companions at the tail,
+    /// a block's backward, or the forward's output.
+    pub workspace: u64,
+    pub workspace_is_loss: bool,
+}
+
+impl StageMemory {
+    pub fn saved_activations(&self) -> u64 {
+        self.activations_per_micro_batch * self.held_micro_batches as u64
+    }
+
+    /// The stage's peak: training, or a merge's reload, whichever is higher.
+    pub fn peak(&self) -> u64 {
+        self.training_peak().max(self.reload_peak())
+    }
+
+    /// Everything alive at the peak of a forward or backward (the sum of
+    /// `lines`).
+    pub fn training_peak(&self) -> u64 {
+        self.static_bytes() + self.weight_stashes + self.saved_activations() + self.workspace
+    }
+
+    /// Loading merged weights (`Stage::set_params` after a merge) uploads
+    /// them before the old ones are freed, between epochs: nothing is in
+    /// flight then, so no activations and no stashes.
+    pub fn reload_peak(&self) -> u64 {
+        self.static_bytes() + self.weights
+    }
+
+    /// What stays allocated between micro-batches (a tail holds no
+    /// activations then; a head or body stage still holds its in-flight ones).
+    pub fn between_micro_batches(&self) -> u64 {
+        let held = match self.role {
+            StageRole::Head | StageRole::Body => self.saved_activations(),
+            StageRole::Tail | StageRole::Whole => 0,
+        };
+        self.static_bytes() + self.weight_stashes + held
+    }
+
+    /// Allocated for as long as the stage exists.
+    fn static_bytes(&self) -> u64 {
+        self.weights + self.grads + self.optimizer_state + self.bf16_operands + self.rope_tables + self.runtime
+    }
+
+    /// Whether the peak fits a card of `card_bytes` with `FIT_RESERVE` of it
+    /// left free.
+    pub fn fits(&self, card_bytes: u64) -> bool {
+        self.peak() as f64 <= card_bytes as f64 * (1.0 - FIT_RESERVE)
+    }
+
+    /// The breakdown of `training_peak` as printable lines (the same labels
+    /// for every stage; the counts are `held_micro_batches` and
+    /// `stashed_versions`).
+    pub fn lines(&self) -> Vec<(&'static str, u64)> {
+        let mut v = vec![
+            ("weights (fp32)", self.weights),
+            ("gradients (fp32)", self.grads),
+            ("optimizer moments (2 x fp32)", self.optimizer_state),
+            ("weight stashes (fp32 copies)", self.weight_stashes),
+            ("bf16 GEMM operand copies", self.bf16_operands),
+            ("RoPE table", self.rope_tables),
+            ("CUDA runtime (allowance + cuBLASLt)", self.runtime),
+            ("saved activations (micro-batches held)", self.saved_activations()),
+        ];
+        let what = if self.workspace_is_loss { "loss workspace (logits chunk)" } else { "backward workspace" };
+        v.push((what, self.workspace));
+        v
+    }
+}
+
+/// f32 values of one micro-batch's `Saved` (what `Stage::forward` keeps).
+struct SavedValues {
+    total: usize,
+    probs: usize,
+}
+
+fn saved_values(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize, tokens_on_device: bool) -> SavedValues {
+    let n = batch * seq;
+    let (d, f, b) = (cfg.d_model, cfg.ffn_hidden, cfg.bottleneck);
+    let probs = batch * cfg.n_heads * seq * seq;
+    // BlockActs: x, xn1, x2, xn2 [n, d]; rstd1, rstd2 [n]; qkv; probs; att [n, q_dim]; gu [n, 2f]; m [n, f].
+    let block = 4 * n * d + 2 * n + n * cfg.qkv_dim() + probs + n * cfg.q_dim() + 2 * n * f + n * f;
+    let mut total = spec.layers.len() * block + n * d; // + h_out
+    if spec.decode_in {
+        total += n * b; // z_in
+    }
+    if spec.encode_out {
+        total += n * d + n; // EncodeActs: hn, rstd
+    }
+    if spec.has_embedding() && tokens_on_device {
+        total += n; // the token ids (u32, host memory, so only where host is the device)
+    }
+    SavedValues { total, probs: spec.layers.len() * probs }
+}
+
+/// f32 values alive at once in the worst phase of `block_backward`, besides
+/// the incoming residual gradient.
+fn block_backward_values(cfg: &ModelConfig, batch: usize, seq: usize, backend: ComputeBackend) -> usize {
+    let n = batch * seq;
+    let (d, f) = (cfg.d_model, cfg.ffn_hidden);
+    // MLP: dm [n, f] and dgu [n, 2f] together, then dgu and dxn [n, d].
+    let mlp = (n * f + 2 * n * f).max(2 * n * f + n * d);
+    // Attention: dxn, datt [n, q_dim], dqkv, and the backend's score scratch
+    // (CUDA: [kv_heads, seq, seq] per sequence; CPU: [seq, seq] per task,
+    // counted once: one task per thread).
+    let scores = if backend.is_cuda() { cfg.n_kv_heads * seq * seq } else { seq * seq };
+    let attn = n * d + n * cfg.q_dim() + n * cfg.qkv_dim() + scores;
+    mlp.max(attn)
+}
+
+/// f32 values of the largest "a" and "b" operands of a stage's linear GEMMs,
+/// as the bf16 GEMM path casts them (`CudaBackend::linear_gemm`: a = the
+/// weight, or the input of a weight gradient; b = the activation input or
+/// output gradient).
+pub fn gemm_operand_values(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize) -> (usize, usize) {
+    let n = batch * seq;
+    let (d, f, bw, v) = (cfg.d_model, cfg.ffn_hidden, cfg.bottleneck, cfg.vocab_size);
+    let (qd, qkvd) = (cfg.q_dim(), cfg.qkv_dim());
+    let mut a = [qkvd * d, d * qd, 2 * f * d, d * f, n * f, n * d, n * qd].into_iter().max().unwrap_or(0);
+    let mut b = [n * d, n * qd, n * f, 2 * n * f, n * qkvd].into_iter().max().unwrap_or(0);
+    if spec.decode_in || spec.encode_out {
+        a = a.max(d * bw).max(n * bw).max(n * d);
+        b = b.max(n * bw).max(n * d);
+    }
+    if spec.has_lm_head() {
+        let rows = logit_rows_per_chunk(n, v);
+        a = a.max(v * d).max(rows * d);
+        b = b.max(rows * d).max(rows * v);
+    }
+    (a, b)
+}
+
+/// Rows of logits the LM head computes at once (`lm_head::rows_per_chunk`).
+pub fn logit_rows_per_chunk(n: usize, vocab: usize) -> usize {
+    (LOGIT_BUDGET / vocab.max(1)).clamp(1, n.max(1))
+}
+
+/// The memory of one stage of `cfg` split as `spec` under workload `w`.
+pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageMemory {
+    const F32: u64 = 4;
+    let params = ParamLayout::for_stage(cfg, spec).total();
+    let p = params as u64;
+    let role = spec.role();
+    let (n, d) = (w.batch * w.seq, cfg.d_model);
+    let tail = spec.has_lm_head();
+    let held = if tail { 1 } else { w.in_flight.max(1) };
+    // A step stashes the current weights while a micro-batch forwarded with
+    // them is in flight. It comes right after a backward, so at most the
+    // other held - 1 micro-batches are on older versions; the tail holds
+    // none across a step.
+    let stashed = if w.weight_stashing && !tail { held - 1 } else { 0 };
+    let saved = saved_values(cfg, spec, w.batch, w.seq, !w.backend.is_cuda());
+    let out_width = if spec.encode_out { cfg.bottleneck } else { d };
+    // The backward's residual gradient, a block's worst phase, and past an
+    // encoder the output gradient it came from (`backward_buf` keeps it
+    // until it returns; without an encoder it becomes the residual gradient).
+    let kept_output_grad = if spec.encode_out { n * cfg.bottleneck } else { 0 };
+    let backward = n * d + kept_output_grad + block_backward_values(cfg, w.batch, w.seq, w.backend);
+    // The tail's loss: hn, dhn and dh [n, d], rstd [n], one logits chunk.
+    let loss = 3 * n * d + n + logit_rows_per_chunk(n, cfg.vocab_size) * cfg.vocab_size;
+    // A forward's transient beyond what it saves is its output.
+    let forward = n * out_width;
+    let workspace_is_loss = tail && loss > backward;
+    let workspace = if tail { loss.max(backward) } else { backward.max(forward) };
+    let bf16_operands = match w.backend {
+        ComputeBackend::CudaBf16Gemm => {
+            let (a, b) = gemm_operand_values(cfg, spec, w.batch, w.seq);
+            2 * (a + b) as u64
+        }
+        _ => 0,
+    };
+    let runtime = match w.backend {
+        ComputeBackend::Cpu => 0,
+        ComputeBackend::CudaF32Gemm => CUDA_RUNTIME_ALLOWANCE,
+        ComputeBackend::CudaBf16Gemm => CUDA_RUNTIME_ALLOWANCE + CUBLASLT_WORKSPACE,
+    };
+    StageMemory {
+        index: spec.index,
+        role,
+        params,
+        held_micro_batches: held,
+        stashed_versions: stashed,
+        weights: F32 * p,
+        grads: F32 * p,
+        optimizer_state: F32 * p * w.optimizer.moments(),
+        weight_stashes: F32 * p * stashed as u64,
+        bf16_operands,
+        rope_tables: F32 * (w.seq * cfg.head_dim()) as u64,
+        runtime,
+        activations_per_micro_batch: F32 * saved.total as u64,
+        attention_probs_per_micro_batch: F32 * saved.probs as u64,
+        workspace: F32 * workspace as u64,
+        workspace_is_loss,
+    }
+}
+
+/// Every stage of `cfg` split into `stages`.
+pub fn plan_memory(cfg: &ModelConfig, stages: usize, w: &Workload) -> Result<Vec<StageMemory>, ConfigError> {
+    Ok(StageSpec::split(cfg, stages)?.iter().map(|s| stage_memory(cfg, s, w)).collect())
+}
+
+/// A miner's host memory beyond its stage (the same on every backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    /// The receive pool's budget.
+    pub receive_pool: u64,
+    /// The evidence log's budgets (weights snapshots, received frames).
+    pub evidence_log: u64,
+    /// The butterfly merge's vectors at their peak (merging).
+    pub merge: u64,
+}
+
+impl HostMemory {
+    pub fn total(&self) -> u64 {
+        self.receive_pool + self.evidence_log + self.merge
+    }
+}
+
+/// Bytes of `values` values encoded as the merge encodes a slice: blocks
+/// of `BLOCK` values, each a row of the codec (`encode_slice`).
+pub fn merge_encoded_bytes(values: f64, codec: WireCodec) -> f64 {
+    values / BLOCK as f64 * codec.row_bytes(BLOCK as usize) as f64
+}
+
+/// Host memory of a miner holding a stage of `params` values merged over
+/// `replicas` replicas with `merge_codec` (`dataplane/src/miner/merge/butterfly.rs`).
+pub fn host_memory(params: usize, replicas: usize, merge_codec: WireCodec) -> HostMemory {
+    let p = params as f64;
+    let r = replicas.max(1) as f64;
+    let merge = if replicas < 2 {
+        0.0
+    } else {
+        // A replica owns 2P/R values (two owners per partition).
+        let owned = 2.0 * p / r;
+        // theta_prev, delta, theta_next and the finished copy (`merged`).
+        let vectors = 4.0 * 4.0 * p;
+        // Its own encoded contribution (every partition), the other
+        // replicas' contributions to the partitions it owns, its encoded
+        // results, and the updates it receives for the others.
+        let encoded = merge_encoded_bytes(p + (r - 1.0) * owned + owned + (p - owned), merge_codec);
+        // Outer momentum of its partitions, read and kept with each result.
+        let momentum = 2.0 * 4.0 * owned;
+        vectors + encoded + momentum
+    };
+    HostMemory {
+        receive_pool: RECEIVE_POOL_BYTES,
+        evidence_log: EVIDENCE_WEIGHTS_BYTES + EVIDENCE_WEIGHTS_BYTES / 4,
+        merge: merge.round() as u64,
+    }
+}
+
+#[cfg(test)]
+#[path = "memory_plan_tests.rs"]
+mod tests;
