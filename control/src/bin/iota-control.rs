@@ -8,6 +8,8 @@ use iota_control::commands::{Cli, run};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // Validators recompute stage work: the same buffers again and again.
+    iota_model::alloc::keep_freed_memory();
     let args = match expand_config_file(std::env::args().collect()) {
         Ok(a) => a,
         Err(e) => {

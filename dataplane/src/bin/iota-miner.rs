@@ -6,6 +6,9 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // A stage step frees and reallocates the same activations every
+    // micro-batch, and a merge the same slices every epoch: keep the pages.
+    iota_model::alloc::keep_freed_memory();
     let cli = iota_dataplane::commands::Cli::parse();
     iota_dataplane::init_logging_as(cli.log_format, "info");
     if let Err(e) = iota_dataplane::commands::run(cli) {
