@@ -78,6 +78,7 @@ fn register_body(i: u32) -> pb::RegisterRequest {
         data_addr: format!("198.{}.{}.{}:4000", 18 + ((i >> 16) & 1), (i >> 8) & 255, i & 255),
         tokens_per_s: 1000.0,
         device: "cuda:0 (bf16 gemms)".into(),
+        ..Default::default()
     }
 }
 

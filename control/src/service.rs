@@ -34,10 +34,11 @@ use iota_protocol::source_limits::{SourceLimits, SourcePolicy};
 use iota_protocol::{MbRef, StoredObject};
 
 use crate::audit::Audit;
-use crate::orchestrator::{Event, Orchestrator, Out, Phase, Refusal, VerdictIn};
+use crate::orchestrator::{Event, MemoryStated, Orchestrator, Out, Phase, Refusal, VerdictIn};
 use crate::s3_store::S3Store;
 use crate::state_db::StateDb;
 use crate::validation::quorum::Check;
+use iota_core::memory_plan::ComputeBackend;
 
 const SAVE_EVERY_MS: u64 = 2_000;
 /// Commands kept for a miner that is not listening; past this the oldest go.
@@ -188,6 +189,23 @@ impl OrchestratorService {
         };
         let mut orch = orch;
         orch.set_operator(id.peer_id());
+        // Each stage's memory plan, so registrations and routing follow what
+        // miners state (a configuration that does not parse states nothing).
+        if let Ok(cfg) = iota_protocol::RunConfig::from_json(&run_config_json) {
+            let t = &cfg.train;
+            let held = cfg.spec.max_in_flight.clamp(1, 256) as usize;
+            match iota_core::memory_fit::RunMemoryNeeds::new(
+                &t.model,
+                t.stages,
+                t.batch,
+                t.seq,
+                held,
+                iota_core::memory_plan::InnerOptimizer::AdamW,
+            ) {
+                Ok(needs) => orch.set_memory_needs(needs),
+                Err(e) => warn!(error = %e, "no memory plan for this run; miners' stated memory is not checked"),
+            }
+        }
         let started = now_ms();
         let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), started]);
         let aud = Audience { run_id: orch.spec().run_id, orchestrator: id.peer_id() };
@@ -311,6 +329,7 @@ fn rejected(e: Refusal) -> Rejected {
         Refusal::Invalid(m) => Rejected::new(Reason::Refused, m),
         Refusal::NotYours(m) => Rejected::new(Reason::NotYours, m),
         Refusal::Full(n) => Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes")),
+        Refusal::DoesNotFit(m) => Rejected::new(Reason::DoesNotFit, m),
     }
 }
 
@@ -342,7 +361,17 @@ impl OrchestratorRpc for OrchestratorService {
         let ev = if validator {
             Event::RegisterValidator { peer, device: body.device }
         } else {
-            Event::Register { peer, addr: body.data_addr, tokens_per_s: body.tokens_per_s, device: body.device }
+            Event::Register {
+                peer,
+                addr: body.data_addr,
+                tokens_per_s: body.tokens_per_s,
+                device: body.device,
+                memory: MemoryStated {
+                    bytes: body.memory_bytes,
+                    // Checked by `fields::register`.
+                    compute: ComputeBackend::parse(&body.compute).unwrap_or_default(),
+                },
+            }
         };
         self.apply_for(REGISTER, peer, ev)?;
         self.limits.registered(source, peer);

@@ -13,6 +13,7 @@ pub mod error;
 pub mod identity;
 pub mod ids;
 pub mod layout;
+pub mod memory_fit;
 pub mod memory_plan;
 pub mod merge;
 pub mod rng;

@@ -61,9 +61,10 @@ pub const EVIDENCE_WEIGHTS_BYTES: u64 = 1 << 30;
 pub const FIT_RESERVE: f64 = 0.10;
 
 /// What a stage computes with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ComputeBackend {
     /// `CpuBackend`: everything in host memory, fp32.
+    #[default]
     Cpu,
     /// `CudaBackend` with fp32 GEMMs (cuBLAS sgemm).
     CudaF32Gemm,

@@ -175,10 +175,27 @@ pub struct RunArgs {
     /// is elsewhere.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Memory this miner's stage may use, in GiB (default: on a GPU its
+    /// free memory at start; on the CPU none is stated). The miner states
+    /// it when it registers: the orchestrator assigns it only a stage its
+    /// memory plan holds (`iota-bench scale --plan-only` prints the plan)
+    /// and routes it no more micro-batches than fit, and the miner stops
+    /// with one line saying what its stage needs if it is assigned one that
+    /// does not.
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
+    memory_gib: Option<u64>,
     /// For launchers (the local swarm), hidden: on exit, write the wire
     /// totals (frames and bytes per lane, rejections) as JSON to FILE.
     #[arg(long, hide = true, value_name = "FILE")]
     stats_out: Option<std::path::PathBuf>,
+}
+
+/// GiB (a positive decimal) as bytes.
+fn parse_gib(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 && g < 1e6 => Ok((g * (1u64 << 30) as f64) as u64),
+        _ => Err(format!("'{s}' is not a positive number of GiB")),
+    }
 }
 
 fn parse_congestion(s: &str) -> Result<crate::Congestion, String> {
@@ -271,6 +288,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.min_frame_ms = a.min_frame_ms;
     opts.congestion = a.congestion;
     opts.metrics = a.metrics;
+    opts.memory_limit = a.memory_gib;
     if let Some(adv) = a.adversary {
         tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
     }

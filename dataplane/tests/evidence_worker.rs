@@ -487,3 +487,33 @@ fn a_middle_stages_backward_is_checked_and_grad_noise_fails_it() {
         assert_eq!(s.check(0, mb, &b), Finding::Honest);
     }
 }
+
+/// A worker told its memory refuses an assigned stage its memory plan does
+/// not hold, with a typed error (the miner stops on it), before allocating
+/// the stage; with enough memory it takes the stage.
+#[test]
+fn a_worker_refuses_a_stage_its_stated_memory_does_not_hold() {
+    use iota_core::memory_plan::ComputeBackend;
+    use iota_dataplane::miner::worker::StageDoesNotFit;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let _g = rt.enter();
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::shared(dir.path(), FileIo::start(true)).unwrap();
+    let be = Arc::new(CpuBackend::new());
+    let worker = |memory: u64| {
+        let ctx = Arc::new(RunContext::new(RUN, FrameLimits::default()));
+        let me = Identity::from_seed([9; 32]).peer_id();
+        Worker::new(be.clone(), me, run_config(), None, store.clone(), rt.handle().clone(), PeerDirectory::new(), ctx)
+            .with_memory(Some((memory, ComputeBackend::Cpu)))
+    };
+    let assign = || Input::Command(pb::command::Kind::Assign(pb::Assignment { stage: 1, ..Default::default() }));
+    let mut small = worker(64 << 10);
+    let err = small.handle(assign(), &mut Vec::new()).unwrap_err();
+    let fit = err.downcast_ref::<StageDoesNotFit>().expect("a typed refusal");
+    assert_eq!(fit.0.stage, 1);
+    assert!(format!("{err:#}").contains("needs"), "{err:#}");
+    assert!(small.stage().is_none(), "nothing was allocated");
+    let mut roomy = worker(1 << 30);
+    roomy.handle(assign(), &mut Vec::new()).unwrap();
+    assert_eq!(roomy.stage().unwrap().spec().index, 1);
+}

@@ -144,7 +144,28 @@ impl ControlClient {
         tokens_per_s: f64,
         device: String,
     ) -> Result<pb::RegisterReply, tonic::Status> {
-        let body = pb::RegisterRequest { role: pb::Role::Miner as i32, data_addr, tokens_per_s, device };
+        self.register_stating(data_addr, tokens_per_s, device, (0, String::new())).await
+    }
+
+    /// `register`, stating the memory the miner's stage may use (bytes) and
+    /// what it computes with ("cpu", "cuda-fp32", "cuda-bf16"): the
+    /// orchestrator assigns only a stage that fits and routes it no more
+    /// micro-batches than fit.
+    pub async fn register_stating(
+        &mut self,
+        data_addr: String,
+        tokens_per_s: f64,
+        device: String,
+        (memory_bytes, compute): (u64, String),
+    ) -> Result<pb::RegisterReply, tonic::Status> {
+        let body = pb::RegisterRequest {
+            role: pb::Role::Miner as i32,
+            data_addr,
+            tokens_per_s,
+            device,
+            memory_bytes,
+            compute,
+        };
         self.register_body(body).await
     }
 
@@ -299,6 +320,8 @@ pub enum Rejoin {
         device: String,
         /// The miner's last measured throughput (f64 bits).
         tokens_per_s: Arc<std::sync::atomic::AtomicU64>,
+        /// The memory it states, and what it computes with.
+        memory: (u64, String),
     },
     Validator {
         device: String,
@@ -324,9 +347,9 @@ pub fn follow_commands<T: Send + 'static>(
                 Err(e) => {
                     if e.code() == tonic::Code::FailedPrecondition {
                         let _ = match &rejoin {
-                            Rejoin::Miner { data_addr, device, tokens_per_s } => {
+                            Rejoin::Miner { data_addr, device, tokens_per_s, memory } => {
                                 let tps = f64::from_bits(tokens_per_s.load(Ordering::Relaxed));
-                                client.register(data_addr.clone(), tps, device.clone()).await
+                                client.register_stating(data_addr.clone(), tps, device.clone(), memory.clone()).await
                             }
                             Rejoin::Validator { device } => client.register_validator(device.clone()).await,
                         };

@@ -114,6 +114,9 @@ pub fn register(r: &pb::RegisterRequest) -> Result<(), Rejected> {
         }
     }
     tokens_per_s("tokens_per_s", r.tokens_per_s)?;
+    if !r.compute.is_empty() && iota_core::memory_plan::ComputeBackend::parse(&r.compute).is_none() {
+        return Err(bad("compute", "must be cpu, cuda-fp32 or cuda-bf16"));
+    }
     printable("device", &r.device, MAX_DEVICE_LEN)
 }
 
@@ -323,6 +326,7 @@ mod tests {
             data_addr: addr.into(),
             tokens_per_s: tps,
             device: device.into(),
+            ..Default::default()
         }
     }
 
@@ -342,6 +346,7 @@ mod tests {
             (reg("127.0.0.1:9000", f64::INFINITY, "cpu"), "tokens_per_s"),
             (reg("127.0.0.1:9000", 1.0, &"x".repeat(512 << 10)), "device"),
             (reg("127.0.0.1:9000", 1.0, "gpu\n[ERROR] forged log line"), "device"),
+            (pb::RegisterRequest { compute: "tpu".into(), ..reg("127.0.0.1:9000", 1.0, "cpu") }, "compute"),
         ] {
             let e = register(&r).unwrap_err();
             assert_eq!(e.reason, Reason::InvalidField);

@@ -36,10 +36,12 @@ pub enum Reason {
     NotYours,
     /// The run admits listed identities only, and this is not one.
     NotAdmitted,
+    /// The memory the miner states holds no stage of the run.
+    DoesNotFit,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::MalformedEnvelope,
         Reason::WeakKey,
         Reason::BodyTooLarge,
@@ -57,6 +59,7 @@ impl Reason {
         Reason::Refused,
         Reason::NotYours,
         Reason::NotAdmitted,
+        Reason::DoesNotFit,
     ];
 
     /// The name refusals are counted under (metrics, `RunStatus.refusals`).
@@ -79,6 +82,7 @@ impl Reason {
             Reason::Refused => "refused_by_state",
             Reason::NotYours => "not_yours",
             Reason::NotAdmitted => "not_admitted",
+            Reason::DoesNotFit => "does_not_fit",
         }
     }
 
@@ -91,7 +95,9 @@ impl Reason {
                 Code::Unauthenticated
             }
             Reason::ReplayedNonce => Code::AlreadyExists,
-            Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull => Code::ResourceExhausted,
+            Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull | Reason::DoesNotFit => {
+                Code::ResourceExhausted
+            }
             Reason::NotRegistered | Reason::Refused => Code::FailedPrecondition,
             Reason::WrongRole | Reason::NotYours | Reason::NotAdmitted => Code::PermissionDenied,
         }

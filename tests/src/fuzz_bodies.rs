@@ -341,7 +341,13 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         let op = b.u8();
         let peer = peers[b.u8() as usize % peers.len()];
         let ev = match op % 13 {
-            0 | 1 => Event::Register { peer, addr: "198.18.0.1:4000".into(), tokens_per_s: 1.0, device: "cpu".into() },
+            0 | 1 => Event::Register {
+                peer,
+                addr: "198.18.0.1:4000".into(),
+                tokens_per_s: 1.0,
+                device: "cpu".into(),
+                memory: Default::default(),
+            },
             2 => Event::Subscribed { peer },
             3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0, commitments: Vec::new() },
             // Reports about one of the 8 most recent routes.

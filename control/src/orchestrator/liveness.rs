@@ -310,14 +310,22 @@ impl Orchestrator {
                     // micro-batches instead).
                     cands = self.healthy_in(s).filter(|m| !m.convicted && !m.removed).collect();
                 }
-                let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1);
+                // Room by its stated memory: never more micro-batches than
+                // its own plan says it holds.
+                let roomy = |m: &&MinerState| (m.in_flight as usize) < self.held_cap(m);
+                let open = |m: &&MinerState| !(m.probation && m.in_flight >= 1) && roomy(m);
                 let preferred: Vec<&MinerState> = cands.iter().copied().filter(|m| !avoid.contains(&m.peer)).collect();
                 let open_preferred: Vec<&MinerState> = preferred.iter().copied().filter(open).collect();
+                let roomy_preferred: Vec<&MinerState> = preferred.iter().copied().filter(roomy).collect();
                 let pool = if !open_preferred.is_empty() {
                     open_preferred
                 } else if fresh {
                     return None; // wait for room rather than overload a newcomer
+                } else if !roomy_preferred.is_empty() {
+                    roomy_preferred
                 } else if !preferred.is_empty() {
+                    // A re-route with every replica at its memory's limit
+                    // goes to one anyway rather than drop the micro-batch.
                     preferred
                 } else {
                     cands

@@ -5,7 +5,7 @@
 use iota_core::PeerId;
 use iota_protocol::pb;
 
-use super::{MinerState, Ms, Orchestrator, Out, Phase, Refusal};
+use super::{MemoryStated, MinerState, Ms, Orchestrator, Out, Phase, Refusal};
 
 impl Orchestrator {
     pub(super) fn known(&self, p: &PeerId) -> Result<(), Refusal> {
@@ -28,14 +28,41 @@ impl Orchestrator {
         self.phase != Phase::Waiting && !(self.epoch == 0 && self.phase == Phase::Training)
     }
 
+    /// The run's memory needs, from its configuration: registrations and
+    /// routing follow each miner's stated memory from then on.
+    pub fn set_memory_needs(&mut self, needs: iota_core::memory_fit::RunMemoryNeeds) {
+        self.memory_needs = Some(std::sync::Arc::new(needs));
+    }
+
+    /// Micro-batches `m` may hold at once by the memory it stated (0: its
+    /// stage does not fit; `usize::MAX` when it stated none).
+    pub(super) fn held_cap(&self, m: &MinerState) -> usize {
+        match &self.memory_needs {
+            Some(n) if m.memory.bytes > 0 => n.max_held(m.memory.compute, m.stage as usize, m.memory.bytes),
+            _ => usize::MAX,
+        }
+    }
+
+    /// Whether `stage` fits the stated `memory` (always, when nothing is
+    /// stated or the run has no needs set); the refusal says why not.
+    fn fits(&self, stage: u32, memory: &MemoryStated) -> Result<(), Refusal> {
+        match &self.memory_needs {
+            Some(n) if memory.bytes > 0 => {
+                n.check(memory.compute, stage as usize, memory.bytes).map(|_| ()).map_err(|e| {
+                    let (b, t) = n.shape();
+                    Refusal::DoesNotFit(format!("{e} (micro-batches of {b} x {t} tokens, {})", memory.compute.name()))
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Registers `peer`; true when it is a new claim (not yet subscribed).
     pub(super) fn register(
         &mut self,
         now: Ms,
         peer: PeerId,
-        addr: String,
-        tokens_per_s: f64,
-        device: String,
+        (addr, tokens_per_s, device, memory): (String, f64, String, MemoryStated),
         out: &mut Vec<Out>,
     ) -> Result<bool, Refusal> {
         if self.is_validator(&peer) {
@@ -50,10 +77,15 @@ impl Orchestrator {
                 super::liveness::REMOVE_AFTER_BENCHED_EPOCHS
             )));
         }
+        if let Some(stage) = self.miners.get(&peer).map(|m| m.stage) {
+            // It keeps its stage: which must still fit what it states now.
+            self.fits(stage, &memory)?;
+        }
         if let Some(m) = self.miners.get_mut(&peer) {
             // A restart of a known miner: same stage; its in-flight work is
             // lost (re-routed by the health check) and it reloads weights.
             let moved = m.addr != addr;
+            m.memory = memory;
             m.addr = addr;
             m.device = device;
             m.tokens_per_s = tokens_per_s;
@@ -85,12 +117,29 @@ impl Orchestrator {
                 tps[s] += m.tokens_per_s;
             }
         }
-        // Fewest counted first, then the least throughput.
+        // Fewest counted first, then the least throughput; only stages its
+        // memory holds.
         let per_stage = self.spec.max_miners_per_stage() as usize;
-        let stage = (0..stages)
-            .filter(|&s| registered[s] < per_stage)
+        let open: Vec<usize> = (0..stages).filter(|&s| registered[s] < per_stage).collect();
+        if open.is_empty() {
+            return Err(Refusal::Full(self.miners.len()));
+        }
+        let fitting: Vec<usize> = open.iter().copied().filter(|&s| self.fits(s as u32, &memory).is_ok()).collect();
+        let Some(stage) = fitting
+            .into_iter()
             .min_by(|&a, &b| counted[a].cmp(&counted[b]).then(tps[a].total_cmp(&tps[b])).then(a.cmp(&b)))
-            .ok_or(Refusal::Full(self.miners.len()))? as u32;
+        else {
+            // None fits: say so for the smallest of the open stages.
+            let least = open
+                .iter()
+                .copied()
+                .min_by_key(|&s| self.memory_needs.as_ref().map_or(0, |n| n.least(memory.compute, s)));
+            return Err(self
+                .fits(least.unwrap_or(0) as u32, &memory)
+                .err()
+                .unwrap_or(Refusal::Full(self.miners.len())));
+        };
+        let stage = stage as u32;
         let index = self.next_index;
         self.next_index += 1;
         self.miners.insert(
@@ -124,6 +173,7 @@ impl Orchestrator {
                 suspended_through: None,
                 ejected: false,
                 commitments: std::collections::BTreeMap::new(),
+                memory,
             },
         );
         Ok(true)

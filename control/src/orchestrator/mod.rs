@@ -38,7 +38,7 @@ use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
 pub use self::observe::MergeProgress;
 pub use self::state::{
     BadObjectRecord, CommitmentBreak, Counters, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus,
-    MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
+    MemoryStated, MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
 };
 use self::state::{MbRecord, Upload};
 use self::validation_state::Validation;
@@ -54,6 +54,8 @@ pub enum Event {
         addr: String,
         tokens_per_s: f64,
         device: String,
+        /// The memory it states and what it computes with (0: not stated).
+        memory: MemoryStated,
     },
     /// `in_flight`: micro-batches the miner says it holds (its own count).
     Heartbeat {
@@ -203,6 +205,9 @@ pub enum Refusal {
     Invalid(String),
     #[error("the run holds {0} miners, as many as it takes")]
     Full(usize),
+    /// The memory a miner states holds no stage it could take.
+    #[error("{0}")]
+    DoesNotFit(String),
     /// An announcement of a store object the announcer was not asked to write.
     #[error("{0}")]
     NotYours(String),
@@ -269,6 +274,10 @@ pub struct Orchestrator {
     /// it (liveness.rs, `pin_stall`). At most `MAX_ACCUSED` accused.
     #[serde(default)]
     accusations: BTreeMap<PeerId, BTreeSet<PeerId>>,
+    /// Each stage's memory by backend and micro-batches held (set by the
+    /// service from the run's configuration; without it nothing is checked).
+    #[serde(skip)]
+    memory_needs: Option<std::sync::Arc<iota_core::memory_fit::RunMemoryNeeds>>,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -307,6 +316,7 @@ impl Orchestrator {
             started_from: BTreeMap::new(),
             settlement: SettlementBook::default(),
             accusations: BTreeMap::new(),
+            memory_needs: None,
         })
     }
 
@@ -347,8 +357,8 @@ impl Orchestrator {
     pub fn step(&mut self, now: Ms, ev: Event, rng: &mut Rng) -> Result<Vec<Out>, Refusal> {
         let mut out = Vec::new();
         match ev {
-            Event::Register { peer, addr, tokens_per_s, device } => {
-                if self.register(now, peer, addr, tokens_per_s, device, &mut out)? {
+            Event::Register { peer, addr, tokens_per_s, device, memory } => {
+                if self.register(now, peer, (addr, tokens_per_s, device, memory), &mut out)? {
                     // A new claim changes nothing until it subscribes.
                     return Ok(out);
                 }

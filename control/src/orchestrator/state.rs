@@ -176,6 +176,18 @@ pub struct MinerState {
     /// (the current and the previous one).
     #[serde(default)]
     pub commitments: BTreeMap<u64, EpochHeads>,
+    /// The memory it stated when it registered.
+    #[serde(default)]
+    pub memory: MemoryStated,
+}
+
+/// The memory a miner states at registration: what its stage may use, and
+/// what it computes with (the memory plan differs by backend).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStated {
+    /// Bytes; 0: not stated (never checked).
+    pub bytes: u64,
+    pub compute: iota_core::memory_plan::ComputeBackend,
 }
 
 /// Miners in states saved before subscription was tracked had subscribed.

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use iota_core::Identity;
+use iota_core::memory_plan::ComputeBackend;
 use iota_cuda::ComputeDevice;
 use iota_cuda::backend::GemmPrecision;
 use iota_model::Backend as _;
@@ -121,6 +122,10 @@ pub struct MinerOptions {
     pub cpu_bf16_gemm: bool,
     /// Where to serve this miner's Prometheus metrics (None: nowhere).
     pub metrics: Option<SocketAddr>,
+    /// The memory this miner's stage may use, in bytes (None: on a GPU its
+    /// free memory at start; on the CPU nothing is stated). Stated to the
+    /// orchestrator, which assigns a stage and routes micro-batches within it.
+    pub memory_limit: Option<u64>,
 }
 
 impl MinerOptions {
@@ -149,6 +154,7 @@ impl MinerOptions {
             slowdown: 1,
             min_frame_ms: 0,
             metrics: None,
+            memory_limit: None,
         }
     }
 }
@@ -221,8 +227,22 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             .await?;
     info!(orchestrator = %client.audience().orchestrator.to_hex(), run = client.audience().run_id, "connected");
     let device = device_label(opts.device, opts.gemm, opts.cpu_bf16_gemm);
-    let reply =
-        client.register(addr.clone(), 0.0, device.clone()).await.context("registering with the orchestrator")?;
+    let memory = stated_memory(&opts, gpu.as_deref());
+    if memory.0 > 0 {
+        info!(
+            gib = format!("{:.2}", memory.0 as f64 / (1u64 << 30) as f64),
+            compute = memory.1.name(),
+            "memory stated"
+        );
+    }
+    let stating = (memory.0, memory.1.name().to_string());
+    let reply = client.register_stating(addr.clone(), 0.0, device.clone(), stating.clone()).await.map_err(|s| {
+        if s.code() == tonic::Code::ResourceExhausted {
+            anyhow::anyhow!("the orchestrator refused this miner: {}", s.message())
+        } else {
+            anyhow::Error::new(s).context("registering with the orchestrator")
+        }
+    })?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     ctx.set_run_id(reply.run_id);
     // A dead peer must be found (and reported) well within a route's
@@ -264,6 +284,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             data_addr: addr.clone(),
             device: device.clone(),
             tokens_per_s: measured_tps.clone(),
+            memory: stating,
         };
         iota_protocol::client::follow_commands(client.clone(), finished.clone(), rejoin, in_tx.clone(), Input::Command)
     };
@@ -446,7 +467,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                     iota_model::CpuBackend::new()
                 });
                 compute_loop(
-                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
+                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx)
+                        .with_corpus_cache(corpus_cache)
+                        .with_memory(Some(memory)),
                     io,
                 )
             }
@@ -462,7 +485,9 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                     ..io
                 };
                 compute_loop(
-                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx).with_corpus_cache(corpus_cache),
+                    Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx)
+                        .with_corpus_cache(corpus_cache)
+                        .with_memory(Some(memory)),
                     io,
                 )
             }
@@ -486,6 +511,23 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
 }
 
 /// What a miner tells the orchestrator it computes on.
+/// The memory this miner states (bytes; 0: none) and what it computes with.
+fn stated_memory(opts: &MinerOptions, gpu: Option<&iota_cuda::gpu::Gpu>) -> (u64, ComputeBackend) {
+    let compute = match (opts.device, opts.gemm) {
+        (ComputeDevice::Cpu, _) => ComputeBackend::Cpu,
+        (ComputeDevice::Cuda(_), GemmPrecision::Bf16) => ComputeBackend::CudaBf16Gemm,
+        (ComputeDevice::Cuda(_), GemmPrecision::F32) => ComputeBackend::CudaF32Gemm,
+    };
+    let free = gpu.and_then(|g| g.ctx.mem_get_info().ok()).map(|(free, _)| free as u64);
+    let bytes = match (opts.memory_limit, free) {
+        (Some(limit), Some(free)) => limit.min(free),
+        (Some(limit), None) => limit,
+        (None, Some(free)) => free,
+        (None, None) => 0,
+    };
+    (bytes, compute)
+}
+
 fn device_label(device: ComputeDevice, gemm: GemmPrecision, cpu_bf16_gemm: bool) -> String {
     match device {
         ComputeDevice::Cpu if cpu_bf16_gemm => "cpu (bf16 gemms)".into(),
@@ -630,6 +672,9 @@ fn compute_loop<B: iota_model::Backend + 'static>(mut w: Worker<B>, mut io: Comp
         }
         let t0 = std::time::Instant::now();
         if let Err(e) = w.handle(input, &mut out) {
+            if e.downcast_ref::<worker::StageDoesNotFit>().is_some() {
+                return Err(e);
+            }
             warn!(error = %format!("{e:#}"), "stage worker");
         }
         compute += t0.elapsed();

@@ -93,7 +93,16 @@ pub struct Worker<B: Backend = CpuBackend> {
     sent: Option<Arc<SentFrames>>,
     /// A dishonest test miner's change to the activations it sends.
     tamper: Option<Tamper>,
+    /// The memory this miner stated (bytes, backend): an assigned stage it
+    /// does not hold is refused before anything is allocated.
+    memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>,
 }
+
+/// An assigned stage this miner's memory does not hold: the miner stops,
+/// saying so, instead of failing inside an allocation.
+#[derive(Debug, thiserror::Error)]
+#[error("assigned {0}; stopping before anything is allocated")]
+pub struct StageDoesNotFit(pub iota_core::memory_fit::DoesNotFit);
 
 fn mb_key(epoch: u64, shard: u32, first: u64, attempt: u32) -> MbKey {
     (epoch, shard, first, attempt)
@@ -157,7 +166,15 @@ impl<B: Backend + 'static> Worker<B> {
             evidence: EvidenceLog::new(DEFAULT_EVIDENCE_BYTES),
             sent: None,
             tamper: None,
+            memory: None,
         }
+    }
+
+    /// The memory this miner's stage may use (bytes) and what it computes
+    /// with: `assign` refuses a stage its plan does not hold.
+    pub fn with_memory(mut self, memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>) -> Self {
+        self.memory = memory.filter(|(bytes, _)| *bytes > 0);
+        self
     }
 
     /// Keeps the chunks of a corpus fetched from the run's store in `dir`.
@@ -336,6 +353,19 @@ impl<B: Backend + 'static> Worker<B> {
         self.add_peers(&a.peers);
         if self.stage.is_some() && self.stage_index == a.stage {
             return Ok(());
+        }
+        if let Some((bytes, backend)) = self.memory {
+            let t = &self.cfg.train;
+            let needs = iota_core::memory_fit::RunMemoryNeeds::new(
+                &t.model,
+                t.stages,
+                t.batch,
+                t.seq,
+                1,
+                // AdamW and NAdam keep the same two moments.
+                iota_core::memory_plan::InnerOptimizer::AdamW,
+            )?;
+            needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
         }
         // A new stage starts its training phase afresh when told.
         self.training = None;

@@ -159,6 +159,7 @@ fn register_body(addr: &str, tps: f64, device: &str) -> pb::RegisterRequest {
         data_addr: addr.into(),
         tokens_per_s: tps,
         device: device.into(),
+        ..Default::default()
     }
 }
 

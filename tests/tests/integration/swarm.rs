@@ -499,3 +499,29 @@ async fn planted_and_lying_store_objects_stop_nobody_and_are_pinned_on_their_wri
     assert!(!bad.is_empty(), "the liar's stored objects were reported");
     assert!(bad.iter().all(|b| b.writer == liar), "{bad:?}");
 }
+
+/// A miner states its memory when it registers: one whose memory holds no
+/// stage of the run stops at once saying what a stage needs; the others,
+/// stating enough, are assigned and train the run to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_miner_whose_memory_holds_no_stage_stops_saying_so_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(2, 1, 1, 8, WireCodec::Int8Row);
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let small = swarm.miner_with(|o| o.memory_limit = Some(64 << 10), stop.clone());
+    let err =
+        tokio::time::timeout(Duration::from_secs(30), small).await.expect("it stops at once").unwrap().unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("refused this miner") && msg.contains("needs") && msg.contains("GiB"), "{msg}");
+    assert_eq!(swarm.service.with_state(|o| o.miners().count()), 0, "it was not registered");
+    let enough = 4u64 << 30;
+    let miners: Vec<_> = (0..2).map(|_| swarm.miner_with(|o| o.memory_limit = Some(enough), stop.clone())).collect();
+    for m in miners {
+        tokio::time::timeout(Duration::from_secs(60), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    let (history, stated) =
+        swarm.service.with_state(|o| (o.history().to_vec(), o.miners().map(|m| m.memory.bytes).collect::<Vec<_>>()));
+    assert_eq!(history[0].completed, 8);
+    assert_eq!(stated, vec![enough; 2]);
+}

@@ -7,7 +7,13 @@ use super::*;
 fn butterfly_epochs_merge_by_plan_and_verdicts() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     sim.run_until_done(200);
     assert_eq!(sim.o.phase(), &Phase::Done);
@@ -21,7 +27,13 @@ fn butterfly_epochs_merge_by_plan_and_verdicts() {
 fn slices_read_from_the_store_are_counted_and_bounded() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     sim.from_store.insert(peer(0), (2, 1));
     // A replica cannot have read more slices than a few per partition.
@@ -39,7 +51,13 @@ fn slices_read_from_the_store_are_counted_and_bounded() {
 fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     sim.liars.insert(peer(1));
     sim.run_until_done(200);
@@ -59,7 +77,13 @@ fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
 fn an_equivocating_replica_is_proven_convicted_and_no_honest_owner_is_named() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     sim.equivocators.insert(peer(1));
     sim.run_until_done(400);
@@ -83,7 +107,13 @@ fn an_equivocating_replica_is_proven_convicted_and_no_honest_owner_is_named() {
 fn butterfly_participant_dying_mid_merge_is_planned_out() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     // One replica dies when the first merge plan reaches it.
     sim.die_on_plan = Some(peer(2));
@@ -96,7 +126,13 @@ fn butterfly_participant_dying_mid_merge_is_planned_out() {
 fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     let mut sim = Sim::new(butterfly_spec(1, 2));
     for i in 0..2 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
     // the dead peer time out), so nobody finishes before the phase timeout.

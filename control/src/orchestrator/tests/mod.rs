@@ -426,10 +426,17 @@ fn waits_for_every_stage_then_balances_assignments() {
             addr: format!("127.0.0.1:{}", 9000 + i as u16),
             tokens_per_s: 1.0,
             device: "cpu".into(),
+            memory: Default::default(),
         });
         assert_eq!(*s.o.phase(), Phase::Waiting);
     }
-    s.ev(Event::Register { peer: peer(5), addr: "127.0.0.1:9005".into(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(5),
+        addr: "127.0.0.1:9005".into(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     assert_eq!(*s.o.phase(), Phase::Training);
     for st in 0..3 {
         assert_eq!(s.o.miners().filter(|m| m.stage == st).count(), 2, "stage {st}");
@@ -465,7 +472,13 @@ fn waits_for_every_stage_then_balances_assignments() {
 fn epochs_run_through_upload_and_merge_to_done() {
     let mut s = Sim::new(spec(3, 2, 3, 10, 3));
     for i in 0..6 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     s.run_until_done(200);
     let h = s.o.history();
@@ -492,7 +505,13 @@ fn micro_batch_addresses_follow_the_trainer() {
 fn dead_miner_work_is_rerouted_to_its_replica() {
     let mut s = Sim::new(spec(3, 2, 1, 12, 4));
     for i in 0..6 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     // A body miner dies before doing anything.
     let victim = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
@@ -514,8 +533,20 @@ fn dead_miner_work_is_rerouted_to_its_replica() {
 #[test]
 fn a_stage_with_no_live_miner_drops_after_max_attempts() {
     let mut s = Sim::new(spec(2, 1, 1, 3, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     let tail = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
     s.dead.insert(tail);
     for _ in 0..40 {
@@ -532,8 +563,20 @@ fn a_stage_with_no_live_miner_drops_after_max_attempts() {
 #[test]
 fn stale_and_foreign_reports_are_not_applied() {
     let mut s = Sim::new(spec(2, 1, 1, 2, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     let mb = s.o.spec().micro_batch(0, 0);
     let (head, tail) =
         (s.o.miners().find(|m| m.stage == 0).unwrap().peer, s.o.miners().find(|m| m.stage == 1).unwrap().peer);
@@ -595,8 +638,13 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
     let mut sp = spec(2, 1, 1, 4, 1);
     sp.miners_per_stage_cap = 3;
     let mut s = Sim::new(sp);
-    let fake =
-        |i: u8| Event::Register { peer: peer(100 + i), addr: String::new(), tokens_per_s: 1e6, device: "x".into() };
+    let fake = |i: u8| Event::Register {
+        peer: peer(100 + i),
+        addr: String::new(),
+        tokens_per_s: 1e6,
+        device: "x".into(),
+        memory: Default::default(),
+    };
     for i in 0..6 {
         let out = s.o.step(s.now, fake(i), &mut s.rng).unwrap();
         assert!(out.is_empty(), "nothing is sent for a claim");
@@ -609,8 +657,20 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
     s.now += 30_001;
     s.ev(Event::Tick);
     assert_eq!(s.o.miners().count(), 0);
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     assert_eq!(*s.o.phase(), Phase::Training);
     // Subscribed miners never expire by the registration timeout.
     s.now += 60_000;
@@ -624,7 +684,13 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
 /// Registers `n` miners and returns the one in `stage` registered last.
 fn register_all(sim: &mut Sim, n: u8) {
     for i in 0..n {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
 }
 
@@ -649,6 +715,7 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
 mod butterfly;
 mod hedging;
 mod liveness;
+mod memory;
 mod objects;
 mod restarts;
 mod validation;

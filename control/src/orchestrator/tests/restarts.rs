@@ -7,7 +7,13 @@ use super::*;
 fn snapshot_round_trip_resumes_the_run() {
     let mut s = Sim::new(spec(2, 2, 2, 8, 2));
     for i in 0..4 {
-        s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: String::new(),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     // Run part of the first epoch, then "crash": keep only the snapshot.
     s.drain();
@@ -27,12 +33,36 @@ fn snapshot_round_trip_resumes_the_run() {
 #[test]
 fn a_stage_whose_miners_all_restarted_does_not_stall() {
     let mut s = Sim::new(spec(2, 1, 1, 6, 1));
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     s.drain();
     // Both miners restart mid-epoch and register again (same identities).
-    s.ev(Event::Register { peer: peer(0), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
-    s.ev(Event::Register { peer: peer(1), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+    s.ev(Event::Register {
+        peer: peer(0),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
+    s.ev(Event::Register {
+        peer: peer(1),
+        addr: String::new(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     assert!(s.o.miners().all(|m| m.joining));
     s.run_until_done(100);
     assert_eq!(s.o.history()[0].completed, 6);
@@ -50,7 +80,13 @@ fn a_restart_charges_its_downtime_to_nobody() {
         sp.route_timeout_ms = 5_000;
         let mut s = Sim::new(sp.clone());
         for i in 0..2 {
-            s.ev(Event::Register { peer: peer(i), addr: String::new(), tokens_per_s: 1.0, device: "cpu".into() });
+            s.ev(Event::Register {
+                peer: peer(i),
+                addr: String::new(),
+                tokens_per_s: 1.0,
+                device: "cpu".into(),
+                memory: Default::default(),
+            });
         }
         while s.o.epoch() < 1 {
             s.drain_at_most(1);
@@ -81,14 +117,26 @@ fn a_restart_charges_its_downtime_to_nobody() {
 fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
     sim.until_merging_held(&stage0);
     let restarted = stage0[1];
     assert!(sim.o.merge_plan(0).unwrap().is_participant(&restarted));
     let t0 = sim.now;
-    sim.ev(Event::Register { peer: restarted, addr: "a1-again".into(), tokens_per_s: 1.0, device: "cpu".into() });
+    sim.ev(Event::Register {
+        peer: restarted,
+        addr: "a1-again".into(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    });
     sim.tick(100);
     assert!(!sim.o.merge_plan(0).unwrap().is_participant(&restarted), "still waited for after its restart");
     sim.stalled.clear();

@@ -41,7 +41,13 @@ fn start(spec: RunSpec) -> Sim {
         s.ev(Event::Subscribed { peer: v });
     }
     for i in 0..4 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     commit_all(&mut s, 0);
     s
@@ -210,7 +216,13 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     vote(&mut s, 1, 1, m1, true).unwrap();
     assert_eq!(s.o.counters().ejected, 1);
     assert!(s.o.miner(&m1).unwrap().ejected);
-    let again = Event::Register { peer: m1, addr: "a1".into(), tokens_per_s: 1.0, device: "cpu".into() };
+    let again = Event::Register {
+        peer: m1,
+        addr: "a1".into(),
+        tokens_per_s: 1.0,
+        device: "cpu".into(),
+        memory: Default::default(),
+    };
     let e = s.o.step(s.now, again, &mut s.rng).unwrap_err();
     assert!(e.to_string().contains("ejected"), "{e}");
     done(&mut s, 0, 1);
@@ -257,7 +269,13 @@ fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
     spec.epochs = 1;
     let mut s = Sim::new(spec);
     for i in 0..4 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     commit_all(&mut s, 0);
     s.run_until_done(200);
@@ -463,7 +481,13 @@ fn without_validators_the_operator_pays_credited_work() {
     let mut sim = Sim::new(butterfly_spec(2, 2));
     sim.o.set_operator(peer(99));
     for i in 0..4 {
-        sim.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        sim.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     sim.run_until_done(400);
     assert_eq!(sim.o.history().len(), 2);
@@ -525,7 +549,13 @@ fn three_replicas_with_validators(epochs: u64) -> Sim {
         s.ev(Event::Subscribed { peer: v });
     }
     for i in 0..3 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     s
 }
@@ -575,7 +605,13 @@ fn unanswered_merge_audits_are_released_at_the_timeout() {
     s.ev(Event::RegisterValidator { peer: validator(0), device: "cpu".into() });
     s.ev(Event::Subscribed { peer: validator(0) });
     for i in 0..3 {
-        s.ev(Event::Register { peer: peer(i), addr: format!("a{i}"), tokens_per_s: 1.0, device: "cpu".into() });
+        s.ev(Event::Register {
+            peer: peer(i),
+            addr: format!("a{i}"),
+            tokens_per_s: 1.0,
+            device: "cpu".into(),
+            memory: Default::default(),
+        });
     }
     commit_all(&mut s, 0);
     until_held(&mut s);
