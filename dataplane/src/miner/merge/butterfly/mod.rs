@@ -30,20 +30,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
-use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan, flaws, reduce_slice};
-use iota_core::wire::{Direction, header_bytes};
+use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan};
+use iota_core::wire::Direction;
 use iota_core::{ParamLayout, PeerId, WireCodec};
-use iota_model::codec;
 use iota_protocol::manifest::from_pb_list;
-use iota_protocol::store_keys::{contrib_prefix, momentum_parts_prefix, part_name, weights_parts_prefix};
+use iota_protocol::store_keys::{contrib_prefix, weights_parts_prefix};
 use iota_protocol::{MergeSpec, SharedStore, StoredObject, pb, plan_from_pb};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+mod intake;
+mod slices;
+mod store_io;
+
+use self::intake::{SliceMsg, slice_msg};
+use self::slices::blocks;
+pub use self::slices::{Reduced, decode_slice, encode_slice, reduce_partition, update_hash};
 use super::parts::read_parts;
 use super::{Merge, f32_bytes};
-use crate::frame::{FrameMeta, RunContext, decode_frame};
+use crate::frame::{FrameMeta, RunContext};
 use crate::miner::events::Output;
 use crate::transport::ReceivedFrame;
 
@@ -95,24 +101,6 @@ pub enum MergeFault {
     Collude,
 }
 
-/// A `WeightSlice` frame, checked and copied out of the receive pool.
-#[derive(Clone, Debug)]
-struct SliceMsg {
-    from: PeerId,
-    epoch: u64,
-    k: usize,
-    kind: u32,
-    generation: u32,
-    offset: u64,
-    rows: usize,
-    cols: usize,
-    codec: u8,
-    hash: [u8; 32],
-    /// The archived signed header, handed on as evidence (`SliceDone`).
-    header: Vec<u8>,
-    payload: Bytes,
-}
-
 struct OwnResult {
     generation: u32,
     hash: [u8; 32],
@@ -161,67 +149,6 @@ pub struct Butterfly {
     /// `MergeDone`).
     contributions_from_store: u32,
     updates_from_store: u32,
-}
-
-fn blocks(len: u64) -> usize {
-    len.div_ceil(BLOCK) as usize
-}
-
-/// Encodes a slice zero-padded to whole blocks, as [blocks, BLOCK].
-pub fn encode_slice(c: WireCodec, x: &[f32]) -> Result<Vec<u8>> {
-    let rows = blocks(x.len() as u64);
-    let mut padded = x.to_vec();
-    padded.resize(rows * BLOCK as usize, 0.0);
-    Ok(codec::encode(c, rows, BLOCK as usize, &padded)?)
-}
-
-/// Decodes a slice of `len` values written by `encode_slice`.
-// A peer's frame: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
-    let mut v = codec::decode(c, blocks(len), BLOCK as usize, bytes)?;
-    v.truncate(len as usize);
-    Ok(v)
-}
-
-/// One partition's reduce as an honest owner does it, from the
-/// participants' encoded contributions in plan order (None: missing):
-/// decode, leave out what `flaws` flags, `reduce_slice` with the outer
-/// momentum slice (updated in place). A validator auditing the partition
-/// runs the same function (`iota_control::validator`).
-pub struct Reduced {
-    pub update: Vec<f32>,
-    /// The contributions flagged and left out: index (plan order), why.
-    pub flagged: Vec<(usize, iota_core::merge::Flaw)>,
-    pub stats: iota_core::merge::ReduceStats,
-}
-
-pub fn reduce_partition(
-    spec: &MergeSpec,
-    epoch: u64,
-    len: u64,
-    payloads: &[Option<&[u8]>],
-    weights: &[f64],
-    momentum: &mut [f32],
-) -> Reduced {
-    let decoded: Vec<Option<Vec<f32>>> =
-        payloads.iter().map(|p| p.and_then(|b| decode_slice(spec.codec, len, b).ok())).collect();
-    let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
-    let mut flagged = Vec::new();
-    for (i, why) in flaws(&refs) {
-        refs[i] = None;
-        flagged.push((i, why));
-    }
-    let (update, stats) = reduce_slice(spec.rule, spec.outer_at(epoch), &refs, weights, momentum);
-    Reduced { update, flagged, stats }
-}
-
-/// The hash owners publish for an update (`SliceDone.hash`): blake3 of
-/// its encoding.
-pub fn update_hash(c: WireCodec, u: &[f32]) -> Result<(Bytes, [u8; 32])> {
-    let payload = Bytes::from(encode_slice(c, u)?);
-    let hash = *blake3::hash(&payload).as_bytes();
-    Ok((payload, hash))
 }
 
 impl Butterfly {
@@ -386,65 +313,6 @@ impl Butterfly {
         Ok(())
     }
 
-    /// Takes in a checked slice message; `from_early` = it was held back.
-    // A peer's frame: no unchecked arithmetic or indexing.
-    #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-    fn accept(&mut self, m: SliceMsg, from_early: bool) {
-        let Some(plan) = self.plan.as_ref() else {
-            self.hold(m);
-            return;
-        };
-        if m.epoch != self.epoch {
-            if m.epoch > self.epoch {
-                self.hold(m);
-            }
-            return;
-        }
-        let Some(part) = plan.partitions.get(m.k) else { return };
-        let ok_shape = m.offset == part.offset
-            && m.rows == blocks(part.len)
-            && m.cols == BLOCK as usize
-            && m.codec == self.codec().id()
-            && plan.is_participant(&m.from);
-        if !ok_shape {
-            debug!(from = %m.from, k = m.k, "merge slice does not match the plan; dropped");
-            return;
-        }
-        if !from_early {
-            self.stats.recv_bytes.fetch_add(m.payload.len() as u64, Ordering::Relaxed);
-        }
-        match m.kind {
-            KIND_CONTRIBUTION if part.owners.contains(&self.me) => {
-                // The first one from a sender stays, with its header.
-                if let std::collections::btree_map::Entry::Vacant(e) =
-                    self.contribs.entry(m.k).or_default().entry(m.from)
-                {
-                    e.insert(m.payload);
-                    self.contrib_headers.entry(m.k).or_default().insert(m.from, m.header);
-                }
-            }
-            // Perhaps for a plan (a referee's) that has not reached us yet.
-            KIND_CONTRIBUTION => self.hold(m),
-            KIND_UPDATE if part.owners.contains(&m.from) || m.generation > part.generation => {
-                let c = self.candidates.entry(m.k).or_default();
-                // Each owner sends at most one update per generation.
-                if c.len() < 8 && !c.iter().any(|(h, _)| *h == m.hash) {
-                    c.push((m.hash, m.payload));
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn hold(&mut self, m: SliceMsg) {
-        // Bounded: a peer cannot make us buffer without limit.
-        let limit = 4 * self.plan.as_ref().map_or(64, |p| p.partitions.len().max(16));
-        if self.early.len() >= limit {
-            self.early.pop_front();
-        }
-        self.early.push_back(m);
-    }
-
     fn momentum_for(&mut self, k: usize, offset: u64, len: u64, out: &mut Vec<Output>) -> Result<Vec<f32>> {
         if let Some(m) = self.momentum_prev.get(&k) {
             return Ok(m.clone());
@@ -585,179 +453,6 @@ impl Butterfly {
         self.finalized[k] = true;
         Ok(())
     }
-
-    /// The writer's part: stores partition `k`'s merged slice (and its outer
-    /// momentum, if the run keeps one) and announces what it stored.
-    fn store_partition(
-        &mut self,
-        k: usize,
-        part: &iota_core::merge::Partition,
-        v: &pb::SliceVerdict,
-        keep: bool,
-        slice: &[f32],
-        out: &mut Vec<Output>,
-    ) -> Result<()> {
-        let name = part_name(part.offset, part.len);
-        let wkey = format!("{}{name}", weights_parts_prefix(self.epoch, self.stage));
-        let bytes = f32_bytes(slice);
-        // Announce only what was stored: a step that fails still sends
-        // its outputs, and an announced object that never reached the
-        // store would stall every reader of it.
-        let announced = StoredObject::part(&wkey, &bytes, part.offset, self.me);
-        self.rt.block_on(self.store.put(&wkey, self.stored_bytes(bytes))).with_context(|| format!("storing {wkey}"))?;
-        self.announce(announced, out);
-        // Without outer momentum every reader (owners, auditors) uses
-        // zeros and reads none: storing them would double the merge's
-        // writes for nothing.
-        if self.spec.outer.momentum == 0.0 {
-            return Ok(());
-        }
-        let momentum = if keep {
-            Some(self.momentum_for(k, part.offset, part.len, out)?)
-        } else {
-            self.results.get(&k).filter(|r| r.hash[..] == v.hash[..]).map(|r| r.momentum.clone())
-        };
-        match momentum {
-            Some(m) => {
-                let mkey = format!("{}{name}", momentum_parts_prefix(self.epoch, self.stage));
-                let bytes = f32_bytes(&m);
-                let announced = StoredObject::part(&mkey, &bytes, part.offset, self.me);
-                self.rt
-                    .block_on(self.store.put(&mkey, self.stored_bytes(bytes)))
-                    .with_context(|| format!("storing {mkey}"))?;
-                self.announce(announced, out);
-            }
-            None => warn!(k, "writer without the accepted momentum; the next epoch starts it from zero"),
-        }
-        Ok(())
-    }
-
-    /// Tells the orchestrator what this writer has stored (called after the
-    /// put succeeded: outputs leave once the step ends, even a failed one).
-    fn announce(&self, o: StoredObject, out: &mut Vec<Output>) {
-        out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
-            epoch: self.epoch,
-            stage: self.stage,
-            object: Some(o.to_pb()),
-        })));
-    }
-
-    /// The bytes this writer really stores: a `LyingWriter` stores others
-    /// than it announced.
-    fn stored_bytes(&self, mut bytes: Vec<u8>) -> Vec<u8> {
-        if self.fault == Some(MergeFault::LyingWriter)
-            && let Some(b) = bytes.first_mut()
-        {
-            *b ^= 0x40;
-        }
-        bytes
-    }
-
-    /// The `PlantObjects` adversary (a test tool, never on by default).
-    fn plant(&self, out: &mut Vec<Output>) {
-        let stages = self.spec.stage_params.len().max(2) as u32;
-        for stage in (0..stages).filter(|s| *s != self.stage) {
-            let prefixes = [
-                weights_parts_prefix(self.epoch, stage),
-                momentum_parts_prefix(self.epoch, stage),
-                momentum_parts_prefix(self.epoch.saturating_sub(1), stage),
-            ];
-            for prefix in prefixes {
-                let planted: [(String, Vec<u8>, pb::StoredObject); 3] = [
-                    // 2^62 values in no bytes, and in 4 bytes.
-                    (
-                        format!("{prefix}000000000000-4611686018427387904.f32"),
-                        Vec::new(),
-                        pb::StoredObject { values: 1 << 62, ..Default::default() },
-                    ),
-                    (
-                        format!("{prefix}000000000000-4611686018427387905.f32"),
-                        vec![0; 4],
-                        pb::StoredObject { values: (1 << 62) + 1, size: 4, ..Default::default() },
-                    ),
-                    // 4 values whose bytes are not the ones announced.
-                    (format!("{prefix}{}", part_name(0, 4)), f32_bytes(&[1e30; 4]), {
-                        StoredObject::part("x", &f32_bytes(&[0.0; 4]), 0, self.me).to_pb()
-                    }),
-                ];
-                for (key, bytes, announced) in planted {
-                    if let Err(e) = self.rt.block_on(self.store.put(&key, bytes)) {
-                        warn!(key, error = %e, "planting failed");
-                    }
-                    let object = pb::StoredObject { key, hash: vec![0x5a; 32], writer: Vec::new(), ..announced };
-                    out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
-                        epoch: self.epoch,
-                        stage,
-                        object: Some(object),
-                    })));
-                }
-            }
-        }
-    }
-
-    /// Reads contributions left in the store by participants that could not
-    /// reach us.
-    fn poll_store(&mut self) -> Result<()> {
-        let Some(plan) = self.plan.clone() else { return Ok(()) };
-        for k in plan.owned_by(&self.me).collect::<Vec<_>>() {
-            let have = self.contribs.get(&k).map(|c| c.len()).unwrap_or(0);
-            if have >= plan.participants.len() {
-                continue;
-            }
-            // Contributions are whole signed frames: the signature is
-            // checked before anything in them is parsed.
-            let prefix = format!("{}{k:06}/", contrib_prefix(self.epoch, self.stage));
-            let keys = match self.rt.block_on(self.store.list(&prefix)) {
-                Ok(keys) => keys,
-                Err(e) => {
-                    warn!(prefix, error = %e, "listing stored contributions failed; retrying later");
-                    continue;
-                }
-            };
-            for key in keys {
-                let Some(hex) = key.rsplit('/').next().and_then(|n| n.strip_suffix(".frame")) else { continue };
-                let Some(from) = PeerId::from_hex(hex).filter(|p| plan.is_participant(p)) else { continue };
-                if self.contribs.get(&k).is_some_and(|c| c.contains_key(&from)) {
-                    continue;
-                }
-                let bytes = self.rt.block_on(self.store.get(&key))?;
-                match decode_frame(&bytes, &self.ctx, from) {
-                    Ok((h, payload)) => {
-                        if let Some(m) = slice_msg(&h, from, payload) {
-                            self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
-                            self.contributions_from_store = self.contributions_from_store.saturating_add(1);
-                            self.accept(m, false);
-                        }
-                    }
-                    Err(e) => warn!(key, error = %e, "stored contribution rejected"),
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-// A peer's frame: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
-    let (rows, cols) = h.rows_cols()?;
-    if h.direction != Direction::WeightSlice || h.ndim != 2 {
-        return None;
-    }
-    Some(SliceMsg {
-        from,
-        epoch: h.epoch as u64,
-        k: h.shard as usize,
-        kind: h.samples,
-        generation: h.attempt,
-        offset: h.first_sample,
-        rows,
-        cols,
-        codec: h.codec,
-        hash: h.payload_hash,
-        header: header_bytes(h),
-        payload: Bytes::copy_from_slice(payload),
-    })
 }
 
 impl Merge for Butterfly {

@@ -1,0 +1,116 @@
+//! A replica's intake of `WeightSlice` frames: checked against the plan,
+//! held when they come before the plan that makes them acceptable (a
+//! bounded queue), kept as contributions to the partitions it owns or as
+//! candidate updates.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use iota_core::PeerId;
+use iota_core::merge::BLOCK;
+use iota_core::wire::{Direction, header_bytes};
+use tracing::debug;
+
+use super::{Butterfly, KIND_CONTRIBUTION, KIND_UPDATE, blocks};
+
+/// A `WeightSlice` frame, checked and copied out of the receive pool.
+#[derive(Clone, Debug)]
+pub(super) struct SliceMsg {
+    from: PeerId,
+    epoch: u64,
+    k: usize,
+    kind: u32,
+    generation: u32,
+    offset: u64,
+    rows: usize,
+    cols: usize,
+    codec: u8,
+    hash: [u8; 32],
+    /// The archived signed header, handed on as evidence (`SliceDone`).
+    header: Vec<u8>,
+    payload: Bytes,
+}
+
+impl Butterfly {
+    /// Takes in a checked slice message; `from_early` = it was held back.
+    // A peer's frame: no unchecked arithmetic or indexing.
+    #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+    pub(super) fn accept(&mut self, m: SliceMsg, from_early: bool) {
+        let Some(plan) = self.plan.as_ref() else {
+            self.hold(m);
+            return;
+        };
+        if m.epoch != self.epoch {
+            if m.epoch > self.epoch {
+                self.hold(m);
+            }
+            return;
+        }
+        let Some(part) = plan.partitions.get(m.k) else { return };
+        let ok_shape = m.offset == part.offset
+            && m.rows == blocks(part.len)
+            && m.cols == BLOCK as usize
+            && m.codec == self.codec().id()
+            && plan.is_participant(&m.from);
+        if !ok_shape {
+            debug!(from = %m.from, k = m.k, "merge slice does not match the plan; dropped");
+            return;
+        }
+        if !from_early {
+            self.stats.recv_bytes.fetch_add(m.payload.len() as u64, Ordering::Relaxed);
+        }
+        match m.kind {
+            KIND_CONTRIBUTION if part.owners.contains(&self.me) => {
+                // The first one from a sender stays, with its header.
+                if let std::collections::btree_map::Entry::Vacant(e) =
+                    self.contribs.entry(m.k).or_default().entry(m.from)
+                {
+                    e.insert(m.payload);
+                    self.contrib_headers.entry(m.k).or_default().insert(m.from, m.header);
+                }
+            }
+            // Perhaps for a plan (a referee's) that has not reached us yet.
+            KIND_CONTRIBUTION => self.hold(m),
+            KIND_UPDATE if part.owners.contains(&m.from) || m.generation > part.generation => {
+                let c = self.candidates.entry(m.k).or_default();
+                // Each owner sends at most one update per generation.
+                if c.len() < 8 && !c.iter().any(|(h, _)| *h == m.hash) {
+                    c.push((m.hash, m.payload));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn hold(&mut self, m: SliceMsg) {
+        // Bounded: a peer cannot make us buffer without limit.
+        let limit = 4 * self.plan.as_ref().map_or(64, |p| p.partitions.len().max(16));
+        if self.early.len() >= limit {
+            self.early.pop_front();
+        }
+        self.early.push_back(m);
+    }
+}
+
+// A peer's frame: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+pub(super) fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
+    let (rows, cols) = h.rows_cols()?;
+    if h.direction != Direction::WeightSlice || h.ndim != 2 {
+        return None;
+    }
+    Some(SliceMsg {
+        from,
+        epoch: h.epoch as u64,
+        k: h.shard as usize,
+        kind: h.samples,
+        generation: h.attempt,
+        offset: h.first_sample,
+        rows,
+        cols,
+        codec: h.codec,
+        hash: h.payload_hash,
+        header: header_bytes(h),
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
