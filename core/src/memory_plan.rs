@@ -377,7 +377,7 @@ pub fn merge_encoded_bytes(values: f64, codec: WireCodec) -> f64 {
 }
 
 /// Host memory of a miner holding a stage of `params` values merged over
-/// `replicas` replicas with `merge_codec` (`dataplane/src/miner/merge/butterfly.rs`).
+/// `replicas` replicas with `merge_codec` (`dataplane/src/miner/merge/butterfly/`).
 pub fn host_memory(params: usize, replicas: usize, merge_codec: WireCodec) -> HostMemory {
     let p = params as f64;
     let r = replicas.max(1) as f64;

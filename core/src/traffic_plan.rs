@@ -2,7 +2,7 @@
 //! butterfly merge's bytes per replica per epoch, counted as the miner
 //! sends them (no I/O; `iota-bench scale --plan-only` prints them).
 //!
-//! The merge (`dataplane/src/miner/merge/butterfly.rs`, plan in
+//! The merge (`dataplane/src/miner/merge/butterfly/`, plan in
 //! `merge::plan`): the stage's P values are cut into partitions on `BLOCK`
 //! boundaries, each with two owners, so a replica owns 2P/R values. It
 //! sends its encoded pseudo-gradient slice of each partition to both owners

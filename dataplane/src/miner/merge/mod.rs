@@ -2,7 +2,7 @@
 //!
 //! The worker drives a `Merge` with the phases, commands and frames it
 //! receives. Two implementations:
-//! - `Butterfly` (default, `butterfly.rs`): an all-reduce over the data
+//! - `Butterfly` (default, `butterfly/`): an all-reduce over the data
 //!   plane, each partition reduced by two owners and checked by hash.
 //! - `ParameterServer`: every replica uploads its weights to the object
 //!   store, one aggregator averages them, everyone downloads the result.
