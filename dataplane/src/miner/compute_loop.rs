@@ -1,0 +1,157 @@
+//! The compute thread of a miner: it feeds the stage worker its inputs
+//! (commands, frames, ticks), forwards what the worker emits, times each
+//! step for the metrics, and applies the test tools' slowdowns and faults.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::events::{Input, Output};
+use super::worker::{self, Worker};
+use super::{Adversary, CrashPoint, MinerSummary, merge};
+
+/// What the compute thread talks through.
+/// Reads the device's memory (in use, in all; bytes).
+pub(super) type DeviceMemoryProbe = Box<dyn Fn() -> Option<(u64, u64)> + Send>;
+
+pub(super) struct ComputeIo {
+    pub(super) in_rx: mpsc::Receiver<Input>,
+    pub(super) out_tx: mpsc::Sender<Output>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) crash_at: Option<CrashPoint>,
+    pub(super) tokens: Arc<AtomicU64>,
+    pub(super) in_flight: Arc<AtomicU32>,
+    /// A fault-injecting merge to use instead of the configured one.
+    pub(super) fault_merge: Option<Box<dyn merge::Merge>>,
+    pub(super) adversary: Option<Adversary>,
+    pub(super) commitments: Arc<parking_lot::Mutex<iota_core::commitment::Commitments>>,
+    pub(super) sent: Arc<crate::sent_frames::SentFrames>,
+    pub(super) evidence_bytes: usize,
+    pub(super) slowdown: u32,
+    pub(super) min_frame: Duration,
+    pub(super) metrics: crate::miner_metrics::MinerMetrics,
+    /// The device's memory (in use, in all), where there is a device.
+    pub(super) device_memory: Option<DeviceMemoryProbe>,
+}
+
+/// The compute thread's loop: feed the worker, forward what it emits,
+/// stop when the run is done or the miner stops.
+pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
+    mut w: Worker<B>,
+    mut io: ComputeIo,
+) -> Result<MinerSummary> {
+    if let Some(m) = io.fault_merge.take() {
+        w.set_merge(m);
+    }
+    w.tokens = io.tokens.clone();
+    w.in_flight = io.in_flight.clone();
+    w.commitments = io.commitments.clone();
+    w.set_evidence(io.sent.clone(), io.evidence_bytes);
+    w.set_adversary(io.adversary);
+    let mut out = Vec::new();
+    let mut compute = std::time::Duration::ZERO;
+    let (mut merge_since, mut memory_at) = (None, None);
+    let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
+    while let Some(input) = io.in_rx.blocking_recv() {
+        use iota_protocol::pb::command::Kind;
+        if let (Some(at), Input::Command(Kind::Phase(p))) = (io.crash_at, &input)
+            && match at {
+                CrashPoint::MergePlan => p.merge_plan.is_some(),
+                CrashPoint::Uploading => p.phase == iota_protocol::pb::Phase::Uploading as i32,
+            }
+        {
+            warn!(?at, "crashing, as asked (fault injection)");
+            break;
+        }
+        let work = matches!(&input, Input::Frame(_) | Input::Command(Kind::Route(_)));
+        match io.adversary {
+            // Does nothing but notice the end of the run.
+            Some(Adversary::Silent | Adversary::Closed) => {
+                let done = matches!(&input, Input::Command(Kind::Phase(p)) if p.phase == iota_protocol::pb::Phase::Done as i32);
+                if !done {
+                    continue;
+                }
+            }
+            Some(Adversary::Flaky)
+                if matches!(&input, Input::Frame(f) if f.header.direction != iota_core::wire::Direction::WeightSlice)
+                    && coin.next_f32() < 0.3 =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        use crate::miner_metrics::StepKind;
+        let kind = match &input {
+            Input::Command(Kind::Route(_)) => Some(StepKind::Forward),
+            Input::Frame(f) => Some(match f.header.direction {
+                iota_core::wire::Direction::Activation => StepKind::Forward,
+                iota_core::wire::Direction::ActivationGrad => StepKind::Backward,
+                iota_core::wire::Direction::WeightSlice => StepKind::WeightSlice,
+                iota_core::wire::Direction::Control => StepKind::Command,
+            }),
+            Input::Command(_) => Some(StepKind::Command),
+            Input::Tick => None,
+        };
+        // A merge's time as this miner sees it: from its plan to the next phase.
+        if let Input::Command(Kind::Phase(p)) = &input {
+            if p.merge_plan.is_some() && merge_since.is_none() {
+                merge_since = Some(std::time::Instant::now());
+            } else if p.merge_plan.is_none()
+                && p.phase != iota_protocol::pb::Phase::Merging as i32
+                && let Some(t) = merge_since.take()
+            {
+                io.metrics.observe_merge(t.elapsed().as_secs_f64());
+            }
+        }
+        let t0 = std::time::Instant::now();
+        if let Err(e) = w.handle(input, &mut out) {
+            if e.downcast_ref::<worker::StageDoesNotFit>().is_some() {
+                return Err(e);
+            }
+            warn!(error = %format!("{e:#}"), "stage worker");
+        }
+        compute += t0.elapsed();
+        if let Some(kind) = kind {
+            io.metrics.observe_step(kind, t0.elapsed().as_secs_f64());
+        }
+        if let Some(probe) = &io.device_memory
+            && memory_at.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
+        {
+            memory_at = Some(std::time::Instant::now());
+            if let Some((used, total)) = probe() {
+                io.metrics.set_device_memory(used, total);
+            }
+        }
+        if io.adversary == Some(Adversary::Slow) && work {
+            std::thread::sleep(t0.elapsed() * 9);
+        } else if io.slowdown > 1 && work {
+            std::thread::sleep(t0.elapsed() * (io.slowdown - 1));
+        }
+        if work && let Some(rest) = io.min_frame.checked_sub(t0.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        for o in out.drain(..) {
+            if io.out_tx.blocking_send(o).is_err() {
+                break;
+            }
+        }
+        if w.done || io.stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    let stage = w.stage();
+    Ok(MinerSummary {
+        peer: w.peer(),
+        stage: stage.map_or(0, |s| s.spec().index as u32),
+        optimizer_steps: w.steps,
+        params: stage.map(|s| s.params_host()).unwrap_or_default(),
+        rejected_frames: w.rejected_frames,
+        compute,
+        // Filled in once the last frames are out.
+        transport: Default::default(),
+    })
+}

@@ -1,0 +1,177 @@
+//! The stage worker's life across epochs: its assignment (building the
+//! stage, refusing one its stated memory does not hold), the phases of each
+//! epoch (training, upload, merge, done) and catching up on merged weights
+//! it missed.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use iota_core::{PeerId, StageSpec};
+use iota_model::optim::AdamW;
+use iota_model::{Backend, Stage};
+use iota_protocol::pb;
+use tracing::{info, warn};
+
+use super::super::events::Output;
+use super::super::merge::load_announced;
+use super::{StageDoesNotFit, Worker};
+
+impl<B: Backend + 'static> Worker<B> {
+    /// Loads the previous epoch's merged weights (as announced in `p`) if
+    /// this replica does not hold them: it missed the merge, or joined late.
+    pub(super) fn catch_up(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
+        // The merge whose weights the epoch starts from (None: the seed's):
+        // the previous epoch's, or an older one after a rollback.
+        let want = p.weights_from.checked_sub(1);
+        if self.weights_after == want {
+            return Ok(());
+        }
+        let Some(s) = self.stage.as_mut() else { return Ok(()) };
+        let params = match want {
+            Some(e) => load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), e, out)?,
+            None => {
+                Stage::new(self.be.clone(), &self.cfg.train.model, s.spec().clone(), self.cfg.train.seed).params_host()
+            }
+        };
+        s.set_params(&params)?;
+        if want.is_none_or(|e| e.saturating_add(1) < p.epoch) {
+            warn!(epoch = p.epoch, from = ?want, "rolled back: starting from older weights");
+        }
+        self.weights_after = want;
+        info!(epoch = p.epoch, "loaded merged weights");
+        Ok(())
+    }
+
+    /// Miners this one may exchange frames with (and where to dial them).
+    pub(super) fn add_peers(&mut self, peers: &[pb::PeerInfo]) {
+        for p in peers {
+            let Ok(id) = <[u8; 32]>::try_from(p.peer_id.as_slice()) else { continue };
+            let id = PeerId(id);
+            if id != self.me {
+                self.dir.insert(id, p.data_addr.parse().ok());
+            }
+        }
+    }
+
+    pub(super) fn assign(&mut self, a: pb::Assignment, out: &mut Vec<Output>) -> Result<()> {
+        self.add_peers(&a.peers);
+        if self.stage.is_some() && self.stage_index == a.stage {
+            return Ok(());
+        }
+        if let Some((bytes, backend)) = self.memory {
+            let t = &self.cfg.train;
+            let needs = iota_core::memory_fit::RunMemoryNeeds::new(
+                &t.model,
+                t.stages,
+                t.batch,
+                t.seq,
+                1,
+                // AdamW and NAdam keep the same two moments.
+                iota_core::memory_plan::InnerOptimizer::AdamW,
+            )?;
+            needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
+        }
+        // A new stage starts its training phase afresh when told.
+        self.training = None;
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages)?;
+        let spec = specs.get(a.stage as usize).context("assigned stage does not exist")?.clone();
+        let needs_data = spec.has_embedding() || spec.has_lm_head();
+        let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
+        if !a.weights_key.is_empty() {
+            // The stage's merged weights, as their writers announced them.
+            let w = load_announced(
+                &self.rt,
+                &self.store,
+                &a.weights,
+                a.stage,
+                stage.layout(),
+                self.epoch.saturating_sub(1),
+                out,
+            )?;
+            stage.set_params(&w)?;
+            self.weights_after = Some(self.epoch.saturating_sub(1));
+        }
+        self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
+        self.stage = Some(stage);
+        self.stage_index = a.stage;
+        if needs_data && self.corpus.is_none() {
+            let (data, cache) = (self.data.as_deref(), self.corpus_cache.as_deref());
+            let corpus = crate::corpus::load_run_corpus(&self.cfg, data, &*self.store, &self.rt, cache)?;
+            self.corpus = Some(Arc::new(corpus));
+        }
+        info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
+        Ok(())
+    }
+
+    pub(super) fn phase(&mut self, p: pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
+        let phase = pb::Phase::try_from(p.phase).unwrap_or(pb::Phase::Unspecified);
+        match phase {
+            pb::Phase::Training => {
+                // A repeat (an orchestrator restarted from saved state says
+                // where the run stands) must not restart the epoch: it would
+                // drop the accumulation and move the merge's reference point.
+                if self.training == Some(p.epoch) {
+                    return Ok(());
+                }
+                self.epoch = p.epoch;
+                self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32);
+                self.routes.retain(|k, _| k.0 == p.epoch);
+                self.early.retain(|(k, _)| k.0 == p.epoch);
+                self.work = 0;
+                self.accumulated = 0;
+                if let Some(s) = self.stage.as_mut() {
+                    s.zero_grads();
+                }
+                self.catch_up(&p, out)?;
+                if let Some(s) = self.stage.as_ref() {
+                    let params = s.params_host();
+                    self.merge.epoch_started(p.epoch, self.stage_index, &params);
+                    // The previous epoch's evidence goes: its requests came
+                    // in its Uploading phase.
+                    self.evidence.begin(p.epoch, self.stage_index, params);
+                }
+                if let Some(sent) = &self.sent {
+                    sent.forget_before(p.epoch);
+                }
+                // Only now: a repeat after a failed weights fetch tries again.
+                self.training = Some(p.epoch);
+            }
+            pb::Phase::Uploading => {
+                self.training = None;
+                // The weights chain as the UploadDone below commits it.
+                self.evidence.seal(p.epoch);
+                // Peers may start the next epoch before our Training command
+                // is processed: accept its frames from now on (held until routed).
+                self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32 + 1);
+                let Some(s) = self.stage.as_mut() else { return Ok(()) };
+                // A partial accumulation at the epoch's end is dropped, not applied.
+                s.zero_grads();
+                self.accumulated = 0;
+                let params = s.params_host();
+                let from = out.len();
+                self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
+                // The upload carries the epoch's final heads: its training
+                // frames and inner steps are all behind it.
+                let heads = iota_protocol::commitments_pb::to_pb(&self.commitments.lock().heads());
+                for o in &mut out[from..] {
+                    if let Output::Report(pb::report::Kind::UploadDone(u)) = o {
+                        u.commitments = heads.clone();
+                    }
+                }
+            }
+            pb::Phase::Merging => {
+                if let Some(s) = self.stage.as_ref() {
+                    self.merge.merging(&p, self.stage_index, s.layout(), out)?;
+                    self.take_merged()?;
+                }
+            }
+            pb::Phase::Done => {
+                self.done = true;
+                self.catch_up(&p, out)?;
+            }
+            pb::Phase::Waiting | pb::Phase::Unspecified => {}
+        }
+        Ok(())
+    }
+}
