@@ -77,6 +77,11 @@ pub struct SwarmReport {
     /// Butterfly slices read from the object store instead of the data
     /// plane: (contributions, merged updates).
     pub merge_from_store: (u64, u64),
+    /// The orchestrator's counters at the end (phase times among them).
+    pub counters: crate::orchestrator::Counters,
+    /// Every miner process's wire totals and peaks, by launch index (None:
+    /// it left none).
+    pub miner_totals: Vec<Option<iota_dataplane::stats::WireTotals>>,
 }
 
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
@@ -154,14 +159,18 @@ fn wire_totals_path(run_dir: &std::path::Path, i: u32) -> PathBuf {
 
 /// Bytes the miners sent across stage boundaries, summed from the wire
 /// totals each left as it exited (None if any miner left none).
-fn measured_boundary_bytes(run_dir: &std::path::Path, miners: u32) -> Option<u64> {
-    let mut sum = 0;
-    for i in 0..miners {
-        let text = std::fs::read(wire_totals_path(run_dir, i)).ok()?;
-        let totals: iota_dataplane::stats::WireTotals = serde_json::from_slice(&text).ok()?;
-        sum += totals.boundary_bytes_sent();
-    }
-    Some(sum)
+fn measured_boundary_bytes(totals: &[Option<iota_dataplane::stats::WireTotals>]) -> Option<u64> {
+    totals.iter().map(|t| t.as_ref().map(|t| t.boundary_bytes_sent())).sum()
+}
+
+/// The wire totals each miner process left as it exited.
+fn miner_totals(run_dir: &std::path::Path, miners: u32) -> Vec<Option<iota_dataplane::stats::WireTotals>> {
+    (0..miners)
+        .map(|i| {
+            let text = std::fs::read(wire_totals_path(run_dir, i)).ok()?;
+            serde_json::from_slice(&text).ok()
+        })
+        .collect()
 }
 
 fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> Result<Child> {
@@ -329,6 +338,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         let settled = o.settlements().last().map_or(0, |s| s.epoch + 1);
         (rows, others, settled)
     });
+    let totals = miner_totals(&o.run_dir, n);
     Ok(SwarmReport {
         history,
         completed: c.completed,
@@ -345,8 +355,10 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         validator_pay,
         settled_epochs,
         model,
-        boundary_bytes: measured_boundary_bytes(&o.run_dir, n),
+        boundary_bytes: measured_boundary_bytes(&totals),
         merge_from_store: (c.merge_contributions_from_store, c.merge_updates_from_store),
+        counters: c.clone(),
+        miner_totals: totals,
         miners: svc.with_state(|o| {
             let (per_mb, secs) =
                 (o.tokens_per_micro_batch(), o.training_ms(iota_protocol::auth::now_ms()) as f64 / 1e3);
@@ -432,6 +444,32 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
                  data plane (a peer unreachable or a frame lost; the orchestrator's log names the replicas)"
             ),
         }
+    }
+    let c = &r.counters;
+    let phases = c.training_ms + c.uploading_ms + c.merging_ms;
+    if phases > 0 {
+        println!(
+            "time: training {:.1}s, upload {:.1}s, merge {:.1}s ({:.0}% of the epochs outside training)",
+            c.training_ms as f64 / 1e3,
+            c.uploading_ms as f64 / 1e3,
+            c.merging_ms as f64 / 1e3,
+            100.0 * (c.uploading_ms + c.merging_ms) as f64 / phases as f64
+        );
+    }
+    let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+    let peaks: Vec<String> = r
+        .miner_totals
+        .iter()
+        .map(|t| match t {
+            Some(t) if t.peak_device_bytes > 0 => {
+                format!("{} (device {})", gib(t.peak_rss_bytes), gib(t.peak_device_bytes))
+            }
+            Some(t) => gib(t.peak_rss_bytes),
+            None => "-".into(),
+        })
+        .collect();
+    if !peaks.is_empty() {
+        println!("peak memory per miner process, GiB resident: {}", peaks.join(", "));
     }
     match &r.model {
         Ok(p) => println!(

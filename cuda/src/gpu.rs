@@ -68,6 +68,33 @@ impl Gpu {
         Ok(Gpu { ctx, stream, name, arch, compute: (major, minor), functions })
     }
 
+    /// The most bytes the device's default memory pool has held at once
+    /// for this process (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`): the peak of every
+    /// stream-ordered allocation, which is how cudarc allocates our buffers,
+    /// exact where sampling the free memory would miss a short peak. Not
+    /// counted: cuBLAS's own workspace, the context, module images. None
+    /// where the driver does not answer. (Not yet run on a GPU.)
+    pub fn pool_high_water(&self) -> Option<u64> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().ok()?;
+        let dev = cudarc::driver::result::device::get(self.ctx.ordinal() as i32).ok()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut high: u64 = 0;
+        // SAFETY: plain driver queries into locals of the types the driver
+        // writes (a pool handle, a cuuint64_t); the context is bound above.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, dev).result().ok()?;
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut high as *mut u64).cast(),
+            )
+            .result()
+            .ok()?;
+        }
+        Some(high)
+    }
+
     pub fn function(&self, name: &str) -> &CudaFunction {
         self.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
     }

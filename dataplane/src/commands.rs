@@ -300,7 +300,10 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     let stats_out = a.stats_out.clone();
     let s = miner::run(opts, id, stop).await?;
     if let Some(path) = stats_out {
-        let json = serde_json::to_vec_pretty(&s.transport.wire_totals())?;
+        let mut totals = s.transport.wire_totals();
+        totals.peak_rss_bytes = crate::stats::peak_rss_bytes();
+        totals.peak_device_bytes = s.peak_device_bytes;
+        let json = serde_json::to_vec_pretty(&totals)?;
         std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     println!("stage {} done: {} optimizer steps", s.stage, s.optimizer_steps);

@@ -93,6 +93,12 @@ pub struct WireTotals {
     pub lanes: BTreeMap<String, LaneSnapshot>,
     pub rejected: BTreeMap<String, u64>,
     pub send_failures: u64,
+    /// The process's peak resident memory and its device's peak (bytes;
+    /// 0: not known), for the launcher's summary and `iota-bench scale`.
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
+    #[serde(default)]
+    pub peak_device_bytes: u64,
 }
 
 impl WireTotals {
@@ -112,6 +118,8 @@ impl StatsSnapshot {
             lanes: self.lanes.iter().map(|(d, l)| (lane_name(*d).to_string(), *l)).collect(),
             rejected: self.rejected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             send_failures: self.send_failures,
+            peak_rss_bytes: 0,
+            peak_device_bytes: 0,
         }
     }
 
@@ -171,6 +179,30 @@ impl Stats {
     }
 }
 
+/// This process's peak resident set (bytes), as the kernel counts it.
+pub fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid one.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    // Linux reports kilobytes.
+    (ru.ru_maxrss.max(0) as u64).saturating_mul(1024)
+}
+
 pub(crate) fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_peak_resident_set_counts_memory_once_touched() {
+        let before = super::peak_rss_bytes();
+        assert!(before > 0, "the kernel reports a peak");
+        let big = vec![1u8; 96 << 20];
+        std::hint::black_box(&big);
+        let after = super::peak_rss_bytes();
+        assert!(after >= (96 << 20) && after >= before, "{before} -> {after}");
+    }
 }

@@ -92,10 +92,18 @@ impl Orchestrator {
             match self.phase {
                 Phase::Uploading if within => self.last_upload_ms = Some(took),
                 Phase::Merging if within => self.last_merge_ms = Some(took),
+                _ => {}
+            }
+            match self.phase {
                 Phase::Training => self.counters.training_ms += took,
+                Phase::Uploading => self.counters.uploading_ms += took,
+                Phase::Merging => self.counters.merging_ms += took,
                 _ => {}
             }
             self.phase_entered = now;
+            if p == Phase::Training {
+                self.counters.first_training_at_ms.get_or_insert(now);
+            }
         }
         self.phase = p;
         self.phase_since = now;

@@ -134,6 +134,7 @@ impl Orchestrator {
         }
         self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
         self.counters.completed += 1;
+        self.counters.first_completed_at_ms.get_or_insert(now);
         self.counters.last_loss = loss;
         self.epoch_loss.0 += loss as f64;
         self.epoch_loss.1 += 1;

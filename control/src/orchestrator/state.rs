@@ -363,6 +363,18 @@ pub struct Counters {
     /// phase not yet counted, see `Orchestrator::training_ms`).
     #[serde(default)]
     pub training_ms: u64,
+    /// Time spent in the Uploading and Merging phases (ms; the current
+    /// phase not yet counted): with validators, their round is in these.
+    #[serde(default)]
+    pub uploading_ms: u64,
+    #[serde(default)]
+    pub merging_ms: u64,
+    /// When the first epoch's training began (the run's every stage had a
+    /// miner), and when its first micro-batch completed (orchestrator ms).
+    #[serde(default)]
+    pub first_training_at_ms: Option<u64>,
+    #[serde(default)]
+    pub first_completed_at_ms: Option<u64>,
     pub rerouted: u64,
     pub dropped: u64,
     pub tokens: u64,

@@ -36,6 +36,8 @@ pub(super) struct ComputeIo {
     pub(super) metrics: crate::miner_metrics::MinerMetrics,
     /// The device's memory (in use, in all), where there is a device.
     pub(super) device_memory: Option<DeviceMemoryProbe>,
+    /// The device memory pool's high-water mark (bytes), where there is one.
+    pub(super) device_high_water: Option<Box<dyn Fn() -> Option<u64> + Send>>,
 }
 
 /// The compute thread's loop: feed the worker, forward what it emits,
@@ -55,6 +57,7 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
     let mut out = Vec::new();
     let mut compute = std::time::Duration::ZERO;
     let (mut merge_since, mut memory_at) = (None, None);
+    let mut device_peak = 0u64;
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
         use iota_protocol::pb::command::Kind;
@@ -124,6 +127,7 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
             memory_at = Some(std::time::Instant::now());
             if let Some((used, total)) = probe() {
                 io.metrics.set_device_memory(used, total);
+                device_peak = device_peak.max(used);
             }
         }
         if io.adversary == Some(Adversary::Slow) && work {
@@ -153,5 +157,6 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         compute,
         // Filled in once the last frames are out.
         transport: Default::default(),
+        peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).unwrap_or(0).max(device_peak),
     })
 }

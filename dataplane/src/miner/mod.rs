@@ -174,6 +174,9 @@ pub struct MinerSummary {
     pub compute: std::time::Duration,
     /// What its transport sent and received, by lane.
     pub transport: crate::stats::StatsSnapshot,
+    /// The most device memory it held (a GPU's pool high-water mark, or
+    /// the most its free memory showed in use); 0 on the CPU.
+    pub peak_device_bytes: u64,
 }
 
 /// Joins the run at `opts.orchestrator` and works until it is done (or
@@ -459,6 +462,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             min_frame,
             metrics,
             device_memory: None,
+            device_high_water: None,
         };
         // The backend is made on this thread, with the context bound to it.
         match gpu {
@@ -478,12 +482,14 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             Some(gpu) => {
                 gpu.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))?;
                 let ctx = gpu.ctx.clone();
+                let pool = gpu.clone();
                 let be = Arc::new(iota_cuda::backend::CudaBackend::with_precision(gpu, gemm)?);
                 info!(backend = %be.name(), "stage computes on the GPU");
                 let io = ComputeIo {
                     device_memory: Some(Box::new(move || {
                         ctx.mem_get_info().ok().map(|(free, total)| ((total - free) as u64, total as u64))
                     })),
+                    device_high_water: Some(Box::new(move || pool.pool_high_water())),
                     ..io
                 };
                 compute_loop(
