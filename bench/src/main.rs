@@ -9,6 +9,7 @@ mod control;
 mod convergence;
 mod liveness;
 mod scale;
+mod scale_measured;
 mod stage_cpu;
 mod stage_gpu;
 mod store;
@@ -95,7 +96,11 @@ enum Cmd {
     /// (weights, gradients, optimizer moments, stashes, bf16 copies, saved
     /// activations, workspaces), which cards (16, 24, 80 GiB) hold it, the
     /// boundary bytes per token and the merge's bytes per replica per epoch,
-    /// from the accounting a miner states when it registers.
+    /// from the accounting a miner states when it registers. Without
+    /// --plan-only: a swarm of that shape and one process of the same model
+    /// on --device, in one run: tokens/s ratio, the epochs' share outside
+    /// training, time to the first micro-batch, store fallbacks, each
+    /// miner's peak memory beside its plan.
     Scale(scale::Args),
 }
 

@@ -18,9 +18,23 @@ const CARDS_GIB: [u64; 3] = [16, 24, 80];
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print the plan only (the measured mode is not available yet).
+    /// Print the plan only. Without it: a swarm of this shape (every miner
+    /// a process on --device) and one process of the same model, measured
+    /// in one run (see `scale_measured`).
     #[arg(long)]
     plan_only: bool,
+    /// Measured mode: where the miners and the one process compute (cpu,
+    /// cuda, cuda:N).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Measured mode: epochs and micro-batches per epoch of the swarm.
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    #[arg(long, default_value_t = 24)]
+    micro_batches: u64,
+    /// Measured mode: the corpus (default: the generated toy corpus).
+    #[arg(long)]
+    data: Option<std::path::PathBuf>,
     /// Model preset.
     #[arg(long, default_value = "1.5b")]
     model: String,
@@ -61,10 +75,23 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     if !a.plan_only {
-        bail!(
-            "scale without --plan-only measures each miner of a swarm on a GPU, which needs the swarm harness \
-             (not here yet); run `iota-bench scale --plan-only` for the plan"
-        );
+        let m = crate::scale_measured::Measure {
+            model: &a.model,
+            stages: a.stages,
+            replicas: a.replicas,
+            batch: a.batch,
+            seq: a.seq,
+            epochs: a.epochs,
+            micro_batches: a.micro_batches,
+            codec: &a.codec,
+            merge_codec: &a.merge_codec,
+            device: &a.device,
+            data: a.data.as_deref(),
+        };
+        let work = tempfile::Builder::new().prefix("iota-bench-scale-").tempdir()?;
+        let r = crate::scale_measured::measure(&m, &work.path().join("run"))?;
+        crate::scale_measured::print(&m, &r);
+        return Ok(());
     }
     let cfg = ModelConfig::preset(&a.model)?;
     if a.seq == 0 || a.seq > cfg.max_seq || a.batch == 0 {

@@ -303,6 +303,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
         let mut totals = s.transport.wire_totals();
         totals.peak_rss_bytes = crate::stats::peak_rss_bytes();
         totals.peak_device_bytes = s.peak_device_bytes;
+        totals.stage = Some(s.stage);
         let json = serde_json::to_vec_pretty(&totals)?;
         std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -99,6 +99,9 @@ pub struct WireTotals {
     pub peak_rss_bytes: u64,
     #[serde(default)]
     pub peak_device_bytes: u64,
+    /// The stage it held at the end.
+    #[serde(default)]
+    pub stage: Option<u32>,
 }
 
 impl WireTotals {
@@ -120,6 +123,7 @@ impl StatsSnapshot {
             send_failures: self.send_failures,
             peak_rss_bytes: 0,
             peak_device_bytes: 0,
+            stage: None,
         }
     }
 
