@@ -95,7 +95,12 @@ pub struct RunArgs {
     /// Path-style addressing (URL/BUCKET/KEY), which MinIO and s3s-fs need.
     #[arg(long, requires = "bucket")]
     pub s3_path_style: bool,
-    /// Micro-batches in the pipeline at once (default: 2 per replica).
+    /// Micro-batches in the pipeline at once (default: 2 per replica). A
+    /// trade-off: more keeps every stage busy, but each stage then steps
+    /// before earlier micro-batches' gradients return, and those delayed
+    /// gradients cost loss (`small`, 3x2: 2 per replica +12.5% against one
+    /// process at 0.84x its speed; 1 per replica +6.5% at 0.76x;
+    /// docs/BENCHMARKS.md, convergence).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
     /// Seconds before an unfinished micro-batch is re-routed.

@@ -7,13 +7,7 @@ use super::*;
 fn butterfly_epochs_merge_by_plan_and_verdicts() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.run_until_done(200);
     assert_eq!(sim.o.phase(), &Phase::Done);
@@ -27,13 +21,7 @@ fn butterfly_epochs_merge_by_plan_and_verdicts() {
 fn slices_read_from_the_store_are_counted_and_bounded() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.from_store.insert(peer(0), (2, 1));
     // A replica cannot have read more slices than a few per partition.
@@ -51,13 +39,7 @@ fn slices_read_from_the_store_are_counted_and_bounded() {
 fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.liars.insert(peer(1));
     sim.run_until_done(200);
@@ -77,13 +59,7 @@ fn butterfly_mismatch_is_recorded_with_both_owners_and_refereed() {
 fn an_equivocating_replica_is_proven_convicted_and_no_honest_owner_is_named() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.equivocators.insert(peer(1));
     sim.run_until_done(400);
@@ -107,13 +83,7 @@ fn an_equivocating_replica_is_proven_convicted_and_no_honest_owner_is_named() {
 fn butterfly_participant_dying_mid_merge_is_planned_out() {
     let mut sim = Sim::new(butterfly_spec(1, 3));
     for i in 0..3 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     // One replica dies when the first merge plan reaches it.
     sim.die_on_plan = Some(peer(2));
@@ -126,13 +96,7 @@ fn butterfly_participant_dying_mid_merge_is_planned_out() {
 fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     let mut sim = Sim::new(butterfly_spec(1, 2));
     for i in 0..2 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     // peer(1) dies on the plan; peer(0) is alive but slow (its deliveries to
     // the dead peer time out), so nobody finishes before the phase timeout.

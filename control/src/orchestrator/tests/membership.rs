@@ -7,22 +7,10 @@ use super::*;
 fn waits_for_every_stage_then_balances_assignments() {
     let mut s = Sim::new(spec(3, 2, 1, 6, 2));
     for i in 0..5 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("127.0.0.1:{}", 9000 + i as u16),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, format!("127.0.0.1:{}", 9000 + i as u16)));
         assert_eq!(*s.o.phase(), Phase::Waiting);
     }
-    s.ev(Event::Register {
-        peer: peer(5),
-        addr: "127.0.0.1:9005".into(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(5, "127.0.0.1:9005".into()));
     assert_eq!(*s.o.phase(), Phase::Training);
     for st in 0..3 {
         assert_eq!(s.o.miners().filter(|m| m.stage == st).count(), 2, "stage {st}");
@@ -81,20 +69,8 @@ fn unsubscribed_registrations_count_for_nothing_expire_and_are_capped() {
     s.now += 30_001;
     s.ev(Event::Tick);
     assert_eq!(s.o.miners().count(), 0);
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(0, String::new()));
+    s.ev(register(1, String::new()));
     assert_eq!(*s.o.phase(), Phase::Training);
     // Subscribed miners never expire by the registration timeout.
     s.now += 60_000;

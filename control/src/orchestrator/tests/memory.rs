@@ -44,13 +44,7 @@ fn a_miner_whose_memory_holds_no_stage_is_refused_saying_what_a_stage_needs() {
     assert!(why.contains("needs") && why.contains("GiB") && why.contains("4 x 128"), "{why}");
     assert!(s.o.miner(&peer(0)).is_none(), "a refused miner is not registered");
     // Stating nothing is never checked.
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: "a1".into(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(1, "a1".into()));
     assert!(s.o.miner(&peer(1)).is_some());
 }
 

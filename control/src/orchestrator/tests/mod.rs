@@ -34,6 +34,11 @@ fn peer(i: u8) -> PeerId {
     Identity::from_seed([i; 32]).peer_id()
 }
 
+/// Miner `i` registering from `addr`, stating no memory.
+fn register(i: u8, addr: String) -> Event {
+    Event::Register { peer: peer(i), addr, tokens_per_s: 1.0, device: "cpu".into(), memory: Default::default() }
+}
+
 /// Miners that do what they are told at once, except the `dead` ones.
 struct Sim {
     o: Orchestrator,
@@ -421,13 +426,7 @@ impl Sim {
 fn epochs_run_through_upload_and_merge_to_done() {
     let mut s = Sim::new(spec(3, 2, 3, 10, 3));
     for i in 0..6 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, String::new()));
     }
     s.run_until_done(200);
     let h = s.o.history();
@@ -454,13 +453,7 @@ fn micro_batch_addresses_follow_the_trainer() {
 fn dead_miner_work_is_rerouted_to_its_replica() {
     let mut s = Sim::new(spec(3, 2, 1, 12, 4));
     for i in 0..6 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, String::new()));
     }
     // A body miner dies before doing anything.
     let victim = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
@@ -482,20 +475,8 @@ fn dead_miner_work_is_rerouted_to_its_replica() {
 #[test]
 fn a_stage_with_no_live_miner_drops_after_max_attempts() {
     let mut s = Sim::new(spec(2, 1, 1, 3, 1));
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(0, String::new()));
+    s.ev(register(1, String::new()));
     let tail = s.o.miners().find(|m| m.stage == 1).unwrap().peer;
     s.dead.insert(tail);
     for _ in 0..40 {
@@ -512,20 +493,8 @@ fn a_stage_with_no_live_miner_drops_after_max_attempts() {
 #[test]
 fn stale_and_foreign_reports_are_not_applied() {
     let mut s = Sim::new(spec(2, 1, 1, 2, 1));
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(0, String::new()));
+    s.ev(register(1, String::new()));
     let mb = s.o.spec().micro_batch(0, 0);
     let (head, tail) =
         (s.o.miners().find(|m| m.stage == 0).unwrap().peer, s.o.miners().find(|m| m.stage == 1).unwrap().peer);
@@ -582,13 +551,7 @@ fn butterfly_spec(stages: u32, replicas: u32) -> RunSpec {
 /// Registers `n` miners and returns the one in `stage` registered last.
 fn register_all(sim: &mut Sim, n: u8) {
     for i in 0..n {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
 }
 

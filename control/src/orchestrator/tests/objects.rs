@@ -12,13 +12,7 @@ use iota_protocol::store_keys::{contrib_prefix, merged_key, weights_parts_prefix
 fn a_put_is_granted_only_for_what_the_merge_asks_of_that_miner() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
     let other = sim.o.miners().find(|m| m.stage == 1).unwrap().peer;
@@ -77,13 +71,7 @@ fn handed(
 fn announced_slices_reach_readers_and_foreign_announcements_are_refused() {
     let mut sim = Sim::new(butterfly_spec(2, 2));
     for i in 0..4 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.run_until_done(200);
     let stage1: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 1).map(|m| m.peer).collect();
@@ -148,13 +136,7 @@ fn announced_slices_reach_readers_and_foreign_announcements_are_refused() {
 fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
     let mut sim = Sim::new(spec(1, 2, 2, 8, 2));
     for i in 0..2 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.run_until_done(200);
     let ups = iota_protocol::manifest::from_pb_list(&sim.aggregated[&0]).unwrap();
@@ -176,13 +158,7 @@ fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
     // An upload announced under another replica's key is refused.
     let mut s2 = Sim::new(spec(1, 2, 1, 4, 2));
     for i in 0..2 {
-        s2.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s2.ev(register(i, format!("a{i}")));
     }
     s2.skip_uploads = true;
     for _ in 0..50 {
@@ -215,13 +191,7 @@ fn parameter_server_uploads_are_weighted_by_counted_work_not_claims() {
 fn a_bad_stored_slice_is_written_again_by_another_holder() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
     sim.until_merging_held(&stage0);

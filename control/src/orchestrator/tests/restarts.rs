@@ -7,13 +7,7 @@ use super::*;
 fn snapshot_round_trip_resumes_the_run() {
     let mut s = Sim::new(spec(2, 2, 2, 8, 2));
     for i in 0..4 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: String::new(),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, String::new()));
     }
     // Run part of the first epoch, then "crash": keep only the snapshot.
     s.drain();
@@ -33,36 +27,12 @@ fn snapshot_round_trip_resumes_the_run() {
 #[test]
 fn a_stage_whose_miners_all_restarted_does_not_stall() {
     let mut s = Sim::new(spec(2, 1, 1, 6, 1));
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(0, String::new()));
+    s.ev(register(1, String::new()));
     s.drain();
     // Both miners restart mid-epoch and register again (same identities).
-    s.ev(Event::Register {
-        peer: peer(0),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
-    s.ev(Event::Register {
-        peer: peer(1),
-        addr: String::new(),
-        tokens_per_s: 1.0,
-        device: "cpu".into(),
-        memory: Default::default(),
-    });
+    s.ev(register(0, String::new()));
+    s.ev(register(1, String::new()));
     assert!(s.o.miners().all(|m| m.joining));
     s.run_until_done(100);
     assert_eq!(s.o.history()[0].completed, 6);
@@ -80,13 +50,7 @@ fn a_restart_charges_its_downtime_to_nobody() {
         sp.route_timeout_ms = 5_000;
         let mut s = Sim::new(sp.clone());
         for i in 0..2 {
-            s.ev(Event::Register {
-                peer: peer(i),
-                addr: String::new(),
-                tokens_per_s: 1.0,
-                device: "cpu".into(),
-                memory: Default::default(),
-            });
+            s.ev(register(i, String::new()));
         }
         while s.o.epoch() < 1 {
             s.drain_at_most(1);
@@ -117,13 +81,7 @@ fn a_restart_charges_its_downtime_to_nobody() {
 fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
     let mut sim = Sim::new(butterfly_spec(2, 3));
     for i in 0..6 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     let stage0: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
     sim.until_merging_held(&stage0);

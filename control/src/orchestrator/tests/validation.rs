@@ -41,13 +41,7 @@ fn start(spec: RunSpec) -> Sim {
         s.ev(Event::Subscribed { peer: v });
     }
     for i in 0..4 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, format!("a{i}")));
     }
     commit_all(&mut s, 0);
     s
@@ -269,13 +263,7 @@ fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
     spec.epochs = 1;
     let mut s = Sim::new(spec);
     for i in 0..4 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, format!("a{i}")));
     }
     commit_all(&mut s, 0);
     s.run_until_done(200);
@@ -481,13 +469,7 @@ fn without_validators_the_operator_pays_credited_work() {
     let mut sim = Sim::new(butterfly_spec(2, 2));
     sim.o.set_operator(peer(99));
     for i in 0..4 {
-        sim.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        sim.ev(register(i, format!("a{i}")));
     }
     sim.run_until_done(400);
     assert_eq!(sim.o.history().len(), 2);
@@ -549,13 +531,7 @@ fn three_replicas_with_validators(epochs: u64) -> Sim {
         s.ev(Event::Subscribed { peer: v });
     }
     for i in 0..3 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, format!("a{i}")));
     }
     s
 }
@@ -605,13 +581,7 @@ fn unanswered_merge_audits_are_released_at_the_timeout() {
     s.ev(Event::RegisterValidator { peer: validator(0), device: "cpu".into() });
     s.ev(Event::Subscribed { peer: validator(0) });
     for i in 0..3 {
-        s.ev(Event::Register {
-            peer: peer(i),
-            addr: format!("a{i}"),
-            tokens_per_s: 1.0,
-            device: "cpu".into(),
-            memory: Default::default(),
-        });
+        s.ev(register(i, format!("a{i}")));
     }
     commit_all(&mut s, 0);
     until_held(&mut s);
