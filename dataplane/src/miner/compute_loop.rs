@@ -12,7 +12,37 @@ use tracing::warn;
 
 use super::events::{Input, Output};
 use super::worker::{self, Worker};
-use super::{Adversary, CrashPoint, MinerSummary, merge};
+use super::{Adversary, merge};
+
+/// Where a fault-injecting miner stops dead (no goodbye, no more
+/// heartbeats), for the chaos tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// When its epoch's merge plan arrives: it uploaded, and the plan
+    /// counts on it.
+    MergePlan,
+    /// When the epoch's Uploading phase begins: it trained, and its
+    /// upload never comes.
+    Uploading,
+}
+
+/// What a miner did, returned when the run ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MinerSummary {
+    pub peer: iota_core::PeerId,
+    pub stage: u32,
+    pub optimizer_steps: u64,
+    pub params: Vec<f32>,
+    pub rejected_frames: u64,
+    /// Time its stage worker spent handling frames and commands (its
+    /// compute, merges and uploads; what validation is weighed against).
+    pub compute: std::time::Duration,
+    /// What its transport sent and received, by lane.
+    pub transport: crate::stats::StatsSnapshot,
+    /// The most device memory it held (a GPU's pool high-water mark, or
+    /// the most its free memory showed in use); 0 on the CPU.
+    pub peak_device_bytes: u64,
+}
 
 /// What the compute thread talks through.
 /// Reads the device's memory (in use, in all; bytes).

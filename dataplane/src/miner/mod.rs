@@ -17,18 +17,7 @@ mod waits;
 pub mod worker;
 
 pub use self::adversary::Adversary;
-
-/// Where a fault-injecting miner stops dead (no goodbye, no more
-/// heartbeats), for the chaos tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CrashPoint {
-    /// When its epoch's merge plan arrives: it uploaded, and the plan
-    /// counts on it.
-    MergePlan,
-    /// When the epoch's Uploading phase begins: it trained, and its
-    /// upload never comes.
-    Uploading,
-}
+pub use self::compute_loop::{CrashPoint, MinerSummary};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -159,24 +148,6 @@ impl MinerOptions {
             memory_limit: None,
         }
     }
-}
-
-/// What a miner did, returned when the run ends.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MinerSummary {
-    pub peer: iota_core::PeerId,
-    pub stage: u32,
-    pub optimizer_steps: u64,
-    pub params: Vec<f32>,
-    pub rejected_frames: u64,
-    /// Time its stage worker spent handling frames and commands (its
-    /// compute, merges and uploads; what validation is weighed against).
-    pub compute: std::time::Duration,
-    /// What its transport sent and received, by lane.
-    pub transport: crate::stats::StatsSnapshot,
-    /// The most device memory it held (a GPU's pool high-water mark, or
-    /// the most its free memory showed in use); 0 on the CPU.
-    pub peak_device_bytes: u64,
 }
 
 /// Joins the run at `opts.orchestrator` and works until it is done (or

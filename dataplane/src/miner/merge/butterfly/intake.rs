@@ -5,31 +5,11 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-use iota_core::PeerId;
 use iota_core::merge::BLOCK;
-use iota_core::wire::{Direction, header_bytes};
 use tracing::debug;
 
-use super::{Butterfly, KIND_CONTRIBUTION, KIND_UPDATE, blocks};
-
-/// A `WeightSlice` frame, checked and copied out of the receive pool.
-#[derive(Clone, Debug)]
-pub(super) struct SliceMsg {
-    from: PeerId,
-    epoch: u64,
-    k: usize,
-    kind: u32,
-    generation: u32,
-    offset: u64,
-    rows: usize,
-    cols: usize,
-    codec: u8,
-    hash: [u8; 32],
-    /// The archived signed header, handed on as evidence (`SliceDone`).
-    header: Vec<u8>,
-    payload: Bytes,
-}
+use super::Butterfly;
+use super::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks};
 
 impl Butterfly {
     /// Takes in a checked slice message; `from_early` = it was held back.
@@ -90,27 +70,4 @@ impl Butterfly {
         }
         self.early.push_back(m);
     }
-}
-
-// A peer's frame: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-pub(super) fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
-    let (rows, cols) = h.rows_cols()?;
-    if h.direction != Direction::WeightSlice || h.ndim != 2 {
-        return None;
-    }
-    Some(SliceMsg {
-        from,
-        epoch: h.epoch as u64,
-        k: h.shard as usize,
-        kind: h.samples,
-        generation: h.attempt,
-        offset: h.first_sample,
-        rows,
-        cols,
-        codec: h.codec,
-        hash: h.payload_hash,
-        header: header_bytes(h),
-        payload: Bytes::copy_from_slice(payload),
-    })
 }

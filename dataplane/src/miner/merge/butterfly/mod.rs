@@ -44,8 +44,7 @@ mod intake;
 mod slices;
 mod store_io;
 
-use self::intake::{SliceMsg, slice_msg};
-use self::slices::blocks;
+use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
 pub use self::slices::{Reduced, decode_slice, encode_slice, reduce_partition, update_hash};
 use super::parts::read_parts;
 use super::{Merge, f32_bytes};
@@ -53,8 +52,6 @@ use crate::frame::{FrameMeta, RunContext};
 use crate::miner::events::Output;
 use crate::transport::ReceivedFrame;
 
-const KIND_CONTRIBUTION: u32 = 0;
-const KIND_UPDATE: u32 = 1;
 /// After this long without an expected slice, look in the object store.
 const STORE_FALLBACK_AFTER: Duration = Duration::from_millis(1500);
 

@@ -1,13 +1,19 @@
 //! A partition's slice on the wire and its reduce: the encoding every
-//! sender and owner uses, and the reduce an honest owner (and a validator
-//! auditing it) runs.
+//! sender and owner uses, a `WeightSlice` frame read into a `SliceMsg`, and
+//! the reduce an honest owner (and a validator auditing it) runs.
 
 use anyhow::Result;
 use bytes::Bytes;
+use iota_core::PeerId;
 use iota_core::WireCodec;
 use iota_core::merge::{BLOCK, flaws, reduce_slice};
+use iota_core::wire::{Direction, header_bytes};
 use iota_model::codec;
 use iota_protocol::MergeSpec;
+
+/// `WeightSlice` frame kinds (the header's `samples`).
+pub(super) const KIND_CONTRIBUTION: u32 = 0;
+pub(super) const KIND_UPDATE: u32 = 1;
 
 pub(super) fn blocks(len: u64) -> usize {
     len.div_ceil(BLOCK) as usize
@@ -68,4 +74,45 @@ pub fn update_hash(c: WireCodec, u: &[f32]) -> Result<(Bytes, [u8; 32])> {
     let payload = Bytes::from(encode_slice(c, u)?);
     let hash = *blake3::hash(&payload).as_bytes();
     Ok((payload, hash))
+}
+
+/// A `WeightSlice` frame, checked and copied out of the receive pool.
+#[derive(Clone, Debug)]
+pub(super) struct SliceMsg {
+    pub(super) from: PeerId,
+    pub(super) epoch: u64,
+    pub(super) k: usize,
+    pub(super) kind: u32,
+    pub(super) generation: u32,
+    pub(super) offset: u64,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) codec: u8,
+    pub(super) hash: [u8; 32],
+    /// The archived signed header, handed on as evidence (`SliceDone`).
+    pub(super) header: Vec<u8>,
+    pub(super) payload: Bytes,
+}
+
+// A peer's frame: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+pub(super) fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
+    let (rows, cols) = h.rows_cols()?;
+    if h.direction != Direction::WeightSlice || h.ndim != 2 {
+        return None;
+    }
+    Some(SliceMsg {
+        from,
+        epoch: h.epoch as u64,
+        k: h.shard as usize,
+        kind: h.samples,
+        generation: h.attempt,
+        offset: h.first_sample,
+        rows,
+        cols,
+        codec: h.codec,
+        hash: h.payload_hash,
+        header: header_bytes(h),
+        payload: Bytes::copy_from_slice(payload),
+    })
 }

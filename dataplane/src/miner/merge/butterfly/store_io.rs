@@ -12,7 +12,8 @@ use iota_protocol::{StoredObject, pb};
 use tracing::warn;
 
 use super::super::f32_bytes;
-use super::{Butterfly, MergeFault, slice_msg};
+use super::slices::slice_msg;
+use super::{Butterfly, MergeFault};
 use crate::frame::decode_frame;
 use crate::miner::events::Output;
 
