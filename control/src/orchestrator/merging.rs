@@ -164,3 +164,32 @@ impl Orchestrator {
         }
     }
 }
+
+impl Orchestrator {
+    /// A participant finished its butterfly merge with weights hash `h`,
+    /// having read `from_store` slices (contributions, updates) from the
+    /// store: counted and logged when the report is accepted, each claim cut
+    /// to 4 reads per partition (a replica reads a partition from the store
+    /// at most once per generation). False: stale.
+    pub(super) fn butterfly_done(
+        &mut self,
+        peer: PeerId,
+        (epoch, stage): (u64, u32),
+        h: [u8; 32],
+        from_store: (u32, u32),
+    ) -> bool {
+        let Some(m) = self.butterfly.get_mut(&stage) else { return false };
+        let most = m.plan.partitions.len() as u64 * 4;
+        let accepted = m.merge_done(peer, h);
+        if accepted && from_store != (0, 0) {
+            let (c, u) = (u64::from(from_store.0).min(most), u64::from(from_store.1).min(most));
+            tracing::warn!(
+                %peer, epoch, stage, contributions = c, updates = u,
+                "merge slices went through the object store (a peer unreachable, or a frame lost)"
+            );
+            self.counters.merge_contributions_from_store += c;
+            self.counters.merge_updates_from_store += u;
+        }
+        accepted
+    }
+}

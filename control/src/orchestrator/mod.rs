@@ -30,7 +30,7 @@ mod validation_state;
 use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::commitment::EpochHeads;
-use iota_core::merge::{MergePlan, Mismatch, StageMerge};
+use iota_core::merge::{Mismatch, StageMerge};
 use iota_core::{PeerId, Rng};
 use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
 use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
@@ -344,14 +344,6 @@ impl Orchestrator {
     pub fn miner(&self, p: &PeerId) -> Option<&MinerState> {
         self.miners.get(p)
     }
-    /// Every butterfly hash mismatch so far.
-    pub fn mismatches(&self) -> &[Mismatch] {
-        &self.mismatches
-    }
-    /// The current butterfly plan of a stage (Merging phase).
-    pub fn merge_plan(&self, stage: u32) -> Option<&MergePlan> {
-        self.butterfly.get(&stage).map(|m| &m.plan)
-    }
 
     /// Applies one event at time `now`.
     pub fn step(&mut self, now: Ms, ev: Event, rng: &mut Rng) -> Result<Vec<Out>, Refusal> {
@@ -428,20 +420,7 @@ impl Orchestrator {
                     MergeMethod::Butterfly if current => {
                         let h = <[u8; 32]>::try_from(weights_hash.as_slice())
                             .map_err(|_| Refusal::Invalid("weights hash must be 32 bytes".into()))?;
-                        let Some(m) = self.butterfly.get_mut(&stage) else { return Ok(out) };
-                        // A replica reads each partition from the store at most once per generation.
-                        let most = m.plan.partitions.len() as u64 * 4;
-                        let accepted = m.merge_done(peer, h);
-                        if accepted && from_store != (0, 0) {
-                            let (c, u) = (u64::from(from_store.0).min(most), u64::from(from_store.1).min(most));
-                            tracing::warn!(
-                                %peer, epoch, stage, contributions = c, updates = u,
-                                "merge slices went through the object store (a peer unreachable, or a frame lost)"
-                            );
-                            self.counters.merge_contributions_from_store += c;
-                            self.counters.merge_updates_from_store += u;
-                        }
-                        accepted
+                        self.butterfly_done(peer, (epoch, stage), h, from_store)
                     }
                     _ => false,
                 };

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use iota_core::PeerId;
+use iota_core::merge::{MergePlan, Mismatch};
 
 use super::{MbStatus, Ms, Orchestrator, Phase};
 
@@ -24,6 +25,15 @@ pub struct MergeProgress {
 }
 
 impl Orchestrator {
+    /// Every butterfly hash mismatch so far.
+    pub fn mismatches(&self) -> &[Mismatch] {
+        &self.mismatches
+    }
+    /// The current butterfly plan of a stage (Merging phase).
+    pub fn merge_plan(&self, stage: u32) -> Option<&MergePlan> {
+        self.butterfly.get(&stage).map(|m| &m.plan)
+    }
+
     /// The stage's merge progress (all zero outside upload and merge).
     pub fn merge_progress(&self, stage: u32) -> MergeProgress {
         let mut p = MergeProgress {

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use iota_core::merge::MergePlan;
 use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
