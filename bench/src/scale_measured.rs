@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use iota_control::cli::RunArgs;
 use iota_control::swarm::{self, SwarmOptions, SwarmReport};
-use iota_core::memory_plan::{ComputeBackend, GIB, InnerOptimizer, Workload, plan_memory};
+use iota_core::memory_plan::{ComputeBackend, GIB, Workload, plan_memory};
 use iota_model::train::{Pipeline, TrainConfig};
 use iota_model::{Backend, CpuBackend};
 
@@ -103,22 +103,14 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     run.claim_run_dir(&cfg)?;
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, run.data_path()?.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let report = rt.block_on(swarm::run(SwarmOptions {
-        cfg: cfg.clone(),
-        data: run.data_path()?,
-        store: Some(run.store_dir()?),
-        bucket: None,
-        run_dir: run.run_dir.clone(),
-        metrics: None,
-        dashboard: None,
-        log_format: Default::default(),
-        listen: "127.0.0.1:0".parse()?,
+    let report = rt.block_on(swarm::run(SwarmOptions::on_this_machine(
+        cfg.clone(),
+        run.data_path()?,
+        run.store_dir()?,
+        run.run_dir.clone(),
         miner_bin,
-        threads_per_miner: 1,
-        miner_device: m.device.to_string(),
-        validators: Vec::new(),
-        adversaries: Vec::new(),
-    }))?;
+        m.device,
+    )))?;
     if report.interrupted {
         bail!("interrupted");
     }
@@ -130,14 +122,7 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
         m.device,
     )?;
     let backend = if m.device == "cpu" { ComputeBackend::Cpu } else { ComputeBackend::CudaBf16Gemm };
-    let w = Workload {
-        batch: m.batch,
-        seq: m.seq,
-        in_flight: 2,
-        weight_stashing: true,
-        optimizer: InnerOptimizer::AdamW,
-        backend,
-    };
+    let w = Workload::of(backend, m.batch, m.seq, 2);
     let plan = plan_memory(&cfg.train.model, m.stages, &w)?;
     Ok(summarise(&report, one, &plan))
 }

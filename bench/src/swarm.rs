@@ -65,22 +65,14 @@ pub fn run(mut a: Args) -> Result<()> {
     // It reads the merged weights back from the directory afterwards.
     anyhow::ensure!(a.run.bucket.is_none(), "the swarm benchmark keeps its objects in RUN_DIR/store; drop --bucket");
     let store_dir = a.run.store_dir()?;
-    let report = rt.block_on(swarm::run(SwarmOptions {
-        cfg: cfg.clone(),
-        data: a.run.data_path()?,
-        store: Some(store_dir.clone()),
-        bucket: None,
-        run_dir: a.run.run_dir.clone(),
-        metrics: None,
-        dashboard: None,
-        log_format: Default::default(),
-        listen: "127.0.0.1:0".parse()?,
+    let report = rt.block_on(swarm::run(SwarmOptions::on_this_machine(
+        cfg.clone(),
+        a.run.data_path()?,
+        store_dir.clone(),
+        a.run.run_dir.clone(),
         miner_bin,
-        threads_per_miner: 1,
-        miner_device: "cpu".into(),
-        validators: Vec::new(),
-        adversaries: Vec::new(),
-    }))?;
+        "cpu",
+    )))?;
     anyhow::ensure!(!report.interrupted, "interrupted");
     let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();
 

@@ -47,6 +47,37 @@ pub struct SwarmOptions {
     pub adversaries: Vec<(u32, String)>,
 }
 
+impl SwarmOptions {
+    /// A swarm on this machine, as the benchmarks run it: orchestrator on
+    /// loopback, one thread per miner process on `miner_device`, no
+    /// operator pages, validators or adversaries, objects in `store`.
+    pub fn on_this_machine(
+        cfg: RunConfig,
+        data: Option<PathBuf>,
+        store: PathBuf,
+        run_dir: PathBuf,
+        miner_bin: PathBuf,
+        miner_device: &str,
+    ) -> SwarmOptions {
+        SwarmOptions {
+            cfg,
+            data,
+            store: Some(store),
+            bucket: None,
+            run_dir,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics: None,
+            dashboard: None,
+            log_format: Default::default(),
+            miner_bin,
+            threads_per_miner: 1,
+            miner_device: miner_device.to_string(),
+            validators: Vec::new(),
+            adversaries: Vec::new(),
+        }
+    }
+}
+
 pub struct SwarmReport {
     pub history: Vec<EpochSummary>,
     pub completed: u64,

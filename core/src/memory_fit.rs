@@ -75,7 +75,7 @@ impl RunMemoryNeeds {
                     .map(|spec| {
                         (1..=max_held)
                             .map(|in_flight| {
-                                let w = Workload { batch, seq, in_flight, weight_stashing: true, optimizer, backend };
+                                let w = Workload { optimizer, ..Workload::of(backend, batch, seq, in_flight) };
                                 stage_memory(cfg, spec, &w).peak()
                             })
                             .collect()

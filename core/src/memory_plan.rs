@@ -124,6 +124,15 @@ pub struct Workload {
     pub backend: ComputeBackend,
 }
 
+impl Workload {
+    /// `batch` x `seq` micro-batches, `in_flight` held, on `backend`, as
+    /// miners run by default: weight stashing on, AdamW (NAdam keeps the
+    /// same moments).
+    pub fn of(backend: ComputeBackend, batch: usize, seq: usize, in_flight: usize) -> Workload {
+        Workload { batch, seq, in_flight, weight_stashing: true, optimizer: InnerOptimizer::AdamW, backend }
+    }
+}
+
 /// One stage's memory, by what holds it, in bytes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageMemory {

@@ -1,14 +1,7 @@
 use super::*;
 
 fn cuda(batch: usize, seq: usize, in_flight: usize) -> Workload {
-    Workload {
-        batch,
-        seq,
-        in_flight,
-        weight_stashing: true,
-        optimizer: InnerOptimizer::AdamW,
-        backend: ComputeBackend::CudaBf16Gemm,
-    }
+    Workload::of(ComputeBackend::CudaBf16Gemm, batch, seq, in_flight)
 }
 
 #[test]

@@ -17,9 +17,7 @@
 
 use std::sync::Arc;
 
-use iota_core::memory_plan::{
-    ComputeBackend, InnerOptimizer, StageMemory, Workload, gemm_operand_values, stage_memory,
-};
+use iota_core::memory_plan::{ComputeBackend, StageMemory, Workload, gemm_operand_values, stage_memory};
 use iota_core::{ModelConfig, StageSpec};
 use iota_model::alloc::{ThreadCounted, live_on_this_thread, peak_on_this_thread, reset_peak_on_this_thread};
 use iota_model::optim::{AdamW, AdamWConfig};
@@ -51,14 +49,7 @@ fn custom() -> ModelConfig {
 }
 
 fn workload(batch: usize, seq: usize, in_flight: usize) -> Workload {
-    Workload {
-        batch,
-        seq,
-        in_flight,
-        weight_stashing: true,
-        optimizer: InnerOptimizer::AdamW,
-        backend: ComputeBackend::Cpu,
-    }
+    Workload::of(ComputeBackend::Cpu, batch, seq, in_flight)
 }
 
 struct Inputs {
