@@ -114,6 +114,7 @@ pub fn run(a: Args) -> Result<()> {
         outer_momentum_warmup: 0,
         stage_params: Vec::new(),
         max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+        overlap: false,
     };
     compare_rules();
     if a.rules_only {

@@ -194,6 +194,14 @@ pub struct RunArgs {
     /// the object store for it.
     #[arg(long, default_value_t = 64.0)]
     pub max_slice_mib: f64,
+    /// Merge behind compute: each epoch's butterfly merge runs while the
+    /// next epoch trains, and replicas land it (merged weights plus what
+    /// they trained since) when that epoch ends, so GPUs do not idle during
+    /// the exchange. Costs about 1-2% of loss at equal tokens on `small`
+    /// (docs/BENCHMARKS.md); not yet with validators. Off: every epoch waits
+    /// for its merge.
+    #[arg(long)]
+    pub merge_overlap: bool,
 }
 
 impl RunArgs {
@@ -288,6 +296,7 @@ impl RunArgs {
                 .map(|s| ParamLayout::for_stage(&train.model, s).total() as u64)
                 .collect(),
             max_slice_bytes: (self.max_slice_mib * (1u64 << 20) as f64).round() as u64,
+            overlap: self.merge_overlap,
         };
         if !(self.outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
             bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");

@@ -92,6 +92,12 @@ pub fn orchestrator_metrics(o: &Orchestrator) -> String {
         "Merged butterfly slices a replica read from the object store (the update never reached it).",
         c.merge_updates_from_store,
     );
+    counter(
+        &mut r,
+        "merges_behind_compute",
+        "Merges that ran while the next epoch trained (--merge-overlap).",
+        c.merges_behind_compute,
+    );
     counter(&mut r, "store_objects_bad", "Store objects a reader found unlike their announcement.", c.bad_objects);
     counter(
         &mut r,

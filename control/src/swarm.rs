@@ -487,6 +487,13 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
             100.0 * (c.uploading_ms + c.merging_ms) as f64 / phases as f64
         );
     }
+    if c.merges_behind_compute > 0 {
+        println!(
+            "merge behind compute: {} of the merges ran while the next epoch trained (merge time above: only \
+             what training waited for them, and the last, synchronous merge)",
+            c.merges_behind_compute
+        );
+    }
     let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
     let peaks: Vec<String> = r
         .miner_totals

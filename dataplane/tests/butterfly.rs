@@ -25,6 +25,7 @@ fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
         outer_momentum_warmup: 0,
         stage_params: Vec::new(),
         max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+        overlap: false,
     }
 }
 

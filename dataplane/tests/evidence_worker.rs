@@ -75,6 +75,7 @@ fn run_config() -> RunConfig {
                 outer_momentum_warmup: 0,
                 stage_params: Vec::new(),
                 max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+                overlap: false,
             },
             miners_per_stage_cap: 0,
             registration_timeout_ms: 30_000,

@@ -155,6 +155,18 @@ pub struct MergeSpec {
     /// it existed keep their run id.
     #[serde(default = "default_max_slice_bytes", skip_serializing_if = "is_default_max_slice_bytes")]
     pub max_slice_bytes: u64,
+    /// The merge behind compute: the butterfly merge of epoch E runs while
+    /// epoch E+1 trains, and each replica lands it at the end of E+1
+    /// (merged weights plus what the replica trained since; see PROTOCOL.md,
+    /// "The merge behind compute"). The last epoch's merge is synchronous.
+    /// Left out of the settings when off, so runs saved before it existed
+    /// keep their run id.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overlap: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -209,6 +221,7 @@ impl Default for MergeSpec {
             outer_momentum_warmup: 0,
             stage_params: Vec::new(),
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
+            overlap: false,
         }
     }
 }
@@ -248,6 +261,18 @@ impl RunSpec {
             ));
         }
         let v = &self.validation;
+        if self.merge.overlap && self.merge.method != MergeMethod::Butterfly {
+            return Err("merge: the merge behind compute (overlap) needs the butterfly merge".into());
+        }
+        if self.merge.overlap && !v.validators.is_empty() {
+            // Validators check each attempt against the merged weights its
+            // epoch started from; with the overlap every replica starts from
+            // its own landed weights, which their evidence checks do not
+            // cover yet.
+            return Err(
+                "merge: the merge behind compute (overlap) is not validated yet; run it without validators".into()
+            );
+        }
         if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 {
             return Err("validation: rate must be in [0, 1], strikes_to_eject and timeout_ms positive".into());
         }

@@ -317,6 +317,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
             outer_momentum_warmup: 0,
             stage_params: vec![1_000, 1_000],
             max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+            overlap: false,
         },
         miners_per_stage_cap: 3,
         registration_timeout_ms: 10_000,
@@ -607,6 +608,7 @@ pub fn signed_frame_run(data: &[u8]) -> bool {
                 outer_momentum_warmup: 0,
                 stage_params: vec![PARAMS],
                 max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+                overlap: false,
             };
             let store: SharedStore = std::sync::Arc::new(MemStore::default());
             let ctx = std::sync::Arc::new(RunContext::new(7, FrameLimits::default()));

@@ -21,7 +21,11 @@ impl Orchestrator {
         self.uploads.clear();
         self.merged.clear();
         self.merged_hash.clear();
-        self.butterfly.clear();
+        if self.overlapped.is_none() {
+            self.butterfly.clear();
+        }
+        self.overlap_wait_since = None;
+        self.overlap_waited_ms = 0;
         self.started_from.insert(self.epoch, self.weights_epoch());
         while self.started_from.len() > 4 {
             self.started_from.pop_first();
@@ -132,7 +136,9 @@ impl Orchestrator {
         }
         self.hedge_late(now, rng, out);
         let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
-        if finished && self.issued == self.spec.micro_batches_per_epoch {
+        // With the merge behind compute, the epoch ends once the merge
+        // behind it is complete: each replica lands it as it uploads.
+        if finished && self.issued == self.spec.micro_batches_per_epoch && !self.waits_for_overlapped(now) {
             self.set_phase(now, Phase::Uploading, out);
         }
     }

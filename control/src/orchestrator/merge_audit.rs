@@ -23,7 +23,7 @@ use iota_protocol::{pb, plan_to_pb};
 use tracing::{info, warn};
 
 use super::validation_state::{AuditAnswer, OpenAudit};
-use super::{Ms, Orchestrator, Out, Phase, Refusal};
+use super::{Ms, Orchestrator, Out, Refusal};
 
 /// Audits waiting at once (one per owner pair per stage; bounded).
 pub(super) const MAX_OPEN_AUDITS: usize = 4096;
@@ -83,11 +83,12 @@ impl Orchestrator {
         if !self.is_validator(&validator) {
             return Err(Refusal::Unknown(validator));
         }
+        let current = self.merge_is_current(epoch);
         let open =
             self.validation.merge_audits.iter_mut().find(|a| {
                 a.epoch == epoch && a.stage == stage && a.partition == partition && a.generation == generation
             });
-        let Some(open) = open.filter(|_| epoch == self.epoch && matches!(self.phase, Phase::Merging)) else {
+        let Some(open) = open.filter(|_| current) else {
             self.counters.stale_reports += 1;
             return Ok(());
         };

@@ -45,8 +45,8 @@ impl Orchestrator {
         out: &mut Vec<Out>,
     ) -> Result<(), Refusal> {
         let mut mo = Vec::new();
-        let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
-        let accepted = match self.butterfly.get_mut(&stage).filter(|_| current) {
+        let current = self.merge_is_current(epoch);
+        let accepted = match self.butterfly.get_mut(&stage).filter(|m| current && m.plan.epoch == epoch) {
             Some(m) => {
                 let contributions = check_contributions(&m.plan, self.spec.run_id, partition, contributions)?;
                 let report = SliceReport { hash, contributions, flagged };
@@ -97,7 +97,7 @@ impl Orchestrator {
                         None => continue,
                     },
                     MergeOut::Verdict(v) => pb::command::Kind::Verdict(pb::SliceVerdict {
-                        epoch: self.epoch,
+                        epoch: bm.plan.epoch,
                         stage,
                         partition: v.partition,
                         generation: v.generation,
@@ -112,7 +112,7 @@ impl Orchestrator {
             }
         }
         // New disputes go to the run's record and counters.
-        let known = self.mismatches.iter().filter(|m| m.epoch == self.epoch && m.stage == stage).count();
+        let known = self.mismatches.iter().filter(|m| m.epoch == bm.plan.epoch && m.stage == stage).count();
         for m in bm.mismatches.iter().skip(known) {
             to_record.push(m.clone());
         }
@@ -166,6 +166,55 @@ impl Orchestrator {
 }
 
 impl Orchestrator {
+    /// Plans out the butterfly participants that cannot finish: gone
+    /// silent, restarted (registered again: `joining`, its merge state lost
+    /// with its process), or, once `timed_out`, not done while another is
+    /// (or, while nobody is done, silent while others have reported: it
+    /// holds everyone else's partitions hostage). While no participant of a
+    /// stage has finished, the healthy ones are waited for: planning them
+    /// all out would "complete" the stage with no merged weights written,
+    /// and its replicas would go on from different weights.
+    pub(super) fn tend_butterfly(&mut self, timed_out: bool, out: &mut Vec<Out>) {
+        for s in 0..self.spec.stages {
+            let Some(bm) = self.butterfly.get(&s) else { continue };
+            let someone_done = !bm.done.is_empty();
+            let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
+            let gone: Vec<PeerId> = bm
+                .plan
+                .participants
+                .iter()
+                .map(|p| p.peer)
+                .filter(|p| {
+                    !self.miners.get(p).is_some_and(|m| m.healthy && !m.joining)
+                        || (timed_out && someone_done && !bm.done.contains_key(p))
+                        || (timed_out && !someone_done && someone_reported && !bm.reported(p))
+                })
+                .collect();
+            if !gone.is_empty() {
+                let mut mo = Vec::new();
+                if let Some(bm) = self.butterfly.get_mut(&s) {
+                    bm.drop_participants(&gone, &mut mo);
+                }
+                self.merge_outs(s, mo, out);
+            }
+        }
+    }
+
+    /// Whether every stage's butterfly merge is complete, and (unless the
+    /// merge `timed_out`) every partition's merged slice stored (announced
+    /// by its current writer), so a miner joining later can load the stage;
+    /// a writer that died was replaced by `drop_participants`.
+    pub(super) fn butterfly_complete(&self, timed_out: bool) -> bool {
+        self.butterfly.iter().all(|(s, m)| m.complete() && (timed_out || self.stage_stored(*s, m)))
+    }
+
+    /// Whether reports about the butterfly merge of `epoch` are current: it
+    /// is the merge of the Merging phase, or the one running behind the
+    /// next epoch's training (`merge.overlap`).
+    pub(super) fn merge_is_current(&self, epoch: u64) -> bool {
+        (epoch == self.epoch && matches!(self.phase, Phase::Merging)) || self.overlapped == Some(epoch)
+    }
+
     /// A participant finished its butterfly merge with weights hash `h`,
     /// having read `from_store` slices (contributions, updates) from the
     /// store: counted and logged when the report is accepted, each claim cut

@@ -20,6 +20,7 @@ mod merge_audit;
 mod merging;
 mod objects;
 mod observe;
+mod overlap;
 mod phase;
 mod routing;
 mod settling;
@@ -278,6 +279,19 @@ pub struct Orchestrator {
     /// service from the run's configuration; without it nothing is checked).
     #[serde(skip)]
     memory_needs: Option<std::sync::Arc<iota_core::memory_fit::RunMemoryNeeds>>,
+    /// With `merge.overlap`: the epoch whose butterfly merge runs behind
+    /// the current epoch's training (overlap.rs).
+    #[serde(default)]
+    overlapped: Option<u64>,
+    /// When that merge started, and since when the epoch's training has
+    /// been finished and waiting for it (the merge's visible time).
+    #[serde(default)]
+    overlapped_since: Ms,
+    #[serde(default)]
+    overlap_wait_since: Option<Ms>,
+    /// This epoch's training time spent waiting for the merge behind it.
+    #[serde(default)]
+    overlap_waited_ms: Ms,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -317,6 +331,10 @@ impl Orchestrator {
             settlement: SettlementBook::default(),
             accusations: BTreeMap::new(),
             memory_needs: None,
+            overlapped: None,
+            overlapped_since: 0,
+            overlap_wait_since: None,
+            overlap_waited_ms: 0,
         })
     }
 
@@ -403,7 +421,7 @@ impl Orchestrator {
             }
             Event::MergeDone { peer, epoch, stage, key, weights_hash, object, from_store } => {
                 self.known(&peer)?;
-                let current = epoch == self.epoch && matches!(self.phase, Phase::Merging);
+                let current = self.merge_is_current(epoch);
                 let accepted = match self.spec.merge.method {
                     MergeMethod::ParameterServer if current && self.aggregator(stage) == Some(peer) => {
                         self.record_merged(epoch, stage, object).inspect_err(|e| {
@@ -492,7 +510,10 @@ impl Orchestrator {
     /// from (None: the run seed's initial weights): the previous epoch's,
     /// unless a rollback discarded it.
     pub fn weights_epoch(&self) -> Option<u64> {
-        self.weights_override.unwrap_or(self.epoch.checked_sub(1))
+        // While the previous epoch's merge runs behind training, the latest
+        // merged weights are the one before it.
+        let back = if self.overlapped.is_some() { 2 } else { 1 };
+        self.weights_override.unwrap_or(self.epoch.checked_sub(back))
     }
 
     /// Where a stage's current weights are: empty for the run seed's.
@@ -529,7 +550,10 @@ impl Orchestrator {
                     self.start_epoch(now, rng, out);
                 }
             }
-            Phase::Training => self.advance_training(now, rng, out),
+            Phase::Training => {
+                self.tend_overlapped(now, out);
+                self.advance_training(now, rng, out);
+            }
             Phase::Uploading => {
                 // Only miners that worked this epoch and are not benched are
                 // waited for: a silent one must not hold every epoch to the
@@ -548,52 +572,21 @@ impl Orchestrator {
                 // (its final commitments are in once the uploads are).
                 if (all_in || timed_out) && every_stage_has_one && !self.validation_holds_merge(now, out) {
                     self.plan_merges(rng);
-                    self.set_phase(now, Phase::Merging, out);
+                    if self.merges_behind_compute() {
+                        self.start_overlapped(now, rng, out);
+                    } else {
+                        self.set_phase(now, Phase::Merging, out);
+                    }
                 }
             }
             Phase::Merging if self.spec.merge.method == MergeMethod::Butterfly => {
-                // Participants that went silent, or (after the timeout) that
-                // have not finished while another has, are planned out; the
-                // stage completes without them and they rejoin by download.
-                // While no participant of a stage has finished, the healthy
-                // ones are waited for: planning them all out would "complete"
-                // the stage with no merged weights written, and its replicas
-                // would start the next epoch from different weights. Except
-                // one that has reported nothing at all by the timeout while
-                // others have: it holds everyone else's partitions hostage.
                 self.expire_merge_audits(now, out);
                 let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
-                for s in 0..self.spec.stages {
-                    let Some(bm) = self.butterfly.get(&s) else { continue };
-                    let someone_done = !bm.done.is_empty();
-                    let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
-                    let gone: Vec<PeerId> = bm
-                        .plan
-                        .participants
-                        .iter()
-                        .map(|p| p.peer)
-                        .filter(|p| {
-                            // A participant that restarted (registered again:
-                            // `joining`) lost its merge state with its process.
-                            !self.miners.get(p).is_some_and(|m| m.healthy && !m.joining)
-                                || (timed_out && someone_done && !bm.done.contains_key(p))
-                                || (timed_out && !someone_done && someone_reported && !bm.reported(p))
-                        })
-                        .collect();
-                    if !gone.is_empty() {
-                        let mut mo = Vec::new();
-                        self.butterfly.get_mut(&s).unwrap().drop_participants(&gone, &mut mo);
-                        self.merge_outs(s, mo, out);
-                    }
-                }
+                self.tend_butterfly(timed_out, out);
                 if timed_out {
                     self.phase_since = now;
                 }
-                // Complete once every partition's merged slice is stored
-                // (announced by its current writer), so a miner joining
-                // later can load the stage; a writer that died was replaced
-                // by `drop_participants`. After a timeout, complete anyway.
-                if self.butterfly.iter().all(|(s, m)| m.complete() && (timed_out || self.stage_stored(*s, m))) {
+                if self.butterfly_complete(timed_out) {
                     // The validators judge the merged model first.
                     if let Some(rollback) = self.merge_verdict(now, out) {
                         self.counters.divergent_merges +=

@@ -66,20 +66,36 @@ impl Orchestrator {
                 if aggregator == Some(m.peer) {
                     p.uploads = self.uploads_manifest(m.stage);
                 }
-                if let Some(bm) = self.butterfly.get(&m.stage)
-                    && bm.plan.is_participant(&m.peer)
-                {
-                    p.merge_plan = Some(plan_to_pb(&bm.plan));
-                    p.momentum = self.momentum_manifest(m.stage);
-                }
+                self.attach_plan(p, m);
             }
             Phase::Training | Phase::Done => {
+                p.weights = self.weights_manifest(m.stage);
+                p.weights_from = self.weights_epoch().map_or(0, |e| e + 1);
+                // The previous epoch's merge, running behind this training.
+                if self.overlapped_plan_in_training() {
+                    self.attach_plan(p, m);
+                }
+            }
+            // With the merge behind compute, a replica lands the previous
+            // epoch's merge as it uploads: these are its weights.
+            Phase::Uploading if self.spec.merge.overlap => {
                 p.weights = self.weights_manifest(m.stage);
                 p.weights_from = self.weights_epoch().map_or(0, |e| e + 1);
             }
             Phase::Waiting | Phase::Uploading => {}
         }
         cmd
+    }
+
+    /// The butterfly plan of `m`'s stage and the momentum it starts from,
+    /// when `m` takes part.
+    fn attach_plan(&self, p: &mut pb::PhaseChange, m: &MinerState) {
+        if let Some(bm) = self.butterfly.get(&m.stage)
+            && bm.plan.is_participant(&m.peer)
+        {
+            p.merge_plan = Some(plan_to_pb(&bm.plan));
+            p.momentum = self.momentum_manifest(m.stage);
+        }
     }
 
     pub(super) fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
@@ -95,7 +111,8 @@ impl Orchestrator {
                 _ => {}
             }
             match self.phase {
-                Phase::Training => self.counters.training_ms += took,
+                // Waiting for the merge behind training counts as merging.
+                Phase::Training => self.counters.training_ms += took.saturating_sub(self.overlap_waited_ms),
                 Phase::Uploading => self.counters.uploading_ms += took,
                 Phase::Merging => self.counters.merging_ms += took,
                 _ => {}

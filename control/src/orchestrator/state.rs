@@ -459,4 +459,7 @@ pub struct Counters {
     pub merge_contributions_from_store: u64,
     #[serde(default)]
     pub merge_updates_from_store: u64,
+    /// Merges that ran behind the next epoch's training (`merge.overlap`).
+    #[serde(default)]
+    pub merges_behind_compute: u64,
 }

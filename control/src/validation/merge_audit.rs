@@ -95,6 +95,7 @@ mod tests {
             outer_momentum_warmup: 0,
             stage_params: vec![3000],
             max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
+            overlap: false,
         }
     }
 

@@ -16,6 +16,7 @@ mod model_export;
 mod netns;
 mod object_store;
 mod operator_endpoints;
+mod overlap;
 mod settlement;
 mod swarm;
 mod validation;

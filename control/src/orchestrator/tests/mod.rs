@@ -303,7 +303,9 @@ impl Sim {
                             };
                             self.ev(Event::SliceDone {
                                 peer: to,
-                                epoch: p.epoch,
+                                // The plan's: a merge behind compute comes
+                                // with the next epoch's Training phase.
+                                epoch: plan.epoch,
                                 stage: m.stage,
                                 partition: k as u32,
                                 generation: plan.partitions[k].generation,
@@ -580,6 +582,7 @@ mod liveness;
 mod membership;
 mod memory;
 mod objects;
+mod overlap;
 mod restarts;
 mod validation;
 

@@ -112,10 +112,14 @@ impl<B: Backend + 'static> Worker<B> {
                 // where the run stands) must not restart the epoch: it would
                 // drop the accumulation and move the merge's reference point.
                 if self.training == Some(p.epoch) {
-                    return Ok(());
+                    // Sent again when the merge behind this training is re-planned.
+                    return self.merge_behind(&p, out);
                 }
                 self.epoch = p.epoch;
-                self.ctx.set_epoch_window(p.epoch as u32, p.epoch as u32);
+                // The previous epoch's merge may run behind this training:
+                // its slices keep coming.
+                let oldest = if self.cfg.spec.merge.overlap { p.epoch.saturating_sub(1) } else { p.epoch };
+                self.ctx.set_epoch_window(oldest as u32, p.epoch as u32);
                 self.routes.retain(|k, _| k.0 == p.epoch);
                 self.early.retain(|(k, _)| k.0 == p.epoch);
                 self.work = 0;
@@ -126,7 +130,14 @@ impl<B: Backend + 'static> Worker<B> {
                 self.catch_up(&p, out)?;
                 if let Some(s) = self.stage.as_ref() {
                     let params = s.params_host();
-                    self.merge.epoch_started(p.epoch, self.stage_index, &params);
+                    if self.cfg.spec.merge.overlap {
+                        // The merge's reference point is set when the epoch
+                        // ends (landing): the merge of the previous epoch
+                        // may still be running.
+                        self.overlap_started = Some(params.clone());
+                    } else {
+                        self.merge.epoch_started(p.epoch, self.stage_index, &params);
+                    }
                     // The previous epoch's evidence goes: its requests came
                     // in its Uploading phase.
                     self.evidence.begin(p.epoch, self.stage_index, params);
@@ -136,6 +147,7 @@ impl<B: Backend + 'static> Worker<B> {
                 }
                 // Only now: a repeat after a failed weights fetch tries again.
                 self.training = Some(p.epoch);
+                self.merge_behind(&p, out)?;
             }
             pb::Phase::Uploading => {
                 self.training = None;
@@ -148,7 +160,8 @@ impl<B: Backend + 'static> Worker<B> {
                 // A partial accumulation at the epoch's end is dropped, not applied.
                 s.zero_grads();
                 self.accumulated = 0;
-                let params = s.params_host();
+                let params = if self.cfg.spec.merge.overlap { self.land(&p, out)? } else { s.params_host() };
+                let Some(s) = self.stage.as_mut() else { return Ok(()) };
                 let from = out.len();
                 self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
                 // The upload carries the epoch's final heads: its training
@@ -173,5 +186,73 @@ impl<B: Backend + 'static> Worker<B> {
             pb::Phase::Waiting | pb::Phase::Unspecified => {}
         }
         Ok(())
+    }
+}
+
+impl<B: Backend + 'static> Worker<B> {
+    /// The merge behind compute: a Training phase that carries the previous
+    /// epoch's merge plan starts (or re-plans) that merge; training goes on.
+    fn merge_behind(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {
+        if !self.cfg.spec.merge.overlap || p.merge_plan.is_none() {
+            return Ok(());
+        }
+        let Some(s) = self.stage.as_ref() else { return Ok(()) };
+        self.merge.merging(p, self.stage_index, s.layout(), out)?;
+        self.take_merged()
+    }
+
+    /// A merge's result with the merge behind compute: held while training
+    /// (landed when the epoch ends), applied when it is the synchronous
+    /// merge of the run's last epoch, dropped otherwise (a merge this
+    /// replica was planned out of finishing late).
+    pub(super) fn merged_behind_compute(&mut self, epoch: u64, params: Vec<f32>) -> Result<()> {
+        if self.training.is_some() {
+            self.overlap_held = Some((epoch, params));
+        } else if epoch == self.epoch
+            && let Some(s) = self.stage.as_mut()
+        {
+            s.set_params(&params)?;
+            self.weights_after = Some(epoch);
+        } else {
+            warn!(epoch, at = self.epoch, "a late merge result dropped");
+        }
+        Ok(())
+    }
+
+    /// Lands the previous epoch's merge as this epoch ends (the Uploading
+    /// phase `p`): the weights become the merged ones plus what this
+    /// replica trained since its epoch started, and the merge of this
+    /// epoch starts from the merged ones (so its contribution is exactly
+    /// the epoch's own progress). Returns the landed weights.
+    fn land(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<Vec<f32>> {
+        let Some(s) = self.stage.as_ref() else { anyhow::bail!("no stage to land a merge on") };
+        let own = s.params_host();
+        // A replica that never saw this epoch start contributes nothing.
+        let started = self.overlap_started.take().unwrap_or_else(|| own.clone());
+        let want = p.weights_from.checked_sub(1);
+        let held = self.overlap_held.take();
+        let base = match (want, held) {
+            (None, _) => started.clone(),
+            (Some(e), Some((h, w))) if h == e && w.len() == own.len() => w,
+            // Loaded at this epoch's start (it joined, or missed a merge).
+            (Some(e), _) if self.weights_after == Some(e) => started.clone(),
+            (Some(e), _) => {
+                info!(epoch = p.epoch, merge = e, "loading the merged weights to land on");
+                load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), e, out)?
+            }
+        };
+        anyhow::ensure!(
+            base.len() == own.len() && started.len() == own.len(),
+            "merged weights of {} values for a stage of {}",
+            base.len(),
+            own.len()
+        );
+        let landed: Vec<f32> = base.iter().zip(&own).zip(&started).map(|((b, o), s0)| b + (o - s0)).collect();
+        if let Some(s) = self.stage.as_mut() {
+            s.set_params(&landed)?;
+        }
+        self.weights_after = want;
+        self.merge.epoch_started(p.epoch, self.stage_index, &base);
+        Ok(landed)
     }
 }

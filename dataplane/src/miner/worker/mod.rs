@@ -98,6 +98,12 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// The memory this miner stated (bytes, backend): an assigned stage it
     /// does not hold is refused before anything is allocated.
     memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>,
+    /// The merge behind compute (`merge.overlap`): this replica's own
+    /// weights when the epoch's training started, and the previous epoch's
+    /// merged weights once they came, held until the epoch ends (landing in
+    /// lifecycle.rs).
+    overlap_started: Option<Vec<f32>>,
+    overlap_held: Option<(u64, Vec<f32>)>,
 }
 
 /// An assigned stage this miner's memory does not hold: the miner stops,
@@ -169,6 +175,8 @@ impl<B: Backend + 'static> Worker<B> {
             sent: None,
             tamper: None,
             memory: None,
+            overlap_started: None,
+            overlap_held: None,
         }
     }
 
@@ -241,8 +249,12 @@ impl<B: Backend + 'static> Worker<B> {
     /// Replaces the stage's weights with a finished merge's result.
     fn take_merged(&mut self) -> Result<()> {
         if let Some((epoch, params)) = self.merge.take_merged()
-            && let Some(s) = self.stage.as_mut()
+            && self.stage.is_some()
         {
+            if self.cfg.spec.merge.overlap {
+                return self.merged_behind_compute(epoch, params);
+            }
+            let Some(s) = self.stage.as_mut() else { return Ok(()) };
             s.set_params(&params)?;
             self.weights_after = Some(epoch);
             if let Some(e) = self.training {

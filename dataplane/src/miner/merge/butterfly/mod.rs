@@ -533,7 +533,10 @@ impl Merge for Butterfly {
                 self.spec.max_slice_bytes
             );
         }
-        if plan.epoch != self.epoch || plan.stage != stage || p.epoch != self.epoch {
+        // With the merge behind compute the plan comes with the next
+        // epoch's Training phase.
+        let behind = self.spec.overlap && p.epoch == self.epoch + 1;
+        if plan.epoch != self.epoch || plan.stage != stage || (p.epoch != self.epoch && !behind) {
             bail!(
                 "merge plan for epoch {} stage {}, we are at epoch {} stage {stage}",
                 plan.epoch,

@@ -1,0 +1,83 @@
+//! The merge behind compute (`merge.overlap`): the butterfly merge of
+//! epoch E runs while epoch E+1 trains. Its participants are handed the
+//! plan with E+1's Training phase; each replica keeps training on its own
+//! weights and, when E+1's training ends, lands the merge (the merged
+//! weights plus what it trained since E ended) before it contributes to
+//! E+1's merge. Training does not end (Uploading waits) until the merge
+//! behind it is complete; that wait is the merge's visible time. The last
+//! epoch's merge is synchronous, so the run ends on merged weights.
+
+use super::{Ms, Orchestrator, Out, Phase};
+
+impl Orchestrator {
+    /// Whether the merge planned now runs behind the next epoch's training:
+    /// the run asks for it and this is not the last epoch.
+    pub(super) fn merges_behind_compute(&self) -> bool {
+        self.spec.merge.overlap && self.epoch + 1 < self.spec.epochs && !self.butterfly.is_empty()
+    }
+
+    /// Ends the epoch with its merge planned but not run: the next epoch
+    /// trains while it runs (the participants get the plan with the
+    /// Training phase).
+    pub(super) fn start_overlapped(&mut self, now: Ms, rng: &mut iota_core::Rng, out: &mut Vec<Out>) {
+        tracing::info!(epoch = self.epoch, "merge runs behind the next epoch's training");
+        self.overlapped = Some(self.epoch);
+        self.overlapped_since = now;
+        self.finish_epoch(now, rng, out, false);
+    }
+
+    /// Moves the merge behind training along: plans out participants that
+    /// cannot finish (as in the Merging phase, on the merge's own timeout)
+    /// and ends it once complete.
+    pub(super) fn tend_overlapped(&mut self, now: Ms, out: &mut Vec<Out>) {
+        let Some(epoch) = self.overlapped else { return };
+        let timeout = self.merge_timeout_ms();
+        let timed_out = now.saturating_sub(self.overlapped_since) > timeout;
+        self.tend_butterfly(timed_out, out);
+        if !self.butterfly_complete(timed_out) {
+            if timed_out {
+                // The next round of planning out waits another timeout.
+                self.overlapped_since = now;
+            }
+            return;
+        }
+        let took = now.saturating_sub(self.overlapped_since);
+        if !timed_out {
+            self.last_merge_ms = Some(took);
+        }
+        self.counters.divergent_merges += self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
+        if let Some(since) = self.overlap_wait_since.take() {
+            let waited = now.saturating_sub(since);
+            self.overlap_waited_ms += waited;
+            self.counters.merging_ms += waited;
+        }
+        self.counters.merges_behind_compute += 1;
+        tracing::info!(epoch, took_ms = took, "merge behind compute complete");
+        self.overlapped = None;
+        self.butterfly.clear();
+    }
+
+    /// Whether the epoch's training, all of it done, must wait for the
+    /// merge behind it (counted from the first time it had to).
+    pub(super) fn waits_for_overlapped(&mut self, now: Ms) -> bool {
+        if self.overlapped.is_none() {
+            return false;
+        }
+        self.overlap_wait_since.get_or_insert(now);
+        true
+    }
+
+    /// A merge's timeout: as the Merging phase's (four times the last
+    /// merge, within the run's bounds).
+    fn merge_timeout_ms(&self) -> Ms {
+        let ceiling = self.spec.phase_timeout_ms;
+        self.last_merge_ms
+            .map_or(ceiling, |m| m.saturating_mul(4).clamp(super::phase::MIN_PHASE_TIMEOUT_MS.min(ceiling), ceiling))
+    }
+
+    /// Whether the phase command for a Training miner carries the merge
+    /// running behind it.
+    pub(super) fn overlapped_plan_in_training(&self) -> bool {
+        self.overlapped.is_some() && self.phase == Phase::Training
+    }
+}
