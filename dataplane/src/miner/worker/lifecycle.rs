@@ -71,13 +71,17 @@ impl<B: Backend + 'static> Worker<B> {
             )?;
             needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
         }
+        self.startup.assigned();
         // A new stage starts its training phase afresh when told.
         self.training = None;
         let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages)?;
         let spec = specs.get(a.stage as usize).context("assigned stage does not exist")?.clone();
         let needs_data = spec.has_embedding() || spec.has_lm_head();
+        let t = std::time::Instant::now();
         let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        self.startup.build += t.elapsed();
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
+        let t = std::time::Instant::now();
         if !a.weights_key.is_empty() {
             // The stage's merged weights, as their writers announced them.
             let w = load_announced(
@@ -92,14 +96,18 @@ impl<B: Backend + 'static> Worker<B> {
             stage.set_params(&w)?;
             self.weights_after = Some(self.epoch.saturating_sub(1));
         }
+        self.startup.weights += t.elapsed();
         self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
             let (data, cache) = (self.data.as_deref(), self.corpus_cache.as_deref());
+            let t = std::time::Instant::now();
             let corpus = crate::corpus::load_run_corpus(&self.cfg, data, &*self.store, &self.rt, cache)?;
             self.corpus = Some(Arc::new(corpus));
+            self.startup.corpus += t.elapsed();
         }
+        self.startup.ready();
         info!(stage = a.stage, params = self.stage.as_ref().unwrap().layout().total(), "assigned");
         Ok(())
     }

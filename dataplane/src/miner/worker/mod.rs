@@ -22,7 +22,7 @@ use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
 use iota_protocol::{MergeMethod, RunConfig, SharedStore, pb};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::adversary::{Adversary, Tamper};
 use super::events::{Input, Output};
@@ -35,6 +35,7 @@ use crate::tls::PeerDirectory;
 use crate::transport::ReceivedFrame;
 
 mod lifecycle;
+mod startup;
 
 pub use super::hashes::{tokens_hash, weights_hash};
 
@@ -104,6 +105,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// lifecycle.rs).
     overlap_started: Option<Vec<f32>>,
     overlap_held: Option<(u64, Vec<f32>)>,
+    /// Registration to the first finished micro-batch, by part.
+    startup: startup::Startup,
 }
 
 /// An assigned stage this miner's memory does not hold: the miner stops,
@@ -177,6 +180,7 @@ impl<B: Backend + 'static> Worker<B> {
             memory: None,
             overlap_started: None,
             overlap_held: None,
+            startup: startup::Startup::default(),
         }
     }
 
@@ -291,6 +295,7 @@ impl<B: Backend + 'static> Worker<B> {
                     return Ok(()); // not on this pathway at our stage
                 }
                 self.routes.insert(key, r);
+                self.startup.routed();
                 if self.stage_index == 0 {
                     self.head_forward(key, out)?;
                 }
@@ -416,6 +421,9 @@ impl<B: Backend + 'static> Worker<B> {
 
     /// Counts a finished micro-batch; steps the optimizer every `grad_accum`.
     fn finished_one(&mut self) -> Result<()> {
+        if let Some(line) = self.startup.finished() {
+            info!("{line}");
+        }
         self.work += 1;
         self.accumulated += 1;
         if self.accumulated >= self.cfg.train.grad_accum {
