@@ -131,6 +131,17 @@ pub fn run(mut a: Args) -> Result<()> {
         report.dropped,
         report.history.iter().map(|e| (e.mean_loss * 1000.0).round() / 1000.0).collect::<Vec<_>>()
     );
+    let c = &report.counters;
+    let phases = (c.training_ms + c.uploading_ms + c.merging_ms).max(1);
+    println!(
+        "  swarm phases: training {:.1}s, upload {:.1}s, merge {:.1}s visible ({:.1}% of the epochs outside \
+         training); merges behind compute: {}",
+        c.training_ms as f64 / 1e3,
+        c.uploading_ms as f64 / 1e3,
+        c.merging_ms as f64 / 1e3,
+        100.0 * (c.uploading_ms + c.merging_ms) as f64 / phases as f64,
+        c.merges_behind_compute
+    );
     if a.keep {
         println!("  run folder kept: {}", work.keep().display());
     }
