@@ -197,9 +197,10 @@ pub struct RunArgs {
     /// Merge behind compute: each epoch's butterfly merge runs while the
     /// next epoch trains, and replicas land it (merged weights plus what
     /// they trained since) when that epoch ends, so GPUs do not idle during
-    /// the exchange. Costs about 1-2% of loss at equal tokens on `small`
-    /// (docs/BENCHMARKS.md); not yet with validators. Off: every epoch waits
-    /// for its merge.
+    /// the exchange. Loss at equal tokens on `small`: within 0.2% of the
+    /// synchronous merge in the real swarm, 1-2% in the in-process replay
+    /// (docs/BENCHMARKS.md); not yet with validators or the parameter
+    /// server. Off: every epoch waits for its merge.
     #[arg(long)]
     pub merge_overlap: bool,
 }
