@@ -239,23 +239,23 @@ impl<B: Backend + 'static> Worker<B> {
         let started = self.overlap_started.take().unwrap_or_else(|| own.clone());
         let want = p.weights_from.checked_sub(1);
         let held = self.overlap_held.take();
-        let base = match (want, held) {
-            (None, _) => started.clone(),
-            (Some(e), Some((h, w))) if h == e && w.len() == own.len() => w,
+        // (the merge's reference point, the landed weights): nothing to
+        // land when the epoch started from the merge it would land.
+        let (base, landed) = match (want, held) {
+            (None, _) => (started, own),
+            (Some(e), Some((h, w))) if h == e && w.len() == own.len() => {
+                let landed = land_on(&w, &own, &started)?;
+                (w, landed)
+            }
             // Loaded at this epoch's start (it joined, or missed a merge).
-            (Some(e), _) if self.weights_after == Some(e) => started.clone(),
+            (Some(e), _) if self.weights_after == Some(e) => (started, own),
             (Some(e), _) => {
                 info!(epoch = p.epoch, merge = e, "loading the merged weights to land on");
-                load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), e, out)?
+                let w = load_announced(&self.rt, &self.store, &p.weights, self.stage_index, s.layout(), e, out)?;
+                let landed = land_on(&w, &own, &started)?;
+                (w, landed)
             }
         };
-        anyhow::ensure!(
-            base.len() == own.len() && started.len() == own.len(),
-            "merged weights of {} values for a stage of {}",
-            base.len(),
-            own.len()
-        );
-        let landed: Vec<f32> = base.iter().zip(&own).zip(&started).map(|((b, o), s0)| b + (o - s0)).collect();
         if let Some(s) = self.stage.as_mut() {
             s.set_params(&landed)?;
         }
@@ -263,4 +263,16 @@ impl<B: Backend + 'static> Worker<B> {
         self.merge.epoch_started(p.epoch, self.stage_index, &base);
         Ok(landed)
     }
+}
+
+/// The landed weights: `merged` plus what the replica trained since its
+/// epoch started (`own` - `started`).
+fn land_on(merged: &[f32], own: &[f32], started: &[f32]) -> Result<Vec<f32>> {
+    anyhow::ensure!(
+        merged.len() == own.len() && started.len() == own.len(),
+        "merged weights of {} values for a stage of {}",
+        merged.len(),
+        own.len()
+    );
+    Ok(merged.iter().zip(own).zip(started).map(|((m, o), s0)| m + (o - s0)).collect())
 }
