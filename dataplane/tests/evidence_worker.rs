@@ -629,8 +629,8 @@ fn the_merge_behind_compute_lands_as_the_next_epoch_ends_keeping_what_each_repli
     let with_plan =
         pb::PhaseChange { merge_plan: Some(iota_protocol::plan_to_pb(&plan)), ..change(1, pb::Phase::Training, 0) };
     phase(&mut s, with_plan);
-    for i in 0..3 {
-        assert!(params(&s, i) == w0[i], "stage {i}: the merged weights wait for the epoch's end");
+    for (i, w) in w0.iter().enumerate() {
+        assert!(params(&s, i) == *w, "stage {i}: the merged weights wait for the epoch's end");
     }
     s.train_in(1, 2);
     s.train_in(1, 3);
