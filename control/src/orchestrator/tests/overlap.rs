@@ -103,3 +103,31 @@ fn a_merge_behind_compute_needs_the_butterfly_and_no_validators() {
     s.validation.validators = vec![iota_protocol::ValidatorStake { peer: peer(9), stake: 1 }];
     assert!(s.validate().unwrap_err().contains("validators"));
 }
+
+#[test]
+fn an_orchestrator_restarted_while_a_merge_runs_behind_training_resumes_it() {
+    let mut sim = Sim::new(overlap_spec(3));
+    register_all(&mut sim, 6);
+    sim.stalled.insert(peer(0));
+    sim.stall_verdicts_only = true;
+    for _ in 0..12 {
+        sim.drain();
+        sim.tick(100);
+    }
+    assert_eq!((sim.o.epoch(), sim.o.phase()), (1, &Phase::Training));
+    // "Crash": only the saved state survives; the verdicts peer(0) sat on
+    // died with the old process.
+    let json = serde_json::to_string(&sim.o).unwrap();
+    let restored: Orchestrator = serde_json::from_str(&json).unwrap();
+    assert_eq!(restored.merge_plan(0).map(|p| p.epoch), Some(0), "merge 0 is still behind training");
+    assert_eq!(restored.weights_epoch(), None, "and the run's weights are still the seed's");
+    let mut t = Sim::new(overlap_spec(3));
+    t.o = restored;
+    t.now = sim.now;
+    // Merge 0 completes (peer(0), never done, is planned out at the
+    // merge's timeout) and the run goes on to its end.
+    t.run_until_done(400);
+    assert_eq!(t.o.history().len(), 3);
+    assert_eq!(t.o.counters().merges_behind_compute, 2);
+    assert_eq!(t.o.counters().divergent_merges, 0);
+}
