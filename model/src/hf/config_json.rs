@@ -165,6 +165,7 @@ pub fn train_config_of(config: &Value) -> Result<TrainConfig> {
         norm_eps: f("rms_norm_eps", 1e-5),
         bottleneck: 0,
         init_std: f("initializer_range", 0.02),
+        bottleneck_style: Default::default(),
     };
     model.validate()?;
     let seq = model.max_seq.min(128);
