@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use iota_core::merge::{OuterOpt, ReduceRule};
-use iota_core::{ModelConfig, ParamLayout, StageSpec, WireCodec};
+use iota_core::{BottleneckStyle, ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
@@ -58,6 +58,10 @@ pub struct RunArgs {
     /// Bottleneck width at boundaries (default: the preset's; 0 = off).
     #[arg(long)]
     pub bottleneck: Option<usize>,
+    /// Bottleneck style: linear (default) or residual (a SwiGLU branch in
+    /// the encoder and the decoder; docs/ARCHITECTURE.md, "The bottleneck").
+    #[arg(long, default_value = "linear")]
+    pub bottleneck_style: String,
     /// Training corpus (text, .jsonl, .bin shards); default: a generated toy corpus.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -249,6 +253,8 @@ impl RunArgs {
         if let Some(b) = self.bottleneck {
             model.bottleneck = b;
         }
+        model.bottleneck_style = BottleneckStyle::parse(&self.bottleneck_style)
+            .with_context(|| format!("unknown --bottleneck-style '{}' (linear, residual)", self.bottleneck_style))?;
         let codec = WireCodec::parse(&self.codec)
             .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", self.codec))?;
         if self.replicas == 0 || self.stages == 0 || self.micro_batches == 0 {
@@ -560,6 +566,18 @@ mod tests {
         let validated = args(dir.path(), &["--validator", &v]).run_config().unwrap();
         assert!(validated.to_json().contains("validation"));
         assert_ne!(validated.spec.run_id, plain.spec.run_id);
+        // The default bottleneck style is not written either (the settings,
+        // so the run ids, of runs from before it existed are unchanged);
+        // the residual one is a setting.
+        assert!(!plain.to_json().contains("bottleneck_style"));
+        let res = args(dir.path(), &["--bottleneck-style", "residual"]).run_config().unwrap();
+        assert!(res.to_json().contains("\"bottleneck_style\":\"residual\""));
+        assert_ne!(res.spec.run_id, plain.spec.run_id);
+        assert_eq!(
+            args(dir.path(), &["--bottleneck-style", "linear"]).run_config().unwrap().spec.run_id,
+            plain.spec.run_id
+        );
+        assert!(args(dir.path(), &["--bottleneck-style", "cubic"]).run_config().is_err());
         assert_eq!(RunConfig::from_json(&validated.to_json()).unwrap().spec.validation.validators[0].stake, 7);
         // The bucket is a setting: another bucket is another run.
         let a = args(dir.path(), &["--bucket", "s3://one/run"]);

@@ -39,6 +39,54 @@ pub struct ModelConfig {
     /// d-wide residual crosses).
     pub bottleneck: usize,
     pub init_std: f32,
+    /// How the bottleneck encodes and decodes (docs/ARCHITECTURE.md, "The
+    /// bottleneck"). Left out of saved settings when it is the default
+    /// (`linear`), so existing configs keep their serialized form and runs
+    /// their id.
+    #[serde(default, skip_serializing_if = "BottleneckStyle::is_linear")]
+    pub bottleneck_style: BottleneckStyle,
+}
+
+/// The shape of the encoder/decoder pair at a stage boundary. Both keep an
+/// identity path on the first `b` residual channels; they differ in what is
+/// learned around it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BottleneckStyle {
+    /// `z = h[:, :b] + rmsnorm(h) @ W_down^T`, `h0 = pad(z) + z @ W_up^T`.
+    #[default]
+    Linear,
+    /// Residual encoder and decoder in the manner of ResBM (Aboudib et al.,
+    /// arXiv 2604.11947): the linear pair above plus a SwiGLU branch on each
+    /// side, `z = h[:, :b] + hn @ W_down^T + swiglu(hn) @ W_eo^T` with
+    /// `hn = rmsnorm(h)`, and `h0 = pad(z) + z @ W_up^T + swiglu(z) @ W_do^T`,
+    /// each branch `bottleneck_hidden()` wide. The decoder's branch lifts the
+    /// b numbers onto a curved b-dimensional surface in d-space, which the
+    /// next block's RMSNorm cannot flatten (a linear lift of b = 1 or 2
+    /// channels reaches the next block as little more than a sign or an
+    /// angle).
+    Residual,
+}
+
+impl BottleneckStyle {
+    pub fn is_linear(&self) -> bool {
+        *self == BottleneckStyle::Linear
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            BottleneckStyle::Linear => "linear",
+            BottleneckStyle::Residual => "residual",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BottleneckStyle> {
+        match s {
+            "linear" => Some(BottleneckStyle::Linear),
+            "residual" | "resbm" => Some(BottleneckStyle::Residual),
+            _ => None,
+        }
+    }
 }
 
 /// The presets, in size order.
@@ -85,6 +133,7 @@ impl ModelConfig {
                 norm_eps: 1e-5,
                 bottleneck,
                 init_std: 0.02,
+                bottleneck_style: BottleneckStyle::Linear,
             }
         }
         let gpt2 = (GPT2_VOCAB_PADDED, GPT2_VOCAB);
@@ -105,6 +154,13 @@ impl ModelConfig {
         };
         c.validate()?;
         Ok(c)
+    }
+
+    /// Width of the residual bottleneck's SwiGLU branches (encoder and
+    /// decoder): d_model, so a boundary adds about a quarter of a block's
+    /// weights at `small`'s and IOTA's shapes.
+    pub fn bottleneck_hidden(&self) -> usize {
+        self.d_model
     }
 
     pub fn head_dim(&self) -> usize {
@@ -197,6 +253,34 @@ mod tests {
             assert_eq!(&c.name, p);
         }
         assert!(matches!(ModelConfig::preset("7b"), Err(ConfigError::UnknownPreset(..))));
+    }
+
+    #[test]
+    fn existing_configs_keep_their_serialized_form() {
+        // Run ids hash the settings' JSON, the model's included: a preset
+        // must serialize exactly as it did before `bottleneck_style` existed.
+        let c = ModelConfig::preset("small").unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(
+            json,
+            "{\"name\":\"small\",\"vocab_size\":50304,\"vocab_real\":50257,\"d_model\":192,\"n_layers\":6,\
+             \"n_heads\":6,\"n_kv_heads\":2,\"ffn_hidden\":512,\"max_seq\":256,\"rope_theta\":10000.0,\
+             \"rope_scaling\":null,\"norm_eps\":0.00001,\"bottleneck\":16,\"init_std\":0.02}"
+        );
+        // And an old config (no style field) reads back as the linear style.
+        let back: ModelConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.bottleneck_style, BottleneckStyle::Linear);
+        // The residual style is written, and read back.
+        let mut r = c.clone();
+        r.bottleneck_style = BottleneckStyle::Residual;
+        let rj = serde_json::to_string(&r).unwrap();
+        assert!(rj.ends_with(",\"bottleneck_style\":\"residual\"}"), "{rj}");
+        assert_eq!(serde_json::from_str::<ModelConfig>(&rj).unwrap(), r);
+        for s in [BottleneckStyle::Linear, BottleneckStyle::Residual] {
+            assert_eq!(BottleneckStyle::parse(s.name()), Some(s));
+        }
+        assert_eq!(BottleneckStyle::parse("cubic"), None);
     }
 
     #[test]

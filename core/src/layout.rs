@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelConfig;
+use crate::config::{BottleneckStyle, ModelConfig};
 use crate::error::ConfigError;
 
 /// What a stage holds besides its blocks.
@@ -157,6 +157,7 @@ impl ParamLayout {
     /// q|k|v form one [qkv, d] matrix and gate|up one [2f, d] matrix.
     pub fn for_stage(cfg: &ModelConfig, spec: &StageSpec) -> ParamLayout {
         let (d, b, f) = (cfg.d_model, cfg.bottleneck, cfg.ffn_hidden);
+        let (residual, r) = (cfg.bottleneck_style == BottleneckStyle::Residual, cfg.bottleneck_hidden());
         let w = Init::Normal(cfg.init_std);
         let one = Init::Const(1.0);
         let mut l = ParamLayout { entries: Vec::new() };
@@ -167,6 +168,12 @@ impl ParamLayout {
             let p = format!("model.layers.{i}");
             if spec.decode_in && i == spec.layers.start {
                 l.push(&format!("{p}.bottleneck.up_proj.weight"), &[d, b], w, true);
+                if residual {
+                    // gate|up adjacent: one [2r, b] GEMM.
+                    l.push(&format!("{p}.bottleneck.decoder_mlp.gate_proj.weight"), &[r, b], w, true);
+                    l.push(&format!("{p}.bottleneck.decoder_mlp.up_proj.weight"), &[r, b], w, true);
+                    l.push(&format!("{p}.bottleneck.decoder_mlp.down_proj.weight"), &[d, r], w, true);
+                }
             }
             l.push(&format!("{p}.input_layernorm.weight"), &[d], one, false);
             l.push(&format!("{p}.self_attn.q_proj.weight"), &[cfg.q_dim(), d], w, true);
@@ -180,6 +187,11 @@ impl ParamLayout {
             if spec.encode_out && i + 1 == spec.layers.end {
                 l.push(&format!("{p}.bottleneck.norm.weight"), &[d], one, false);
                 l.push(&format!("{p}.bottleneck.down_proj.weight"), &[b, d], w, true);
+                if residual {
+                    l.push(&format!("{p}.bottleneck.encoder_mlp.gate_proj.weight"), &[r, d], w, true);
+                    l.push(&format!("{p}.bottleneck.encoder_mlp.up_proj.weight"), &[r, d], w, true);
+                    l.push(&format!("{p}.bottleneck.encoder_mlp.down_proj.weight"), &[b, r], w, true);
+                }
             }
         }
         if spec.has_lm_head() {
@@ -238,6 +250,30 @@ mod tests {
             let extra = boundaries * (d + b * d + d * b);
             assert_eq!(counts.iter().sum::<usize>(), c.param_count() + extra);
         }
+    }
+
+    #[test]
+    fn the_residual_bottleneck_adds_two_swiglu_branches_per_boundary() {
+        let mut c = ModelConfig::preset("small").unwrap();
+        let linear = c.stage_param_counts(3).unwrap();
+        c.bottleneck_style = BottleneckStyle::Residual;
+        let residual = c.stage_param_counts(3).unwrap();
+        let (d, b, r) = (c.d_model, c.bottleneck, c.bottleneck_hidden());
+        let encoder = 2 * r * d + b * r;
+        let decoder = 2 * r * b + d * r;
+        assert_eq!(residual, vec![linear[0] + encoder, linear[1] + decoder + encoder, linear[2] + decoder]);
+        // One stage has no boundary, so no bottleneck of either style.
+        assert_eq!(c.param_count(), ModelConfig::preset("small").unwrap().param_count());
+        let specs = StageSpec::split(&c, 3).unwrap();
+        let body = ParamLayout::for_stage(&c, &specs[1]);
+        let up = body.range("model.layers.2.bottleneck.up_proj.weight");
+        let g = body.range("model.layers.2.bottleneck.decoder_mlp.gate_proj.weight");
+        let u = body.range("model.layers.2.bottleneck.decoder_mlp.up_proj.weight");
+        assert_eq!((up.end, g.end), (g.start, u.start), "decoder: up_proj, then gate|up fused");
+        let g = body.range("model.layers.3.bottleneck.encoder_mlp.gate_proj.weight");
+        let u = body.range("model.layers.3.bottleneck.encoder_mlp.up_proj.weight");
+        assert_eq!(g.end, u.start, "encoder: gate|up fused");
+        assert!(body.entries.iter().filter(|e| e.name.contains("_mlp.")).all(|e| e.decay));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod train_config;
 pub mod wire;
 
 pub use codec::WireCodec;
-pub use config::{ModelConfig, RopeScaling};
+pub use config::{BottleneckStyle, ModelConfig, RopeScaling};
 pub use error::{ConfigError, CoreError};
 pub use identity::{Identity, PeerId};
 pub use ids::{MicroBatchId, SampleId};

@@ -7,7 +7,7 @@
 //! - `Stage` (`iota-model/src/stage.rs`): one flat fp32 parameter buffer and
 //!   one gradient buffer of the stage's `ParamLayout`; a RoPE table per
 //!   sequence length; per micro-batch in flight a `Saved` (every block's
-//!   `BlockActs`, the output residual, the bottleneck's input and encoder
+//!   `BlockActs`, the output residual, the bottleneck decoder's and encoder's
 //!   activations); with weight stashing a full copy of the weights per older
 //!   version a micro-batch in flight was forwarded with (`before_update`).
 //! - `block_forward` / `block_backward` (`block.rs`), `boundary.rs`,
@@ -26,7 +26,7 @@
 //! allocator's slack between freed and reused blocks.
 
 use crate::codec::WireCodec;
-use crate::config::ModelConfig;
+use crate::config::{BottleneckStyle, ModelConfig};
 use crate::error::ConfigError;
 use crate::layout::{ParamLayout, StageRole, StageSpec};
 use crate::merge::BLOCK;
@@ -244,11 +244,13 @@ fn saved_values(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize, t
     // BlockActs: x, xn1, x2, xn2 [n, d]; rstd1, rstd2 [n]; qkv; probs; att [n, q_dim]; gu [n, 2f]; m [n, f].
     let block = 4 * n * d + 2 * n + n * cfg.qkv_dim() + probs + n * cfg.q_dim() + 2 * n * f + n * f;
     let mut total = spec.layers.len() * block + n * d; // + h_out
+    // The residual style's SwiGLU branches (`boundary.rs`): MlpActs gu [n, 2r], m [n, r].
+    let branch = if cfg.bottleneck_style == BottleneckStyle::Residual { 3 * n * cfg.bottleneck_hidden() } else { 0 };
     if spec.decode_in {
-        total += n * b; // z_in
+        total += n * b + branch; // DecodeActs: z, its branch
     }
     if spec.encode_out {
-        total += n * d + n; // EncodeActs: hn, rstd
+        total += n * d + n + branch; // EncodeActs: hn, rstd, its branch
     }
     if spec.has_embedding() && tokens_on_device {
         total += n; // the token ids (u32, host memory, so only where host is the device)
@@ -271,6 +273,17 @@ fn block_backward_values(cfg: &ModelConfig, batch: usize, seq: usize, backend: C
     mlp.max(attn)
 }
 
+/// f32 values alive at once in the worst phase of the bottleneck's backward
+/// (`boundary.rs`), besides the residual gradient and the kept output
+/// gradient: the encoder's dhn [n, d], and with the residual style a branch's
+/// dm [n, r] and dgu [n, 2r] (the decoder's come with its dz [n, b]).
+fn boundary_backward_values(cfg: &ModelConfig, spec: &StageSpec, n: usize) -> usize {
+    let branch = if cfg.bottleneck_style == BottleneckStyle::Residual { 3 * n * cfg.bottleneck_hidden() } else { 0 };
+    let encoder = if spec.encode_out { n * cfg.d_model + branch } else { 0 };
+    let decoder = if spec.decode_in { n * cfg.bottleneck + branch } else { 0 };
+    encoder.max(decoder)
+}
+
 /// f32 values of the largest "a" and "b" operands of a stage's linear GEMMs,
 /// as the bf16 GEMM path casts them (`CudaBackend::linear_gemm`: a = the
 /// weight, or the input of a weight gradient; b = the activation input or
@@ -284,6 +297,13 @@ pub fn gemm_operand_values(cfg: &ModelConfig, spec: &StageSpec, batch: usize, se
     if spec.decode_in || spec.encode_out {
         a = a.max(d * bw).max(n * bw).max(n * d);
         b = b.max(n * bw).max(n * d);
+        if cfg.bottleneck_style == BottleneckStyle::Residual {
+            // The branches: [2r, d] and [2r, b] gate|up, [b, r] and [d, r]
+            // down; their weight gradients read m [n, r]; gu's gradient is [n, 2r].
+            let r = cfg.bottleneck_hidden();
+            a = a.max(2 * r * d).max(2 * r * bw).max(d * r).max(n * r);
+            b = b.max(2 * n * r);
+        }
     }
     if spec.has_lm_head() {
         let rows = logit_rows_per_chunk(n, v);
@@ -318,7 +338,9 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
     // encoder the output gradient it came from (`backward_buf` keeps it
     // until it returns; without an encoder it becomes the residual gradient).
     let kept_output_grad = if spec.encode_out { n * cfg.bottleneck } else { 0 };
-    let backward = n * d + kept_output_grad + block_backward_values(cfg, w.batch, w.seq, w.backend);
+    let backward = n * d
+        + kept_output_grad
+        + block_backward_values(cfg, w.batch, w.seq, w.backend).max(boundary_backward_values(cfg, spec, n));
     // The tail's loss: hn, dhn and dh [n, d], rstd [n], one logits chunk.
     let loss = 3 * n * d + n + logit_rows_per_chunk(n, cfg.vocab_size) * cfg.vocab_size;
     // A forward's transient beyond what it saves is its output.

@@ -20,7 +20,7 @@ use thiserror::Error;
 use crate::backend::Backend;
 use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
 use crate::boundary::{
-    EncodeActs, EncodeIdx, decode_backward, decode_forward, decode_up_range, encode_backward, encode_forward,
+    DecodeActs, DecodeIdx, EncodeActs, EncodeIdx, decode_backward, decode_forward, encode_backward, encode_forward,
 };
 use crate::lm_head::{HeadIdx, head_forward_backward};
 use crate::rope::rope_table;
@@ -74,7 +74,7 @@ struct Saved<B: Backend> {
     batch: usize,
     seq: usize,
     tokens: Option<Vec<u32>>,
-    z_in: Option<B::Buf>,
+    dec: Option<DecodeActs<B>>,
     blocks: Vec<BlockActs<B>>,
     h_out: B::Buf,
     enc: Option<EncodeActs<B>>,
@@ -99,7 +99,7 @@ pub struct Stage<B: Backend> {
     rope: HashMap<usize, B::Buf>,
     layers: Vec<LayerIdx>,
     embed: Option<Range<usize>>,
-    decode_up: Option<Range<usize>>,
+    decode: Option<DecodeIdx>,
     encode: Option<EncodeIdx>,
     head: Option<HeadIdx>,
     saved: HashMap<u64, Saved<B>>,
@@ -158,7 +158,7 @@ impl<B: Backend> Stage<B> {
             rope: HashMap::new(),
             layers: spec.layers.clone().map(|l| LayerIdx::new(&layout, l)).collect(),
             embed: spec.has_embedding().then(|| layout.range("model.embed_tokens.weight")),
-            decode_up: spec.decode_in.then(|| decode_up_range(&layout, spec.layers.start)),
+            decode: spec.decode_in.then(|| DecodeIdx::new(&layout, spec.layers.start)),
             encode: spec.encode_out.then(|| EncodeIdx::new(&layout, last_layer)),
             head: has_lm_head.then(|| HeadIdx::new(&layout)),
             saved: HashMap::new(),
@@ -375,7 +375,7 @@ impl<B: Backend> Stage<B> {
         let c = ctx!(self, batch, seq);
         let (n, d) = (c.n(), self.cfg.d_model);
         let mut tokens = None;
-        let mut z_in = None;
+        let mut dec = None;
         let mut h = match input {
             Input::Tokens(t) => {
                 let mut h = be.zeros(n * d);
@@ -383,10 +383,10 @@ impl<B: Backend> Stage<B> {
                 tokens = Some(t.to_vec());
                 h
             }
-            Input::Hidden(z) => match &self.decode_up {
-                Some(up) => {
-                    let h = decode_forward(&c, up, &z);
-                    z_in = Some(z);
+            Input::Hidden(z) => match &self.decode {
+                Some(idx) => {
+                    let (acts, h) = decode_forward(&c, idx, z);
+                    dec = Some(acts);
                     h
                 }
                 None => z,
@@ -398,7 +398,7 @@ impl<B: Backend> Stage<B> {
             blocks.push(acts);
             h = out;
         }
-        Saved { version: self.version, batch, seq, tokens, z_in, blocks, h_out: h, enc: None }
+        Saved { version: self.version, batch, seq, tokens, dec, blocks, h_out: h, enc: None }
     }
 
     /// Blocks backward, then decoder / embedding backward. Returns the
@@ -419,8 +419,8 @@ impl<B: Backend> Stage<B> {
             );
             return None;
         }
-        let din = match (&self.decode_up, &s.z_in) {
-            (Some(up), Some(z)) => decode_backward(&c, up, z, &dres, &mut self.grads),
+        let din = match (&self.decode, &s.dec) {
+            (Some(idx), Some(acts)) => decode_backward(&c, idx, acts, &dres, &mut self.grads),
             _ => dres,
         };
         Some(be.to_host(&din))

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use iota_core::{ModelConfig, Rng, StageSpec};
+use iota_core::{BottleneckStyle, ModelConfig, Rng, StageSpec};
 use iota_model::backend::{AttnDims, Backend};
 use iota_model::{CpuBackend, Stage, StageInput};
 
@@ -282,9 +282,26 @@ fn micro_config(bottleneck: usize) -> ModelConfig {
 
 #[test]
 fn whole_stages_match_finite_differences() {
+    check_whole_stages(&micro_config(4), 8);
+}
+
+/// The residual bottleneck (SwiGLU branches in the encoder and decoder):
+/// every tensor of every stage, and each stage's input gradient through its
+/// decoder, against finite differences; at b = 4 and at b = 1 (where the
+/// decoder's branch input is one number per token).
+#[test]
+fn whole_stages_with_the_residual_bottleneck_match_finite_differences() {
+    for b in [4, 1] {
+        let mut cfg = micro_config(b);
+        cfg.bottleneck_style = BottleneckStyle::Residual;
+        check_whole_stages(&cfg, 9 + b as u64);
+    }
+}
+
+fn check_whole_stages(cfg: &ModelConfig, seed: u64) {
     let be = Arc::new(CpuBackend::new());
-    let mut rng = Rng::new(8);
-    let cfg = micro_config(4);
+    let mut rng = Rng::new(seed);
+    let cfg = cfg.clone();
     let specs = StageSpec::split(&cfg, 3).unwrap();
     let (batch, seq) = (2, 5);
     let n = batch * seq;

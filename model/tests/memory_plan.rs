@@ -145,6 +145,14 @@ fn custom_model_stages_allocate_what_the_plan_says() {
 }
 
 #[test]
+fn residual_bottleneck_stages_allocate_what_the_plan_says() {
+    let mut c = custom();
+    c.name = "plan-check-residual".into();
+    c.bottleneck_style = iota_core::BottleneckStyle::Residual;
+    check_model(&c, 3, 4, 128);
+}
+
+#[test]
 fn whole_model_allocates_what_the_plan_says() {
     check_model(&custom(), 1, 2, 128);
 }

@@ -5,8 +5,8 @@ exported by iota-rs. It reads `config.json` and `model.safetensors` (or sharded
 `model-0000K-of-0000N.safetensors` + `model.safetensors.index.json`) with the
 standard library only (no numpy), runs the HF Llama forward in double precision
 (RMSNorm, RoPE incl. `llama3` rope_scaling, causal GQA attention, SwiGLU) plus
-the iota stage-boundary bottleneck when `iota.bottleneck > 0` (without the wire
-quantisation), and prints one JSON object on stdout:
+the iota stage-boundary bottleneck when `iota.bottleneck > 0`, linear or residual
+style (without the wire quantisation), and prints one JSON object on stdout:
     {"logits": [[V floats] per input position], "impl": "python"}
 With --hf it also runs transformers' LlamaForCausalLM (float32, eager attention)
 and adds "hf_logits" (same layout), or "hf_skipped": "<reason>" when
@@ -196,6 +196,21 @@ def rmsnorm(x, w, eps):
     return [v * r * g for v, g in zip(x, w)]
 
 
+def swiglu(x, wg, wu, wd):
+    g = [v / (1.0 + math.exp(-v)) if v > -700 else 0.0 for v in linear(x, wg)]  # silu
+    return linear(list(map(mul, g, linear(x, wu))), wd)
+
+
+def branch(W, prefix, n_in, n_out):
+    """The residual bottleneck's SwiGLU branch under `prefix`, or None (linear style)."""
+    gate = prefix + "gate_proj.weight"
+    if gate not in W.entries:
+        return None
+    r = W.entries[gate][2][0]
+    return (W.get(gate, [r, n_in]), W.get(prefix + "up_proj.weight", [r, n_in]),
+            W.get(prefix + "down_proj.weight", [n_out, r]))
+
+
 def rope(vec, nheads, hd, cos, sin):
     half, out = hd // 2, []
     for h in range(nheads):
@@ -221,6 +236,9 @@ def forward(W, c, tokens):
         if z is not None:  # bottleneck decoder before this layer's block
             up = W.get(p + "bottleneck.up_proj.weight", [d, b])
             hs = [[(zt[k] if k < b else 0.0) + v for k, v in enumerate(linear(zt, up))] for zt in z]
+            br = branch(W, p + "bottleneck.decoder_mlp.", b, d)
+            if br:  # residual style: + swiglu(z)
+                hs = [[a + v for a, v in zip(h, swiglu(zt, *br))] for h, zt in zip(hs, z)]
             z = None
         ln1, wq, wk, wv, wo, ln2, wg, wu, wd = (W.get(p + n + ".weight", shp) for n, shp in (
             ("input_layernorm", [d]), ("self_attn.q_proj", [H * hd, d]),
@@ -250,6 +268,9 @@ def forward(W, c, tokens):
             bn = W.get(p + "bottleneck.norm.weight", [d])
             down = W.get(p + "bottleneck.down_proj.weight", [b, d])
             z = [[a + v for a, v in zip(h[:b], linear(rmsnorm(h, bn, eps), down))] for h in hs]
+            br = branch(W, p + "bottleneck.encoder_mlp.", d, b)
+            if br:  # residual style: + swiglu(rmsnorm(h))
+                z = [[a + v for a, v in zip(zt, swiglu(rmsnorm(h, bn, eps), *br))] for zt, h in zip(z, hs)]
     norm = W.get("model.norm.weight", [d])
     tied = c["tie"] and "lm_head.weight" not in W.entries
     head = emb if tied else W.get("lm_head.weight", [V, d])

@@ -37,6 +37,9 @@ use iota_model::{CpuBackend, Stage};
 use iota_protocol::MergeSpec;
 use serde::Serialize;
 
+mod variant;
+pub use variant::{BoundarySpec, Variant};
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The swarm's settings (model, stages, replicas, epochs, micro-batches,
@@ -54,7 +57,9 @@ pub struct Args {
     /// one-replica-batch (one process at a replica's batch, R times the
     /// steps), hN (pathways mixed across replicas, as the orchestrator
     /// routes), hN-fixed (each replica its own pathway), hN-no-bottleneck,
-    /// hN-f32.
+    /// hN-f32; and one process with another stage boundary:
+    /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
+    /// one-residual-b2-int4 (STYLE linear or residual).
     #[arg(long, value_delimiter = ',')]
     runs: Vec<String>,
     /// Validation batches for the final loss.
@@ -70,87 +75,6 @@ pub struct Args {
     /// named by the time of the run, nothing there is overwritten.
     #[arg(long, default_value = "runs/convergence")]
     out: PathBuf,
-}
-
-/// One variant of the comparison.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Variant {
-    /// One process, all R x A micro-batches of a step in one optimizer step.
-    OneProcess,
-    /// One process at a replica's batch, taking R times the steps (the
-    /// comparison docs/BENCHMARKS.md used to make).
-    OneProcessReplicaBatch,
-    /// R replicas, gradients averaged every step.
-    SyncDataParallel,
-    /// The swarm's algorithm, merging every `interval` inner steps. With
-    /// `mixed` pathways (as the orchestrator routes) each stage's replica
-    /// for a micro-batch is drawn independently, so a replica's stage
-    /// trains on activations from the other replicas' stages too; without,
-    /// each replica is a whole pipeline of its own. With `overlap` = D > 0,
-    /// the merge of each window lands D inner steps into the next (the
-    /// replicas train meanwhile, as a swarm whose merge runs behind
-    /// compute; D = `interval`: one window late), and each replica keeps
-    /// what it trained since: weights = merged + (own now - own at the
-    /// merge's start). The last merge is applied at once.
-    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64 },
-}
-
-impl Variant {
-    pub fn parse(s: &str) -> Result<Variant> {
-        Ok(match s {
-            "one" => Variant::OneProcess,
-            "one-replica-batch" => Variant::OneProcessReplicaBatch,
-            "sync" => Variant::SyncDataParallel,
-            _ => {
-                let rest = s.strip_prefix('h').with_context(|| format!("unknown variant '{s}'"))?;
-                let (n, suffix) = rest.split_once('-').unwrap_or((rest, ""));
-                let interval: u64 = n.parse().with_context(|| format!("'{s}': H must be a number"))?;
-                if interval == 0 {
-                    bail!("'{s}': the merge interval must be positive");
-                }
-                let (bottleneck, f32_codec, mixed, overlap) = match suffix {
-                    "" => (true, false, true, 0),
-                    "no-bottleneck" => (false, false, true, 0),
-                    "f32" => (true, true, true, 0),
-                    "fixed" => (true, false, false, 0),
-                    "overlap" => (true, false, true, interval),
-                    other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
-                        Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
-                        _ => bail!(
-                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H)"
-                        ),
-                    },
-                };
-                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap }
-            }
-        })
-    }
-
-    pub fn name(&self) -> String {
-        match self {
-            Variant::OneProcess => "one process, global batch".into(),
-            Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
-            Variant::SyncDataParallel => "sync data parallel".into(),
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
-                let mut n = format!("swarm H={interval}");
-                if !mixed {
-                    n += ", fixed pathways";
-                }
-                if *overlap == *interval {
-                    n += ", merge lands a window late";
-                } else if *overlap > 0 {
-                    n += &format!(", merge lands {overlap} steps late");
-                }
-                if !bottleneck {
-                    n += ", no bottleneck";
-                }
-                if *f32_codec {
-                    n += ", f32 codec";
-                }
-                n
-            }
-        }
-    }
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -173,6 +97,10 @@ pub struct Outcome {
     pub seconds: f64,
     pub tokens: u64,
     pub merges: u64,
+    /// A `Boundary` variant's bytes per token on the wire (one direction)
+    /// and compression against the bf16 hidden state.
+    pub wire_bytes_per_token: Option<usize>,
+    pub compression: Option<f64>,
 }
 
 /// Trains one variant; its validation loss every `curve_every` global steps
@@ -200,7 +128,13 @@ pub fn train_variant(
     }
     let final_loss = trainer.eval(corpus, val_batches)?;
     curve.push((steps * tokens_per_global_step, final_loss));
+    let cost = match variant {
+        Variant::Boundary(b) => Some(b.cost(setup.train.model.d_model)),
+        _ => None,
+    };
     Ok(Outcome {
+        wire_bytes_per_token: cost.map(|c| c.0),
+        compression: cost.map(|c| c.1),
         name: variant.name(),
         final_loss,
         curve,
@@ -255,6 +189,11 @@ impl Trainer {
         let mode = match variant {
             Variant::OneProcess => {
                 train.grad_accum *= r;
+                Mode::One(Pipeline::new(be, train)?)
+            }
+            Variant::Boundary(b) => {
+                train.grad_accum *= r;
+                train.codec = b.apply(&mut train.model);
                 Mode::One(Pipeline::new(be, train)?)
             }
             Variant::OneProcessReplicaBatch => {
@@ -609,16 +548,24 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
 
 fn print_table(outcomes: &[Outcome]) {
     let base = outcomes.iter().find(|o| o.name == Variant::OneProcess.name()).map(|o| o.final_loss);
-    println!("\n  {:<40} {:>10} {:>12} {:>10} {:>8}", "", "val loss", "vs one proc", "seconds", "tok/s");
+    let none = Variant::Boundary(BoundarySpec::NONE).name();
+    let unbottlenecked = outcomes.iter().find(|o| o.name == none).map(|o| o.final_loss);
+    println!(
+        "\n  {:<40} {:>10} {:>12} {:>10} {:>8} {:>9} {:>8} {:>10}",
+        "", "val loss", "vs one proc", "seconds", "tok/s", "B/token", "vs bf16", "vs no bn"
+    );
     for o in outcomes {
-        let rel = base.map_or("-".to_string(), |b| format!("{:+.2}%", (o.final_loss / b - 1.0) * 100.0));
+        let rel = |b: Option<f32>| b.map_or("-".to_string(), |b| format!("{:+.2}%", (o.final_loss / b - 1.0) * 100.0));
         println!(
-            "  {:<40} {:>10.4} {:>12} {:>10.1} {:>8.0}",
+            "  {:<40} {:>10.4} {:>12} {:>10.1} {:>8.0} {:>9} {:>8} {:>10}",
             o.name,
             o.final_loss,
-            rel,
+            rel(base),
             o.seconds,
-            o.tokens as f64 / o.seconds.max(1e-9)
+            o.tokens as f64 / o.seconds.max(1e-9),
+            o.wire_bytes_per_token.map_or("-".to_string(), |b| b.to_string()),
+            o.compression.map_or("-".to_string(), |c| if c < 10.0 { format!("{c:.1}x") } else { format!("{c:.0}x") }),
+            if o.wire_bytes_per_token.is_some() { rel(unbottlenecked) } else { "-".to_string() },
         );
     }
 }

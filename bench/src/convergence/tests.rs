@@ -266,6 +266,57 @@ fn variant_names_parse() {
 }
 
 #[test]
+fn boundary_variants_parse_and_cost_what_the_codec_says() {
+    use iota_core::BottleneckStyle;
+    assert_eq!(Variant::parse("one-no-bottleneck").unwrap(), Variant::Boundary(BoundarySpec::NONE));
+    let r = Variant::parse("one-residual-b2-int4").unwrap();
+    let want = BoundarySpec { width: 2, style: BottleneckStyle::Residual, codec: WireCodec::Int4Row };
+    assert_eq!(r, Variant::Boundary(want));
+    assert_eq!(r.name(), "one process, residual b=2 int4");
+    // small (d = 192): the bf16 hidden state is 384 bytes a token. int4 rows
+    // carry a 2-byte scale: 2 channels are 3 bytes (128x), 8 are 6 (64x), 20 are 12 (32x).
+    for (spec, bytes) in
+        [("linear-b2-int4", 3), ("linear-b1-int8", 3), ("residual-b8-int4", 6), ("linear-b20-int4", 12)]
+    {
+        let (b, ratio) = BoundarySpec::parse(spec).unwrap().cost(192);
+        assert_eq!((b, ratio), (bytes, 384.0 / bytes as f64), "{spec}");
+    }
+    assert_eq!(BoundarySpec::NONE.cost(192), (768, 0.5), "the exact f32 residual");
+    for bad in ["one-residual-2-int4", "one-residual-b0-int4", "one-cubic-b2-int4", "one-linear-b2-int3", "one-linear"]
+    {
+        assert!(Variant::parse(bad).is_err(), "{bad}");
+    }
+}
+
+/// A boundary variant that names the run's own boundary is the baseline,
+/// bit for bit (so the comparison differs only in the boundary); another
+/// boundary, and the residual style, train to another finite loss.
+#[test]
+fn a_boundary_variant_is_one_process_with_only_the_boundary_changed() {
+    let (mut setup, corpus) = tiny_setup(2, 1, 4);
+    let be = Arc::new(CpuBackend::new());
+    let run = |setup: &Setup, v: &Variant| {
+        let mut t = Trainer::new(be.clone(), setup, v).unwrap();
+        for _ in 0..4 {
+            t.step(&corpus).unwrap();
+        }
+        params(&t)
+    };
+    // The setup has no bottleneck and the f32 codec.
+    assert_eq!(run(&setup, &Variant::OneProcess), run(&setup, &Variant::parse("one-no-bottleneck").unwrap()));
+    (setup.train.model.bottleneck, setup.train.codec) = (4, WireCodec::Int8Row);
+    let own = run(&setup, &Variant::OneProcess);
+    assert_eq!(own, run(&setup, &Variant::parse("one-linear-b4-int8").unwrap()));
+    assert_ne!(own, run(&setup, &Variant::parse("one-linear-b2-int8").unwrap()));
+    let res = Variant::parse("one-residual-b4-int8").unwrap();
+    let o = train_variant(&setup, &res, &corpus, 0, 2, 2).unwrap();
+    assert!(o.final_loss.is_finite() && o.wire_bytes_per_token == Some(6), "{o:?}");
+    let mut t = Trainer::new(be.clone(), &setup, &res).unwrap();
+    let Mode::One(p) = &mut t.mode else { panic!("a boundary variant is one process") };
+    assert!(p.stages()[0].layout().get("model.layers.1.bottleneck.encoder_mlp.down_proj.weight").is_some());
+}
+
+#[test]
 fn the_harness_runs_end_to_end_on_tiny_and_draws_its_curves() {
     let out = tempfile::tempdir().unwrap();
     let args = <Cli as clap::Parser>::parse_from([

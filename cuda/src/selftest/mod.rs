@@ -6,7 +6,8 @@
 //! reference), row by row. `--device cuda` checks the GPU ([`Gpu`]) against
 //! the production CPU code ([`CpuProduction`]: `iota_core::merge::reduce_slice`,
 //! `iota_model::codec`), then appends the GPU-only checks (every `Backend`
-//! op, bf16 GEMMs, the pinned receive path, NCCL). `--device cpu` (no GPU)
+//! op, bf16 GEMMs, the pinned receive path, NCCL, a whole body stage with
+//! each bottleneck style). `--device cpu` (no GPU)
 //! checks the production CPU code against [`Naive`]: straight-line loops
 //! written from the algorithms' definitions, sharing no code with it.
 
@@ -14,6 +15,7 @@ mod check;
 mod gpu_checks;
 mod naive;
 mod rows;
+mod stage_checks;
 #[cfg(test)]
 mod tests;
 
@@ -30,7 +32,8 @@ pub fn run(device: Device) -> Result<Vec<Check>, CudaError> {
         Device::Cuda => {
             let gpu = std::sync::Arc::new(Gpu::open(0)?);
             let mut out = run_with(gpu.as_ref(), &CpuProduction)?;
-            gpu_checks::append(gpu, &mut out)?;
+            gpu_checks::append(gpu.clone(), &mut out)?;
+            stage_checks::append(gpu, &mut out)?;
             Ok(out)
         }
     }

@@ -259,3 +259,28 @@ fn naive_codec_agrees_with_production_on_edge_cases() {
     }
     assert_eq!(naive::encode_int8_rows(&[1.0, f32::NAN], 1, 2), None);
 }
+
+/// The stage check's CPU half: the run it compares is deterministic, and
+/// the residual style's stage has its branches' gradients (on a GPU the
+/// same function runs on `CudaBackend`).
+#[test]
+fn the_body_stage_check_runs_on_the_cpu() {
+    use iota_core::BottleneckStyle;
+    let cpu = std::sync::Arc::new(iota_model::CpuBackend::new());
+    let mut lens = Vec::new();
+    for style in [BottleneckStyle::Linear, BottleneckStyle::Residual] {
+        let (cfg, spec) = super::stage_checks::body_stage_config(style, 2);
+        assert!(spec.decode_in && spec.encode_out);
+        let n = 2 * 8 * cfg.bottleneck;
+        let hidden: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+        let dout: Vec<f32> = (0..n).map(|i| 1e-2 * ((i % 3) as f32 - 1.0)).collect();
+        let a = super::stage_checks::body_stage_run(cpu.clone(), &cfg, &spec, (2, 8), &hidden, &dout).unwrap();
+        let b = super::stage_checks::body_stage_run(cpu.clone(), &cfg, &spec, (2, 8), &hidden, &dout).unwrap();
+        assert_eq!(a, b);
+        assert_eq!((a[0].len(), a[1].len()), (n, n));
+        assert_eq!(max_rel(&a[2], &b[2]), 0.0);
+        assert!(a[2].iter().any(|g| *g != 0.0));
+        lens.push(a[2].len());
+    }
+    assert!(lens[1] > lens[0], "the residual stage has more parameters: {lens:?}");
+}

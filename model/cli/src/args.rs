@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use iota_core::{ModelConfig, WireCodec};
+use iota_core::{BottleneckStyle, ModelConfig, WireCodec};
 use iota_cuda::ComputeDevice;
 use iota_cuda::backend::GemmPrecision;
 use iota_model::data::TokenizerKind;
@@ -108,6 +108,11 @@ pub struct TrainArgs {
     /// the full residual crosses).
     #[arg(long)]
     pub bottleneck: Option<usize>,
+    /// Bottleneck style: linear (the default: identity path plus linear
+    /// projections) or residual (plus a SwiGLU branch in the encoder and the
+    /// decoder; docs/ARCHITECTURE.md, "The bottleneck").
+    #[arg(long)]
+    pub bottleneck_style: Option<String>,
     /// Seed of initialisation and data order.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -297,6 +302,10 @@ impl TrainArgs {
         model.vocab_size = tokenizer.vocab_padded();
         if let Some(b) = a.bottleneck {
             model.bottleneck = b;
+        }
+        if let Some(s) = &a.bottleneck_style {
+            model.bottleneck_style = BottleneckStyle::parse(s)
+                .with_context(|| format!("unknown bottleneck style '{s}' (linear, residual)"))?;
         }
         let codec = WireCodec::parse(&a.codec)
             .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;

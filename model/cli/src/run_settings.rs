@@ -70,6 +70,7 @@ pub fn check_resume_flags(a: &TrainArgs, ckpt: &TrainConfig) -> Result<()> {
         "stages",
         "codec",
         "bottleneck",
+        "bottleneck_style",
         "seed",
     ];
     if !a.explicit.iter().any(|f| run_defining.contains(&f.as_str())) {
@@ -92,6 +93,9 @@ pub fn check_resume_flags(a: &TrainArgs, ckpt: &TrainConfig) -> Result<()> {
             "stages" => (want.stages.to_string(), ckpt.stages.to_string()),
             "codec" => (want.codec.name().into(), ckpt.codec.name().into()),
             "bottleneck" => (want.model.bottleneck.to_string(), ckpt.model.bottleneck.to_string()),
+            "bottleneck_style" => {
+                (want.model.bottleneck_style.name().into(), ckpt.model.bottleneck_style.name().into())
+            }
             "seed" => (want.seed.to_string(), ckpt.seed.to_string()),
             _ => continue,
         };

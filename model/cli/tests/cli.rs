@@ -61,6 +61,7 @@ fn bad_input_is_one_clear_error_line() {
         (vec!["--seq", "100000"], "max_seq"),
         (vec!["--stages", "99"], "--stages"),
         (vec!["--codec", "int3"], "unknown codec"),
+        (vec!["--bottleneck-style", "cubic"], "unknown bottleneck style"),
         (vec!["--resume", "/nonexistent/run"], "resuming"),
     ];
     for (extra, want) in cases {
@@ -161,6 +162,10 @@ fn resume_refuses_conflicting_flags_and_another_corpus() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--lr 0.01 (the checkpoint has 0.002)"), "{err}");
     assert!(err.contains("--batch 4 (the checkpoint has 2)"), "{err}");
+    let o = iota(&["train", "--resume", out_s, "--steps", "3", "--bottleneck-style", "residual"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--bottleneck-style residual (the checkpoint has linear)"), "{err}");
 
     let o = iota(&["train", "--resume", out_s, "--steps", "3", "--data", other.to_str().unwrap()]);
     let err = stderr(&o);

@@ -44,7 +44,7 @@ pub fn config_json(c: &ConfigInputs) -> Value {
         })
     });
     let eos = eos_token(c.train.tokenizer);
-    json!({
+    let mut v = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": m.d_model,
@@ -81,7 +81,12 @@ pub fn config_json(c: &ConfigInputs) -> Value {
             "tokens": c.tokens,
             "train_config": c.train,
         },
-    })
+    });
+    // Only when not the default, so the linear style's config.json is as before.
+    if bottleneck > 0 && !m.bottleneck_style.is_linear() {
+        v["iota"]["bottleneck_style"] = m.bottleneck_style.name().into();
+    }
+    v
 }
 
 /// `generation_config.json`: the sampling defaults `iota generate` uses too.
@@ -165,6 +170,7 @@ pub fn train_config_of(config: &Value) -> Result<TrainConfig> {
         norm_eps: f("rms_norm_eps", 1e-5),
         bottleneck: 0,
         init_std: f("initializer_range", 0.02),
+        bottleneck_style: Default::default(),
     };
     model.validate()?;
     let seq = model.max_seq.min(128);

@@ -290,6 +290,15 @@ fn model_card(w: &ModelWeights, boundary_layers: &[usize]) -> String {
             w.train.codec.name(),
             b = m.bottleneck,
         ));
+        if m.bottleneck_style == iota_core::BottleneckStyle::Residual {
+            s.push_str(
+                "\nThe bottleneck is the residual style (`bottleneck_style: residual`): each step above also adds a \
+                 SwiGLU branch, swiglu(x; p) = (silu(x @ `p.gate_proj.weight`^T) * (x @ `p.up_proj.weight`^T)) \
+                 @ `p.down_proj.weight`^T. The encoder adds swiglu(hn; `model.layers.i.bottleneck.encoder_mlp`) to z, \
+                 with hn the normalised h above; the decoder adds swiglu(z; \
+                 `model.layers.(i+1).bottleneck.decoder_mlp`) to the expanded residual.\n",
+            );
+        }
     } else {
         s.push_str(
             "\nIt loads in `transformers` without custom code: \

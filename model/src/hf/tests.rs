@@ -127,3 +127,63 @@ fn corrupt_or_incomplete_models_are_clear_errors() {
     let e = format!("{:#}", ModelWeights::load(&other).unwrap_err());
     assert!(e.contains("no tokenizer for it"), "{e}");
 }
+
+/// A residual-bottleneck model exports its branches, says so in the card and
+/// config, and the repository's Python reference forward (which reads only
+/// the exported folder) gives the logits of `iota generate`'s forward.
+/// Skips the Python comparison with a reason where there is no python3.
+#[test]
+fn a_residual_bottleneck_exports_and_matches_the_python_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tiny_train(3);
+    t.model.bottleneck = 4;
+    t.model.bottleneck_style = iota_core::BottleneckStyle::Residual;
+    t.model.init_std = 0.25; // far from uniform logits, so a missed branch shows
+    let specs = StageSpec::split(&t.model, 3).unwrap();
+    let params: Vec<Vec<f32>> =
+        specs.iter().map(|s| init_params(&ParamLayout::for_stage(&t.model, s), 9 + s.index as u64)).collect();
+    let w = ModelWeights::from_stages(&t, &params, Provenance::default()).unwrap();
+    assert!(w.tensors.contains_key("model.layers.1.bottleneck.encoder_mlp.down_proj.weight"));
+    assert!(w.tensors.contains_key("model.layers.2.bottleneck.decoder_mlp.gate_proj.weight"));
+    let out = dir.path().join("model");
+    export(&w, &out, &ExportOptions::default(), &mut no_progress()).unwrap();
+    assert_eq!(ModelWeights::load(&out).unwrap().train, t);
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["iota"]["bottleneck_style"], "residual");
+    assert!(std::fs::read_to_string(out.join("README.md")).unwrap().contains("residual style"));
+
+    let tokens = [84u32, 104, 101, 32, 99, 111, 116];
+    let m = crate::infer::Llama::new(&w, true).unwrap();
+    let mut cache = m.new_cache();
+    let ours: Vec<Vec<f32>> = tokens.iter().map(|&tk| m.step(&mut cache, tk).unwrap()).collect();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/llama_reference.py");
+    let list = tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
+    let run = std::process::Command::new("python3").arg(&script).arg(&out).args(["--tokens", &list]).output();
+    let o = match run {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIPPED the Python reference comparison: cannot run python3 ({e})");
+            return;
+        }
+    };
+    assert!(o.status.success(), "the reference forward failed: {}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let theirs = v["logits"].as_array().unwrap();
+    assert_eq!(theirs.len(), tokens.len());
+    let mut worst = 0f64;
+    for (a, b) in ours.iter().zip(theirs) {
+        for (x, y) in a.iter().zip(b.as_array().unwrap()) {
+            worst = worst.max((*x as f64 - y.as_f64().unwrap()).abs());
+        }
+    }
+    assert!(worst < 1e-3, "logits differ from the Python reference by {worst}");
+    // Without the branches the forward is another one: the comparison sees them.
+    let mut plain = w.clone();
+    plain.tensors.retain(|k, _| !k.contains("_mlp."));
+    plain.train.model.bottleneck_style = iota_core::BottleneckStyle::Linear;
+    let m2 = crate::infer::Llama::new(&plain, true).unwrap();
+    let mut c2 = m2.new_cache();
+    let other: Vec<Vec<f32>> = tokens.iter().map(|&tk| m2.step(&mut c2, tk).unwrap()).collect();
+    let moved = ours.iter().zip(&other).flat_map(|(a, b)| a.iter().zip(b)).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(moved > 1e-2, "the residual branches changed the logits by only {moved}");
+}

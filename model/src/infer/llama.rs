@@ -27,11 +27,52 @@ struct Layer {
     /// This layer starts a stage: its input crossed a boundary.
     starts_stage: bool,
     /// The bottleneck's b -> d expansion before this layer.
-    decode_up: Option<Vec<f32>>,
+    decode: Option<Decoder>,
     /// This layer ends a stage: its output crosses a boundary.
     ends_stage: bool,
-    /// The bottleneck's norm gain and d -> b projection after this layer.
-    encode: Option<(Vec<f32>, Vec<f32>)>,
+    /// The bottleneck's d -> b compression after this layer.
+    encode: Option<Encoder>,
+}
+
+/// A residual bottleneck's SwiGLU branch (`boundary.rs`): gate|up fused.
+struct Branch {
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+impl Branch {
+    /// The branch under `prefix`, when the model has one.
+    fn load(w: &ModelWeights, prefix: &str) -> Result<Option<Branch>> {
+        if !w.tensors.contains_key(&format!("{prefix}.gate_proj.weight")) {
+            return Ok(None);
+        }
+        let t = |s: &str| -> Result<&[f32]> { Ok(&w.get(&format!("{prefix}.{s}_proj.weight"))?.data) };
+        Ok(Some(Branch { gate_up: concat(&[t("gate")?, t("up")?]), down: t("down")?.to_vec() }))
+    }
+
+    /// out `[o]` += swiglu(x @ gate_up^T) @ down^T.
+    fn add_to(&self, out: &mut [f32], x: &[f32]) {
+        let r = self.down.len() / out.len();
+        let gu = matvec(&self.gate_up, x, 2 * r, x.len());
+        let m: Vec<f32> = gu[..r].iter().zip(&gu[r..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+        let y = matvec(&self.down, &m, out.len(), r);
+        for (o, y) in out.iter_mut().zip(y) {
+            *o += y;
+        }
+    }
+}
+
+/// `h0 = pad(z) + z @ up^T (+ branch(z))`.
+struct Decoder {
+    up: Vec<f32>,
+    branch: Option<Branch>,
+}
+
+/// `z = h[:b] + hn @ down^T (+ branch(hn))`, `hn = rmsnorm(h) * gain`.
+struct Encoder {
+    gain: Vec<f32>,
+    down: Vec<f32>,
+    branch: Option<Branch>,
 }
 
 /// A model ready for generation.
@@ -94,17 +135,21 @@ impl Llama {
                     gate_up: concat(&[t(format!("{p}.mlp.gate_proj.weight"))?, t(format!("{p}.mlp.up_proj.weight"))?]),
                     down: t(format!("{p}.mlp.down_proj.weight"))?.to_vec(),
                     starts_stage: first,
-                    decode_up: if spec.decode_in && first {
-                        Some(t(format!("{p}.bottleneck.up_proj.weight"))?.to_vec())
+                    decode: if spec.decode_in && first {
+                        Some(Decoder {
+                            up: t(format!("{p}.bottleneck.up_proj.weight"))?.to_vec(),
+                            branch: Branch::load(w, &format!("{p}.bottleneck.decoder_mlp"))?,
+                        })
                     } else {
                         None
                     },
                     ends_stage: last,
                     encode: if spec.encode_out && last {
-                        Some((
-                            t(format!("{p}.bottleneck.norm.weight"))?.to_vec(),
-                            t(format!("{p}.bottleneck.down_proj.weight"))?.to_vec(),
-                        ))
+                        Some(Encoder {
+                            gain: t(format!("{p}.bottleneck.norm.weight"))?.to_vec(),
+                            down: t(format!("{p}.bottleneck.down_proj.weight"))?.to_vec(),
+                            branch: Branch::load(w, &format!("{p}.bottleneck.encoder_mlp"))?,
+                        })
                     } else {
                         None
                     },
@@ -152,12 +197,15 @@ impl Llama {
         let mut z: Vec<f32> = Vec::new();
         for (li, l) in self.layers.iter().enumerate() {
             if l.starts_stage {
-                h = match &l.decode_up {
-                    Some(up) => {
+                h = match &l.decode {
+                    Some(dec) => {
                         let b = z.len();
-                        let mut h0 = matvec(up, &z, d, b);
+                        let mut h0 = matvec(&dec.up, &z, d, b);
                         for (o, zi) in h0.iter_mut().zip(&z) {
                             *o += zi;
+                        }
+                        if let Some(br) = &dec.branch {
+                            br.add_to(&mut h0, &z);
                         }
                         h0
                     }
@@ -187,12 +235,15 @@ impl Llama {
             }
             if l.ends_stage {
                 z = match &l.encode {
-                    Some((gain, proj)) => {
-                        let b = proj.len() / d;
-                        let hn = rmsnorm(&h, gain, cfg.norm_eps);
-                        let mut z = matvec(proj, &hn, b, d);
+                    Some(enc) => {
+                        let b = enc.down.len() / d;
+                        let hn = rmsnorm(&h, &enc.gain, cfg.norm_eps);
+                        let mut z = matvec(&enc.down, &hn, b, d);
                         for (zi, hi) in z.iter_mut().zip(&h) {
                             *zi += hi;
+                        }
+                        if let Some(br) = &enc.branch {
+                            br.add_to(&mut z, &hn);
                         }
                         z
                     }

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use iota_core::WireCodec;
 use iota_core::rng::Rng;
+use iota_core::{BottleneckStyle, WireCodec};
 
 use crate::CpuBackend;
 use crate::hf::weights::tests::tiny_train;
@@ -27,9 +27,14 @@ fn kv_losses(m: &Llama, tokens: &[u32], targets: &[u32]) -> Vec<f32> {
 }
 
 fn check(stages: usize, codec: WireCodec, bottleneck: usize, tol: f32) {
+    check_style(stages, codec, bottleneck, BottleneckStyle::Linear, tol);
+}
+
+fn check_style(stages: usize, codec: WireCodec, bottleneck: usize, style: BottleneckStyle, tol: f32) {
     let mut train = tiny_train(stages);
     train.codec = codec;
     train.model.bottleneck = bottleneck;
+    train.model.bottleneck_style = style;
     // Large weights make the logits far from uniform, so a wrong position,
     // head or boundary shows in the losses.
     train.model.init_std = 0.25;
@@ -62,6 +67,12 @@ fn kv_cache_matches_the_full_forward_one_stage() {
 fn kv_cache_matches_the_full_forward_across_bottlenecked_stages() {
     check(3, WireCodec::F32, 16, 1e-4);
     check(2, WireCodec::F32, 0, 1e-4);
+}
+
+#[test]
+fn kv_cache_matches_the_full_forward_across_residual_bottlenecks() {
+    check_style(3, WireCodec::F32, 4, BottleneckStyle::Residual, 1e-4);
+    check_style(3, WireCodec::Int8Row, 2, BottleneckStyle::Residual, 2e-3);
 }
 
 #[test]

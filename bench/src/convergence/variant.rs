@@ -1,0 +1,150 @@
+//! The variants `iota-bench convergence` compares, and their names on the
+//! command line.
+
+use anyhow::{Context, Result, bail};
+use iota_core::codec::{WireCodec, boundary_cost};
+use iota_core::{BottleneckStyle, ModelConfig};
+
+/// One variant of the comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Variant {
+    /// One process, all R x A micro-batches of a step in one optimizer step.
+    OneProcess,
+    /// One process at a replica's batch, taking R times the steps (the
+    /// comparison docs/BENCHMARKS.md used to make).
+    OneProcessReplicaBatch,
+    /// R replicas, gradients averaged every step.
+    SyncDataParallel,
+    /// The swarm's algorithm, merging every `interval` inner steps. With
+    /// `mixed` pathways (as the orchestrator routes) each stage's replica
+    /// for a micro-batch is drawn independently, so a replica's stage
+    /// trains on activations from the other replicas' stages too; without,
+    /// each replica is a whole pipeline of its own. With `overlap` = D > 0,
+    /// the merge of each window lands D inner steps into the next (the
+    /// replicas train meanwhile, as a swarm whose merge runs behind
+    /// compute; D = `interval`: one window late), and each replica keeps
+    /// what it trained since: weights = merged + (own now - own at the
+    /// merge's start). The last merge is applied at once.
+    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64 },
+    /// One process at the global batch, as `OneProcess`, with another stage
+    /// boundary: what the bottleneck and its codec cost at equal tokens.
+    Boundary(BoundarySpec),
+}
+
+/// A stage boundary: no bottleneck (the d-wide residual crosses, exact
+/// f32), or `width` channels of a bottleneck of `style` in `codec`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BoundarySpec {
+    /// 0: no bottleneck.
+    pub width: usize,
+    pub style: BottleneckStyle,
+    pub codec: WireCodec,
+}
+
+impl BoundarySpec {
+    pub const NONE: BoundarySpec = BoundarySpec { width: 0, style: BottleneckStyle::Linear, codec: WireCodec::F32 };
+
+    /// `no-bottleneck`, or `STYLE-bWIDTH-CODEC` (e.g. `residual-b2-int4`).
+    pub fn parse(s: &str) -> Result<BoundarySpec> {
+        if s == "no-bottleneck" {
+            return Ok(BoundarySpec::NONE);
+        }
+        let usage = || format!("'{s}': a boundary is no-bottleneck or STYLE-bWIDTH-CODEC, e.g. residual-b2-int4");
+        let mut parts = s.splitn(3, '-');
+        let (style, width, codec) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => bail!(usage()),
+        };
+        let style = BottleneckStyle::parse(style).with_context(|| format!("{}: style linear or residual", usage()))?;
+        let width: usize = width.strip_prefix('b').and_then(|w| w.parse().ok()).with_context(usage)?;
+        let codec = WireCodec::parse(codec).with_context(|| format!("{}: codec int8, int4, bf16 or f32", usage()))?;
+        if width == 0 {
+            bail!("'{s}': a bottleneck needs at least one channel (or say no-bottleneck)");
+        }
+        Ok(BoundarySpec { width, style, codec })
+    }
+
+    /// Sets the boundary of `model`, returning the wire codec to use.
+    pub fn apply(&self, model: &mut ModelConfig) -> WireCodec {
+        model.bottleneck = self.width;
+        model.bottleneck_style = self.style;
+        self.codec
+    }
+
+    /// Bytes per token on the wire in one direction, and the compression
+    /// against the bf16 d-wide hidden state a pipeline without a bottleneck
+    /// would send (below 1 for the exact f32 residual).
+    pub fn cost(&self, d_model: usize) -> (usize, f64) {
+        let width = if self.width == 0 { d_model } else { self.width };
+        let c = boundary_cost(d_model, width, self.codec);
+        (c.bytes_per_token, c.ratio)
+    }
+
+    pub fn name(&self) -> String {
+        if self.width == 0 {
+            "no bottleneck (f32)".into()
+        } else {
+            format!("{} b={} {}", self.style.name(), self.width, self.codec.name())
+        }
+    }
+}
+
+impl Variant {
+    pub fn parse(s: &str) -> Result<Variant> {
+        Ok(match s {
+            "one" => Variant::OneProcess,
+            "one-replica-batch" => Variant::OneProcessReplicaBatch,
+            "sync" => Variant::SyncDataParallel,
+            _ if s.starts_with("one-") => Variant::Boundary(BoundarySpec::parse(&s["one-".len()..])?),
+            _ => {
+                let rest = s.strip_prefix('h').with_context(|| format!("unknown variant '{s}'"))?;
+                let (n, suffix) = rest.split_once('-').unwrap_or((rest, ""));
+                let interval: u64 = n.parse().with_context(|| format!("'{s}': H must be a number"))?;
+                if interval == 0 {
+                    bail!("'{s}': the merge interval must be positive");
+                }
+                let (bottleneck, f32_codec, mixed, overlap) = match suffix {
+                    "" => (true, false, true, 0),
+                    "no-bottleneck" => (false, false, true, 0),
+                    "f32" => (true, true, true, 0),
+                    "fixed" => (true, false, false, 0),
+                    "overlap" => (true, false, true, interval),
+                    other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
+                        Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
+                        _ => bail!(
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H)"
+                        ),
+                    },
+                };
+                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap }
+            }
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Variant::OneProcess => "one process, global batch".into(),
+            Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
+            Variant::SyncDataParallel => "sync data parallel".into(),
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
+                let mut n = format!("swarm H={interval}");
+                if !mixed {
+                    n += ", fixed pathways";
+                }
+                if *overlap == *interval {
+                    n += ", merge lands a window late";
+                } else if *overlap > 0 {
+                    n += &format!(", merge lands {overlap} steps late");
+                }
+                if !bottleneck {
+                    n += ", no bottleneck";
+                }
+                if *f32_codec {
+                    n += ", f32 codec";
+                }
+                n
+            }
+            Variant::Boundary(b) => format!("one process, {}", b.name()),
+        }
+    }
+}
