@@ -70,9 +70,7 @@ impl Orchestrator {
     /// A merge's timeout: as the Merging phase's (four times the last
     /// merge, within the run's bounds).
     fn merge_timeout_ms(&self) -> Ms {
-        let ceiling = self.spec.phase_timeout_ms;
-        self.last_merge_ms
-            .map_or(ceiling, |m| m.saturating_mul(4).clamp(super::phase::MIN_PHASE_TIMEOUT_MS.min(ceiling), ceiling))
+        self.timeout_after(self.last_merge_ms)
     }
 
     /// Whether the phase command for a Training miner carries the merge

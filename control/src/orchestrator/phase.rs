@@ -138,6 +138,13 @@ impl Orchestrator {
             Phase::Merging => self.last_merge_ms,
             _ => None,
         };
+        self.timeout_after(measured)
+    }
+
+    /// Four times a `measured` duration, at least `MIN_PHASE_TIMEOUT_MS`
+    /// and at most the run's `phase_timeout_ms` (the ceiling itself while
+    /// nothing was measured).
+    pub(super) fn timeout_after(&self, measured: Option<Ms>) -> Ms {
         let ceiling = self.spec.phase_timeout_ms;
         measured.map_or(ceiling, |m| m.saturating_mul(4).clamp(MIN_PHASE_TIMEOUT_MS.min(ceiling), ceiling))
     }

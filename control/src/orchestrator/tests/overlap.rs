@@ -19,18 +19,23 @@ fn heard(sim: &Sim, p: PeerId, phase: pb::Phase, epoch: u64) -> Vec<pb::PhaseCha
         .collect()
 }
 
-#[test]
-fn a_merge_runs_behind_the_next_epochs_training_which_waits_for_it_to_end() {
+/// A 3-epoch overlapped run 1.2 s in, where peer(0) acts on its merge plan
+/// but sits on its verdicts: merge 0 cannot complete while it does.
+fn merge_zero_held_open() -> Sim {
     let mut sim = Sim::new(overlap_spec(3));
     register_all(&mut sim, 6);
-    // peer(0) acts on its merge plan but sits on its verdicts: merge 0
-    // cannot complete while it does.
     sim.stalled.insert(peer(0));
     sim.stall_verdicts_only = true;
     for _ in 0..12 {
         sim.drain();
         sim.tick(100);
     }
+    sim
+}
+
+#[test]
+fn a_merge_runs_behind_the_next_epochs_training_which_waits_for_it_to_end() {
+    let mut sim = merge_zero_held_open();
     // Epoch 1 trained to its end while merge 0 is still open.
     assert_eq!(sim.o.epoch(), 1);
     assert_eq!(sim.o.phase(), &Phase::Training, "training's end waits for the merge behind it");
@@ -106,14 +111,7 @@ fn a_merge_behind_compute_needs_the_butterfly_and_no_validators() {
 
 #[test]
 fn an_orchestrator_restarted_while_a_merge_runs_behind_training_resumes_it() {
-    let mut sim = Sim::new(overlap_spec(3));
-    register_all(&mut sim, 6);
-    sim.stalled.insert(peer(0));
-    sim.stall_verdicts_only = true;
-    for _ in 0..12 {
-        sim.drain();
-        sim.tick(100);
-    }
+    let sim = merge_zero_held_open();
     assert_eq!((sim.o.epoch(), sim.o.phase()), (1, &Phase::Training));
     // "Crash": only the saved state survives; the verdicts peer(0) sat on
     // died with the old process.
