@@ -71,6 +71,14 @@ pub struct Args {
     /// The run keeps outer momentum (a partition's writer stores it too).
     #[arg(long)]
     outer_momentum: bool,
+    /// Measured mode: the swarm merges behind compute (`--merge-overlap`:
+    /// epoch k's merge runs while epoch k+1 trains).
+    #[arg(long)]
+    merge_overlap: bool,
+    /// Measured mode: keep the swarm's run folder (logs, store, stats) here
+    /// instead of a temporary folder removed at the end.
+    #[arg(long)]
+    keep_run_dir: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -87,9 +95,11 @@ pub fn run(a: Args) -> Result<()> {
             merge_codec: &a.merge_codec,
             device: &a.device,
             data: a.data.as_deref(),
+            merge_overlap: a.merge_overlap,
         };
         let work = tempfile::Builder::new().prefix("iota-bench-scale-").tempdir()?;
-        let r = crate::scale_measured::measure(&m, &work.path().join("run"))?;
+        let dir = a.keep_run_dir.clone().unwrap_or_else(|| work.path().join("run"));
+        let r = crate::scale_measured::measure(&m, &dir)?;
         crate::scale_measured::print(&m, &r);
         return Ok(());
     }

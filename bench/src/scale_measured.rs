@@ -33,6 +33,8 @@ pub struct Measure<'a> {
     /// `cpu` or `cuda[:N]`: every miner's and the one process's.
     pub device: &'a str,
     pub data: Option<&'a Path>,
+    /// The swarm merges behind compute.
+    pub merge_overlap: bool,
 }
 
 /// What one measured run found.
@@ -51,6 +53,8 @@ pub struct Measured {
     /// the plan's peak for its stage).
     pub miners: Vec<(Option<u32>, u64, u64, u64)>,
     pub completed: u64,
+    /// Merges that ran while the next epoch trained.
+    pub merges_behind_compute: u64,
 }
 
 #[derive(Parser)]
@@ -97,6 +101,9 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     if let Some(d) = m.data {
         argv.push("--data".into());
         argv.push(d.to_str().context("a UTF-8 data path")?.into());
+    }
+    if m.merge_overlap {
+        argv.push("--merge-overlap".into());
     }
     let run = RunCli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{e}"))?.run;
     let cfg = run.run_config()?;
@@ -151,6 +158,7 @@ fn summarise(r: &SwarmReport, one_process_tokens_per_s: f64, plan: &[iota_core::
         frames_refused,
         miners,
         completed: r.completed,
+        merges_behind_compute: c.merges_behind_compute,
     }
 }
 
@@ -191,8 +199,16 @@ fn time_steps<B: Backend + 'static>(mut p: Pipeline<B>, corpus: &iota_model::dat
 pub fn print(m: &Measure<'_>, r: &Measured) {
     let gib = |b: u64| format!("{:.2}", b as f64 / GIB as f64);
     println!(
-        "scale (measured): {}, {} stages x {} replicas, batch {} x seq {}, {} epochs x {} micro-batches, on {}",
-        m.model, m.stages, m.replicas, m.batch, m.seq, m.epochs, m.micro_batches, m.device
+        "scale (measured): {}, {} stages x {} replicas, batch {} x seq {}, {} epochs x {} micro-batches, on {}, merge {}",
+        m.model,
+        m.stages,
+        m.replicas,
+        m.batch,
+        m.seq,
+        m.epochs,
+        m.micro_batches,
+        m.device,
+        if m.merge_overlap { "behind compute" } else { "synchronous" }
     );
     println!("  one process, global batch: {:>10.0} tokens/s", r.one_process_tokens_per_s);
     println!(
@@ -209,6 +225,9 @@ pub fn print(m: &Measure<'_>, r: &Measured) {
         "  merge through the store: {} contributions, {} updates; frames refused: {}; micro-batches completed: {}",
         r.store_fallbacks.0, r.store_fallbacks.1, r.frames_refused, r.completed
     );
+    if m.merge_overlap {
+        println!("  merges behind compute: {}", r.merges_behind_compute);
+    }
     println!("  {:<8} {:>14} {:>16} {:>14}", "miner", "stage", "peak GiB", "plan GiB");
     for (i, (stage, rss, dev, plan)) in r.miners.iter().enumerate() {
         let (peak, kind) = if *dev > 0 { (*dev, "device") } else { (*rss, "resident") };
@@ -241,6 +260,7 @@ mod tests {
             merge_codec: "bf16",
             device: "cpu",
             data: None,
+            merge_overlap: false,
         };
         let r = measure(&m, &work.path().join("run")).unwrap();
         print(&m, &r);

@@ -48,6 +48,14 @@ pub struct Args {
     /// Skip the PyTorch rows.
     #[arg(long)]
     no_torch: bool,
+    /// Side of the square bf16 GEMM whose speed is the roofline (0: not
+    /// measured, e.g. under a profiler, where its kernels would mix with ours).
+    #[arg(long, default_value_t = 8192)]
+    peak_size: usize,
+    /// Also time forward + backward + an AdamW step, as a miner runs each
+    /// micro-batch (the step rewrites the weights and their bf16 copies).
+    #[arg(long)]
+    with_step: bool,
 }
 
 /// FLOPs of one forward of the stage per token, counting every GEMM the
@@ -128,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let spec = StageSpec::split(&cfg, a.stages)?.remove(a.stages / 2);
     let blocks = spec.layers.len();
     let be = Arc::new(iota_cuda::open_backend(a.gpu, precision).context("opening the GPU")?);
-    let peak = be.bf16_gemm_tflops(8192, 10)?;
+    let peak = if a.peak_size > 0 { be.bf16_gemm_tflops(a.peak_size, 10)? } else { f64::NAN };
 
     let mut stage = Stage::new(be.clone(), &cfg, spec, 1);
     let n = a.batch * a.seq;
@@ -150,6 +158,26 @@ pub fn run(a: Args) -> Result<()> {
         step(&be);
     }
     let ours = median((0..a.iters.max(1)).map(|_| step(&be)).collect());
+    drop(step);
+    let with_step = if a.with_step {
+        let mut opt = iota_model::optim::AdamW::new(be.as_ref(), stage.layout().total());
+        let adamw = iota_model::optim::AdamWConfig::default();
+        let mut timed = |be: &CudaBackend| {
+            key += 1;
+            be.time_ms(|| {
+                stage.forward(key, StageInput::Hidden(&z), a.batch, a.seq).expect("forward");
+                stage.backward(key, &dz).expect("backward");
+                opt.step(&mut stage, &adamw, 1e-4);
+                stage.zero_grads();
+            })
+        };
+        for _ in 0..a.warmup {
+            timed(&be);
+        }
+        Some(median((0..a.iters.max(1)).map(|_| timed(&be)).collect()))
+    } else {
+        None
+    };
     let flops = forward_flops_per_token(&cfg, blocks, a.seq) * 3.0 * n as f64;
 
     let torch = if a.no_torch { Err("skipped (--no-torch)".to_string()) } else { run_torch(&a, &cfg, blocks) };
@@ -169,7 +197,7 @@ pub fn run(a: Args) -> Result<()> {
         n
     );
     println!("  ours: {}; {:.1} GFLOP per step (fwd+bwd)", be.name(), flops / 1e9);
-    println!("  bf16 GEMM peak measured here (cuBLASLt 8192^3): {peak:.0} TFLOP/s");
+    println!("  bf16 GEMM peak measured here (cuBLASLt {0}^3): {peak:.0} TFLOP/s", a.peak_size);
     println!("  {:<40} {:>10} {:>12} {:>9} {:>8} {:>10}", "", "ms/step", "tokens/s", "TFLOP/s", "% peak", "ours / it");
     let row = |name: &str, ms: f64| {
         let tf = flops / (ms * 1e-3) / 1e12;
@@ -184,6 +212,9 @@ pub fn run(a: Args) -> Result<()> {
         );
     };
     row("iota-rs CudaBackend", ours);
+    if let Some(ms) = with_step {
+        row("iota-rs, + AdamW step per micro-batch", ms);
+    }
     match &torch {
         Ok((label, rows)) => {
             println!("  reference: {label}");

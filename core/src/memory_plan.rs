@@ -16,8 +16,10 @@
 //! - `AdamW` (`optim.rs`): two fp32 moments per parameter, AdamW and NAdam.
 //! - `CudaBackend` (`iota-cuda/src/backend.rs`): every buffer is fp32, as
 //!   on the CPU; with bf16 GEMMs two grow-only scratch buffers take the bf16
-//!   casts of the largest operands seen (`cast_into`); the cuBLASLt
-//!   workspace; attention's backward a `[kv_heads, seq, seq]` score buffer.
+//!   casts of the largest operands seen (`cast_into`), the weights keep bf16
+//!   copies (up to `BF16_WEIGHT_COPIES_LIMIT`), attention keeps bf16 copies
+//!   of its operands; the cuBLASLt workspace; attention's backward a
+//!   `[kv_heads, seq, seq]` score buffer.
 //! - The miner (`iota-dataplane`): the receive pool, the evidence log and
 //!   the butterfly merge's vectors live in host memory, never on the GPU.
 //!
@@ -39,6 +41,11 @@ pub const LOGIT_BUDGET: usize = 8 << 20;
 
 /// The cuBLASLt workspace of the bf16 GEMM path (`lt.rs`, Hopper and later).
 pub const CUBLASLT_WORKSPACE: u64 = 32 << 20;
+
+/// The most bytes of bf16 weight copies a `CudaBackend` keeps by default
+/// (`IOTA_BF16_WEIGHT_COPIES_MIB` overrides it): a weight's copy lives
+/// until the weight is written, and the optimizer step rewrites it in place.
+pub const BF16_WEIGHT_COPIES_LIMIT: u64 = 1 << 30;
 
 /// An allowance for what the CUDA driver holds for a process that no code of
 /// ours allocates: the context, the NVRTC-compiled kernels' and cuBLAS's
@@ -152,6 +159,12 @@ pub struct StageMemory {
     pub weight_stashes: u64,
     /// bf16 casts of the largest GEMM operands (grow-only scratch).
     pub bf16_operands: u64,
+    /// bf16 copies of the GEMM weights (and of their stashes), up to
+    /// `BF16_WEIGHT_COPIES_LIMIT`.
+    pub bf16_weight_copies: u64,
+    /// Attention's bf16 operands: Q|K|V, the probabilities, the output
+    /// gradient and the score gradients of one sequence (grow-only scratch).
+    pub bf16_attention: u64,
     /// RoPE tables (one sequence length).
     pub rope_tables: u64,
     /// The cuBLASLt workspace and the CUDA driver allowance.
@@ -202,7 +215,14 @@ impl StageMemory {
 
     /// Allocated for as long as the stage exists.
     fn static_bytes(&self) -> u64 {
-        self.weights + self.grads + self.optimizer_state + self.bf16_operands + self.rope_tables + self.runtime
+        self.weights
+            + self.grads
+            + self.optimizer_state
+            + self.bf16_operands
+            + self.bf16_weight_copies
+            + self.bf16_attention
+            + self.rope_tables
+            + self.runtime
     }
 
     /// Whether the peak fits a card of `card_bytes` with `FIT_RESERVE` of it
@@ -221,6 +241,8 @@ impl StageMemory {
             ("optimizer moments (2 x fp32)", self.optimizer_state),
             ("weight stashes (fp32 copies)", self.weight_stashes),
             ("bf16 GEMM operand copies", self.bf16_operands),
+            ("bf16 weight copies", self.bf16_weight_copies),
+            ("bf16 attention operands", self.bf16_attention),
             ("RoPE table", self.rope_tables),
             ("CUDA runtime (allowance + cuBLASLt)", self.runtime),
             ("saved activations (micro-batches held)", self.saved_activations()),
@@ -354,6 +376,26 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         }
         _ => 0,
     };
+    let (bf16_weight_copies, bf16_attention) = match w.backend {
+        ComputeBackend::CudaBf16Gemm => {
+            let layout = ParamLayout::for_stage(cfg, spec);
+            let gemm_weights: usize = layout
+                .entries
+                .iter()
+                .filter(|e| e.shape.len() == 2 && e.name != "model.embed_tokens.weight")
+                .map(|e| e.len())
+                .sum();
+            let copies = (2 * gemm_weights as u64 * (1 + stashed as u64)).min(BF16_WEIGHT_COPIES_LIMIT);
+            let (t, kv) = (w.seq, cfg.n_kv_heads);
+            let attention = if spec.layers.is_empty() {
+                0
+            } else {
+                n * cfg.qkv_dim() + w.batch * cfg.n_heads * t * t + n * cfg.q_dim() + kv * t * t
+            };
+            (copies, 2 * attention as u64)
+        }
+        _ => (0, 0),
+    };
     let runtime = match w.backend {
         ComputeBackend::Cpu => 0,
         ComputeBackend::CudaF32Gemm => CUDA_RUNTIME_ALLOWANCE,
@@ -370,6 +412,8 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         optimizer_state: F32 * p * w.optimizer.moments(),
         weight_stashes: F32 * p * stashed as u64,
         bf16_operands,
+        bf16_weight_copies,
+        bf16_attention,
         rope_tables: F32 * (w.seq * cfg.head_dim()) as u64,
         runtime,
         activations_per_micro_batch: F32 * saved.total as u64,

@@ -68,7 +68,30 @@ fn stashes_follow_in_flight_and_switch() {
     assert_eq!(plan[2].stashed_versions, 0, "the tail steps with nothing in flight");
     let off = plan_memory(&c, 3, &Workload { weight_stashing: false, ..cuda(2, 1024, 3) }).unwrap();
     assert_eq!(off[0].weight_stashes, 0);
-    assert_eq!(plan[0].peak() - off[0].peak(), plan[0].weight_stashes);
+    // Stashes are fp32 copies, and their bf16 copies count up to the limit.
+    let copies = plan[0].bf16_weight_copies - off[0].bf16_weight_copies;
+    assert_eq!(plan[0].peak() - off[0].peak(), plan[0].weight_stashes + copies);
+    assert_eq!(plan[0].bf16_weight_copies, BF16_WEIGHT_COPIES_LIMIT, "three versions of 1.5b's head exceed it");
+    assert!(off[0].bf16_weight_copies < BF16_WEIGHT_COPIES_LIMIT);
+}
+
+#[test]
+fn bf16_copies_of_weights_and_attention_operands_are_counted() {
+    let c = ModelConfig::preset("small").unwrap();
+    let w = Workload { weight_stashing: false, ..cuda(2, 64, 1) };
+    let plan = plan_memory(&c, 2, &w).unwrap();
+    for (m, spec) in plan.iter().zip(crate::layout::StageSpec::split(&c, 2).unwrap()) {
+        let layout = ParamLayout::for_stage(&c, &spec);
+        // Every 2-D tensor but the embedding table is a GEMM weight.
+        let embed = if spec.has_embedding() { c.vocab_size * c.d_model } else { 0 };
+        let norms: usize = layout.entries.iter().filter(|e| e.shape.len() == 1).map(|e| e.len()).sum();
+        assert_eq!(m.bf16_weight_copies, 2 * (m.params - embed - norms) as u64);
+        let (n, t) = (2 * 64, 64);
+        let attention = n * c.qkv_dim() + 2 * c.n_heads * t * t + n * c.q_dim() + c.n_kv_heads * t * t;
+        assert_eq!(m.bf16_attention, 2 * attention as u64);
+    }
+    let cpu = plan_memory(&c, 2, &Workload { backend: ComputeBackend::Cpu, ..w }).unwrap();
+    assert!(cpu.iter().all(|m| m.bf16_weight_copies == 0 && m.bf16_attention == 0));
 }
 
 #[test]

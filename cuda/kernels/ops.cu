@@ -72,29 +72,52 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, float* __restrict__ 
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)r * d + j] = xr[j] * s * w[j];
 }
 
-// dx += r * w*g - x * (sum_j w*g*x) * r^3 / d per row; per-row-block partial
-// dw sums go to dw_partials[block_of_rows][d], added in order by
-// `sum_rows` (rows_per_block rows each).
-extern "C" __global__ void rmsnorm_bwd(float* __restrict__ dx, float* __restrict__ dw_partials,
-                                       const float* __restrict__ dout, const float* __restrict__ x,
-                                       const float* __restrict__ w, const float* __restrict__ rstd, int n, int d,
-                                       int rows_per_block) {
-    __shared__ float red[BLOCK];
-    int first = blockIdx.x * rows_per_block;
-    float* pdw = dw_partials + (long long)blockIdx.x * d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) pdw[j] = 0.0f;
-    for (int r = first; r < min(first + rows_per_block, n); ++r) {
-        const float* xr = x + (long long)r * d;
-        const float* gr = dout + (long long)r * d;
-        float rs = rstd[r];
-        float dot = 0.0f;
-        for (int j = threadIdx.x; j < d; j += blockDim.x) dot += w[j] * gr[j] * xr[j];
-        float s = block_sum(dot, red) * rs * rs * rs / d;
-        for (int j = threadIdx.x; j < d; j += blockDim.x) {
-            dx[(long long)r * d + j] += rs * w[j] * gr[j] - xr[j] * s;
-            pdw[j] += gr[j] * xr[j] * rs;
-        }
-    }
+// Sum over the block by warp shuffles, then across warps through `red`
+// (at least blockDim/32 floats). Fixed order: the same inputs give the same
+// bits every run.
+__device__ __forceinline__ float block_sum_warps(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int k = 0; k < warps; ++k) r += red[k];
+    __syncthreads();
+    return r;
+}
+
+// dx += r * w*g - x * (sum_j w*g*x) * r^3 / d, one block per row (rows are
+// independent, so every SM is busy and the row's reads stay in cache).
+extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, const float* __restrict__ dout,
+                                          const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ rstd, int n, int d) {
+    __shared__ float red[BLOCK / 32];
+    int r = blockIdx.x;
+    if (r >= n) return;
+    const float* xr = x + (long long)r * d;
+    const float* gr = dout + (long long)r * d;
+    float* dxr = dx + (long long)r * d;
+    float rs = rstd[r];
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dot += w[j] * gr[j] * xr[j];
+    float s = block_sum_warps(dot, red) * rs * rs * rs / d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dxr[j] += rs * w[j] * gr[j] - xr[j] * s;
+}
+
+// dw's partial sums: partials[chunk][j] = sum over the chunk's rows (in
+// order) of g[r, j] * x[r, j] * rstd[r]. Grid: (column tiles, row chunks);
+// one thread per column, so a warp reads 32 neighbouring floats of a row.
+// `sum_rows` then adds the chunks in order (no atomics).
+extern "C" __global__ void rmsnorm_bwd_dw_partials(float* __restrict__ partials, const float* __restrict__ dout,
+                                                   const float* __restrict__ x, const float* __restrict__ rstd,
+                                                   int n, int d, int rows_per_chunk) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= d) return;
+    int first = blockIdx.y * rows_per_chunk;
+    int last = min(first + rows_per_chunk, n);
+    float s = 0.0f;
+    for (int r = first; r < last; ++r) s += dout[(long long)r * d + j] * x[(long long)r * d + j] * rstd[r];
+    partials[(long long)blockIdx.y * d + j] = s;
 }
 
 // out[j] += sum over b of partials[b][j], b in order.
@@ -154,14 +177,60 @@ extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __re
     }
 }
 
+// f32 -> bf16 bits, round to nearest even (NaN kept a NaN).
+__device__ __forceinline__ unsigned short to_bf16(float v) {
+    unsigned int b = __float_as_uint(v);
+    if (v != v) return (unsigned short)((b >> 16) | 0x40u);
+    return (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// Values per thread the softmax kernels keep in registers: rows up to
+// PER_THREAD * blockDim (2048 at 256 threads) are read from memory once.
+#define PER_THREAD 8
+
 // Attention scores [bh, t, t] (from a strided-batched GEMM) -> causal
 // softmax of scale * scores, in place; one block per (head, query row).
-extern "C" __global__ void causal_softmax(float* __restrict__ att, int rows, int t, float scale) {
+// With `p16` not null the probabilities are also written there in bf16:
+// the operand of the bf16 P V GEMM. Both paths compute the same values in
+// the same order.
+extern "C" __global__ void causal_softmax(float* __restrict__ att, unsigned short* __restrict__ p16, int rows, int t,
+                                          float scale) {
     __shared__ float red[BLOCK];
     int row = blockIdx.x;
     if (row >= rows) return;
     int q = row % t;  // query position: keys 0..=q are visible
     float* a = att + (long long)row * t;
+    unsigned short* o16 = p16 ? p16 + (long long)row * t : 0;
+    if (t <= PER_THREAD * (int)blockDim.x) {
+        float v[PER_THREAD];
+        float m = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            int k = threadIdx.x + i * blockDim.x;
+            v[i] = k <= q ? a[k] * scale : NEG_INF;
+            m = fmaxf(m, v[i]);
+        }
+        m = block_max(m, red);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            int k = threadIdx.x + i * blockDim.x;
+            v[i] = k <= q ? expf(v[i] - m) : 0.0f;
+            s += v[i];
+        }
+        s = block_sum(s, red);
+        float inv = 1.0f / s;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            int k = threadIdx.x + i * blockDim.x;
+            if (k < t) {
+                float r = v[i] * inv;
+                a[k] = r;
+                if (o16) o16[k] = to_bf16(r);
+            }
+        }
+        return;
+    }
     float m = NEG_INF;
     for (int k = threadIdx.x; k <= q; k += blockDim.x) m = fmaxf(m, a[k] * scale);
     m = block_max(m, red);
@@ -169,22 +238,54 @@ extern "C" __global__ void causal_softmax(float* __restrict__ att, int rows, int
     for (int k = threadIdx.x; k <= q; k += blockDim.x) s += expf(a[k] * scale - m);
     s = block_sum(s, red);
     float inv = 1.0f / s;
-    for (int k = threadIdx.x; k < t; k += blockDim.x) a[k] = k <= q ? expf(a[k] * scale - m) * inv : 0.0f;
+    for (int k = threadIdx.x; k < t; k += blockDim.x) {
+        float v = k <= q ? expf(a[k] * scale - m) * inv : 0.0f;
+        a[k] = v;
+        if (o16) o16[k] = to_bf16(v);
+    }
 }
 
-// d(scores) = scale * p * (dp - sum_k p dp), in place over dp.
-extern "C" __global__ void causal_softmax_bwd(float* __restrict__ dp, const float* __restrict__ p, int rows, int t,
-                                              float scale) {
+// d(scores) = scale * p * (dp - sum_k p dp), in place over dp; also in
+// bf16 to `ds16` when it is not null (the operand of the dQ and dK GEMMs).
+extern "C" __global__ void causal_softmax_bwd(float* __restrict__ dp, unsigned short* __restrict__ ds16,
+                                              const float* __restrict__ p, int rows, int t, float scale) {
     __shared__ float red[BLOCK];
     int row = blockIdx.x;
     if (row >= rows) return;
     int q = row % t;
     float* d = dp + (long long)row * t;
     const float* pr = p + (long long)row * t;
+    unsigned short* o16 = ds16 ? ds16 + (long long)row * t : 0;
+    if (t <= PER_THREAD * (int)blockDim.x) {
+        float pv[PER_THREAD], dv[PER_THREAD];
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            int k = threadIdx.x + i * blockDim.x;
+            pv[i] = k <= q ? pr[k] : 0.0f;
+            dv[i] = k <= q ? d[k] : 0.0f;
+            if (k <= q) s += pv[i] * dv[i];
+        }
+        s = block_sum(s, red);
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+            int k = threadIdx.x + i * blockDim.x;
+            if (k < t) {
+                float v = k <= q ? scale * pv[i] * (dv[i] - s) : 0.0f;
+                d[k] = v;
+                if (o16) o16[k] = to_bf16(v);
+            }
+        }
+        return;
+    }
     float s = 0.0f;
     for (int k = threadIdx.x; k <= q; k += blockDim.x) s += pr[k] * d[k];
     s = block_sum(s, red);
-    for (int k = threadIdx.x; k < t; k += blockDim.x) d[k] = k <= q ? scale * pr[k] * (d[k] - s) : 0.0f;
+    for (int k = threadIdx.x; k < t; k += blockDim.x) {
+        float v = k <= q ? scale * pr[k] * (d[k] - s) : 0.0f;
+        d[k] = v;
+        if (o16) o16[k] = to_bf16(v);
+    }
 }
 
 // Fused softmax + cross-entropy per row: loss[r] = logsumexp - logit[target];
@@ -229,10 +330,7 @@ extern "C" __global__ void adamw(float* __restrict__ p, const float* __restrict_
         if (grad_coef != 0.0f) update += grad_coef * gi;
         float pi = p[i] * decay - update / (sqrtf(vi) * inv_sqrt_bc2 + eps);
         p[i] = pi;
-        if (p_bf16) {
-            unsigned int b = __float_as_uint(pi);
-            p_bf16[i] = (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-        }
+        if (p_bf16) p_bf16[i] = to_bf16(pi);
     }
 }
 
@@ -300,13 +398,21 @@ extern "C" __global__ void gather_cols(float* __restrict__ dst, const float* __r
 
 // f32 -> bf16 (round to nearest even; NaN stays NaN), the operands of the
 // bf16 GEMM path. Bit-identical to iota_core::codec::f32_to_bf16.
+// Four values per thread where both pointers allow 16-byte loads and
+// 8-byte stores (whole buffers do; views at odd offsets take the scalar loop).
 extern "C" __global__ void cast_bf16(unsigned short* __restrict__ out, const float* __restrict__ x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        unsigned int b = __float_as_uint(x[i]);
-        if (x[i] != x[i]) {
-            out[i] = (unsigned short)((b >> 16) | 0x40u);
-        } else {
-            out[i] = (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if ((((unsigned long long)x & 15) | ((unsigned long long)out & 7)) == 0) {
+        long long n4 = n / 4;
+        const float4* x4 = (const float4*)x;
+        ushort4* o4 = (ushort4*)out;
+        for (long long i = first; i < n4; i += stride) {
+            float4 v = x4[i];
+            o4[i] = make_ushort4(to_bf16(v.x), to_bf16(v.y), to_bf16(v.z), to_bf16(v.w));
         }
+        done = 4 * n4;
     }
+    for (long long i = done + first; i < n; i += stride) out[i] = to_bf16(x[i]);
 }

@@ -32,6 +32,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use iota_model::backend::{AdamStep, AttnDims, Backend};
 
+use crate::cast_cache::CastCache;
 use crate::gpu::Gpu;
 use crate::lt::{GemmShape, LtGemm};
 use crate::runtime::CudaError;
@@ -76,9 +77,39 @@ struct Batched {
 }
 
 /// Grow-only bf16 operand buffers of the bf16 GEMM path.
+#[derive(Default)]
 struct Scratch {
     a: Option<CudaSlice<u16>>,
     b: Option<CudaSlice<u16>>,
+    /// fp32 working space: per-chunk partial sums (rmsnorm_bwd's dw), the
+    /// score gradients of attention_bwd.
+    partials: Option<CudaSlice<f32>>,
+    /// Attention's bf16 operands: QKV, P, dO, dS.
+    attn_x: Option<CudaSlice<u16>>,
+    attn_p: Option<CudaSlice<u16>>,
+    attn_do: Option<CudaSlice<u16>>,
+    attn_ds16: Option<CudaSlice<u16>>,
+}
+
+/// A GEMM operand: a device address and the size of its elements (fp32
+/// buffers, or the bf16 copies the bf16 path makes).
+#[derive(Clone, Copy, Debug)]
+struct Operand {
+    ptr: u64,
+    elem: u64,
+}
+
+impl Operand {
+    fn f32(ptr: u64) -> Self {
+        Operand { ptr, elem: 4 }
+    }
+    fn bf16(ptr: u64) -> Self {
+        Operand { ptr, elem: 2 }
+    }
+    /// The operand `elements` further on.
+    fn at(self, elements: usize) -> Self {
+        Operand { ptr: self.ptr + self.elem * elements as u64, elem: self.elem }
+    }
 }
 
 const THREADS: u32 = 256;
@@ -116,6 +147,40 @@ pub struct CudaBackend {
     precision: GemmPrecision,
     lt: Option<LtGemm>,
     scratch: Mutex<Scratch>,
+    copies: Mutex<Copies>,
+}
+
+/// bf16 copies that outlive one call: the weights' (kept until the weight
+/// is written; the optimizer step rewrites them in place) and what scratch
+/// "b" holds (an output gradient is the "b" operand of both its input- and
+/// weight-gradient GEMMs, so the second finds it cast).
+struct Copies {
+    weights: CastCache<CudaSlice<u16>>,
+    b_holds: Option<(u64, usize)>,
+}
+
+impl Copies {
+    fn written(&mut self, ptr: u64, len: usize) {
+        self.weights.written(ptr, len);
+        if self.b_holds.is_some_and(|(p, l)| p < ptr + 4 * len as u64 && ptr < p + 4 * l as u64) {
+            self.b_holds = None;
+        }
+    }
+    fn allocated(&mut self, ptr: u64, len: usize) {
+        // Freed storage goes in stream order, after the work that read it.
+        drop(self.weights.allocated(ptr, 4 * len));
+        self.written(ptr, len);
+    }
+}
+
+/// The most bytes of bf16 weight copies a backend keeps: the plan's
+/// `BF16_WEIGHT_COPIES_LIMIT` unless `IOTA_BF16_WEIGHT_COPIES_MIB` says
+/// otherwise (0 turns them off). Past it the least recently used go.
+fn weight_copies_limit() -> usize {
+    std::env::var("IOTA_BF16_WEIGHT_COPIES_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(iota_core::memory_plan::BF16_WEIGHT_COPIES_LIMIT as usize, |mib| mib << 20)
 }
 
 // The backend is used from one compute thread at a time; cuBLAS handles and
@@ -140,7 +205,8 @@ impl CudaBackend {
             GemmPrecision::F32 => None,
         };
         let receiver = crate::pinned::DeviceReceiver::new(gpu.clone());
-        Ok(CudaBackend { gpu, receiver, blas, precision, lt, scratch: Mutex::new(Scratch { a: None, b: None }) })
+        let copies = Mutex::new(Copies { weights: CastCache::new(weight_copies_limit()), b_holds: None });
+        Ok(CudaBackend { gpu, receiver, blas, precision, lt, scratch: Mutex::new(Scratch::default()), copies })
     }
 
     pub fn precision(&self) -> GemmPrecision {
@@ -171,7 +237,7 @@ impl CudaBackend {
         let ap = self.cast_into(&mut a, self.ptr(&src), size * size);
         let bp = self.cast_into(&mut b, self.ptr(&src), size * size);
         let c = self.zeros(size * size);
-        let shape = GemmShape { ta: true, tb: false, m: size, n: size, k: size, lda: size, ldb: size, ldc: size };
+        let shape = GemmShape::single(true, false, size, size, size, size, size, size);
         let gemm = || {
             // SAFETY: a, b hold size^2 bf16 values, c size^2 f32, alive past the synchronize below.
             unsafe { lt.gemm(shape, ap, bp, self.ptr(&c), 0.0) }
@@ -219,21 +285,127 @@ impl CudaBackend {
         dst
     }
 
-    /// A linear layer's GEMM in the backend's precision. `a` and `b` are
-    /// whole contiguous matrices of `a_len` and `b_len` values.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_gemm(&self, s: GemmShape, a: u64, a_len: usize, b: u64, b_len: usize, c: u64, beta: f32) {
-        match &self.lt {
-            None => self.sgemm_cm(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, c, s.ldc, beta),
-            Some(lt) => {
-                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                let Scratch { a: sa, b: sb } = &mut *scratch;
-                let a16 = self.cast_into(sa, a, a_len);
-                let b16 = self.cast_into(sb, b, b_len);
-                // SAFETY: the scratch buffers hold the casts of whole operands; `c` is the caller's output.
-                ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm");
-            }
+    /// A grow-only f32 scratch buffer of at least `len` values; its pointer.
+    /// Work on the one stream is ordered, so a later call may reuse it, and
+    /// a replaced buffer is freed in stream order after its last reader.
+    fn f32_scratch(&self, buf: &mut Option<CudaSlice<f32>>, len: usize) -> u64 {
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            *buf = Some(ok(self.gpu.stream.alloc_zeros::<f32>(len.max(1)), "alloc"));
         }
+        buf.as_ref().expect("allocated above").device_ptr(&self.gpu.stream).0
+    }
+
+    /// A grow-only bf16 scratch buffer of at least `len` values; its pointer.
+    fn u16_scratch(&self, buf: &mut Option<CudaSlice<u16>>, len: usize) -> u64 {
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            *buf = Some(ok(self.gpu.stream.alloc_zeros::<u16>(len.max(1)), "alloc"));
+        }
+        buf.as_ref().expect("allocated above").device_ptr(&self.gpu.stream).0
+    }
+
+    /// `batch` strided GEMMs: cuBLASLt on bf16 operands (C fp32), or the
+    /// fp32 SGEMM when both operands are fp32.
+    #[allow(clippy::too_many_arguments)]
+    fn batched(&self, ta: bool, tb: bool, s: Batched, a: Operand, b: Operand, c: Operand, beta: f32, batch: usize) {
+        assert!(c.elem == 4 && a.elem == b.elem, "batched GEMM operand types");
+        match (&self.lt, a.elem) {
+            (Some(lt), 2) => {
+                let shape = GemmShape {
+                    ta,
+                    tb,
+                    m: s.m,
+                    n: s.n,
+                    k: s.k,
+                    lda: s.lda,
+                    ldb: s.ldb,
+                    ldc: s.ldc,
+                    batch,
+                    sa: s.sa,
+                    sb: s.sb,
+                    sc: s.sc,
+                };
+                // SAFETY: the operands address the callers' buffers and scratch copies, sized by their asserts.
+                ok(unsafe { lt.gemm(shape, a.ptr, b.ptr, c.ptr, beta) }, "bf16 batched gemm");
+            }
+            _ => self.sgemm_batched(ta, tb, s, a.ptr, b.ptr, c.ptr, beta, batch),
+        }
+    }
+
+    /// A linear layer's GEMM in the backend's precision. `a` and `b` are
+    /// whole contiguous matrices of `a_len` and `b_len` values; `a_is_weight`
+    /// lets the bf16 path keep `a`'s copy until the weight is written.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_gemm(
+        &self,
+        s: GemmShape,
+        a: u64,
+        a_len: usize,
+        a_is_weight: bool,
+        b: u64,
+        b_len: usize,
+        c: u64,
+        beta: f32,
+    ) {
+        let Some(lt) = &self.lt else {
+            return self.sgemm_cm(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, c, s.ldc, beta);
+        };
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        let Scratch { a: sa, b: sb, .. } = &mut *scratch;
+        let a16 = match a_is_weight {
+            true => self.weight_copy(&mut copies.weights, a, a_len).unwrap_or_else(|| self.cast_into(sa, a, a_len)),
+            false => self.cast_into(sa, a, a_len),
+        };
+        let b16 = match (copies.b_holds, sb.as_ref()) {
+            (Some(held), Some(buf)) if held == (b, b_len) => buf.device_ptr(&self.gpu.stream).0,
+            _ => {
+                let p = self.cast_into(sb, b, b_len);
+                copies.b_holds = Some((b, b_len));
+                p
+            }
+        };
+        // The output may overlap a cast source (it never does in the model,
+        // but the rule must hold for any caller).
+        copies.written(c, s.m * s.n.max(1));
+        // SAFETY: the bf16 buffers hold the casts of whole operands; `c` is the caller's output.
+        ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm");
+    }
+
+    /// The current bf16 copy of weight `[w, w + 4 len)`, made now if there
+    /// is none and it fits the limit; None when it does not fit.
+    fn weight_copy(&self, cache: &mut CastCache<CudaSlice<u16>>, w: u64, len: usize) -> Option<u64> {
+        if let Some(copy) = cache.current(w, len) {
+            return Some(copy.device_ptr(&self.gpu.stream).0);
+        }
+        if cache.storage(w, len).is_none() {
+            if !cache.admits(len) {
+                return None;
+            }
+            let buf = ok(self.gpu.stream.alloc_zeros::<u16>(len.max(1)), "alloc");
+            // Room is made from the least recently used copies.
+            drop(cache.insert(w, len, buf));
+        }
+        let dst = cache.storage(w, len).expect("inserted above").device_ptr(&self.gpu.stream).0;
+        let n = len as i64;
+        launch!(self, "cast_bf16", self.grid(len), &dst, &w, &n);
+        cache.mark_current(w, len);
+        Some(dst)
+    }
+
+    /// Memory at `[ptr, ptr + 4 len)` may change: bf16 copies of it are stale.
+    fn note_written(&self, ptr: u64, len: usize) {
+        self.copies.lock().unwrap_or_else(|p| p.into_inner()).written(ptr, len);
+    }
+
+    fn note_allocated(&self, buf: &CudaSlice<f32>) -> u64 {
+        let ptr = self.ptr(buf);
+        self.copies.lock().unwrap_or_else(|p| p.into_inner()).allocated(ptr, buf.len());
+        ptr
+    }
+
+    /// Bytes of bf16 weight copies held now.
+    pub fn weight_copy_bytes(&self) -> usize {
+        self.copies.lock().map(|c| c.weights.held_bytes()).unwrap_or(0)
     }
 
     fn grid(&self, n: usize) -> LaunchConfig {
@@ -333,13 +505,17 @@ impl Backend for CudaBackend {
     }
 
     fn zeros(&self, n: usize) -> CudaSlice<f32> {
-        ok(self.gpu.stream.alloc_zeros(n.max(1)), "alloc")
+        let buf = ok(self.gpu.stream.alloc_zeros(n.max(1)), "alloc");
+        self.note_allocated(&buf);
+        buf
     }
     fn upload(&self, host: &[f32]) -> CudaSlice<f32> {
         if host.is_empty() {
             return self.zeros(0);
         }
-        ok(self.gpu.stream.clone_htod(host), "upload")
+        let buf = ok(self.gpu.stream.clone_htod(host), "upload");
+        self.note_allocated(&buf);
+        buf
     }
     fn download(&self, buf: &CudaSlice<f32>, range: Range<usize>, out: &mut [f32]) {
         assert_eq!(range.len(), out.len(), "download length");
@@ -391,9 +567,13 @@ impl Backend for CudaBackend {
         assert!(range.end <= buf.len(), "view out of range");
         DRef { ptr: self.ptr(buf) + 4 * range.start as u64, len: range.len(), _buf: PhantomData }
     }
+    /// Taking a mutable view counts as writing it: every write through
+    /// this trait needs one, so no bf16 copy of the range is trusted after.
     fn view_mut<'a>(&self, buf: &'a mut CudaSlice<f32>, range: Range<usize>) -> DMut<'a> {
         assert!(range.end <= buf.len(), "view out of range");
-        DMut { ptr: self.ptr(buf) + 4 * range.start as u64, len: range.len(), _buf: PhantomData }
+        let ptr = self.ptr(buf) + 4 * range.start as u64;
+        self.note_written(ptr, range.len());
+        DMut { ptr, len: range.len(), _buf: PhantomData }
     }
 
     fn fill(&self, x: DMut<'_>, value: f32) {
@@ -438,18 +618,18 @@ impl Backend for CudaBackend {
     fn matmul(&self, out: DMut<'_>, inp: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
         assert!(out.len == n * oc && inp.len == n * c && w.len == oc * c, "matmul shapes");
         // out^T[oc, n] = w[oc, c] inp^T  (column-major: A = w^T stored c x oc)
-        let s = GemmShape { ta: true, tb: false, m: oc, n, k: c, lda: c, ldb: c, ldc: oc };
-        self.linear_gemm(s, w.ptr, w.len, inp.ptr, inp.len, out.ptr, if acc { 1.0 } else { 0.0 });
+        let s = GemmShape::single(true, false, oc, n, c, c, c, oc);
+        self.linear_gemm(s, w.ptr, w.len, true, inp.ptr, inp.len, out.ptr, if acc { 1.0 } else { 0.0 });
     }
     fn matmul_bwd_input(&self, dinp: DMut<'_>, dout: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
         assert!(dinp.len == n * c && dout.len == n * oc && w.len == oc * c, "matmul_bwd_input shapes");
-        let s = GemmShape { ta: false, tb: false, m: c, n, k: oc, lda: c, ldb: oc, ldc: c };
-        self.linear_gemm(s, w.ptr, w.len, dout.ptr, dout.len, dinp.ptr, if acc { 1.0 } else { 0.0 });
+        let s = GemmShape::single(false, false, c, n, oc, c, oc, c);
+        self.linear_gemm(s, w.ptr, w.len, true, dout.ptr, dout.len, dinp.ptr, if acc { 1.0 } else { 0.0 });
     }
     fn matmul_bwd_weight(&self, dw: DMut<'_>, dout: DRef<'_>, inp: DRef<'_>, n: usize, c: usize, oc: usize) {
         assert!(dw.len == oc * c && dout.len == n * oc && inp.len == n * c, "matmul_bwd_weight shapes");
-        let s = GemmShape { ta: false, tb: true, m: c, n: oc, k: n, lda: c, ldb: oc, ldc: c };
-        self.linear_gemm(s, inp.ptr, inp.len, dout.ptr, dout.len, dw.ptr, 1.0);
+        let s = GemmShape::single(false, true, c, oc, n, c, oc, c);
+        self.linear_gemm(s, inp.ptr, inp.len, false, dout.ptr, dout.len, dw.ptr, 1.0);
     }
 
     fn embedding(&self, out: DMut<'_>, tokens: &[u32], wte: DRef<'_>, d: usize) {
@@ -508,29 +688,26 @@ impl Backend for CudaBackend {
         d: usize,
     ) {
         assert!(dx.len == n * d && dw.len == d && dout.len == n * d && x.len == n * d, "rmsnorm_bwd shapes");
-        const ROWS_PER_BLOCK: usize = 32;
-        let blocks = n.div_ceil(ROWS_PER_BLOCK).max(1);
-        let partials: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(blocks * d), "alloc");
-        let pp = partials.device_ptr(&self.gpu.stream).0;
-        let (ni, di, rpb) = (n as i32, d as i32, ROWS_PER_BLOCK as i32);
-        launch!(
-            self,
-            "rmsnorm_bwd",
-            self.rows(blocks),
-            &dx.ptr,
-            &pp,
-            &dout.ptr,
-            &x.ptr,
-            &w.ptr,
-            &rstd.ptr,
-            &ni,
-            &di,
-            &rpb
-        );
-        let bi = blocks as i32;
-        launch!(self, "sum_rows", self.grid(d), &dw.ptr, &pp, &bi, &di);
-        ok(self.gpu.stream.synchronize(), "synchronize");
-        drop(partials);
+        assert!(rstd.len == n && w.len == d, "rmsnorm_bwd shapes");
+        if n == 0 || d == 0 {
+            return;
+        }
+        let (ni, di) = (n as i32, d as i32);
+        launch!(self, "rmsnorm_bwd_dx", self.rows(n), &dx.ptr, &dout.ptr, &x.ptr, &w.ptr, &rstd.ptr, &ni, &di);
+        // dw: column sums over chunks of rows, then the chunks in order.
+        const ROWS_PER_CHUNK: usize = 64;
+        let chunks = n.div_ceil(ROWS_PER_CHUNK);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let pp = self.f32_scratch(&mut scratch.partials, chunks * d);
+        let rpc = ROWS_PER_CHUNK as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (d.div_ceil(THREADS as usize) as u32, chunks as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, "rmsnorm_bwd_dw_partials", cfg, &pp, &dout.ptr, &x.ptr, &rstd.ptr, &ni, &di, &rpc);
+        let ci = chunks as i32;
+        launch!(self, "sum_rows", self.grid(d), &dw.ptr, &pp, &ci, &di);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -557,7 +734,9 @@ impl Backend for CudaBackend {
     // its K/V columns `hd` apart, both constant strides. The saved
     // probabilities are laid out [batch][g][j][t][t] (the trait leaves their
     // order to the backend), so each batch's score matrices are contiguous
-    // and the softmax kernels see plain rows.
+    // and the softmax kernels see plain rows. With bf16 GEMMs the operands
+    // (Q, K, V, P, dO, dS) are bf16 copies made once per call (P and dS by
+    // the softmax kernels themselves); scores, outputs and gradients stay fp32.
     fn attention(&self, out: DMut<'_>, probs: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
         let (t, hd, nh, nkv) = (dims.seq, dims.head_dim, dims.n_heads, dims.n_kv_heads);
         let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
@@ -566,29 +745,47 @@ impl Backend for CudaBackend {
             qkv.len == dims.rows() * qs && probs.len == dims.probs_len() && out.len == dims.rows() * qd,
             "attention shapes"
         );
-        let (tt, f) = (t * t, 4u64);
+        let tt = t * t;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let Scratch { attn_x, attn_p, .. } = &mut *scratch;
+        // Operand bases: the fp32 buffers, or their bf16 copies.
+        let (x, p16) = match self.lt {
+            None => (Operand::f32(qkv.ptr), None),
+            Some(_) => {
+                let x = self.cast_into(attn_x, qkv.ptr, qkv.len);
+                (Operand::bf16(x), Some(self.u16_scratch(attn_p, probs.len)))
+            }
+        };
+        let p_op = p16.map_or(Operand::f32(probs.ptr), Operand::bf16);
         for b in 0..dims.batch {
-            let row0 = qkv.ptr + f * (b * t * qs) as u64;
             for g in 0..group {
-                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
-                let (q, k) = (row0 + f * (g * hd) as u64, row0 + f * qd as u64);
+                let row0 = b * t * qs;
+                let p = (b * group + g) * nkv * tt;
                 // S_j[i, j'] = Q_h[i, :] . K_j[j', :]
                 let s1 = Batched { m: t, n: t, k: hd, lda: qs, sa: hd, ldb: qs, sb: group * hd, ldc: t, sc: tt };
-                self.sgemm_batched(true, false, s1, k, q, p, 0.0, nkv);
+                self.batched(
+                    true,
+                    false,
+                    s1,
+                    x.at(row0 + qd),
+                    x.at(row0 + g * hd),
+                    Operand::f32(probs.ptr).at(p),
+                    0.0,
+                    nkv,
+                );
             }
         }
         let rows = (dims.batch * nh * t) as i32;
-        let (ti, scale) = (t as i32, 1.0 / (hd as f32).sqrt());
-        launch!(self, "causal_softmax", self.rows(rows as usize), &probs.ptr, &rows, &ti, &scale);
+        let (ti, scale, p16p) = (t as i32, 1.0 / (hd as f32).sqrt(), p16.unwrap_or(0));
+        launch!(self, "causal_softmax", self.rows(rows as usize), &probs.ptr, &p16p, &rows, &ti, &scale);
         for b in 0..dims.batch {
-            let row0 = qkv.ptr + f * (b * t * qs) as u64;
             for g in 0..group {
-                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
-                let v = row0 + f * (qd + kvd) as u64;
-                let o = out.ptr + f * (b * t * qd + g * hd) as u64;
+                let row0 = b * t * qs;
+                let p = (b * group + g) * nkv * tt;
+                let o = Operand::f32(out.ptr).at(b * t * qd + g * hd);
                 // O_h[t, hd] = P_h[t, t] V_j[t, hd]
                 let s2 = Batched { m: hd, n: t, k: t, lda: qs, sa: hd, ldb: t, sb: tt, ldc: qd, sc: group * hd };
-                self.sgemm_batched(false, false, s2, v, p, o, 0.0, nkv);
+                self.batched(false, false, s2, x.at(row0 + qd + kvd), p_op.at(p), o, 0.0, nkv);
             }
         }
     }
@@ -601,37 +798,50 @@ impl Backend for CudaBackend {
             dqkv.len == qkv.len && dout.len == dims.rows() * qd && probs.len == dims.probs_len(),
             "attention_bwd shapes"
         );
-        let (tt, f) = (t * t, 4u64);
-        let ds: CudaSlice<f32> = ok(self.gpu.stream.alloc_zeros(nkv * tt), "alloc");
-        let dsp = ds.device_ptr(&self.gpu.stream).0;
+        let tt = t * t;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let Scratch { attn_x, attn_p, attn_do, attn_ds16, partials, .. } = &mut *scratch;
+        let dsp = self.f32_scratch(partials, nkv * tt);
+        let (x, p_op, do_op, ds_op, ds16) = match self.lt {
+            None => {
+                let ds = Operand::f32(dsp);
+                (Operand::f32(qkv.ptr), Operand::f32(probs.ptr), Operand::f32(dout.ptr), ds, 0u64)
+            }
+            Some(_) => {
+                let x = self.cast_into(attn_x, qkv.ptr, qkv.len);
+                let p = self.cast_into(attn_p, probs.ptr, probs.len);
+                let d = self.cast_into(attn_do, dout.ptr, dout.len);
+                let ds16 = self.u16_scratch(attn_ds16, nkv * tt);
+                (Operand::bf16(x), Operand::bf16(p), Operand::bf16(d), Operand::bf16(ds16), ds16)
+            }
+        };
         let (rows, ti, scale) = ((nkv * t) as i32, t as i32, 1.0 / (hd as f32).sqrt());
+        let dx = Operand::f32(dqkv.ptr);
         for b in 0..dims.batch {
-            let (x0, dx0) = (qkv.ptr + f * (b * t * qs) as u64, dqkv.ptr + f * (b * t * qs) as u64);
+            let row0 = b * t * qs;
             for g in 0..group {
                 // The first head of each group writes dK/dV; the others add.
                 let acc = if g == 0 { 0.0 } else { 1.0 };
-                let p = probs.ptr + f * ((b * group + g) * nkv * tt) as u64;
-                let (q, k, v) = (x0 + f * (g * hd) as u64, x0 + f * qd as u64, x0 + f * (qd + kvd) as u64);
-                let (dq, dk, dv) = (dx0 + f * (g * hd) as u64, dx0 + f * qd as u64, dx0 + f * (qd + kvd) as u64);
-                let dof = dout.ptr + f * (b * t * qd + g * hd) as u64;
+                let p = (b * group + g) * nkv * tt;
+                let (q, k, v) = (row0 + g * hd, row0 + qd, row0 + qd + kvd);
+                let dof = b * t * qd + g * hd;
                 // dP = dO V^T  -> ds
                 let s = Batched { m: t, n: t, k: hd, lda: qs, sa: hd, ldb: qd, sb: group * hd, ldc: t, sc: tt };
-                self.sgemm_batched(true, false, s, v, dof, dsp, 0.0, nkv);
+                self.batched(true, false, s, x.at(v), do_op.at(dof), Operand::f32(dsp), 0.0, nkv);
                 // dV (+)= P^T dO
                 let s = Batched { m: hd, n: t, k: t, lda: qd, sa: group * hd, ldb: t, sb: tt, ldc: qs, sc: hd };
-                self.sgemm_batched(false, true, s, dof, p, dv, acc, nkv);
+                self.batched(false, true, s, do_op.at(dof), p_op.at(p), dx.at(v), acc, nkv);
                 // dS = scale * P * (dP - rowsum(P dP)), in place over the nkv*t rows
-                launch!(self, "causal_softmax_bwd", self.rows(nkv * t), &dsp, &p, &rows, &ti, &scale);
+                let pf = probs.ptr + 4 * p as u64;
+                launch!(self, "causal_softmax_bwd", self.rows(nkv * t), &dsp, &ds16, &pf, &rows, &ti, &scale);
                 // dQ = dS K
                 let s = Batched { m: hd, n: t, k: t, lda: qs, sa: hd, ldb: t, sb: tt, ldc: qs, sc: group * hd };
-                self.sgemm_batched(false, false, s, k, dsp, dq, 0.0, nkv);
+                self.batched(false, false, s, x.at(k), ds_op, dx.at(q), 0.0, nkv);
                 // dK (+)= dS^T Q
                 let s = Batched { m: hd, n: t, k: t, lda: qs, sa: group * hd, ldb: t, sb: tt, ldc: qs, sc: hd };
-                self.sgemm_batched(false, true, s, q, dsp, dk, acc, nkv);
+                self.batched(false, true, s, x.at(q), ds_op, dx.at(k), acc, nkv);
             }
         }
-        ok(self.gpu.stream.synchronize(), "synchronize");
-        drop(ds);
     }
 
     fn swiglu(&self, out: DMut<'_>, gu: DRef<'_>, n: usize, f: usize) {
@@ -673,7 +883,14 @@ impl Backend for CudaBackend {
         let bc2 = 1.0 - (step.beta2 as f64).powi(step.t as i32);
         let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
         let decay = 1.0 - step.lr * step.weight_decay;
-        let (n, null) = (p.len as i64, 0u64);
+        // Where this weight has a bf16 copy, the step rewrites it beside the
+        // fp32 value, and it is current again without a cast.
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        let bf16 = copies
+            .weights
+            .storage_holding(p.ptr, p.len)
+            .map_or(0u64, |(c, offset)| c.device_ptr(&self.gpu.stream).0 + 2 * offset as u64);
+        let n = p.len as i64;
         launch!(
             self,
             "adamw",
@@ -682,7 +899,7 @@ impl Backend for CudaBackend {
             &g.ptr,
             &m.ptr,
             &v.ptr,
-            &null,
+            &bf16,
             &n,
             &step.beta1,
             &step.beta2,
@@ -693,5 +910,8 @@ impl Backend for CudaBackend {
             &step.grad_scale,
             &grad_coef
         );
+        if bf16 != 0 {
+            copies.weights.refreshed(p.ptr, p.len);
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! instead of a panic.
 
 pub mod backend;
+mod cast_cache;
 pub mod gpu;
 pub mod kernels;
 pub mod lt;

@@ -20,7 +20,8 @@ fn err(what: &str, e: impl std::fmt::Debug) -> CudaError {
     CudaError::Driver(format!("cuBLASLt {what}: {e:?}"))
 }
 
-/// The shape of one column-major GEMM `C[m, n] = op(A) op(B) (+ beta C)`.
+/// The shape of one column-major GEMM `C[m, n] = op(A) op(B) (+ beta C)`,
+/// or of `batch` of them whose operands sit `sa`, `sb`, `sc` elements apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmShape {
     pub ta: bool,
@@ -31,6 +32,26 @@ pub struct GemmShape {
     pub lda: usize,
     pub ldb: usize,
     pub ldc: usize,
+    pub batch: usize,
+    pub sa: usize,
+    pub sb: usize,
+    pub sc: usize,
+}
+
+impl GemmShape {
+    /// One GEMM (not batched).
+    #[allow(clippy::too_many_arguments)]
+    pub fn single(ta: bool, tb: bool, m: usize, n: usize, k: usize, lda: usize, ldb: usize, ldc: usize) -> Self {
+        GemmShape { ta, tb, m, n, k, lda, ldb, ldc, batch: 1, sa: 0, sb: 0, sc: 0 }
+    }
+}
+
+/// The alignment in bytes (a power of two, at most 256) that every pointer
+/// of a call has: cuBLASLt's heuristic assumes 256 unless told, and an
+/// algorithm picked for aligned operands may refuse offset views.
+fn common_alignment(ptrs: &[u64]) -> u32 {
+    let bits = ptrs.iter().fold(256u64, |acc, p| acc | p);
+    (1u64 << bits.trailing_zeros()).min(256) as u32
 }
 
 struct Plan {
@@ -57,7 +78,8 @@ pub struct LtGemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    plans: Mutex<HashMap<GemmShape, Plan>>,
+    /// Keyed by shape and the operands' common alignment.
+    plans: Mutex<HashMap<(GemmShape, u32), Plan>>,
 }
 
 // The raw handles are used on the one stream this object owns; calls are
@@ -87,7 +109,7 @@ impl LtGemm {
         Ok(LtGemm { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
     }
 
-    fn plan(&self, s: GemmShape) -> Result<Plan, CudaError> {
+    fn plan(&self, s: GemmShape, align: u32) -> Result<Plan, CudaError> {
         use sys::cublasLtMatmulDescAttributes_t as Attr;
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
         let f32t = sys::cudaDataType_t::CUDA_R_32F;
@@ -117,17 +139,52 @@ impl LtGemm {
         plan.b = lt::create_matrix_layout(bf16, br as u64, bc as u64, s.ldb as i64).map_err(|e| err("layout B", e))?;
         plan.c =
             lt::create_matrix_layout(f32t, s.m as u64, s.n as u64, s.ldc as i64).map_err(|e| err("layout C", e))?;
+        if s.batch > 1 {
+            use sys::cublasLtMatrixLayoutAttribute_t as L;
+            let count = s.batch as i32;
+            for (layout, stride) in [(plan.a, s.sa), (plan.b, s.sb), (plan.c, s.sc)] {
+                let stride = stride as i64;
+                // SAFETY: live layouts; attribute values passed by pointer with their sizes.
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count) as *const _ as *const _,
+                        size_of_val(&count),
+                    )
+                    .and_then(|_| {
+                        lt::set_matrix_layout_attribute(
+                            layout,
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&stride) as *const _ as *const _,
+                            size_of_val(&stride),
+                        )
+                    })
+                    .map_err(|e| err("batch attributes", e))?;
+                }
+            }
+        }
         let pref = lt::create_matmul_pref().map_err(|e| err("preference", e))?;
         let ws = self.workspace.len();
         // SAFETY: every handle is live; the preference is destroyed right after use.
         let heuristic = unsafe {
-            let r = lt::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws) as *const _ as *const _,
-                size_of_val(&ws),
-            )
-            .and_then(|_| lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref));
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            let set =
+                |attr: P, v: *const std::ffi::c_void, size: usize| lt::set_matmul_pref_attribute(pref, attr, v, size);
+            let r = set(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (&ws) as *const _ as *const _, size_of_val(&ws))
+                .and_then(|_| {
+                    [
+                        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                        P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                    ]
+                    .into_iter()
+                    .try_for_each(|attr| set(attr, (&align) as *const _ as *const _, size_of_val(&align)))
+                })
+                .and_then(|_| {
+                    lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref)
+                });
             let _ = lt::destroy_matmul_pref(pref);
             r.map_err(|e| err(&format!("no algorithm for {s:?}"), e))?
         };
@@ -143,10 +200,11 @@ impl LtGemm {
     /// shape and leading dimensions say, alive until the stream reaches
     /// this GEMM.
     pub unsafe fn gemm(&self, s: GemmShape, a: u64, b: u64, c: u64, beta: f32) -> Result<(), CudaError> {
+        let align = common_alignment(&[a, b, c]);
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        let p = match plans.entry(s) {
+        let p = match plans.entry((s, align)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(s)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(s, align)?),
         };
         let alpha = 1.0f32;
         let (ws, _rec) = self.workspace.device_ptr(&self.stream);
@@ -177,5 +235,18 @@ impl LtGemm {
     /// Shapes planned so far (for the bench's report).
     pub fn planned(&self) -> usize {
         self.plans.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_alignment;
+
+    #[test]
+    fn the_common_alignment_is_the_weakest_pointers() {
+        assert_eq!(common_alignment(&[0x1000, 0x2000, 0x3000]), 256);
+        assert_eq!(common_alignment(&[0x1000, 0x1080, 0x3000]), 128);
+        assert_eq!(common_alignment(&[0x1000, 0x1002, 0x3000]), 2);
+        assert_eq!(common_alignment(&[0x1010]), 16);
     }
 }

@@ -94,6 +94,10 @@ fn run_config() -> RunConfig {
         .iter()
         .map(|s| ParamLayout::for_stage(&cfg.train.model, s).total() as u64)
         .collect();
+    // Miners keep per-step weights evidence only for a run that has
+    // validators; these tests play the validator's part.
+    cfg.spec.validation.validators =
+        vec![iota_protocol::run_spec::ValidatorStake { peer: iota_core::PeerId([0x7a; 32]), stake: 1 }];
     iota_dataplane::corpus::fix_shards(&mut cfg, None).unwrap();
     cfg
 }

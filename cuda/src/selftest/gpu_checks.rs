@@ -310,7 +310,116 @@ fn bf16_gemm_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError
             });
         }
     }
+    bf16_attention_checks(&cuda, &cpu, &mut rng, out);
+    weight_copy_checks(&cuda, &mut rng, out);
     Ok(())
+}
+
+/// The bf16 copies of weights never go stale: a weight read by a matmul,
+/// then written (by `scale`, by an AdamW step that rewrites the copy itself,
+/// by being freed and its memory handed out again), is read as written. Each
+/// product is compared with the CPU's on the weights as they are then
+/// (downloaded), operands rounded to bf16. The weight sits at an odd offset
+/// in a larger buffer, as the stage's parameters do.
+fn weight_copy_checks(cuda: &crate::backend::CudaBackend, rng: &mut Rng, out: &mut Vec<Check>) {
+    use iota_core::codec::{bf16_to_f32, f32_to_bf16};
+    use iota_model::backend::{AdamStep, Backend};
+    let cpu = iota_model::CpuBackend::new();
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| bf16_to_f32(f32_to_bf16(*x))).collect() };
+    let (n, c, oc) = (64usize, 96usize, 80usize);
+    let off = 1; // one float in: not 16-byte aligned
+    let inp_h: Vec<f32> = (0..n * c).map(|_| rng.normal()).collect();
+    let inp = cuda.upload(&inp_h);
+    let mut params = cuda.upload(&(0..off + oc * c + 3).map(|_| rng.normal()).collect::<Vec<_>>());
+    let w = off..off + oc * c;
+    let t0 = Instant::now();
+    let mut worst = 0.0f64;
+    let check = |cuda_params: &cudarc::driver::CudaSlice<f32>, worst: &mut f64| {
+        let mut o = cuda.zeros(n * oc);
+        cuda.matmul(cuda.all_mut(&mut o), cuda.all(&inp), cuda.view(cuda_params, w.clone()), n, c, oc, false);
+        let got = cuda.to_host(&o);
+        let wh = cuda.to_host(cuda_params)[w.clone()].to_vec();
+        let mut want = vec![0.0; n * oc];
+        cpu.matmul(&mut want, &round(&inp_h), &round(&wh), n, c, oc, false);
+        *worst = worst.max(max_rel(&got, &want));
+    };
+    check(&params, &mut worst);
+    check(&params, &mut worst); // the copy, reused
+    cuda.scale(cuda.view_mut(&mut params, w.clone()), -2.0);
+    check(&params, &mut worst);
+    let g = cuda.upload(&(0..oc * c).map(|_| rng.normal()).collect::<Vec<_>>());
+    let (mut m, mut v) = (cuda.zeros(oc * c), cuda.zeros(oc * c));
+    let step = AdamStep {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        t: 1,
+        grad_scale: 1.0,
+        nesterov: false,
+    };
+    cuda.adamw(cuda.view_mut(&mut params, w.clone()), cuda.all(&g), cuda.all_mut(&mut m), cuda.all_mut(&mut v), step);
+    check(&params, &mut worst);
+    // Freed, and the same amount asked for again: likely the same address.
+    drop(params);
+    let params = cuda.upload(&(0..off + oc * c + 3).map(|_| rng.normal()).collect::<Vec<_>>());
+    check(&params, &mut worst);
+    out.push(Check {
+        op: "bf16 weight copies follow writes".into(),
+        shape: format!("n{n} c{c} oc{oc}, at offset {off}: read, reread, scale, adamw, realloc"),
+        max_rel_err: worst,
+        tolerance: 1e-5,
+        millis: t0.elapsed().as_secs_f64() * 1e3,
+        reference: "CpuBackend, bf16-rounded operands".into(),
+    });
+}
+
+/// Attention with bf16 GEMMs (Q, K, V, P, dO and dS rounded to bf16; scores,
+/// softmax and accumulation in fp32) against the fp32 CPU reference.
+fn bf16_attention_checks(
+    cuda: &crate::backend::CudaBackend,
+    cpu: &iota_model::CpuBackend,
+    rng: &mut Rng,
+    out: &mut Vec<Check>,
+) {
+    use iota_model::backend::{AttnDims, Backend};
+    fn run<B: Backend>(be: &B, qkv: &[f32], dout: &[f32], dims: AttnDims) -> (Vec<f32>, Vec<f32>) {
+        let x = be.upload(qkv);
+        let d = be.upload(dout);
+        let (mut o, mut p, mut dx) =
+            (be.zeros(dims.rows() * dims.q_dim()), be.zeros(dims.probs_len()), be.zeros(qkv.len()));
+        be.attention(be.all_mut(&mut o), be.all_mut(&mut p), be.all(&x), dims);
+        be.attention_bwd(be.all_mut(&mut dx), be.all(&d), be.all(&x), be.all(&p), dims);
+        (be.to_host(&o), be.to_host(&dx))
+    }
+    for dims in [
+        AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 },
+        AttnDims { batch: 2, seq: 128, n_heads: 8, n_kv_heads: 2, head_dim: 64 },
+        // Rows past 2048 keys: the softmax kernels' path without registers.
+        AttnDims { batch: 1, seq: 2056, n_heads: 2, n_kv_heads: 1, head_dim: 16 },
+    ] {
+        let qkv: Vec<f32> = (0..dims.rows() * dims.qkv_dim()).map(|_| rng.normal()).collect();
+        let dout: Vec<f32> = (0..dims.rows() * dims.q_dim()).map(|_| rng.normal()).collect();
+        let t0 = Instant::now();
+        let (go, gdx) = run(cuda, &qkv, &dout, dims);
+        let millis = t0.elapsed().as_secs_f64() * 1e3;
+        let (co, cdx) = run(cpu, &qkv, &dout, dims);
+        let shape =
+            format!("{}x{}, {}/{} heads x {}", dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads, dims.head_dim);
+        for (op, got, want, tol) in
+            [("bf16 attention vs fp32", &go, &co, 2e-2), ("bf16 attention_bwd vs fp32", &gdx, &cdx, 3e-2)]
+        {
+            out.push(Check {
+                op: op.into(),
+                shape: shape.clone(),
+                max_rel_err: max_rel(got, want),
+                tolerance: tol,
+                millis,
+                reference: "CpuBackend, fp32".into(),
+            });
+        }
+    }
 }
 
 /// The receive path: an int8 payload in page-locked memory, copied to the

@@ -187,6 +187,10 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         compute,
         // Filled in once the last frames are out.
         transport: Default::default(),
-        peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).unwrap_or(0).max(device_peak),
+        // The memory pool's high-water mark is this process's own; the free
+        // memory is the whole device's, which other processes on a shared
+        // GPU fill too (six miners on one H200 each read ~83 GiB), so it is
+        // only the fallback where the pool does not answer.
+        peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).filter(|&h| h > 0).unwrap_or(device_peak),
     })
 }
