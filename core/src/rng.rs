@@ -76,6 +76,13 @@ impl Rng {
         ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
     }
 
+    /// This stream as it will be after `draws` more 64-bit draws (SplitMix64
+    /// is a Weyl sequence, so seeking is one multiply). Lets a long fill be
+    /// split into parts that yield exactly the sequential values.
+    pub fn skipped(&self, draws: u64) -> Rng {
+        Rng { state: self.state.wrapping_add(draws.wrapping_mul(GOLDEN)) }
+    }
+
     /// Fills `out` with N(0, std^2) samples.
     pub fn fill_normal(&mut self, out: &mut [f32], std: f32) {
         for x in out {
@@ -96,6 +103,22 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(derive(1, &[2, 3]), derive(1, &[3, 2]));
+    }
+
+    #[test]
+    fn a_skipped_stream_continues_where_the_draws_would_have_left_it() {
+        let mut r = Rng::new(5);
+        let ahead = r.skipped(1000);
+        for _ in 0..1000 {
+            r.next_u64();
+        }
+        assert_eq!(r, ahead);
+        // Normals take two draws each: a fill split at element k resumes at 2k.
+        let mut whole = vec![0.0f32; 10];
+        Rng::new(9).fill_normal(&mut whole, 1.0);
+        let mut tail = vec![0.0f32; 4];
+        Rng::new(9).skipped(2 * 6).fill_normal(&mut tail, 1.0);
+        assert_eq!(&whole[6..], &tail[..]);
     }
 
     #[test]

@@ -124,13 +124,26 @@ fn name_key(s: &str) -> u64 {
 /// Initial values of a stage's flat parameter vector. Each tensor draws from
 /// its own stream keyed by (seed, name), so a tensor starts identical however
 /// the model is split into stages.
+///
+/// A long tensor is filled in parallel parts, each resuming its stream
+/// where the sequential fill would be (`Rng::skipped`): the values are the
+/// same bits as one sequential fill, in a fraction of the time (a `1.5b`
+/// stage's 468M draws took ~14 s of a miner's start-up sequentially).
 pub fn init_params(layout: &ParamLayout, seed: u64) -> Vec<f32> {
+    use rayon::prelude::*;
+    const PART: usize = 1 << 20;
     let mut p = vec![0.0f32; layout.total()];
     for e in &layout.entries {
         let dst = &mut p[e.range()];
         match e.init {
             Init::Const(v) => dst.fill(v),
-            Init::Normal(std) => Rng::derived(seed, &[name_key(&e.name)]).fill_normal(dst, std),
+            Init::Normal(std) => {
+                let stream = Rng::derived(seed, &[name_key(&e.name)]);
+                dst.par_chunks_mut(PART).enumerate().for_each(|(i, part)| {
+                    // Two draws per normal sample.
+                    stream.skipped(2 * (i * PART) as u64).fill_normal(part, std);
+                });
+            }
         }
     }
     p
@@ -590,5 +603,29 @@ impl<B: Backend> Stage<B> {
             return Err(self.role_err("compute a loss (it has no LM head)"));
         }
         self.check_tokens("targets", targets, batch * seq)
+    }
+}
+
+#[cfg(test)]
+mod init_tests {
+    use super::*;
+    use iota_core::layout::ParamEntry;
+
+    /// The parallel fill yields the sequential fill's bits, across part
+    /// boundaries and for a tensor that is not a whole number of parts.
+    #[test]
+    fn parallel_init_is_the_sequential_stream() {
+        let len = (1 << 20) * 2 + 12_345;
+        let layout = ParamLayout {
+            entries: vec![
+                ParamEntry { name: "a".into(), shape: vec![3], offset: 0, init: Init::Const(1.0), decay: false },
+                ParamEntry { name: "w".into(), shape: vec![len], offset: 3, init: Init::Normal(0.02), decay: true },
+            ],
+        };
+        let p = init_params(&layout, 77);
+        let mut want = vec![0.0f32; len];
+        Rng::derived(77, &[name_key("w")]).fill_normal(&mut want, 0.02);
+        assert_eq!(&p[..3], &[1.0; 3]);
+        assert!(p[3..].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

@@ -147,8 +147,10 @@ impl<B: Backend + 'static> Worker<B> {
                         self.merge.epoch_started(p.epoch, self.stage_index, &params);
                     }
                     // The previous epoch's evidence goes: its requests came
-                    // in its Uploading phase.
-                    self.evidence.begin(p.epoch, self.stage_index, params);
+                    // in its Uploading phase. Only validators ask for it.
+                    if !self.cfg.spec.validation.validators.is_empty() {
+                        self.evidence.begin(p.epoch, self.stage_index, params);
+                    }
                 }
                 if let Some(sent) = &self.sent {
                     sent.forget_before(p.epoch);
