@@ -47,6 +47,12 @@ pub const CUBLASLT_WORKSPACE: u64 = 32 << 20;
 /// until the weight is written, and the optimizer step rewrites it in place.
 pub const BF16_WEIGHT_COPIES_LIMIT: u64 = 1 << 30;
 
+/// The most bytes of bf16 activation copies a `CudaBackend` keeps by
+/// default (`IOTA_BF16_ACTIVATION_COPIES_MIB` overrides it): the forward's
+/// GEMM inputs, Q|K|V and the attention probabilities, made once and read
+/// again by the backward.
+pub const BF16_ACTIVATION_COPIES_LIMIT: u64 = 2 << 30;
+
 /// An allowance for what the CUDA driver holds for a process that no code of
 /// ours allocates: the context, the NVRTC-compiled kernels' and cuBLAS's
 /// module images, cuBLAS's own workspace. Not measured here: a stated
@@ -162,6 +168,9 @@ pub struct StageMemory {
     /// bf16 copies of the GEMM weights (and of their stashes), up to
     /// `BF16_WEIGHT_COPIES_LIMIT`.
     pub bf16_weight_copies: u64,
+    /// bf16 copies of the saved activations the backward's GEMMs read
+    /// (every micro-batch held), up to `BF16_ACTIVATION_COPIES_LIMIT`.
+    pub bf16_activation_copies: u64,
     /// Attention's bf16 operands: Q|K|V, the probabilities, the output
     /// gradient and the score gradients of one sequence (grow-only scratch).
     pub bf16_attention: u64,
@@ -220,6 +229,7 @@ impl StageMemory {
             + self.optimizer_state
             + self.bf16_operands
             + self.bf16_weight_copies
+            + self.bf16_activation_copies
             + self.bf16_attention
             + self.rope_tables
             + self.runtime
@@ -242,6 +252,7 @@ impl StageMemory {
             ("weight stashes (fp32 copies)", self.weight_stashes),
             ("bf16 GEMM operand copies", self.bf16_operands),
             ("bf16 weight copies", self.bf16_weight_copies),
+            ("bf16 activation copies", self.bf16_activation_copies),
             ("bf16 attention operands", self.bf16_attention),
             ("RoPE table", self.rope_tables),
             ("CUDA runtime (allowance + cuBLASLt)", self.runtime),
@@ -396,6 +407,18 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         }
         _ => (0, 0),
     };
+    // Per block: the inputs of its four GEMMs (xn1, att, xn2, m), Q|K|V and
+    // the probabilities.
+    let bf16_activation_copies = match w.backend {
+        ComputeBackend::CudaBf16Gemm => {
+            let t = w.seq;
+            let block =
+                2 * n * d + n * cfg.q_dim() + n * cfg.ffn_hidden + n * cfg.qkv_dim() + w.batch * cfg.n_heads * t * t;
+            let per_micro_batch = 2 * (spec.layers.len() * block) as u64;
+            (per_micro_batch * held as u64).min(BF16_ACTIVATION_COPIES_LIMIT)
+        }
+        _ => 0,
+    };
     let runtime = match w.backend {
         ComputeBackend::Cpu => 0,
         ComputeBackend::CudaF32Gemm => CUDA_RUNTIME_ALLOWANCE,
@@ -413,6 +436,7 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         weight_stashes: F32 * p * stashed as u64,
         bf16_operands,
         bf16_weight_copies,
+        bf16_activation_copies,
         bf16_attention,
         rope_tables: F32 * (w.seq * cfg.head_dim()) as u64,
         runtime,

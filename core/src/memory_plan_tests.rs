@@ -89,9 +89,16 @@ fn bf16_copies_of_weights_and_attention_operands_are_counted() {
         let (n, t) = (2 * 64, 64);
         let attention = n * c.qkv_dim() + 2 * c.n_heads * t * t + n * c.q_dim() + c.n_kv_heads * t * t;
         assert_eq!(m.bf16_attention, 2 * attention as u64);
+        let block = 2 * n * c.d_model + n * c.q_dim() + n * c.ffn_hidden + n * c.qkv_dim() + 2 * c.n_heads * t * t;
+        assert_eq!(m.bf16_activation_copies, 2 * (spec.layers.len() * block) as u64);
     }
     let cpu = plan_memory(&c, 2, &Workload { backend: ComputeBackend::Cpu, ..w }).unwrap();
-    assert!(cpu.iter().all(|m| m.bf16_weight_copies == 0 && m.bf16_attention == 0));
+    assert!(cpu.iter().all(|m| m.bf16_weight_copies == 0 && m.bf16_attention == 0 && m.bf16_activation_copies == 0));
+    // Past the limit the copies stop growing: 1.5b's head holds two
+    // micro-batches of 4 x 1024.
+    let big = plan_memory(&ModelConfig::preset("1.5b").unwrap(), 3, &cuda(4, 1024, 2)).unwrap();
+    assert_eq!(big[0].bf16_activation_copies, BF16_ACTIVATION_COPIES_LIMIT);
+    assert!(big.iter().all(|m| m.bf16_activation_copies <= BF16_ACTIVATION_COPIES_LIMIT));
 }
 
 #[test]

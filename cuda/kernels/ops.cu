@@ -8,6 +8,13 @@
 // NVRTC has no <math.h>, hence no INFINITY.
 #define NEG_INF __int_as_float(0xff800000)
 
+// f32 -> bf16 bits, round to nearest even (NaN kept a NaN).
+__device__ __forceinline__ unsigned short to_bf16(float v) {
+    unsigned int b = __float_as_uint(v);
+    if (v != v) return (unsigned short)((b >> 16) | 0x40u);
+    return (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
 __device__ __forceinline__ float block_sum(float v, float* red) {
     red[threadIdx.x] = v;
     __syncthreads();
@@ -59,8 +66,10 @@ extern "C" __global__ void embedding_bwd(float* __restrict__ dwte, const float* 
 }
 
 // out = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps). One block per row.
-extern "C" __global__ void rmsnorm(float* __restrict__ out, float* __restrict__ rstd, const float* __restrict__ x,
-                                   const float* __restrict__ w, int n, int d, float eps) {
+// With `out16` not null the output is also written there in bf16: the
+// operand of the GEMM that reads it next.
+extern "C" __global__ void rmsnorm(float* __restrict__ out, unsigned short* __restrict__ out16, float* __restrict__ rstd,
+                                   const float* __restrict__ x, const float* __restrict__ w, int n, int d, float eps) {
     __shared__ float red[BLOCK];
     int r = blockIdx.x;
     if (r >= n) return;
@@ -69,7 +78,11 @@ extern "C" __global__ void rmsnorm(float* __restrict__ out, float* __restrict__ 
     for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
     float s = rsqrtf(block_sum(ss, red) / d + eps);
     if (threadIdx.x == 0) rstd[r] = s;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)r * d + j] = xr[j] * s * w[j];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = xr[j] * s * w[j];
+        out[(long long)r * d + j] = v;
+        if (out16) out16[(long long)r * d + j] = to_bf16(v);
+    }
 }
 
 // Sum over the block by warp shuffles, then across warps through `red`
@@ -153,14 +166,18 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
 
 __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// out[n, f] = silu(gu[:, :f]) * gu[:, f:]
-extern "C" __global__ void swiglu(float* __restrict__ out, const float* __restrict__ gu, int n, int f) {
+// out[n, f] = silu(gu[:, :f]) * gu[:, f:]; also in bf16 to `out16` when
+// it is not null.
+extern "C" __global__ void swiglu(float* __restrict__ out, unsigned short* __restrict__ out16,
+                                  const float* __restrict__ gu, int n, int f) {
     long long total = (long long)n * f;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
         long long r = t / f;
         int j = (int)(t % f);
         float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
-        out[t] = g * sigmoidf(g) * u;
+        float v = g * sigmoidf(g) * u;
+        out[t] = v;
+        if (out16) out16[t] = to_bf16(v);
     }
 }
 
@@ -175,13 +192,6 @@ extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __re
         dgu[r * 2 * f + f + j] = dout[t] * g * s;
         dgu[r * 2 * f + j] = dout[t] * u * s * (1.0f + g * (1.0f - s));
     }
-}
-
-// f32 -> bf16 bits, round to nearest even (NaN kept a NaN).
-__device__ __forceinline__ unsigned short to_bf16(float v) {
-    unsigned int b = __float_as_uint(v);
-    if (v != v) return (unsigned short)((b >> 16) | 0x40u);
-    return (unsigned short)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
 // Values per thread the softmax kernels keep in registers: rows up to

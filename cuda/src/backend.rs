@@ -150,18 +150,24 @@ pub struct CudaBackend {
     copies: Mutex<Copies>,
 }
 
-/// bf16 copies that outlive one call: the weights' (kept until the weight
-/// is written; the optimizer step rewrites them in place) and what scratch
-/// "b" holds (an output gradient is the "b" operand of both its input- and
-/// weight-gradient GEMMs, so the second finds it cast).
+/// bf16 copies that outlive one call. The weights' are kept until the
+/// weight is written (the optimizer step rewrites them in place). The
+/// activations' are made by the kernels that produce them (RMSNorm, SwiGLU,
+/// the softmax) or by the forward GEMM that casts its input, and read again
+/// by the backward (the weight gradient's input, attention's Q|K|V and P).
+/// `b_holds` is what scratch "b" holds: an output gradient is the "b"
+/// operand of both its input- and weight-gradient GEMMs, so the second finds
+/// it cast.
 struct Copies {
     weights: CastCache<CudaSlice<u16>>,
+    acts: CastCache<CudaSlice<u16>>,
     b_holds: Option<(u64, usize)>,
 }
 
 impl Copies {
     fn written(&mut self, ptr: u64, len: usize) {
         self.weights.written(ptr, len);
+        self.acts.written(ptr, len);
         if self.b_holds.is_some_and(|(p, l)| p < ptr + 4 * len as u64 && ptr < p + 4 * l as u64) {
             self.b_holds = None;
         }
@@ -169,18 +175,27 @@ impl Copies {
     fn allocated(&mut self, ptr: u64, len: usize) {
         // Freed storage goes in stream order, after the work that read it.
         drop(self.weights.allocated(ptr, 4 * len));
+        drop(self.acts.allocated(ptr, 4 * len));
         self.written(ptr, len);
     }
 }
 
-/// The most bytes of bf16 weight copies a backend keeps: the plan's
-/// `BF16_WEIGHT_COPIES_LIMIT` unless `IOTA_BF16_WEIGHT_COPIES_MIB` says
-/// otherwise (0 turns them off). Past it the least recently used go.
-fn weight_copies_limit() -> usize {
-    std::env::var("IOTA_BF16_WEIGHT_COPIES_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(iota_core::memory_plan::BF16_WEIGHT_COPIES_LIMIT as usize, |mib| mib << 20)
+/// How a GEMM operand's bf16 copy is found and kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// A weight: its kept copy, made now if there is none.
+    Weight,
+    /// An activation read again later: its kept copy, made now if none.
+    Keep,
+    /// An activation read for the last time: its kept copy if there is
+    /// one, else a cast into scratch.
+    LastUse,
+    /// A gradient: cast into scratch (reused by the next GEMM on it).
+    Transient,
+}
+
+fn limit_from_env(var: &str, default: u64) -> usize {
+    std::env::var(var).ok().and_then(|v| v.trim().parse::<usize>().ok()).map_or(default as usize, |mib| mib << 20)
 }
 
 // The backend is used from one compute thread at a time; cuBLAS handles and
@@ -205,7 +220,14 @@ impl CudaBackend {
             GemmPrecision::F32 => None,
         };
         let receiver = crate::pinned::DeviceReceiver::new(gpu.clone());
-        let copies = Mutex::new(Copies { weights: CastCache::new(weight_copies_limit()), b_holds: None });
+        use iota_core::memory_plan::{BF16_ACTIVATION_COPIES_LIMIT, BF16_WEIGHT_COPIES_LIMIT};
+        // The plan's limits unless IOTA_BF16_*_COPIES_MIB say otherwise (0
+        // turns the copies off); past a limit the least recently used go.
+        let copies = Mutex::new(Copies {
+            weights: CastCache::new(limit_from_env("IOTA_BF16_WEIGHT_COPIES_MIB", BF16_WEIGHT_COPIES_LIMIT)),
+            acts: CastCache::new(limit_from_env("IOTA_BF16_ACTIVATION_COPIES_MIB", BF16_ACTIVATION_COPIES_LIMIT)),
+            b_holds: None,
+        });
         Ok(CudaBackend { gpu, receiver, blas, precision, lt, scratch: Mutex::new(Scratch::default()), copies })
     }
 
@@ -332,38 +354,18 @@ impl CudaBackend {
     }
 
     /// A linear layer's GEMM in the backend's precision. `a` and `b` are
-    /// whole contiguous matrices of `a_len` and `b_len` values; `a_is_weight`
-    /// lets the bf16 path keep `a`'s copy until the weight is written.
+    /// whole contiguous matrices of `a_len` and `b_len` values; their roles
+    /// say where the bf16 path finds or keeps their copies.
     #[allow(clippy::too_many_arguments)]
-    fn linear_gemm(
-        &self,
-        s: GemmShape,
-        a: u64,
-        a_len: usize,
-        a_is_weight: bool,
-        b: u64,
-        b_len: usize,
-        c: u64,
-        beta: f32,
-    ) {
+    fn linear_gemm(&self, s: GemmShape, a: (u64, usize, Role), b: (u64, usize, Role), c: u64, beta: f32) {
         let Some(lt) = &self.lt else {
-            return self.sgemm_cm(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, c, s.ldc, beta);
+            return self.sgemm_cm(s.ta, s.tb, s.m, s.n, s.k, a.0, s.lda, b.0, s.ldb, c, s.ldc, beta);
         };
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         let Scratch { a: sa, b: sb, .. } = &mut *scratch;
-        let a16 = match a_is_weight {
-            true => self.weight_copy(&mut copies.weights, a, a_len).unwrap_or_else(|| self.cast_into(sa, a, a_len)),
-            false => self.cast_into(sa, a, a_len),
-        };
-        let b16 = match (copies.b_holds, sb.as_ref()) {
-            (Some(held), Some(buf)) if held == (b, b_len) => buf.device_ptr(&self.gpu.stream).0,
-            _ => {
-                let p = self.cast_into(sb, b, b_len);
-                copies.b_holds = Some((b, b_len));
-                p
-            }
-        };
+        let a16 = self.operand16(&mut copies, sa, a, false);
+        let b16 = self.operand16(&mut copies, sb, b, true);
         // The output may overlap a cast source (it never does in the model,
         // but the rule must hold for any caller).
         copies.written(c, s.m * s.n.max(1));
@@ -371,25 +373,81 @@ impl CudaBackend {
         ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm");
     }
 
-    /// The current bf16 copy of weight `[w, w + 4 len)`, made now if there
-    /// is none and it fits the limit; None when it does not fit.
-    fn weight_copy(&self, cache: &mut CastCache<CudaSlice<u16>>, w: u64, len: usize) -> Option<u64> {
-        if let Some(copy) = cache.current(w, len) {
+    /// The bf16 copy of one GEMM operand, found or made as its role says;
+    /// `scratch` takes it when it is not kept. `memo`: the scratch is "b",
+    /// whose content `Copies::b_holds` follows.
+    fn operand16(
+        &self,
+        copies: &mut Copies,
+        scratch: &mut Option<CudaSlice<u16>>,
+        (src, len, role): (u64, usize, Role),
+        memo: bool,
+    ) -> u64 {
+        let kept = match role {
+            Role::Weight => self.kept_copy(&mut copies.weights, src, len),
+            Role::Keep => self.kept_copy(&mut copies.acts, src, len),
+            Role::LastUse => copies.acts.current(src, len).map(|c| c.device_ptr(&self.gpu.stream).0),
+            Role::Transient => None,
+        };
+        if let Some(p) = kept {
+            return p;
+        }
+        if memo
+            && copies.b_holds == Some((src, len))
+            && let Some(buf) = scratch.as_ref()
+        {
+            return buf.device_ptr(&self.gpu.stream).0;
+        }
+        let p = self.cast_into(scratch, src, len);
+        if memo {
+            copies.b_holds = Some((src, len));
+        }
+        p
+    }
+
+    /// The current bf16 copy of `[src, src + 4 len)` in `cache`, made now if
+    /// there is none and it fits the limit; None when it does not fit.
+    fn kept_copy(&self, cache: &mut CastCache<CudaSlice<u16>>, src: u64, len: usize) -> Option<u64> {
+        if let Some(copy) = cache.current(src, len) {
             return Some(copy.device_ptr(&self.gpu.stream).0);
         }
-        if cache.storage(w, len).is_none() {
+        let dst = self.copy_slot(cache, src, len)?;
+        let n = len as i64;
+        launch!(self, "cast_bf16", self.grid(len), &dst, &src, &n);
+        cache.mark_current(src, len);
+        Some(dst)
+    }
+
+    /// Storage in `cache` for the copy of exactly `[src, src + 4 len)`, made
+    /// if there is none and it fits the limit (not yet current: the caller
+    /// writes it, then marks it current).
+    fn copy_slot(&self, cache: &mut CastCache<CudaSlice<u16>>, src: u64, len: usize) -> Option<u64> {
+        if cache.storage(src, len).is_none() {
             if !cache.admits(len) {
                 return None;
             }
             let buf = ok(self.gpu.stream.alloc_zeros::<u16>(len.max(1)), "alloc");
             // Room is made from the least recently used copies.
-            drop(cache.insert(w, len, buf));
+            drop(cache.insert(src, len, buf));
         }
-        let dst = cache.storage(w, len).expect("inserted above").device_ptr(&self.gpu.stream).0;
-        let n = len as i64;
-        launch!(self, "cast_bf16", self.grid(len), &dst, &w, &n);
-        cache.mark_current(w, len);
-        Some(dst)
+        Some(cache.storage(src, len).expect("inserted above").device_ptr(&self.gpu.stream).0)
+    }
+
+    /// With bf16 GEMMs: storage for the bf16 copy of an activation a kernel
+    /// is about to write (0: none, the kernel writes fp32 only). Mark it
+    /// current after the launch with `produced`.
+    fn produce_slot(&self, ptr: u64, len: usize) -> u64 {
+        if self.lt.is_none() {
+            return 0;
+        }
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        self.copy_slot(&mut copies.acts, ptr, len).unwrap_or(0)
+    }
+
+    fn produced(&self, slot: u64, ptr: u64, len: usize) {
+        if slot != 0 {
+            self.copies.lock().unwrap_or_else(|p| p.into_inner()).acts.mark_current(ptr, len);
+        }
     }
 
     /// Memory at `[ptr, ptr + 4 len)` may change: bf16 copies of it are stale.
@@ -619,17 +677,29 @@ impl Backend for CudaBackend {
         assert!(out.len == n * oc && inp.len == n * c && w.len == oc * c, "matmul shapes");
         // out^T[oc, n] = w[oc, c] inp^T  (column-major: A = w^T stored c x oc)
         let s = GemmShape::single(true, false, oc, n, c, c, c, oc);
-        self.linear_gemm(s, w.ptr, w.len, true, inp.ptr, inp.len, out.ptr, if acc { 1.0 } else { 0.0 });
+        self.linear_gemm(
+            s,
+            (w.ptr, w.len, Role::Weight),
+            (inp.ptr, inp.len, Role::Keep),
+            out.ptr,
+            if acc { 1.0 } else { 0.0 },
+        );
     }
     fn matmul_bwd_input(&self, dinp: DMut<'_>, dout: DRef<'_>, w: DRef<'_>, n: usize, c: usize, oc: usize, acc: bool) {
         assert!(dinp.len == n * c && dout.len == n * oc && w.len == oc * c, "matmul_bwd_input shapes");
         let s = GemmShape::single(false, false, c, n, oc, c, oc, c);
-        self.linear_gemm(s, w.ptr, w.len, true, dout.ptr, dout.len, dinp.ptr, if acc { 1.0 } else { 0.0 });
+        self.linear_gemm(
+            s,
+            (w.ptr, w.len, Role::Weight),
+            (dout.ptr, dout.len, Role::Transient),
+            dinp.ptr,
+            if acc { 1.0 } else { 0.0 },
+        );
     }
     fn matmul_bwd_weight(&self, dw: DMut<'_>, dout: DRef<'_>, inp: DRef<'_>, n: usize, c: usize, oc: usize) {
         assert!(dw.len == oc * c && dout.len == n * oc && inp.len == n * c, "matmul_bwd_weight shapes");
         let s = GemmShape::single(false, true, c, oc, n, c, oc, c);
-        self.linear_gemm(s, inp.ptr, inp.len, false, dout.ptr, dout.len, dw.ptr, 1.0);
+        self.linear_gemm(s, (inp.ptr, inp.len, Role::LastUse), (dout.ptr, dout.len, Role::Transient), dw.ptr, 1.0);
     }
 
     fn embedding(&self, out: DMut<'_>, tokens: &[u32], wte: DRef<'_>, d: usize) {
@@ -673,7 +743,9 @@ impl Backend for CudaBackend {
     fn rmsnorm(&self, out: DMut<'_>, rstd: DMut<'_>, x: DRef<'_>, w: DRef<'_>, n: usize, d: usize, eps: f32) {
         assert!(out.len == n * d && x.len == n * d && rstd.len == n && w.len == d, "rmsnorm shapes");
         let (ni, di) = (n as i32, d as i32);
-        launch!(self, "rmsnorm", self.rows(n), &out.ptr, &rstd.ptr, &x.ptr, &w.ptr, &ni, &di, &eps);
+        let out16 = self.produce_slot(out.ptr, out.len);
+        launch!(self, "rmsnorm", self.rows(n), &out.ptr, &out16, &rstd.ptr, &x.ptr, &w.ptr, &ni, &di, &eps);
+        self.produced(out16, out.ptr, out.len);
     }
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_bwd(
@@ -747,13 +819,21 @@ impl Backend for CudaBackend {
         );
         let tt = t * t;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         let Scratch { attn_x, attn_p, .. } = &mut *scratch;
-        // Operand bases: the fp32 buffers, or their bf16 copies.
-        let (x, p16) = match self.lt {
-            None => (Operand::f32(qkv.ptr), None),
+        // Operand bases: the fp32 buffers, or their bf16 copies, kept for the
+        // backward where they fit (else in scratch).
+        let (x, p16, p_kept) = match self.lt {
+            None => (Operand::f32(qkv.ptr), None, false),
             Some(_) => {
-                let x = self.cast_into(attn_x, qkv.ptr, qkv.len);
-                (Operand::bf16(x), Some(self.u16_scratch(attn_p, probs.len)))
+                let x = self
+                    .kept_copy(&mut copies.acts, qkv.ptr, qkv.len)
+                    .unwrap_or_else(|| self.cast_into(attn_x, qkv.ptr, qkv.len));
+                let (p16, kept) = match self.copy_slot(&mut copies.acts, probs.ptr, probs.len) {
+                    Some(p) => (p, true),
+                    None => (self.u16_scratch(attn_p, probs.len), false),
+                };
+                (Operand::bf16(x), Some(p16), kept)
             }
         };
         let p_op = p16.map_or(Operand::f32(probs.ptr), Operand::bf16);
@@ -778,6 +858,9 @@ impl Backend for CudaBackend {
         let rows = (dims.batch * nh * t) as i32;
         let (ti, scale, p16p) = (t as i32, 1.0 / (hd as f32).sqrt(), p16.unwrap_or(0));
         launch!(self, "causal_softmax", self.rows(rows as usize), &probs.ptr, &p16p, &rows, &ti, &scale);
+        if p_kept {
+            copies.acts.mark_current(probs.ptr, probs.len);
+        }
         for b in 0..dims.batch {
             for g in 0..group {
                 let row0 = b * t * qs;
@@ -800,6 +883,7 @@ impl Backend for CudaBackend {
         );
         let tt = t * t;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         let Scratch { attn_x, attn_p, attn_do, attn_ds16, partials, .. } = &mut *scratch;
         let dsp = self.f32_scratch(partials, nkv * tt);
         let (x, p_op, do_op, ds_op, ds16) = match self.lt {
@@ -808,8 +892,14 @@ impl Backend for CudaBackend {
                 (Operand::f32(qkv.ptr), Operand::f32(probs.ptr), Operand::f32(dout.ptr), ds, 0u64)
             }
             Some(_) => {
-                let x = self.cast_into(attn_x, qkv.ptr, qkv.len);
-                let p = self.cast_into(attn_p, probs.ptr, probs.len);
+                // The forward's copies where they were kept and are current.
+                let mut kept =
+                    |src: u64, len: usize, scratch: &mut Option<CudaSlice<u16>>| match copies.acts.current(src, len) {
+                        Some(c) => c.device_ptr(&self.gpu.stream).0,
+                        None => self.cast_into(scratch, src, len),
+                    };
+                let x = kept(qkv.ptr, qkv.len, attn_x);
+                let p = kept(probs.ptr, probs.len, attn_p);
                 let d = self.cast_into(attn_do, dout.ptr, dout.len);
                 let ds16 = self.u16_scratch(attn_ds16, nkv * tt);
                 (Operand::bf16(x), Operand::bf16(p), Operand::bf16(d), Operand::bf16(ds16), ds16)
@@ -847,7 +937,9 @@ impl Backend for CudaBackend {
     fn swiglu(&self, out: DMut<'_>, gu: DRef<'_>, n: usize, f: usize) {
         assert!(out.len == n * f && gu.len == 2 * n * f, "swiglu shapes");
         let (ni, fi) = (n as i32, f as i32);
-        launch!(self, "swiglu", self.grid(n * f), &out.ptr, &gu.ptr, &ni, &fi);
+        let out16 = self.produce_slot(out.ptr, out.len);
+        launch!(self, "swiglu", self.grid(n * f), &out.ptr, &out16, &gu.ptr, &ni, &fi);
+        self.produced(out16, out.ptr, out.len);
     }
     fn swiglu_bwd(&self, dgu: DMut<'_>, dout: DRef<'_>, gu: DRef<'_>, n: usize, f: usize) {
         assert!(dgu.len == 2 * n * f && dout.len == n * f && gu.len == 2 * n * f, "swiglu_bwd shapes");

@@ -365,9 +365,36 @@ fn weight_copy_checks(cuda: &crate::backend::CudaBackend, rng: &mut Rng, out: &m
     drop(params);
     let params = cuda.upload(&(0..off + oc * c + 3).map(|_| rng.normal()).collect::<Vec<_>>());
     check(&params, &mut worst);
+    // Activations: RMSNorm writes its output's copy; a matmul reads it
+    // (kept), the weight gradient reads it again (last use); then the
+    // output is rewritten and both must see the new values.
+    let x = cuda.upload(&(0..n * c).map(|_| rng.normal()).collect::<Vec<_>>());
+    let gain = cuda.upload(&(0..c).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<_>>());
+    let w2_h: Vec<f32> = (0..oc * c).map(|_| rng.normal()).collect();
+    let w2 = cuda.upload(&w2_h);
+    let dout_h: Vec<f32> = (0..n * oc).map(|_| rng.normal()).collect();
+    let dout = cuda.upload(&dout_h);
+    let (mut xn, mut rstd) = (cuda.zeros(n * c), cuda.zeros(n));
+    cuda.rmsnorm(cuda.all_mut(&mut xn), cuda.all_mut(&mut rstd), cuda.all(&x), cuda.all(&gain), n, c, 1e-5);
+    let act_check = |xn: &cudarc::driver::CudaSlice<f32>, worst: &mut f64| {
+        let xh = round(&cuda.to_host(xn));
+        let mut o = cuda.zeros(n * oc);
+        cuda.matmul(cuda.all_mut(&mut o), cuda.all(xn), cuda.all(&w2), n, c, oc, false);
+        let mut want = vec![0.0; n * oc];
+        cpu.matmul(&mut want, &xh, &round(&w2_h), n, c, oc, false);
+        *worst = worst.max(max_rel(&cuda.to_host(&o), &want));
+        let mut dw = cuda.zeros(oc * c);
+        cuda.matmul_bwd_weight(cuda.all_mut(&mut dw), cuda.all(&dout), cuda.all(xn), n, c, oc);
+        let mut want = vec![0.0; oc * c];
+        cpu.matmul_bwd_weight(&mut want, &round(&dout_h), &xh, n, c, oc);
+        *worst = worst.max(max_rel(&cuda.to_host(&dw), &want));
+    };
+    act_check(&xn, &mut worst);
+    cuda.scale(cuda.all_mut(&mut xn), -0.5);
+    act_check(&xn, &mut worst);
     out.push(Check {
-        op: "bf16 weight copies follow writes".into(),
-        shape: format!("n{n} c{c} oc{oc}, at offset {off}: read, reread, scale, adamw, realloc"),
+        op: "bf16 copies follow writes".into(),
+        shape: format!("n{n} c{c} oc{oc}, at offset {off}: read, reread, scale, adamw, realloc; rmsnorm out, rescaled"),
         max_rel_err: worst,
         tolerance: 1e-5,
         millis: t0.elapsed().as_secs_f64() * 1e3,
