@@ -567,6 +567,13 @@ impl Backend for CudaBackend {
         self.note_allocated(&buf);
         buf
     }
+    fn empty(&self, n: usize) -> CudaSlice<f32> {
+        // SAFETY: the trait's contract: the caller writes the whole buffer
+        // before reading it (the CPU backend's NaN fill checks that in tests).
+        let buf = ok(unsafe { self.gpu.stream.alloc::<f32>(n.max(1)) }, "alloc");
+        self.note_allocated(&buf);
+        buf
+    }
     fn upload(&self, host: &[f32]) -> CudaSlice<f32> {
         if host.is_empty() {
             return self.zeros(0);

@@ -99,6 +99,15 @@ pub trait Backend: Send + Sync {
 
     // ---- memory ----
     fn zeros(&self, n: usize) -> Self::Buf;
+    /// A buffer of `n` values whose contents are unspecified: for an output
+    /// the next op writes whole before anything reads it (a GEMM with
+    /// `acc = false`, a norm, the attention), where zeroing it first is
+    /// wasted bandwidth (a `1b` stage's step zeroed ~5 GB on the GPU).
+    /// `CpuBackend` fills it with NaN in debug builds, so a caller that reads
+    /// before writing fails the tests instead of reading stale values.
+    fn empty(&self, n: usize) -> Self::Buf {
+        self.zeros(n)
+    }
     fn upload(&self, host: &[f32]) -> Self::Buf;
     fn download(&self, buf: &Self::Buf, range: Range<usize>, out: &mut [f32]);
     fn len(&self, buf: &Self::Buf) -> usize;

@@ -63,7 +63,7 @@ impl<B: Backend> Ctx<'_, B> {
         self.be.view(self.params, r.clone())
     }
     fn copy_of(&self, x: &B::Buf) -> B::Buf {
-        let mut y = self.be.zeros(self.be.len(x));
+        let mut y = self.be.empty(self.be.len(x));
         self.be.copy(self.be.all_mut(&mut y), self.be.all(x));
         y
     }
@@ -91,25 +91,25 @@ pub fn block_forward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, x: B::Buf) -> (Block
     let cfg = c.cfg;
     let (n, d, f) = (c.n(), cfg.d_model, cfg.ffn_hidden);
     let (qd, qkvd) = (cfg.q_dim(), cfg.qkv_dim());
-    let mut xn1 = be.zeros(n * d);
-    let mut rstd1 = be.zeros(n);
+    let mut xn1 = be.empty(n * d);
+    let mut rstd1 = be.empty(n);
     be.rmsnorm(be.all_mut(&mut xn1), be.all_mut(&mut rstd1), be.all(&x), c.p(&li.attn_norm), n, d, cfg.norm_eps);
-    let mut qkv = be.zeros(n * qkvd);
+    let mut qkv = be.empty(n * qkvd);
     be.matmul(be.all_mut(&mut qkv), be.all(&xn1), c.p(&li.qkv), n, d, qkvd, false);
     // q and k heads are adjacent at the start of each row: rotate them together.
     let rot = cfg.n_heads + cfg.n_kv_heads;
     be.rope(be.all_mut(&mut qkv), be.all(c.rope), n, c.seq, qkvd, rot, cfg.head_dim(), false);
-    let mut att = be.zeros(n * qd);
-    let mut probs = be.zeros(c.attn().probs_len());
+    let mut att = be.empty(n * qd);
+    let mut probs = be.empty(c.attn().probs_len());
     be.attention(be.all_mut(&mut att), be.all_mut(&mut probs), be.all(&qkv), c.attn());
     let mut x2 = c.copy_of(&x);
     be.matmul(be.all_mut(&mut x2), be.all(&att), c.p(&li.o), n, qd, d, true);
-    let mut xn2 = be.zeros(n * d);
-    let mut rstd2 = be.zeros(n);
+    let mut xn2 = be.empty(n * d);
+    let mut rstd2 = be.empty(n);
     be.rmsnorm(be.all_mut(&mut xn2), be.all_mut(&mut rstd2), be.all(&x2), c.p(&li.mlp_norm), n, d, cfg.norm_eps);
-    let mut gu = be.zeros(n * 2 * f);
+    let mut gu = be.empty(n * 2 * f);
     be.matmul(be.all_mut(&mut gu), be.all(&xn2), c.p(&li.gate_up), n, d, 2 * f, false);
-    let mut m = be.zeros(n * f);
+    let mut m = be.empty(n * f);
     be.swiglu(be.all_mut(&mut m), be.all(&gu), n, f);
     let mut x3 = c.copy_of(&x2);
     be.matmul(be.all_mut(&mut x3), be.all(&m), c.p(&li.down), n, f, d, true);
@@ -125,13 +125,13 @@ pub fn block_backward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, a: &BlockActs<B>, d
     let (n, d, f) = (c.n(), cfg.d_model, cfg.ffn_hidden);
     let (qd, qkvd) = (cfg.q_dim(), cfg.qkv_dim());
     // MLP
-    let mut dm = be.zeros(n * f);
+    let mut dm = be.empty(n * f);
     be.matmul_bwd_input(be.all_mut(&mut dm), be.all(dres), c.p(&li.down), n, f, d, false);
     be.matmul_bwd_weight(be.view_mut(grads, li.down.clone()), be.all(dres), be.all(&a.m), n, f, d);
-    let mut dgu = be.zeros(n * 2 * f);
+    let mut dgu = be.empty(n * 2 * f);
     be.swiglu_bwd(be.all_mut(&mut dgu), be.all(&dm), be.all(&a.gu), n, f);
     drop(dm);
-    let mut dxn = be.zeros(n * d);
+    let mut dxn = be.empty(n * d);
     be.matmul_bwd_input(be.all_mut(&mut dxn), be.all(&dgu), c.p(&li.gate_up), n, d, 2 * f, false);
     be.matmul_bwd_weight(be.view_mut(grads, li.gate_up.clone()), be.all(&dgu), be.all(&a.xn2), n, d, 2 * f);
     drop(dgu);
@@ -146,10 +146,10 @@ pub fn block_backward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, a: &BlockActs<B>, d
         d,
     );
     // Attention
-    let mut datt = be.zeros(n * qd);
+    let mut datt = be.empty(n * qd);
     be.matmul_bwd_input(be.all_mut(&mut datt), be.all(dres), c.p(&li.o), n, qd, d, false);
     be.matmul_bwd_weight(be.view_mut(grads, li.o.clone()), be.all(dres), be.all(&a.att), n, qd, d);
-    let mut dqkv = be.zeros(n * qkvd);
+    let mut dqkv = be.empty(n * qkvd);
     be.attention_bwd(be.all_mut(&mut dqkv), be.all(&datt), be.all(&a.qkv), be.all(&a.probs), c.attn());
     drop(datt);
     let rot = cfg.n_heads + cfg.n_kv_heads;
