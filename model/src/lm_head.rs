@@ -59,12 +59,13 @@ pub fn head_forward_backward<B: Backend>(
     let cfg = c.cfg;
     let (n, d, v) = (c.n(), cfg.d_model, cfg.vocab_size);
     assert_eq!(targets.len(), n, "one target per row");
-    let mut hn = be.zeros(n * d);
-    let mut rstd = be.zeros(n);
+    let mut hn = be.empty(n * d);
+    let mut rstd = be.empty(n);
     be.rmsnorm(be.all_mut(&mut hn), be.all_mut(&mut rstd), be.all(h), c.p(&idx.norm), n, d, cfg.norm_eps);
     let chunk = rows_per_chunk_within(n, v, idx.logit_budget);
-    let mut logits = be.zeros(chunk * v);
-    let mut dhn = grads.as_ref().map(|_| be.zeros(n * d));
+    let mut logits = be.empty(chunk * v);
+    // Every chunk's input gradient writes its rows.
+    let mut dhn = grads.as_ref().map(|_| be.empty(n * d));
     let mut losses = Vec::with_capacity(n);
     for r0 in (0..n).step_by(chunk) {
         let rows = chunk.min(n - r0);

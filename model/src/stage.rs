@@ -235,7 +235,7 @@ impl<B: Backend> Stage<B> {
     /// forwarded with them still awaits its backward.
     pub fn before_update(&mut self) {
         if self.stash_weights && self.in_flight_at(self.version) && !self.stash.contains_key(&self.version) {
-            let mut copy = self.be.zeros(self.layout.total());
+            let mut copy = self.be.empty(self.layout.total());
             self.be.copy(self.be.all_mut(&mut copy), self.be.all(&self.params));
             self.stash.insert(self.version, copy);
         }
