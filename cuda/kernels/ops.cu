@@ -144,53 +144,61 @@ extern "C" __global__ void sum_rows(float* __restrict__ out, const float* __rest
 
 // Rotates the first `heads` head blocks of each row (row_stride apart) by
 // the table's angles: cos [seq, hd/2] then sin [seq, hd/2]; row r is at
-// position r % seq. `inverse` rotates back (RoPE's backward).
+// position r % seq. `inverse` rotates back (RoPE's backward). A block per
+// row (grid-stride over rows): the row's position and table rows are found
+// once, and a thread's pair index needs only 32-bit arithmetic.
 extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ table, int rows, int seq,
                                 int row_stride, int heads, int hd, int inverse) {
     int half = hd / 2;
-    long long total = (long long)rows * heads * half;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        int i = (int)(t % half);
-        long long rh = t / half;
-        int h = (int)(rh % heads);
-        int r = (int)(rh / heads);
+    float sign = inverse ? -1.0f : 1.0f;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         int pos = r % seq;
-        float c = table[pos * half + i];
-        float s = table[seq * half + pos * half + i] * (inverse ? -1.0f : 1.0f);
-        float* a = x + (long long)r * row_stride + h * hd;
-        float x1 = a[i], x2 = a[half + i];
-        a[i] = x1 * c - x2 * s;
-        a[half + i] = x2 * c + x1 * s;
+        const float* cs = table + (long long)pos * half;
+        const float* sn = table + (long long)seq * half + (long long)pos * half;
+        float* row = x + (long long)r * row_stride;
+        for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+            int h = p / half;
+            int i = p - h * half;
+            float c = cs[i], s = sn[i] * sign;
+            float* a = row + h * hd;
+            float x1 = a[i], x2 = a[half + i];
+            a[i] = x1 * c - x2 * s;
+            a[half + i] = x2 * c + x1 * s;
+        }
     }
 }
 
 __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // out[n, f] = silu(gu[:, :f]) * gu[:, f:]; also in bf16 to `out16` when
-// it is not null.
+// it is not null. A block per row (grid-stride over rows), so no thread
+// divides to find its row.
 extern "C" __global__ void swiglu(float* __restrict__ out, unsigned short* __restrict__ out16,
                                   const float* __restrict__ gu, int n, int f) {
-    long long total = (long long)n * f;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        long long r = t / f;
-        int j = (int)(t % f);
-        float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
-        float v = g * sigmoidf(g) * u;
-        out[t] = v;
-        if (out16) out16[t] = to_bf16(v);
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* g_row = gu + (long long)r * 2 * f;
+        long long o = (long long)r * f;
+        for (int j = threadIdx.x; j < f; j += blockDim.x) {
+            float g = g_row[j], u = g_row[f + j];
+            float v = g * sigmoidf(g) * u;
+            out[o + j] = v;
+            if (out16) out16[o + j] = to_bf16(v);
+        }
     }
 }
 
 extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ dout,
                                       const float* __restrict__ gu, int n, int f) {
-    long long total = (long long)n * f;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        long long r = t / f;
-        int j = (int)(t % f);
-        float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
-        float s = sigmoidf(g);
-        dgu[r * 2 * f + f + j] = dout[t] * g * s;
-        dgu[r * 2 * f + j] = dout[t] * u * s * (1.0f + g * (1.0f - s));
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* g_row = gu + (long long)r * 2 * f;
+        float* d_row = dgu + (long long)r * 2 * f;
+        const float* o_row = dout + (long long)r * f;
+        for (int j = threadIdx.x; j < f; j += blockDim.x) {
+            float g = g_row[j], u = g_row[f + j];
+            float s = sigmoidf(g);
+            d_row[f + j] = o_row[j] * g * s;
+            d_row[j] = o_row[j] * u * s * (1.0f + g * (1.0f - s));
+        }
     }
 }
 
