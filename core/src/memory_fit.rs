@@ -76,7 +76,7 @@ impl RunMemoryNeeds {
                         (1..=max_held)
                             .map(|in_flight| {
                                 let w = Workload { optimizer, ..Workload::of(backend, batch, seq, in_flight) };
-                                stage_memory(cfg, spec, &w).peak()
+                                stage_memory(cfg, spec, &w).required_peak()
                             })
                             .collect()
                     })

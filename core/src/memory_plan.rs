@@ -235,10 +235,33 @@ impl StageMemory {
             + self.runtime
     }
 
-    /// Whether the peak fits a card of `card_bytes` with `FIT_RESERVE` of it
-    /// left free.
+    /// The bf16 copies of weights and activations: a cache that takes what
+    /// the card has left (`copy_limits`), so whether a stage fits is decided
+    /// without them.
+    pub fn optional_copies(&self) -> u64 {
+        self.bf16_weight_copies + self.bf16_activation_copies
+    }
+
+    /// The peak without the optional copies: what a card must hold.
+    pub fn required_peak(&self) -> u64 {
+        self.peak() - self.optional_copies()
+    }
+
+    /// Byte limits for the weights' and the activations' bf16 copies on a
+    /// card of `card_bytes`: each up to its planned size, the weights' first
+    /// (one copy saves a cast in every forward and backward), within what
+    /// the required peak leaves of the usable memory.
+    pub fn copy_limits(&self, card_bytes: u64) -> (u64, u64) {
+        let usable = (card_bytes as f64 * (1.0 - FIT_RESERVE)) as u64;
+        let headroom = usable.saturating_sub(self.required_peak());
+        let weights = self.bf16_weight_copies.min(headroom);
+        (weights, self.bf16_activation_copies.min(headroom - weights))
+    }
+
+    /// Whether the required peak fits a card of `card_bytes` with
+    /// `FIT_RESERVE` of it left free.
     pub fn fits(&self, card_bytes: u64) -> bool {
-        self.peak() as f64 <= card_bytes as f64 * (1.0 - FIT_RESERVE)
+        self.required_peak() as f64 <= card_bytes as f64 * (1.0 - FIT_RESERVE)
     }
 
     /// The breakdown of `training_peak` as printable lines (the same labels

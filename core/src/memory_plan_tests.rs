@@ -76,6 +76,26 @@ fn stashes_follow_in_flight_and_switch() {
 }
 
 #[test]
+fn the_bf16_copies_take_what_the_card_leaves() {
+    let c = ModelConfig::preset("1.5b").unwrap();
+    let plan = plan_memory(&c, 3, &cuda(2, 1024, 2)).unwrap();
+    for m in &plan {
+        assert!(m.optional_copies() > 0);
+        assert_eq!(m.required_peak() + m.optional_copies(), m.peak());
+        // A big card keeps every copy.
+        assert_eq!(m.copy_limits(80 * GIB), (m.bf16_weight_copies, m.bf16_activation_copies));
+        // A card that only just holds the required peak keeps none.
+        let tight = (m.required_peak() as f64 / (1.0 - FIT_RESERVE)).ceil() as u64;
+        assert!(m.fits(tight));
+        assert_eq!(m.copy_limits(tight), (0, 0));
+        // In between: the weights' copies first.
+        let half = tight + ((m.bf16_weight_copies / 2) as f64 / (1.0 - FIT_RESERVE)) as u64;
+        let (w, a) = m.copy_limits(half);
+        assert!(w > 0 && w < m.bf16_weight_copies && a == 0, "{w} {a}");
+    }
+}
+
+#[test]
 fn bf16_copies_of_weights_and_attention_operands_are_counted() {
     let c = ModelConfig::preset("small").unwrap();
     let w = Workload { weight_stashing: false, ..cuda(2, 64, 1) };

@@ -567,6 +567,11 @@ impl Backend for CudaBackend {
         self.note_allocated(&buf);
         buf
     }
+    fn set_copy_limits(&self, weights_bytes: u64, activation_bytes: u64) {
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        drop(copies.weights.set_limit(weights_bytes as usize));
+        drop(copies.acts.set_limit(activation_bytes as usize));
+    }
     fn empty(&self, n: usize) -> CudaSlice<f32> {
         // SAFETY: the trait's contract: the caller writes the whole buffer
         // before reading it (the CPU backend's NaN fill checks that in tests).

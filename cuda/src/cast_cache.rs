@@ -156,6 +156,20 @@ impl<T> CastCache<T> {
         dropped
     }
 
+    /// A new limit; the least recently used copies go until the held bytes
+    /// are within it (returned so the caller frees them in order).
+    pub(crate) fn set_limit(&mut self, limit_bytes: usize) -> Vec<T> {
+        self.limit = limit_bytes;
+        let mut evicted = Vec::new();
+        while self.held > self.limit && !self.entries.is_empty() {
+            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used).expect("not empty");
+            let old = self.entries.swap_remove(lru);
+            self.held -= 2 * old.len;
+            evicted.push(old.copy);
+        }
+        evicted
+    }
+
     /// Bytes of copies held.
     pub(crate) fn held_bytes(&self) -> usize {
         self.held
@@ -270,5 +284,12 @@ mod tests {
         // Re-inserting a range replaces its storage.
         assert_eq!(c.insert(0x4000, 64, 10), vec![9]);
         assert_eq!(c.held_bytes(), 3 * 128);
+        // A lower limit evicts down to it, least recently used first.
+        assert!(c.current(0x1000, 64).is_some());
+        let mut gone = c.set_limit(128);
+        gone.sort();
+        assert_eq!(gone, vec![2, 10]);
+        assert!(c.current(0x1000, 64).is_some() && c.held_bytes() == 128);
+        assert!(!c.admits(65));
     }
 }

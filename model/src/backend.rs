@@ -108,6 +108,10 @@ pub trait Backend: Send + Sync {
     fn empty(&self, n: usize) -> Self::Buf {
         self.zeros(n)
     }
+    /// Bytes a backend may keep in bf16 copies of weights and of
+    /// activations (a cache; `CudaBackend` with bf16 GEMMs). A miner sets
+    /// them from what its memory leaves beside its stage's required peak.
+    fn set_copy_limits(&self, _weights_bytes: u64, _activation_bytes: u64) {}
     fn upload(&self, host: &[f32]) -> Self::Buf;
     fn download(&self, buf: &Self::Buf, range: Range<usize>, out: &mut [f32]);
     fn len(&self, buf: &Self::Buf) -> usize;

@@ -70,6 +70,19 @@ impl<B: Backend + 'static> Worker<B> {
                 iota_core::memory_plan::InnerOptimizer::AdamW,
             )?;
             needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
+            // The bf16 copies (a cache) get what the stage leaves of the memory.
+            let spec = StageSpec::split(&t.model, t.stages)?
+                .into_iter()
+                .nth(a.stage as usize)
+                .context("assigned stage does not exist")?;
+            let w = iota_core::memory_plan::Workload::of(backend, t.batch, t.seq, self.cfg.spec.max_in_flight as usize);
+            let (wb, ab) = iota_core::memory_plan::stage_memory(&t.model, &spec, &w).copy_limits(bytes);
+            self.be.set_copy_limits(wb, ab);
+            info!(
+                weights_mib = wb >> 20,
+                activations_mib = ab >> 20,
+                "bf16 copies fitted to the memory beside the stage"
+            );
         }
         self.startup.assigned();
         // A new stage starts its training phase afresh when told.
