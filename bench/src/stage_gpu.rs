@@ -158,7 +158,6 @@ pub fn run(a: Args) -> Result<()> {
         step(&be);
     }
     let ours = median((0..a.iters.max(1)).map(|_| step(&be)).collect());
-    drop(step);
     let with_step = if a.with_step {
         let mut opt = iota_model::optim::AdamW::new(be.as_ref(), stage.layout().total());
         let adamw = iota_model::optim::AdamWConfig::default();
