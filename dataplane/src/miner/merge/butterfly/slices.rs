@@ -181,3 +181,30 @@ pub(super) fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload:
         payload: Bytes::copy_from_slice(payload),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice codec (whole blocks in parallel, the tail padded on its
+    /// own) gives the bytes and values of the whole padded slice coded at once.
+    #[test]
+    fn slices_code_as_their_padded_whole() {
+        let mut rng = iota_core::Rng::new(5);
+        let b = BLOCK as usize;
+        for c in [WireCodec::F32, WireCodec::Bf16, WireCodec::Int8Row, WireCodec::Int4Row] {
+            for len in [1, b - 1, b, b + 1, PAR_ROWS * b * 3 + 7, PAR_ROWS * b * 2] {
+                let x: Vec<f32> = (0..len).map(|_| rng.normal() * 0.01).collect();
+                let mut padded = x.clone();
+                padded.resize(blocks(len as u64) * b, 0.0);
+                let want = codec::encode(c, blocks(len as u64), b, &padded).unwrap();
+                let got = encode_slice(c, &x).unwrap();
+                assert_eq!(got, want, "{c:?} {len}");
+                let mut back = codec::decode(c, blocks(len as u64), b, &want).unwrap();
+                back.truncate(len);
+                assert_eq!(decode_slice(c, len as u64, &got).unwrap(), back, "{c:?} {len}");
+                assert!(decode_slice(c, len as u64, &got[1..]).is_err());
+            }
+        }
+    }
+}
