@@ -160,9 +160,10 @@ pub enum Cmd {
         /// unauthenticated, so keep it on loopback unless told otherwise.
         #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7180")]
         dashboard: Option<SocketAddr>,
-        /// Compute threads per miner process.
-        #[arg(long, default_value_t = 1)]
-        threads_per_miner: usize,
+        /// Compute threads per miner process (default: 1 with cpu miners;
+        /// with cuda miners the machine's cores shared out among them).
+        #[arg(long)]
+        threads_per_miner: Option<usize>,
         /// The iota-miner binary (default: next to this one).
         #[arg(long)]
         miner_bin: Option<PathBuf>,
@@ -546,7 +547,9 @@ async fn run_async(cli: Cli) -> Result<()> {
                 dashboard,
                 log_format,
                 miner_bin,
-                threads_per_miner,
+                threads_per_miner: threads_per_miner.unwrap_or_else(|| {
+                    swarm::default_threads_per_miner(&miner_device, (cfg.spec.stages * cfg.spec.replicas) as usize)
+                }),
                 miner_device,
                 validators: validator_ids,
                 adversaries,
