@@ -93,6 +93,13 @@ struct Core {
 
 impl Core {
     fn deliver(&mut self, outs: Vec<Out>) {
+        // A merge verdict names the partition's writer, who stores the slice
+        // as soon as it hears. An orchestrator restarted from a state saved
+        // before the verdict refuses that store ("not the writer") for as
+        // long as the writer retries, and the merge never ends: save first.
+        if outs.iter().any(|o| matches!(o.cmd, pb::command::Kind::Verdict(_))) {
+            self.persist(now_ms(), true);
+        }
         for Out { to, cmd } in outs {
             let cmd = pb::Command { kind: Some(cmd) };
             let queue = self.pending.entry(to).or_default();
@@ -246,11 +253,18 @@ impl OrchestratorService {
     /// Steps the state machine with `ev` now and delivers the commands.
     pub fn apply(&self, ev: Event) -> Result<(), Rejected> {
         let now = now_ms();
+        // The merge's reports are sent once: one acknowledged but not yet
+        // saved would be lost to a restart, and the resumed merge would wait
+        // for it forever. They are saved before the acknowledgement.
+        let sent_once = matches!(
+            ev,
+            Event::UploadDone { .. } | Event::MergeDone { .. } | Event::Stored { .. } | Event::SliceDone { .. }
+        );
         let mut core = self.core.lock();
         let Core { orch, rng, .. } = &mut *core;
         let outs = orch.step(now, ev, rng).map_err(rejected)?;
         core.deliver(outs);
-        core.persist(now, false);
+        core.persist(now, sent_once);
         Ok(())
     }
 
