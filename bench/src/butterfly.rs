@@ -135,6 +135,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut rng = Rng::new(1);
     let prev: Vec<f32> = (0..p).map(|_| rng.normal() * 0.02).collect();
     let prev = Arc::new(prev);
+    let mut phases = Vec::new();
     for &r in &a.replicas {
         let reps: Vec<LocalReplica> = (0..r)
             .map(|i| {
@@ -160,6 +161,8 @@ pub fn run(a: Args) -> Result<()> {
         ))?;
         let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
         let (sent, recv) = (mean(&report.sent_bytes), mean(&report.recv_bytes));
+        let phase = |i: usize| report.phase_secs.iter().map(|p| p[i]).sum::<f64>() / r as f64;
+        phases.push((r, [phase(0), phase(1), phase(2), phase(3)], report.elapsed.as_secs_f64()));
         let goal = 2.0 * p as f64 * (r as f64 - 1.0) / r as f64 * bytes_per_value;
         // Ours sends the scatter (2P(R-1)/R) plus the gather (P(R-2)/R).
         let model = p as f64 * (3.0 * r as f64 - 4.0) / r as f64 * bytes_per_value;
@@ -183,6 +186,13 @@ pub fn run(a: Args) -> Result<()> {
             per_rep as f64 / 1e6,
             ps_secs / report.elapsed.as_secs_f64()
         );
+    }
+    println!(
+        "\n  butterfly time per replica (mean), by phase; the rest is waiting (the network, peers, the coordinator)"
+    );
+    println!("  {:>3} | {:>8} {:>8} {:>8} {:>8} | {:>8}", "R", "encode", "reduce", "apply", "store", "bfly s");
+    for (r, p, total) in &phases {
+        println!("  {r:>3} | {:>8.2} {:>8.2} {:>8.2} {:>8.2} | {total:>8.2}", p[0], p[1], p[2], p[3]);
     }
     println!(
         "\n  sent/recv: data-plane payload per replica (mean); ratio: sent / 2P(R-1)/R x codec bytes; model: sent / P(3R-4)/R x codec bytes"

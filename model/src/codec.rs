@@ -14,37 +14,50 @@ const INT4_MAX: f32 = 7.0;
 /// that produced them has diverged, and sending them on would poison peers.
 pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<Vec<u8>, CoreError> {
     let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
+    let mut out = vec![0u8; expected];
+    encode_into(codec, rows, cols, x, &mut out)?;
+    Ok(out)
+}
+
+/// `encode` into `out` (exactly `codec.payload_bytes(rows, cols)` bytes).
+/// Rows are encoded independently, so a tensor encoded in row blocks, each
+/// into its own part of `out`, gives the same bytes as encoded whole.
+pub fn encode_into(codec: WireCodec, rows: usize, cols: usize, x: &[f32], out: &mut [u8]) -> Result<(), CoreError> {
+    let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
     assert_eq!(x.len(), rows * cols, "encode: tensor length does not match its shape");
+    assert_eq!(out.len(), expected, "encode: output length does not match the shape");
     if x.iter().any(|v| !v.is_finite()) {
         return Err(CoreError::NonFinite("tensor to encode"));
     }
-    let mut out = Vec::with_capacity(expected);
     match codec {
-        WireCodec::F32 => x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        WireCodec::Bf16 => x.iter().for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
+        WireCodec::F32 => out.chunks_exact_mut(4).zip(x).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
+        WireCodec::Bf16 => {
+            out.chunks_exact_mut(2).zip(x).for_each(|(o, v)| o.copy_from_slice(&f32_to_bf16(*v).to_le_bytes()))
+        }
         WireCodec::Int8Row | WireCodec::Int4Row => {
             let qmax = if codec == WireCodec::Int8Row { INT8_MAX } else { INT4_MAX };
-            for row in x.chunks(cols.max(1)).take(rows) {
+            let rb = codec.row_bytes(cols);
+            for (row, orow) in x.chunks(cols.max(1)).zip(out.chunks_mut(rb.max(1))).take(rows) {
                 let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 let scale_bits = f32_to_bf16_up(absmax / qmax);
                 let scale = bf16_to_f32(scale_bits);
-                out.extend_from_slice(&scale_bits.to_le_bytes());
+                let (head, codes) = orow.split_at_mut(2);
+                head.copy_from_slice(&scale_bits.to_le_bytes());
                 let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
                 let q = |v: f32| (v * inv).round().clamp(-qmax, qmax) as i8;
                 if codec == WireCodec::Int8Row {
-                    out.extend(row.iter().map(|&v| q(v) as u8));
+                    codes.iter_mut().zip(row).for_each(|(o, &v)| *o = q(v) as u8);
                 } else {
-                    for pair in row.chunks(2) {
+                    for (o, pair) in codes.iter_mut().zip(row.chunks(2)) {
                         let lo = q(pair[0]) as u8 & 0x0F;
                         let hi = pair.get(1).map_or(0, |&v| q(v) as u8 & 0x0F);
-                        out.push(lo | (hi << 4));
+                        *o = lo | (hi << 4);
                     }
                 }
             }
         }
     }
-    debug_assert_eq!(out.len(), expected);
-    Ok(out)
+    Ok(())
 }
 
 /// Decodes into `out` (length rows * cols), validating everything. Its

@@ -116,18 +116,17 @@ pub fn reduce_slice(
             }
         }
     }
-    // Nesterov: m <- mu m + g; u = lr (g + mu m).
+    // Nesterov: m <- mu m + g; u = lr (g + mu m), written over g (each
+    // coordinate reads its own g only, so in place gives the same bits).
     let (lr, mu) = (outer.lr, outer.momentum);
-    let mut u = vec![0.0f32; n];
-    u.par_chunks_mut(REDUCE_CHUNK).zip(momentum.par_chunks_mut(REDUCE_CHUNK)).zip(g.par_chunks(REDUCE_CHUNK)).for_each(
-        |((u, m), g)| {
-            for ((u, m), &g) in u.iter_mut().zip(m.iter_mut()).zip(g) {
-                *m = mu * *m + g;
-                *u = lr * (g + mu * *m);
-            }
-        },
-    );
-    (u, stats)
+    g.par_chunks_mut(REDUCE_CHUNK).zip(momentum.par_chunks_mut(REDUCE_CHUNK)).for_each(|(u, m)| {
+        for (u, m) in u.iter_mut().zip(m.iter_mut()) {
+            let g = *u;
+            *m = mu * *m + g;
+            *u = lr * (g + mu * *m);
+        }
+    });
+    (g, stats)
 }
 
 /// `out[j] = sum_i w_i c_i[j]` over chunks of coordinates, each summing

@@ -50,6 +50,8 @@ pub struct LocalMergeReport {
     pub planned_out: Vec<PeerId>,
     pub sent_bytes: Vec<u64>,
     pub recv_bytes: Vec<u64>,
+    /// Each replica's seconds in the merge's phases (`MergeStats::phase_secs`).
+    pub phase_secs: Vec<[f64; 4]>,
     pub store_fallbacks: u64,
     /// Frames the replicas' endpoints refused, all reasons.
     pub frames_refused: u64,
@@ -158,7 +160,11 @@ pub async fn run_local_butterfly_with_limits(
     let mut threads = Vec::new();
     let mut stats: Vec<Arc<MergeStats>> = Vec::new();
     let t0 = Instant::now();
-    for (i, rep) in replicas.iter().cloned().enumerate() {
+    let participants: Vec<Participant> =
+        replicas.iter().zip(&peers).map(|(rep, p)| Participant { peer: *p, work: rep.work }).collect();
+    // Moved to the replicas' threads, not copied (a copy of every replica's
+    // weights is no part of a merge, and would be timed as one).
+    for (i, rep) in replicas.into_iter().enumerate() {
         let (tx, mut rx) = mpsc::unbounded_channel::<ToReplica>();
         to_replica.push(tx.clone());
         let ep = eps[i].clone();
@@ -249,7 +255,6 @@ pub async fn run_local_butterfly_with_limits(
         })
     };
     // The coordinator.
-    let participants = replicas.iter().zip(&peers).map(|(rep, p)| Participant { peer: *p, work: rep.work }).collect();
     let mut sm = StageMerge::new(spec.plan(epoch, 0, participants, n as u64, 1234));
     let index: BTreeMap<PeerId, usize> = peers.iter().enumerate().map(|(i, p)| (*p, i)).collect();
     let send_plan = |sm: &StageMerge| {
@@ -370,6 +375,7 @@ pub async fn run_local_butterfly_with_limits(
         planned_out,
         sent_bytes: stats.iter().map(|s| s.sent_bytes.load(Ordering::Relaxed)).collect(),
         recv_bytes: stats.iter().map(|s| s.recv_bytes.load(Ordering::Relaxed)).collect(),
+        phase_secs: stats.iter().map(|s| s.phase_secs()).collect(),
         store_fallbacks: stats.iter().map(|s| s.store_fallbacks.load(Ordering::Relaxed)).sum(),
         frames_refused,
         elapsed,

@@ -160,7 +160,17 @@ fn union_len(mut spans: Vec<(u64, u64)>) -> u64 {
 
 /// Little-endian f32 bytes of `x` (the part objects' format).
 pub fn f32_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+    f32_le(x).into_owned()
+}
+
+/// The little-endian bytes of `x`: the values themselves on a
+/// little-endian machine (no copy), a copy elsewhere.
+pub fn f32_le(x: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(x))
+    } else {
+        std::borrow::Cow::Owned(x.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
 }
 
 #[cfg(test)]

@@ -38,16 +38,19 @@ use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_protocol::manifest::from_pb_list;
 use iota_protocol::store_keys::{contrib_prefix, weights_parts_prefix};
 use iota_protocol::{MergeSpec, SharedStore, StoredObject, pb, plan_from_pb};
+use rayon::prelude::*;
 use tracing::{info, warn};
 
 mod intake;
 mod slices;
 mod store_io;
 
+use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
-pub use self::slices::{Reduced, decode_slice, encode_slice, reduce_partition, update_hash};
+pub use self::slices::{Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, update_hash};
+use super::Merge;
+use super::parts::f32_le;
 use super::parts::read_parts;
-use super::{Merge, f32_bytes};
 use crate::frame::{FrameMeta, RunContext};
 use crate::miner::events::Output;
 use crate::transport::ReceivedFrame;
@@ -55,12 +58,34 @@ use crate::transport::ReceivedFrame;
 /// After this long without an expected slice, look in the object store.
 const STORE_FALLBACK_AFTER: Duration = Duration::from_millis(1500);
 
-/// Payload bytes this replica's merges sent and received (for the bench).
+/// Payload bytes this replica's merges sent and received, and where its
+/// time went (for the bench and the completion log).
 #[derive(Debug, Default)]
 pub struct MergeStats {
     pub sent_bytes: AtomicU64,
     pub recv_bytes: AtomicU64,
     pub store_fallbacks: AtomicU64,
+    /// Nanoseconds spent encoding contributions.
+    pub encode_ns: AtomicU64,
+    /// Nanoseconds spent reducing owned partitions (decode, reduce,
+    /// encode and hash the update).
+    pub reduce_ns: AtomicU64,
+    /// Nanoseconds spent applying accepted updates (decode, subtract).
+    pub apply_ns: AtomicU64,
+    /// Nanoseconds spent storing merged slices as their writer.
+    pub store_ns: AtomicU64,
+}
+
+impl MergeStats {
+    fn time(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Seconds in each phase: encode, reduce, apply, store.
+    pub fn phase_secs(&self) -> [f64; 4] {
+        [&self.encode_ns, &self.reduce_ns, &self.apply_ns, &self.store_ns]
+            .map(|c| c.load(Ordering::Relaxed) as f64 * 1e-9)
+    }
 }
 
 /// Faults a test or a chaos run injects into one replica's merge; a real
@@ -97,6 +122,20 @@ pub enum MergeFault {
     /// adversary).
     Collude,
 }
+
+/// Where a finalized partition's merged slice comes from.
+enum Source {
+    /// The verdict keeps the previous weights.
+    Keep,
+    /// The accepted update, encoded.
+    Update(Bytes),
+    /// The merged slice its writer stored.
+    Stored(Vec<f32>),
+}
+
+/// Values per parallel task when an update is applied (elementwise, so any
+/// split gives the same bits).
+const APPLY_CHUNK: usize = 1 << 16;
 
 struct OwnResult {
     generation: u32,
@@ -253,7 +292,9 @@ impl Butterfly {
         for (k, part) in plan.partitions.iter().enumerate() {
             let range = part.offset as usize..(part.offset + part.len) as usize;
             if !self.encoded.contains_key(&k) {
+                let t0 = Instant::now();
                 let mut bytes = encode_slice(self.codec(), &delta[range.clone()])?;
+                MergeStats::time(&self.stats.encode_ns, t0);
                 if self.fault == Some(MergeFault::NanDelta) {
                     // The encoder refuses NaN, so a hostile sender writes the
                     // bytes itself: a NaN value (f32, bf16) or block scale (int8).
@@ -294,23 +335,40 @@ impl Butterfly {
         }
         if !self.finished && !self.finalized.is_empty() && self.finalized.iter().all(|&f| f) {
             self.finished = true;
-            let hash = blake3::hash(&f32_bytes(&self.theta_next));
-            info!(epoch = self.epoch, stage = self.stage, "butterfly merge complete");
+            let hash = hash_bytes(&f32_le(&self.theta_next));
+            let [encode_s, reduce_s, apply_s, store_s] = self.stats.phase_secs();
+            info!(
+                epoch = self.epoch,
+                stage = self.stage,
+                secs = self.plan_at.elapsed().as_secs_f64(),
+                encode_s,
+                reduce_s,
+                apply_s,
+                store_s,
+                "butterfly merge complete"
+            );
             out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
                 epoch: self.epoch,
                 stage: self.stage,
                 key: weights_parts_prefix(self.epoch, self.stage),
-                weights_hash: hash.as_bytes().to_vec(),
+                weights_hash: hash.to_vec(),
                 object: None,
                 contributions_from_store: self.contributions_from_store,
                 updates_from_store: self.updates_from_store,
             })));
-            self.merged = Some((self.epoch, self.theta_next.clone()));
+            // Handed over, not copied: a partition stored again after this
+            // (a new writer) is rebuilt in a buffer of its own.
+            self.merged = Some((self.epoch, std::mem::take(&mut self.theta_next)));
         }
         Ok(())
     }
 
     fn momentum_for(&mut self, k: usize, offset: u64, len: u64, out: &mut Vec<Output>) -> Result<Vec<f32>> {
+        if self.spec.outer.momentum == 0.0 {
+            // No outer momentum: zeros, which need no copy kept for a
+            // second reduce.
+            return Ok(vec![0.0; len as usize]);
+        }
         if let Some(m) = self.momentum_prev.get(&k) {
             return Ok(m.clone());
         }
@@ -341,6 +399,7 @@ impl Butterfly {
         if !plan.participants.iter().all(|p| have.contains_key(&p.peer)) {
             return Ok(());
         }
+        let t0 = Instant::now();
         let have: Vec<Bytes> = plan.participants.iter().map(|p| have[&p.peer].clone()).collect();
         let payloads: Vec<Option<&[u8]>> = have.iter().map(|b| Some(&b[..])).collect();
         let mut momentum = self.momentum_for(k, part.offset, part.len, out)?;
@@ -369,6 +428,12 @@ impl Butterfly {
             u.iter_mut().for_each(|x| *x = -*x);
         }
         let (payload, hash) = update_hash(self.codec(), &u)?;
+        drop(u);
+        // Without outer momentum nothing reads it again (it is never stored).
+        if self.spec.outer.momentum == 0.0 {
+            momentum = Vec::new();
+        }
+        MergeStats::time(&self.stats.reduce_ns, t0);
         // The signed headers of what we reduced: two owners' lists together
         // prove a sender that sent them different slices.
         let headers = self.contrib_headers.get(&k);
@@ -397,6 +462,15 @@ impl Butterfly {
         if self.finalized.get(k).copied().unwrap_or(true) {
             return Ok(());
         }
+        // The merged slice is built in place in theta_next (taken out while
+        // this runs, so the writer's store can borrow self).
+        let mut next = std::mem::take(&mut self.theta_next);
+        let r = self.finalize_into(k, &mut next, out);
+        self.theta_next = next;
+        r
+    }
+
+    fn finalize_into(&mut self, k: usize, next: &mut [f32], out: &mut Vec<Output>) -> Result<()> {
         let Some((v, at)) = self.verdicts.get(&k).cloned() else { return Ok(()) };
         let plan = self.plan.as_ref().expect("pump checked");
         let part = plan.partitions[k].clone();
@@ -410,12 +484,9 @@ impl Butterfly {
                     self.candidates.get(&k)?.iter().find(|(h, _)| h[..] == v.hash[..]).map(|(_, p)| p.clone())
                 })
             };
-        let slice: Vec<f32> = match (keep, payload) {
-            (true, _) => self.theta_prev[range.clone()].to_vec(),
-            (false, Some(p)) => {
-                let u = decode_slice(self.codec(), part.len, &p)?;
-                self.theta_prev[range.clone()].iter().zip(&u).map(|(t, u)| t - u).collect()
-            }
+        let source = match (keep, payload) {
+            (true, _) => Source::Keep,
+            (false, Some(p)) => Source::Update(p),
             (false, None) => {
                 if at.elapsed() < STORE_FALLBACK_AFTER {
                     return Ok(());
@@ -436,17 +507,41 @@ impl Butterfly {
                 }
                 self.stats.store_fallbacks.fetch_add(1, Ordering::Relaxed);
                 self.updates_from_store = self.updates_from_store.saturating_add(1);
-                r.values
+                Source::Stored(r.values)
             }
         };
+        // Once the merge has handed theta_next over (a new writer after it
+        // finished), the slice is rebuilt in a buffer of its own.
+        let mut own = Vec::new();
+        let slice: &mut [f32] = if next.len() >= range.end {
+            &mut next[range.clone()]
+        } else {
+            own.resize(range.len(), 0.0);
+            &mut own
+        };
+        let t0 = Instant::now();
+        let prev = &self.theta_prev[range];
+        match source {
+            Source::Keep => slice.copy_from_slice(prev),
+            Source::Stored(values) => slice.copy_from_slice(&values),
+            Source::Update(p) => {
+                // theta_next = theta_prev - u, u decoded in place.
+                decode_slice_into(self.codec(), &p, slice)?;
+                slice.par_chunks_mut(APPLY_CHUNK).zip(prev.par_chunks(APPLY_CHUNK)).for_each(|(s, t)| {
+                    s.iter_mut().zip(t).for_each(|(s, t)| *s = t - *s);
+                });
+            }
+        }
+        MergeStats::time(&self.stats.apply_ns, t0);
         if v.writer[..] == self.me.0[..] {
             // Before the partition counts as done: a put that fails (the
             // store down, another writer racing us) is tried again at the
             // next step instead of leaving the slice unstored, which every
             // replica without the update would wait for.
-            self.store_partition(k, &part, &v, keep, &slice, out)?;
+            let t0 = Instant::now();
+            self.store_partition(k, &part, &v, keep, slice, out)?;
+            MergeStats::time(&self.stats.store_ns, t0);
         }
-        self.theta_next[range].copy_from_slice(&slice);
         self.finalized[k] = true;
         Ok(())
     }
@@ -469,7 +564,9 @@ impl Merge for Butterfly {
 
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
         self.reset(epoch, stage);
-        self.theta_prev = params.to_vec();
+        // The previous epoch's buffer, reused: no fresh pages to fault in.
+        self.theta_prev.clear();
+        self.theta_prev.extend_from_slice(params);
     }
 
     fn contribute(
