@@ -89,6 +89,13 @@ pub fn codec_decode(data: &[u8]) {
         assert_eq!(v.len(), rows * cols);
         assert!(v.iter().all(|x| x.is_finite()));
     }
+    // The same bytes as a merge slice from a peer (decoded block by block
+    // in parallel into place, the tail through a padded block).
+    let len = (rows * cols) as u64;
+    if let Ok(v) = iota_dataplane::miner::merge::decode_slice(codec, len, b.0) {
+        assert_eq!(v.len() as u64, len);
+        assert!(v.iter().all(|x| x.is_finite()));
+    }
 }
 
 /// The orchestrator's request path: a hostile envelope; the bytes as the
