@@ -15,8 +15,9 @@ impl CudaBackend {
     // probabilities are laid out [batch][g][j][t][t] (the trait leaves their
     // order to the backend), so each batch's score matrices are contiguous
     // and the softmax kernels see plain rows. With bf16 GEMMs the operands
-    // (Q, K, V, P, dO, dS) are bf16 copies made once per call (P and dS by
-    // the softmax kernels themselves); scores, outputs and gradients stay fp32.
+    // (Q, K, V, P, dO, dS) are bf16 copies: Q|K|V and P made by the forward
+    // and kept for the backward where the copy limits allow (P and dS written
+    // by the softmax kernels themselves); scores, outputs and gradients stay fp32.
     pub(super) fn attention_gemms(&self, out: DMut<'_>, probs: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
         let (t, hd, nh, nkv) = (dims.seq, dims.head_dim, dims.n_heads, dims.n_kv_heads);
         let (qs, qd, kvd) = (dims.qkv_dim(), dims.q_dim(), dims.kv_dim());
