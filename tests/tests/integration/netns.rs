@@ -78,7 +78,11 @@ fn a_swarm_of_separate_hosts_trains_on_a_bucket_over_tls() {
 fn chaos_the_orchestrator_killed_mid_training_resumes_the_run() {
     // Micro-batches in flight at the crash are lost with it; a short route
     // timeout re-issues them sooner than the production default.
-    let flags = [shape("3"), vec!["--route-timeout-s", "5"]].concat();
+    // 48 micro-batches an epoch: long enough that the kill, 300 ms after
+    // the first merge, lands in the second epoch's training (at 16 a
+    // miner's epoch of `tiny` can end sooner, and the kill then lands in
+    // the merge, which is another test's case).
+    let flags = [shape_with("3", "48"), vec!["--route-timeout-s", "5"]].concat();
     let Some(mut s) = NetSwarm::start(4, &flags) else { return };
     wait_for_line(&s, "miner", 0, "butterfly merge complete epoch=0", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(300));
@@ -87,7 +91,8 @@ fn chaos_the_orchestrator_killed_mid_training_resumes_the_run() {
     s.start_orchestrator();
     let out = s.wait_done(Duration::from_secs(60));
     assert!(out.contains("resuming run from saved state"), "{out}");
-    every_epoch_accounted(&out, 3);
+    assert!(out.contains("phase=Training"), "the kill was to land in training: {out}");
+    every_epoch_accounted_of(&out, 3, 48);
     assert!(out.contains(" 0 divergent merges"), "{out}");
 }
 
