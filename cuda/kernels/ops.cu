@@ -374,11 +374,6 @@ extern "C" __global__ void fill(float* __restrict__ x, long long n, float v) {
         x[i] = v;
 }
 
-extern "C" __global__ void copy(float* __restrict__ dst, const float* __restrict__ src, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-
 extern "C" __global__ void add_assign(float* __restrict__ dst, const float* __restrict__ src, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         dst[i] += src[i];

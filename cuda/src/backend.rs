@@ -464,11 +464,6 @@ impl CudaBackend {
         ptr
     }
 
-    /// Bytes of bf16 weight copies held now.
-    pub fn weight_copy_bytes(&self) -> usize {
-        self.copies.lock().map(|c| c.weights.held_bytes()).unwrap_or(0)
-    }
-
     fn grid(&self, n: usize) -> LaunchConfig {
         let blocks = (n as u64).div_ceil(THREADS as u64).clamp(1, 65_535) as u32;
         LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }

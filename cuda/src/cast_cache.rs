@@ -171,6 +171,7 @@ impl<T> CastCache<T> {
     }
 
     /// Bytes of copies held.
+    #[cfg(test)]
     pub(crate) fn held_bytes(&self) -> usize {
         self.held
     }

@@ -47,7 +47,6 @@ pub const KERNELS: &[Kernel] = &[
             "adamw",
             "sum_squares_partials",
             "fill",
-            "copy",
             "add_assign",
             "scale",
             "scatter_cols",
