@@ -89,6 +89,9 @@ struct Core {
     /// Miners of a run restored from saved state that have not subscribed
     /// since: each is told the current phase when it does.
     catch_up: HashSet<PeerId>,
+    /// `OrchestratorService::halt` was called: nothing changes, is saved or
+    /// is sent any more, as after a crash.
+    halted: bool,
 }
 
 impl Core {
@@ -226,6 +229,7 @@ impl OrchestratorService {
             pending: HashMap::new(),
             store,
             catch_up,
+            halted: false,
         };
         Ok(OrchestratorService {
             core: Arc::new(Mutex::new(core)),
@@ -251,7 +255,8 @@ impl OrchestratorService {
     }
 
     /// Steps the state machine with `ev` now and delivers the commands.
-    pub fn apply(&self, ev: Event) -> Result<(), Rejected> {
+    /// Once halted, does nothing and says so (`Ok(false)`).
+    pub fn apply(&self, ev: Event) -> Result<bool, Rejected> {
         let now = now_ms();
         // The merge's reports are sent once: one acknowledged but not yet
         // saved would be lost to a restart, and the resumed merge would wait
@@ -261,11 +266,29 @@ impl OrchestratorService {
             Event::UploadDone { .. } | Event::MergeDone { .. } | Event::Stored { .. } | Event::SliceDone { .. }
         );
         let mut core = self.core.lock();
+        if core.halted {
+            return Ok(false);
+        }
         let Core { orch, rng, .. } = &mut *core;
         let outs = orch.step(now, ev, rng).map_err(rejected)?;
         core.deliver(outs);
         core.persist(now, sent_once);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Stops this service as a crash would, for tests that restart an
+    /// orchestrator in the same process: from now on it changes nothing,
+    /// saves nothing, sends nothing and answers every call that would
+    /// change the run with UNAVAILABLE (callers retry, as they do while a
+    /// crashed orchestrator is down); its command streams end. Without
+    /// this, a call already being served when the test "crashed" the old
+    /// server could still save and send after the new one had loaded the
+    /// state: a split brain no real crash makes.
+    pub fn halt(&self) {
+        let mut core = self.core.lock();
+        core.halted = true;
+        core.subscribers.clear();
+        core.pending.clear();
     }
 
     /// Clock ticks until the returned handle is aborted.
@@ -327,7 +350,11 @@ impl OrchestratorService {
 
     /// Applies an event a request carried; a refusal is counted against it.
     fn apply_for(&self, method: &str, peer: PeerId, ev: Event) -> Result<(), Status> {
-        self.apply(ev).map_err(|r| self.refuse(method, r.from(peer)))
+        match self.apply(ev) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Status::unavailable("the orchestrator is stopping")),
+            Err(r) => Err(self.refuse(method, r.from(peer))),
+        }
     }
 
     /// Signs a reply to `peer`'s request (its nonce binds the reply to it).
@@ -426,6 +453,9 @@ impl OrchestratorRpc for OrchestratorService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         {
             let mut core = self.core.lock();
+            if core.halted {
+                return Err(Status::unavailable("the orchestrator is stopping"));
+            }
             if core.orch.miner(&peer).is_none() && !core.orch.is_validator(&peer) {
                 drop(core);
                 let r = Rejected::new(Reason::NotRegistered, format!("peer {peer} must register first")).from(peer);
@@ -445,6 +475,9 @@ impl OrchestratorRpc for OrchestratorService {
                 && let Some(cmd) = core.orch.phase_for(&peer)
             {
                 outs.push(Out { to: peer, cmd });
+                // The merge's verdicts and stored slices sent before the
+                // crash may have died in its buffers.
+                outs.extend(core.orch.butterfly_catch_up(&peer));
             }
             core.deliver(outs);
             // A miner waiting for the next epoch (it restarted) takes no

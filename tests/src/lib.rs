@@ -216,6 +216,9 @@ impl Swarm {
     /// its database on the same address.
     pub async fn restart(mut self, cfg: &RunConfig) -> Swarm {
         let addr: std::net::SocketAddr = self.url.trim_start_matches("https://").parse().unwrap();
+        // As a killed process would: nothing it was serving saves or sends
+        // once the new one may have loaded the state.
+        self.service.halt();
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }

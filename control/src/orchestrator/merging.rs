@@ -76,6 +76,35 @@ impl Orchestrator {
         Ok(())
     }
 
+    /// What a participant of a running butterfly merge may have missed:
+    /// the verdicts on its stage's settled partitions, then the merged
+    /// slices stored so far. Commands are not delivered reliably: those in
+    /// a crashed orchestrator's buffers are lost though its state has them
+    /// (a verdict is saved before it is sent), and a full queue drops its
+    /// oldest. A miner takes a repeat as a no-op.
+    pub fn butterfly_catch_up(&self, peer: &PeerId) -> Vec<Out> {
+        let Some(stage) = self.miners.get(peer).map(|m| m.stage) else { return Vec::new() };
+        let Some(bm) = self.butterfly.get(&stage) else { return Vec::new() };
+        let epoch = bm.plan.epoch;
+        if !self.merge_is_current(epoch) || !bm.plan.is_participant(peer) || bm.done.contains_key(peer) {
+            return Vec::new();
+        }
+        let verdicts = bm.verdicts.iter().flatten().map(|v| {
+            pb::command::Kind::Verdict(pb::SliceVerdict {
+                epoch,
+                stage,
+                partition: v.partition,
+                generation: v.generation,
+                hash: v.hash.to_vec(),
+                writer: v.writer.0.to_vec(),
+            })
+        });
+        let stored = self.objects_of(epoch, stage).into_iter().flat_map(|so| so.weights.values()).filter(|o| o.writer != *peer).map(|o| {
+            pb::command::Kind::Stored(pb::Stored { epoch, stage, object: Some(o.to_pb()) })
+        });
+        verdicts.chain(stored).map(|cmd| Out { to: *peer, cmd }).collect()
+    }
+
     /// Sends what a stage's butterfly merge asked for to its participants.
     pub(super) fn merge_outs(&mut self, stage: u32, mo: Vec<MergeOut>, out: &mut Vec<Out>) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
@@ -173,7 +202,9 @@ impl Orchestrator {
     /// holds everyone else's partitions hostage). While no participant of a
     /// stage has finished, the healthy ones are waited for: planning them
     /// all out would "complete" the stage with no merged weights written,
-    /// and its replicas would go on from different weights.
+    /// and its replicas would go on from different weights; at each
+    /// timeout they are sent the verdicts and stored slices again, in case
+    /// what they wait for was lost on the way.
     pub(super) fn tend_butterfly(&mut self, timed_out: bool, out: &mut Vec<Out>) {
         for s in 0..self.spec.stages {
             let Some(bm) = self.butterfly.get(&s) else { continue };
@@ -196,6 +227,13 @@ impl Orchestrator {
                     bm.drop_participants(&gone, &mut mo);
                 }
                 self.merge_outs(s, mo, out);
+            }
+            // Those still waited for may be waiting on a lost command.
+            if timed_out && let Some(bm) = self.butterfly.get(&s) {
+                let waited: Vec<PeerId> = bm.plan.participants.iter().map(|p| p.peer).collect();
+                for p in waited {
+                    out.extend(self.butterfly_catch_up(&p));
+                }
             }
         }
     }

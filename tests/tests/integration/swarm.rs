@@ -513,3 +513,47 @@ async fn a_miner_whose_memory_holds_no_stage_stops_saying_so_and_the_run_goes_on
     assert_eq!(history[0].completed, 8);
     assert_eq!(stated, vec![enough; 2]);
 }
+
+/// The orchestrator crashes while a butterfly merge is running (at its
+/// start, and again with some participants' reports in) and restarts from
+/// its saved state: the merge completes and the run goes on to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orchestrator_restarted_during_a_merge_finishes_it() {
+    use iota_control::orchestrator::Phase;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run(2, 2, 3, 16, WireCodec::Int8Row);
+    let mut swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..4).map(|_| swarm.miner(stop.clone())).collect();
+    for epoch in 0..2u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (e, merging, done) = swarm.service.with_state(|o| {
+                (
+                    o.epoch(),
+                    matches!(o.phase(), Phase::Merging),
+                    (0..2).map(|s| o.merge_progress(s).settled).sum::<usize>(),
+                )
+            });
+            assert!(e <= epoch && Instant::now() < deadline, "epoch {epoch}'s merge was not seen (now epoch {e})");
+            // Epoch 0: crash as the merge starts; epoch 1: once a partition is settled.
+            if e == epoch && merging && (epoch == 0 || done > 0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        swarm = swarm.restart(&cfg).await;
+    }
+    for m in miners {
+        let Ok(finished) = tokio::time::timeout(Duration::from_secs(90), m).await else {
+            let state = swarm.service.with_state(|o| {
+                let merges: Vec<_> = (0..2).map(|s| o.merge_progress(s)).collect();
+                format!("phase {:?} epoch {} merges {merges:?} {:?}", o.phase(), o.epoch(), o.counters())
+            });
+            panic!("a miner did not finish within 90 s of the restarts: {state}");
+        };
+        finished.unwrap().unwrap();
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history.len(), 3, "the run went on to its end");
+}

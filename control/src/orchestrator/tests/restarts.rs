@@ -104,3 +104,60 @@ fn a_participant_restarting_mid_merge_is_planned_out_at_once() {
     assert_eq!(sim.o.history().len(), 2);
     assert!(sim.now - t0 < sim.o.spec().phase_timeout_ms, "the merge waited for the phase timeout");
 }
+
+/// The orchestrator crashes during a butterfly merge right after it saved
+/// and sent verdicts that never reached their miners (they died in its
+/// buffers). The restored orchestrator sends them again: to a miner that
+/// subscribes (`butterfly_catch_up`, which the service calls) or, without
+/// that, at the phase timeout to every participant still waited for. The
+/// merge completes either way; before, it waited for ever, since every
+/// participant had reported and so none was planned out.
+#[test]
+fn verdicts_lost_in_a_crash_are_sent_again() {
+    for catch_up in [true, false] {
+        let sp = butterfly_spec(1, 2);
+        let mut s = Sim::new(sp.clone());
+        for i in 0..2 {
+            s.ev(register(i, format!("a{i}")));
+        }
+        let mut steps = 0;
+        while !s.inbox.iter().any(|o| matches!(o.cmd, pb::command::Kind::Verdict(_))) {
+            s.drain_at_most(1);
+            if s.inbox.is_empty() {
+                s.tick(100);
+            }
+            steps += 1;
+            assert!(steps < 100_000, "no verdict was ever sent");
+        }
+        // Saved with the verdicts (as the service saves before sending);
+        // everything still queued is lost.
+        let saved = serde_json::to_string(&s.o).unwrap();
+        let mut t = Sim::new(sp);
+        t.o = serde_json::from_str(&saved).unwrap();
+        t.now = s.now;
+        t.o.resumed(t.now);
+        assert_eq!(t.o.phase(), &Phase::Merging);
+        if catch_up {
+            for p in [peer(0), peer(1)] {
+                let again = t.o.butterfly_catch_up(&p);
+                assert!(
+                    again.iter().any(|o| matches!(o.cmd, pb::command::Kind::Verdict(_))),
+                    "{p} is not sent its verdicts again"
+                );
+                t.inbox.extend(again);
+            }
+        }
+        // The merge of epoch 0 ends: at once with the catch-up, after the
+        // 10 s phase timeout without it.
+        let resumed_at = t.now;
+        while t.o.epoch() == 0 {
+            t.drain();
+            t.tick(500);
+            assert!(t.now - resumed_at < 60_000, "catch_up={catch_up}: the merge never ended");
+        }
+        let took = t.now - resumed_at;
+        assert!(if catch_up { took < 10_000 } else { took > 10_000 }, "catch_up={catch_up}: {took} ms");
+        t.run_until_done(300);
+        assert_eq!(t.o.history().len(), 2, "catch_up={catch_up}");
+    }
+}

@@ -667,6 +667,11 @@ impl Merge for Butterfly {
         if self.plan.as_ref().is_none_or(|p| k >= p.partitions.len()) {
             return Ok(());
         }
+        // A repeat (the orchestrator re-sends verdicts after a restart or a
+        // timeout) changes nothing: no second store, no restarted wait.
+        if self.verdicts.get(&k).is_some_and(|(held, _)| *held == v) {
+            return self.pump(out);
+        }
         // A new writer for a settled partition: store it if we hold it.
         let rewrite = self.finalized.get(k).copied().unwrap_or(false) && v.writer[..] == self.me.0[..];
         self.verdicts.insert(k, (v, Instant::now()));
