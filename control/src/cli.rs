@@ -52,6 +52,14 @@ pub struct RunArgs {
     /// (a shorter list repeats its last value; default 0.9 everywhere).
     #[arg(long, value_delimiter = ',')]
     pub stage_beta1: Vec<f32>,
+    /// Weight prediction: each stage forwards a micro-batch on its weights
+    /// extrapolated by the optimizer steps the micro-batches ahead of it
+    /// will take, and runs its backward on them, so pipelining's delayed
+    /// gradients are taken near the weights they are applied to (costs one
+    /// copy of the stage's weights, plus one per micro-batch in flight
+    /// instead of one per weights version). Not yet with validators.
+    #[arg(long)]
+    pub predict_weights: bool,
     /// Wire codec at stage boundaries: int8, int4, bf16, f32.
     #[arg(long, default_value = "int8")]
     pub codec: String,
@@ -278,6 +286,7 @@ impl RunArgs {
                     other => bail!("unknown --optimizer '{other}' (adamw, nadam)"),
                 },
                 stage_beta1: self.stage_beta1.clone(),
+                predict_weights: self.predict_weights,
                 ..AdamWConfig::default()
             },
             codec,

@@ -74,6 +74,15 @@ pub struct AdamWConfig {
     /// shorter than the stage count: the last value for the rest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_beta1: Vec<f32>,
+    /// Weight prediction for pipelined stages: a stage forwards a
+    /// micro-batch on its weights extrapolated by the optimizer steps that
+    /// micro-batches ahead of it will take (the last step's change, times
+    /// that count), and runs its backward on the same weights, so the
+    /// gradient is taken near the weights it will be applied to. Off: on
+    /// the current weights (stashed for the backward). Left out of saved
+    /// settings when off.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub predict_weights: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -112,6 +121,7 @@ impl Default for AdamWConfig {
             grad_clip: 1.0,
             nesterov: false,
             stage_beta1: Vec::new(),
+            predict_weights: false,
         }
     }
 }

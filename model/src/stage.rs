@@ -78,6 +78,9 @@ struct Saved<B: Backend> {
     blocks: Vec<BlockActs<B>>,
     h_out: B::Buf,
     enc: Option<EncodeActs<B>>,
+    /// The predicted weights the forward ran on (weight prediction), which
+    /// its backward runs on too; `None`: the weights of `version`.
+    weights: Option<B::Buf>,
 }
 
 /// Result of a tail stage's combined forward and backward.
@@ -114,6 +117,12 @@ pub struct Stage<B: Backend> {
     /// merge interval did (docs/BENCHMARKS.md, convergence).
     stash: HashMap<u64, B::Buf>,
     stash_weights: bool,
+    /// Weight prediction (`set_weight_prediction`): micro-batches per
+    /// optimizer step, and the weights before the last step (`None` before
+    /// the first step and after weights were set, when the step's change
+    /// is unknown).
+    predict_accum: Option<usize>,
+    before_step: Option<B::Buf>,
 }
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
@@ -179,6 +188,8 @@ impl<B: Backend> Stage<B> {
             version: 0,
             stash: HashMap::new(),
             stash_weights: true,
+            predict_accum: None,
+            before_step: None,
             cfg: cfg.clone(),
             spec,
             layout,
@@ -227,6 +238,8 @@ impl<B: Backend> Stage<B> {
             self.stash.entry(self.version).or_insert(old);
         }
         self.version += 1;
+        // A merge or a load is no optimizer step: nothing to extrapolate.
+        self.before_step = None;
         Ok(())
     }
 
@@ -239,7 +252,46 @@ impl<B: Backend> Stage<B> {
             self.be.copy(self.be.all_mut(&mut copy), self.be.all(&self.params));
             self.stash.insert(self.version, copy);
         }
+        if self.predict_accum.is_some() {
+            let n = self.layout.total();
+            let be = &self.be;
+            let copy = self.before_step.get_or_insert_with(|| be.empty(n));
+            be.copy(be.all_mut(copy), be.all(&self.params));
+        }
         self.version += 1;
+    }
+
+    /// Weight prediction on (`Some(micro-batches per optimizer step)`) or
+    /// off. With it, a forward runs on the current weights extrapolated by
+    /// the optimizer steps the micro-batches already in flight here will
+    /// take before this one's gradient is applied (the last step's change
+    /// times in-flight / accum), and its backward on the same weights:
+    /// pipelining's delayed gradient is then taken near the weights it is
+    /// applied to, where stashing alone takes it at the old ones (PipeDream
+    /// keeps the forward's weights; XPipe and SpecTrain predict them).
+    pub fn set_weight_prediction(&mut self, accum: Option<usize>) {
+        self.predict_accum = accum.map(|a| a.max(1));
+        if accum.is_none() {
+            self.before_step = None;
+        }
+    }
+
+    /// The weights a forward starting now should run on, if prediction
+    /// moves them: (1 + a) w - a w_before_step, a = steps ahead.
+    fn predicted_weights(&self) -> Option<B::Buf> {
+        let accum = self.predict_accum?;
+        let before = self.before_step.as_ref()?;
+        let ahead = self.saved.len() as f32 / accum as f32;
+        if ahead == 0.0 {
+            return None;
+        }
+        let be = &*self.be;
+        let mut w = be.empty(self.layout.total());
+        be.copy(be.all_mut(&mut w), be.all(before));
+        be.scale(be.all_mut(&mut w), -ahead / (1.0 + ahead));
+        be.add_assign(be.all_mut(&mut w), be.all(&self.params));
+        be.scale(be.all_mut(&mut w), 1.0 + ahead);
+        Some(w)
     }
 
     /// Turns weight stashing off (backward then runs with the current
@@ -256,14 +308,17 @@ impl<B: Backend> Stage<B> {
         self.stash.len()
     }
 
+    /// A micro-batch in flight was forwarded on the weights of `version`
+    /// (not on predicted ones, which it keeps itself).
     fn in_flight_at(&self, version: u64) -> bool {
-        self.saved.values().any(|s| s.version == version)
+        self.saved.values().any(|s| s.version == version && s.weights.is_none())
     }
 
     /// Drops stashed weights no micro-batch in flight needs any more.
     fn prune_stash(&mut self) {
         if !self.stash.is_empty() {
-            let live: std::collections::HashSet<u64> = self.saved.values().map(|s| s.version).collect();
+            let live: std::collections::HashSet<u64> =
+                self.saved.values().filter(|s| s.weights.is_none()).map(|s| s.version).collect();
             self.stash.retain(|v, _| live.contains(v));
         }
     }
@@ -411,7 +466,7 @@ impl<B: Backend> Stage<B> {
             blocks.push(acts);
             h = out;
         }
-        Saved { version: self.version, batch, seq, tokens, dec, blocks, h_out: h, enc: None }
+        Saved { version: self.version, batch, seq, tokens, dec, blocks, h_out: h, enc: None, weights: None }
     }
 
     /// Blocks backward, then decoder / embedding backward. Returns the
@@ -465,6 +520,7 @@ impl<B: Backend> Stage<B> {
         if self.saved.len() >= self.max_in_flight {
             return Err(StageError::TooManyInFlight(self.saved.len()));
         }
+        let current = self.predicted_weights().map(|w| std::mem::replace(&mut self.params, w));
         let mut s = self.run_forward(input, batch, seq);
         let out = match &self.encode {
             Some(idx) => {
@@ -475,6 +531,9 @@ impl<B: Backend> Stage<B> {
             }
             None => self.be.to_host(&s.h_out),
         };
+        if let Some(cur) = current {
+            s.weights = Some(std::mem::replace(&mut self.params, cur));
+        }
         if out.iter().any(|v| !v.is_finite()) {
             return Err(StageError::NonFinite("stage output (the model diverged)"));
         }
@@ -505,10 +564,19 @@ impl<B: Backend> Stage<B> {
         if self.be.len(&dz) != want {
             return Err(StageError::Shape { what: "output gradient", expected: want, got: self.be.len(&dz) });
         }
-        let s = self.saved.remove(&key).unwrap();
-        // The weights this micro-batch was forwarded with, if they changed since.
-        let current = match self.stash.remove(&s.version) {
-            Some(w) if s.version != self.version => Some(std::mem::replace(&mut self.params, w)),
+        let mut s = self.saved.remove(&key).unwrap();
+        // The weights this micro-batch was forwarded with: predicted ones
+        // it kept, or a version's, if they changed since.
+        let predicted = s.weights.take();
+        let was_predicted = predicted.is_some();
+        let current = match (predicted, self.stash.remove(&s.version)) {
+            (Some(w), stashed) => {
+                if let Some(v) = stashed {
+                    self.stash.insert(s.version, v);
+                }
+                Some(std::mem::replace(&mut self.params, w))
+            }
+            (None, Some(w)) if s.version != self.version => Some(std::mem::replace(&mut self.params, w)),
             _ => None,
         };
         let version = s.version;
@@ -522,7 +590,7 @@ impl<B: Backend> Stage<B> {
         let din = self.run_backward(s, dres);
         if let Some(cur) = current {
             let old = std::mem::replace(&mut self.params, cur);
-            if self.in_flight_at(version) {
+            if !was_predicted && self.in_flight_at(version) {
                 self.stash.insert(version, old);
             }
         }

@@ -234,6 +234,63 @@ fn a_stage_stepped_between_forward_and_backward_differentiates_the_weights_it_fo
     assert!(diff > 1e-6, "stepping changed nothing the backward reads: {diff}");
 }
 
+/// Weight prediction: a micro-batch forwarded while another is in flight
+/// runs forward and backward on the weights extrapolated by one step
+/// (w + (w - w before the last step)); one forwarded with nothing in
+/// flight on the current weights; the stage's own weights are untouched.
+#[test]
+fn a_predicting_stage_forwards_and_backwards_on_the_extrapolated_weights() {
+    use iota_core::StageSpec;
+    use iota_model::optim::AdamW;
+    use iota_model::{Stage, StageInput};
+    let cfg = config(2, 16, WireCodec::F32, 10);
+    let spec = StageSpec::split(&cfg.model, 2).unwrap()[0].clone();
+    let be = Arc::new(CpuBackend::new());
+    let data = corpus(16);
+    let batch = |i: u64| {
+        let mb = iota_model::train::micro_batch_id(i, data.num_shards(), 2);
+        data.micro_batch(1, mb, 16).0
+    };
+    let width = spec.boundary_width;
+    let dout = |salt: f32| -> Vec<f32> { (0..32 * width).map(|i| ((i as f32 * 0.37 + salt).sin()) * 1e-2).collect() };
+    let mut st = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
+    st.set_weight_prediction(Some(1));
+    let mut opt = AdamW::new(&*be, st.layout().total());
+    // Before any step nothing is extrapolated, even with one in flight.
+    let w0 = st.params_host();
+    let first = st.forward(1, StageInput::Tokens(&batch(0)), 2, 16).unwrap();
+    let early = st.forward(9, StageInput::Tokens(&batch(3)), 2, 16).unwrap();
+    let mut fresh = Stage::with_params(be.clone(), &cfg.model, spec.clone(), &w0).unwrap();
+    assert_eq!(early, fresh.forward(9, StageInput::Tokens(&batch(3)), 2, 16).unwrap());
+    st.discard(9);
+    st.backward(1, &dout(0.0)).unwrap();
+    assert!(opt.step(&mut st, &cfg.adamw, 1e-2).applied);
+    st.zero_grads();
+    let w1 = st.params_host();
+    assert_ne!(w0, w1);
+    drop(first);
+    // Micro-batch 2 with nothing ahead: the current weights.
+    let out2 = st.forward(2, StageInput::Tokens(&batch(1)), 2, 16).unwrap();
+    let mut at_w1 = Stage::with_params(be.clone(), &cfg.model, spec.clone(), &w1).unwrap();
+    assert_eq!(out2, at_w1.forward(2, StageInput::Tokens(&batch(1)), 2, 16).unwrap());
+    // Micro-batch 3 with micro-batch 2 ahead: one step extrapolated, as
+    // the backend computes it.
+    let out3 = st.forward(3, StageInput::Tokens(&batch(2)), 2, 16).unwrap();
+    let predicted: Vec<f32> = w0.iter().zip(&w1).map(|(b, w)| (b * (-1.0f32 / 2.0) + w) * 2.0).collect();
+    let mut at_pred = Stage::with_params(be.clone(), &cfg.model, spec.clone(), &predicted).unwrap();
+    assert_eq!(out3, at_pred.forward(3, StageInput::Tokens(&batch(2)), 2, 16).unwrap());
+    assert_eq!(st.params_host(), w1, "the stage's own weights stay as they are");
+    st.backward(2, &dout(1.0)).unwrap();
+    assert!(opt.step(&mut st, &cfg.adamw, 1e-2).applied);
+    st.zero_grads();
+    let w2 = st.params_host();
+    st.backward(3, &dout(2.0)).unwrap();
+    at_pred.backward(3, &dout(2.0)).unwrap();
+    assert_eq!(st.grads_host(), at_pred.grads_host(), "the backward ran on the forward's predicted weights");
+    assert_eq!(st.params_host(), w2);
+    assert_eq!(st.stashed_versions(), 0);
+}
+
 fn residual(mut c: TrainConfig) -> TrainConfig {
     c.model.bottleneck_style = iota_core::BottleneckStyle::Residual;
     c

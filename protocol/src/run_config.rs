@@ -70,6 +70,12 @@ impl RunConfig {
         if self.train.batch as u32 != self.spec.batch {
             bail!("train.batch {} != spec.batch {}", self.train.batch, self.spec.batch);
         }
+        if self.train.adamw.predict_weights && !self.spec.validation.validators.is_empty() {
+            // A validator recomputes a forward on the committed weights of
+            // its version; a predicted forward ran on weights no chain
+            // commits to.
+            bail!("weight prediction is not validated yet; run it without validators");
+        }
         if !self.spec.micro_batches_per_epoch.is_multiple_of(self.train.grad_accum as u64) {
             bail!(
                 "micro-batches per epoch ({}) must be a multiple of grad_accum ({})",

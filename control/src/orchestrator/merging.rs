@@ -99,9 +99,12 @@ impl Orchestrator {
                 writer: v.writer.0.to_vec(),
             })
         });
-        let stored = self.objects_of(epoch, stage).into_iter().flat_map(|so| so.weights.values()).filter(|o| o.writer != *peer).map(|o| {
-            pb::command::Kind::Stored(pb::Stored { epoch, stage, object: Some(o.to_pb()) })
-        });
+        let stored = self
+            .objects_of(epoch, stage)
+            .into_iter()
+            .flat_map(|so| so.weights.values())
+            .filter(|o| o.writer != *peer)
+            .map(|o| pb::command::Kind::Stored(pb::Stored { epoch, stage, object: Some(o.to_pb()) }));
         verdicts.chain(stored).map(|cmd| Out { to: *peer, cmd }).collect()
     }
 

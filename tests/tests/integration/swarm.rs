@@ -557,3 +557,22 @@ async fn an_orchestrator_restarted_during_a_merge_finishes_it() {
     let history = swarm.service.with_state(|o| o.history().to_vec());
     assert_eq!(history.len(), 3, "the run went on to its end");
 }
+
+/// Weight prediction is a setting of the run: carried to the miners in its
+/// configuration (and its id), and refused beside validators, whose
+/// recompute runs a forward on committed weights, not predicted ones.
+#[test]
+fn weight_prediction_is_a_run_setting_refused_with_validators() {
+    let plain = tiny_run(2, 1, 1, 4, WireCodec::Int8Row);
+    let mut cfg = plain.clone();
+    cfg.train.adamw.predict_weights = true;
+    cfg.validate().unwrap();
+    let json = cfg.to_json();
+    assert!(json.contains("\"predict_weights\":true"), "{json}");
+    assert!(!plain.to_json().contains("predict_weights"), "left out when off");
+    assert!(iota_protocol::RunConfig::from_json(&json).unwrap().train.adamw.predict_weights);
+    cfg.spec.validation.validators =
+        vec![iota_protocol::ValidatorStake { peer: iota_core::PeerId([7; 32]), stake: 10 }];
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("weight prediction"), "{err}");
+}

@@ -94,6 +94,9 @@ impl<B: Backend + 'static> Worker<B> {
         let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
         self.startup.build += t.elapsed();
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
+        if self.cfg.train.adamw.predict_weights {
+            stage.set_weight_prediction(Some(self.cfg.train.grad_accum));
+        }
         let t = std::time::Instant::now();
         if !a.weights_key.is_empty() {
             // The stage's merged weights, as their writers announced them.
