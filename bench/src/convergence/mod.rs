@@ -19,8 +19,11 @@
 //! in one process (the pipeline's stages in sequence, each boundary through
 //! the wire codec), so it measures the algorithm and not the schedule: the
 //! real swarm's staleness (a stage forwarding the next micro-batch before
-//! stepping) is what `iota-bench swarm` adds on top.
+//! stepping) is what `iota-bench swarm` adds on top, and what the `delayD`
+//! variants model (each stage's gradient taken on its weights of D_s steps
+//! before, as weight stashing takes it).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,7 +60,10 @@ pub struct Args {
     /// one-replica-batch (one process at a replica's batch, R times the
     /// steps), hN (pathways mixed across replicas, as the orchestrator
     /// routes), hN-fixed (each replica its own pathway), hN-no-bottleneck,
-    /// hN-f32; and one process with another stage boundary:
+    /// hN-f32, hN-overlap[D] (the merge landing D steps late), hN-delayD
+    /// (pipelining's delayed gradients: D steps late at the head, none at
+    /// the tail) and hN-delayD-predict (the same with weight prediction);
+    /// and one process with another stage boundary:
     /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
     /// one-residual-b2-int4 (STYLE linear or residual).
     #[arg(long, value_delimiter = ',')]
@@ -160,6 +166,11 @@ enum Mode {
         /// Overlapped: the merge in flight (its result per stage, and each
         /// replica's weights per stage when it started).
         pending: Option<PendingMerge>,
+        /// Pipelining's delay per stage (steps), predicted weights or not,
+        /// and each replica's recent weights, newest first: [replica][age][stage].
+        delays: Vec<u64>,
+        predict: bool,
+        history: Vec<VecDeque<Vec<Vec<f32>>>>,
     },
 }
 
@@ -205,7 +216,7 @@ impl Trainer {
             Variant::SyncDataParallel => {
                 Mode::Sync((0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?)
             }
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
                 }
@@ -224,6 +235,9 @@ impl Trainer {
                     mixed: *mixed,
                     overlap: *overlap,
                     pending: None,
+                    delays: stage_delays(*delay, train.stages),
+                    predict: *predict,
+                    history: (0..r).map(|_| VecDeque::new()).collect(),
                 }
             }
         };
@@ -269,9 +283,18 @@ impl Trainer {
                     p.apply_step(total);
                 }
             }
-            Mode::Swarm { replicas, merged, sim, interval, mixed, overlap, pending } => {
+            Mode::Swarm { replicas, merged, sim, interval, mixed, overlap, pending, delays, predict, history } => {
                 if *mixed {
-                    mixed_step(replicas, corpus, first, a, self.setup.seed, self.step)?;
+                    let current = delayed_weights(replicas, history, delays, *predict)?;
+                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step)?;
+                    for (p, now) in replicas.iter_mut().zip(current) {
+                        for (s, w) in now.into_iter().enumerate() {
+                            if let Some(w) = w {
+                                p.stages_mut()[s].set_params(&w)?;
+                            }
+                        }
+                        p.apply_step(Accumulated::default());
+                    }
                 } else {
                     for (i, p) in replicas.iter_mut().enumerate() {
                         p.zero_grads();
@@ -300,6 +323,8 @@ impl Trainer {
                                 p.stages_mut()[s].set_params(theta)?;
                             }
                         }
+                        // The epoch's end drained the pipeline.
+                        history.iter_mut().for_each(VecDeque::clear);
                     }
                     self.merges += 1;
                 }
@@ -335,12 +360,64 @@ fn land(p: PendingMerge, replicas: &mut [Pipeline<CpuBackend>], merged: &mut Pip
     Ok(())
 }
 
-/// One inner step of every replica with pathways drawn as the orchestrator
-/// draws them (one replica per stage, independently): the step's R groups
-/// of A micro-batches go through each stage's replicas in a random order,
-/// so every stage replica still takes A micro-batches per step (the
-/// orchestrator balances load) but from every other stage's replicas.
-fn mixed_step(
+/// Steps of delay per stage for `delay` at the head of `stages`: falling to
+/// 0 at the tail (`Variant::Swarm`).
+fn stage_delays(delay: u64, stages: usize) -> Vec<u64> {
+    let last = stages.saturating_sub(1) as u64;
+    (0..stages as u64).map(|s| if last == 0 { 0 } else { (delay * (last - s)).div_ceil(last) }).collect()
+}
+
+/// Puts into each replica's stages the weights this step's gradient is
+/// taken on: their weights of `delays[s]` steps before (as far back as the
+/// history since the last merge goes), moved on by that many times the
+/// step they had just taken when `predict`. Returns the current weights of
+/// the stages it changed, to put back before the optimizer step.
+#[allow(clippy::type_complexity, reason = "[replica][stage] weights, some unchanged")]
+fn delayed_weights(
+    replicas: &mut [Pipeline<CpuBackend>],
+    history: &mut [VecDeque<Vec<Vec<f32>>>],
+    delays: &[u64],
+    predict: bool,
+) -> Result<Vec<Vec<Option<Vec<f32>>>>> {
+    let deepest = delays.iter().copied().max().unwrap_or(0) as usize;
+    let mut current = Vec::with_capacity(replicas.len());
+    for (p, h) in replicas.iter_mut().zip(history.iter_mut()) {
+        let stages = p.stages().len();
+        let mut put_back = vec![None; stages];
+        if deepest == 0 {
+            current.push(put_back);
+            continue;
+        }
+        h.push_front(p.stages().iter().map(|s| s.params_host()).collect());
+        h.truncate(deepest + 2);
+        for (s, &d) in delays.iter().enumerate() {
+            let at = (d as usize).min(h.len() - 1);
+            if at == 0 {
+                continue;
+            }
+            let base = &h[at][s];
+            let w: Vec<f32> = match h.get(at + 1).filter(|_| predict) {
+                Some(before) => {
+                    let ahead = at as f32;
+                    base.iter().zip(&before[s]).map(|(b, o)| b + ahead * (b - o)).collect()
+                }
+                None => base.clone(),
+            };
+            p.stages_mut()[s].set_params(&w)?;
+            put_back[s] = Some(h[0][s].clone());
+        }
+        current.push(put_back);
+    }
+    Ok(current)
+}
+
+/// The gradients of one inner step of every replica with pathways drawn as
+/// the orchestrator draws them (one replica per stage, independently): the
+/// step's R groups of A micro-batches go through each stage's replicas in
+/// a random order, so every stage replica still takes A micro-batches per
+/// step (the orchestrator balances load) but from every other stage's
+/// replicas. The caller steps each replica's optimizer.
+fn mixed_grads(
     replicas: &mut [Pipeline<CpuBackend>],
     corpus: &Corpus,
     first: u64,
@@ -381,9 +458,6 @@ fn mixed_step(
             let mut pathway: Vec<&mut Stage<CpuBackend>> = chosen.into_iter().flatten().collect();
             accumulate_through(&mut pathway, codec, seq, &x, &y, mb.key(), 1.0 / a as f32)?;
         }
-    }
-    for p in replicas.iter_mut() {
-        p.apply_step(Accumulated::default());
     }
     Ok(())
 }
@@ -469,11 +543,43 @@ fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
     }
     hs.sort_unstable();
     for h in hs {
-        v.push(Variant::Swarm { interval: h, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 });
+        v.push(Variant::Swarm {
+            interval: h,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false,
+        });
     }
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 });
-    v.push(Variant::Swarm { interval: own, bottleneck: false, f32_codec: false, mixed: true, overlap: 0 });
-    v.push(Variant::Swarm { interval: own, bottleneck: true, f32_codec: true, mixed: true, overlap: 0 });
+    v.push(Variant::Swarm {
+        interval: own,
+        bottleneck: true,
+        f32_codec: false,
+        mixed: false,
+        overlap: 0,
+        delay: 0,
+        predict: false,
+    });
+    v.push(Variant::Swarm {
+        interval: own,
+        bottleneck: false,
+        f32_codec: false,
+        mixed: true,
+        overlap: 0,
+        delay: 0,
+        predict: false,
+    });
+    v.push(Variant::Swarm {
+        interval: own,
+        bottleneck: true,
+        f32_codec: true,
+        mixed: true,
+        overlap: 0,
+        delay: 0,
+        predict: false,
+    });
     v
 }
 

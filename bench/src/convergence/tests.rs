@@ -72,7 +72,15 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
     let mut apart = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 100, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 },
+        &Variant::Swarm {
+            interval: 100,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: false,
+            overlap: 0,
+            delay: 0,
+            predict: false,
+        },
     )
     .unwrap();
     for _ in 0..5 {
@@ -112,7 +120,15 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
     let mut swarm = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
+        &Variant::Swarm {
+            interval: 2,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false,
+        },
     )
     .unwrap();
     for _ in 0..5 {
@@ -125,7 +141,15 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
 }
 
 fn overlapped(interval: u64) -> Variant {
-    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: interval }
+    Variant::Swarm {
+        interval,
+        bottleneck: true,
+        f32_codec: false,
+        mixed: true,
+        overlap: interval,
+        delay: 0,
+        predict: false,
+    }
 }
 
 #[test]
@@ -154,7 +178,15 @@ fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
     let mut sync = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 2, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
+        &Variant::Swarm {
+            interval: 2,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false,
+        },
     )
     .unwrap();
     let start = params(&lagged);
@@ -197,7 +229,15 @@ fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
 fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
     let (setup, corpus) = tiny_setup(2, 1, 6);
     let be = Arc::new(CpuBackend::new());
-    let v = Variant::Swarm { interval: 3, bottleneck: true, f32_codec: false, mixed: true, overlap: 1 };
+    let v = Variant::Swarm {
+        interval: 3,
+        bottleneck: true,
+        f32_codec: false,
+        mixed: true,
+        overlap: 1,
+        delay: 0,
+        predict: false,
+    };
     let mut t = Trainer::new(be, &setup, &v).unwrap();
     let start = params(&t);
     for _ in 0..3 {
@@ -223,7 +263,15 @@ fn after_a_merge_every_replica_holds_the_merged_weights() {
     let mut t = Trainer::new(
         be,
         &setup,
-        &Variant::Swarm { interval: 1, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 },
+        &Variant::Swarm {
+            interval: 1,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false,
+        },
     )
     .unwrap();
     t.step(&corpus).unwrap();
@@ -241,26 +289,69 @@ fn after_a_merge_every_replica_holds_the_merged_weights() {
 fn variant_names_parse() {
     assert_eq!(
         Variant::parse("h8").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: true, overlap: 0 }
+        Variant::Swarm {
+            interval: 8,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false
+        }
     );
     assert_eq!(
         Variant::parse("h8-fixed").unwrap(),
-        Variant::Swarm { interval: 8, bottleneck: true, f32_codec: false, mixed: false, overlap: 0 }
+        Variant::Swarm {
+            interval: 8,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: false,
+            overlap: 0,
+            delay: 0,
+            predict: false
+        }
     );
     assert_eq!(
         Variant::parse("h24-no-bottleneck").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: false, f32_codec: false, mixed: true, overlap: 0 }
+        Variant::Swarm {
+            interval: 24,
+            bottleneck: false,
+            f32_codec: false,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false
+        }
     );
     assert_eq!(
         Variant::parse("h24-f32").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: true, mixed: true, overlap: 0 }
+        Variant::Swarm {
+            interval: 24,
+            bottleneck: true,
+            f32_codec: true,
+            mixed: true,
+            overlap: 0,
+            delay: 0,
+            predict: false
+        }
     );
     assert_eq!(Variant::parse("h24-overlap").unwrap(), overlapped(24));
     assert_eq!(
         Variant::parse("h24-overlap6").unwrap(),
-        Variant::Swarm { interval: 24, bottleneck: true, f32_codec: false, mixed: true, overlap: 6 }
+        Variant::Swarm {
+            interval: 24,
+            bottleneck: true,
+            f32_codec: false,
+            mixed: true,
+            overlap: 6,
+            delay: 0,
+            predict: false
+        }
     );
     assert!(Variant::parse("h4-overlap5").is_err() && Variant::parse("h4-overlap0").is_err());
+    assert_eq!(Variant::parse("h24-delay2").unwrap(), swarm(24, 2, false));
+    assert_eq!(Variant::parse("h24-delay2-predict").unwrap(), swarm(24, 2, true));
+    assert!(Variant::parse("h24-delay0").is_err() && Variant::parse("h24-delay").is_err());
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
 }
@@ -363,4 +454,37 @@ fn the_harness_runs_end_to_end_on_tiny_and_draws_its_curves() {
 struct Cli {
     #[command(flatten)]
     a: Args,
+}
+
+/// The mixed-pathway swarm merging every `interval` steps, its gradients
+/// `delay` steps late at the head.
+fn swarm(interval: u64, delay: u64, predict: bool) -> Variant {
+    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: 0, delay, predict }
+}
+
+#[test]
+fn pipelining_delay_falls_to_nothing_at_the_tail_and_refills_after_each_merge() {
+    assert_eq!(stage_delays(2, 3), vec![2, 1, 0]);
+    assert_eq!(stage_delays(1, 3), vec![1, 1, 0]);
+    assert_eq!(stage_delays(3, 2), vec![3, 0]);
+    assert_eq!(stage_delays(3, 1), vec![0]);
+    let (setup, corpus) = tiny_setup(2, 1, 6);
+    let be = Arc::new(CpuBackend::new());
+    let run = |v: Variant| {
+        let mut t = Trainer::new(be.clone(), &setup, &v).unwrap();
+        for _ in 0..6 {
+            t.step(&corpus).unwrap();
+        }
+        params(&t)
+    };
+    // A merge every step drains the pipeline every step: no delay is left.
+    assert_eq!(run(swarm(1, 0, false)), run(swarm(1, 2, false)));
+    // Between merges the delay changes the gradients, and prediction
+    // changes them again (from the fourth step after a merge: it needs a
+    // step taken before the weights it moves on).
+    let plain = run(swarm(6, 0, false));
+    let late = run(swarm(6, 2, false));
+    let predicted = run(swarm(6, 2, true));
+    assert!(max_diff(&plain, &late) > 1e-6);
+    assert!(max_diff(&late, &predicted) > 1e-6);
 }

@@ -25,7 +25,17 @@ pub enum Variant {
     /// compute; D = `interval`: one window late), and each replica keeps
     /// what it trained since: weights = merged + (own now - own at the
     /// merge's start). The last merge is applied at once.
-    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64 },
+    ///
+    /// With `delay` = D > 0, pipelining's delayed gradients: the gradient
+    /// a stage applies at a step was taken on its weights of D_s steps
+    /// before (D at the head, falling to 0 at the tail, which runs forward
+    /// and backward at once: D_s = ceil(D (P-1-s) / (P-1))), as a stage
+    /// with weight stashing and D_s micro-batches ahead of each one does;
+    /// after a merge the pipeline refills (the epoch's end drains it), so
+    /// the first steps take younger weights. With `predict`, those old
+    /// weights moved on by D_s times the step they had just taken
+    /// (`Stage::set_weight_prediction`).
+    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64, delay: u64, predict: bool },
     /// One process at the global batch, as `OneProcess`, with another stage
     /// boundary: what the bottleneck and its codec cost at equal tokens.
     Boundary(BoundarySpec),
@@ -103,6 +113,24 @@ impl Variant {
                 if interval == 0 {
                     bail!("'{s}': the merge interval must be positive");
                 }
+                if let Some(d) = suffix.strip_prefix("delay") {
+                    let (d, predict) = match d.strip_suffix("-predict") {
+                        Some(d) => (d, true),
+                        None => (d, false),
+                    };
+                    let delay: u64 = d.parse().ok().filter(|d| *d > 0).with_context(|| {
+                        format!("'{s}': delayD needs a positive D (steps of delay at the head), e.g. h24-delay2")
+                    })?;
+                    return Ok(Variant::Swarm {
+                        interval,
+                        bottleneck: true,
+                        f32_codec: false,
+                        mixed: true,
+                        overlap: 0,
+                        delay,
+                        predict,
+                    });
+                }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
                     "" => (true, false, true, 0),
                     "no-bottleneck" => (false, false, true, 0),
@@ -112,11 +140,11 @@ impl Variant {
                     other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
                         Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
                         _ => bail!(
-                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H)"
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict)"
                         ),
                     },
                 };
-                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap }
+                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay: 0, predict: false }
             }
         })
     }
@@ -126,8 +154,14 @@ impl Variant {
             Variant::OneProcess => "one process, global batch".into(),
             Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
             Variant::SyncDataParallel => "sync data parallel".into(),
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict } => {
                 let mut n = format!("swarm H={interval}");
+                if *delay > 0 {
+                    n += &format!(", gradients {delay} steps late at the head");
+                }
+                if *predict {
+                    n += ", predicted weights";
+                }
                 if !mixed {
                     n += ", fixed pathways";
                 }
