@@ -441,44 +441,10 @@ fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
         hs.push(own);
     }
     hs.sort_unstable();
-    for h in hs {
-        v.push(Variant::Swarm {
-            interval: h,
-            bottleneck: true,
-            f32_codec: false,
-            mixed: true,
-            overlap: 0,
-            delay: 0,
-            predict: false,
-        });
-    }
-    v.push(Variant::Swarm {
-        interval: own,
-        bottleneck: true,
-        f32_codec: false,
-        mixed: false,
-        overlap: 0,
-        delay: 0,
-        predict: false,
-    });
-    v.push(Variant::Swarm {
-        interval: own,
-        bottleneck: false,
-        f32_codec: false,
-        mixed: true,
-        overlap: 0,
-        delay: 0,
-        predict: false,
-    });
-    v.push(Variant::Swarm {
-        interval: own,
-        bottleneck: true,
-        f32_codec: true,
-        mixed: true,
-        overlap: 0,
-        delay: 0,
-        predict: false,
-    });
+    // By name, as on the command line (each parses).
+    let mut names: Vec<String> = hs.iter().map(|h| format!("h{h}")).collect();
+    names.extend(["fixed", "no-bottleneck", "f32"].map(|suffix| format!("h{own}-{suffix}")));
+    v.extend(names.iter().map(|n| Variant::parse(n).expect("a variant's own name")));
     v
 }
 

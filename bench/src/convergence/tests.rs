@@ -117,20 +117,7 @@ fn one_replica_merging_with_plain_averaging_is_one_process() {
     let (setup, corpus) = tiny_setup(1, 1, 5);
     let be = Arc::new(CpuBackend::new());
     let mut one = Trainer::new(be.clone(), &setup, &Variant::OneProcess).unwrap();
-    let mut swarm = Trainer::new(
-        be,
-        &setup,
-        &Variant::Swarm {
-            interval: 2,
-            bottleneck: true,
-            f32_codec: false,
-            mixed: true,
-            overlap: 0,
-            delay: 0,
-            predict: false,
-        },
-    )
-    .unwrap();
+    let mut swarm = Trainer::new(be, &setup, &swarm(2, 0, false)).unwrap();
     for _ in 0..5 {
         one.step(&corpus).unwrap();
         swarm.step(&corpus).unwrap();
@@ -175,20 +162,7 @@ fn an_overlapped_merge_lands_a_window_late_and_keeps_each_replicas_progress() {
     let (setup, corpus) = tiny_setup(2, 1, 5);
     let be = Arc::new(CpuBackend::new());
     let mut lagged = Trainer::new(be.clone(), &setup, &overlapped(2)).unwrap();
-    let mut sync = Trainer::new(
-        be,
-        &setup,
-        &Variant::Swarm {
-            interval: 2,
-            bottleneck: true,
-            f32_codec: false,
-            mixed: true,
-            overlap: 0,
-            delay: 0,
-            predict: false,
-        },
-    )
-    .unwrap();
+    let mut sync = Trainer::new(be, &setup, &swarm(2, 0, false)).unwrap();
     let start = params(&lagged);
     for _ in 0..2 {
         lagged.step(&corpus).unwrap();
@@ -260,20 +234,7 @@ fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
 fn after_a_merge_every_replica_holds_the_merged_weights() {
     let (setup, corpus) = tiny_setup(2, 1, 3);
     let be = Arc::new(CpuBackend::new());
-    let mut t = Trainer::new(
-        be,
-        &setup,
-        &Variant::Swarm {
-            interval: 1,
-            bottleneck: true,
-            f32_codec: false,
-            mixed: true,
-            overlap: 0,
-            delay: 0,
-            predict: false,
-        },
-    )
-    .unwrap();
+    let mut t = Trainer::new(be, &setup, &swarm(1, 0, false)).unwrap();
     t.step(&corpus).unwrap();
     // After a merge every replica holds the mean of what they had.
     if let Mode::Swarm { replicas, merged, .. } = &t.mode {
