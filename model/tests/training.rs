@@ -189,22 +189,40 @@ fn cpu_results_are_bitwise_independent_of_the_thread_count() {
     }
 }
 
+/// The head stage of `tiny` in 2 stages (batch 2 x seq 16), with
+/// micro-batches of tokens and made-up output gradients, for tests that
+/// drive a stage's forwards, backwards and steps in a pipeline's orders.
+struct HeadStage {
+    cfg: TrainConfig,
+    spec: iota_core::StageSpec,
+    be: Arc<CpuBackend>,
+    data: iota_model::data::Corpus,
+}
+
+impl HeadStage {
+    fn new() -> HeadStage {
+        let cfg = config(2, 16, WireCodec::F32, 10);
+        let spec = iota_core::StageSpec::split(&cfg.model, 2).unwrap()[0].clone();
+        HeadStage { cfg, spec, be: Arc::new(CpuBackend::new()), data: corpus(16) }
+    }
+    fn batch(&self, i: u64) -> Vec<u32> {
+        let mb = iota_model::train::micro_batch_id(i, self.data.num_shards(), 2);
+        self.data.micro_batch(1, mb, 16).0
+    }
+    fn dout(&self, salt: f32) -> Vec<f32> {
+        (0..32 * self.spec.boundary_width).map(|i| ((i as f32 * 0.37 + salt).sin()) * 1e-2).collect()
+    }
+}
+
 #[test]
 fn a_stage_stepped_between_forward_and_backward_differentiates_the_weights_it_forwarded_with() {
-    use iota_core::StageSpec;
     use iota_model::optim::AdamW;
     use iota_model::{Stage, StageInput};
-    let cfg = config(2, 16, WireCodec::F32, 10);
-    let spec = StageSpec::split(&cfg.model, 2).unwrap()[0].clone();
-    let be = Arc::new(CpuBackend::new());
-    let data = corpus(16);
-    let batch = |i: u64| {
-        let mb = iota_model::train::micro_batch_id(i, data.num_shards(), 2);
-        data.micro_batch(1, mb, 16).0
-    };
+    let h = HeadStage::new();
+    let (cfg, spec, be) = (&h.cfg, &h.spec, h.be.clone());
+    let batch = |i: u64| h.batch(i);
+    let dout = |salt: f32| h.dout(salt);
     let (x1, x2) = (batch(0), batch(1));
-    let width = spec.boundary_width;
-    let dout = |salt: f32| -> Vec<f32> { (0..32 * width).map(|i| ((i as f32 * 0.37 + salt).sin()) * 1e-2).collect() };
     // The pipeline's order: forward 1, forward 2, backward 1, step, backward 2.
     let run = |stash: bool| -> (Vec<f32>, usize) {
         let mut st = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
@@ -240,19 +258,12 @@ fn a_stage_stepped_between_forward_and_backward_differentiates_the_weights_it_fo
 /// flight on the current weights; the stage's own weights are untouched.
 #[test]
 fn a_predicting_stage_forwards_and_backwards_on_the_extrapolated_weights() {
-    use iota_core::StageSpec;
     use iota_model::optim::AdamW;
     use iota_model::{Stage, StageInput};
-    let cfg = config(2, 16, WireCodec::F32, 10);
-    let spec = StageSpec::split(&cfg.model, 2).unwrap()[0].clone();
-    let be = Arc::new(CpuBackend::new());
-    let data = corpus(16);
-    let batch = |i: u64| {
-        let mb = iota_model::train::micro_batch_id(i, data.num_shards(), 2);
-        data.micro_batch(1, mb, 16).0
-    };
-    let width = spec.boundary_width;
-    let dout = |salt: f32| -> Vec<f32> { (0..32 * width).map(|i| ((i as f32 * 0.37 + salt).sin()) * 1e-2).collect() };
+    let h = HeadStage::new();
+    let (cfg, spec, be) = (&h.cfg, &h.spec, h.be.clone());
+    let batch = |i: u64| h.batch(i);
+    let dout = |salt: f32| h.dout(salt);
     let mut st = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
     st.set_weight_prediction(Some(1));
     let mut opt = AdamW::new(&*be, st.layout().total());
