@@ -68,6 +68,18 @@ pub struct Args {
     /// Backward on the current weights instead of the stashed ones.
     #[arg(long)]
     no_weight_stashing: bool,
+    /// Every stage recomputes its activations in the backward
+    /// (`iota-miner run --recompute always`). Without it the plan keeps
+    /// them (its "fits" lines say where a miner's default, `--recompute
+    /// auto`, turns it on), and measured miners recompute where the memory
+    /// they state needs it.
+    #[arg(long)]
+    recompute: bool,
+    /// Measured mode: the memory every miner states, in GiB (default: a
+    /// GPU's free memory), to run as on cards of that size (16: IOTA's
+    /// miners) on a larger one.
+    #[arg(long, value_name = "GIB")]
+    miner_memory_gib: Option<f64>,
     /// The run keeps outer momentum (a partition's writer stores it too).
     #[arg(long)]
     outer_momentum: bool,
@@ -96,6 +108,8 @@ pub fn run(a: Args) -> Result<()> {
             device: &a.device,
             data: a.data.as_deref(),
             merge_overlap: a.merge_overlap,
+            miner_memory_gib: a.miner_memory_gib,
+            recompute: a.recompute.then_some("always"),
         };
         let work = tempfile::Builder::new().prefix("iota-bench-scale-").tempdir()?;
         let dir = a.keep_run_dir.clone().unwrap_or_else(|| work.path().join("run"));
@@ -126,12 +140,13 @@ pub fn run(a: Args) -> Result<()> {
         weight_stashing: !a.no_weight_stashing,
         optimizer,
         backend,
+        recompute: a.recompute,
     };
     let plan = plan_memory(&cfg, a.stages, &w)?;
     let specs = StageSpec::split(&cfg, a.stages)?;
     println!(
         "scale --plan-only: {}, {} stages x {} replicas, batch {} x seq {} ({} tokens a micro-batch), \
-         {} micro-batch(es) in flight at a head or body miner, {}, {:?}, weight stashing {}",
+         {} micro-batch(es) in flight at a head or body miner, {}, {:?}, weight stashing {}, activations {}",
         cfg.name,
         a.stages,
         a.replicas,
@@ -142,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         backend.name(),
         optimizer,
         if w.weight_stashing { "on" } else { "off" },
+        if w.recompute { "recomputed in the backward" } else { "kept" },
     );
     print_memory(&plan, backend);
     println!();

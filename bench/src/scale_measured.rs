@@ -35,6 +35,10 @@ pub struct Measure<'a> {
     pub data: Option<&'a Path>,
     /// The swarm merges behind compute.
     pub merge_overlap: bool,
+    /// Memory every miner states (GiB; None: a GPU's free memory) and
+    /// when it recomputes activations (None: the miner's default, auto).
+    pub miner_memory_gib: Option<f64>,
+    pub recompute: Option<&'a str>,
 }
 
 /// What one measured run found.
@@ -50,8 +54,8 @@ pub struct Measured {
     pub store_fallbacks: (u64, u64),
     pub frames_refused: u64,
     /// Per miner process: (stage, peak resident bytes, peak device bytes,
-    /// the plan's peak for its stage).
-    pub miners: Vec<(Option<u32>, u64, u64, u64)>,
+    /// the plan's peak for its stage, whether it recomputed activations).
+    pub miners: Vec<(Option<u32>, u64, u64, u64, bool)>,
     pub completed: u64,
     /// Merges that ran while the next epoch trained.
     pub merges_behind_compute: u64,
@@ -110,14 +114,16 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     run.claim_run_dir(&cfg)?;
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, run.data_path()?.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let report = rt.block_on(swarm::run(SwarmOptions::on_this_machine(
+    let mut opts = SwarmOptions::on_this_machine(
         cfg.clone(),
         run.data_path()?,
         run.store_dir()?,
         run.run_dir.clone(),
         miner_bin,
         m.device,
-    )))?;
+    );
+    opts.extra_miner_args = swarm::miner_memory_args(m.miner_memory_gib, m.recompute);
+    let report = rt.block_on(swarm::run(opts))?;
     if report.interrupted {
         bail!("interrupted");
     }
@@ -130,11 +136,18 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     )?;
     let backend = if m.device == "cpu" { ComputeBackend::Cpu } else { ComputeBackend::CudaBf16Gemm };
     let w = Workload::of(backend, m.batch, m.seq, 2);
-    let plan = plan_memory(&cfg.train.model, m.stages, &w)?;
-    Ok(summarise(&report, one, &plan))
+    // A miner recomputes activations where its memory needs it: its plan is
+    // the recomputing one then.
+    let plans =
+        [plan_memory(&cfg.train.model, m.stages, &w)?, plan_memory(&cfg.train.model, m.stages, &w.recomputing(true))?];
+    Ok(summarise(&report, one, &plans))
 }
 
-fn summarise(r: &SwarmReport, one_process_tokens_per_s: f64, plan: &[iota_core::memory_plan::StageMemory]) -> Measured {
+fn summarise(
+    r: &SwarmReport,
+    one_process_tokens_per_s: f64,
+    plans: &[Vec<iota_core::memory_plan::StageMemory>; 2],
+) -> Measured {
     let c = &r.counters;
     let epochs_ms = (c.training_ms + c.uploading_ms + c.merging_ms).max(1);
     let first = c.first_training_at_ms.zip(c.first_completed_at_ms).map(|(a, b)| b.saturating_sub(a) as f64 / 1e3);
@@ -143,9 +156,11 @@ fn summarise(r: &SwarmReport, one_process_tokens_per_s: f64, plan: &[iota_core::
         .iter()
         .map(|t| {
             let stage = t.as_ref().and_then(|t| t.stage);
+            let recomputed = t.as_ref().is_some_and(|t| t.recomputed);
+            let plan = &plans[recomputed as usize];
             let planned = stage.and_then(|s| plan.get(s as usize)).map_or(0, |p| p.peak());
             let (rss, dev) = t.as_ref().map_or((0, 0), |t| (t.peak_rss_bytes, t.peak_device_bytes));
-            (stage, rss, dev, planned)
+            (stage, rss, dev, planned, recomputed)
         })
         .collect();
     let frames_refused = r.miner_totals.iter().flatten().map(|t| t.rejected.values().sum::<u64>()).sum();
@@ -229,9 +244,9 @@ pub fn print(m: &Measure<'_>, r: &Measured) {
         println!("  merges behind compute: {}", r.merges_behind_compute);
     }
     println!("  {:<8} {:>14} {:>16} {:>14}", "miner", "stage", "peak GiB", "plan GiB");
-    for (i, (stage, rss, dev, plan)) in r.miners.iter().enumerate() {
+    for (i, (stage, rss, dev, plan, recomputed)) in r.miners.iter().enumerate() {
         let (peak, kind) = if *dev > 0 { (*dev, "device") } else { (*rss, "resident") };
-        let stage = stage.map_or("-".to_string(), |s| s.to_string());
+        let stage = stage.map_or("-".to_string(), |s| s.to_string() + if *recomputed { " (recomputing)" } else { "" });
         println!("  {:<8} {:>14} {:>16} {:>14}", i, stage, format!("{} {kind}", gib(peak)), gib(*plan));
     }
 }
@@ -261,6 +276,8 @@ mod tests {
             device: "cpu",
             data: None,
             merge_overlap: false,
+            miner_memory_gib: None,
+            recompute: None,
         };
         let r = measure(&m, &work.path().join("run")).unwrap();
         print(&m, &r);
@@ -270,7 +287,8 @@ mod tests {
         assert!(r.first_micro_batch_s.is_some_and(|s| s > 0.0));
         assert_eq!((r.store_fallbacks, r.frames_refused), ((0, 0), 0));
         assert_eq!(r.miners.len(), 4);
-        for (stage, rss, _, plan) in &r.miners {
+        for (stage, rss, _, plan, recomputed) in &r.miners {
+            assert!(!recomputed, "no memory stated on the CPU, so nothing recomputes");
             assert!(stage.is_some() && *plan > 0);
             // A miner process holds its stage and more (runtime, corpus, pools).
             assert!(*rss > *plan, "resident {rss} under the plan's {plan}");

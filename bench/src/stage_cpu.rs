@@ -26,6 +26,10 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also time the stage recomputing its activations in the backward
+    /// (`Stage::set_recompute`), alternating with the stage keeping them.
+    #[arg(long)]
+    recompute: bool,
 }
 
 /// The benchmark's stage shape: d=512, 8 heads (MHA), ffn 1408; a 12-layer
@@ -94,12 +98,15 @@ pub fn run(a: Args) -> Result<()> {
     let mut dz = vec![0.0f32; n * w];
     rng.fill_normal(&mut z, 1.0);
     rng.fill_normal(&mut dz, 1e-3);
+    let mut recomputing = Stage::new(be.clone(), &cfg, spec.clone(), 1);
+    recomputing.set_recompute(true);
     let mut key = 0u64;
-    let mut step = || {
+    let mut run_step = |stage: &mut Stage<CpuBackend>| {
         key += 1;
         stage.forward(key, StageInput::Hidden(&z), a.batch, a.seq).expect("forward");
         stage.backward(key, &dz).expect("backward");
     };
+    let mut step = || run_step(&mut stage);
     step();
     be.start_gemm_log();
     step();
@@ -108,10 +115,16 @@ pub fn run(a: Args) -> Result<()> {
     replay(&mut prepared);
     // Alternate the two so both see the same machine conditions; ratios are
     // medians of the per-pair ratios.
-    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    let (mut ours, mut floor, mut recomputed) = (Vec::new(), Vec::new(), Vec::new());
+    if a.recompute {
+        run_step(&mut recomputing);
+    }
     for _ in 0..a.iters {
-        ours.push(measure(&mut step));
+        ours.push(measure(|| run_step(&mut stage)));
         floor.push(measure(|| replay(&mut prepared)));
+        if a.recompute {
+            recomputed.push(measure(|| run_step(&mut recomputing)));
+        }
     }
     let flops: f64 = calls.iter().map(|c| c.flops()).sum();
     println!(
@@ -141,6 +154,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     row("stage fwd+bwd (ours)", &ours);
     row("same GEMMs alone (floor)", &floor);
+    if a.recompute {
+        // GFLOP/s counts the keeping stage's GEMMs: the recomputed forward
+        // is extra work, not useful work.
+        row("fwd+bwd, recomputing", &recomputed);
+        let r =
+            median(recomputed.iter().zip(&ours).map(|(r, o)| r.wall.as_secs_f64() / o.wall.as_secs_f64()).collect());
+        println!("  recomputing / keeping activations (median of {} alternating pairs): wall {r:.3}x", a.iters);
+    }
     let pair = |f: fn(&Sample) -> f64| median(ours.iter().zip(&floor).map(|(o, b)| f(o) / f(b)).collect());
     println!(
         "  ratio ours / floor (median of {} alternating pairs): wall {:.3}x, cpu {:.3}x  (goal <= 1.3x; {} GEMM calls, {:.1} GFLOP per step)",

@@ -167,6 +167,14 @@ pub enum Cmd {
         /// The iota-miner binary (default: next to this one).
         #[arg(long)]
         miner_bin: Option<PathBuf>,
+        /// Memory each miner states, in GiB (`iota-miner run --memory-gib`):
+        /// to run as on cards of that size, say 16, on a larger one.
+        #[arg(long, value_name = "GIB")]
+        miner_memory_gib: Option<f64>,
+        /// When each miner recomputes activations in the backward
+        /// (`iota-miner run --recompute`: auto or always).
+        #[arg(long, value_name = "WHEN")]
+        miner_recompute: Option<String>,
         /// Where every miner computes: cpu, cuda (all on GPU 0) or cuda:N.
         #[arg(long, default_value = "cpu")]
         miner_device: String,
@@ -494,6 +502,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             miner_device,
             validators,
             adversary,
+            miner_memory_gib,
+            miner_recompute,
             ..
         } => {
             // The swarm's validators are listed in the run (stake 100 each).
@@ -553,6 +563,7 @@ async fn run_async(cli: Cli) -> Result<()> {
                 miner_device,
                 validators: validator_ids,
                 adversaries,
+                extra_miner_args: crate::swarm::miner_memory_args(miner_memory_gib, miner_recompute.as_deref()),
             })
             .await?;
             swarm::print_summary(&cfg, &report);

@@ -45,6 +45,9 @@ pub struct SwarmOptions {
     pub validators: Vec<iota_core::Identity>,
     /// Test tool: (miner index, adversary mode) pairs.
     pub adversaries: Vec<(u32, String)>,
+    /// More `iota-miner run` arguments for every miner (a benchmark's
+    /// `--memory-gib 16`, say, to run as on a 16 GB card).
+    pub extra_miner_args: Vec<String>,
 }
 
 impl SwarmOptions {
@@ -75,6 +78,7 @@ impl SwarmOptions {
             miner_device: miner_device.to_string(),
             validators: Vec::new(),
             adversaries: Vec::new(),
+            extra_miner_args: Vec::new(),
         }
     }
 }
@@ -219,6 +223,19 @@ pub fn default_threads_per_miner(device: &str, miners: usize) -> usize {
     }
 }
 
+/// `iota-miner run` arguments for the memory each miner states and when it
+/// recomputes activations (the miner validates them).
+pub fn miner_memory_args(memory_gib: Option<f64>, recompute: Option<&str>) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(g) = memory_gib {
+        v.extend(["--memory-gib".to_string(), g.to_string()]);
+    }
+    if let Some(r) = recompute {
+        v.extend(["--recompute".to_string(), r.to_string()]);
+    }
+    v
+}
+
 fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> Result<Child> {
     let logs = o.run_dir.join("logs");
     std::fs::create_dir_all(&logs)?;
@@ -243,6 +260,7 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .args(o.adversaries.iter().filter(|(k, _)| *k == i).flat_map(|(_, m)| ["--adversary", m.as_str()]))
         .args(o.store.iter().flat_map(|d| [std::ffi::OsStr::new("--store"), d.as_os_str()]))
         .args(o.data.iter().flat_map(|d| [std::ffi::OsStr::new("--data"), d.as_os_str()]))
+        .args(&o.extra_miner_args)
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())
         .stderr(log)

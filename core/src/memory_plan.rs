@@ -135,6 +135,10 @@ pub struct Workload {
     pub weight_stashing: bool,
     pub optimizer: InnerOptimizer,
     pub backend: ComputeBackend,
+    /// Activation recomputation (`Stage::set_recompute`): a held
+    /// micro-batch keeps each block's input residual only, and the backward
+    /// makes one block's activations at a time again.
+    pub recompute: bool,
 }
 
 impl Workload {
@@ -142,7 +146,20 @@ impl Workload {
     /// miners run by default: weight stashing on, AdamW (NAdam keeps the
     /// same moments).
     pub fn of(backend: ComputeBackend, batch: usize, seq: usize, in_flight: usize) -> Workload {
-        Workload { batch, seq, in_flight, weight_stashing: true, optimizer: InnerOptimizer::AdamW, backend }
+        Workload {
+            batch,
+            seq,
+            in_flight,
+            weight_stashing: true,
+            optimizer: InnerOptimizer::AdamW,
+            backend,
+            recompute: false,
+        }
+    }
+
+    /// The same with activation recomputation on or off.
+    pub fn recomputing(self, on: bool) -> Workload {
+        Workload { recompute: on, ..self }
     }
 }
 
@@ -293,12 +310,29 @@ struct SavedValues {
     probs: usize,
 }
 
-fn saved_values(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize, tokens_on_device: bool) -> SavedValues {
+/// f32 values of one block's `BlockActs`: x, xn1, x2, xn2 [n, d]; rstd1,
+/// rstd2 [n]; qkv; probs [batch, heads, seq, seq]; att [n, q_dim]; gu
+/// [n, 2f]; m [n, f].
+fn block_values(cfg: &ModelConfig, batch: usize, seq: usize) -> usize {
     let n = batch * seq;
-    let (d, f, b) = (cfg.d_model, cfg.ffn_hidden, cfg.bottleneck);
+    let (d, f) = (cfg.d_model, cfg.ffn_hidden);
     let probs = batch * cfg.n_heads * seq * seq;
-    // BlockActs: x, xn1, x2, xn2 [n, d]; rstd1, rstd2 [n]; qkv; probs; att [n, q_dim]; gu [n, 2f]; m [n, f].
-    let block = 4 * n * d + 2 * n + n * cfg.qkv_dim() + probs + n * cfg.q_dim() + 2 * n * f + n * f;
+    4 * n * d + 2 * n + n * cfg.qkv_dim() + probs + n * cfg.q_dim() + 2 * n * f + n * f
+}
+
+fn saved_values(
+    cfg: &ModelConfig,
+    spec: &StageSpec,
+    batch: usize,
+    seq: usize,
+    tokens_on_device: bool,
+    recompute: bool,
+) -> SavedValues {
+    let n = batch * seq;
+    let (d, b) = (cfg.d_model, cfg.bottleneck);
+    // Recomputing: each block's input residual [n, d] only.
+    let (block, probs) =
+        if recompute { (n * d, 0) } else { (block_values(cfg, batch, seq), batch * cfg.n_heads * seq * seq) };
     let mut total = spec.layers.len() * block + n * d; // + h_out
     // The residual style's SwiGLU branches (`boundary.rs`): MlpActs gu [n, 2r], m [n, r].
     let branch = if cfg.bottleneck_style == BottleneckStyle::Residual { 3 * n * cfg.bottleneck_hidden() } else { 0 };
@@ -388,15 +422,19 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
     // other held - 1 micro-batches are on older versions; the tail holds
     // none across a step.
     let stashed = if w.weight_stashing && !tail { held - 1 } else { 0 };
-    let saved = saved_values(cfg, spec, w.batch, w.seq, !w.backend.is_cuda());
+    let saved = saved_values(cfg, spec, w.batch, w.seq, !w.backend.is_cuda(), w.recompute);
     let out_width = if spec.encode_out { cfg.bottleneck } else { d };
     // The backward's residual gradient, a block's worst phase, and past an
     // encoder the output gradient it came from (`backward_buf` keeps it
     // until it returns; without an encoder it becomes the residual gradient).
     let kept_output_grad = if spec.encode_out { n * cfg.bottleneck } else { 0 };
+    // Recomputing, a block's activations are made again beside its
+    // backward's temporaries (all but its input, which is among the held).
+    let recomputed = if w.recompute && !spec.layers.is_empty() { block_values(cfg, w.batch, w.seq) - n * d } else { 0 };
     let backward = n * d
         + kept_output_grad
-        + block_backward_values(cfg, w.batch, w.seq, w.backend).max(boundary_backward_values(cfg, spec, n));
+        + (recomputed + block_backward_values(cfg, w.batch, w.seq, w.backend))
+            .max(boundary_backward_values(cfg, spec, n));
     // The tail's loss: hn, dhn and dh [n, d], rstd [n], one logits chunk.
     let loss = 3 * n * d + n + logit_rows_per_chunk(n, cfg.vocab_size) * cfg.vocab_size;
     // A forward's transient beyond what it saves is its output.
@@ -437,8 +475,14 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
             let t = w.seq;
             let block =
                 2 * n * d + n * cfg.q_dim() + n * cfg.ffn_hidden + n * cfg.qkv_dim() + w.batch * cfg.n_heads * t * t;
-            let per_micro_batch = 2 * (spec.layers.len() * block) as u64;
-            (per_micro_batch * held as u64).min(BF16_ACTIVATION_COPIES_LIMIT)
+            if w.recompute {
+                // Made again with each block's recomputed activations, and
+                // read by its backward right after: one block's worth.
+                (2 * block as u64).min(BF16_ACTIVATION_COPIES_LIMIT)
+            } else {
+                let per_micro_batch = 2 * (spec.layers.len() * block) as u64;
+                (per_micro_batch * held as u64).min(BF16_ACTIVATION_COPIES_LIMIT)
+            }
         }
         _ => 0,
     };

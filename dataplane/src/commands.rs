@@ -184,6 +184,13 @@ pub struct RunArgs {
     /// does not.
     #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     memory_gib: Option<u64>,
+    /// When the stage recomputes its activations in the backward instead
+    /// of keeping them for every micro-batch in flight: the same gradients,
+    /// for about a third more compute. `auto`: only where the stated memory
+    /// holds more micro-batches that way (a `1.5b` head stage at batch 4 x
+    /// 1024 on a 16 GB card); `always`: whatever the memory.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = parse_recompute)]
+    recompute: iota_core::memory_fit::Recompute,
     /// For launchers (the local swarm), hidden: on exit, write the wire
     /// totals (frames and bytes per lane, rejections) as JSON to FILE.
     #[arg(long, hide = true, value_name = "FILE")]
@@ -196,6 +203,10 @@ fn parse_gib(s: &str) -> Result<u64, String> {
         Ok(g) if g.is_finite() && g > 0.0 && g < 1e6 => Ok((g * (1u64 << 30) as f64) as u64),
         _ => Err(format!("'{s}' is not a positive number of GiB")),
     }
+}
+
+fn parse_recompute(s: &str) -> Result<iota_core::memory_fit::Recompute, String> {
+    iota_core::memory_fit::Recompute::parse(s).ok_or_else(|| format!("'{s}': recompute is auto or always"))
 }
 
 fn parse_congestion(s: &str) -> Result<crate::Congestion, String> {
@@ -289,6 +300,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.congestion = a.congestion;
     opts.metrics = a.metrics;
     opts.memory_limit = a.memory_gib;
+    opts.recompute = a.recompute;
     if let Some(adv) = a.adversary {
         tracing::warn!(?adv, "running as a bad miner on purpose (--adversary, a test tool)");
     }
@@ -304,6 +316,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
         totals.peak_rss_bytes = crate::stats::peak_rss_bytes();
         totals.peak_device_bytes = s.peak_device_bytes;
         totals.stage = Some(s.stage);
+        totals.recomputed = s.recomputed;
         let json = serde_json::to_vec_pretty(&totals)?;
         std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -102,6 +102,9 @@ pub struct WireTotals {
     /// The stage it held at the end.
     #[serde(default)]
     pub stage: Option<u32>,
+    /// Whether that stage recomputed activations in the backward.
+    #[serde(default)]
+    pub recomputed: bool,
 }
 
 impl WireTotals {
@@ -124,6 +127,7 @@ impl StatsSnapshot {
             peak_rss_bytes: 0,
             peak_device_bytes: 0,
             stage: None,
+            recomputed: false,
         }
     }
 

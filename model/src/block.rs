@@ -84,9 +84,29 @@ pub struct BlockActs<B: Backend> {
     m: B::Buf,
 }
 
+impl<B: Backend> BlockActs<B> {
+    /// The block's input residual, the rest dropped: all a recomputing
+    /// stage keeps (`block_recompute` makes the rest again from it).
+    pub fn into_input(self) -> B::Buf {
+        self.x
+    }
+}
+
 /// x -> x + attn(norm(x)) -> (+ mlp(norm(.))). Consumes the input residual
 /// (kept for backward) and returns the output residual.
 pub fn block_forward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, x: B::Buf) -> (BlockActs<B>, B::Buf) {
+    let a = block_recompute(c, li, x);
+    let (n, d, f) = (c.n(), c.cfg.d_model, c.cfg.ffn_hidden);
+    let mut x3 = c.copy_of(&a.x2);
+    c.be.matmul(c.be.all_mut(&mut x3), c.be.all(&a.m), c.p(&li.down), n, f, d, true);
+    (a, x3)
+}
+
+/// The activations `block_backward` reads, made from the block's input:
+/// `block_forward` without its last GEMM, whose output the backward does
+/// not read. A recomputing stage runs it again in the backward; on the
+/// same backend and weights it gives the forward's bits.
+pub fn block_recompute<B: Backend>(c: &Ctx<B>, li: &LayerIdx, x: B::Buf) -> BlockActs<B> {
     let be = c.be;
     let cfg = c.cfg;
     let (n, d, f) = (c.n(), cfg.d_model, cfg.ffn_hidden);
@@ -111,9 +131,7 @@ pub fn block_forward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, x: B::Buf) -> (Block
     be.matmul(be.all_mut(&mut gu), be.all(&xn2), c.p(&li.gate_up), n, d, 2 * f, false);
     let mut m = be.empty(n * f);
     be.swiglu(be.all_mut(&mut m), be.all(&gu), n, f);
-    let mut x3 = c.copy_of(&x2);
-    be.matmul(be.all_mut(&mut x3), be.all(&m), c.p(&li.down), n, f, d, true);
-    (BlockActs { x, xn1, rstd1, qkv, probs, att, x2, xn2, rstd2, gu, m }, x3)
+    BlockActs { x, xn1, rstd1, qkv, probs, att, x2, xn2, rstd2, gu, m }
 }
 
 /// Backward of one block. `dres` holds d(loss)/d(output residual) on entry

@@ -18,7 +18,7 @@ use iota_core::{ModelConfig, ParamLayout, Rng, StageRole, StageSpec, layout::Ini
 use thiserror::Error;
 
 use crate::backend::Backend;
-use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
+use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward, block_recompute};
 use crate::boundary::{
     DecodeActs, DecodeIdx, EncodeActs, EncodeIdx, decode_backward, decode_forward, encode_backward, encode_forward,
 };
@@ -75,12 +75,21 @@ struct Saved<B: Backend> {
     seq: usize,
     tokens: Option<Vec<u32>>,
     dec: Option<DecodeActs<B>>,
-    blocks: Vec<BlockActs<B>>,
+    blocks: KeptBlocks<B>,
     h_out: B::Buf,
     enc: Option<EncodeActs<B>>,
     /// The predicted weights the forward ran on (weight prediction), which
     /// its backward runs on too; `None`: the weights of `version`.
     weights: Option<B::Buf>,
+}
+
+/// What a micro-batch's forward keeps of its blocks for the backward.
+enum KeptBlocks<B: Backend> {
+    /// Every block's activations.
+    All(Vec<BlockActs<B>>),
+    /// Each block's input residual only (`Stage::set_recompute`): the
+    /// backward makes each block's activations again, one block at a time.
+    Inputs(Vec<B::Buf>),
 }
 
 /// Result of a tail stage's combined forward and backward.
@@ -123,6 +132,8 @@ pub struct Stage<B: Backend> {
     /// is unknown).
     predict_accum: Option<usize>,
     before_step: Option<B::Buf>,
+    /// Activation recomputation (`set_recompute`).
+    recompute: bool,
 }
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
@@ -190,6 +201,7 @@ impl<B: Backend> Stage<B> {
             stash_weights: true,
             predict_accum: None,
             before_step: None,
+            recompute: false,
             cfg: cfg.clone(),
             spec,
             layout,
@@ -301,6 +313,21 @@ impl<B: Backend> Stage<B> {
         if !on {
             self.stash.clear();
         }
+    }
+
+    /// Activation recomputation: a forward keeps only each block's input
+    /// residual, and the backward runs each block's forward again before
+    /// its backward. A held micro-batch then takes one residual per block
+    /// instead of every activation (the attention probabilities above all),
+    /// for about a third more compute. Same weights, same backend: the
+    /// same gradient bits, so it is a miner's own choice, not the run's.
+    /// Applies to micro-batches forwarded after the call.
+    pub fn set_recompute(&mut self, on: bool) {
+        self.recompute = on;
+    }
+
+    pub fn recompute(&self) -> bool {
+        self.recompute
     }
 
     /// Weight versions kept for micro-batches in flight.
@@ -461,11 +488,17 @@ impl<B: Backend> Stage<B> {
             },
         };
         let mut blocks = Vec::with_capacity(self.layers.len());
+        let mut inputs = Vec::new();
         for li in &self.layers {
             let (acts, out) = block_forward(&c, li, h);
-            blocks.push(acts);
+            if self.recompute {
+                inputs.push(acts.into_input());
+            } else {
+                blocks.push(acts);
+            }
             h = out;
         }
+        let blocks = if self.recompute { KeptBlocks::Inputs(inputs) } else { KeptBlocks::All(blocks) };
         Saved { version: self.version, batch, seq, tokens, dec, blocks, h_out: h, enc: None, weights: None }
     }
 
@@ -475,8 +508,20 @@ impl<B: Backend> Stage<B> {
         self.ensure_rope(s.seq);
         let be = &*self.be;
         let c = ctx!(self, s.batch, s.seq);
-        for (li, acts) in self.layers.iter().zip(&s.blocks).rev() {
-            block_backward(&c, li, acts, &mut dres, &mut self.grads);
+        match s.blocks {
+            KeptBlocks::All(blocks) => {
+                for (li, acts) in self.layers.iter().zip(&blocks).rev() {
+                    block_backward(&c, li, acts, &mut dres, &mut self.grads);
+                }
+            }
+            KeptBlocks::Inputs(inputs) => {
+                // On the weights the forward ran with (the caller put them
+                // back), so the activations are the forward's bits.
+                for (li, x) in self.layers.iter().zip(inputs).rev() {
+                    let acts = block_recompute(&c, li, x);
+                    block_backward(&c, li, &acts, &mut dres, &mut self.grads);
+                }
+            }
         }
         if let Some(tokens) = &s.tokens {
             be.embedding_bwd(

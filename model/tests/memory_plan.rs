@@ -48,8 +48,8 @@ fn custom() -> ModelConfig {
     c
 }
 
-fn workload(batch: usize, seq: usize, in_flight: usize) -> Workload {
-    Workload::of(ComputeBackend::Cpu, batch, seq, in_flight)
+fn workload(batch: usize, seq: usize, in_flight: usize, recompute: bool) -> Workload {
+    Workload::of(ComputeBackend::Cpu, batch, seq, in_flight).recomputing(recompute)
 }
 
 struct Inputs {
@@ -72,14 +72,21 @@ fn input<'a>(spec: &StageSpec, x: &'a Inputs) -> StageInput<'a> {
 /// Runs one stage the way a miner does at its peak and checks each holding
 /// against the plan. Head and body: micro-batch A forwarded, a step (which
 /// stashes A's weights), B forwarded, then A's backward: two held, one
-/// stash. Tail: one `forward_backward`.
-fn check_stage(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize) {
+/// stash. Tail: one `forward_backward`. `recompute`: the stage recomputes
+/// its activations in the backward (`Stage::set_recompute`).
+fn check_stage(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize, recompute: bool) {
     let be = Arc::new(CpuBackend::new());
     let tail = spec.has_lm_head();
-    let plan: StageMemory = stage_memory(cfg, spec, &workload(batch, seq, 2));
+    let plan: StageMemory = stage_memory(cfg, spec, &workload(batch, seq, 2, recompute));
     let x = inputs(cfg, spec, batch * seq);
     let targets: Vec<u32> = x.tokens.iter().rev().copied().collect();
-    let label = format!("{} stage {} ({:?})", cfg.name, spec.index, spec.role());
+    let label = format!(
+        "{} stage {} ({:?}{})",
+        cfg.name,
+        spec.index,
+        spec.role(),
+        if recompute { ", recomputing" } else { "" }
+    );
     let (a, b) = gemm_operand_values(cfg, spec, batch, seq);
     let peak_slack = |planned: u64| planned as i64 / 100 + 4 * a.max(b) as i64;
     let close = |what: &str, measured: i64, planned: u64| {
@@ -89,6 +96,7 @@ fn check_stage(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize) {
 
     let base = live_on_this_thread();
     let mut stage = Stage::new(be.clone(), cfg, spec.clone(), 7);
+    stage.set_recompute(recompute);
     let mut optim = AdamW::new(&*be, stage.layout().total());
     let built = live_on_this_thread() - base;
     close("weights, gradients, moments", built, plan.weights + plan.grads + plan.optimizer_state);
@@ -116,6 +124,10 @@ fn check_stage(cfg: &ModelConfig, spec: &StageSpec, batch: usize, seq: usize) {
 }
 
 fn check_model(cfg: &ModelConfig, stages: usize, batch: usize, seq: usize) {
+    check_model_with(cfg, stages, batch, seq, false);
+}
+
+fn check_model_with(cfg: &ModelConfig, stages: usize, batch: usize, seq: usize, recompute: bool) {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     pool.install(|| {
         let specs = StageSpec::split(cfg, stages).unwrap();
@@ -123,7 +135,7 @@ fn check_model(cfg: &ModelConfig, stages: usize, batch: usize, seq: usize) {
         // first use and kept for the thread's life; it is not the stage's.
         check_warm_up(cfg, &specs[stages - 1], batch, seq);
         for spec in &specs {
-            check_stage(cfg, spec, batch, seq);
+            check_stage(cfg, spec, batch, seq, recompute);
         }
     });
 }
@@ -150,6 +162,25 @@ fn residual_bottleneck_stages_allocate_what_the_plan_says() {
     c.name = "plan-check-residual".into();
     c.bottleneck_style = iota_core::BottleneckStyle::Residual;
     check_model(&c, 3, 4, 128);
+}
+
+#[test]
+fn recomputing_stages_allocate_what_the_plan_says() {
+    check_model_with(&custom(), 3, 4, 128, true);
+    check_model_with(&custom(), 1, 2, 128, true);
+    // And hold less: the custom model's activations outweigh its weights.
+    for spec in StageSpec::split(&custom(), 3).unwrap() {
+        let kept = stage_memory(&custom(), &spec, &workload(4, 128, 2, false));
+        let recomputed = stage_memory(&custom(), &spec, &workload(4, 128, 2, true));
+        assert!(
+            recomputed.training_peak() < kept.training_peak(),
+            "stage {}: {} B recomputing, {} B keeping",
+            spec.index,
+            recomputed.training_peak(),
+            kept.training_peak()
+        );
+        assert_eq!(recomputed.attention_probs_per_micro_batch, 0);
+    }
 }
 
 #[test]

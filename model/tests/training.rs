@@ -302,6 +302,75 @@ fn a_predicting_stage_forwards_and_backwards_on_the_extrapolated_weights() {
     assert_eq!(st.stashed_versions(), 0);
 }
 
+/// Activation recomputation changes what a stage keeps, not what it
+/// computes: every stage of a 3-stage `tiny` pipeline, driven in a
+/// pipeline's order (head and body: forward 1, forward 2, backward 1,
+/// step, backward 2, with weight stashing; tail: two forward-backwards
+/// with a step between) gives the same outputs, losses, input gradients
+/// and weight gradients bit for bit with and without it. (What it keeps
+/// is checked against the allocator in tests/memory_plan.rs.)
+#[test]
+fn a_recomputing_stage_computes_the_same_bits() {
+    use iota_model::optim::AdamW;
+    use iota_model::{Stage, StageInput};
+    let cfg = config(3, 16, WireCodec::F32, 10);
+    let be = Arc::new(CpuBackend::new());
+    let data = corpus(16);
+    let mb = |i: u64| data.micro_batch(1, iota_model::train::micro_batch_id(i, data.num_shards(), 2), 16);
+    let ((x1, y1), (x2, y2)) = (mb(0), mb(1));
+    let wave = |len: usize, salt: f32| -> Vec<f32> { (0..len).map(|i| (i as f32 * 0.37 + salt).sin() * 0.5).collect() };
+    for spec in iota_core::StageSpec::split(&cfg.model, 3).unwrap() {
+        let width = spec.boundary_width;
+        let (h1, h2) = (wave(32 * width, 0.0), wave(32 * width, 1.0));
+        let (g1, g2) = (wave(32 * width, 2.0), wave(32 * width, 3.0));
+        let input = |first: bool| -> StageInput {
+            match (spec.has_embedding(), first) {
+                (true, true) => StageInput::Tokens(&x1),
+                (true, false) => StageInput::Tokens(&x2),
+                (false, true) => StageInput::Hidden(&h1),
+                (false, false) => StageInput::Hidden(&h2),
+            }
+        };
+        let run = |recompute: bool| -> Vec<Vec<f32>> {
+            let mut st = Stage::new(be.clone(), &cfg.model, spec.clone(), 5);
+            st.set_recompute(recompute);
+            assert_eq!(st.recompute(), recompute);
+            let mut opt = AdamW::new(&*be, st.layout().total());
+            let mut seen = Vec::new();
+            if spec.has_lm_head() {
+                for (first, y) in [(true, &y1), (false, &y2)] {
+                    let out = st.forward_backward(input(first), y, 2, 16, 1.0).unwrap();
+                    seen.extend([out.losses, out.din.unwrap(), st.grads_host()]);
+                    assert!(opt.step(&mut st, &cfg.adamw, 1e-2).applied);
+                    st.zero_grads();
+                }
+                return seen;
+            }
+            seen.push(st.forward(1, input(true), 2, 16).unwrap());
+            seen.push(st.forward(2, input(false), 2, 16).unwrap());
+            seen.extend(st.backward(1, &g1).unwrap());
+            seen.push(st.grads_host());
+            assert!(opt.step(&mut st, &cfg.adamw, 1e-2).applied);
+            assert_eq!(st.stashed_versions(), 1);
+            st.zero_grads();
+            seen.extend(st.backward(2, &g2).unwrap());
+            seen.push(st.grads_host());
+            seen
+        };
+        let (kept, recomputed) = (run(false), run(true));
+        assert_eq!(kept.len(), recomputed.len());
+        assert!(kept.iter().all(|v| !v.is_empty() && v.iter().all(|x| x.is_finite())));
+        for (i, (a, b)) in kept.iter().zip(&recomputed).enumerate() {
+            assert!(
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "stage {} ({:?}), result {i} differs with recomputation",
+                spec.index,
+                spec.role()
+            );
+        }
+    }
+}
+
 fn residual(mut c: TrainConfig) -> TrainConfig {
     c.model.bottleneck_style = iota_core::BottleneckStyle::Residual;
     c

@@ -42,6 +42,9 @@ pub struct MinerSummary {
     /// The most device memory it held (a GPU's pool high-water mark, or
     /// the most its free memory showed in use); 0 on the CPU.
     pub peak_device_bytes: u64,
+    /// Whether its stage recomputed activations in the backward
+    /// (`--recompute`).
+    pub recomputed: bool,
 }
 
 /// What the compute thread talks through.
@@ -192,5 +195,6 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         // GPU fill too (six miners on one H200 each read ~83 GiB), so it is
         // only the fallback where the pool does not answer.
         peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).filter(|&h| h > 0).unwrap_or(device_peak),
+        recomputed: stage.is_some_and(|s| s.recompute()),
     })
 }

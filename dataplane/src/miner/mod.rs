@@ -117,6 +117,9 @@ pub struct MinerOptions {
     /// free memory at start; on the CPU nothing is stated). Stated to the
     /// orchestrator, which assigns a stage and routes micro-batches within it.
     pub memory_limit: Option<u64>,
+    /// When the stage recomputes activations in the backward instead of
+    /// keeping them (the same gradients, less memory, more compute).
+    pub recompute: iota_core::memory_fit::Recompute,
 }
 
 impl MinerOptions {
@@ -146,6 +149,7 @@ impl MinerOptions {
             min_frame_ms: 0,
             metrics: None,
             memory_limit: None,
+            recompute: iota_core::memory_fit::Recompute::Auto,
         }
     }
 }
@@ -407,7 +411,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let evidence_bytes = opts.evidence_bytes;
     let slowdown = opts.slowdown.max(1);
     let min_frame = Duration::from_millis(opts.min_frame_ms);
-    let (gemm, cpu_bf16_gemm) = (opts.gemm, opts.cpu_bf16_gemm);
+    let (gemm, cpu_bf16_gemm, recompute) = (opts.gemm, opts.cpu_bf16_gemm, opts.recompute);
     let compute = std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let butterfly = cfg.spec.merge.method == iota_protocol::MergeMethod::Butterfly;
         let merge_spec = cfg.spec.merge.clone();
@@ -446,7 +450,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                 compute_loop(
                     Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx)
                         .with_corpus_cache(corpus_cache)
-                        .with_memory(Some(memory)),
+                        .with_memory(Some(memory))
+                        .with_recompute(recompute),
                     io,
                 )
             }
@@ -466,7 +471,8 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
                 compute_loop(
                     Worker::new(be, me, cfg, data, store, rt, ep_dir, ep_ctx)
                         .with_corpus_cache(corpus_cache)
-                        .with_memory(Some(memory)),
+                        .with_memory(Some(memory))
+                        .with_recompute(recompute),
                     io,
                 )
             }

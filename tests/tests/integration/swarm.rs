@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use iota_core::PeerId;
 use iota_core::WireCodec;
 use iota_core::commitment::{Chain, EpochHeads, Lane, Side};
-use iota_tests::{Swarm, tiny_run};
+use iota_tests::{Swarm, tiny_run, tiny_run_batch};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_stages_two_replicas_train_and_merge() {
@@ -512,6 +512,45 @@ async fn a_miner_whose_memory_holds_no_stage_stops_saying_so_and_the_run_goes_on
         swarm.service.with_state(|o| (o.history().to_vec(), o.miners().map(|m| m.memory.bytes).collect::<Vec<_>>()));
     assert_eq!(history[0].completed, 8);
     assert_eq!(stated, vec![enough; 2]);
+}
+
+/// Miners stating memory that holds each stage only if it recomputes its
+/// activations in the backward turn recomputation on (`--recompute auto`)
+/// and train the run; one stating plenty does not recompute. The memory is
+/// taken from the run's plan, not hard-coded: the least that holds every
+/// stage recomputing, where some stage holds more that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn miners_whose_memory_needs_it_recompute_activations_and_train() {
+    use iota_core::memory_fit::{RunMemoryNeeds, usable};
+    use iota_core::memory_plan::{ComputeBackend, FIT_RESERVE, InnerOptimizer};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_run_batch(2, 1, 1, 8, WireCodec::Int8Row, 16);
+    let t = &cfg.train;
+    let held = cfg.spec.max_in_flight as usize;
+    let needs = RunMemoryNeeds::new(&t.model, t.stages, t.batch, t.seq, held, InnerOptimizer::AdamW).unwrap();
+    let cpu = ComputeBackend::Cpu;
+    let least = (0..2).map(|s| needs.least(cpu, s)).max().unwrap();
+    let tight = (least as f64 / (1.0 - FIT_RESERVE)) as u64 + (1 << 20);
+    assert!(usable(tight) >= least);
+    let recomputing: Vec<bool> = (0..2).map(|s| needs.recomputes(cpu, s, tight)).collect();
+    assert!(recomputing.iter().any(|&r| r), "the plan gives no memory where recomputing holds more: {needs:?}");
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..2).map(|_| swarm.miner_with(|o| o.memory_limit = Some(tight), stop.clone())).collect();
+    let mut summaries = Vec::new();
+    for m in miners {
+        summaries.push(
+            tokio::time::timeout(Duration::from_secs(60), m).await.expect("miner finished in time").unwrap().unwrap(),
+        );
+    }
+    for s in &summaries {
+        assert_eq!(s.recomputed, recomputing[s.stage as usize], "stage {}", s.stage);
+        assert!(s.optimizer_steps > 0);
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    assert_eq!(history[0].completed, 8);
+    assert!(history[0].mean_loss.is_finite());
+    assert!(!needs.recomputes(cpu, 0, 64 << 30) && !needs.recomputes(cpu, 1, 64 << 30), "plenty: no need");
 }
 
 /// The orchestrator crashes while a butterfly merge is running (at its

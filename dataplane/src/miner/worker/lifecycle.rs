@@ -58,6 +58,8 @@ impl<B: Backend + 'static> Worker<B> {
         if self.stage.is_some() && self.stage_index == a.stage {
             return Ok(());
         }
+        use iota_core::memory_fit::Recompute;
+        let mut recompute = self.recompute == Recompute::Always;
         if let Some((bytes, backend)) = self.memory {
             let t = &self.cfg.train;
             let needs = iota_core::memory_fit::RunMemoryNeeds::new(
@@ -65,17 +67,22 @@ impl<B: Backend + 'static> Worker<B> {
                 t.stages,
                 t.batch,
                 t.seq,
-                1,
+                // As many as the orchestrator may route here (service.rs).
+                self.cfg.spec.max_in_flight.clamp(1, 256) as usize,
                 // AdamW and NAdam keep the same two moments.
                 iota_core::memory_plan::InnerOptimizer::AdamW,
             )?;
             needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
+            if self.recompute == Recompute::Auto {
+                recompute = needs.recomputes(backend, a.stage as usize, bytes);
+            }
             // The bf16 copies (a cache) get what the stage leaves of the memory.
             let spec = StageSpec::split(&t.model, t.stages)?
                 .into_iter()
                 .nth(a.stage as usize)
                 .context("assigned stage does not exist")?;
-            let w = iota_core::memory_plan::Workload::of(backend, t.batch, t.seq, self.cfg.spec.max_in_flight as usize);
+            let w = iota_core::memory_plan::Workload::of(backend, t.batch, t.seq, self.cfg.spec.max_in_flight as usize)
+                .recomputing(recompute);
             let (wb, ab) = iota_core::memory_plan::stage_memory(&t.model, &spec, &w).copy_limits(bytes);
             self.be.set_copy_limits(wb, ab);
             info!(
@@ -94,6 +101,14 @@ impl<B: Backend + 'static> Worker<B> {
         let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
         self.startup.build += t.elapsed();
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
+        if recompute {
+            stage.set_recompute(true);
+            info!(
+                policy = ?self.recompute,
+                "recomputing activations in the backward: each held micro-batch keeps one residual per block \
+                 (less memory, about a third more compute)"
+            );
+        }
         if self.cfg.train.adamw.predict_weights {
             stage.set_weight_prediction(Some(self.cfg.train.grad_accum));
         }

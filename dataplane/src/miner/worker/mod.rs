@@ -99,6 +99,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     /// The memory this miner stated (bytes, backend): an assigned stage it
     /// does not hold is refused before anything is allocated.
     memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>,
+    /// When the stage recomputes activations (decided at `assign`).
+    recompute: iota_core::memory_fit::Recompute,
     /// The merge behind compute (`merge.overlap`): this replica's own
     /// weights when the epoch's training started, and the previous epoch's
     /// merged weights once they came, held until the epoch ends (landing in
@@ -178,6 +180,7 @@ impl<B: Backend + 'static> Worker<B> {
             sent: None,
             tamper: None,
             memory: None,
+            recompute: iota_core::memory_fit::Recompute::Auto,
             overlap_started: None,
             overlap_held: None,
             startup: startup::Startup::default(),
@@ -188,6 +191,12 @@ impl<B: Backend + 'static> Worker<B> {
     /// with: `assign` refuses a stage its plan does not hold.
     pub fn with_memory(mut self, memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>) -> Self {
         self.memory = memory.filter(|(bytes, _)| *bytes > 0);
+        self
+    }
+
+    /// When the stage recomputes activations in its backward.
+    pub fn with_recompute(mut self, recompute: iota_core::memory_fit::Recompute) -> Self {
+        self.recompute = recompute;
         self
     }
 
