@@ -8,8 +8,9 @@
 //!   one gradient buffer of the stage's `ParamLayout`; a RoPE table per
 //!   sequence length; per micro-batch in flight a `Saved` (every block's
 //!   `BlockActs`, the output residual, the bottleneck decoder's and encoder's
-//!   activations); with weight stashing a full copy of the weights per older
-//!   version a micro-batch in flight was forwarded with (`before_update`).
+//!   activations); with weight stashing a copy of the weights (recomputing,
+//!   all but a head's embedding table) per older version a micro-batch in
+//!   flight was forwarded with (`before_update`).
 //! - `block_forward` / `block_backward` (`block.rs`), `boundary.rs`,
 //!   `head_forward_backward` (`lm_head.rs`, logits in chunks of at most
 //!   `LOGIT_BUDGET` values): the temporaries of one forward and backward.
@@ -182,7 +183,7 @@ pub struct StageMemory {
     pub weight_stashes: u64,
     /// bf16 casts of the largest GEMM operands (grow-only scratch).
     pub bf16_operands: u64,
-    /// bf16 copies of the GEMM weights (and of their stashes), up to
+    /// bf16 copies of the GEMM weights (and of whole stashes), up to
     /// `BF16_WEIGHT_COPIES_LIMIT`.
     pub bf16_weight_copies: u64,
     /// bf16 copies of the saved activations the backward's GEMMs read
@@ -457,7 +458,13 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
                 .filter(|e| e.shape.len() == 2 && e.name != "model.embed_tokens.weight")
                 .map(|e| e.len())
                 .sum();
-            let copies = (2 * gemm_weights as u64 * (1 + stashed as u64)).min(BF16_WEIGHT_COPIES_LIMIT);
+            // A whole stash takes the weights' place for its backward, so
+            // its GEMMs cast from its own addresses; a lean one (a
+            // recomputing head) is swapped into the weights' buffer: no
+            // copies of its own.
+            let lean = w.recompute && spec.has_embedding();
+            let versions = if lean { 1 } else { 1 + stashed as u64 };
+            let copies = (2 * gemm_weights as u64 * versions).min(BF16_WEIGHT_COPIES_LIMIT);
             let (t, kv) = (w.seq, cfg.n_kv_heads);
             let attention = if spec.layers.is_empty() {
                 0
@@ -500,7 +507,7 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         weights: F32 * p,
         grads: F32 * p,
         optimizer_state: F32 * p * w.optimizer.moments(),
-        weight_stashes: F32 * p * stashed as u64,
+        weight_stashes: F32 * stashed_params(cfg, spec, w.recompute) * stashed as u64,
         bf16_operands,
         bf16_weight_copies,
         bf16_activation_copies,
@@ -512,6 +519,13 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         workspace: F32 * workspace as u64,
         workspace_is_loss,
     }
+}
+
+/// Parameters a weight stash keeps: all, or recomputing, all but a head's
+/// embedding table, which no backward reads (`Stage::set_recompute`).
+fn stashed_params(cfg: &ModelConfig, spec: &StageSpec, recompute: bool) -> u64 {
+    let all = ParamLayout::for_stage(cfg, spec).total() as u64;
+    if recompute && spec.has_embedding() { all - (cfg.vocab_size * cfg.d_model) as u64 } else { all }
 }
 
 /// Every stage of `cfg` split into `stages`.

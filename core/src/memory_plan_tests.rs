@@ -73,6 +73,15 @@ fn stashes_follow_in_flight_and_switch() {
     assert_eq!(plan[0].peak() - off[0].peak(), plan[0].weight_stashes + copies);
     assert_eq!(plan[0].bf16_weight_copies, BF16_WEIGHT_COPIES_LIMIT, "three versions of 1.5b's head exceed it");
     assert!(off[0].bf16_weight_copies < BF16_WEIGHT_COPIES_LIMIT);
+    // Recomputing, the head's stashes leave its embedding table out and
+    // are swapped into the weights' buffer (no bf16 copies of their own);
+    // the body's stay whole.
+    let lean = plan_memory(&c, 3, &cuda(2, 1024, 3).recomputing(true)).unwrap();
+    let embedding = 4 * (c.vocab_size * c.d_model) as u64;
+    assert_eq!(lean[0].weight_stashes, 2 * (lean[0].weights - embedding));
+    assert_eq!(lean[0].bf16_weight_copies, off[0].bf16_weight_copies);
+    assert_eq!(lean[1].weight_stashes, 2 * lean[1].weights);
+    assert_eq!(lean[1].bf16_weight_copies, plan[1].bf16_weight_copies);
 }
 
 #[test]

@@ -124,7 +124,14 @@ pub struct Stage<B: Backend> {
     /// steps between a micro-batch's forward and backward differentiates a
     /// function it never evaluated; on the swarm that cost more than the
     /// merge interval did (docs/BENCHMARKS.md, convergence).
+    /// Each holds `stash_range` of the weights: all of them (the stash
+    /// then takes the weights' place for a backward, no copy), or, for a
+    /// recomputing head, all but its embedding table, which no backward
+    /// reads (a `1.5b` head's 1 GiB; swapped in and out by copies).
     stash: HashMap<u64, B::Buf>,
+    stash_range: Range<usize>,
+    /// Values `swap_stash` moves at a time (`SWAP_CHUNK`; tests set less).
+    swap_chunk: usize,
     stash_weights: bool,
     /// Weight prediction (`set_weight_prediction`): micro-batches per
     /// optimizer step, and the weights before the last step (`None` before
@@ -134,6 +141,17 @@ pub struct Stage<B: Backend> {
     before_step: Option<B::Buf>,
     /// Activation recomputation (`set_recompute`).
     recompute: bool,
+}
+
+/// Values `Stage::swap_stash` moves at a time (16 MiB of f32).
+const SWAP_CHUNK: usize = 1 << 22;
+
+/// The part of a stage's weights a lean stash keeps: all of them but a
+/// head's embedding table, which the layout puts first
+/// (`ParamLayout::for_stage`).
+fn lean_stash_range(layout: &ParamLayout, has_embedding: bool) -> Range<usize> {
+    let embedding = has_embedding.then(|| layout.range("model.embed_tokens.weight")).filter(|e| e.start == 0);
+    embedding.map_or(0, |e| e.end)..layout.total()
 }
 
 /// FNV-1a: a stable 64-bit hash of a tensor name (the init stream's key).
@@ -198,6 +216,8 @@ impl<B: Backend> Stage<B> {
             max_in_flight: 64,
             version: 0,
             stash: HashMap::new(),
+            stash_range: 0..layout.total(),
+            swap_chunk: SWAP_CHUNK,
             stash_weights: true,
             predict_accum: None,
             before_step: None,
@@ -246,8 +266,9 @@ impl<B: Backend> Stage<B> {
             return Err(StageError::Shape { what: "stage parameters", expected: self.layout.total(), got: host.len() });
         }
         let old = std::mem::replace(&mut self.params, self.be.upload(host));
-        if self.stash_weights && self.in_flight_at(self.version) {
-            self.stash.entry(self.version).or_insert(old);
+        if self.stash_weights && self.in_flight_at(self.version) && !self.stash.contains_key(&self.version) {
+            let kept = if self.whole_stash() { old } else { self.stashed_part(&old) };
+            self.stash.insert(self.version, kept);
         }
         self.version += 1;
         // A merge or a load is no optimizer step: nothing to extrapolate.
@@ -260,8 +281,7 @@ impl<B: Backend> Stage<B> {
     /// forwarded with them still awaits its backward.
     pub fn before_update(&mut self) {
         if self.stash_weights && self.in_flight_at(self.version) && !self.stash.contains_key(&self.version) {
-            let mut copy = self.be.empty(self.layout.total());
-            self.be.copy(self.be.all_mut(&mut copy), self.be.all(&self.params));
+            let copy = self.stashed_part(&self.params);
             self.stash.insert(self.version, copy);
         }
         if self.predict_accum.is_some() {
@@ -271,6 +291,36 @@ impl<B: Backend> Stage<B> {
             be.copy(be.all_mut(copy), be.all(&self.params));
         }
         self.version += 1;
+    }
+
+    /// A copy of the part of `weights` a stash keeps (`stash_range`).
+    fn stashed_part(&self, weights: &B::Buf) -> B::Buf {
+        let mut copy = self.be.empty(self.stash_range.len());
+        self.be.copy(self.be.all_mut(&mut copy), self.be.view(weights, self.stash_range.clone()));
+        copy
+    }
+
+    /// Exchanges `stash_range` of the weights with a stash's contents, in
+    /// place: before a stashed micro-batch's backward (the weights then
+    /// hold its forward's version where the backward reads them) and after
+    /// it (back to the current ones, the stash again the old version).
+    /// Through a bounded buffer, so the swap adds at most `SWAP_CHUNK`
+    /// values to the peak.
+    fn swap_stash(&mut self, stash: &mut B::Buf) {
+        let be = &*self.be;
+        let (at, n) = (self.stash_range.start, self.stash_range.len());
+        let chunk = self.swap_chunk.min(n);
+        if chunk == 0 {
+            return;
+        }
+        let mut tmp = be.empty(chunk);
+        for i in (0..n).step_by(chunk) {
+            let len = chunk.min(n - i);
+            let (w, st) = (at + i..at + i + len, i..i + len);
+            be.copy(be.view_mut(&mut tmp, 0..len), be.view(&self.params, w.clone()));
+            be.copy(be.view_mut(&mut self.params, w), be.view(stash, st.clone()));
+            be.copy(be.view_mut(stash, st), be.view(&tmp, 0..len));
+        }
     }
 
     /// Weight prediction on (`Some(micro-batches per optimizer step)`) or
@@ -322,8 +372,23 @@ impl<B: Backend> Stage<B> {
     /// for about a third more compute. Same weights, same backend: the
     /// same gradient bits, so it is a miner's own choice, not the run's.
     /// Applies to micro-batches forwarded after the call.
+    ///
+    /// A recomputing head also leaves its embedding table out of weight
+    /// stashes (the memory mode: the stash is then swapped into the
+    /// weights' buffer by copies, where a whole one just takes its place).
+    /// Call it before the first forward: with stashes held, their extent
+    /// stays as it is.
     pub fn set_recompute(&mut self, on: bool) {
         self.recompute = on;
+        if self.stash.is_empty() {
+            self.stash_range =
+                if on { lean_stash_range(&self.layout, self.spec.has_embedding()) } else { 0..self.layout.total() };
+        }
+    }
+
+    /// Whether stashes hold the whole weights (and take their place).
+    fn whole_stash(&self) -> bool {
+        self.stash_range.len() == self.layout.total()
     }
 
     pub fn recompute(&self) -> bool {
@@ -613,16 +678,25 @@ impl<B: Backend> Stage<B> {
         // The weights this micro-batch was forwarded with: predicted ones
         // it kept, or a version's, if they changed since.
         let predicted = s.weights.take();
-        let was_predicted = predicted.is_some();
-        let current = match (predicted, self.stash.remove(&s.version)) {
+        let was_stashed = predicted.is_none();
+        // Predicted weights are a whole buffer, put in place of the
+        // current one; a stash holds part of one, swapped in and out.
+        let (current, mut swapped) = match (predicted, self.stash.remove(&s.version)) {
             (Some(w), stashed) => {
                 if let Some(v) = stashed {
                     self.stash.insert(s.version, v);
                 }
-                Some(std::mem::replace(&mut self.params, w))
+                (Some(std::mem::replace(&mut self.params, w)), None)
             }
-            (None, Some(w)) if s.version != self.version => Some(std::mem::replace(&mut self.params, w)),
-            _ => None,
+            (None, Some(w)) if s.version != self.version && self.whole_stash() => {
+                (Some(std::mem::replace(&mut self.params, w)), None)
+            }
+            (None, Some(mut w)) if s.version != self.version => {
+                self.swap_stash(&mut w);
+                (None, Some(w))
+            }
+            // A stash of the current version is never needed.
+            (None, _) => (None, None),
         };
         let version = s.version;
         let dres = match (&self.encode, &s.enc) {
@@ -635,7 +709,13 @@ impl<B: Backend> Stage<B> {
         let din = self.run_backward(s, dres);
         if let Some(cur) = current {
             let old = std::mem::replace(&mut self.params, cur);
-            if !was_predicted && self.in_flight_at(version) {
+            if was_stashed && self.in_flight_at(version) {
+                self.stash.insert(version, old);
+            }
+        }
+        if let Some(mut old) = swapped.take() {
+            self.swap_stash(&mut old);
+            if self.in_flight_at(version) {
                 self.stash.insert(version, old);
             }
         }
@@ -716,6 +796,49 @@ impl<B: Backend> Stage<B> {
             return Err(self.role_err("compute a loss (it has no LM head)"));
         }
         self.check_tokens("targets", targets, batch * seq)
+    }
+}
+
+#[cfg(test)]
+mod stash_tests {
+    use super::*;
+    use crate::CpuBackend;
+    use crate::optim::{AdamW, AdamWConfig};
+
+    /// A head stage's stash leaves the embedding out and is swapped in and
+    /// out in chunks (7 values here, so many, the last one short): the
+    /// stashed micro-batch's backward runs on its forward's weights, and
+    /// afterwards the stage holds its current weights, bit for bit.
+    #[test]
+    fn a_partial_stash_swaps_in_chunks_and_back() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let spec = StageSpec::split(&cfg, 2).unwrap().remove(0);
+        let be = Arc::new(CpuBackend::new());
+        let mut st = Stage::new(be.clone(), &cfg, spec.clone(), 3);
+        st.set_recompute(true);
+        st.swap_chunk = 7;
+        let embedding = cfg.vocab_size * cfg.d_model;
+        assert_eq!(st.stash_range, embedding..st.layout.total());
+        let tokens = |salt: u32| -> Vec<u32> { (0..32).map(|i| (i * 31 + salt) % 256).collect() };
+        let dout: Vec<f32> = (0..32 * spec.boundary_width).map(|i| (i as f32 * 0.61).sin() * 1e-2).collect();
+        let w0 = st.params_host();
+        st.forward(1, StageInput::Tokens(&tokens(1)), 2, 16).unwrap();
+        let mut opt = AdamW::new(&*be, st.layout.total());
+        st.zero_grads();
+        be.fill(be.all_mut(&mut st.grads), 1e-3);
+        assert!(opt.step(&mut st, &AdamWConfig::default(), 1e-2).applied);
+        assert_eq!(st.stashed_versions(), 1);
+        assert_eq!(be.len(st.stash.values().next().unwrap()), st.layout.total() - embedding, "no embedding kept");
+        let w1 = st.params_host();
+        st.forward(2, StageInput::Tokens(&tokens(2)), 2, 16).unwrap();
+        st.zero_grads();
+        st.backward(1, &dout).unwrap();
+        assert!(st.params_host() == w1, "the current weights are back");
+        let mut at_w0 = Stage::with_params(be.clone(), &cfg, spec, &w0).unwrap();
+        at_w0.forward(1, StageInput::Tokens(&tokens(1)), 2, 16).unwrap();
+        at_w0.backward(1, &dout).unwrap();
+        assert!(st.grads_host() == at_w0.grads_host(), "the backward ran on the forward's weights");
+        assert_eq!(st.stashed_versions(), 0);
     }
 }
 
