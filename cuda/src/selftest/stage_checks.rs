@@ -46,6 +46,46 @@ pub(super) fn body_stage_run<B: Backend>(
     Ok([z, din, stage.grads_host()])
 }
 
+/// A head or body stage of `tiny` in 3 stages driven in a pipeline's order
+/// (forward 1, forward 2, backward 1, an AdamW step, backward 2: the second
+/// backward runs on a stash), keeping its activations or recomputing them
+/// (`Stage::set_recompute`; a recomputing head's stash leaves the
+/// embedding out and is swapped in by copies): every output, input
+/// gradient and weight gradient, in order.
+pub(super) fn pipelined_stage_run<B: Backend>(
+    be: Arc<B>,
+    stage_index: usize,
+    recompute: bool,
+    (batch, seq): (usize, usize),
+) -> Result<Vec<Vec<f32>>, CudaError> {
+    let fail = |e: iota_model::StageError| CudaError::Driver(format!("recompute check: {e}"));
+    let cfg = ModelConfig::preset("tiny").expect("a preset");
+    let spec = StageSpec::split(&cfg, 3).expect("tiny splits in 3").swap_remove(stage_index);
+    let mut stage = Stage::new(be.clone(), &cfg, spec.clone(), 11);
+    stage.set_recompute(recompute);
+    let mut optim = iota_model::optim::AdamW::new(&*be, stage.layout().total());
+    let n = batch * seq;
+    let mut rng = Rng::new(5 + stage_index as u64);
+    let tokens: Vec<Vec<u32>> = (0..2).map(|_| (0..n).map(|_| rng.below(256) as u32).collect()).collect();
+    let hidden: Vec<Vec<f32>> = (0..2).map(|_| (0..n * spec.boundary_width).map(|_| rng.normal()).collect()).collect();
+    let dout: Vec<Vec<f32>> =
+        (0..2).map(|_| (0..n * spec.boundary_width).map(|_| 1e-2 * rng.normal()).collect()).collect();
+    let input = |i: usize| {
+        if spec.has_embedding() { StageInput::Tokens(&tokens[i]) } else { StageInput::Hidden(&hidden[i]) }
+    };
+    let mut seen = Vec::new();
+    seen.push(stage.forward(1, input(0), batch, seq).map_err(fail)?);
+    seen.push(stage.forward(2, input(1), batch, seq).map_err(fail)?);
+    seen.extend(stage.backward(1, &dout[0]).map_err(fail)?);
+    seen.push(stage.grads_host());
+    optim.step(&mut stage, &iota_model::optim::AdamWConfig::default(), 1e-2);
+    stage.zero_grads();
+    seen.extend(stage.backward(2, &dout[1]).map_err(fail)?);
+    seen.push(stage.grads_host());
+    seen.push(stage.params_host());
+    Ok(seen)
+}
+
 /// Appends a row per (style, GEMM precision): the worst of the output's,
 /// the input gradient's and the weight gradients' relative errors.
 pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {
@@ -74,6 +114,29 @@ pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaErro
                 reference: "CpuBackend".into(),
             });
         }
+    }
+    // Recomputing is the same arithmetic on the same backend: expected
+    // bit-identical (0), as on the CPU; a difference means a kernel whose
+    // result depends on more than its inputs (atomics, a GEMM algorithm
+    // picked per call).
+    for (stage, what) in [(0, "head"), (1, "body")] {
+        let cuda = Arc::new(CudaBackend::with_precision(gpu.clone(), GemmPrecision::Bf16)?);
+        let t0 = Instant::now();
+        let kept = pipelined_stage_run(cuda.clone(), stage, false, (batch, seq))?;
+        let recomputed = pipelined_stage_run(cuda, stage, true, (batch, seq))?;
+        let err = if kept.len() == recomputed.len() {
+            recomputed.iter().zip(&kept).map(|(g, w)| max_rel(g, w)).fold(0.0, f64::max)
+        } else {
+            f64::INFINITY
+        };
+        out.push(Check {
+            op: format!("{what} stage recomputing activations, bf16 GEMMs"),
+            shape: format!("tiny, {batch}x{seq}, 2 in flight, a step between: z, dz_in, grads, weights"),
+            max_rel_err: err,
+            tolerance: 1e-6,
+            millis: t0.elapsed().as_secs_f64() * 1e3,
+            reference: "the same stage keeping them".into(),
+        });
     }
     Ok(())
 }

@@ -284,3 +284,18 @@ fn the_body_stage_check_runs_on_the_cpu() {
     }
     assert!(lens[1] > lens[0], "the residual stage has more parameters: {lens:?}");
 }
+
+/// The recompute check's runner on the CPU: bit-identical there, and its
+/// sequence has every piece (two outputs, the input gradient of the body,
+/// two weight gradients, the weights).
+#[test]
+fn the_recompute_check_is_bit_identical_on_the_cpu() {
+    let cpu = std::sync::Arc::new(iota_model::CpuBackend::new());
+    for (stage, pieces) in [(0usize, 5usize), (1, 7)] {
+        let kept = super::stage_checks::pipelined_stage_run(cpu.clone(), stage, false, (2, 16)).unwrap();
+        let recomputed = super::stage_checks::pipelined_stage_run(cpu.clone(), stage, true, (2, 16)).unwrap();
+        assert_eq!(kept.len(), pieces, "stage {stage}");
+        assert!(kept == recomputed, "stage {stage} differs recomputing");
+        assert!(kept[pieces - 2].iter().any(|g| *g != 0.0));
+    }
+}
