@@ -56,6 +56,11 @@ pub struct Args {
     /// micro-batch (the step rewrites the weights and their bf16 copies).
     #[arg(long)]
     with_step: bool,
+    /// Also time one more forward + backward kernel by kernel (CUDA events
+    /// around every launch, GEMM and copy; the events themselves add a
+    /// little) and print the table: launches per step and where the time goes.
+    #[arg(long)]
+    kernels: bool,
 }
 
 /// FLOPs of one forward of the stage per token, counting every GEMM the
@@ -158,6 +163,14 @@ pub fn run(a: Args) -> Result<()> {
         step(&be);
     }
     let ours = median((0..a.iters.max(1)).map(|_| step(&be)).collect());
+    let kernels = if a.kernels {
+        be.set_kernel_timing(true);
+        let total = step(&be);
+        be.set_kernel_timing(false);
+        Some((total, be.kernel_times()))
+    } else {
+        None
+    };
     let with_step = if a.with_step {
         let mut opt = iota_model::optim::AdamW::new(be.as_ref(), stage.layout().total());
         let adamw = iota_model::optim::AdamWConfig::default();
@@ -229,7 +242,24 @@ pub fn run(a: Args) -> Result<()> {
         }
         Err(e) => println!("  PyTorch reference: not run: {e}"),
     }
+    if let Some((total, k)) = kernels {
+        print_kernel_table(total, &k);
+    }
     Ok(())
+}
+
+/// One step's work by kernel: launches, stream time, share of the step.
+fn print_kernel_table(step_ms: f64, k: &[iota_cuda::kernel_timer::KernelTime]) {
+    let launches: usize = k.iter().map(|k| k.launches).sum();
+    let timed: f64 = k.iter().map(|k| k.ms).sum();
+    println!(
+        "  one step by kernel: {launches} launches, {timed:.2} ms inside them of {step_ms:.2} ms on the stream \
+         (the rest: gaps between launches)"
+    );
+    println!("  {:<36} {:>9} {:>10} {:>8}", "kernel", "launches", "ms", "% step");
+    for k in k {
+        println!("  {:<36} {:>9} {:>10.3} {:>7.1}%", k.name, k.launches, k.ms, 100.0 * k.ms / step_ms);
+    }
 }
 
 #[cfg(test)]

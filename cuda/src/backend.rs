@@ -117,10 +117,12 @@ const THREADS: u32 = 256;
 /// Launches kernel `$name` with the arguments in the kernel's order.
 macro_rules! launch {
     ($self:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let mut b = $self.gpu.stream.launch_builder($self.gpu.function($name));
-        $( b.arg($arg); )*
-        // SAFETY: each call site passes the kernel's arguments in order and type.
-        ok(unsafe { b.launch($cfg) }, $name);
+        $self.timer.timed(&$self.gpu.stream, $name, || {
+            let mut b = $self.gpu.stream.launch_builder($self.gpu.function($name));
+            $( b.arg($arg); )*
+            // SAFETY: each call site passes the kernel's arguments in order and type.
+            ok(unsafe { b.launch($cfg) }, $name);
+        })
     }};
 }
 
@@ -151,6 +153,7 @@ pub struct CudaBackend {
     lt: Option<LtGemm>,
     scratch: Mutex<Scratch>,
     copies: Mutex<Copies>,
+    timer: crate::kernel_timer::KernelTimer,
 }
 
 /// bf16 copies that outlive one call. The weights' are kept until the
@@ -231,7 +234,16 @@ impl CudaBackend {
             acts: CastCache::new(limit_from_env("IOTA_BF16_ACTIVATION_COPIES_MIB", BF16_ACTIVATION_COPIES_LIMIT)),
             b_holds: None,
         });
-        Ok(CudaBackend { gpu, receiver, blas, precision, lt, scratch: Mutex::new(Scratch::default()), copies })
+        Ok(CudaBackend {
+            gpu,
+            receiver,
+            blas,
+            precision,
+            lt,
+            scratch: Mutex::new(Scratch::default()),
+            copies,
+            timer: Default::default(),
+        })
     }
 
     pub fn precision(&self) -> GemmPrecision {
@@ -240,6 +252,18 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+
+    /// Times every kernel launch, GEMM and device copy from now on (or
+    /// stops): `kernel_times` reads them.
+    pub fn set_kernel_timing(&self, on: bool) {
+        self.timer.set(on);
+    }
+
+    /// The work timed since the last call, by kernel, most time first (waits
+    /// for it to finish).
+    pub fn kernel_times(&self) -> Vec<crate::kernel_timer::KernelTime> {
+        self.timer.take()
     }
 
     /// Waits for all work issued so far (for timing).
@@ -350,7 +374,9 @@ impl CudaBackend {
                     sc: s.sc,
                 };
                 // SAFETY: the operands address the callers' buffers and scratch copies, sized by their asserts.
-                ok(unsafe { lt.gemm(shape, a.ptr, b.ptr, c.ptr, beta) }, "bf16 batched gemm");
+                self.timer.timed(&self.gpu.stream, "gemm bf16 batched (cuBLASLt)", || {
+                    ok(unsafe { lt.gemm(shape, a.ptr, b.ptr, c.ptr, beta) }, "bf16 batched gemm")
+                });
             }
             _ => self.sgemm_batched(ta, tb, s, a.ptr, b.ptr, c.ptr, beta, batch),
         }
@@ -373,7 +399,9 @@ impl CudaBackend {
         // but the rule must hold for any caller).
         copies.written(c, s.m * s.n.max(1));
         // SAFETY: the bf16 buffers hold the casts of whole operands; `c` is the caller's output.
-        ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm");
+        self.timer.timed(&self.gpu.stream, "gemm bf16 (cuBLASLt)", || {
+            ok(unsafe { lt.gemm(s, a16, b16, c, beta) }, "bf16 gemm")
+        });
     }
 
     /// The bf16 copy of one GEMM operand, found or made as its role says;
@@ -498,7 +526,7 @@ impl CudaBackend {
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let alpha = 1.0f32;
         // SAFETY: pointers are device allocations sized by the callers' asserts.
-        let r = unsafe {
+        let r = self.timer.timed(&self.gpu.stream, "sgemm (cuBLAS)", || unsafe {
             cudarc::cublas::result::sgemm(
                 *self.blas.handle(),
                 op(ta),
@@ -515,7 +543,7 @@ impl CudaBackend {
                 c as *mut f32,
                 ldc as i32,
             )
-        };
+        });
         ok(r, "sgemm");
     }
 
@@ -525,7 +553,7 @@ impl CudaBackend {
         let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
         let alpha = 1.0f32;
         // SAFETY: pointers and strides address the callers' buffers, sized by their asserts.
-        let r = unsafe {
+        let r = self.timer.timed(&self.gpu.stream, "sgemm batched (cuBLAS)", || unsafe {
             cudarc::cublas::result::sgemm_strided_batched(
                 *self.blas.handle(),
                 op(ta),
@@ -546,7 +574,7 @@ impl CudaBackend {
                 s.sc as i64,
                 batch as i32,
             )
-        };
+        });
         ok(r, "sgemm_strided_batched");
     }
 }
@@ -657,9 +685,9 @@ impl Backend for CudaBackend {
         }
         // SAFETY: both views address `len` floats of live buffers (their
         // borrows outlive the call; the copy is ordered on the stream).
-        let r = unsafe {
+        let r = self.timer.timed(&self.gpu.stream, "copy (memcpy)", || unsafe {
             cudarc::driver::result::memcpy_dtod_async(dst.ptr, src.ptr, 4 * dst.len, self.gpu.stream.cu_stream())
-        };
+        });
         ok(r, "copy");
     }
     fn add_assign(&self, dst: DMut<'_>, src: DRef<'_>) {

@@ -10,6 +10,7 @@
 pub mod backend;
 mod cast_cache;
 pub mod gpu;
+pub mod kernel_timer;
 pub mod kernels;
 pub mod lt;
 pub mod pinned;
