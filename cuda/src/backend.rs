@@ -126,8 +126,9 @@ macro_rules! launch {
     }};
 }
 
-// After `launch!`, which it uses (macros are textually scoped).
+// After `launch!`, which they use (macros are textually scoped).
 mod attention;
+mod flash;
 
 /// A read-only view of part of a device buffer.
 #[derive(Clone, Copy, Debug)]
@@ -154,6 +155,8 @@ pub struct CudaBackend {
     scratch: Mutex<Scratch>,
     copies: Mutex<Copies>,
     timer: crate::kernel_timer::KernelTimer,
+    /// Attention on the fused kernels where they apply (`flash.rs`).
+    flash: bool,
 }
 
 /// bf16 copies that outlive one call. The weights' are kept until the
@@ -243,6 +246,7 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             copies,
             timer: Default::default(),
+            flash: precision == GemmPrecision::Bf16 && flash::wanted_by_env(),
         })
     }
 
@@ -852,12 +856,32 @@ impl Backend for CudaBackend {
         launch!(self, "rope", cfg, &x.ptr, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
     }
 
-    fn attention(&self, out: DMut<'_>, probs: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
-        self.attention_gemms(out, probs, qkv, dims)
+    fn attention(&self, out: DMut<'_>, saved: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
+        if self.flash_applies(dims) {
+            self.flash_forward(out, saved, qkv, dims)
+        } else {
+            self.attention_gemms(out, saved, qkv, dims)
+        }
     }
 
-    fn attention_bwd(&self, dqkv: DMut<'_>, dout: DRef<'_>, qkv: DRef<'_>, probs: DRef<'_>, dims: AttnDims) {
-        self.attention_gemms_bwd(dqkv, dout, qkv, probs, dims)
+    fn attention_saved_len(&self, dims: AttnDims) -> usize {
+        if self.flash_applies(dims) { Self::flash_saved_len(dims) } else { dims.probs_len() }
+    }
+
+    fn attention_bwd(
+        &self,
+        dqkv: DMut<'_>,
+        dout: DRef<'_>,
+        qkv: DRef<'_>,
+        out: DRef<'_>,
+        saved: DRef<'_>,
+        dims: AttnDims,
+    ) {
+        if self.flash_applies(dims) {
+            self.flash_backward(dqkv, dout, qkv, out, saved, dims)
+        } else {
+            self.attention_gemms_bwd(dqkv, dout, qkv, saved, dims)
+        }
     }
 
     fn swiglu(&self, out: DMut<'_>, gu: DRef<'_>, n: usize, f: usize) {

@@ -28,6 +28,21 @@ pub struct Gpu {
     /// Compute capability (major, minor).
     pub compute: (i32, i32),
     functions: HashMap<&'static str, CudaFunction>,
+    /// The lazy programs' functions, compiled on first use (`Kernel::lazy`).
+    lazy: HashMap<&'static str, std::sync::OnceLock<HashMap<&'static str, CudaFunction>>>,
+    include: std::path::PathBuf,
+}
+
+/// Compiles one program for `arch` and loads its functions.
+fn load_program(
+    ctx: &Arc<CudaContext>,
+    k: &crate::kernels::Kernel,
+    include: &std::path::Path,
+    arch: &'static str,
+) -> Result<HashMap<&'static str, CudaFunction>, CudaError> {
+    let ptx = crate::runtime::compile(k, include, arch)?;
+    let module = ctx.load_module(ptx).map_err(drv)?;
+    k.functions.iter().map(|f| Ok((*f, module.load_function(f).map_err(drv)?))).collect()
 }
 
 /// NVRTC wants a `&'static str` architecture; the devices we expect.
@@ -45,8 +60,8 @@ fn arch_for(major: i32, minor: i32) -> &'static str {
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal` and compiles every kernel for it (once per
-    /// process). Fails with a plain error when there is no driver or no NVRTC.
+    /// Opens GPU `ordinal` and compiles its kernels for it (once per
+    /// process; a lazy program at its first launch). Fails with a plain error when there is no driver or no NVRTC.
     pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
         if !crate::runtime::driver_present() {
             return Err(CudaError::NoDriver);
@@ -57,15 +72,16 @@ impl Gpu {
         let arch = arch_for(major, minor);
         let include = crate::runtime::find_headers().unwrap_or_else(|_| std::env::temp_dir());
         let mut functions = HashMap::new();
+        let mut lazy = HashMap::new();
         for k in KERNELS {
-            let ptx = crate::runtime::compile(k, &include, arch)?;
-            let module = ctx.load_module(ptx).map_err(drv)?;
-            for f in k.functions {
-                functions.insert(*f, module.load_function(f).map_err(drv)?);
+            if k.lazy {
+                lazy.insert(k.name, std::sync::OnceLock::new());
+                continue;
             }
+            functions.extend(load_program(&ctx, k, &include, arch)?);
         }
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, name, arch, compute: (major, minor), functions })
+        Ok(Gpu { ctx, stream, name, arch, compute: (major, minor), functions, lazy, include })
     }
 
     /// The most bytes the device's default memory pool has held at once
@@ -96,7 +112,20 @@ impl Gpu {
     }
 
     pub fn function(&self, name: &str) -> &CudaFunction {
-        self.functions.get(name).unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
+        if let Some(f) = self.functions.get(name) {
+            return f;
+        }
+        let k = KERNELS
+            .iter()
+            .find(|k| k.lazy && k.functions.contains(&name))
+            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"));
+        let program = self.lazy[k.name].get_or_init(|| {
+            // Compile-checked in CI (cuda/tests/nvrtc.rs), so a failure here
+            // is the machine's NVRTC or driver, reported as it is.
+            load_program(&self.ctx, k, &self.include, self.arch)
+                .unwrap_or_else(|e| panic!("compiling the {} kernels: {e}", k.name))
+        });
+        &program[name]
     }
 
     fn grid(&self, n: usize) -> LaunchConfig {

@@ -7,6 +7,10 @@ pub struct Kernel {
     pub name: &'static str,
     pub source: &'static str,
     pub functions: &'static [&'static str],
+    /// Compiled on first use instead of when the GPU is opened (a large
+    /// program only some runs launch: NVRTC takes seconds over it, which
+    /// every miner's start-up would pay).
+    pub lazy: bool,
 }
 
 pub const KERNELS: &[Kernel] = &[
@@ -14,6 +18,7 @@ pub const KERNELS: &[Kernel] = &[
         name: "codec",
         source: include_str!("../kernels/codec.cu"),
         functions: &["encode_int8_rows", "decode_int8_rows", "encode_bf16", "decode_bf16"],
+        lazy: false,
     },
     Kernel {
         name: "butterfly",
@@ -27,6 +32,27 @@ pub const KERNELS: &[Kernel] = &[
             "nesterov",
             "apply_update",
         ],
+        lazy: false,
+    },
+    Kernel {
+        name: "flash",
+        source: include_str!("../kernels/flash.cu"),
+        functions: &[
+            "flash_fwd_16",
+            "flash_fwd_32",
+            "flash_fwd_64",
+            "flash_fwd_128",
+            "flash_bwd_prep",
+            "flash_bwd_dq_16",
+            "flash_bwd_dq_32",
+            "flash_bwd_dq_64",
+            "flash_bwd_dq_128",
+            "flash_bwd_dkv_16",
+            "flash_bwd_dkv_32",
+            "flash_bwd_dkv_64",
+            "flash_bwd_dkv_128",
+        ],
+        lazy: true,
     },
     Kernel {
         name: "ops",
@@ -53,5 +79,6 @@ pub const KERNELS: &[Kernel] = &[
             "gather_cols",
             "cast_bf16",
         ],
+        lazy: false,
     },
 ];

@@ -53,6 +53,7 @@ fn a_broken_kernel_reports_the_compiler_log() {
         name: "broken",
         source: "extern \"C\" __global__ void f(float* x) { x[0] = undefined_thing; }",
         functions: &["f"],
+        lazy: false,
     };
     let err = iota_cuda::compile(&bad, &std::env::temp_dir(), "compute_90").unwrap_err().to_string();
     assert!(err.contains("broken") && err.contains("undefined_thing"), "{err}");

@@ -244,15 +244,23 @@ pub trait Backend: Send + Sync {
         inverse: bool,
     );
     /// Causal softmax attention over a fused `[n, q|k|v]` buffer with grouped
-    /// KV heads. Writes `out [n, q_dim]` and saves `probs`.
-    fn attention(&self, out: Self::Mut<'_>, probs: Self::Mut<'_>, qkv: Self::Ref<'_>, dims: AttnDims);
-    /// Writes (not accumulates) `dqkv [n, qkv_dim]`.
+    /// KV heads. Writes `out [n, q_dim]` and what its backward needs into
+    /// `saved` (`attention_saved_len` values: the probabilities
+    /// `[batch, heads, seq, seq]`, or a fused kernel's row statistics).
+    fn attention(&self, out: Self::Mut<'_>, saved: Self::Mut<'_>, qkv: Self::Ref<'_>, dims: AttnDims);
+    /// Values `attention` saves for its backward.
+    fn attention_saved_len(&self, dims: AttnDims) -> usize {
+        dims.probs_len()
+    }
+    /// Writes (not accumulates) `dqkv [n, qkv_dim]`; `out` is the forward's
+    /// output.
     fn attention_bwd(
         &self,
         dqkv: Self::Mut<'_>,
         dout: Self::Ref<'_>,
         qkv: Self::Ref<'_>,
-        probs: Self::Ref<'_>,
+        out: Self::Ref<'_>,
+        saved: Self::Ref<'_>,
         dims: AttnDims,
     );
 

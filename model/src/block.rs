@@ -120,7 +120,7 @@ pub fn block_recompute<B: Backend>(c: &Ctx<B>, li: &LayerIdx, x: B::Buf) -> Bloc
     let rot = cfg.n_heads + cfg.n_kv_heads;
     be.rope(be.all_mut(&mut qkv), be.all(c.rope), n, c.seq, qkvd, rot, cfg.head_dim(), false);
     let mut att = be.empty(n * qd);
-    let mut probs = be.empty(c.attn().probs_len());
+    let mut probs = be.empty(be.attention_saved_len(c.attn()));
     be.attention(be.all_mut(&mut att), be.all_mut(&mut probs), be.all(&qkv), c.attn());
     let mut x2 = c.copy_of(&x);
     be.matmul(be.all_mut(&mut x2), be.all(&att), c.p(&li.o), n, qd, d, true);
@@ -168,7 +168,7 @@ pub fn block_backward<B: Backend>(c: &Ctx<B>, li: &LayerIdx, a: &BlockActs<B>, d
     be.matmul_bwd_input(be.all_mut(&mut datt), be.all(dres), c.p(&li.o), n, qd, d, false);
     be.matmul_bwd_weight(be.view_mut(grads, li.o.clone()), be.all(dres), be.all(&a.att), n, qd, d);
     let mut dqkv = be.empty(n * qkvd);
-    be.attention_bwd(be.all_mut(&mut dqkv), be.all(&datt), be.all(&a.qkv), be.all(&a.probs), c.attn());
+    be.attention_bwd(be.all_mut(&mut dqkv), be.all(&datt), be.all(&a.qkv), be.all(&a.att), be.all(&a.probs), c.attn());
     drop(datt);
     let rot = cfg.n_heads + cfg.n_kv_heads;
     be.rope(be.all_mut(&mut dqkv), be.all(c.rope), n, c.seq, qkvd, rot, cfg.head_dim(), true);

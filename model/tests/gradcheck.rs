@@ -200,7 +200,7 @@ fn attention_matches_naive_and_backward() {
         let r = randn(&mut rng, out.len(), 1.0);
         let f = |x: &[Vec<f32>]| probe(&run(&x[0]).0, &r);
         let mut dqkv = vec![0.0; inputs[0].len()];
-        be.attention_bwd(&mut dqkv, &r, &inputs[0], &probs, d);
+        be.attention_bwd(&mut dqkv, &r, &inputs[0], &out, &probs, d);
         compare(&format!("attention {nh}/{nkv}"), &inputs, 0, &dqkv, &f, 3e-3, 120, &mut rng);
     }
 }

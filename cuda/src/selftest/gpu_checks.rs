@@ -171,7 +171,8 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
             let (a, rest) = o.split_at_mut(1);
             let (ob, pb) = rest.split_at_mut(1);
             be.attention(be.all_mut(&mut ob[0]), be.all_mut(&mut pb[0]), be.all(&i[0]), dims);
-            be.attention_bwd(be.all_mut(&mut a[0]), be.all(&i[1]), be.all(&i[0]), be.all(&pb[0]), dims);
+            let o = be.upload(&be.to_host(&ob[0]));
+            be.attention_bwd(be.all_mut(&mut a[0]), be.all(&i[1]), be.all(&i[0]), be.all(&o), be.all(&pb[0]), dims);
         }
     );
     push("attention_bwd", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-4, t0);
@@ -415,16 +416,21 @@ fn bf16_attention_checks(
         let x = be.upload(qkv);
         let d = be.upload(dout);
         let (mut o, mut p, mut dx) =
-            (be.zeros(dims.rows() * dims.q_dim()), be.zeros(dims.probs_len()), be.zeros(qkv.len()));
+            (be.zeros(dims.rows() * dims.q_dim()), be.zeros(be.attention_saved_len(dims)), be.zeros(qkv.len()));
         be.attention(be.all_mut(&mut o), be.all_mut(&mut p), be.all(&x), dims);
-        be.attention_bwd(be.all_mut(&mut dx), be.all(&d), be.all(&x), be.all(&p), dims);
+        be.attention_bwd(be.all_mut(&mut dx), be.all(&d), be.all(&x), be.all(&o), be.all(&p), dims);
         (be.to_host(&o), be.to_host(&dx))
     }
+    let flash = cuda.with_flash_attention();
     for dims in [
         AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 },
         AttnDims { batch: 2, seq: 128, n_heads: 8, n_kv_heads: 2, head_dim: 64 },
         // Rows past 2048 keys: the softmax kernels' path without registers.
         AttnDims { batch: 1, seq: 2056, n_heads: 2, n_kv_heads: 1, head_dim: 16 },
+        // Sequences that are no whole number of the fused kernels' 64-row
+        // tiles, and their other head sizes.
+        AttnDims { batch: 2, seq: 100, n_heads: 6, n_kv_heads: 2, head_dim: 32 },
+        AttnDims { batch: 1, seq: 70, n_heads: 2, n_kv_heads: 2, head_dim: 128 },
     ] {
         let qkv: Vec<f32> = (0..dims.rows() * dims.qkv_dim()).map(|_| rng.normal()).collect();
         let dout: Vec<f32> = (0..dims.rows() * dims.q_dim()).map(|_| rng.normal()).collect();
@@ -432,11 +438,21 @@ fn bf16_attention_checks(
         let (go, gdx) = run(cuda, &qkv, &dout, dims);
         let millis = t0.elapsed().as_secs_f64() * 1e3;
         let (co, cdx) = run(cpu, &qkv, &dout, dims);
+        // The fused kernels (`flash.cu`) on the same inputs, where they
+        // apply: bf16 Q, K, V, P, dO and dS as the GEMM path rounds them.
+        let t1 = Instant::now();
+        let fused = flash.as_ref().filter(|f| f.flash_applies(dims)).map(|f| run(f, &qkv, &dout, dims));
+        let fused_millis = t1.elapsed().as_secs_f64() * 1e3;
         let shape =
             format!("{}x{}, {}/{} heads x {}", dims.batch, dims.seq, dims.n_heads, dims.n_kv_heads, dims.head_dim);
-        for (op, got, want, tol) in
-            [("bf16 attention vs fp32", &go, &co, 2e-2), ("bf16 attention_bwd vs fp32", &gdx, &cdx, 3e-2)]
-        {
+        let mut rows =
+            vec![("bf16 attention vs fp32", &go, &co, 2e-2), ("bf16 attention_bwd vs fp32", &gdx, &cdx, 3e-2)];
+        if let Some((fo, fdx)) = &fused {
+            rows.push(("fused (flash) attention vs fp32", fo, &co, 2e-2));
+            rows.push(("fused (flash) attention_bwd vs fp32", fdx, &cdx, 3e-2));
+        }
+        for (op, got, want, tol) in rows {
+            let millis = if op.starts_with("fused") { fused_millis } else { millis };
             out.push(Check {
                 op: op.into(),
                 shape: shape.clone(),

@@ -172,7 +172,7 @@ impl Backend for CpuBackend {
     fn attention(&self, out: &mut [f32], probs: &mut [f32], qkv: &[f32], dims: AttnDims) {
         attention::attention(out, probs, qkv, dims, &self.log)
     }
-    fn attention_bwd(&self, dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], dims: AttnDims) {
+    fn attention_bwd(&self, dqkv: &mut [f32], dout: &[f32], qkv: &[f32], _out: &[f32], probs: &[f32], dims: AttnDims) {
         attention::attention_bwd(dqkv, dout, qkv, probs, dims, &self.log)
     }
 
