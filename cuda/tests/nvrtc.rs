@@ -80,3 +80,24 @@ fn selftest_on_the_cpu_passes_and_cuda_without_a_driver_says_so() {
         println!("not run here: the CUDA half of the selftest (no GPU)");
     }
 }
+
+/// The fused attention kernels' lane-level model (cuda/tests/flash_emu.py:
+/// each kernel's per-thread code run for every lane of every warp, mma.sync
+/// by its fragment layout) against a plain attention, for partial tiles,
+/// grouped KV heads and two sequences: what can be checked of flash.cu's
+/// indexing without a GPU. Skips without python3.
+#[test]
+fn the_fused_attention_kernels_lane_model_matches_plain_attention() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/flash_emu.py");
+    let out = match std::process::Command::new("python3").arg(&script).output() {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIPPED: python3 not runnable ({e})");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the model's errors exceed 1e-2 or an output was left unwritten:\n{text}");
+    assert_eq!(text.lines().filter(|l| l.contains("dqkv")).count(), 3, "three shapes were checked");
+}
