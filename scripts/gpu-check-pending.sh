@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of what landed without a GPU and waits for one (issue 16
+# and 24), in one time-boxed call: run it first on the next lent device.
+#
+#   scripts/gpu-check-pending.sh [BIN_DIR] [OUT_DIR]     (LIMIT=seconds, default 500)
+#
+# 1. iota-miner selftest --device cuda: every row, and above all the fused
+#    (flash) attention rows against the fp32 CPU reference and the
+#    recomputing stages against the same stages keeping activations.
+# 2. iota-bench stage-gpu --kernels at seq 256, 1024 and 2048, with the
+#    GEMM attention and with IOTA_FLASH_ATTENTION=1, beside PyTorch eager:
+#    the ratio and the per-kernel table of each.
+# 3. iota-bench scale, 1.5b 3 x 2 at batch 4 x 1024 with every miner
+#    stating 16 GiB (so each recomputes where its plan needs it), the merge
+#    behind compute: per-miner peak memory beside the plan, tokens/s
+#    against one process, with and without the fused attention if time is
+#    left.
+# Binaries: build them here with `cargo build --release --bins` (no Rust on
+# the device) and pass their folder.
+set -u
+BIN=${1:-target/release}
+OUT=${2:-${OUT:-gpu-pending-out}}
+LIMIT=${LIMIT:-500}
+mkdir -p "$OUT"
+left() { echo $((LIMIT - SECONDS)); }
+
+SP=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${SP:+$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for inc in /usr/local/cuda/include "${SP:+$SP/nvidia/cu13/include}"; do
+    if [ -n "$inc" ] && [ -f "$inc/cuda_bf16.h" ]; then
+        export IOTA_CUDA_INCLUDE="$inc"
+        break
+    fi
+done
+if [ -z "${IOTA_NCCL_LIB:-}" ] && [ -n "$SP" ] && [ -f "$SP/nvidia/nccl/lib/libnccl.so.2" ]; then
+    export IOTA_NCCL_LIB="$SP/nvidia/nccl/lib/libnccl.so.2"
+fi
+nvidia-smi -L
+
+echo "== selftest ($(left) s left)"
+timeout 90 "$BIN/iota-miner" selftest --device cuda > "$OUT/selftest.txt" 2>&1
+echo "rc=$? t=$SECONDS"
+grep -E " FAIL " "$OUT/selftest.txt" | head -20
+echo "rows passed: $(grep -cE " pass " "$OUT/selftest.txt")"
+grep -E "fused|recomputing" "$OUT/selftest.txt"
+
+echo "== stage-gpu, 1b middle stage ($(left) s left)"
+for shape in "4 1024" "16 256" "2 2048"; do
+    set -- $shape
+    for flash in 0 1; do
+        [ "$(left)" -lt 200 ] && break 2
+        f="$OUT/stage-b$1-s$2-flash$flash.txt"
+        IOTA_FLASH_ATTENTION=$flash timeout 60 "$BIN/iota-bench" stage-gpu --gemm bf16 --batch "$1" --seq "$2" \
+            --kernels --torch-modes eager > "$f" 2>&1
+        echo "-- batch $1 x seq $2, flash $flash: rc=$? t=$SECONDS"
+        grep -E "iota-rs CudaBackend|PyTorch eager|ratio|one step by kernel|failed|panicked" "$f"
+        sed -n '/kernel .*launches/,$p' "$f" | head -8
+    done
+done
+
+for flash in 0 1; do
+    [ "$(left)" -lt 150 ] && break
+    echo "== scale 1.5b 3x2, batch 4, 16 GiB stated, flash $flash ($(left) s left)"
+    IOTA_FLASH_ATTENTION=$flash timeout $(( $(left) > 240 ? 220 : $(left) - 20 )) "$BIN/iota-bench" scale \
+        --device cuda --model 1.5b --batch 4 --miner-memory-gib 16 --merge-overlap \
+        --keep-run-dir "/tmp/scale-b4-f$flash" > "$OUT/scale-b4-flash$flash.txt" 2>&1
+    echo "rc=$? t=$SECONDS"
+    tail -20 "$OUT/scale-b4-flash$flash.txt"
+    grep -h "recomputing\|does not fit\|out of memory" /tmp/scale-b4-f$flash/logs/miner-*.log 2>/dev/null | cut -c1-200 | head -8
+done
+echo "done at t=$SECONDS of $LIMIT"
