@@ -75,6 +75,11 @@ pub struct Args {
     /// they state needs it.
     #[arg(long)]
     recompute: bool,
+    /// Plan only: attention on the fused kernels (`IOTA_FLASH_ATTENTION=1`
+    /// on a CUDA miner): a log-sum-exp per query saved instead of the
+    /// probabilities.
+    #[arg(long)]
+    fused_attention: bool,
     /// Measured mode: the memory every miner states, in GiB (default: a
     /// GPU's free memory), to run as on cards of that size (16: IOTA's
     /// miners) on a larger one.
@@ -141,12 +146,14 @@ pub fn run(a: Args) -> Result<()> {
         optimizer,
         backend,
         recompute: a.recompute,
+        fused_attention: a.fused_attention && backend.is_cuda(),
     };
     let plan = plan_memory(&cfg, a.stages, &w)?;
     let specs = StageSpec::split(&cfg, a.stages)?;
     println!(
         "scale --plan-only: {}, {} stages x {} replicas, batch {} x seq {} ({} tokens a micro-batch), \
-         {} micro-batch(es) in flight at a head or body miner, {}, {:?}, weight stashing {}, activations {}",
+         {} micro-batch(es) in flight at a head or body miner, {}, {:?}, weight stashing {}, activations {}, \
+         attention {}",
         cfg.name,
         a.stages,
         a.replicas,
@@ -158,6 +165,7 @@ pub fn run(a: Args) -> Result<()> {
         optimizer,
         if w.weight_stashing { "on" } else { "off" },
         if w.recompute { "recomputed in the backward" } else { "kept" },
+        if w.fused_attention { "fused" } else { "GEMMs + softmax" },
     );
     print_memory(&plan, backend);
     println!();

@@ -135,7 +135,9 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
         m.device,
     )?;
     let backend = if m.device == "cpu" { ComputeBackend::Cpu } else { ComputeBackend::CudaBf16Gemm };
-    let w = Workload::of(backend, m.batch, m.seq, 2);
+    // The miners' attention: fused where the environment turns it on.
+    let fused = std::env::var("IOTA_FLASH_ATTENTION").is_ok_and(|v| v == "1");
+    let w = Workload::of(backend, m.batch, m.seq, 2).fusing(fused);
     // A miner recomputes activations where its memory needs it: its plan is
     // the recomputing one then.
     let plans =

@@ -140,6 +140,11 @@ pub struct Workload {
     /// micro-batch keeps each block's input residual only, and the backward
     /// makes one block's activations at a time again.
     pub recompute: bool,
+    /// Fused attention (`CudaBackend` with `IOTA_FLASH_ATTENTION=1`): a
+    /// block saves a log-sum-exp per (sequence, head, query) instead of the
+    /// `[batch, heads, seq, seq]` probabilities, and the backward has no
+    /// score scratch. Only on CUDA backends.
+    pub fused_attention: bool,
 }
 
 impl Workload {
@@ -155,7 +160,13 @@ impl Workload {
             optimizer: InnerOptimizer::AdamW,
             backend,
             recompute: false,
+            fused_attention: false,
         }
+    }
+
+    /// The same with fused attention on or off (only a CUDA backend has it).
+    pub fn fusing(self, on: bool) -> Workload {
+        Workload { fused_attention: on && self.backend.is_cuda(), ..self }
     }
 
     /// The same with activation recomputation on or off.
@@ -311,14 +322,19 @@ struct SavedValues {
     probs: usize,
 }
 
+/// What attention saves per block: the probabilities [batch, heads, seq,
+/// seq], or fused, a log-sum-exp per (sequence, head, query).
+fn attention_saved(cfg: &ModelConfig, batch: usize, seq: usize, fused: bool) -> usize {
+    if fused { batch * cfg.n_heads * seq } else { batch * cfg.n_heads * seq * seq }
+}
+
 /// f32 values of one block's `BlockActs`: x, xn1, x2, xn2 [n, d]; rstd1,
-/// rstd2 [n]; qkv; probs [batch, heads, seq, seq]; att [n, q_dim]; gu
-/// [n, 2f]; m [n, f].
-fn block_values(cfg: &ModelConfig, batch: usize, seq: usize) -> usize {
+/// rstd2 [n]; qkv; what attention saves; att [n, q_dim]; gu [n, 2f]; m [n, f].
+fn block_values(cfg: &ModelConfig, batch: usize, seq: usize, fused: bool) -> usize {
     let n = batch * seq;
     let (d, f) = (cfg.d_model, cfg.ffn_hidden);
-    let probs = batch * cfg.n_heads * seq * seq;
-    4 * n * d + 2 * n + n * cfg.qkv_dim() + probs + n * cfg.q_dim() + 2 * n * f + n * f
+    let saved = attention_saved(cfg, batch, seq, fused);
+    4 * n * d + 2 * n + n * cfg.qkv_dim() + saved + n * cfg.q_dim() + 2 * n * f + n * f
 }
 
 fn saved_values(
@@ -327,13 +343,16 @@ fn saved_values(
     batch: usize,
     seq: usize,
     tokens_on_device: bool,
-    recompute: bool,
+    (recompute, fused): (bool, bool),
 ) -> SavedValues {
     let n = batch * seq;
     let (d, b) = (cfg.d_model, cfg.bottleneck);
     // Recomputing: each block's input residual [n, d] only.
-    let (block, probs) =
-        if recompute { (n * d, 0) } else { (block_values(cfg, batch, seq), batch * cfg.n_heads * seq * seq) };
+    let (block, probs) = if recompute {
+        (n * d, 0)
+    } else {
+        (block_values(cfg, batch, seq, fused), attention_saved(cfg, batch, seq, fused))
+    };
     let mut total = spec.layers.len() * block + n * d; // + h_out
     // The residual style's SwiGLU branches (`boundary.rs`): MlpActs gu [n, 2r], m [n, r].
     let branch = if cfg.bottleneck_style == BottleneckStyle::Residual { 3 * n * cfg.bottleneck_hidden() } else { 0 };
@@ -351,15 +370,20 @@ fn saved_values(
 
 /// f32 values alive at once in the worst phase of `block_backward`, besides
 /// the incoming residual gradient.
-fn block_backward_values(cfg: &ModelConfig, batch: usize, seq: usize, backend: ComputeBackend) -> usize {
+fn block_backward_values(cfg: &ModelConfig, batch: usize, seq: usize, backend: ComputeBackend, fused: bool) -> usize {
     let n = batch * seq;
     let (d, f) = (cfg.d_model, cfg.ffn_hidden);
     // MLP: dm [n, f] and dgu [n, 2f] together, then dgu and dxn [n, d].
     let mlp = (n * f + 2 * n * f).max(2 * n * f + n * d);
     // Attention: dxn, datt [n, q_dim], dqkv, and the backend's score scratch
     // (CUDA: [kv_heads, seq, seq] per sequence; CPU: [seq, seq] per task,
-    // counted once: one task per thread).
-    let scores = if backend.is_cuda() { cfg.n_kv_heads * seq * seq } else { seq * seq };
+    // counted once: one task per thread; fused: the row terms
+    // [batch, heads, seq]).
+    let scores = match (backend.is_cuda(), fused) {
+        (true, true) => batch * cfg.n_heads * seq,
+        (true, false) => cfg.n_kv_heads * seq * seq,
+        (false, _) => seq * seq,
+    };
     let attn = n * d + n * cfg.q_dim() + n * cfg.qkv_dim() + scores;
     mlp.max(attn)
 }
@@ -423,7 +447,8 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
     // other held - 1 micro-batches are on older versions; the tail holds
     // none across a step.
     let stashed = if w.weight_stashing && !tail { held - 1 } else { 0 };
-    let saved = saved_values(cfg, spec, w.batch, w.seq, !w.backend.is_cuda(), w.recompute);
+    let fused = w.fused_attention && w.backend.is_cuda();
+    let saved = saved_values(cfg, spec, w.batch, w.seq, !w.backend.is_cuda(), (w.recompute, fused));
     let out_width = if spec.encode_out { cfg.bottleneck } else { d };
     // The backward's residual gradient, a block's worst phase, and past an
     // encoder the output gradient it came from (`backward_buf` keeps it
@@ -431,10 +456,11 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
     let kept_output_grad = if spec.encode_out { n * cfg.bottleneck } else { 0 };
     // Recomputing, a block's activations are made again beside its
     // backward's temporaries (all but its input, which is among the held).
-    let recomputed = if w.recompute && !spec.layers.is_empty() { block_values(cfg, w.batch, w.seq) - n * d } else { 0 };
+    let recomputed =
+        if w.recompute && !spec.layers.is_empty() { block_values(cfg, w.batch, w.seq, fused) - n * d } else { 0 };
     let backward = n * d
         + kept_output_grad
-        + (recomputed + block_backward_values(cfg, w.batch, w.seq, w.backend))
+        + (recomputed + block_backward_values(cfg, w.batch, w.seq, w.backend, fused))
             .max(boundary_backward_values(cfg, spec, n));
     // The tail's loss: hn, dhn and dh [n, d], rstd [n], one logits chunk.
     let loss = 3 * n * d + n + logit_rows_per_chunk(n, cfg.vocab_size) * cfg.vocab_size;
@@ -468,6 +494,10 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
             let (t, kv) = (w.seq, cfg.n_kv_heads);
             let attention = if spec.layers.is_empty() {
                 0
+            } else if fused {
+                // The fused kernels read Q|K|V's bf16 copy (scratch where
+                // not kept) and cast nothing else.
+                n * cfg.qkv_dim()
             } else {
                 n * cfg.qkv_dim() + w.batch * cfg.n_heads * t * t + n * cfg.q_dim() + kv * t * t
             };
@@ -480,8 +510,8 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
     let bf16_activation_copies = match w.backend {
         ComputeBackend::CudaBf16Gemm => {
             let t = w.seq;
-            let block =
-                2 * n * d + n * cfg.q_dim() + n * cfg.ffn_hidden + n * cfg.qkv_dim() + w.batch * cfg.n_heads * t * t;
+            let probs = if fused { 0 } else { w.batch * cfg.n_heads * t * t };
+            let block = 2 * n * d + n * cfg.q_dim() + n * cfg.ffn_hidden + n * cfg.qkv_dim() + probs;
             if w.recompute {
                 // Made again with each block's recomputed activations, and
                 // read by its backward right after: one block's worth.

@@ -197,3 +197,30 @@ fn backends_parse_by_name() {
     }
     assert_eq!(ComputeBackend::parse("tpu"), None);
 }
+
+#[test]
+fn fused_attention_saves_a_log_sum_exp_per_query_and_only_on_cuda() {
+    let c = ModelConfig::preset("1.5b").unwrap();
+    let spec = StageSpec::split(&c, 3).unwrap()[1].clone();
+    let (kept, fused) =
+        (stage_memory(&c, &spec, &cuda(4, 1024, 2)), stage_memory(&c, &spec, &cuda(4, 1024, 2).fusing(true)));
+    let layers = spec.layers.len() as u64;
+    assert_eq!(kept.attention_probs_per_micro_batch, 4 * layers * 4 * 32 * 1024 * 1024);
+    assert_eq!(fused.attention_probs_per_micro_batch, 4 * layers * 4 * 32 * 1024);
+    assert_eq!(
+        kept.activations_per_micro_batch - fused.activations_per_micro_batch,
+        kept.attention_probs_per_micro_batch - fused.attention_probs_per_micro_batch
+    );
+    assert!(fused.bf16_attention < kept.bf16_attention && fused.required_peak() < kept.required_peak());
+    // The CPU has no fused kernels: asking for them changes nothing.
+    let cpu = Workload { backend: ComputeBackend::Cpu, ..cuda(4, 1024, 2) };
+    assert_eq!(stage_memory(&c, &spec, &cpu.fusing(true)), stage_memory(&c, &spec, &cpu));
+    // Fused and recomputing, every 1.5b stage fits a 16 GiB card at batch 4
+    // with 2 in flight (docs/BENCHMARKS.md, scale --plan-only).
+    let both = plan_memory(&c, 3, &cuda(4, 1024, 2).fusing(true).recomputing(true)).unwrap();
+    assert!(
+        both.iter().all(|m| m.fits(16 << 30)),
+        "{:?}",
+        both.iter().map(|m| m.required_peak() >> 20).collect::<Vec<_>>()
+    );
+}

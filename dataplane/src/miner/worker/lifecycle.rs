@@ -81,8 +81,19 @@ impl<B: Backend + 'static> Worker<B> {
                 .into_iter()
                 .nth(a.stage as usize)
                 .context("assigned stage does not exist")?;
+            // Fused attention saves less than the probabilities: the backend says.
+            let m = &t.model;
+            let dims = iota_model::backend::AttnDims {
+                batch: t.batch,
+                seq: t.seq,
+                n_heads: m.n_heads,
+                n_kv_heads: m.n_kv_heads,
+                head_dim: m.head_dim(),
+            };
+            let fused = self.be.attention_saved_len(dims) != dims.probs_len();
             let w = iota_core::memory_plan::Workload::of(backend, t.batch, t.seq, self.cfg.spec.max_in_flight as usize)
-                .recomputing(recompute);
+                .recomputing(recompute)
+                .fusing(fused);
             let (wb, ab) = iota_core::memory_plan::stage_memory(&t.model, &spec, &w).copy_limits(bytes);
             self.be.set_copy_limits(wb, ab);
             info!(
