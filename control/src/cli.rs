@@ -52,6 +52,12 @@ pub struct RunArgs {
     /// (a shorter list repeats its last value; default 0.9 everywhere).
     #[arg(long, value_delimiter = ',')]
     pub stage_beta1: Vec<f32>,
+    /// The learning rate's multiplier at each stage, head first,
+    /// comma-separated (a shorter list repeats its last value; default 1
+    /// everywhere): e.g. `0.5,0.75,1` for smaller steps where pipelining
+    /// delays the gradients most.
+    #[arg(long, value_delimiter = ',')]
+    pub stage_lr: Vec<f32>,
     /// Weight prediction: each stage forwards a micro-batch on its weights
     /// extrapolated by the optimizer steps the micro-batches ahead of it
     /// will take, and runs its backward on them, so pipelining's delayed
@@ -286,6 +292,7 @@ impl RunArgs {
                     other => bail!("unknown --optimizer '{other}' (adamw, nadam)"),
                 },
                 stage_beta1: self.stage_beta1.clone(),
+                stage_lr: self.stage_lr.clone(),
                 predict_weights: self.predict_weights,
                 ..AdamWConfig::default()
             },

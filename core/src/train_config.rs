@@ -74,6 +74,12 @@ pub struct AdamWConfig {
     /// shorter than the stage count: the last value for the rest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_beta1: Vec<f32>,
+    /// The learning rate's multiplier at each pipeline stage, head first
+    /// (empty: 1 everywhere; shorter than the stage count: the last value
+    /// for the rest): a pipelined stage applies gradients some steps old
+    /// (docs/BENCHMARKS.md, convergence), which a smaller step tolerates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_lr: Vec<f32>,
     /// Weight prediction for pipelined stages: a stage forwards a
     /// micro-batch on its weights extrapolated by the optimizer steps that
     /// micro-batches ahead of it will take (the last step's change, times
@@ -98,7 +104,17 @@ impl AdamWConfig {
         }
     }
 
+    /// The learning rate's multiplier at stage `stage`.
+    pub fn lr_scale_of(&self, stage: usize) -> f32 {
+        self.stage_lr.get(stage).or(self.stage_lr.last()).copied().unwrap_or(1.0)
+    }
+
     pub fn validate(&self) -> Result<()> {
+        for &s in &self.stage_lr {
+            if !(s.is_finite() && s > 0.0 && s <= 10.0) {
+                bail!("a stage's learning-rate multiplier {s} must be in (0, 10]");
+            }
+        }
         for &b in std::iter::once(&self.beta1).chain(&self.stage_beta1) {
             if !(0.0..1.0).contains(&b) {
                 bail!("beta1 {b} must be in [0, 1)");
@@ -121,6 +137,7 @@ impl Default for AdamWConfig {
             grad_clip: 1.0,
             nesterov: false,
             stage_beta1: Vec::new(),
+            stage_lr: Vec::new(),
             predict_weights: false,
         }
     }

@@ -34,6 +34,7 @@ impl<B: Backend> AdamW<B> {
         let be = stage.backend().clone();
         let layout = stage.layout().clone();
         let beta1 = cfg.beta1_of(stage.spec().index);
+        let lr = lr * cfg.lr_scale_of(stage.spec().index);
         let norm = be.sum_squares(be.all(stage.grads())).sqrt() as f32;
         if !norm.is_finite() {
             return StepStats { grad_norm: norm, applied: false };
@@ -151,6 +152,15 @@ mod tests {
         assert_eq!(c.beta1_of(2), 0.9);
         c.stage_beta1 = vec![0.8, 0.85];
         assert_eq!((c.beta1_of(0), c.beta1_of(1), c.beta1_of(5)), (0.8, 0.85, 0.85));
+        assert_eq!(c.lr_scale_of(3), 1.0, "no multipliers: 1 everywhere");
+        c.stage_lr = vec![0.5, 0.75];
+        assert_eq!((c.lr_scale_of(0), c.lr_scale_of(1), c.lr_scale_of(4)), (0.5, 0.75, 0.75));
+        assert!(c.validate().is_ok());
+        for bad in [0.0, -1.0, f32::NAN, 11.0] {
+            c.stage_lr = vec![1.0, bad];
+            assert!(c.validate().is_err(), "multiplier {bad}");
+        }
+        c.stage_lr.clear();
         c.stage_beta1.push(1.0);
         assert!(c.validate().is_err());
     }
