@@ -152,8 +152,8 @@ __device__ __forceinline__ void mul_acc(float (&out)[HD / 8][4], const float (&p
 template <int HD>
 __device__ void flash_fwd(const unsigned short* __restrict__ qkv, float* __restrict__ out, float* __restrict__ lse,
                           int t, int nh, int nkv, float scale) {
-    __shared__ unsigned short ks[TILE * HD];
-    __shared__ unsigned short vs[TILE * HD];
+    __shared__ __align__(16) unsigned short ks[TILE * HD];
+    __shared__ __align__(16) unsigned short vs[TILE * HD];
     const int h = blockIdx.y, b = blockIdx.z, j = h / (nh / nkv);
     const int qd = nh * HD, kvd = nkv * HD, qs = qd + 2 * kvd;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -247,8 +247,8 @@ template <int HD>
 __device__ void flash_bwd_dq(float* __restrict__ dqkv, const unsigned short* __restrict__ qkv,
                              const float* __restrict__ dout, const float* __restrict__ lse,
                              const float* __restrict__ dterm, int t, int nh, int nkv, float scale) {
-    __shared__ unsigned short ks[TILE * HD];
-    __shared__ unsigned short vs[TILE * HD];
+    __shared__ __align__(16) unsigned short ks[TILE * HD];
+    __shared__ __align__(16) unsigned short vs[TILE * HD];
     const int h = blockIdx.y, b = blockIdx.z, j = h / (nh / nkv);
     const int qd = nh * HD, kvd = nkv * HD, qs = qd + 2 * kvd;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -317,9 +317,9 @@ template <int HD>
 __device__ void flash_bwd_dkv(float* __restrict__ dqkv, const unsigned short* __restrict__ qkv,
                               const float* __restrict__ dout, const float* __restrict__ lse,
                               const float* __restrict__ dterm, int t, int nh, int nkv, float scale) {
-    __shared__ unsigned short qsm[TILE * HD];
-    __shared__ unsigned short dos[TILE * HD];
-    __shared__ float lsm[TILE], dsm[TILE];
+    __shared__ __align__(16) unsigned short qsm[TILE * HD];
+    __shared__ __align__(16) unsigned short dos[TILE * HD];
+    __shared__ __align__(16) float lsm[TILE], dsm[TILE];
     const int j = blockIdx.y, b = blockIdx.z, group = nh / nkv;
     const int qd = nh * HD, kvd = nkv * HD, qs = qd + 2 * kvd;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
