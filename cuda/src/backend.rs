@@ -246,7 +246,8 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             copies,
             timer: Default::default(),
-            flash: precision == GemmPrecision::Bf16 && flash::wanted_by_env(),
+            // The fused attention kernels (`flash.rs`), while they are new.
+            flash: precision == GemmPrecision::Bf16 && std::env::var("IOTA_FLASH_ATTENTION").is_ok_and(|v| v == "1"),
         })
     }
 

@@ -26,11 +26,6 @@ fn names(head_dim: usize) -> Option<(&'static str, &'static str, &'static str)> 
     })
 }
 
-/// Whether the environment turns the fused kernels on.
-pub(super) fn wanted_by_env() -> bool {
-    std::env::var("IOTA_FLASH_ATTENTION").is_ok_and(|v| v == "1")
-}
-
 impl CudaBackend {
     /// A second backend on the same GPU with the fused attention kernels on
     /// (None without bf16 GEMMs, which they need).
