@@ -100,6 +100,11 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     if !a.plan_only {
+        if let Some(g) = a.miner_memory_gib
+            && !(g.is_finite() && g > 0.0)
+        {
+            bail!("--miner-memory-gib {g}: a positive number of GiB");
+        }
         let m = crate::scale_measured::Measure {
             model: &a.model,
             stages: a.stages,

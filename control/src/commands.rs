@@ -506,6 +506,16 @@ async fn run_async(cli: Cli) -> Result<()> {
             miner_recompute,
             ..
         } => {
+            if let Some(r) = miner_recompute.as_deref()
+                && iota_core::memory_fit::Recompute::parse(r).is_none()
+            {
+                anyhow::bail!("--miner-recompute '{r}': auto or always");
+            }
+            if let Some(g) = miner_memory_gib
+                && !(g.is_finite() && g > 0.0)
+            {
+                anyhow::bail!("--miner-memory-gib {g}: a positive number of GiB");
+            }
             // The swarm's validators are listed in the run (stake 100 each).
             let mut validator_ids = Vec::new();
             for i in 0..validators {
