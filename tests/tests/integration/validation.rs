@@ -500,11 +500,25 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
             history.iter().map(|e| &e.miners).collect::<Vec<_>>()
         )
     });
+    // The poisoner leaves once the test sees its first poisoned merge; it
+    // can have worked into the next epoch's merge by then, which is then
+    // poisoned too and rolled back as rightly (a full suite run once rolled
+    // back epochs 0 and 1, epoch 1's merged model 5% worse than its
+    // training loss where honest merges came out better). Every merge it
+    // joined with work, and only those, is rolled back.
+    let joined: Vec<u64> = history
+        .iter()
+        .filter(|e| e.miners.iter().any(|m| m.peer == poisoner_peer && m.credited > 0 && m.merged))
+        .map(|e| e.epoch)
+        .collect();
+    assert_eq!(joined.first(), Some(&k));
+    assert!(joined.len() <= 2, "the poisoner left after its first poisoned merge: {joined:?}");
     for e in &history {
-        assert_eq!(e.rolled_back, e.epoch == k, "epoch {}: only the poisoned merge ({k}) is rolled back", e.epoch);
+        let poisoned = joined.contains(&e.epoch);
+        assert_eq!(e.rolled_back, poisoned, "epoch {}: only poisoned merges ({joined:?}) are rolled back", e.epoch);
     }
-    assert_eq!(rollbacks, 1, "honest merges stand");
-    assert!(summaries.iter().all(|s| s.rollback_votes == vec![k]), "both validators voted the poisoned one down");
+    assert_eq!(rollbacks, joined.len() as u64, "honest merges stand");
+    assert!(summaries.iter().all(|s| s.rollback_votes == joined), "both validators voted the poisoned ones down");
     // The merged model the run ends with learned something: its held-out
     // loss is below the uniform model's (ln 256) and the poisoned merge's.
     let losses = &summaries[0].merge_losses;
