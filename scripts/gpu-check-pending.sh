@@ -24,17 +24,7 @@ LIMIT=${LIMIT:-500}
 mkdir -p "$OUT"
 left() { echo $((LIMIT - SECONDS)); }
 
-SP=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
-export LD_LIBRARY_PATH="${SP:+$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for inc in /usr/local/cuda/include "${SP:+$SP/nvidia/cu13/include}"; do
-    if [ -n "$inc" ] && [ -f "$inc/cuda_bf16.h" ]; then
-        export IOTA_CUDA_INCLUDE="$inc"
-        break
-    fi
-done
-if [ -z "${IOTA_NCCL_LIB:-}" ] && [ -n "$SP" ] && [ -f "$SP/nvidia/nccl/lib/libnccl.so.2" ]; then
-    export IOTA_NCCL_LIB="$SP/nvidia/nccl/lib/libnccl.so.2"
-fi
+source "$(dirname "$0")/gpu-env.sh"
 nvidia-smi -L
 
 echo "== selftest ($(left) s left)"
