@@ -108,34 +108,11 @@ impl CudaBackend {
             (dims.batch as i32, dims.seq as i32, dims.n_heads as i32, dims.n_kv_heads as i32, dims.head_dim as i32);
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
         launch!(self, "flash_bwd_prep", self.grid(rows), &dterm, &dout.ptr, &out.ptr, &b, &t, &nh, &hd);
-        let args = (&dqkv.ptr, &x, &dout.ptr, &lse.ptr, &dterm);
-        launch!(
-            self,
-            dq,
-            Self::flash_grid(dims, dims.n_heads),
-            args.0,
-            args.1,
-            args.2,
-            args.3,
-            args.4,
-            &t,
-            &nh,
-            &nkv,
-            &scale
-        );
-        launch!(
-            self,
-            dkv,
-            Self::flash_grid(dims, dims.n_kv_heads),
-            args.0,
-            args.1,
-            args.2,
-            args.3,
-            args.4,
-            &t,
-            &nh,
-            &nkv,
-            &scale
-        );
+        // dQ by query tiles over the heads, then dK and dV by key tiles over
+        // the KV heads: the same arguments, disjoint columns of dqkv.
+        for (kernel, heads) in [(dq, dims.n_heads), (dkv, dims.n_kv_heads)] {
+            let grid = Self::flash_grid(dims, heads);
+            launch!(self, kernel, grid, &dqkv.ptr, &x, &dout.ptr, &lse.ptr, &dterm, &t, &nh, &nkv, &scale);
+        }
     }
 }
