@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// Peak learning rate (warm-up then cosine decay).
     #[arg(long, default_value_t = 2e-3)]
     pub lr: f32,
+    /// Optimizer steps of linear learning-rate warm-up (default: a
+    /// twentieth of the run's steps, between 1 and 100).
+    #[arg(long)]
+    pub warmup_steps: Option<u64>,
     /// Inner optimizer of every miner: adamw, or nadam (Adam with a
     /// Nesterov look-ahead on the first moment).
     #[arg(long, default_value = "adamw")]
@@ -121,6 +125,12 @@ pub struct RunArgs {
     /// docs/BENCHMARKS.md, convergence).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
+    /// Epochs at the start of the run with at most one micro-batch per
+    /// pathway in flight (--replicas of them), before the pipeline fills
+    /// to --max-in-flight: pipelining's delayed gradients cost most in the
+    /// first steps, while the weights move fastest.
+    #[arg(long, default_value_t = 0)]
+    pub pipeline_warmup_epochs: u64,
     /// Seconds before an unfinished micro-batch is re-routed.
     #[arg(long, default_value_t = 30)]
     pub route_timeout_s: u64,
@@ -284,7 +294,12 @@ impl RunArgs {
             seq,
             grad_accum: self.grad_accum,
             steps,
-            schedule: LrSchedule { peak: self.lr, warmup: (steps / 20).clamp(1, 100), total: steps, min_ratio: 0.1 },
+            schedule: LrSchedule {
+                peak: self.lr,
+                warmup: self.warmup_steps.unwrap_or((steps / 20).clamp(1, 100)).clamp(1, steps),
+                total: steps,
+                min_ratio: 0.1,
+            },
             adamw: AdamWConfig {
                 nesterov: match self.optimizer.as_str() {
                     "adamw" | "adam" => false,
@@ -334,6 +349,7 @@ impl RunArgs {
             batch: self.batch as u32,
             n_shards: 1,
             max_in_flight: self.max_in_flight.unwrap_or(2 * self.replicas),
+            pipeline_warmup_epochs: self.pipeline_warmup_epochs,
             route_timeout_ms: self.route_timeout_s * 1000,
             heartbeat_timeout_ms: self.heartbeat_timeout_s * 1000,
             max_attempts: self.max_attempts,
@@ -625,5 +641,27 @@ mod tests {
             expand_config_file(vec!["x".into(), "swarm".into(), "--config-file".into(), p.to_str().unwrap().into()])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn warm_ups_are_settings_with_defaults_from_the_run_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = |extra: &[&str]| args(dir.path(), extra).run_config().unwrap();
+        // 40 epochs x 48 micro-batches over 1 replica: 1,920 steps, a
+        // twentieth of which is 96; at most 100, at least 1.
+        let plain = cfg(&["--epochs", "40"]);
+        assert_eq!(plain.train.schedule.warmup, 96);
+        assert_eq!(cfg(&["--epochs", "100"]).train.schedule.warmup, 100);
+        let short = cfg(&["--epochs", "40", "--warmup-steps", "10"]);
+        assert_eq!(short.train.schedule.warmup, 10);
+        assert_ne!(short.spec.run_id, plain.spec.run_id);
+        assert_eq!(cfg(&["--warmup-steps", "0"]).train.schedule.warmup, 1);
+        assert_eq!(cfg(&["--epochs", "1", "--warmup-steps", "1000"]).train.schedule.warmup, 48);
+        // One replica, 2 in flight by default: 1 during the warm-up.
+        let piped = cfg(&["--pipeline-warmup-epochs", "2"]);
+        assert_eq!(piped.spec.pipeline_warmup_epochs, 2);
+        let at: Vec<u32> = (0..4).map(|e| piped.spec.max_in_flight_at(e)).collect();
+        assert_eq!(at, vec![1, 1, 2, 2]);
+        assert_ne!(piped.spec.run_id, plain.spec.run_id);
     }
 }

@@ -18,6 +18,14 @@ pub struct RunSpec {
     pub n_shards: u32,
     /// Micro-batches in the pipeline at once (1 = strictly sequential).
     pub max_in_flight: u32,
+    /// Epochs at the start of the run that keep at most one micro-batch
+    /// per pathway in flight (`replicas`, if `max_in_flight` is larger):
+    /// pipelining's delayed gradients cost most while the weights move
+    /// fastest, in the first steps (docs/BENCHMARKS.md, convergence). Left
+    /// out of the settings when 0, so runs saved before it existed keep
+    /// their run id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pipeline_warmup_epochs: u64,
     /// A micro-batch not finished this long after issue is re-routed.
     pub route_timeout_ms: u64,
     /// A miner silent this long is unhealthy.
@@ -227,6 +235,15 @@ impl Default for MergeSpec {
 }
 
 impl RunSpec {
+    /// Micro-batches in flight at once during `epoch`.
+    pub fn max_in_flight_at(&self, epoch: u64) -> u32 {
+        if epoch < self.pipeline_warmup_epochs {
+            self.max_in_flight.min(self.replicas.max(1))
+        } else {
+            self.max_in_flight
+        }
+    }
+
     /// Miners a stage takes at most.
     pub fn max_miners_per_stage(&self) -> u32 {
         if self.miners_per_stage_cap == 0 { 4 * self.replicas } else { self.miners_per_stage_cap }

@@ -63,7 +63,8 @@ pub struct Args {
     /// routes), hN-fixed (each replica its own pathway), hN-no-bottleneck,
     /// hN-f32, hN-overlap[D] (the merge landing D steps late), hN-delayD
     /// (pipelining's delayed gradients: D steps late at the head, none at
-    /// the tail) and hN-delayD-predict (the same with weight prediction);
+    /// the tail) and hN-delayD-predict (the same with weight prediction), hN-delayD-fromN (the
+    /// delay only from global step N on);
     /// and one process with another stage boundary:
     /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
     /// one-residual-b2-int4 (STYLE linear or residual).
@@ -171,6 +172,8 @@ enum Mode {
         /// and each replica's recent weights, newest first: [replica][age][stage].
         delays: Vec<u64>,
         predict: bool,
+        /// The global step pipelining's delay starts at (0: the first).
+        delay_from: u64,
         history: Vec<VecDeque<Vec<Vec<f32>>>>,
     },
 }
@@ -217,7 +220,7 @@ impl Trainer {
             Variant::SyncDataParallel => {
                 Mode::Sync((0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?)
             }
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict, delay_from } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
                 }
@@ -238,6 +241,7 @@ impl Trainer {
                     pending: None,
                     delays: stage_delays(*delay, train.stages),
                     predict: *predict,
+                    delay_from: *delay_from,
                     history: (0..r).map(|_| VecDeque::new()).collect(),
                 }
             }
@@ -284,9 +288,23 @@ impl Trainer {
                     p.apply_step(total);
                 }
             }
-            Mode::Swarm { replicas, merged, sim, interval, mixed, overlap, pending, delays, predict, history } => {
+            Mode::Swarm {
+                replicas,
+                merged,
+                sim,
+                interval,
+                mixed,
+                overlap,
+                pending,
+                delays,
+                predict,
+                delay_from,
+                history,
+            } => {
                 if *mixed {
-                    let current = delayed_weights(replicas, history, delays, *predict)?;
+                    let undelayed = vec![0; delays.len()];
+                    let now_delays = if self.step < *delay_from { &undelayed } else { &*delays };
+                    let current = delayed_weights(replicas, history, now_delays, *predict)?;
                     mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step)?;
                     for (p, now) in replicas.iter_mut().zip(current) {
                         for (s, w) in now.into_iter().enumerate() {

@@ -79,6 +79,7 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
             mixed: false,
             overlap: 0,
             delay: 0,
+            delay_from: 0,
             predict: false,
         },
     )
@@ -135,6 +136,7 @@ fn overlapped(interval: u64) -> Variant {
         mixed: true,
         overlap: interval,
         delay: 0,
+        delay_from: 0,
         predict: false,
     }
 }
@@ -210,6 +212,7 @@ fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
         mixed: true,
         overlap: 1,
         delay: 0,
+        delay_from: 0,
         predict: false,
     };
     let mut t = Trainer::new(be, &setup, &v).unwrap();
@@ -257,6 +260,7 @@ fn variant_names_parse() {
             mixed: true,
             overlap: 0,
             delay: 0,
+            delay_from: 0,
             predict: false
         }
     );
@@ -269,6 +273,7 @@ fn variant_names_parse() {
             mixed: false,
             overlap: 0,
             delay: 0,
+            delay_from: 0,
             predict: false
         }
     );
@@ -281,6 +286,7 @@ fn variant_names_parse() {
             mixed: true,
             overlap: 0,
             delay: 0,
+            delay_from: 0,
             predict: false
         }
     );
@@ -293,6 +299,7 @@ fn variant_names_parse() {
             mixed: true,
             overlap: 0,
             delay: 0,
+            delay_from: 0,
             predict: false
         }
     );
@@ -306,6 +313,7 @@ fn variant_names_parse() {
             mixed: true,
             overlap: 6,
             delay: 0,
+            delay_from: 0,
             predict: false
         }
     );
@@ -313,6 +321,11 @@ fn variant_names_parse() {
     assert_eq!(Variant::parse("h24-delay2").unwrap(), swarm(24, 2, false));
     assert_eq!(Variant::parse("h24-delay2-predict").unwrap(), swarm(24, 2, true));
     assert!(Variant::parse("h24-delay0").is_err() && Variant::parse("h24-delay").is_err());
+    let Variant::Swarm { delay, delay_from, predict, .. } = Variant::parse("h24-delay1-from48").unwrap() else {
+        panic!("h24-delay1-from48 is a swarm variant")
+    };
+    assert_eq!((delay, delay_from, predict), (1, 48, false));
+    assert!(Variant::parse("h24-delay1-from0").is_err() && Variant::parse("h24-delay1-fromx").is_err());
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
 }
@@ -420,7 +433,16 @@ struct Cli {
 /// The mixed-pathway swarm merging every `interval` steps, its gradients
 /// `delay` steps late at the head.
 fn swarm(interval: u64, delay: u64, predict: bool) -> Variant {
-    Variant::Swarm { interval, bottleneck: true, f32_codec: false, mixed: true, overlap: 0, delay, predict }
+    Variant::Swarm {
+        interval,
+        bottleneck: true,
+        f32_codec: false,
+        mixed: true,
+        overlap: 0,
+        delay,
+        predict,
+        delay_from: 0,
+    }
 }
 
 #[test]
@@ -448,4 +470,16 @@ fn pipelining_delay_falls_to_nothing_at_the_tail_and_refills_after_each_merge() 
     let predicted = run(swarm(6, 2, true));
     assert!(max_diff(&plain, &late) > 1e-6);
     assert!(max_diff(&late, &predicted) > 1e-6);
+    // A delay that starts after the last step is none; one that starts
+    // midway changes only what follows (so neither plain nor fully late).
+    let from = |n: u64| {
+        let mut v = swarm(6, 2, false);
+        if let Variant::Swarm { delay_from, .. } = &mut v {
+            *delay_from = n;
+        }
+        run(v)
+    };
+    assert!(from(6) == plain);
+    let midway = from(3);
+    assert!(max_diff(&midway, &plain) > 1e-6 && max_diff(&midway, &late) > 1e-6);
 }

@@ -34,8 +34,20 @@ pub enum Variant {
     /// after a merge the pipeline refills (the epoch's end drains it), so
     /// the first steps take younger weights. With `predict`, those old
     /// weights moved on by D_s times the step they had just taken
-    /// (`Stage::set_weight_prediction`).
-    Swarm { interval: u64, bottleneck: bool, f32_codec: bool, mixed: bool, overlap: u64, delay: u64, predict: bool },
+    /// (`Stage::set_weight_prediction`). With `delay_from` = N > 0, the
+    /// delay starts at global step N (steps before it run undelayed, as a
+    /// swarm with one micro-batch per pathway in flight does): where in
+    /// the run the delay's cost arises.
+    Swarm {
+        interval: u64,
+        bottleneck: bool,
+        f32_codec: bool,
+        mixed: bool,
+        overlap: u64,
+        delay: u64,
+        predict: bool,
+        delay_from: u64,
+    },
     /// One process at the global batch, as `OneProcess`, with another stage
     /// boundary: what the bottleneck and its codec cost at equal tokens.
     Boundary(BoundarySpec),
@@ -114,6 +126,15 @@ impl Variant {
                     bail!("'{s}': the merge interval must be positive");
                 }
                 if let Some(d) = suffix.strip_prefix("delay") {
+                    let (d, delay_from) = match d.split_once("-from") {
+                        Some((d, n)) => (
+                            d,
+                            n.parse::<u64>().ok().filter(|n| *n > 0).with_context(|| {
+                                format!("'{s}': -fromN needs a positive N (the global step the delay starts at)")
+                            })?,
+                        ),
+                        None => (d, 0),
+                    };
                     let (d, predict) = match d.strip_suffix("-predict") {
                         Some(d) => (d, true),
                         None => (d, false),
@@ -129,6 +150,7 @@ impl Variant {
                         overlap: 0,
                         delay,
                         predict,
+                        delay_from,
                     });
                 }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
@@ -140,11 +162,20 @@ impl Variant {
                     other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
                         Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
                         _ => bail!(
-                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict)"
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict, delayD-fromN)"
                         ),
                     },
                 };
-                Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay: 0, predict: false }
+                Variant::Swarm {
+                    interval,
+                    bottleneck,
+                    f32_codec,
+                    mixed,
+                    overlap,
+                    delay: 0,
+                    predict: false,
+                    delay_from: 0,
+                }
             }
         })
     }
@@ -154,10 +185,13 @@ impl Variant {
             Variant::OneProcess => "one process, global batch".into(),
             Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
             Variant::SyncDataParallel => "sync data parallel".into(),
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict } => {
+            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict, delay_from } => {
                 let mut n = format!("swarm H={interval}");
                 if *delay > 0 {
                     n += &format!(", gradients {delay} steps late at the head");
+                }
+                if *delay_from > 0 {
+                    n += &format!(" from step {delay_from}");
                 }
                 if *predict {
                     n += ", predicted weights";

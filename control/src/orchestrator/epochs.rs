@@ -102,7 +102,7 @@ impl Orchestrator {
             }
         }
         let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
-        let mut room = self.spec.max_in_flight.saturating_sub(in_flight);
+        let mut room = self.spec.max_in_flight_at(self.epoch).saturating_sub(in_flight);
         // Once per pass: it scans every miner.
         let unmeasured = room > 0 && self.nothing_measured();
         while room > 0 && self.issued < self.spec.micro_batches_per_epoch {

@@ -259,3 +259,41 @@ fn stalls_are_pinned_on_the_miner_common_to_the_disputes() {
     // Nobody reported: nobody is pinned.
     assert_eq!(sim.o.pin_stall(&[f, t2], &[]), None);
 }
+
+/// Most micro-batches in flight at once in each epoch of a run in which
+/// every miner acts on its commands one at a time.
+fn most_in_flight_per_epoch(sp: RunSpec) -> Vec<usize> {
+    let epochs = sp.epochs as usize;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 6);
+    let mut most = vec![0; epochs];
+    for _ in 0..400 {
+        loop {
+            let now = sim.o.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count();
+            let e = (sim.o.epoch() as usize).min(epochs - 1);
+            most[e] = most[e].max(now);
+            if sim.inbox.is_empty() {
+                break;
+            }
+            sim.drain_at_most(1);
+        }
+        if *sim.o.phase() == Phase::Done {
+            return most;
+        }
+        sim.tick(500);
+    }
+    panic!("run did not finish: phase {:?}, epoch {}", sim.o.phase(), sim.o.epoch());
+}
+
+/// The pipeline's warm-up: its first epochs keep one micro-batch per
+/// pathway (per replica) in flight, the later ones fill to max_in_flight.
+#[test]
+fn the_first_epochs_keep_one_micro_batch_per_pathway_in_flight() {
+    let mut sp = spec(3, 2, 3, 24, 4);
+    sp.pipeline_warmup_epochs = 1;
+    assert_eq!(most_in_flight_per_epoch(sp.clone()), vec![2, 4, 4]);
+    sp.pipeline_warmup_epochs = 2;
+    assert_eq!(most_in_flight_per_epoch(sp.clone()), vec![2, 2, 4]);
+    sp.pipeline_warmup_epochs = 0;
+    assert_eq!(most_in_flight_per_epoch(sp), vec![4, 4, 4]);
+}
