@@ -27,6 +27,10 @@ pub struct Args {
     /// Keep the benchmark's run folder (printed) instead of removing it.
     #[arg(long)]
     keep: bool,
+    /// Skip the one-process baseline (deterministic for given settings, so
+    /// a sweep of swarm settings need train it only once).
+    #[arg(long)]
+    no_baseline: bool,
 }
 
 /// The benchmark works in a folder it creates itself, and removes only that
@@ -96,34 +100,34 @@ pub fn run(mut a: Args) -> Result<()> {
     // replica, on the same schedule. (Comparing with one process at a
     // replica's batch, R times the steps, is what made the swarm look 18%
     // worse in docs/BENCHMARKS.md: see `iota-bench convergence`.)
-    let mut single_cfg = cfg.train.clone();
-    let total_mb = cfg.spec.epochs * cfg.spec.micro_batches_per_epoch;
-    single_cfg.grad_accum = cfg.train.grad_accum * cfg.spec.replicas as usize;
-    single_cfg.steps = total_mb / single_cfg.grad_accum as u64;
-    single_cfg.schedule.total = single_cfg.steps;
-    single_cfg.schedule.warmup = (single_cfg.steps / 20).clamp(1, 100);
-    let mut single = Pipeline::new(be, single_cfg.clone())?;
-    let t0 = Instant::now();
-    let mut tokens = 0usize;
-    for _ in 0..single_cfg.steps {
-        tokens += single.train_step(&corpus)?.tokens;
-    }
-    let single_secs = t0.elapsed().as_secs_f64();
-    let single_tps = tokens as f64 / single_secs;
-    let single_val = single.eval(&corpus, a.val_batches)?;
-
+    // Same steps, so the same schedule (its warm-up included).
     println!("\n  {:<34} {:>10} {:>10} {:>16}", "", "tokens/s", "seconds", "validation loss");
     println!("  {:<34} {:>10.0} {:>10.1} {:>16.4}", "swarm (ours)", swarm_tps, report.elapsed.as_secs_f64(), swarm_val);
-    println!(
-        "  {:<34} {:>10.0} {:>10.1} {:>16.4}",
-        "one process, global batch (baseline)", single_tps, single_secs, single_val
-    );
-    println!(
-        "  ratios: throughput {:.2}x (goal >= 0.7x), final loss {:.3}x ({:+.1}%, goal within 2%)",
-        swarm_tps / single_tps,
-        swarm_val / single_val,
-        (swarm_val / single_val - 1.0) * 100.0
-    );
+    if a.no_baseline {
+        println!("  (one-process baseline not run: --no-baseline)");
+    } else {
+        let mut single_cfg = cfg.train.clone();
+        single_cfg.grad_accum = cfg.train.grad_accum * cfg.spec.replicas as usize;
+        let mut single = Pipeline::new(be, single_cfg.clone())?;
+        let t0 = Instant::now();
+        let mut tokens = 0usize;
+        for _ in 0..single_cfg.steps {
+            tokens += single.train_step(&corpus)?.tokens;
+        }
+        let single_secs = t0.elapsed().as_secs_f64();
+        let single_tps = tokens as f64 / single_secs;
+        let single_val = single.eval(&corpus, a.val_batches)?;
+        println!(
+            "  {:<34} {:>10.0} {:>10.1} {:>16.4}",
+            "one process, global batch (baseline)", single_tps, single_secs, single_val
+        );
+        println!(
+            "  ratios: throughput {:.2}x (goal >= 0.7x), final loss {:.3}x ({:+.1}%, goal within 2%)",
+            swarm_tps / single_tps,
+            swarm_val / single_val,
+            (swarm_val / single_val - 1.0) * 100.0
+        );
+    }
     println!(
         "  swarm: {} micro-batches completed, {} re-routed, {} dropped; epoch losses {:?}",
         report.completed,

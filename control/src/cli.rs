@@ -120,17 +120,20 @@ pub struct RunArgs {
     /// Micro-batches in the pipeline at once (default: 2 per replica). A
     /// trade-off: more keeps every stage busy, but each stage then steps
     /// before earlier micro-batches' gradients return, and those delayed
-    /// gradients cost loss (`small`, 3x2: 2 per replica +12.5% against one
-    /// process at 0.84x its speed; 1 per replica +6.5% at 0.76x;
-    /// docs/BENCHMARKS.md, convergence).
+    /// gradients cost loss (`small`, 3x2, 144 steps: 2 per replica +12.5%
+    /// against one process at 0.84x its speed; 1 per replica +6.5% at
+    /// 0.76x; docs/BENCHMARKS.md, convergence). The run's first steps go
+    /// out one per pathway (--pipeline-warmup-steps).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
-    /// Epochs at the start of the run with at most one micro-batch per
-    /// pathway in flight (--replicas of them), before the pipeline fills
-    /// to --max-in-flight: pipelining's delayed gradients cost most in the
-    /// first steps, while the weights move fastest.
-    #[arg(long, default_value_t = 0)]
-    pub pipeline_warmup_epochs: u64,
+    /// Optimizer steps at the start of the run with at most one
+    /// micro-batch per pathway in flight (--replicas of them), before the
+    /// pipeline fills to --max-in-flight (default: the learning rate's
+    /// warm-up; 0: none). Pipelining's delayed gradients cost most while
+    /// the learning rate warms up (`small`: a delay in the first 8 of 144
+    /// steps costs 6 of its 8.6 points; docs/BENCHMARKS.md, convergence).
+    #[arg(long)]
+    pub pipeline_warmup_steps: Option<u64>,
     /// Seconds before an unfinished micro-batch is re-routed.
     #[arg(long, default_value_t = 30)]
     pub route_timeout_s: u64,
@@ -349,7 +352,9 @@ impl RunArgs {
             batch: self.batch as u32,
             n_shards: 1,
             max_in_flight: self.max_in_flight.unwrap_or(2 * self.replicas),
-            pipeline_warmup_epochs: self.pipeline_warmup_epochs,
+            pipeline_warmup_micro_batches: self.pipeline_warmup_steps.unwrap_or(train.schedule.warmup)
+                * self.replicas as u64
+                * train.grad_accum.max(1) as u64,
             route_timeout_ms: self.route_timeout_s * 1000,
             heartbeat_timeout_ms: self.heartbeat_timeout_s * 1000,
             max_attempts: self.max_attempts,
@@ -657,11 +662,19 @@ mod tests {
         assert_ne!(short.spec.run_id, plain.spec.run_id);
         assert_eq!(cfg(&["--warmup-steps", "0"]).train.schedule.warmup, 1);
         assert_eq!(cfg(&["--epochs", "1", "--warmup-steps", "1000"]).train.schedule.warmup, 48);
-        // One replica, 2 in flight by default: 1 during the warm-up.
-        let piped = cfg(&["--pipeline-warmup-epochs", "2"]);
-        assert_eq!(piped.spec.pipeline_warmup_epochs, 2);
-        let at: Vec<u32> = (0..4).map(|e| piped.spec.max_in_flight_at(e)).collect();
-        assert_eq!(at, vec![1, 1, 2, 2]);
+        // The pipeline's warm-up is the learning rate's by default, in
+        // micro-batches (steps x replicas x grad_accum); one replica, 2 in
+        // flight by default: 1 during it.
+        assert_eq!(plain.spec.pipeline_warmup_micro_batches, 96);
+        assert_eq!(short.spec.pipeline_warmup_micro_batches, 10);
+        let piped = cfg(&["--epochs", "40", "--pipeline-warmup-steps", "50", "--grad-accum", "2"]);
+        assert_eq!(piped.spec.pipeline_warmup_micro_batches, 100);
+        let at: Vec<u32> = [(0, 0), (0, 47), (1, 48), (2, 3), (2, 4), (3, 0)]
+            .iter()
+            .map(|&(e, s)| piped.spec.max_in_flight_at(e, s))
+            .collect();
+        assert_eq!(at, vec![1, 1, 1, 1, 2, 2]);
         assert_ne!(piped.spec.run_id, plain.spec.run_id);
+        assert_eq!(cfg(&["--pipeline-warmup-steps", "0"]).spec.pipeline_warmup_micro_batches, 0);
     }
 }

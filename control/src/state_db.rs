@@ -435,7 +435,7 @@ mod tests {
             batch: 2,
             n_shards: 2,
             max_in_flight: 1,
-            pipeline_warmup_epochs: 0,
+            pipeline_warmup_micro_batches: 0,
             route_timeout_ms: 100,
             heartbeat_timeout_ms: 100,
             max_attempts: 2,

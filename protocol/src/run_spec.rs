@@ -18,14 +18,14 @@ pub struct RunSpec {
     pub n_shards: u32,
     /// Micro-batches in the pipeline at once (1 = strictly sequential).
     pub max_in_flight: u32,
-    /// Epochs at the start of the run that keep at most one micro-batch
-    /// per pathway in flight (`replicas`, if `max_in_flight` is larger):
-    /// pipelining's delayed gradients cost most while the weights move
-    /// fastest, in the first steps (docs/BENCHMARKS.md, convergence). Left
-    /// out of the settings when 0, so runs saved before it existed keep
-    /// their run id.
+    /// Micro-batches at the start of the run (counted over all epochs)
+    /// issued with at most one per pathway in flight (`replicas`, if
+    /// `max_in_flight` is larger): pipelining's delayed gradients cost
+    /// most in the first steps, while the learning rate warms up
+    /// (docs/BENCHMARKS.md, convergence). Left out of the settings when 0,
+    /// so runs saved before it existed keep their run id.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub pipeline_warmup_epochs: u64,
+    pub pipeline_warmup_micro_batches: u64,
     /// A micro-batch not finished this long after issue is re-routed.
     pub route_timeout_ms: u64,
     /// A miner silent this long is unhealthy.
@@ -235,9 +235,11 @@ impl Default for MergeSpec {
 }
 
 impl RunSpec {
-    /// Micro-batches in flight at once during `epoch`.
-    pub fn max_in_flight_at(&self, epoch: u64) -> u32 {
-        if epoch < self.pipeline_warmup_epochs {
+    /// Micro-batches in flight at once while issuing micro-batch `seq` of
+    /// `epoch`.
+    pub fn max_in_flight_at(&self, epoch: u64, seq: u64) -> u32 {
+        let issued_before = epoch.saturating_mul(self.micro_batches_per_epoch).saturating_add(seq);
+        if issued_before < self.pipeline_warmup_micro_batches {
             self.max_in_flight.min(self.replicas.max(1))
         } else {
             self.max_in_flight

@@ -70,7 +70,7 @@ pub fn tiny_run_batch(
             batch: batch as u32,
             n_shards: 0,
             max_in_flight: 2 * replicas,
-            pipeline_warmup_epochs: 0,
+            pipeline_warmup_micro_batches: 0,
             route_timeout_ms: 5_000,
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,

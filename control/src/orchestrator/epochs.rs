@@ -101,11 +101,13 @@ impl Orchestrator {
                 self.reroute_all(now, vec![seq], blamed, blamed.is_some(), out);
             }
         }
-        let in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
-        let mut room = self.spec.max_in_flight_at(self.epoch).saturating_sub(in_flight);
+        let mut in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
+        let room = |issued: u64, in_flight: u32| in_flight < self.spec.max_in_flight_at(self.epoch, issued);
         // Once per pass: it scans every miner.
-        let unmeasured = room > 0 && self.nothing_measured();
-        while room > 0 && self.issued < self.spec.micro_batches_per_epoch {
+        let unmeasured = room(self.issued, in_flight) && self.nothing_measured();
+        while self.issued < self.spec.micro_batches_per_epoch
+            && in_flight < self.spec.max_in_flight_at(self.epoch, self.issued)
+        {
             let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
@@ -132,7 +134,7 @@ impl Orchestrator {
             };
             self.mbs.insert(seq, MbRecord { status, ..r });
             self.issued += 1;
-            room -= 1;
+            in_flight += 1;
         }
         self.hedge_late(now, rng, out);
         let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));

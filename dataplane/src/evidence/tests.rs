@@ -43,7 +43,7 @@ fn run_config() -> iota_protocol::RunConfig {
             batch: BATCH as u32,
             n_shards: 1,
             max_in_flight: 2,
-            pipeline_warmup_epochs: 0,
+            pipeline_warmup_micro_batches: 0,
             route_timeout_ms: 5_000,
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,

@@ -260,18 +260,21 @@ fn stalls_are_pinned_on_the_miner_common_to_the_disputes() {
     assert_eq!(sim.o.pin_stall(&[f, t2], &[]), None);
 }
 
-/// Most micro-batches in flight at once in each epoch of a run in which
-/// every miner acts on its commands one at a time.
-fn most_in_flight_per_epoch(sp: RunSpec) -> Vec<usize> {
-    let epochs = sp.epochs as usize;
+/// Most micro-batches in flight at once while each twelve of the run's
+/// micro-batches are issued (every miner acting on its commands one at a
+/// time).
+fn most_in_flight_per_twelve(sp: RunSpec) -> Vec<usize> {
+    let per_epoch = sp.micro_batches_per_epoch;
+    let buckets = (sp.epochs * per_epoch / 12) as usize;
     let mut sim = Sim::new(sp);
     register_all(&mut sim, 6);
-    let mut most = vec![0; epochs];
+    let mut most = vec![0; buckets];
     for _ in 0..400 {
         loop {
             let now = sim.o.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count();
-            let e = (sim.o.epoch() as usize).min(epochs - 1);
-            most[e] = most[e].max(now);
+            let issued = sim.o.epoch() * per_epoch + sim.o.issued;
+            let b = ((issued / 12) as usize).min(buckets - 1);
+            most[b] = most[b].max(now);
             if sim.inbox.is_empty() {
                 break;
             }
@@ -285,15 +288,16 @@ fn most_in_flight_per_epoch(sp: RunSpec) -> Vec<usize> {
     panic!("run did not finish: phase {:?}, epoch {}", sim.o.phase(), sim.o.epoch());
 }
 
-/// The pipeline's warm-up: its first epochs keep one micro-batch per
-/// pathway (per replica) in flight, the later ones fill to max_in_flight.
+/// The pipeline's warm-up: the run's first micro-batches go out with one
+/// per pathway (per replica) in flight, across epochs if need be; then the
+/// pipeline fills to max_in_flight.
 #[test]
-fn the_first_epochs_keep_one_micro_batch_per_pathway_in_flight() {
+fn the_first_micro_batches_go_out_one_per_pathway() {
     let mut sp = spec(3, 2, 3, 24, 4);
-    sp.pipeline_warmup_epochs = 1;
-    assert_eq!(most_in_flight_per_epoch(sp.clone()), vec![2, 4, 4]);
-    sp.pipeline_warmup_epochs = 2;
-    assert_eq!(most_in_flight_per_epoch(sp.clone()), vec![2, 2, 4]);
-    sp.pipeline_warmup_epochs = 0;
-    assert_eq!(most_in_flight_per_epoch(sp), vec![4, 4, 4]);
+    sp.pipeline_warmup_micro_batches = 36;
+    assert_eq!(most_in_flight_per_twelve(sp.clone()), vec![2, 2, 2, 4, 4, 4]);
+    sp.pipeline_warmup_micro_batches = 12;
+    assert_eq!(most_in_flight_per_twelve(sp.clone()), vec![2, 4, 4, 4, 4, 4]);
+    sp.pipeline_warmup_micro_batches = 0;
+    assert_eq!(most_in_flight_per_twelve(sp), vec![4, 4, 4, 4, 4, 4]);
 }

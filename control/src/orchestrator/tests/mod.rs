@@ -19,7 +19,7 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         batch: 4,
         n_shards: 3,
         max_in_flight: in_flight,
-        pipeline_warmup_epochs: 0,
+        pipeline_warmup_micro_batches: 0,
         route_timeout_ms: 1_000,
         heartbeat_timeout_ms: 3_000,
         max_attempts: 3,
