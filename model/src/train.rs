@@ -66,6 +66,23 @@ pub fn accumulate_through<B: Backend>(
     key: u64,
     loss_scale: f32,
 ) -> Result<(Vec<f32>, usize)> {
+    accumulate_through_with(stages, codec, seq, tokens, targets, key, loss_scale, |_, _, _| Ok(()))
+}
+
+/// `accumulate_through`, calling `around_backward(s, stage, true)` just
+/// before a head or body stage's backward and `(s, stage, false)` just
+/// after it (a replay can change the weights a backward sees).
+#[allow(clippy::too_many_arguments, reason = "accumulate_through's arguments and the hook")]
+pub fn accumulate_through_with<B: Backend>(
+    stages: &mut [&mut Stage<B>],
+    codec: iota_core::WireCodec,
+    seq: usize,
+    tokens: &[u32],
+    targets: &[u32],
+    key: u64,
+    loss_scale: f32,
+    mut around_backward: impl FnMut(usize, &mut Stage<B>, bool) -> Result<()>,
+) -> Result<(Vec<f32>, usize)> {
     let batch = tokens.len() / seq;
     let n = batch * seq;
     let last = stages.len() - 1;
@@ -86,7 +103,9 @@ pub fn accumulate_through<B: Backend>(
         let mut g = grad.take().expect("non-head stages return an input gradient");
         let width = stages[s].boundary_width();
         wire += codec::round_trip(codec, n, width, &mut g).with_context(|| format!("gradient into stage {s}"))?;
+        around_backward(s, stages[s], true)?;
         grad = stages[s].backward(key, &g).with_context(|| format!("stage {s} backward"))?;
+        around_backward(s, stages[s], false)?;
     }
     Ok((tail.losses, wire))
 }

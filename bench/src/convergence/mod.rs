@@ -63,7 +63,8 @@ pub struct Args {
     /// routes), hN-fixed (each replica its own pathway), hN-no-bottleneck,
     /// hN-f32, hN-overlap[D] (the merge landing D steps late), hN-delayD
     /// (pipelining's delayed gradients: D steps late at the head, none at
-    /// the tail) and hN-delayD-predict (the same with weight prediction), hN-delayD-fromN (the
+    /// the tail) and hN-delayD-predict (the same with weight prediction), hN-delayD-recompute
+    /// (delayed stages run their backward on their current weights), hN-delayD-fromN (the
     /// delay only from global step N on);
     /// and one process with another stage boundary:
     /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
@@ -174,6 +175,8 @@ enum Mode {
         predict: bool,
         /// The global step pipelining's delay starts at (0: the first).
         delay_from: u64,
+        /// Delayed stages run their backward on their current weights.
+        recompute: bool,
         history: Vec<VecDeque<Vec<Vec<f32>>>>,
     },
 }
@@ -220,15 +223,31 @@ impl Trainer {
             Variant::SyncDataParallel => {
                 Mode::Sync((0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?)
             }
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict, delay_from } => {
+            Variant::Swarm {
+                interval,
+                bottleneck,
+                f32_codec,
+                mixed,
+                overlap,
+                delay,
+                predict,
+                delay_from,
+                recompute,
+            } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
                 }
                 if *f32_codec {
                     train.codec = WireCodec::F32;
                 }
-                let replicas: Vec<_> =
+                let mut replicas: Vec<_> =
                     (0..r).map(|_| Pipeline::new(be.clone(), train.clone())).collect::<Result<_>>()?;
+                if *recompute {
+                    for st in replicas.iter_mut().flat_map(|p| p.stages_mut().iter_mut()) {
+                        st.set_weight_stashing(false);
+                        st.set_recompute(true);
+                    }
+                }
                 let merged = Pipeline::new(be.clone(), train.clone())?;
                 let sim = MergeSim::new(&merged, setup);
                 Mode::Swarm {
@@ -242,6 +261,7 @@ impl Trainer {
                     delays: stage_delays(*delay, train.stages),
                     predict: *predict,
                     delay_from: *delay_from,
+                    recompute: *recompute,
                     history: (0..r).map(|_| VecDeque::new()).collect(),
                 }
             }
@@ -299,13 +319,15 @@ impl Trainer {
                 delays,
                 predict,
                 delay_from,
+                recompute,
                 history,
             } => {
                 if *mixed {
                     let undelayed = vec![0; delays.len()];
                     let now_delays = if self.step < *delay_from { &undelayed } else { &*delays };
                     let current = delayed_weights(replicas, history, now_delays, *predict)?;
-                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step)?;
+                    let backward_at = recompute.then_some(current.as_slice());
+                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step, backward_at)?;
                     for (p, now) in replicas.iter_mut().zip(current) {
                         for (s, w) in now.into_iter().enumerate() {
                             if let Some(w) = w {

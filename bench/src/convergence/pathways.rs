@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use anyhow::Result;
 use iota_core::Rng;
 use iota_model::data::Corpus;
-use iota_model::train::{Pipeline, accumulate_through, micro_batch_id};
+use iota_model::train::{Pipeline, accumulate_through_with, micro_batch_id};
 use iota_model::{CpuBackend, Stage};
 
 /// Steps of delay per stage for `delay` at the head of `stages`: falling to
@@ -67,6 +67,11 @@ pub(super) fn delayed_weights(
 /// a random order, so every stage replica still takes A micro-batches per
 /// step (the orchestrator balances load) but from every other stage's
 /// replicas. The caller steps each replica's optimizer.
+///
+/// With `backward_at` ([replica][stage], from `delayed_weights`), a stage
+/// given weights there runs its backward on them instead of on the weights
+/// it forwarded with (a recomputing stage without stashing: its blocks'
+/// forward runs again on them).
 pub(super) fn mixed_grads(
     replicas: &mut [Pipeline<CpuBackend>],
     corpus: &Corpus,
@@ -74,6 +79,7 @@ pub(super) fn mixed_grads(
     a: u64,
     seed: u64,
     step: u64,
+    backward_at: Option<&[Vec<Option<Vec<f32>>>]>,
 ) -> Result<()> {
     let r = replicas.len();
     let stages = replicas[0].stages().len();
@@ -106,7 +112,18 @@ pub(super) fn mixed_grads(
                 }
             }
             let mut pathway: Vec<&mut Stage<CpuBackend>> = chosen.into_iter().flatten().collect();
-            accumulate_through(&mut pathway, codec, seq, &x, &y, mb.key(), 1.0 / a as f32)?;
+            let mut forwarded_with: Option<Vec<f32>> = None;
+            let around = |s: usize, stage: &mut Stage<CpuBackend>, before: bool| -> Result<()> {
+                let Some(w) = backward_at.and_then(|b| b[path[s]][s].as_ref()) else { return Ok(()) };
+                if before {
+                    forwarded_with = Some(stage.params_host());
+                    stage.set_params(w)?;
+                } else if let Some(old) = forwarded_with.take() {
+                    stage.set_params(&old)?;
+                }
+                Ok(())
+            };
+            accumulate_through_with(&mut pathway, codec, seq, &x, &y, mb.key(), 1.0 / a as f32, around)?;
         }
     }
     Ok(())

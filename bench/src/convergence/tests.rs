@@ -80,6 +80,7 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
             overlap: 0,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false,
         },
     )
@@ -137,6 +138,7 @@ fn overlapped(interval: u64) -> Variant {
         overlap: interval,
         delay: 0,
         delay_from: 0,
+        recompute: false,
         predict: false,
     }
 }
@@ -213,6 +215,7 @@ fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
         overlap: 1,
         delay: 0,
         delay_from: 0,
+        recompute: false,
         predict: false,
     };
     let mut t = Trainer::new(be, &setup, &v).unwrap();
@@ -261,6 +264,7 @@ fn variant_names_parse() {
             overlap: 0,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false
         }
     );
@@ -274,6 +278,7 @@ fn variant_names_parse() {
             overlap: 0,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false
         }
     );
@@ -287,6 +292,7 @@ fn variant_names_parse() {
             overlap: 0,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false
         }
     );
@@ -300,6 +306,7 @@ fn variant_names_parse() {
             overlap: 0,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false
         }
     );
@@ -314,6 +321,7 @@ fn variant_names_parse() {
             overlap: 6,
             delay: 0,
             delay_from: 0,
+            recompute: false,
             predict: false
         }
     );
@@ -326,6 +334,12 @@ fn variant_names_parse() {
     };
     assert_eq!((delay, delay_from, predict), (1, 48, false));
     assert!(Variant::parse("h24-delay1-from0").is_err() && Variant::parse("h24-delay1-fromx").is_err());
+    let Variant::Swarm { delay, delay_from, recompute, .. } = Variant::parse("h24-delay2-recompute-from8").unwrap()
+    else {
+        panic!("a swarm variant")
+    };
+    assert_eq!((delay, delay_from, recompute), (2, 8, true));
+    assert!(Variant::parse("h24-delay1-predict-recompute").is_err());
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
 }
@@ -442,6 +456,7 @@ fn swarm(interval: u64, delay: u64, predict: bool) -> Variant {
         delay,
         predict,
         delay_from: 0,
+        recompute: false,
     }
 }
 
@@ -482,4 +497,17 @@ fn pipelining_delay_falls_to_nothing_at_the_tail_and_refills_after_each_merge() 
     assert!(from(6) == plain);
     let midway = from(3);
     assert!(max_diff(&midway, &plain) > 1e-6 && max_diff(&midway, &late) > 1e-6);
+    // The backward on current weights: with nothing delayed (a merge every
+    // step), recomputing changes no bit; between merges it takes gradients
+    // unlike both the stashed delayed ones and the undelayed ones.
+    let recomputing = |interval: u64| {
+        let mut v = swarm(interval, 2, false);
+        if let Variant::Swarm { recompute, .. } = &mut v {
+            *recompute = true;
+        }
+        run(v)
+    };
+    assert!(recomputing(1) == run(swarm(1, 0, false)));
+    let recomputed = recomputing(6);
+    assert!(max_diff(&recomputed, &plain) > 1e-6 && max_diff(&recomputed, &late) > 1e-6);
 }

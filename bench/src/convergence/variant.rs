@@ -47,6 +47,10 @@ pub enum Variant {
         delay: u64,
         predict: bool,
         delay_from: u64,
+        /// Delayed stages run their backward on their current weights,
+        /// recomputing their blocks' forward there (no stashing): only
+        /// the gradient from downstream and the saved inputs are stale.
+        recompute: bool,
     },
     /// One process at the global batch, as `OneProcess`, with another stage
     /// boundary: what the bottleneck and its codec cost at equal tokens.
@@ -139,6 +143,13 @@ impl Variant {
                         Some(d) => (d, true),
                         None => (d, false),
                     };
+                    let (d, recompute) = match d.strip_suffix("-recompute") {
+                        Some(d) => (d, true),
+                        None => (d, false),
+                    };
+                    if predict && recompute {
+                        bail!("'{s}': -predict and -recompute are two answers to the delay; pick one");
+                    }
                     let delay: u64 = d.parse().ok().filter(|d| *d > 0).with_context(|| {
                         format!("'{s}': delayD needs a positive D (steps of delay at the head), e.g. h24-delay2")
                     })?;
@@ -151,6 +162,7 @@ impl Variant {
                         delay,
                         predict,
                         delay_from,
+                        recompute,
                     });
                 }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
@@ -162,7 +174,7 @@ impl Variant {
                     other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
                         Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
                         _ => bail!(
-                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict, delayD-fromN)"
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict, delayD-recompute, delayD-fromN)"
                         ),
                     },
                 };
@@ -175,6 +187,7 @@ impl Variant {
                     delay: 0,
                     predict: false,
                     delay_from: 0,
+                    recompute: false,
                 }
             }
         })
@@ -185,7 +198,17 @@ impl Variant {
             Variant::OneProcess => "one process, global batch".into(),
             Variant::OneProcessReplicaBatch => "one process, replica batch, R x steps".into(),
             Variant::SyncDataParallel => "sync data parallel".into(),
-            Variant::Swarm { interval, bottleneck, f32_codec, mixed, overlap, delay, predict, delay_from } => {
+            Variant::Swarm {
+                interval,
+                bottleneck,
+                f32_codec,
+                mixed,
+                overlap,
+                delay,
+                predict,
+                delay_from,
+                recompute,
+            } => {
                 let mut n = format!("swarm H={interval}");
                 if *delay > 0 {
                     n += &format!(", gradients {delay} steps late at the head");
@@ -195,6 +218,9 @@ impl Variant {
                 }
                 if *predict {
                     n += ", predicted weights";
+                }
+                if *recompute {
+                    n += ", backward on current weights";
                 }
                 if !mixed {
                     n += ", fixed pathways";
