@@ -132,6 +132,8 @@ pub struct RunArgs {
     /// warm-up; 0: none). Pipelining's delayed gradients cost most while
     /// the learning rate warms up (`small`: a delay in the first 8 of 144
     /// steps costs 6 of its 8.6 points; docs/BENCHMARKS.md, convergence).
+    /// A run directory made before this setting existed resumes with
+    /// `--pipeline-warmup-steps 0`.
     #[arg(long)]
     pub pipeline_warmup_steps: Option<u64>,
     /// Seconds before an unfinished micro-batch is re-routed.
@@ -675,6 +677,10 @@ mod tests {
             .collect();
         assert_eq!(at, vec![1, 1, 1, 1, 2, 2]);
         assert_ne!(piped.spec.run_id, plain.spec.run_id);
-        assert_eq!(cfg(&["--pipeline-warmup-steps", "0"]).spec.pipeline_warmup_micro_batches, 0);
+        // Off, it is left out of the settings: a run made before it existed
+        // resumes with --pipeline-warmup-steps 0, under its old run id.
+        let off = cfg(&["--pipeline-warmup-steps", "0"]);
+        assert_eq!(off.spec.pipeline_warmup_micro_batches, 0);
+        assert!(!off.to_json().contains("pipeline_warmup") && plain.to_json().contains("pipeline_warmup"));
     }
 }
