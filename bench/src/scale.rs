@@ -62,7 +62,7 @@ pub struct Args {
     /// cuda-bf16 (bf16 GEMMs), cuda-fp32 or cpu.
     #[arg(long, default_value = "cuda-bf16")]
     backend: String,
-    /// adamw or nadam (both keep two fp32 moments).
+    /// adamw, nadam or muon (each keeps two fp32 moments; muon a step's scratch besides).
     #[arg(long, default_value = "adamw")]
     optimizer: String,
     /// Backward on the current weights instead of the stashed ones.
@@ -141,7 +141,8 @@ pub fn run(a: Args) -> Result<()> {
     let optimizer = match a.optimizer.as_str() {
         "adamw" => InnerOptimizer::AdamW,
         "nadam" => InnerOptimizer::NAdam,
-        other => bail!("unknown optimizer '{other}' (adamw, nadam)"),
+        "muon" => InnerOptimizer::Muon,
+        other => bail!("unknown optimizer '{other}' (adamw, nadam, muon)"),
     };
     let w = Workload {
         batch: a.batch,

@@ -48,8 +48,10 @@ pub struct RunArgs {
     /// twentieth of the run's steps, between 1 and 100).
     #[arg(long)]
     pub warmup_steps: Option<u64>,
-    /// Inner optimizer of every miner: adamw, or nadam (Adam with a
-    /// Nesterov look-ahead on the first moment).
+    /// Inner optimizer of every miner: adamw, nadam (Adam with a
+    /// Nesterov look-ahead on the first moment), or muon (the blocks'
+    /// matrices take Muon's orthogonalised momentum, scaled to AdamW's step
+    /// size; embeddings, LM head and norms keep AdamW).
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
     /// beta1 of each stage's inner optimizer, head first, comma-separated
@@ -305,16 +307,15 @@ impl RunArgs {
                 total: steps,
                 min_ratio: 0.1,
             },
-            adamw: AdamWConfig {
-                nesterov: match self.optimizer.as_str() {
-                    "adamw" | "adam" => false,
-                    "nadam" => true,
-                    other => bail!("unknown --optimizer '{other}' (adamw, nadam)"),
-                },
-                stage_beta1: self.stage_beta1.clone(),
-                stage_lr: self.stage_lr.clone(),
-                predict_weights: self.predict_weights,
-                ..AdamWConfig::default()
+            adamw: {
+                let mut o = AdamWConfig {
+                    stage_beta1: self.stage_beta1.clone(),
+                    stage_lr: self.stage_lr.clone(),
+                    predict_weights: self.predict_weights,
+                    ..AdamWConfig::default()
+                };
+                o.set_optimizer(&self.optimizer)?;
+                o
             },
             codec,
             seed: self.seed,

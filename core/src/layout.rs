@@ -144,6 +144,13 @@ impl ParamEntry {
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len()
     }
+    /// Whether Muon updates this tensor when it is on: the blocks' and the
+    /// bottleneck's weight matrices; never the embedding or the LM head
+    /// (each row a token's own vector, not a linear map between hidden
+    /// spaces) nor a vector.
+    pub fn takes_muon(&self) -> bool {
+        self.shape.len() == 2 && !self.name.contains("embed_tokens") && !self.name.starts_with("lm_head")
+    }
 }
 
 /// The ordered list of a stage's tensors.

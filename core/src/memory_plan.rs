@@ -107,18 +107,39 @@ impl ComputeBackend {
     }
 }
 
-/// The inner optimizer. Both keep two fp32 moments per parameter.
+/// The inner optimizer. Each keeps two fp32 moments per parameter (Muon
+/// its momentum in the first), and Muon a step's scratch besides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InnerOptimizer {
     AdamW,
     NAdam,
+    Muon,
 }
 
 impl InnerOptimizer {
     pub fn moments(self) -> u64 {
         match self {
-            InnerOptimizer::AdamW | InnerOptimizer::NAdam => 2,
+            InnerOptimizer::AdamW | InnerOptimizer::NAdam | InnerOptimizer::Muon => 2,
         }
+    }
+
+    /// fp32 values of scratch one optimizer step allocates at its peak:
+    /// for Muon, three copies of the largest matrix it updates and two
+    /// Gram matrices of its smaller side (`optim::newton_schulz`).
+    pub fn step_scratch(self, layout: &ParamLayout) -> u64 {
+        if self != InnerOptimizer::Muon {
+            return 0;
+        }
+        layout
+            .entries
+            .iter()
+            .filter(|e| e.takes_muon())
+            .map(|e| {
+                let k = e.shape[0].min(e.shape[1]) as u64;
+                3 * e.len() as u64 + 2 * k * k
+            })
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -300,7 +321,7 @@ impl StageMemory {
         let mut v = vec![
             ("weights (fp32)", self.weights),
             ("gradients (fp32)", self.grads),
-            ("optimizer moments (2 x fp32)", self.optimizer_state),
+            ("optimizer moments (2 x fp32), step scratch", self.optimizer_state),
             ("weight stashes (fp32 copies)", self.weight_stashes),
             ("bf16 GEMM operand copies", self.bf16_operands),
             ("bf16 weight copies", self.bf16_weight_copies),
@@ -536,7 +557,8 @@ pub fn stage_memory(cfg: &ModelConfig, spec: &StageSpec, w: &Workload) -> StageM
         stashed_versions: stashed,
         weights: F32 * p,
         grads: F32 * p,
-        optimizer_state: F32 * p * w.optimizer.moments(),
+        optimizer_state: F32
+            * (p * w.optimizer.moments() + w.optimizer.step_scratch(&ParamLayout::for_stage(cfg, spec))),
         weight_stashes: F32 * stashed_params(cfg, spec, w.recompute) * stashed as u64,
         bf16_operands,
         bf16_weight_copies,

@@ -224,3 +224,17 @@ fn fused_attention_saves_a_log_sum_exp_per_query_and_only_on_cuda() {
         both.iter().map(|m| m.required_peak() >> 20).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn muon_plans_the_scratch_of_its_largest_matrix_on_top_of_two_moments() {
+    let cfg = ModelConfig::preset("1.5b").unwrap();
+    let spec = StageSpec::split(&cfg, 3).unwrap().remove(1);
+    let adam = stage_memory(&cfg, &spec, &Workload::of(ComputeBackend::CudaBf16Gemm, 4, 1024, 2));
+    let muon_w = Workload { optimizer: InnerOptimizer::Muon, ..Workload::of(ComputeBackend::CudaBf16Gemm, 4, 1024, 2) };
+    let muon = stage_memory(&cfg, &spec, &muon_w);
+    // The MLP's [8192, 2048] matrices are the largest a body stage updates
+    // with Muon: three copies and two 2048^2 Gram matrices, in fp32.
+    let (f, d) = (cfg.ffn_hidden as u64, cfg.d_model as u64);
+    assert_eq!(muon.optimizer_state - adam.optimizer_state, 4 * (3 * f * d + 2 * d * d));
+    assert_eq!(InnerOptimizer::NAdam.step_scratch(&ParamLayout::for_stage(&cfg, &spec)), 0);
+}

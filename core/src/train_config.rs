@@ -89,6 +89,14 @@ pub struct AdamWConfig {
     /// settings when off.
     #[serde(default, skip_serializing_if = "is_false")]
     pub predict_weights: bool,
+    /// Muon for the blocks' weight matrices (attention, MLP, bottleneck
+    /// projections): momentum, then the update orthogonalised by a
+    /// Newton-Schulz iteration, scaled to AdamW's update size so the same
+    /// learning rate serves both; embeddings, the LM head and norm gains
+    /// keep AdamW. Its momentum lives where AdamW's first moment does.
+    /// Left out of saved settings when off.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub muon: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -107,6 +115,21 @@ impl AdamWConfig {
     /// The learning rate's multiplier at stage `stage`.
     pub fn lr_scale_of(&self, stage: usize) -> f32 {
         self.stage_lr.get(stage).or(self.stage_lr.last()).copied().unwrap_or(1.0)
+    }
+
+    /// The inner optimizers `--optimizer` names.
+    pub const OPTIMIZERS: &'static str = "adamw, nadam, muon";
+
+    /// Sets the inner optimizer by its `--optimizer` name: adamw (or adam),
+    /// nadam, or muon (Muon for the blocks' matrices, AdamW for the rest).
+    pub fn set_optimizer(&mut self, name: &str) -> Result<()> {
+        (self.nesterov, self.muon) = match name {
+            "adamw" | "adam" => (false, false),
+            "nadam" => (true, false),
+            "muon" => (false, true),
+            other => bail!("unknown --optimizer '{other}' ({})", Self::OPTIMIZERS),
+        };
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -139,6 +162,7 @@ impl Default for AdamWConfig {
             stage_beta1: Vec::new(),
             stage_lr: Vec::new(),
             predict_weights: false,
+            muon: false,
         }
     }
 }

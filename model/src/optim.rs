@@ -1,10 +1,65 @@
 //! AdamW with decoupled weight decay, global grad-norm clipping, and the
-//! learning-rate schedule (linear warm-up, cosine decay to a floor).
+//! learning-rate schedule (linear warm-up, cosine decay to a floor); Muon
+//! for the blocks' matrices as an option (`AdamWConfig::muon`).
 
 use crate::backend::{AdamStep, Backend};
 use crate::stage::Stage;
+use iota_core::layout::ParamEntry;
 
 pub use iota_core::train_config::{AdamWConfig, LrSchedule};
+
+/// Muon's momentum (Nesterov form), the value its authors use.
+pub const MUON_MOMENTUM: f32 = 0.95;
+/// Newton-Schulz steps and the quintic's coefficients (Jordan et al.,
+/// 2024: chosen so that five steps bring every singular value of a
+/// normalised matrix into roughly [0.7, 1.2]).
+pub const MUON_NS_STEPS: usize = 5;
+pub const MUON_NS_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+/// The orthogonalised update of an `r x c` matrix has an RMS of about
+/// 1/sqrt(max(r, c)); times this factor x sqrt(max(r, c)) its RMS is 0.2,
+/// about AdamW's, so one learning rate and weight decay serve both
+/// (Liu et al., 2025, "Muon is scalable for LLM training").
+pub const MUON_RMS_MATCH: f32 = 0.2;
+
+/// Replaces the `rows x cols` matrix in `x` (any non-zero one) with its
+/// approximate orthogonalisation, U V^T of its SVD with singular values
+/// near 1, by Muon's Newton-Schulz iteration on the smaller Gram matrix.
+/// Built from the backend's GEMMs, so CPU and CUDA run the same algorithm.
+pub fn newton_schulz<B: Backend>(be: &B, x: &mut B::Buf, rows: usize, cols: usize) {
+    let (a, b, c) = MUON_NS_COEFFICIENTS;
+    let norm = be.sum_squares(be.all(x)).sqrt() as f32;
+    be.scale(be.all_mut(x), 1.0 / (norm + 1e-7));
+    // Work on whichever of X X^T and X^T X is smaller.
+    let k = rows.min(cols);
+    let mut gram = be.zeros(k * k);
+    let mut gram2 = be.zeros(k * k);
+    let mut prod = be.zeros(rows * cols);
+    for _ in 0..MUON_NS_STEPS {
+        if rows <= cols {
+            // G = X X^T
+            be.matmul(be.all_mut(&mut gram), be.all(x), be.all(x), rows, cols, rows, false);
+        } else {
+            // G = X^T X
+            be.fill(be.all_mut(&mut gram), 0.0);
+            be.matmul_bwd_weight(be.all_mut(&mut gram), be.all(x), be.all(x), rows, cols, cols);
+        }
+        // P = b G + c G G (G is symmetric, so G G = G G^T).
+        be.matmul(be.all_mut(&mut gram2), be.all(&gram), be.all(&gram), k, k, k, false);
+        be.scale(be.all_mut(&mut gram), b);
+        be.scale(be.all_mut(&mut gram2), c);
+        be.add_assign(be.all_mut(&mut gram), be.all(&gram2));
+        if rows <= cols {
+            // P X
+            be.matmul_bwd_input(be.all_mut(&mut prod), be.all(&gram), be.all(x), rows, cols, rows, false);
+        } else {
+            // X P (= X P^T, P symmetric)
+            be.matmul(be.all_mut(&mut prod), be.all(x), be.all(&gram), rows, cols, cols, false);
+        }
+        // X = a X + (P X | X P)
+        be.scale(be.all_mut(x), a);
+        be.add_assign(be.all_mut(x), be.all(&prod));
+    }
+}
 
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,6 +100,11 @@ impl<B: Backend> AdamW<B> {
         self.t += 1;
         for e in &layout.entries {
             let r = e.range();
+            if cfg.muon && e.takes_muon() {
+                let decay = if e.decay { cfg.weight_decay } else { 0.0 };
+                muon_update(&*be, params, grads, &mut self.m, e, lr, decay, scale);
+                continue;
+            }
             be.adamw(
                 be.view_mut(params, r.clone()),
                 be.view(grads, r.clone()),
@@ -64,6 +124,39 @@ impl<B: Backend> AdamW<B> {
         }
         StepStats { grad_norm: norm, applied: true }
     }
+}
+
+/// One Muon update of the matrix `e`: momentum m = mu m + g, the Nesterov
+/// direction g + mu m orthogonalised, then
+/// w = w (1 - lr decay) - lr 0.2 sqrt(max(r, c)) O.
+#[allow(clippy::too_many_arguments)]
+fn muon_update<B: Backend>(
+    be: &B,
+    params: &mut B::Buf,
+    grads: &B::Buf,
+    momentum: &mut B::Buf,
+    e: &ParamEntry,
+    lr: f32,
+    decay: f32,
+    grad_scale: f32,
+) {
+    let (rows, cols) = (e.shape[0], e.shape[1]);
+    let r = e.range();
+    let mut dir = be.zeros(r.len());
+    be.copy(be.all_mut(&mut dir), be.view(grads, r.clone()));
+    be.scale(be.all_mut(&mut dir), grad_scale);
+    be.scale(be.view_mut(momentum, r.clone()), MUON_MOMENTUM);
+    be.add_assign(be.view_mut(momentum, r.clone()), be.all(&dir));
+    let mut ahead = be.zeros(r.len());
+    be.copy(be.all_mut(&mut ahead), be.view(momentum, r.clone()));
+    be.scale(be.all_mut(&mut ahead), MUON_MOMENTUM);
+    be.add_assign(be.all_mut(&mut dir), be.all(&ahead));
+    newton_schulz(be, &mut dir, rows, cols);
+    if decay > 0.0 {
+        be.scale(be.view_mut(params, r.clone()), 1.0 - lr * decay);
+    }
+    be.scale(be.all_mut(&mut dir), -lr * MUON_RMS_MATCH * (rows.max(cols) as f32).sqrt());
+    be.add_assign(be.view_mut(params, r), be.all(&dir));
 }
 
 #[cfg(test)]
@@ -144,6 +237,132 @@ mod tests {
             be.adamw(&mut q, &g, &mut m2, &mut v2, step(t, false));
         }
         assert!((q[0] - p[0]).abs() > 1e-4, "{q:?} vs {p:?}");
+    }
+
+    /// The same iteration in f64, written out on plain arrays.
+    fn newton_schulz_reference(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+        let (a, b, c) = MUON_NS_COEFFICIENTS;
+        let (a, b, c) = (a as f64, b as f64, c as f64);
+        let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let mut x: Vec<f64> = x.iter().map(|v| v / (norm + 1e-7)).collect();
+        let at = |x: &[f64], i: usize, j: usize| x[i * cols + j];
+        for _ in 0..MUON_NS_STEPS {
+            // X X^T when wide, X^T X when tall.
+            let k = rows.min(cols);
+            let mut g = vec![0.0f64; k * k];
+            for i in 0..k {
+                for j in 0..k {
+                    g[i * k + j] = if rows <= cols {
+                        (0..cols).map(|t| at(&x, i, t) * at(&x, j, t)).sum()
+                    } else {
+                        (0..rows).map(|t| at(&x, t, i) * at(&x, t, j)).sum()
+                    };
+                }
+            }
+            let mut p = vec![0.0f64; k * k];
+            for i in 0..k {
+                for j in 0..k {
+                    let gg: f64 = (0..k).map(|t| g[i * k + t] * g[t * k + j]).sum();
+                    p[i * k + j] = b * g[i * k + j] + c * gg;
+                }
+            }
+            let mut next = vec![0.0f64; rows * cols];
+            for i in 0..rows {
+                for j in 0..cols {
+                    let px: f64 = if rows <= cols {
+                        (0..k).map(|t| p[i * k + t] * at(&x, t, j)).sum()
+                    } else {
+                        (0..k).map(|t| at(&x, i, t) * p[t * k + j]).sum()
+                    };
+                    next[i * cols + j] = a * at(&x, i, j) + px;
+                }
+            }
+            x = next;
+        }
+        x
+    }
+
+    #[test]
+    fn newton_schulz_orthogonalises_wide_and_tall_matrices_as_its_reference_does() {
+        use crate::CpuBackend;
+        let be = CpuBackend::new();
+        for (rows, cols) in [(6usize, 10usize), (10, 6), (7, 7)] {
+            // A matrix far from orthogonal: a strong diagonal plus a smooth pattern.
+            let host: Vec<f32> = (0..rows * cols)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    (if r == c { 3.0 } else { 0.0 }) + ((r * 7 + c * 3) % 11) as f32 * 0.1 - 0.5
+                })
+                .collect();
+            let mut x = be.upload(&host);
+            newton_schulz(&be, &mut x, rows, cols);
+            let got = be.to_host(&x);
+            let want = newton_schulz_reference(&host.iter().map(|&v| v as f64).collect::<Vec<_>>(), rows, cols);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((*g as f64 - w).abs() < 1e-4, "{rows}x{cols}: {g} vs {w}");
+            }
+            // Every singular value near 1: the smaller Gram matrix is near
+            // the identity (the quintic leaves them in roughly [0.7, 1.2]).
+            let k = rows.min(cols);
+            for i in 0..k {
+                for j in 0..k {
+                    let dot: f64 = if rows <= cols {
+                        (0..cols).map(|t| want[i * cols + t] * want[j * cols + t]).sum()
+                    } else {
+                        (0..rows).map(|t| want[t * cols + i] * want[t * cols + j]).sum()
+                    };
+                    let ideal = if i == j { 1.0 } else { 0.0 };
+                    assert!((dot - ideal).abs() < 0.5, "{rows}x{cols} Gram[{i},{j}] = {dot}");
+                }
+            }
+            // And the input was not: its normalised Gram matrix is far from I.
+            let n2: f64 = host.iter().map(|&v| (v as f64).powi(2)).sum();
+            let d0: f64 = if rows <= cols {
+                (0..cols).map(|t| (host[t] as f64).powi(2)).sum::<f64>() / n2
+            } else {
+                (0..rows).map(|t| (host[t * cols] as f64).powi(2)).sum::<f64>() / n2
+            };
+            assert!((d0 - 1.0).abs() > 0.5, "the test matrix was already orthogonal ({d0})");
+        }
+    }
+
+    #[test]
+    fn muon_moves_the_block_matrices_and_leaves_the_rest_to_adamw() {
+        use crate::CpuBackend;
+        use iota_core::config::ModelConfig;
+        use iota_core::layout::StageSpec;
+        use std::sync::Arc;
+        let be = Arc::new(CpuBackend::new());
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let spec = StageSpec::split(&cfg, 1).unwrap().remove(0);
+        let run = |muon: bool| {
+            let mut st = Stage::new(be.clone(), &cfg, spec.clone(), 7);
+            let n = st.layout().total();
+            let g: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-3).collect();
+            st.set_grads(&g).unwrap();
+            let before = st.params_host();
+            let mut opt = AdamW::new(&*be, n);
+            let c = AdamWConfig { muon, ..AdamWConfig::default() };
+            assert!(opt.step(&mut st, &c, 1e-2).applied);
+            (st.layout().clone(), before, st.params_host())
+        };
+        let (layout, before, adam) = run(false);
+        let (_, _, muon) = run(true);
+        let mut matrices = 0;
+        for e in &layout.entries {
+            let r = e.range();
+            if e.takes_muon() {
+                matrices += 1;
+                assert!(adam[r.clone()] != muon[r.clone()], "{} took AdamW's step under Muon", e.name);
+                // Muon's step has an RMS of about 0.2 x lr (plus the decay).
+                let rms =
+                    (r.clone().map(|i| ((muon[i] - before[i]) as f64).powi(2)).sum::<f64>() / r.len() as f64).sqrt();
+                assert!((1e-3..4e-3).contains(&rms), "{}: update RMS {rms}", e.name);
+            } else {
+                assert!(adam[r.clone()] == muon[r.clone()], "{} left AdamW under Muon", e.name);
+            }
+        }
+        assert!(matrices > 0 && matrices < layout.entries.len());
     }
 
     #[test]

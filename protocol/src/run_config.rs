@@ -90,8 +90,21 @@ impl RunConfig {
         serde_json::to_string(self).expect("run config serialises")
     }
 
+    /// Parses and validates the orchestrator's run configuration. A
+    /// setting this build does not know is refused by name, not ignored: a
+    /// miner older than the run would otherwise train with the setting's
+    /// default (an optimizer, a schedule) while the run means another.
     pub fn from_json(s: &str) -> Result<RunConfig> {
-        let c: RunConfig = serde_json::from_str(s)?;
+        let mut unknown = Vec::new();
+        let mut de = serde_json::Deserializer::from_str(s);
+        let c: RunConfig = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))?;
+        de.end()?;
+        if !unknown.is_empty() {
+            bail!(
+                "the run uses settings this build of iota-rs does not know ({}): upgrade to the orchestrator's version",
+                unknown.join(", ")
+            );
+        }
         c.validate()?;
         Ok(c)
     }

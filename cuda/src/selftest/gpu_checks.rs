@@ -214,6 +214,19 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
     }
     optimizer_check!("adamw (params)", false);
     optimizer_check!("nadam (params)", true);
+    // Muon's Newton-Schulz orthogonalisation, wide and tall (the two
+    // orientations take different GEMMs), composed of the backend's ops.
+    macro_rules! newton_schulz_check {
+        ($rows:literal, $cols:literal) => {{
+            let t0 = Instant::now();
+            let (g, c_) = both!(vec![], vec![rand($rows * $cols)], |be, _i, o| {
+                iota_model::optim::newton_schulz(be, &mut o[0], $rows, $cols);
+            });
+            push("muon newton-schulz", format!("{}x{}", $rows, $cols), &g[0], &c_[0], 1e-4, t0);
+        }};
+    }
+    newton_schulz_check!(96, 160);
+    newton_schulz_check!(160, 96);
 
     // decode_wire: valid int8 bytes decode identically; bytes the CPU
     // rejects (a scale so large that 127 x scale overflows) are rejected.

@@ -90,8 +90,10 @@ pub struct TrainArgs {
     /// Clip each stage's gradient L2 norm to this (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f32,
-    /// Optimizer: adamw, or nadam (Adam with a Nesterov look-ahead on the
-    /// first moment).
+    /// Optimizer: adamw, nadam (Adam with a Nesterov look-ahead on the
+    /// first moment), or muon (the blocks' matrices take Muon's
+    /// orthogonalised momentum, scaled to AdamW's step size; embeddings,
+    /// LM head and norms keep AdamW).
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
     /// beta1 of each stage, head first, comma-separated (a shorter list
@@ -320,16 +322,15 @@ impl TrainArgs {
             grad_accum: a.grad_accum,
             steps: a.steps,
             schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
-            adamw: AdamWConfig {
-                weight_decay: a.weight_decay,
-                grad_clip: a.grad_clip,
-                nesterov: match a.optimizer.as_str() {
-                    "adamw" | "adam" => false,
-                    "nadam" => true,
-                    other => anyhow::bail!("unknown --optimizer '{other}' (adamw, nadam)"),
-                },
-                stage_beta1: a.stage_beta1.clone(),
-                ..AdamWConfig::default()
+            adamw: {
+                let mut o = AdamWConfig {
+                    weight_decay: a.weight_decay,
+                    grad_clip: a.grad_clip,
+                    stage_beta1: a.stage_beta1.clone(),
+                    ..AdamWConfig::default()
+                };
+                o.set_optimizer(&a.optimizer)?;
+                o
             },
             codec,
             seed: a.seed,

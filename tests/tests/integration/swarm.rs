@@ -44,19 +44,19 @@ async fn three_stages_two_replicas_train_and_merge() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sequential_swarm_equals_the_single_process_trainer() {
+/// 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
+/// micro-batch at a time, with `optimizer`: the swarm's 24 losses and the
+/// single-process trainer's must agree to 1e-6. Returns the finished swarm.
+async fn sequential_swarm_against_the_trainer(optimizer: &str, dir: &std::path::Path) -> Swarm {
     use iota_model::CpuBackend;
     use iota_model::train::Pipeline;
 
-    let dir = tempfile::tempdir().unwrap();
-    // 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
-    // micro-batch at a time.
     let mut cfg = tiny_run(3, 1, 2, 12, WireCodec::F32);
     cfg.spec.max_in_flight = 1;
     // One replica: the parameter server's "average" of it is exact.
     cfg.spec.merge = Default::default();
-    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    cfg.train.adamw.set_optimizer(optimizer).unwrap();
+    let swarm = Swarm::start(&cfg, dir.join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let miners: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
     for m in miners {
@@ -74,6 +74,13 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
         assert!((a - b).abs() <= 1e-6 * b.abs(), "micro-batch {i}: swarm {a} vs trainer {b}");
     }
     assert!(trainer[23] < trainer[0], "and it learns");
+    swarm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequential_swarm_equals_the_single_process_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let swarm = sequential_swarm_against_the_trainer("adamw", dir.path()).await;
     // What each miner committed to for the last epoch, as the orchestrator
     // recorded it from its heartbeats. This run has no validators, so no
     // miner hashed its weights after its inner steps (the weights chain's
@@ -98,6 +105,14 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
         assert_eq!(sent, got, "stage {a} -> {b}, direction {dir}");
     }
     assert_eq!(swarm.service.with_state(|o| o.counters().commitment_breaks), 0);
+}
+
+/// The miners apply Muon exactly as the one-process trainer does (its
+/// Newton-Schulz steps included), micro-batch for micro-batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequential_swarm_with_muon_equals_the_single_process_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    sequential_swarm_against_the_trainer("muon", dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -614,4 +629,28 @@ fn weight_prediction_is_a_run_setting_refused_with_validators() {
         vec![iota_protocol::ValidatorStake { peer: iota_core::PeerId([7; 32]), stake: 10 }];
     let err = cfg.validate().unwrap_err().to_string();
     assert!(err.contains("weight prediction"), "{err}");
+}
+
+/// Muon is a setting of the run, carried to the miners in its
+/// configuration and left out when off (older runs keep their id); a
+/// setting a miner's build does not know is refused by name, where it used
+/// to be dropped, leaving that miner on the default optimizer.
+#[test]
+fn muon_travels_in_the_run_config_and_unknown_settings_are_refused() {
+    let plain = tiny_run(2, 1, 1, 4, WireCodec::Int8Row);
+    let mut cfg = plain.clone();
+    cfg.train.adamw.set_optimizer("muon").unwrap();
+    let json = cfg.to_json();
+    assert!(json.contains("\"muon\":true"), "{json}");
+    assert!(!plain.to_json().contains("muon"), "left out when off");
+    assert!(iota_protocol::RunConfig::from_json(&json).unwrap().train.adamw.muon);
+    assert!(cfg.train.adamw.set_optimizer("lion").unwrap_err().to_string().contains("adamw, nadam, muon"));
+    // A newer orchestrator's setting, as an older miner would see it.
+    let newer = json.replacen("\"muon\":true", "\"muon\":true,\"look_ahead\":3", 1);
+    assert!(newer != json);
+    let err = iota_protocol::RunConfig::from_json(&newer).unwrap_err().to_string();
+    assert!(err.contains("train.adamw.look_ahead") && err.contains("upgrade"), "{err}");
+    let top = plain.to_json().replacen('{', "{\"sharding\":\"new\",", 1);
+    let err = iota_protocol::RunConfig::from_json(&top).unwrap_err().to_string();
+    assert!(err.contains("sharding"), "{err}");
 }

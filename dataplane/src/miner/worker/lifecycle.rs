@@ -69,8 +69,13 @@ impl<B: Backend + 'static> Worker<B> {
                 t.seq,
                 // As many as the orchestrator may route here (service.rs).
                 self.cfg.spec.max_in_flight.clamp(1, 256) as usize,
-                // AdamW and NAdam keep the same two moments.
-                iota_core::memory_plan::InnerOptimizer::AdamW,
+                // AdamW and NAdam keep the same two moments; Muon those and
+                // a step's scratch.
+                if t.adamw.muon {
+                    iota_core::memory_plan::InnerOptimizer::Muon
+                } else {
+                    iota_core::memory_plan::InnerOptimizer::AdamW
+                },
             )?;
             needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
             if self.recompute == Recompute::Auto {
