@@ -18,7 +18,7 @@
 # 4. Muon's cost on the GPU (issue 18): one-process `iota train` of 125m
 #    and 1b for 20 steps with --optimizer adamw and muon, tokens/s of each
 #    (Muon's Newton-Schulz work per step is fixed by the matrices; docs/
-#    BENCHMARKS.md "Muon" estimates it at 1.5x a 1.5b body stage's step).
+#    BENCHMARKS.md "Muon" estimates it at twice a 1.5b body stage's step).
 # Binaries: build them here with `cargo build --release --bins` (no Rust on
 # the device) and pass their folder.
 set -u
