@@ -136,6 +136,10 @@ impl<B: Backend> Pipeline<B> {
     pub fn stages_mut(&mut self) -> &mut [Stage<B>] {
         &mut self.stages
     }
+    /// Each stage's optimizer state (its moments and step count).
+    pub fn optimizers_mut(&mut self) -> &mut [AdamW<B>] {
+        &mut self.optim
+    }
     pub fn param_count(&self) -> usize {
         self.stages.iter().map(|s| s.layout().total()).sum()
     }

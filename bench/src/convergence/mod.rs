@@ -65,7 +65,9 @@ pub struct Args {
     /// (pipelining's delayed gradients: D steps late at the head, none at
     /// the tail) and hN-delayD-predict (the same with weight prediction), hN-delayD-recompute
     /// (delayed stages run their backward on their current weights), hN-delayD-fromN (the
-    /// delay only from global step N on);
+    /// delay only from global step N on); any swarm name whose merge lands
+    /// at once, then -avg-moments (the inner optimizer's moments averaged
+    /// at each merge too, e.g. h24-delay1-from8-avg-moments);
     /// and one process with another stage boundary:
     /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
     /// one-residual-b2-int4 (STYLE linear or residual).
@@ -177,6 +179,8 @@ enum Mode {
         delay_from: u64,
         /// Delayed stages run their backward on their current weights.
         recompute: bool,
+        /// The inner moments are averaged at each merge.
+        average_moments: bool,
         history: Vec<VecDeque<Vec<Vec<f32>>>>,
     },
 }
@@ -233,6 +237,7 @@ impl Trainer {
                 predict,
                 delay_from,
                 recompute,
+                average_moments,
             } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
@@ -262,6 +267,7 @@ impl Trainer {
                     predict: *predict,
                     delay_from: *delay_from,
                     recompute: *recompute,
+                    average_moments: *average_moments,
                     history: (0..r).map(|_| VecDeque::new()).collect(),
                 }
             }
@@ -320,6 +326,7 @@ impl Trainer {
                 predict,
                 delay_from,
                 recompute,
+                average_moments,
                 history,
             } => {
                 if *mixed {
@@ -363,6 +370,9 @@ impl Trainer {
                             for p in replicas.iter_mut() {
                                 p.stages_mut()[s].set_params(theta)?;
                             }
+                        }
+                        if *average_moments {
+                            average_inner_moments(replicas);
                         }
                         // The epoch's end drained the pipeline.
                         history.iter_mut().for_each(VecDeque::clear);
@@ -471,6 +481,34 @@ impl MergeSim {
             out.push(theta_next);
         }
         Ok(out)
+    }
+}
+
+/// Every replica's inner optimizer moments of each stage replaced by their
+/// mean over the replicas (both moments: a first moment averaged alone,
+/// over a replica's own second moment, blows up the embedding rows of
+/// tokens that replica has seldom seen).
+fn average_inner_moments(replicas: &mut [Pipeline<CpuBackend>]) {
+    use iota_model::backend::Backend;
+    let be = CpuBackend::new();
+    let r = replicas.len() as f32;
+    for s in 0..replicas[0].stages().len() {
+        let n = be.len(&replicas[0].optimizers_mut()[s].m);
+        let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        for p in replicas.iter_mut() {
+            let o = &p.optimizers_mut()[s];
+            for (a, b) in m.iter_mut().zip(be.to_host(&o.m)) {
+                *a += b / r;
+            }
+            for (a, b) in v.iter_mut().zip(be.to_host(&o.v)) {
+                *a += b / r;
+            }
+        }
+        for p in replicas.iter_mut() {
+            let o = &mut p.optimizers_mut()[s];
+            o.m = be.upload(&m);
+            o.v = be.upload(&v);
+        }
     }
 }
 

@@ -81,6 +81,7 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false,
         },
     )
@@ -139,6 +140,7 @@ fn overlapped(interval: u64) -> Variant {
         delay: 0,
         delay_from: 0,
         recompute: false,
+        average_moments: false,
         predict: false,
     }
 }
@@ -216,6 +218,7 @@ fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
         delay: 0,
         delay_from: 0,
         recompute: false,
+        average_moments: false,
         predict: false,
     };
     let mut t = Trainer::new(be, &setup, &v).unwrap();
@@ -265,6 +268,7 @@ fn variant_names_parse() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false
         }
     );
@@ -279,6 +283,7 @@ fn variant_names_parse() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false
         }
     );
@@ -293,6 +298,7 @@ fn variant_names_parse() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false
         }
     );
@@ -307,6 +313,7 @@ fn variant_names_parse() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false
         }
     );
@@ -322,6 +329,7 @@ fn variant_names_parse() {
             delay: 0,
             delay_from: 0,
             recompute: false,
+            average_moments: false,
             predict: false
         }
     );
@@ -457,6 +465,7 @@ fn swarm(interval: u64, delay: u64, predict: bool) -> Variant {
         predict,
         delay_from: 0,
         recompute: false,
+        average_moments: false,
     }
 }
 
@@ -510,4 +519,33 @@ fn pipelining_delay_falls_to_nothing_at_the_tail_and_refills_after_each_merge() 
     assert!(recomputing(1) == run(swarm(1, 0, false)));
     let recomputed = recomputing(6);
     assert!(max_diff(&recomputed, &plain) > 1e-6 && max_diff(&recomputed, &late) > 1e-6);
+}
+
+#[test]
+fn averaged_moments_are_a_modifier_that_changes_only_the_windows_after_a_merge() {
+    let Variant::Swarm { delay, delay_from, average_moments, .. } =
+        Variant::parse("h24-delay1-from8-avg-moments").unwrap()
+    else {
+        panic!("a swarm variant")
+    };
+    assert_eq!((delay, delay_from, average_moments), (1, 8, true));
+    assert!(Variant::parse("one-avg-moments").is_err());
+    assert!(Variant::parse("h24-overlap-avg-moments").is_err(), "a merge landing late has no moment to average at");
+    let (setup, corpus) = tiny_setup(2, 1, 6);
+    let be = Arc::new(CpuBackend::new());
+    let run = |interval: u64, average: bool| {
+        let mut v = swarm(interval, 0, false);
+        if let Variant::Swarm { average_moments, .. } = &mut v {
+            *average_moments = average;
+        }
+        let mut t = Trainer::new(be.clone(), &setup, &v).unwrap();
+        for _ in 0..6 {
+            t.step(&corpus).unwrap();
+        }
+        params(&t)
+    };
+    // Merging only after the last step: the averaged moments move nothing.
+    assert!(run(6, true) == run(6, false));
+    // A merge after step 3: the next three steps start from shared moments.
+    assert!(max_diff(&run(3, true), &run(3, false)) > 1e-6);
 }

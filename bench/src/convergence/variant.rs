@@ -51,6 +51,9 @@ pub enum Variant {
         /// recomputing their blocks' forward there (no stashing): only
         /// the gradient from downstream and the saved inputs are stale.
         recompute: bool,
+        /// At each merge the replicas' inner optimizer moments (both) are
+        /// averaged too, as the weights are: twice more merge traffic.
+        average_moments: bool,
     },
     /// One process at the global batch, as `OneProcess`, with another stage
     /// boundary: what the bottleneck and its codec cost at equal tokens.
@@ -123,6 +126,26 @@ impl Variant {
             "sync" => Variant::SyncDataParallel,
             _ if s.starts_with("one-") => Variant::Boundary(BoundarySpec::parse(&s["one-".len()..])?),
             _ => {
+                let full = s;
+                let (s, average_moments) = match s.strip_suffix("-avg-moments") {
+                    Some(rest) => (rest, true),
+                    None => (s, false),
+                };
+                let mut v = Self::parse_swarm(s)?;
+                match &mut v {
+                    Variant::Swarm { overlap: 0, average_moments: avg, .. } => *avg = average_moments,
+                    _ if !average_moments => {}
+                    _ => bail!("'{full}': -avg-moments needs a swarm variant whose merge lands at once"),
+                }
+                return Ok(v);
+            }
+        })
+    }
+
+    /// `parse` of a name without the `-avg-moments` modifier.
+    fn parse_swarm(s: &str) -> Result<Variant> {
+        Ok({
+            {
                 let rest = s.strip_prefix('h').with_context(|| format!("unknown variant '{s}'"))?;
                 let (n, suffix) = rest.split_once('-').unwrap_or((rest, ""));
                 let interval: u64 = n.parse().with_context(|| format!("'{s}': H must be a number"))?;
@@ -163,6 +186,7 @@ impl Variant {
                         predict,
                         delay_from,
                         recompute,
+                        average_moments: false,
                     });
                 }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
@@ -174,7 +198,7 @@ impl Variant {
                     other => match other.strip_prefix("overlap").map(str::parse::<u64>) {
                         Some(Ok(d)) if (1..=interval).contains(&d) => (true, false, true, d),
                         _ => bail!(
-                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict, delayD-recompute, delayD-fromN)"
+                            "'{s}': unknown suffix '{other}' (no-bottleneck, f32, fixed, overlap, overlapD with D in 1..=H, delayD, delayD-predict, delayD-recompute, delayD-fromN; any of them then -avg-moments)"
                         ),
                     },
                 };
@@ -188,6 +212,7 @@ impl Variant {
                     predict: false,
                     delay_from: 0,
                     recompute: false,
+                    average_moments: false,
                 }
             }
         })
@@ -208,8 +233,12 @@ impl Variant {
                 predict,
                 delay_from,
                 recompute,
+                average_moments,
             } => {
                 let mut n = format!("swarm H={interval}");
+                if *average_moments {
+                    n += ", moments averaged";
+                }
                 if *delay > 0 {
                     n += &format!(", gradients {delay} steps late at the head");
                 }
