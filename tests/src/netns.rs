@@ -46,8 +46,29 @@ pub struct Net {
     hosts: Vec<String>,
 }
 
+/// Deletes the namespaces of earlier test processes that died without
+/// dropping their `Net` (killed, or aborted): named `iota<N>-*` where no
+/// live process has a pid of N modulo 100,000. Each was a network stack of
+/// its own, so they never clash with a new run; they only pile up.
+fn delete_dead_runs_namespaces() {
+    let Ok(o) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    let live: std::collections::HashSet<u32> = std::fs::read_dir("/proc")
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).map(|p| p % 100_000).collect())
+        .unwrap_or_default();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else { continue };
+        let Some((owner, _)) = name.strip_prefix("iota").and_then(|r| r.split_once('-')) else { continue };
+        if let Ok(pid) = owner.parse::<u32>() {
+            if !live.contains(&pid) {
+                let _ = Command::new("ip").args(["netns", "del", name]).status();
+            }
+        }
+    }
+}
+
 impl Net {
     pub fn new() -> Net {
+        delete_dead_runs_namespaces();
         let prefix = format!("iota{}", std::process::id() % 100_000);
         let hub = format!("{prefix}-hub");
         ip(&["netns", "add", &hub]);
