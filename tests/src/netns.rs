@@ -58,10 +58,8 @@ fn delete_dead_runs_namespaces() {
     for line in String::from_utf8_lossy(&o.stdout).lines() {
         let Some(name) = line.split_whitespace().next() else { continue };
         let Some((owner, _)) = name.strip_prefix("iota").and_then(|r| r.split_once('-')) else { continue };
-        if let Ok(pid) = owner.parse::<u32>() {
-            if !live.contains(&pid) {
-                let _ = Command::new("ip").args(["netns", "del", name]).status();
-            }
+        if owner.parse::<u32>().is_ok_and(|pid| !live.contains(&pid)) {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
         }
     }
 }
