@@ -92,6 +92,21 @@ impl BottleneckStyle {
 }
 
 /// The presets, in size order.
+/// The largest model this build accepts, per dimension (d_model, n_layers,
+/// n_heads, ffn_hidden, vocab_size, max_seq): far above every preset
+/// (`15b`: d 5120, 50 layers, 40 heads, ffn 13824, vocab 128k, seq 4096)
+/// and low enough that the byte counts of a micro-batch at the batch limit
+/// (`MAX_TOKENS_PER_MICRO_BATCH`: attention scores batch x heads x seq^2,
+/// logits tokens x vocab) held 256 times still fit a u64.
+pub const MAX_DIMS: [(&str, usize); 6] = [
+    ("d_model", 1 << 16),
+    ("n_layers", 1 << 10),
+    ("n_heads", 1 << 10),
+    ("ffn_hidden", 1 << 18),
+    ("vocab_size", 1 << 22),
+    ("max_seq", 1 << 17),
+];
+
 pub const PRESETS: &[&str] = &["tiny", "small", "125m", "1b", "1.5b", "15b"];
 
 /// GPT-2 BPE vocabulary (r50k) and its padded size.
@@ -182,11 +197,26 @@ impl ModelConfig {
         self.q_dim() + 2 * self.kv_dim()
     }
 
-    /// Checks the invariants the kernels rely on.
+    /// Checks the invariants the kernels rely on, and the bounds
+    /// (`MAX_DIMS`) that keep every size computed from a configuration a
+    /// peer sent (parameters, activation and logit bytes) from overflowing.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.d_model == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
             return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
+        }
+        let dims = [
+            ("d_model", self.d_model),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("ffn_hidden", self.ffn_hidden),
+            ("vocab_size", self.vocab_size),
+            ("max_seq", self.max_seq),
+        ];
+        for ((name, value), (_, max)) in dims.iter().zip(MAX_DIMS) {
+            if *value > max {
+                return bad(format!("{name} {value} exceeds this build's limit of {max}"));
+            }
         }
         if !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!("d_model {} not divisible by n_heads {}", self.d_model, self.n_heads));
@@ -206,8 +236,20 @@ impl ModelConfig {
         if self.ffn_hidden == 0 || self.max_seq == 0 {
             return bad("ffn_hidden and max_seq must be positive".into());
         }
-        if !(self.norm_eps > 0.0 && self.rope_theta > 1.0 && self.init_std > 0.0) {
-            return bad("norm_eps, init_std must be > 0 and rope_theta > 1".into());
+        let finite = [self.norm_eps, self.rope_theta, self.init_std].iter().all(|x| x.is_finite());
+        if !(finite && self.norm_eps > 0.0 && self.rope_theta > 1.0 && self.init_std > 0.0) {
+            return bad("norm_eps, init_std must be finite and > 0, rope_theta finite and > 1".into());
+        }
+        if let Some(r) = &self.rope_scaling {
+            let factors = [r.factor, r.low_freq_factor, r.high_freq_factor];
+            if !factors.iter().all(|x| x.is_finite() && *x > 0.0)
+                || r.high_freq_factor <= r.low_freq_factor
+                || r.original_max_position == 0
+            {
+                return bad("rope_scaling: factors must be finite and > 0, high_freq_factor > low_freq_factor, \
+                     original_max_position > 0"
+                    .into());
+            }
         }
         Ok(())
     }

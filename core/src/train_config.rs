@@ -9,6 +9,12 @@ use serde::{Deserialize, Serialize};
 use crate::codec::WireCodec;
 use crate::config::ModelConfig;
 
+/// The most tokens one micro-batch may hold (batch x seq): 16M, far above
+/// any card's memory, so that byte counts derived from it cannot overflow.
+pub const MAX_TOKENS_PER_MICRO_BATCH: usize = 1 << 24;
+/// The most micro-batches one optimizer step may accumulate.
+pub const MAX_GRAD_ACCUM: usize = 1 << 16;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub model: ModelConfig,
@@ -32,6 +38,14 @@ impl TrainConfig {
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
             bail!("--batch, --seq and --grad-accum must be positive");
         }
+        if self.batch.saturating_mul(self.seq) > MAX_TOKENS_PER_MICRO_BATCH || self.grad_accum > MAX_GRAD_ACCUM {
+            bail!(
+                "--batch x --seq ({} x {}) must be at most {MAX_TOKENS_PER_MICRO_BATCH} tokens and --grad-accum {} at most {MAX_GRAD_ACCUM}",
+                self.batch,
+                self.seq,
+                self.grad_accum
+            );
+        }
         if self.seq > self.model.max_seq {
             bail!("--seq {} exceeds the model's max_seq {}", self.seq, self.model.max_seq);
         }
@@ -48,6 +62,9 @@ impl TrainConfig {
         }
         if !(self.schedule.peak > 0.0 && self.schedule.peak.is_finite()) {
             bail!("--lr must be a positive number");
+        }
+        if !(0.0..=1.0).contains(&self.schedule.min_ratio) {
+            bail!("the schedule's min_ratio {} must be in [0, 1]", self.schedule.min_ratio);
         }
         self.adamw.validate()?;
         Ok(())
@@ -145,6 +162,14 @@ impl AdamWConfig {
         }
         if !(0.0..1.0).contains(&self.beta2) {
             bail!("beta2 {} must be in [0, 1)", self.beta2);
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            bail!("eps {} must be finite and > 0", self.eps);
+        }
+        for (name, x) in [("weight_decay", self.weight_decay), ("grad_clip", self.grad_clip)] {
+            if !(x.is_finite() && x >= 0.0) {
+                bail!("{name} {x} must be finite and >= 0");
+            }
         }
         Ok(())
     }

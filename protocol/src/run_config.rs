@@ -67,6 +67,14 @@ impl RunConfig {
         if self.train.stages as u32 != self.spec.stages {
             bail!("train.stages {} != spec.stages {}", self.train.stages, self.spec.stages);
         }
+        if !(0.0..1.0).contains(&self.val_fraction) || !(1..=1 << 20).contains(&self.max_shards) {
+            bail!(
+                "val_fraction {} must be in [0, 1) and max_shards {} in 1..={}",
+                self.val_fraction,
+                self.max_shards,
+                1 << 20
+            );
+        }
         if self.train.batch as u32 != self.spec.batch {
             bail!("train.batch {} != spec.batch {}", self.train.batch, self.spec.batch);
         }

@@ -22,6 +22,8 @@ use iota_protocol::object_store::StoreFuture;
 use iota_protocol::{MbRef, MergeMethod, MergeSpec, ObjectStore, RunSpec, SharedStore, StoredObject, fields, pb};
 use prost::Message;
 
+use crate::fuzz_input::Bytes;
+
 /// A target's body.
 pub type Body = fn(&[u8]);
 
@@ -35,33 +37,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("orchestrator_events", orchestrator_events),
     ("signed_frame", signed_frame),
     ("evidence_bundle", evidence_bundle),
+    ("run_config", crate::fuzz_config::run_config),
 ];
-
-/// Reads the input front to back; past its end every read is 0.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        let Some((&b, rest)) = self.0.split_first() else { return 0 };
-        self.0 = rest;
-        b
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u64(&mut self) -> u64 {
-        (0..8).fold(0u64, |a, i| a | (self.u8() as u64) << (8 * i))
-    }
-    fn take(&mut self, n: usize) -> &[u8] {
-        let n = n.min(self.0.len());
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a
-    }
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 /// Frame decoding on arbitrary bytes: an accepted frame has a valid
 /// signature and a payload of the promised length.

@@ -3,6 +3,8 @@
 //! QUIC to each other).
 
 pub mod fuzz_bodies;
+pub mod fuzz_config;
+pub mod fuzz_input;
 pub mod liveness;
 pub mod netns;
 pub mod postgres;
