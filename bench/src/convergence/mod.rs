@@ -42,7 +42,7 @@ use serde::Serialize;
 mod pathways;
 mod variant;
 use pathways::{delayed_weights, mixed_grads, stage_delays};
-pub use variant::{BoundarySpec, Variant};
+pub use variant::{BoundarySpec, MergeRamp, Variant};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -66,8 +66,10 @@ pub struct Args {
     /// the tail) and hN-delayD-predict (the same with weight prediction), hN-delayD-recompute
     /// (delayed stages run their backward on their current weights), hN-delayD-fromN (the
     /// delay only from global step N on); any swarm name whose merge lands
-    /// at once, then -avg-moments (the inner optimizer's moments averaged
-    /// at each merge too, e.g. h24-delay1-from8-avg-moments);
+    /// at once, then -ramp (merge intervals doubling from 1 up to H) or
+    /// -syncN (a merge after each of the first N steps, then every H),
+    /// then -avg-moments (the inner optimizer's moments averaged
+    /// at each merge too, e.g. h24-delay1-from8-ramp-avg-moments);
     /// and one process with another stage boundary:
     /// one-no-bottleneck (exact f32) or one-STYLE-bWIDTH-CODEC, e.g.
     /// one-residual-b2-int4 (STYLE linear or residual).
@@ -181,6 +183,7 @@ enum Mode {
         recompute: bool,
         /// The inner moments are averaged at each merge.
         average_moments: bool,
+        ramp: MergeRamp,
         history: Vec<VecDeque<Vec<Vec<f32>>>>,
     },
 }
@@ -238,6 +241,7 @@ impl Trainer {
                 delay_from,
                 recompute,
                 average_moments,
+                ramp,
             } => {
                 if !bottleneck {
                     train.model.bottleneck = 0;
@@ -268,6 +272,7 @@ impl Trainer {
                     delay_from: *delay_from,
                     recompute: *recompute,
                     average_moments: *average_moments,
+                    ramp: *ramp,
                     history: (0..r).map(|_| VecDeque::new()).collect(),
                 }
             }
@@ -327,6 +332,7 @@ impl Trainer {
                 delay_from,
                 recompute,
                 average_moments,
+                ramp,
                 history,
             } => {
                 if *mixed {
@@ -352,7 +358,7 @@ impl Trainer {
                 }
                 let done = self.step + 1;
                 let last = done == self.setup.train.steps;
-                let boundary = done.is_multiple_of(*interval) || last;
+                let boundary = ramp.merges_after(done, *interval) || last;
                 // A merge that started earlier lands first (at a boundary
                 // at the latest): every replica keeps what it trained meanwhile.
                 if pending.as_ref().is_some_and(|p| p.lands_after <= done || boundary) {

@@ -82,6 +82,7 @@ fn synchronous_data_parallel_equals_one_process_at_the_global_batch() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false,
         },
     )
@@ -141,6 +142,7 @@ fn overlapped(interval: u64) -> Variant {
         delay_from: 0,
         recompute: false,
         average_moments: false,
+        ramp: MergeRamp::None,
         predict: false,
     }
 }
@@ -219,6 +221,7 @@ fn a_merge_that_takes_one_step_lands_one_step_into_the_next_window() {
         delay_from: 0,
         recompute: false,
         average_moments: false,
+        ramp: MergeRamp::None,
         predict: false,
     };
     let mut t = Trainer::new(be, &setup, &v).unwrap();
@@ -269,6 +272,7 @@ fn variant_names_parse() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false
         }
     );
@@ -284,6 +288,7 @@ fn variant_names_parse() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false
         }
     );
@@ -299,6 +304,7 @@ fn variant_names_parse() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false
         }
     );
@@ -314,6 +320,7 @@ fn variant_names_parse() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false
         }
     );
@@ -330,6 +337,7 @@ fn variant_names_parse() {
             delay_from: 0,
             recompute: false,
             average_moments: false,
+            ramp: MergeRamp::None,
             predict: false
         }
     );
@@ -466,6 +474,7 @@ fn swarm(interval: u64, delay: u64, predict: bool) -> Variant {
         delay_from: 0,
         recompute: false,
         average_moments: false,
+        ramp: MergeRamp::None,
     }
 }
 
@@ -548,4 +557,47 @@ fn averaged_moments_are_a_modifier_that_changes_only_the_windows_after_a_merge()
     assert!(run(6, true) == run(6, false));
     // A merge after step 3: the next three steps start from shared moments.
     assert!(max_diff(&run(3, true), &run(3, false)) > 1e-6);
+}
+
+#[test]
+fn a_merge_ramp_merges_early_steps_more_often_then_every_interval() {
+    let at =
+        |ramp: MergeRamp, interval: u64| -> Vec<u64> { (1..=60).filter(|d| ramp.merges_after(*d, interval)).collect() };
+    assert_eq!(at(MergeRamp::None, 24), vec![24, 48]);
+    assert_eq!(at(MergeRamp::SyncUntil(3), 24), vec![1, 2, 3, 27, 51]);
+    assert_eq!(at(MergeRamp::Doubling, 24), vec![1, 3, 7, 15, 31, 55]);
+    assert_eq!(at(MergeRamp::Doubling, 1), (1..=60).collect::<Vec<_>>());
+    let Variant::Swarm { ramp, delay_from, average_moments, .. } =
+        Variant::parse("h24-delay1-from8-ramp-avg-moments").unwrap()
+    else {
+        panic!("a swarm variant")
+    };
+    assert_eq!((ramp, delay_from, average_moments), (MergeRamp::Doubling, 8, true));
+    let Variant::Swarm { ramp, mixed, .. } = Variant::parse("h24-fixed-sync8").unwrap() else {
+        panic!("a swarm variant")
+    };
+    assert_eq!((ramp, mixed), (MergeRamp::SyncUntil(8), false));
+    assert!(Variant::parse("h24-sync0").is_err() && Variant::parse("one-ramp").is_err());
+    assert!(Variant::parse("h24-overlap-ramp").is_err(), "a merge landing late has no ramp");
+    // A ramp whose early merges all fall on the interval's own steps
+    // changes nothing: the same merges, the same weights.
+    let (setup, corpus) = tiny_setup(2, 1, 4);
+    let be = Arc::new(CpuBackend::new());
+    let run = |interval: u64, ramp: MergeRamp| {
+        let mut v = swarm(interval, 0, false);
+        if let Variant::Swarm { ramp: r, .. } = &mut v {
+            *r = ramp;
+        }
+        let mut t = Trainer::new(be.clone(), &setup, &v).unwrap();
+        for _ in 0..4 {
+            t.step(&corpus).unwrap();
+        }
+        (params(&t), t.merges)
+    };
+    let (every_step, merges) = run(1, MergeRamp::None);
+    assert_eq!(merges, 4);
+    assert!(run(4, MergeRamp::SyncUntil(4)).0 == every_step);
+    let (ramped, merges) = run(4, MergeRamp::Doubling);
+    assert_eq!(merges, 3, "after steps 1, 3 and the last");
+    assert!(max_diff(&ramped, &every_step) > 1e-6 && max_diff(&ramped, &run(4, MergeRamp::None).0) > 1e-6);
 }

@@ -54,6 +54,9 @@ pub enum Variant {
         /// At each merge the replicas' inner optimizer moments (both) are
         /// averaged too, as the weights are: twice more merge traffic.
         average_moments: bool,
+        /// Where the merges fall: every `interval` steps, or more often
+        /// early in the run.
+        ramp: MergeRamp,
     },
     /// One process at the global batch, as `OneProcess`, with another stage
     /// boundary: what the bottleneck and its codec cost at equal tokens.
@@ -118,6 +121,46 @@ impl BoundarySpec {
     }
 }
 
+/// Where a swarm variant's merges fall early in the run, where replicas
+/// drift apart fastest (the learning rate's warm-up and Adam's largest
+/// relative steps), in the manner of post-local SGD (Lin et al., 2020).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum MergeRamp {
+    /// Every `interval` global steps from the start.
+    #[default]
+    None,
+    /// Every step for the first N global steps, then every `interval`.
+    SyncUntil(u64),
+    /// Intervals 1, 2, 4, .. doubling up to `interval`, then `interval`.
+    Doubling,
+}
+
+impl MergeRamp {
+    /// Whether a merge follows global step `done` (1-based: steps done so far).
+    pub fn merges_after(self, done: u64, interval: u64) -> bool {
+        match self {
+            MergeRamp::None => done.is_multiple_of(interval),
+            MergeRamp::SyncUntil(n) => done <= n || (done - n).is_multiple_of(interval),
+            MergeRamp::Doubling => {
+                let (mut at, mut next) = (0u64, 1u64);
+                while at < done {
+                    at += next;
+                    next = (next * 2).min(interval);
+                }
+                at == done
+            }
+        }
+    }
+
+    fn suffix(self) -> String {
+        match self {
+            MergeRamp::None => String::new(),
+            MergeRamp::SyncUntil(n) => format!(", merging every step until step {n}"),
+            MergeRamp::Doubling => ", merge interval doubling from 1".into(),
+        }
+    }
+}
+
 impl Variant {
     pub fn parse(s: &str) -> Result<Variant> {
         Ok(match s {
@@ -131,11 +174,29 @@ impl Variant {
                     Some(rest) => (rest, true),
                     None => (s, false),
                 };
+                let (s, merge_ramp) = if let Some(rest) = s.strip_suffix("-ramp") {
+                    (rest, MergeRamp::Doubling)
+                } else {
+                    match s.rsplit_once("-sync") {
+                        Some((rest, n)) => (
+                            rest,
+                            MergeRamp::SyncUntil(n.parse().ok().filter(|n| *n > 0).with_context(|| {
+                                format!("'{full}': -syncN needs a positive N (the steps merged every step)")
+                            })?),
+                        ),
+                        None => (s, MergeRamp::None),
+                    }
+                };
                 let mut v = Self::parse_swarm(s)?;
                 match &mut v {
-                    Variant::Swarm { overlap: 0, average_moments: avg, .. } => *avg = average_moments,
-                    _ if !average_moments => {}
-                    _ => bail!("'{full}': -avg-moments needs a swarm variant whose merge lands at once"),
+                    Variant::Swarm { overlap: 0, average_moments: avg, ramp, .. } => {
+                        *avg = average_moments;
+                        *ramp = merge_ramp;
+                    }
+                    _ if !average_moments && merge_ramp == MergeRamp::None => {}
+                    _ => {
+                        bail!("'{full}': -ramp, -syncN and -avg-moments need a swarm variant whose merge lands at once")
+                    }
                 }
                 return Ok(v);
             }
@@ -187,6 +248,7 @@ impl Variant {
                         delay_from,
                         recompute,
                         average_moments: false,
+                        ramp: MergeRamp::None,
                     });
                 }
                 let (bottleneck, f32_codec, mixed, overlap) = match suffix {
@@ -213,6 +275,7 @@ impl Variant {
                     delay_from: 0,
                     recompute: false,
                     average_moments: false,
+                    ramp: MergeRamp::None,
                 }
             }
         })
@@ -234,8 +297,10 @@ impl Variant {
                 delay_from,
                 recompute,
                 average_moments,
+                ramp,
             } => {
                 let mut n = format!("swarm H={interval}");
+                n += &ramp.suffix();
                 if *average_moments {
                     n += ", moments averaged";
                 }
