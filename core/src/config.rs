@@ -95,16 +95,18 @@ impl BottleneckStyle {
 /// The largest model this build accepts, per dimension (d_model, n_layers,
 /// n_heads, ffn_hidden, vocab_size, max_seq): far above every preset
 /// (`15b`: d 5120, 50 layers, 40 heads, ffn 13824, vocab 128k, seq 4096)
-/// and low enough that the byte counts of a micro-batch at the batch limit
-/// (`MAX_TOKENS_PER_MICRO_BATCH`: attention scores batch x heads x seq^2,
-/// logits tokens x vocab) held 256 times still fit a u64.
+/// and low enough that the byte counts of a micro-batch within the
+/// training limits (`MAX_TOKENS_PER_MICRO_BATCH`, `MAX_TRAIN_SEQ`:
+/// attention scores batch x heads x seq^2, logits tokens x vocab) held 256
+/// times still fit a u64. `max_seq` only bounds positions (nothing is
+/// allocated by it), so imported models with long contexts still load.
 pub const MAX_DIMS: [(&str, usize); 6] = [
     ("d_model", 1 << 16),
     ("n_layers", 1 << 10),
     ("n_heads", 1 << 10),
     ("ffn_hidden", 1 << 18),
     ("vocab_size", 1 << 22),
-    ("max_seq", 1 << 17),
+    ("max_seq", 1 << 24),
 ];
 
 pub const PRESETS: &[&str] = &["tiny", "small", "125m", "1b", "1.5b", "15b"];

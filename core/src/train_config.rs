@@ -12,6 +12,8 @@ use crate::config::ModelConfig;
 /// The most tokens one micro-batch may hold (batch x seq): 16M, far above
 /// any card's memory, so that byte counts derived from it cannot overflow.
 pub const MAX_TOKENS_PER_MICRO_BATCH: usize = 1 << 24;
+/// The longest training sequence (attention's scores grow with its square).
+pub const MAX_TRAIN_SEQ: usize = 1 << 17;
 /// The most micro-batches one optimizer step may accumulate.
 pub const MAX_GRAD_ACCUM: usize = 1 << 16;
 
@@ -38,9 +40,13 @@ impl TrainConfig {
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
             bail!("--batch, --seq and --grad-accum must be positive");
         }
-        if self.batch.saturating_mul(self.seq) > MAX_TOKENS_PER_MICRO_BATCH || self.grad_accum > MAX_GRAD_ACCUM {
+        if self.batch.saturating_mul(self.seq) > MAX_TOKENS_PER_MICRO_BATCH
+            || self.seq > MAX_TRAIN_SEQ
+            || self.grad_accum > MAX_GRAD_ACCUM
+        {
             bail!(
-                "--batch x --seq ({} x {}) must be at most {MAX_TOKENS_PER_MICRO_BATCH} tokens and --grad-accum {} at most {MAX_GRAD_ACCUM}",
+                "--batch x --seq ({} x {}) must be at most {MAX_TOKENS_PER_MICRO_BATCH} tokens, --seq at most \
+                 {MAX_TRAIN_SEQ} and --grad-accum {} at most {MAX_GRAD_ACCUM}",
                 self.batch,
                 self.seq,
                 self.grad_accum
