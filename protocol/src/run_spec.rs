@@ -234,6 +234,11 @@ impl Default for MergeSpec {
     }
 }
 
+/// The most samples a run may address (epochs x micro-batches x batch):
+/// 2^48, about 10^17 tokens at 1,024 tokens each, so that a micro-batch's
+/// global number and its first sample never overflow.
+pub const MAX_RUN_SAMPLES: u64 = 1 << 48;
+
 impl RunSpec {
     /// Micro-batches in flight at once while issuing micro-batch `seq` of
     /// `epoch`.
@@ -262,6 +267,16 @@ impl RunSpec {
         }
         if self.batch == 0 || self.n_shards == 0 || self.max_in_flight == 0 || self.max_attempts == 0 {
             return Err("batch, n_shards, max_in_flight and max_attempts must be positive".into());
+        }
+        // Micro-batches are numbered globally (`micro_batch`) and their
+        // samples addressed by that number times the batch: both must fit.
+        let samples =
+            self.epochs.checked_mul(self.micro_batches_per_epoch).and_then(|n| n.checked_mul(self.batch as u64));
+        if samples.is_none_or(|n| n > MAX_RUN_SAMPLES) {
+            return Err(format!(
+                "epochs x micro_batches_per_epoch x batch ({} x {} x {}) must be at most {MAX_RUN_SAMPLES} samples",
+                self.epochs, self.micro_batches_per_epoch, self.batch
+            ));
         }
         if self.merge.method == MergeMethod::Butterfly && self.merge.stage_params.len() != self.stages as usize {
             return Err("a butterfly merge needs the parameter count of every stage".into());

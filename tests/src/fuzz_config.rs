@@ -114,6 +114,10 @@ pub fn run_config(data: &[u8]) {
         let total = ParamLayout::for_stage(&t.model, s).total();
         assert!(total > 0, "stage {} has no parameters", s.index);
     }
+    // The last micro-batch of the run: its global number and first sample.
+    let last = cfg.spec.micro_batch(cfg.spec.epochs - 1, cfg.spec.micro_batches_per_epoch - 1);
+    assert!(last.shard < cfg.spec.n_shards);
+    let _ = cfg.spec.max_in_flight_at(cfg.spec.epochs - 1, cfg.spec.micro_batches_per_epoch - 1);
     let held = cfg.spec.max_in_flight.clamp(1, 256) as usize;
     let optimizer = if t.adamw.muon { InnerOptimizer::Muon } else { InnerOptimizer::AdamW };
     if let Ok(needs) = RunMemoryNeeds::new(&t.model, t.stages, t.batch, t.seq, held, optimizer) {
@@ -206,5 +210,10 @@ mod regressions {
         }
         let e = refusal(&setting("/train/batch", 3));
         assert!(e.contains("--batch x --seq"), "{e}");
+        // Epochs near u64::MAX overflowed the last micro-batch's global
+        // number (a panic in a debug build): seen reading run_spec.rs,
+        // now addressed by this target.
+        let e = refusal(&setting("/spec/epochs", 4));
+        assert!(e.contains("must be at most"), "{e}");
     }
 }
