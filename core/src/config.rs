@@ -207,16 +207,10 @@ impl ModelConfig {
         if self.d_model == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
             return bad("d_model, n_layers, n_heads and n_kv_heads must be positive".into());
         }
-        let dims = [
-            ("d_model", self.d_model),
-            ("n_layers", self.n_layers),
-            ("n_heads", self.n_heads),
-            ("ffn_hidden", self.ffn_hidden),
-            ("vocab_size", self.vocab_size),
-            ("max_seq", self.max_seq),
-        ];
-        for ((name, value), (_, max)) in dims.iter().zip(MAX_DIMS) {
-            if *value > max {
+        // In MAX_DIMS's order.
+        let dims = [self.d_model, self.n_layers, self.n_heads, self.ffn_hidden, self.vocab_size, self.max_seq];
+        for (value, (name, max)) in dims.into_iter().zip(MAX_DIMS) {
+            if value > max {
                 return bad(format!("{name} {value} exceeds this build's limit of {max}"));
             }
         }
@@ -291,6 +285,18 @@ fn llama3_scale(freq: f64, s: &RopeScaling) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dimension_past_its_limit_is_refused_by_its_name() {
+        for (i, (name, max)) in MAX_DIMS.iter().enumerate() {
+            let mut c = ModelConfig::preset("15b").unwrap();
+            let field =
+                [&mut c.d_model, &mut c.n_layers, &mut c.n_heads, &mut c.ffn_hidden, &mut c.vocab_size, &mut c.max_seq];
+            *field.into_iter().nth(i).unwrap() = max + 1;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("{name} {} exceeds", max + 1)), "{name}: {e}");
+        }
+    }
 
     #[test]
     fn every_preset_is_valid() {
