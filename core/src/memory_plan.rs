@@ -117,6 +117,12 @@ pub enum InnerOptimizer {
 }
 
 impl InnerOptimizer {
+    /// What a run's optimizer settings keep per weight (NAdam counts as
+    /// AdamW: the same two moments).
+    pub fn of(settings: &crate::train_config::AdamWConfig) -> InnerOptimizer {
+        if settings.muon { InnerOptimizer::Muon } else { InnerOptimizer::AdamW }
+    }
+
     pub fn moments(self) -> u64 {
         match self {
             InnerOptimizer::AdamW | InnerOptimizer::NAdam | InnerOptimizer::Muon => 2,

@@ -70,12 +70,12 @@ fn hostile(b: &mut Bytes, old: &Value) -> Option<Value> {
 }
 
 /// The JSON an input stands for: the input itself (mode 0 mod 4) or a
-/// real configuration with the input's edits, handed to `with`.
-fn edit_json(data: &[u8], with: impl FnOnce(&str)) {
+/// real configuration with the input's edits.
+fn edit_json(data: &[u8]) -> String {
     let mut b = Bytes(data);
     let mode = b.u8();
     if mode % 4 == 0 {
-        return with(&String::from_utf8_lossy(b.0));
+        return String::from_utf8_lossy(b.0).into_owned();
     }
     let mut v = base(mode / 4);
     let mut at = Vec::new();
@@ -93,16 +93,14 @@ fn edit_json(data: &[u8], with: impl FnOnce(&str)) {
             *v.pointer_mut(path).expect("found above") = new;
         }
     }
-    with(&v.to_string())
+    v.to_string()
 }
 
 pub fn run_config(data: &[u8]) {
-    let mut json = String::new();
-    edit_json(data, |j| json = j.to_string());
+    let json = edit_json(data);
     let Ok(cfg) = RunConfig::from_json(&json) else { return };
     // What the orchestrator sent, the miner can describe back exactly: no
-    // setting accepted in a form that does not survive its own JSON (an
-    // f32 that overflowed to infinity is written as null).
+    // setting accepted in a form that does not survive its own JSON.
     let again = RunConfig::from_json(&cfg.to_json()).expect("an accepted run config reads back");
     assert!(again == cfg, "an accepted run config changed on its way back through JSON");
     // What a miner does next (lifecycle.rs): every stage's layout and the
@@ -119,7 +117,7 @@ pub fn run_config(data: &[u8]) {
     assert!(last.shard < cfg.spec.n_shards);
     let _ = cfg.spec.max_in_flight_at(cfg.spec.epochs - 1, cfg.spec.micro_batches_per_epoch - 1);
     let held = cfg.spec.max_in_flight.clamp(1, 256) as usize;
-    let optimizer = if t.adamw.muon { InnerOptimizer::Muon } else { InnerOptimizer::AdamW };
+    let optimizer = InnerOptimizer::of(&t.adamw);
     if let Ok(needs) = RunMemoryNeeds::new(&t.model, t.stages, t.batch, t.seq, held, optimizer) {
         for stage in 0..specs.len() {
             let _ = needs.check(ComputeBackend::Cpu, stage, 16 << 30);
@@ -146,20 +144,13 @@ mod tests {
             data[0] |= 1; // the edit path, not raw bytes
             let r = std::panic::catch_unwind(|| super::run_config(&data));
             assert!(r.is_ok(), "run_config panicked on input {i}: {data:?}");
-            let json = edited(&data);
+            let json = super::edit_json(&data);
             match iota_protocol::RunConfig::from_json(&json) {
                 Ok(_) => accepted += 1,
                 Err(_) => refused += 1,
             }
         }
         assert!(accepted > iters / 20 && refused > iters / 20, "accepted {accepted}, refused {refused}");
-    }
-
-    /// The JSON `run_config` builds from an edit-path input.
-    fn edited(data: &[u8]) -> String {
-        let captured = std::sync::Mutex::new(String::new());
-        super::edit_json(data, |j| *captured.lock().unwrap() = j.to_string());
-        captured.into_inner().unwrap()
     }
 }
 
@@ -178,8 +169,7 @@ mod regressions {
     }
 
     fn refusal(data: &[u8]) -> String {
-        let mut json = String::new();
-        edit_json(data, |j| json = j.to_string());
+        let json = edit_json(data);
         run_config(data);
         RunConfig::from_json(&json).expect_err("refused").to_string()
     }

@@ -71,11 +71,7 @@ impl<B: Backend + 'static> Worker<B> {
                 self.cfg.spec.max_in_flight.clamp(1, 256) as usize,
                 // AdamW and NAdam keep the same two moments; Muon those and
                 // a step's scratch.
-                if t.adamw.muon {
-                    iota_core::memory_plan::InnerOptimizer::Muon
-                } else {
-                    iota_core::memory_plan::InnerOptimizer::AdamW
-                },
+                iota_core::memory_plan::InnerOptimizer::of(&t.adamw),
             )?;
             needs.check(backend, a.stage as usize, bytes).map_err(StageDoesNotFit)?;
             if self.recompute == Recompute::Auto {
