@@ -49,6 +49,9 @@ pub fn run(mut a: Args) -> Result<()> {
     let work = work_dir(&a.run.run_dir)?;
     a.run.run_dir = work.path().to_path_buf();
     let cfg = a.run.run_config()?;
+    if let Some(note) = a.run.optimizer_note(&cfg) {
+        println!("{note}");
+    }
     a.run.claim_run_dir(&cfg)?;
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, a.run.data_path()?.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -48,11 +48,16 @@ pub struct RunArgs {
     /// twentieth of the run's steps, between 1 and 100).
     #[arg(long)]
     pub warmup_steps: Option<u64>,
-    /// Inner optimizer of every miner: adamw, nadam (Adam with a
+    /// Inner optimizer of every miner: auto, adamw, nadam (Adam with a
     /// Nesterov look-ahead on the first moment), or muon (the blocks'
     /// matrices take Muon's orthogonalised momentum, scaled to AdamW's step
-    /// size; embeddings, LM head and norms keep AdamW).
-    #[arg(long, default_value = "adamw")]
+    /// size; embeddings, LM head and norms keep AdamW). auto: Muon where
+    /// its Newton-Schulz steps add at most 10% to the slowest stage's step
+    /// (counted from the model and the tokens per step: `small` at the
+    /// defaults), else AdamW; the run's first lines say which and why.
+    /// Muon learns more per token (`small`: the swarm's gap to one process
+    /// halved; docs/BENCHMARKS.md, convergence).
+    #[arg(long, default_value = "auto")]
     pub optimizer: String,
     /// beta1 of each stage's inner optimizer, head first, comma-separated
     /// (a shorter list repeats its last value; default 0.9 everywhere).
@@ -244,6 +249,12 @@ impl RunArgs {
     /// The run configuration these settings describe (loads the corpus once
     /// to fix the number of data shards). A run on prepared data needs
     /// `run_config_from_store`.
+    /// What `--optimizer auto` chose for `cfg` and why (`None` when the
+    /// optimizer was named), for the run's first lines.
+    pub fn optimizer_note(&self, cfg: &RunConfig) -> Option<String> {
+        (self.optimizer == "auto").then(|| cfg.train.auto_optimizer_note(self.stages as usize))
+    }
+
     pub fn run_config(&self) -> Result<RunConfig> {
         anyhow::ensure!(!self.prepared_data, "--prepared-data: the corpus is read from the run's store");
         let mut cfg = self.unfixed_config()?;
@@ -293,7 +304,7 @@ impl RunArgs {
         }
         let steps = (self.epochs * self.micro_batches / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
         let seq = self.seq.unwrap_or(model.max_seq.min(128));
-        let train = TrainConfig {
+        let mut train = TrainConfig {
             model,
             tokenizer,
             stages: self.stages as usize,
@@ -307,19 +318,17 @@ impl RunArgs {
                 total: steps,
                 min_ratio: 0.1,
             },
-            adamw: {
-                let mut o = AdamWConfig {
-                    stage_beta1: self.stage_beta1.clone(),
-                    stage_lr: self.stage_lr.clone(),
-                    predict_weights: self.predict_weights,
-                    ..AdamWConfig::default()
-                };
-                o.set_optimizer(&self.optimizer)?;
-                o
+            adamw: AdamWConfig {
+                stage_beta1: self.stage_beta1.clone(),
+                stage_lr: self.stage_lr.clone(),
+                predict_weights: self.predict_weights,
+                ..AdamWConfig::default()
             },
             codec,
             seed: self.seed,
         };
+        // The pipeline's stages run on their own miners, at the slowest one's pace.
+        train.choose_optimizer(&self.optimizer, self.stages as usize)?;
         let merge = MergeSpec {
             method: MergeMethod::parse(&self.merge)
                 .with_context(|| format!("unknown merge '{}' (butterfly, parameter-server)", self.merge))?,
@@ -556,6 +565,36 @@ mod tests {
     fn args(dir: &std::path::Path, extra: &[&str]) -> RunArgs {
         let base = ["x", "--model", "tiny", "--stages", "2", "--replicas", "1", "--run-dir", dir.to_str().unwrap()];
         Flags::parse_from(base.iter().chain(extra)).run
+    }
+
+    #[test]
+    fn the_default_optimizer_is_muon_where_it_is_cheap_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let parsed = |model: &str, stages: &str, extra: &[&str]| {
+            let base = ["x", "--model", model, "--stages", stages, "--run-dir", dir.path().to_str().unwrap()];
+            let run = Flags::parse_from(base.iter().chain(extra)).run;
+            let cfg = run.run_config().unwrap();
+            (cfg.train.adamw.optimizer_name(), run.optimizer_note(&cfg))
+        };
+        let cfg = |extra: &[&str]| parsed("tiny", "2", extra);
+        // `small` in 3 stages at batch 8 x seq 128: the LM head sets the
+        // tail's pace and Newton-Schulz adds about 6% to it.
+        let (small, note) = parsed("small", "3", &[]);
+        assert_eq!(small, "muon");
+        let note = note.unwrap();
+        assert!(note.starts_with("optimizer: muon (auto") && note.contains("about 6%"), "{note}");
+        // `tiny`'s blocks are most of its work: AdamW, and the line says
+        // how to have Muon anyway.
+        let (tiny, note) = cfg(&[]);
+        assert_eq!(tiny, "adamw");
+        assert!(note.unwrap().contains("--optimizer muon"));
+        // Sixteen times the tokens per step makes Muon cheap there too.
+        assert_eq!(cfg(&["--grad-accum", "16"]).0, "muon");
+        // A named optimizer is taken as it is, with no line.
+        assert_eq!(parsed("small", "3", &["--optimizer", "adamw"]), ("adamw", None));
+        assert_eq!(cfg(&["--optimizer", "nadam"]), ("nadam", None));
+        let bad = args(dir.path(), &["--optimizer", "lion"]).run_config().unwrap_err().to_string();
+        assert!(bad.contains("auto, adamw, nadam, muon"), "{bad}");
     }
 
     #[test]

@@ -264,6 +264,9 @@ async fn claimed_config(run: &RunArgs, bucket: Option<&crate::s3_store::S3Store>
         }
         None => run.run_config()?,
     };
+    if let Some(note) = run.optimizer_note(&cfg) {
+        eprintln!("{note}");
+    }
     run.claim_run_dir(&cfg)?;
     if run.prepared_data && bucket.is_none() {
         // A new run in a directory that held another moves the old store

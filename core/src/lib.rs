@@ -2,12 +2,13 @@
 //!
 //! Identifiers and signed identities, the data-plane frame schema, model presets and their exact parameter layout, the stage
 //! split, wire codec descriptors, a deterministic random generator, and what a
-//! stage holds in memory and sends, counted from the code (`memory_plan`,
-//! `traffic_plan`). Nothing here performs I/O, so the control plane, the data
+//! stage holds in memory, sends and computes, counted from the code
+//! (`memory_plan`, `traffic_plan`, `compute_plan`). Nothing here performs I/O, so the control plane, the data
 //! plane and the model can all depend on it without pulling in a runtime.
 
 pub mod codec;
 pub mod commitment;
+pub mod compute_plan;
 pub mod config;
 pub mod error;
 pub mod identity;

@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::WireCodec;
+use crate::compute_plan::{AUTO_MUON_MAX_SLOWDOWN, muon_slowdown};
 use crate::config::ModelConfig;
 
 /// The most tokens one micro-batch may hold (batch x seq): 16M, far above
@@ -35,6 +36,45 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// Sets the inner optimizer by its `--optimizer` name. `auto` takes
+    /// Muon where its Newton-Schulz steps slow the run by at most
+    /// [`AUTO_MUON_MAX_SLOWDOWN`] (see [`TrainConfig::muon_slowdown`]),
+    /// else AdamW; [`TrainConfig::auto_optimizer_note`] says which and why.
+    pub fn choose_optimizer(&mut self, name: &str, pipeline_stages: usize) -> Result<()> {
+        if name != "auto" {
+            return self.adamw.set_optimizer(name);
+        }
+        let cheap = self.muon_slowdown(pipeline_stages).is_some_and(|s| s <= AUTO_MUON_MAX_SLOWDOWN);
+        self.adamw.set_optimizer(if cheap { "muon" } else { "adamw" })
+    }
+
+    /// What Muon's Newton-Schulz steps add to the step of the slowest of
+    /// `pipeline_stages` stages (one process is one stage), counted by
+    /// `compute_plan`; `None` for a split the model does not allow.
+    pub fn muon_slowdown(&self, pipeline_stages: usize) -> Option<f64> {
+        muon_slowdown(&self.model, pipeline_stages, self.tokens_per_step(), self.seq)
+    }
+
+    /// One line for a run's start-up: the optimizer `auto` chose and why.
+    pub fn auto_optimizer_note(&self, pipeline_stages: usize) -> String {
+        let Some(s) = self.muon_slowdown(pipeline_stages) else {
+            return format!("optimizer: {} (auto)", self.adamw.optimizer_name());
+        };
+        let (pct, limit, tokens) = (s * 100.0, AUTO_MUON_MAX_SLOWDOWN * 100.0, self.tokens_per_step());
+        if self.adamw.muon {
+            format!(
+                "optimizer: muon (auto: its Newton-Schulz steps add about {pct:.0}% to the slowest stage's step of \
+                 {tokens} tokens, within the {limit:.0}% auto allows; --optimizer adamw for AdamW)"
+            )
+        } else {
+            format!(
+                "optimizer: adamw (auto: Muon's Newton-Schulz steps would add about {pct:.0}% to the slowest \
+                 stage's step of {tokens} tokens, over the {limit:.0}% auto allows; --optimizer muon for Muon, \
+                 which learns more per token)"
+            )
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 {
@@ -77,7 +117,8 @@ impl TrainConfig {
     }
 
     pub fn tokens_per_step(&self) -> usize {
-        self.batch * self.seq * self.grad_accum
+        // Saturating: `--optimizer auto` asks before validate() bounds them.
+        self.batch.saturating_mul(self.seq).saturating_mul(self.grad_accum)
     }
 }
 
@@ -141,7 +182,7 @@ impl AdamWConfig {
     }
 
     /// The inner optimizers `--optimizer` names.
-    pub const OPTIMIZERS: &'static str = "adamw, nadam, muon";
+    pub const OPTIMIZERS: &'static str = "auto, adamw, nadam, muon";
 
     /// Sets the inner optimizer by its `--optimizer` name: adamw (or adam),
     /// nadam, or muon (Muon for the blocks' matrices, AdamW for the rest).
@@ -150,9 +191,19 @@ impl AdamWConfig {
             "adamw" | "adam" => (false, false),
             "nadam" => (true, false),
             "muon" => (false, true),
+            "auto" => bail!("--optimizer auto is chosen from the run's shape (TrainConfig::choose_optimizer)"),
             other => bail!("unknown --optimizer '{other}' ({})", Self::OPTIMIZERS),
         };
         Ok(())
+    }
+
+    /// The `--optimizer` name of these settings.
+    pub fn optimizer_name(&self) -> &'static str {
+        match (self.muon, self.nesterov) {
+            (true, _) => "muon",
+            (false, true) => "nadam",
+            (false, false) => "adamw",
+        }
     }
 
     pub fn validate(&self) -> Result<()> {

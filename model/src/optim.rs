@@ -10,10 +10,11 @@ pub use iota_core::train_config::{AdamWConfig, LrSchedule};
 
 /// Muon's momentum (Nesterov form), the value its authors use.
 pub const MUON_MOMENTUM: f32 = 0.95;
-/// Newton-Schulz steps and the quintic's coefficients (Jordan et al.,
+/// Newton-Schulz steps (counted in `iota_core::compute_plan` for
+/// `--optimizer auto`) and the quintic's coefficients (Jordan et al.,
 /// 2024: chosen so that five steps bring every singular value of a
 /// normalised matrix into roughly [0.7, 1.2]).
-pub const MUON_NS_STEPS: usize = 5;
+pub use iota_core::compute_plan::MUON_NS_STEPS;
 pub const MUON_NS_COEFFICIENTS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
 /// The orthogonalised update of an `r x c` matrix has an RMS of about
 /// 1/sqrt(max(r, c)); times this factor x sqrt(max(r, c)) its RMS is 0.2,

@@ -534,6 +534,9 @@ fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
 
 pub fn run(a: Args) -> Result<()> {
     let cfg = a.run.run_config()?;
+    if let Some(note) = a.run.optimizer_note(&cfg) {
+        println!("{note}");
+    }
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, a.run.data_path()?.as_deref())?;
     let setup = Setup {
         train: cfg.train.clone(),

@@ -90,11 +90,13 @@ pub struct TrainArgs {
     /// Clip each stage's gradient L2 norm to this (0 = off).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f32,
-    /// Optimizer: adamw, nadam (Adam with a Nesterov look-ahead on the
-    /// first moment), or muon (the blocks' matrices take Muon's
+    /// Optimizer: auto, adamw, nadam (Adam with a Nesterov look-ahead on
+    /// the first moment), or muon (the blocks' matrices take Muon's
     /// orthogonalised momentum, scaled to AdamW's step size; embeddings,
-    /// LM head and norms keep AdamW).
-    #[arg(long, default_value = "adamw")]
+    /// LM head and norms keep AdamW). auto: Muon where its Newton-Schulz
+    /// steps add at most 10% to a step (counted from the model and the
+    /// tokens per step), else AdamW; the first lines say which and why.
+    #[arg(long, default_value = "auto")]
     pub optimizer: String,
     /// beta1 of each stage, head first, comma-separated (a shorter list
     /// repeats its last value; default 0.9 everywhere).
@@ -313,7 +315,7 @@ impl TrainArgs {
             .with_context(|| format!("unknown codec '{}' (int8, int4, bf16, f32)", a.codec))?;
         let warmup = a.warmup.unwrap_or((a.steps / 20).clamp(1, 100));
         let seq = a.seq.unwrap_or(model.max_seq.min(128));
-        let cfg = TrainConfig {
+        let mut cfg = TrainConfig {
             model,
             tokenizer,
             stages: a.stages,
@@ -322,19 +324,17 @@ impl TrainArgs {
             grad_accum: a.grad_accum,
             steps: a.steps,
             schedule: LrSchedule { peak: a.lr, warmup, total: a.steps, min_ratio: a.min_lr_ratio },
-            adamw: {
-                let mut o = AdamWConfig {
-                    weight_decay: a.weight_decay,
-                    grad_clip: a.grad_clip,
-                    stage_beta1: a.stage_beta1.clone(),
-                    ..AdamWConfig::default()
-                };
-                o.set_optimizer(&a.optimizer)?;
-                o
+            adamw: AdamWConfig {
+                weight_decay: a.weight_decay,
+                grad_clip: a.grad_clip,
+                stage_beta1: a.stage_beta1.clone(),
+                ..AdamWConfig::default()
             },
             codec,
             seed: a.seed,
         };
+        // One process runs every stage in turn: its step is all of them.
+        cfg.choose_optimizer(&a.optimizer, 1)?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -48,6 +48,9 @@ fn load_corpus(path: Option<&Path>, cfg: &TrainConfig) -> Result<(Corpus, DataSo
 /// A new run in `--out` (default `runs/train`), which must not hold another.
 fn start<B: Backend>(be: Arc<B>, a: &TrainArgs) -> Result<(Pipeline<B>, Corpus, PathBuf)> {
     let cfg = a.train_config()?;
+    if a.optimizer == "auto" {
+        eprintln!("{}", cfg.auto_optimizer_note(1));
+    }
     let (corpus, data) = load_corpus(a.data.as_deref(), &cfg)?;
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("runs/train"));
     match run_dir::claim(&out, &settings(&cfg, &data)?, RUN_FILES, a.new_run)? {

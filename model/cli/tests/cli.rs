@@ -156,7 +156,13 @@ fn resume_refuses_conflicting_flags_and_another_corpus() {
     let args = ["train", "--config", "tiny", "--batch", "2", "--seq", "16", "--steps", "2"];
     let o = iota(&[&args[..], &["--data", data.to_str().unwrap(), "--out", out_s]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
+    // `tiny` at 32 tokens a step: Muon would cost more than the step.
+    assert!(stderr(&o).contains("optimizer: adamw (auto: Muon's Newton-Schulz steps would add"), "{}", stderr(&o));
 
+    let o = iota(&["train", "--resume", out_s, "--steps", "3", "--optimizer", "muon"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--optimizer muon (the checkpoint has adamw)"), "{err}");
     let o = iota(&["train", "--resume", out_s, "--steps", "3", "--lr", "0.01", "--batch", "4"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");

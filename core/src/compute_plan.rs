@@ -1,0 +1,124 @@
+//! What a stage computes per optimizer step, counted in FLOPs from its
+//! layout: the training step's GEMMs and attention, and Muon's
+//! Newton-Schulz iterations. `--optimizer auto` weighs the two to choose
+//! Muon where it is cheap (docs/BENCHMARKS.md, "Muon").
+//!
+//! The count is a model of time, not a measurement: it leaves out what is
+//! not a GEMM (norms, softmax, the loss over the vocabulary), so it
+//! overstates Muon's share where those weigh (one process of `small` on
+//! the CPU: 15% counted, 5% measured), and it knows nothing of a GPU's
+//! launch overheads on small matrices.
+
+use crate::config::ModelConfig;
+use crate::layout::{ParamLayout, StageSpec};
+
+/// Newton-Schulz steps per Muon update (Jordan et al., 2024).
+pub const MUON_NS_STEPS: usize = 5;
+
+/// `--optimizer auto` takes Muon when its Newton-Schulz work slows the
+/// run's slowest stage by at most this fraction, else AdamW. Muon's gain
+/// at equal tokens where measured (`small`: 8% lower swarm loss, the
+/// swarm's gap to one process halved) is worth far more than a tenth of
+/// throughput; beyond a tenth it is not measured.
+pub const AUTO_MUON_MAX_SLOWDOWN: f64 = 0.10;
+
+/// FLOPs of one training step (forward and backward) of `spec` over
+/// `tokens` tokens in sequences of `seq`: 6 per weight of every matrix
+/// that a GEMM reads, per token (the embedding is a gather, not a GEMM),
+/// and attention's two products over the causal half of the sequence,
+/// 6 x seq x q_dim per token and block.
+pub fn stage_step_flops(cfg: &ModelConfig, spec: &StageSpec, tokens: usize, seq: usize) -> f64 {
+    let weights: usize = ParamLayout::for_stage(cfg, spec)
+        .entries
+        .iter()
+        .filter(|e| e.shape.len() == 2 && !e.name.contains("embed_tokens"))
+        .map(|e| e.len())
+        .sum();
+    let attention = 6.0 * seq as f64 * cfg.q_dim() as f64 * spec.layers.len() as f64;
+    tokens as f64 * (6.0 * weights as f64 + attention)
+}
+
+/// FLOPs of Muon's Newton-Schulz iterations over `spec`'s matrices in one
+/// optimizer step: per step and `r x c` matrix (k = min, n = max), the
+/// Gram matrix (2 k^2 n), its square (2 k^3) and the product back
+/// (2 k^2 n), as `iota_model::optim::newton_schulz` computes them.
+pub fn stage_newton_schulz_flops(cfg: &ModelConfig, spec: &StageSpec) -> f64 {
+    ParamLayout::for_stage(cfg, spec)
+        .entries
+        .iter()
+        .filter(|e| e.takes_muon())
+        .map(|e| {
+            let (k, n) = (e.shape[0].min(e.shape[1]) as f64, e.shape[0].max(e.shape[1]) as f64);
+            MUON_NS_STEPS as f64 * (4.0 * k * k * n + 2.0 * k * k * k)
+        })
+        .sum()
+}
+
+/// How much Muon slows a pipeline of `stages` stages, each stepping after
+/// `tokens_per_step` tokens: the slowest stage's step with Newton-Schulz
+/// over the slowest without, minus one (a pipeline runs at its slowest
+/// stage's pace; one process is one stage). `None` for a split the model
+/// does not allow.
+pub fn muon_slowdown(cfg: &ModelConfig, stages: usize, tokens_per_step: usize, seq: usize) -> Option<f64> {
+    let specs = StageSpec::split(cfg, stages).ok()?;
+    let (mut without, mut with) = (0.0f64, 0.0f64);
+    for s in &specs {
+        let step = stage_step_flops(cfg, s, tokens_per_step, seq);
+        without = without.max(step);
+        with = with.max(step + stage_newton_schulz_flops(cfg, s));
+    }
+    (without > 0.0).then(|| with / without - 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_square_matrix_costs_thirty_k_cubed_and_a_stage_sums_its_matrices() {
+        let mut cfg = ModelConfig::preset("tiny").unwrap();
+        cfg.bottleneck = 0;
+        let whole = StageSpec::whole(&cfg);
+        let (d, f, kv) = (cfg.d_model as f64, cfg.ffn_hidden as f64, cfg.kv_dim() as f64);
+        let square = 5.0 * 6.0 * d * d * d;
+        let kv_proj = 5.0 * (4.0 * kv * kv * d + 2.0 * kv * kv * kv);
+        let mlp = 5.0 * (4.0 * d * d * f + 2.0 * d * d * d);
+        let per_block = 2.0 * square + 2.0 * kv_proj + 3.0 * mlp;
+        let got = stage_newton_schulz_flops(&cfg, &whole);
+        assert!((got / (per_block * cfg.n_layers as f64) - 1.0).abs() < 1e-12, "{got}");
+    }
+
+    #[test]
+    fn the_step_counts_the_head_but_not_the_embedding() {
+        let cfg = ModelConfig::preset("small").unwrap();
+        let specs = StageSpec::split(&cfg, 3).unwrap();
+        let (head, tail) = (&specs[0], &specs[2]);
+        let lm_head = 6.0 * (cfg.vocab_size * cfg.d_model) as f64 * 1024.0;
+        // Same number of blocks; the tail's LM head is the difference
+        // (the bottleneck's two projections aside: the head has one, the
+        // tail one).
+        let diff = stage_step_flops(&cfg, tail, 1024, 128) - stage_step_flops(&cfg, head, 1024, 128);
+        assert!((diff / lm_head - 1.0).abs() < 0.01, "{diff} vs {lm_head}");
+        // Twice the tokens, twice the work; Muon's does not grow.
+        let one = stage_step_flops(&cfg, tail, 1024, 128);
+        assert!((stage_step_flops(&cfg, tail, 2048, 128) / one - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn muon_is_cheap_where_the_tokens_per_step_outweigh_the_matrices() {
+        // `small` in the swarm's shape: the tail's LM head sets the pace
+        // and Muon adds about 6% to it (measured on the 2-core VM: 5-6%).
+        let small = ModelConfig::preset("small").unwrap();
+        let s = muon_slowdown(&small, 3, 8 * 128, 128).unwrap();
+        assert!(s > 0.03 && s < 0.08, "{s}");
+        // The same model in one process pays for every block's matrices.
+        let one = muon_slowdown(&small, 1, 8 * 128, 128).unwrap();
+        assert!(one > s, "{one} vs {s}");
+        // `1.5b` at batch 4 x seq 1024: the Newton-Schulz steps cost more
+        // than the step itself; at 64 times the tokens they do not.
+        let big = ModelConfig::preset("1.5b").unwrap();
+        assert!(muon_slowdown(&big, 3, 4096, 1024).unwrap() > 1.0);
+        assert!(muon_slowdown(&big, 3, 64 * 4096, 1024).unwrap() < 0.05);
+        assert!(muon_slowdown(&big, 17, 4096, 1024).is_none());
+    }
+}
