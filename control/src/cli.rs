@@ -243,6 +243,15 @@ pub struct RunArgs {
     /// server. Off: every epoch waits for its merge.
     #[arg(long)]
     pub merge_overlap: bool,
+    /// Merge more often early in the run: the first epoch is one inner step
+    /// per replica (replicas x grad-accum micro-batches), each next epoch
+    /// twice the last, until one would reach --micro-batches; the run's
+    /// micro-batches stay epochs x micro-batches (so it has more, shorter
+    /// epochs, and merges, at the start). Replicas drift apart fastest
+    /// while the learning rate warms up (docs/BENCHMARKS.md, "Merging more
+    /// often early in the run"). Not yet with --merge-overlap.
+    #[arg(long)]
+    pub merge_ramp: bool,
 }
 
 impl RunArgs {
@@ -367,6 +376,7 @@ impl RunArgs {
             pipeline_warmup_micro_batches: self.pipeline_warmup_steps.unwrap_or(train.schedule.warmup)
                 * self.replicas as u64
                 * train.grad_accum.max(1) as u64,
+            ramp_first_epoch: if self.merge_ramp { self.replicas as u64 * train.grad_accum.max(1) as u64 } else { 0 },
             route_timeout_ms: self.route_timeout_s * 1000,
             heartbeat_timeout_ms: self.heartbeat_timeout_s * 1000,
             max_attempts: self.max_attempts,
@@ -595,6 +605,22 @@ mod tests {
         assert_eq!(cfg(&["--optimizer", "nadam"]), ("nadam", None));
         let bad = args(dir.path(), &["--optimizer", "lion"]).run_config().unwrap_err().to_string();
         assert!(bad.contains("auto, adamw, nadam, muon"), "{bad}");
+    }
+
+    #[test]
+    fn the_merge_ramp_starts_at_one_step_per_replica_and_is_a_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = args(dir.path(), &[]).run_config().unwrap();
+        assert_eq!(plain.spec.ramp_first_epoch, 0);
+        assert!(!plain.to_json().contains("ramp"), "off, it is left out: older run ids stand");
+        // One replica accumulating 3 micro-batches a step: epochs of 3, 6,
+        // 12, 24, then the full 48.
+        let ramp = args(dir.path(), &["--merge-ramp", "--grad-accum", "3"]).run_config().unwrap();
+        assert_eq!(ramp.spec.ramp_first_epoch, 3);
+        assert_eq!((0..5).map(|e| ramp.spec.epoch_len(e)).collect::<Vec<_>>(), vec![3, 6, 12, 24, 48]);
+        assert_ne!(ramp.spec.run_id, args(dir.path(), &["--grad-accum", "3"]).run_config().unwrap().spec.run_id);
+        let both = args(dir.path(), &["--merge-ramp", "--merge-overlap"]).run_config().unwrap_err().to_string();
+        assert!(both.contains("merge ramp") && both.contains("overlap"), "{both}");
     }
 
     #[test]

@@ -164,7 +164,7 @@ pub fn state(o: &Orchestrator, now: Ms) -> Value {
         "run_id": spec.run_id,
         "now_ms": now,
         "epoch": o.epoch(),
-        "epochs": spec.epochs,
+        "epochs": spec.epoch_count(),
         "phase": phase,
         "micro_batches_per_epoch": spec.micro_batches_per_epoch,
         "completed": c.completed,

@@ -36,7 +36,7 @@ pub fn orchestrator_metrics(o: &Orchestrator) -> String {
     let c = o.counters();
     let spec = o.spec();
     gauge(&mut r, "epoch", "The epoch the run is in (0-based).", o.epoch() as i64);
-    gauge(&mut r, "epochs", "Epochs the run trains.", spec.epochs as i64);
+    gauge(&mut r, "epochs", "Epochs the run trains.", spec.epoch_count() as i64);
     let phases = Family::<Labels, Gauge>::default();
     for p in [Phase::Waiting, Phase::Training, Phase::Uploading, Phase::Merging, Phase::Done] {
         let name = format!("{p:?}").to_lowercase();

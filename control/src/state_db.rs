@@ -436,6 +436,7 @@ mod tests {
             n_shards: 2,
             max_in_flight: 1,
             pipeline_warmup_micro_batches: 0,
+            ramp_first_epoch: 0,
             route_timeout_ms: 100,
             heartbeat_timeout_ms: 100,
             max_attempts: 2,

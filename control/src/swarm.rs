@@ -306,7 +306,7 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         spec.replicas,
         o.run_dir.join("logs").display()
     );
-    let bar = ProgressBar::new(spec.epochs * spec.micro_batches_per_epoch);
+    let bar = ProgressBar::new(spec.total_micro_batches());
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?
             .progress_chars("=> "),
@@ -342,8 +342,8 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
         bar.set_message(format!(
             "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {} | convicted {}",
-            (epoch + 1).min(spec.epochs),
-            spec.epochs,
+            (epoch + 1).min(spec.epoch_count()),
+            spec.epoch_count(),
             phase,
             c.last_loss,
             tps,

@@ -24,6 +24,7 @@ fn spec() -> RunSpec {
         n_shards: 2,
         max_in_flight: 1,
         pipeline_warmup_micro_batches: 0,
+        ramp_first_epoch: 0,
         route_timeout_ms: 60_000,
         heartbeat_timeout_ms: 60_000,
         max_attempts: 3,

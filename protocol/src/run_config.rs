@@ -91,6 +91,15 @@ impl RunConfig {
                 self.train.grad_accum
             );
         }
+        // A miner steps after grad_accum micro-batches: each epoch of the
+        // merge ramp must end on a step.
+        if !self.spec.ramp_first_epoch.is_multiple_of(self.train.grad_accum as u64) {
+            bail!(
+                "the merge ramp's first epoch ({} micro-batches) must be a multiple of grad_accum ({})",
+                self.spec.ramp_first_epoch,
+                self.train.grad_accum
+            );
+        }
         Ok(())
     }
 

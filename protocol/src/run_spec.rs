@@ -26,6 +26,17 @@ pub struct RunSpec {
     /// so runs saved before it existed keep their run id.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pipeline_warmup_micro_batches: u64,
+    /// The merge ramp: the run's first epoch has this many micro-batches,
+    /// each next one twice the last, until one would be as long as
+    /// `micro_batches_per_epoch`; from there epochs have their full length.
+    /// The run's micro-batches stay `epochs x micro_batches_per_epoch`, so
+    /// it merges more often early (its last epoch may be shorter). 0: off.
+    /// Replicas drift apart fastest while the learning rate warms up
+    /// (docs/BENCHMARKS.md, "Merging more often early in the run"). Left
+    /// out of the settings when off, so runs saved before it existed keep
+    /// their run id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ramp_first_epoch: u64,
     /// A micro-batch not finished this long after issue is re-routed.
     pub route_timeout_ms: u64,
     /// A miner silent this long is unhealthy.
@@ -240,10 +251,53 @@ impl Default for MergeSpec {
 pub const MAX_RUN_SAMPLES: u64 = 1 << 48;
 
 impl RunSpec {
+    /// Micro-batches the run issues in all.
+    pub fn total_micro_batches(&self) -> u64 {
+        self.epochs.saturating_mul(self.micro_batches_per_epoch)
+    }
+
+    /// Epochs of the merge ramp, shorter than a full one.
+    fn ramp_epochs(&self) -> u64 {
+        let (first, full) = (self.ramp_first_epoch, self.micro_batches_per_epoch);
+        if first == 0 {
+            return 0;
+        }
+        let mut k = 0;
+        while k < 63 && first.checked_shl(k).is_some_and(|len| len >> k == first && len < full) {
+            k += 1;
+        }
+        k as u64
+    }
+
+    /// Micro-batches issued before epoch `epoch` starts (past the run's
+    /// end, as if it went on with full epochs).
+    pub fn epoch_start(&self, epoch: u64) -> u64 {
+        let (first, full, ramp) = (self.ramp_first_epoch, self.micro_batches_per_epoch, self.ramp_epochs());
+        // first x (2^k - 1): the ramp's epochs before epoch k.
+        let ramped = |k: u64| first.saturating_mul((1u64 << k) - 1);
+        if epoch <= ramp { ramped(epoch) } else { ramped(ramp).saturating_add((epoch - ramp).saturating_mul(full)) }
+    }
+
+    /// Micro-batches of epoch `epoch` (0 past the run's end).
+    pub fn epoch_len(&self, epoch: u64) -> u64 {
+        let total = self.total_micro_batches();
+        self.epoch_start(epoch.saturating_add(1)).min(total) - self.epoch_start(epoch).min(total)
+    }
+
+    /// Epochs the run has: `epochs`, plus the merge ramp's extra ones.
+    pub fn epoch_count(&self) -> u64 {
+        let (total, ramp) = (self.total_micro_batches(), self.ramp_epochs());
+        let in_ramp = self.epoch_start(ramp);
+        if total <= in_ramp {
+            return (0..=ramp).find(|&e| self.epoch_start(e) >= total).unwrap_or(ramp);
+        }
+        ramp + (total - in_ramp).div_ceil(self.micro_batches_per_epoch)
+    }
+
     /// Micro-batches in flight at once while issuing micro-batch `seq` of
     /// `epoch`.
     pub fn max_in_flight_at(&self, epoch: u64, seq: u64) -> u32 {
-        let issued_before = epoch.saturating_mul(self.micro_batches_per_epoch).saturating_add(seq);
+        let issued_before = self.epoch_start(epoch).saturating_add(seq);
         if issued_before < self.pipeline_warmup_micro_batches {
             self.max_in_flight.min(self.replicas.max(1))
         } else {
@@ -295,6 +349,11 @@ impl RunSpec {
             ));
         }
         let v = &self.validation;
+        if self.merge.overlap && self.ramp_first_epoch != 0 {
+            // The ramp's epochs can be shorter than the pipeline; an
+            // overlapped merge landing across several of them is not built.
+            return Err("the merge ramp and the merge behind compute (overlap) do not go together yet".into());
+        }
         if self.merge.overlap && self.merge.method != MergeMethod::Butterfly {
             return Err("merge: the merge behind compute (overlap) needs the butterfly merge".into());
         }
@@ -326,12 +385,12 @@ impl RunSpec {
     }
 
     /// Address of micro-batch `seq` of `epoch`. Micro-batches are numbered
-    /// globally (g = epoch * per_epoch + seq) and addressed exactly as the
+    /// globally (g = `epoch_start(epoch)` + seq) and addressed exactly as the
     /// single-process trainer does: shard g mod n_shards, samples from
     /// (g / n_shards) * batch. Sample ids carry epoch 0 (the data order does
     /// not restart each epoch; the run's epoch travels in frames and routes).
     pub fn micro_batch(&self, epoch: u64, seq: u64) -> MbRef {
-        let g = epoch * self.micro_batches_per_epoch + seq;
+        let g = self.epoch_start(epoch) + seq;
         MbRef {
             epoch,
             shard: (g % self.n_shards as u64) as u32,
@@ -346,4 +405,92 @@ pub struct MbRef {
     pub epoch: u64,
     pub shard: u32,
     pub first_sample: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(epochs: u64, per_epoch: u64, ramp_first_epoch: u64) -> RunSpec {
+        RunSpec {
+            run_id: 1,
+            stages: 3,
+            replicas: 2,
+            epochs,
+            micro_batches_per_epoch: per_epoch,
+            batch: 4,
+            n_shards: 1,
+            max_in_flight: 4,
+            pipeline_warmup_micro_batches: 0,
+            ramp_first_epoch,
+            route_timeout_ms: 1,
+            heartbeat_timeout_ms: 1,
+            max_attempts: 1,
+            phase_timeout_ms: 1,
+            merge: MergeSpec::default(),
+            miners_per_stage_cap: 0,
+            registration_timeout_ms: 1,
+            bench_after_failures: 2,
+            validation: ValidationSpec::default(),
+        }
+    }
+
+    fn lengths(s: &RunSpec) -> Vec<u64> {
+        (0..s.epoch_count()).map(|e| s.epoch_len(e)).collect()
+    }
+
+    /// Every micro-batch of the run has one global number, in order, with
+    /// no gap or overlap between epochs.
+    fn numbers_follow_on(s: &RunSpec) {
+        let mut next = 0;
+        for e in 0..s.epoch_count() {
+            assert_eq!(s.epoch_start(e), next, "epoch {e}");
+            for seq in 0..s.epoch_len(e) {
+                assert_eq!(s.micro_batch(e, seq).first_sample, next * s.batch as u64);
+                next += 1;
+            }
+        }
+        assert_eq!(next, s.total_micro_batches());
+        assert_eq!(s.epoch_len(s.epoch_count()), 0);
+    }
+
+    #[test]
+    fn without_the_ramp_every_epoch_is_full() {
+        let s = spec(6, 48, 0);
+        assert_eq!(lengths(&s), vec![48; 6]);
+        numbers_follow_on(&s);
+    }
+
+    #[test]
+    fn the_ramp_doubles_the_first_epochs_and_keeps_the_runs_micro_batches() {
+        // 2 replicas, one step each, then doubling: the merges fall after
+        // inner steps 1, 3, 7, 15 and 31 of each replica, then every 24,
+        // as the replay's `-ramp` (bench/src/convergence/variant.rs).
+        let s = spec(6, 48, 2);
+        assert_eq!(lengths(&s), vec![2, 4, 8, 16, 32, 48, 48, 48, 48, 34]);
+        numbers_follow_on(&s);
+        // A run shorter than the ramp ends inside it.
+        let short = spec(1, 48, 2);
+        assert_eq!(lengths(&short), vec![2, 4, 8, 16, 18]);
+        numbers_follow_on(&short);
+        // A first epoch as long as a full one: no ramp.
+        assert_eq!(lengths(&spec(3, 8, 8)), vec![8; 3]);
+        // The pipeline's warm-up counts micro-batches over the epochs.
+        let mut warm = spec(6, 48, 2);
+        warm.pipeline_warmup_micro_batches = 7;
+        assert_eq!(warm.max_in_flight_at(2, 0), 2, "6 issued before epoch 2, the 7th is in the warm-up");
+        assert_eq!(warm.max_in_flight_at(2, 1), 4);
+    }
+
+    #[test]
+    fn epoch_arithmetic_saturates_at_the_limits() {
+        let s = spec(MAX_RUN_SAMPLES / 4, 1, 0);
+        assert_eq!(s.epoch_count(), MAX_RUN_SAMPLES / 4);
+        assert_eq!(s.epoch_len(u64::MAX), 0);
+        let r = spec(1, 1 << 40, 3);
+        assert_eq!(r.epoch_start(1), 3);
+        assert_eq!(lengths(&r).iter().sum::<u64>(), 1 << 40);
+        assert!(r.epoch_count() <= 40);
+        assert_eq!(r.epoch_start(u64::MAX), u64::MAX);
+    }
 }

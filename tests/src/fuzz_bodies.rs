@@ -289,6 +289,7 @@ pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
         n_shards: 2,
         max_in_flight: 2,
         pipeline_warmup_micro_batches: 0,
+        ramp_first_epoch: 0,
         route_timeout_ms: 1_000,
         heartbeat_timeout_ms: 3_000,
         max_attempts: 2,

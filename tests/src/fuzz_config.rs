@@ -32,6 +32,7 @@ fn make_base(every_setting: bool) -> Value {
         cfg.train.adamw.stage_beta1 = vec![0.9, 0.95];
         cfg.train.adamw.stage_lr = vec![0.5, 1.0];
         cfg.spec.max_in_flight = 3;
+        cfg.spec.ramp_first_epoch = 2;
     }
     serde_json::to_value(&cfg).expect("a run config is JSON")
 }
@@ -113,9 +114,14 @@ pub fn run_config(data: &[u8]) {
         assert!(total > 0, "stage {} has no parameters", s.index);
     }
     // The last micro-batch of the run: its global number and first sample.
-    let last = cfg.spec.micro_batch(cfg.spec.epochs - 1, cfg.spec.micro_batches_per_epoch - 1);
-    assert!(last.shard < cfg.spec.n_shards);
-    let _ = cfg.spec.max_in_flight_at(cfg.spec.epochs - 1, cfg.spec.micro_batches_per_epoch - 1);
+    // Its last epoch (the merge ramp adds epochs) ends on the run's last
+    // micro-batch.
+    let (last_epoch, spec) = (cfg.spec.epoch_count() - 1, &cfg.spec);
+    let last_seq = spec.epoch_len(last_epoch) - 1;
+    assert!(spec.epoch_start(last_epoch) + last_seq + 1 == spec.total_micro_batches(), "the epochs lose micro-batches");
+    let last = spec.micro_batch(last_epoch, last_seq);
+    assert!(last.shard < spec.n_shards);
+    let _ = spec.max_in_flight_at(last_epoch, last_seq);
     let held = cfg.spec.max_in_flight.clamp(1, 256) as usize;
     let optimizer = InnerOptimizer::of(&t.adamw);
     if let Ok(needs) = RunMemoryNeeds::new(&t.model, t.stages, t.batch, t.seq, held, optimizer) {

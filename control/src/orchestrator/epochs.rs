@@ -105,9 +105,8 @@ impl Orchestrator {
         let room = |issued: u64, in_flight: u32| in_flight < self.spec.max_in_flight_at(self.epoch, issued);
         // Once per pass: it scans every miner.
         let unmeasured = room(self.issued, in_flight) && self.nothing_measured();
-        while self.issued < self.spec.micro_batches_per_epoch
-            && in_flight < self.spec.max_in_flight_at(self.epoch, self.issued)
-        {
+        let epoch_len = self.spec.epoch_len(self.epoch);
+        while self.issued < epoch_len && in_flight < self.spec.max_in_flight_at(self.epoch, self.issued) {
             let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
@@ -140,7 +139,7 @@ impl Orchestrator {
         let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
         // With the merge behind compute, the epoch ends once the merge
         // behind it is complete: each replica lands it as it uploads.
-        if finished && self.issued == self.spec.micro_batches_per_epoch && !self.waits_for_overlapped(now) {
+        if finished && self.issued == epoch_len && !self.waits_for_overlapped(now) {
             self.set_phase(now, Phase::Uploading, out);
         }
     }
@@ -219,7 +218,7 @@ impl Orchestrator {
                 m.joining = false;
             }
         }
-        if self.epoch >= self.spec.epochs {
+        if self.epoch >= self.spec.epoch_count() {
             self.set_phase(now, Phase::Done, out);
         } else {
             self.start_epoch(now, rng, out);

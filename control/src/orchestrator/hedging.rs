@@ -31,7 +31,7 @@ impl Orchestrator {
     /// been issued, the oldest first, while idle miners are left to take
     /// them.
     pub(super) fn hedge_late(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
-        if self.issued < self.spec.micro_batches_per_epoch {
+        if self.issued < self.spec.epoch_len(self.epoch) {
             return;
         }
         let timeout = self.spec.route_timeout_ms;

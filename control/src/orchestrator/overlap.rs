@@ -13,7 +13,7 @@ impl Orchestrator {
     /// Whether the merge planned now runs behind the next epoch's training:
     /// the run asks for it and this is not the last epoch.
     pub(super) fn merges_behind_compute(&self) -> bool {
-        self.spec.merge.overlap && self.epoch + 1 < self.spec.epochs && !self.butterfly.is_empty()
+        self.spec.merge.overlap && self.epoch + 1 < self.spec.epoch_count() && !self.butterfly.is_empty()
     }
 
     /// Ends the epoch with its merge planned but not run: the next epoch

@@ -84,7 +84,7 @@ impl Orchestrator {
     /// CLASP over the epoch's completed micro-batches (issue order, pathway,
     /// the tail's loss), with the parameters validators judge by.
     fn clasp_lines(&self, mean_loss: f64) -> Vec<ClaspLine> {
-        let mut clasp = Clasp::new(self.spec.stages as usize, self.spec.micro_batches_per_epoch);
+        let mut clasp = Clasp::new(self.spec.stages as usize, self.spec.epoch_len(self.epoch).max(1));
         for (seq, r) in &self.mbs {
             if let MbStatus::Done { loss, pathway, .. } = &r.status {
                 let _ = clasp.record(*seq, pathway, *loss);

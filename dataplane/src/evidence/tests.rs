@@ -44,6 +44,7 @@ fn run_config() -> iota_protocol::RunConfig {
             n_shards: 1,
             max_in_flight: 2,
             pipeline_warmup_micro_batches: 0,
+            ramp_first_epoch: 0,
             route_timeout_ms: 5_000,
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,

@@ -44,6 +44,32 @@ async fn three_stages_two_replicas_train_and_merge() {
     }
 }
 
+/// The merge ramp: short epochs first (one inner step per replica, then
+/// doubling), each ending in a real merge, and the run's micro-batches
+/// unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_merge_ramp_merges_after_one_step_then_doubling() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(3, 2, 2, 16, WireCodec::Int8Row);
+    cfg.spec.ramp_first_epoch = 2;
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let miners: Vec<_> = (0..6).map(|_| swarm.miner(stop.clone())).collect();
+    let mut summaries = Vec::new();
+    for m in miners {
+        summaries.push(
+            tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished in time").unwrap().unwrap(),
+        );
+    }
+    let history = swarm.service.with_state(|o| o.history().to_vec());
+    let sizes: Vec<u64> = history.iter().map(|e| e.completed + e.dropped).collect();
+    assert_eq!(sizes, vec![2, 4, 8, 16, 2], "{history:?}");
+    for stage in 0..3 {
+        let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
+        assert!(w.len() == 2 && !w[0].is_empty() && w[0] == w[1], "stage {stage}'s replicas differ after the merge");
+    }
+}
+
 /// 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
 /// micro-batch at a time, with `optimizer`: the swarm's 24 losses and the
 /// single-process trainer's must agree to 1e-6. Returns the finished swarm.

@@ -20,6 +20,7 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         n_shards: 3,
         max_in_flight: in_flight,
         pipeline_warmup_micro_batches: 0,
+        ramp_first_epoch: 0,
         route_timeout_ms: 1_000,
         heartbeat_timeout_ms: 3_000,
         max_attempts: 3,
@@ -442,6 +443,21 @@ fn epochs_run_through_upload_and_merge_to_done() {
     assert_eq!(s.o.counters().completed, 30);
     assert_eq!(s.o.counters().tokens, 30 * 8);
     assert_eq!(s.o.counters().stale_reports, 0);
+}
+
+#[test]
+fn the_merge_ramp_runs_short_epochs_first_and_the_same_micro_batches_in_all() {
+    let mut sp = spec(3, 2, 3, 10, 3);
+    sp.ramp_first_epoch = 2;
+    let mut s = Sim::new(sp);
+    for i in 0..6 {
+        s.ev(register(i, String::new()));
+    }
+    s.run_until_done(400);
+    let done: Vec<(u64, u64)> = s.o.history().iter().map(|e| (e.completed, e.dropped)).collect();
+    assert_eq!(done, vec![(2, 0), (4, 0), (8, 0), (10, 0), (6, 0)]);
+    assert_eq!(s.o.counters().completed, 30);
+    assert_eq!(s.o.counters().tokens, 30 * 8);
 }
 
 #[test]
