@@ -88,6 +88,12 @@ pub struct Args {
     /// named by the time of the run, nothing there is overwritten.
     #[arg(long, default_value = "runs/convergence")]
     out: PathBuf,
+    /// Percent of steps on which mixed-pathway variants (hN, hN-delayD..)
+    /// draw mixed pathways; the others keep each replica on its own
+    /// pathway. 100 is what the orchestrator does; less asks what a router
+    /// that mixed only as often as CLASP needs would save.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
+    mix_percent: u8,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -99,6 +105,10 @@ pub struct Setup {
     pub replicas: usize,
     pub merge: MergeSpec,
     pub seed: u64,
+    /// Mixed-pathway variants draw mixed pathways on this share of their
+    /// steps (100: all, as the orchestrator routes); the rest keep every
+    /// replica on its own.
+    pub mix_percent: u8,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -340,7 +350,8 @@ impl Trainer {
                     let now_delays = if self.step < *delay_from { &undelayed } else { &*delays };
                     let current = delayed_weights(replicas, history, now_delays, *predict)?;
                     let backward_at = recompute.then_some(current.as_slice());
-                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step, backward_at)?;
+                    let mix = self.setup.mix_percent;
+                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step, mix, backward_at)?;
                     for (p, now) in replicas.iter_mut().zip(current) {
                         for (s, w) in now.into_iter().enumerate() {
                             if let Some(w) = w {
@@ -543,6 +554,7 @@ pub fn run(a: Args) -> Result<()> {
         replicas: cfg.spec.replicas as usize,
         merge: cfg.spec.merge.clone(),
         seed: cfg.train.seed,
+        mix_percent: a.mix_percent,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
@@ -568,6 +580,9 @@ pub fn run(a: Args) -> Result<()> {
         setup.merge.outer.momentum,
         setup.merge.outer_momentum_warmup,
     );
+    if setup.mix_percent < 100 {
+        println!("  mixed pathways on {}% of the steps (--mix-percent)", setup.mix_percent);
+    }
     let mut outcomes: Vec<Outcome> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
         let o = train_variant(&setup, v, &corpus, a.curve_every, a.curve_batches, a.val_batches)?;

@@ -66,7 +66,11 @@ pub(super) fn delayed_weights(
 /// step's R groups of A micro-batches go through each stage's replicas in
 /// a random order, so every stage replica still takes A micro-batches per
 /// step (the orchestrator balances load) but from every other stage's
-/// replicas. The caller steps each replica's optimizer.
+/// replicas. The caller steps each replica's optimizer. With
+/// `mix_percent` below 100, only that share of steps is drawn so (each
+/// step by a coin of the step's seed); the others keep every replica on its
+/// own pathway: how much of mixing's cost a router that mixes less often
+/// would keep.
 ///
 /// With `backward_at` ([replica][stage], from `delayed_weights`), a stage
 /// given weights there runs its backward on them instead of on the weights
@@ -79,17 +83,23 @@ pub(super) fn mixed_grads(
     a: u64,
     seed: u64,
     step: u64,
+    mix_percent: u8,
     backward_at: Option<&[Vec<Option<Vec<f32>>>]>,
 ) -> Result<()> {
     let r = replicas.len();
     let stages = replicas[0].stages().len();
     let (codec, seq, batch) = (replicas[0].cfg.codec, replicas[0].cfg.seq, replicas[0].cfg.batch);
     let mut rng = Rng::derived(seed, &[0x7061_7468, step]);
+    // Drawn apart from the pathways so that mixing everything draws what it always did.
+    let mixes = Rng::derived(seed, &[0x6d69_7821, step]).below(100) < mix_percent as u64;
     let perms: Vec<Vec<usize>> = (0..stages)
         .map(|_| {
             let mut p: Vec<usize> = (0..r).collect();
             for i in (1..r).rev() {
                 p.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            if !mixes {
+                p.sort_unstable();
             }
             p
         })

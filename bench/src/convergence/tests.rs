@@ -28,7 +28,7 @@ fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus)
         slices_per_replica: 2,
         ..MergeSpec::default()
     };
-    (Setup { train, replicas, merge, seed: 7 }, corpus)
+    (Setup { train, replicas, merge, seed: 7, mix_percent: 100 }, corpus)
 }
 
 fn params(t: &Trainer) -> Vec<Vec<f32>> {
@@ -600,4 +600,26 @@ fn a_merge_ramp_merges_early_steps_more_often_then_every_interval() {
     let (ramped, merges) = run(4, MergeRamp::Doubling);
     assert_eq!(merges, 3, "after steps 1, 3 and the last");
     assert!(max_diff(&ramped, &every_step) > 1e-6 && max_diff(&ramped, &run(4, MergeRamp::None).0) > 1e-6);
+}
+
+#[test]
+fn mixing_on_no_step_trains_each_replica_on_its_own_pathway() {
+    let (mut setup, corpus) = tiny_setup(2, 1, 4);
+    let be = Arc::new(CpuBackend::new());
+    let run = |setup: &Setup, v: Variant| {
+        let mut t = Trainer::new(be.clone(), setup, &v).unwrap();
+        for _ in 0..4 {
+            t.step(&corpus).unwrap();
+        }
+        params(&t)
+    };
+    let mixed = run(&setup, swarm(8, 0, false));
+    let fixed = run(&setup, Variant::parse("h8-fixed").unwrap());
+    setup.mix_percent = 0;
+    let unmixed = run(&setup, swarm(8, 0, false));
+    assert!(max_diff(&unmixed, &fixed) < 1e-5, "{}", max_diff(&unmixed, &fixed));
+    assert!(max_diff(&mixed, &fixed) > 1e-4, "mixed pathways train otherwise");
+    setup.mix_percent = 50;
+    let half = run(&setup, swarm(8, 0, false));
+    assert!(max_diff(&half, &fixed) > 1e-4 && max_diff(&half, &mixed) > 1e-4);
 }
