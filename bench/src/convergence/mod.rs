@@ -41,7 +41,7 @@ use serde::Serialize;
 
 mod pathways;
 mod variant;
-use pathways::{delayed_weights, mixed_grads, stage_delays};
+use pathways::{PathwayDraw, delayed_weights, mixed_grads, stage_delays};
 pub use variant::{BoundarySpec, MergeRamp, Variant};
 
 #[derive(clap::Args)]
@@ -350,8 +350,9 @@ impl Trainer {
                     let now_delays = if self.step < *delay_from { &undelayed } else { &*delays };
                     let current = delayed_weights(replicas, history, now_delays, *predict)?;
                     let backward_at = recompute.then_some(current.as_slice());
-                    let mix = self.setup.mix_percent;
-                    mixed_grads(replicas, corpus, first, a, self.setup.seed, self.step, mix, backward_at)?;
+                    let draw =
+                        PathwayDraw { seed: self.setup.seed, step: self.step, mix_percent: self.setup.mix_percent };
+                    mixed_grads(replicas, corpus, first, a, draw, backward_at)?;
                     for (p, now) in replicas.iter_mut().zip(current) {
                         for (s, w) in now.into_iter().enumerate() {
                             if let Some(w) = w {

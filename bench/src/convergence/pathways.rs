@@ -61,6 +61,15 @@ pub(super) fn delayed_weights(
     Ok(current)
 }
 
+/// What draws one step's pathways: the run's seed, the global step, and
+/// the share of steps drawn mixed.
+#[derive(Clone, Copy)]
+pub(super) struct PathwayDraw {
+    pub seed: u64,
+    pub step: u64,
+    pub mix_percent: u8,
+}
+
 /// The gradients of one inner step of every replica with pathways drawn as
 /// the orchestrator draws them (one replica per stage, independently): the
 /// step's R groups of A micro-batches go through each stage's replicas in
@@ -81,11 +90,10 @@ pub(super) fn mixed_grads(
     corpus: &Corpus,
     first: u64,
     a: u64,
-    seed: u64,
-    step: u64,
-    mix_percent: u8,
+    draw: PathwayDraw,
     backward_at: Option<&[Vec<Option<Vec<f32>>>]>,
 ) -> Result<()> {
+    let PathwayDraw { seed, step, mix_percent } = draw;
     let r = replicas.len();
     let stages = replicas[0].stages().len();
     let (codec, seq, batch) = (replicas[0].cfg.codec, replicas[0].cfg.seq, replicas[0].cfg.batch);
