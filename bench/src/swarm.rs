@@ -66,9 +66,13 @@ pub fn run(mut a: Args) -> Result<()> {
         cfg.spec.micro_batches_per_epoch,
         cfg.train.batch,
         cfg.train.seq,
-        cfg.spec.epochs * cfg.spec.micro_batches_per_epoch * (cfg.train.batch * cfg.train.seq) as u64,
+        cfg.spec.total_micro_batches() * (cfg.train.batch * cfg.train.seq) as u64,
         cfg.train.codec.name()
     );
+    if cfg.spec.ramp_first_epoch > 0 {
+        let lens: Vec<String> = (0..cfg.spec.epoch_count()).map(|e| cfg.spec.epoch_len(e).to_string()).collect();
+        println!("swarm: the merge ramp makes {} epochs of {} micro-batches", lens.len(), lens.join(", "));
+    }
     // It reads the merged weights back from the directory afterwards.
     anyhow::ensure!(a.run.bucket.is_none(), "the swarm benchmark keeps its objects in RUN_DIR/store; drop --bucket");
     let store_dir = a.run.store_dir()?;
