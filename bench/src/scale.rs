@@ -174,6 +174,7 @@ pub fn run(a: Args) -> Result<()> {
         if w.fused_attention { "fused" } else { "GEMMs + softmax" },
     );
     print_memory(&plan, backend);
+    print_compute(&cfg, &specs, a.batch * a.seq, a.seq);
     println!();
     print_traffic(&cfg, &specs, &plan, codec, (merge_codec, a.outer_momentum), a.replicas);
     Ok(())
@@ -245,6 +246,39 @@ fn print_memory(plan: &[StageMemory], backend: ComputeBackend) {
             print!(" {:>14}", format!("{} ({headroom:+.1})", if m.fits(card * GIB) { "yes" } else { "no" }));
         }
         println!();
+    }
+}
+
+/// A step's FLOPs per stage and what Muon's Newton-Schulz steps add to
+/// them (`core/src/compute_plan.rs`), which `--optimizer auto` weighs.
+fn print_compute(cfg: &ModelConfig, specs: &[StageSpec], tokens: usize, seq: usize) {
+    use iota_core::compute_plan::{AUTO_MUON_MAX_SLOWDOWN, muon_slowdown, stage_newton_schulz_flops, stage_step_flops};
+    print!("\n{:<44}", format!("compute per optimizer step ({tokens} tokens)"));
+    for s in specs {
+        print!(" {:>14}", format!("{} ({:?})", s.index, s.role()).to_lowercase());
+    }
+    println!();
+    let rows: [(&str, &dyn Fn(&StageSpec) -> String); 3] = [
+        ("training step (GFLOP)", &|s| format!("{:.1}", stage_step_flops(cfg, s, tokens, seq) / 1e9)),
+        ("Muon's Newton-Schulz (GFLOP)", &|s| format!("{:.1}", stage_newton_schulz_flops(cfg, s) / 1e9)),
+        ("  Muon adds", &|s| {
+            format!("{:.0}%", 100.0 * stage_newton_schulz_flops(cfg, s) / stage_step_flops(cfg, s, tokens, seq))
+        }),
+    ];
+    for (label, cell) in rows {
+        print!("{label:<44}");
+        for s in specs {
+            print!(" {:>14}", cell(s));
+        }
+        println!();
+    }
+    if let Some(slow) = muon_slowdown(cfg, specs.len(), tokens, seq) {
+        let choice = if slow <= AUTO_MUON_MAX_SLOWDOWN { "muon" } else { "adamw" };
+        println!(
+            "the pipeline's slowest stage: Muon adds {:.0}%, so --optimizer auto takes {choice} (Muon up to {:.0}%)",
+            slow * 100.0,
+            AUTO_MUON_MAX_SLOWDOWN * 100.0
+        );
     }
 }
 
