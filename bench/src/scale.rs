@@ -258,17 +258,17 @@ fn print_compute(cfg: &ModelConfig, specs: &[StageSpec], tokens: usize, seq: usi
         print!(" {:>14}", format!("{} ({:?})", s.index, s.role()).to_lowercase());
     }
     println!();
-    let rows: [(&str, &dyn Fn(&StageSpec) -> String); 3] = [
-        ("training step (GFLOP)", &|s| format!("{:.1}", stage_step_flops(cfg, s, tokens, seq) / 1e9)),
-        ("Muon's Newton-Schulz (GFLOP)", &|s| format!("{:.1}", stage_newton_schulz_flops(cfg, s) / 1e9)),
-        ("  Muon adds", &|s| {
-            format!("{:.0}%", 100.0 * stage_newton_schulz_flops(cfg, s) / stage_step_flops(cfg, s, tokens, seq))
-        }),
+    let step: Vec<f64> = specs.iter().map(|s| stage_step_flops(cfg, s, tokens, seq)).collect();
+    let ns: Vec<f64> = specs.iter().map(|s| stage_newton_schulz_flops(cfg, s)).collect();
+    let rows = [
+        ("training step (GFLOP)", step.iter().map(|f| format!("{:.1}", f / 1e9)).collect::<Vec<_>>()),
+        ("Muon's Newton-Schulz (GFLOP)", ns.iter().map(|f| format!("{:.1}", f / 1e9)).collect()),
+        ("  Muon adds", ns.iter().zip(&step).map(|(n, t)| format!("{:.0}%", 100.0 * n / t)).collect()),
     ];
-    for (label, cell) in rows {
+    for (label, cells) in rows {
         print!("{label:<44}");
-        for s in specs {
-            print!(" {:>14}", cell(s));
+        for c in cells {
+            print!(" {c:>14}");
         }
         println!();
     }
