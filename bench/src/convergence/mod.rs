@@ -94,6 +94,11 @@ pub struct Args {
     /// that mixed only as often as CLASP needs would save.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
     mix_percent: u8,
+    /// -avg-moments variants average only the momentum of the matrices
+    /// Muon updates (with --optimizer muon), not the AdamW moments of the
+    /// embedding, LM head and norms: a fraction of the traffic.
+    #[arg(long)]
+    avg_muon_momentum_only: bool,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -109,6 +114,8 @@ pub struct Setup {
     /// steps (100: all, as the orchestrator routes); the rest keep every
     /// replica on its own.
     pub mix_percent: u8,
+    /// `-avg-moments` averages only the momentum of Muon's matrices.
+    pub avg_muon_momentum_only: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -390,7 +397,7 @@ impl Trainer {
                             }
                         }
                         if *average_moments {
-                            average_inner_moments(replicas);
+                            average_inner_moments(replicas, self.setup.avg_muon_momentum_only);
                         }
                         // The epoch's end drained the pipeline.
                         history.iter_mut().for_each(VecDeque::clear);
@@ -505,8 +512,11 @@ impl MergeSim {
 /// Every replica's inner optimizer moments of each stage replaced by their
 /// mean over the replicas (both moments: a first moment averaged alone,
 /// over a replica's own second moment, blows up the embedding rows of
-/// tokens that replica has seldom seen).
-fn average_inner_moments(replicas: &mut [Pipeline<CpuBackend>]) {
+/// tokens that replica has seldom seen). With `muon_only`, only the
+/// momentum of the matrices Muon updates (they have no second moment),
+/// each replica keeping its own AdamW moments: a small payload where the
+/// embedding and LM head hold most of the weights.
+fn average_inner_moments(replicas: &mut [Pipeline<CpuBackend>], muon_only: bool) {
     use iota_model::backend::Backend;
     let be = CpuBackend::new();
     let r = replicas.len() as f32;
@@ -522,10 +532,27 @@ fn average_inner_moments(replicas: &mut [Pipeline<CpuBackend>]) {
                 *a += b / r;
             }
         }
+        // Without Muon no matrix has a momentum of its own to average.
+        let on = replicas[0].cfg.adamw.muon;
+        let muon: Vec<std::ops::Range<usize>> = replicas[0].stages()[s]
+            .layout()
+            .entries
+            .iter()
+            .filter(|e| on && e.takes_muon())
+            .map(|e| e.range())
+            .collect();
         for p in replicas.iter_mut() {
             let o = &mut p.optimizers_mut()[s];
-            o.m = be.upload(&m);
-            o.v = be.upload(&v);
+            if muon_only {
+                let mut own = be.to_host(&o.m);
+                for range in &muon {
+                    own[range.clone()].copy_from_slice(&m[range.clone()]);
+                }
+                o.m = be.upload(&own);
+            } else {
+                o.m = be.upload(&m);
+                o.v = be.upload(&v);
+            }
         }
     }
 }
@@ -556,6 +583,7 @@ pub fn run(a: Args) -> Result<()> {
         merge: cfg.spec.merge.clone(),
         seed: cfg.train.seed,
         mix_percent: a.mix_percent,
+        avg_muon_momentum_only: a.avg_muon_momentum_only,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
@@ -581,6 +609,9 @@ pub fn run(a: Args) -> Result<()> {
         setup.merge.outer.momentum,
         setup.merge.outer_momentum_warmup,
     );
+    if setup.avg_muon_momentum_only {
+        println!("  -avg-moments averages only the momentum of Muon's matrices (--avg-muon-momentum-only)");
+    }
     if setup.mix_percent < 100 {
         println!("  mixed pathways on {}% of the steps (--mix-percent)", setup.mix_percent);
     }

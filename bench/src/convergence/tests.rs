@@ -28,7 +28,7 @@ fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus)
         slices_per_replica: 2,
         ..MergeSpec::default()
     };
-    (Setup { train, replicas, merge, seed: 7, mix_percent: 100 }, corpus)
+    (Setup { train, replicas, merge, seed: 7, mix_percent: 100, avg_muon_momentum_only: false }, corpus)
 }
 
 fn params(t: &Trainer) -> Vec<Vec<f32>> {
@@ -557,6 +557,28 @@ fn averaged_moments_are_a_modifier_that_changes_only_the_windows_after_a_merge()
     assert!(run(6, true) == run(6, false));
     // A merge after step 3: the next three steps start from shared moments.
     assert!(max_diff(&run(3, true), &run(3, false)) > 1e-6);
+    // Only Muon's momentum: nothing to average under AdamW; under Muon,
+    // something between averaging both moments and neither.
+    let (mut setup, corpus) = tiny_setup(2, 1, 6);
+    setup.avg_muon_momentum_only = true;
+    let run_with = |setup: &Setup, average: bool| {
+        let mut v = swarm(3, 0, false);
+        if let Variant::Swarm { average_moments, .. } = &mut v {
+            *average_moments = average;
+        }
+        let mut t = Trainer::new(be.clone(), setup, &v).unwrap();
+        for _ in 0..6 {
+            t.step(&corpus).unwrap();
+        }
+        params(&t)
+    };
+    assert!(run_with(&setup, true) == run_with(&setup, false), "AdamW has no Muon momentum");
+    setup.train.adamw.set_optimizer("muon").unwrap();
+    let muon_only = run_with(&setup, true);
+    let none = run_with(&setup, false);
+    setup.avg_muon_momentum_only = false;
+    let both = run_with(&setup, true);
+    assert!(max_diff(&muon_only, &none) > 1e-6 && max_diff(&muon_only, &both) > 1e-6);
 }
 
 #[test]
