@@ -1,0 +1,187 @@
+use clap::Parser;
+
+use super::*;
+
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn args(dir: &std::path::Path, extra: &[&str]) -> RunArgs {
+    let base = ["x", "--model", "tiny", "--stages", "2", "--replicas", "1", "--run-dir", dir.to_str().unwrap()];
+    Flags::parse_from(base.iter().chain(extra)).run
+}
+
+#[test]
+fn the_default_optimizer_is_muon_where_it_is_cheap_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let parsed = |model: &str, stages: &str, extra: &[&str]| {
+        let base = ["x", "--model", model, "--stages", stages, "--run-dir", dir.path().to_str().unwrap()];
+        let run = Flags::parse_from(base.iter().chain(extra)).run;
+        let cfg = run.run_config().unwrap();
+        (cfg.train.adamw.optimizer_name(), run.optimizer_note(&cfg))
+    };
+    let cfg = |extra: &[&str]| parsed("tiny", "2", extra);
+    // `small` in 3 stages at batch 8 x seq 128: the LM head sets the
+    // tail's pace and Newton-Schulz adds about 6% to it.
+    let (small, note) = parsed("small", "3", &[]);
+    assert_eq!(small, "muon");
+    let note = note.unwrap();
+    assert!(note.starts_with("optimizer: muon (auto") && note.contains("about 6%"), "{note}");
+    // `tiny`'s blocks are most of its work: AdamW, and the line says
+    // how to have Muon anyway.
+    let (tiny, note) = cfg(&[]);
+    assert_eq!(tiny, "adamw");
+    assert!(note.unwrap().contains("--optimizer muon"));
+    // Sixteen times the tokens per step makes Muon cheap there too.
+    assert_eq!(cfg(&["--grad-accum", "16"]).0, "muon");
+    // A named optimizer is taken as it is, with no line.
+    assert_eq!(parsed("small", "3", &["--optimizer", "adamw"]), ("adamw", None));
+    assert_eq!(cfg(&["--optimizer", "nadam"]), ("nadam", None));
+    let bad = args(dir.path(), &["--optimizer", "lion"]).run_config().unwrap_err().to_string();
+    assert!(bad.contains("auto, adamw, nadam, muon"), "{bad}");
+}
+
+#[test]
+fn the_merge_ramp_starts_at_one_step_per_replica_and_is_a_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = args(dir.path(), &[]).run_config().unwrap();
+    assert_eq!(plain.spec.ramp_first_epoch, 0);
+    assert!(!plain.to_json().contains("ramp"), "off, it is left out: older run ids stand");
+    // One replica accumulating 3 micro-batches a step: epochs of 3, 6,
+    // 12, 24, then the full 48.
+    let ramp = args(dir.path(), &["--merge-ramp", "--grad-accum", "3"]).run_config().unwrap();
+    assert_eq!(ramp.spec.ramp_first_epoch, 3);
+    assert_eq!((0..5).map(|e| ramp.spec.epoch_len(e)).collect::<Vec<_>>(), vec![3, 6, 12, 24, 48]);
+    assert_ne!(ramp.spec.run_id, args(dir.path(), &["--grad-accum", "3"]).run_config().unwrap().spec.run_id);
+    let both = args(dir.path(), &["--merge-ramp", "--merge-overlap"]).run_config().unwrap_err().to_string();
+    assert!(both.contains("merge ramp") && both.contains("overlap"), "{both}");
+}
+
+#[test]
+fn a_run_directory_holds_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = args(dir.path(), &[]);
+    let cfg = run.run_config().unwrap();
+    run.claim_run_dir(&cfg).unwrap();
+    assert!(run.store_dir().unwrap().is_absolute() && run.store_dir().unwrap().is_dir());
+    // What miners receive names no path of the orchestrator's host.
+    let json = cfg.to_json();
+    let here = dir.path().to_str().unwrap();
+    assert!(!json.contains(here) && !json.contains("\"store\""), "{json}");
+    let corpus = dir.path().join("corpus.txt");
+    std::fs::write(&corpus, iota_model::data::synthetic::grammar_text(4, 30_000)).unwrap();
+    let with_data = args(dir.path(), &["--data", corpus.to_str().unwrap()]).run_config().unwrap();
+    assert!(!with_data.to_json().contains("corpus.txt"));
+    assert_ne!(with_data.corpus, cfg.corpus, "the corpus is named by its content");
+    std::fs::write(dir.path().join("state.sqlite"), b"the first run's state").unwrap();
+    // The same command resumes: same settings, same run id.
+    let again = args(dir.path(), &[]).run_config().unwrap();
+    assert_eq!(again.spec.run_id, cfg.spec.run_id);
+    run.claim_run_dir(&again).unwrap();
+    // Other settings: refused, naming them; the state is untouched. They
+    // also make another run id (the id was seed/stages/replicas/epochs only).
+    let other_run = args(dir.path(), &["--lr", "0.001", "--merge-rule", "mean"]);
+    let other = other_run.run_config().unwrap();
+    assert_ne!(other.spec.run_id, cfg.spec.run_id);
+    let err = other_run.claim_run_dir(&other).unwrap_err().to_string();
+    assert!(err.contains("train.schedule.peak: 0.002") && err.contains("spec.merge.rule"), "{err}");
+    assert!(err.contains("--new-run"), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("state.sqlite")).unwrap(), b"the first run's state");
+    // --new-run archives the old run and starts the new one there.
+    let new_run = args(dir.path(), &["--lr", "0.001", "--merge-rule", "mean", "--new-run"]);
+    new_run.claim_run_dir(&new_run.run_config().unwrap()).unwrap();
+    assert_eq!(std::fs::read(dir.path().join("archive-1/state.sqlite")).unwrap(), b"the first run's state");
+    assert!(!dir.path().join("state.sqlite").exists());
+}
+
+#[test]
+fn a_run_without_validators_keeps_its_settings_and_a_bucket_is_one_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = args(dir.path(), &[]).run_config().unwrap();
+    // As before validation existed: nothing about it in what miners get
+    // or in the settings (so older run directories still resume).
+    assert!(!plain.to_json().contains("validation"));
+    let v = format!("{}:7", "ab".repeat(32));
+    let validated = args(dir.path(), &["--validator", &v]).run_config().unwrap();
+    assert!(validated.to_json().contains("validation"));
+    assert_ne!(validated.spec.run_id, plain.spec.run_id);
+    // The default bottleneck style is not written either (the settings,
+    // so the run ids, of runs from before it existed are unchanged);
+    // the residual one is a setting.
+    assert!(!plain.to_json().contains("bottleneck_style"));
+    let res = args(dir.path(), &["--bottleneck-style", "residual"]).run_config().unwrap();
+    assert!(res.to_json().contains("\"bottleneck_style\":\"residual\""));
+    assert_ne!(res.spec.run_id, plain.spec.run_id);
+    assert_eq!(
+        args(dir.path(), &["--bottleneck-style", "linear"]).run_config().unwrap().spec.run_id,
+        plain.spec.run_id
+    );
+    assert!(args(dir.path(), &["--bottleneck-style", "cubic"]).run_config().is_err());
+    assert_eq!(RunConfig::from_json(&validated.to_json()).unwrap().spec.validation.validators[0].stake, 7);
+    // The bucket is a setting: another bucket is another run.
+    let a = args(dir.path(), &["--bucket", "s3://one/run"]);
+    let b = args(dir.path(), &["--bucket", "s3://two/run"]);
+    let (ca, cb) = (a.run_config().unwrap(), b.run_config().unwrap());
+    assert_ne!(ca.spec.run_id, cb.spec.run_id);
+    a.claim_run_dir(&ca).unwrap();
+    std::fs::write(dir.path().join("state.sqlite"), b"state").unwrap();
+    let err = b.claim_run_dir(&cb).unwrap_err().to_string();
+    assert!(err.contains("bucket") && err.contains("s3://one/run"), "{err}");
+}
+
+#[test]
+fn config_file_becomes_flags_that_the_command_line_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("run.toml");
+    std::fs::write(&p, "model = \"tiny\"\nepochs = 5\nlr = 0.001\n").unwrap();
+    let args: Vec<String> = ["iota-control", "swarm", "--config-file", p.to_str().unwrap(), "--epochs", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let out = expand_config_file(args).unwrap();
+    assert_eq!(&out[..2], &["iota-control", "swarm"]);
+    let joined = out.join(" ");
+    assert!(joined.contains("--model tiny") && joined.contains("--lr 0.001"));
+    assert!(joined.ends_with("--epochs 2"), "command-line flags come last: {joined}");
+    std::fs::write(&p, "model = [1, 2]\n").unwrap();
+    assert!(
+        expand_config_file(vec!["x".into(), "swarm".into(), "--config-file".into(), p.to_str().unwrap().into()])
+            .is_err()
+    );
+}
+
+#[test]
+fn warm_ups_are_settings_with_defaults_from_the_run_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |extra: &[&str]| args(dir.path(), extra).run_config().unwrap();
+    // 40 epochs x 48 micro-batches over 1 replica: 1,920 steps, a
+    // twentieth of which is 96; at most 100, at least 1.
+    let plain = cfg(&["--epochs", "40"]);
+    assert_eq!(plain.train.schedule.warmup, 96);
+    assert_eq!(cfg(&["--epochs", "100"]).train.schedule.warmup, 100);
+    let short = cfg(&["--epochs", "40", "--warmup-steps", "10"]);
+    assert_eq!(short.train.schedule.warmup, 10);
+    assert_ne!(short.spec.run_id, plain.spec.run_id);
+    assert_eq!(cfg(&["--warmup-steps", "0"]).train.schedule.warmup, 1);
+    assert_eq!(cfg(&["--epochs", "1", "--warmup-steps", "1000"]).train.schedule.warmup, 48);
+    // The pipeline's warm-up is the learning rate's by default, in
+    // micro-batches (steps x replicas x grad_accum); one replica, 2 in
+    // flight by default: 1 during it.
+    assert_eq!(plain.spec.pipeline_warmup_micro_batches, 96);
+    assert_eq!(short.spec.pipeline_warmup_micro_batches, 10);
+    let piped = cfg(&["--epochs", "40", "--pipeline-warmup-steps", "50", "--grad-accum", "2"]);
+    assert_eq!(piped.spec.pipeline_warmup_micro_batches, 100);
+    let at: Vec<u32> = [(0, 0), (0, 47), (1, 48), (2, 3), (2, 4), (3, 0)]
+        .iter()
+        .map(|&(e, s)| piped.spec.max_in_flight_at(e, s))
+        .collect();
+    assert_eq!(at, vec![1, 1, 1, 1, 2, 2]);
+    assert_ne!(piped.spec.run_id, plain.spec.run_id);
+    // Off, it is left out of the settings: a run made before it existed
+    // resumes with --pipeline-warmup-steps 0, under its old run id.
+    let off = cfg(&["--pipeline-warmup-steps", "0"]);
+    assert_eq!(off.spec.pipeline_warmup_micro_batches, 0);
+    assert!(!off.to_json().contains("pipeline_warmup") && plain.to_json().contains("pipeline_warmup"));
+}
