@@ -621,7 +621,7 @@ async fn a_replica_sending_garbage_in_the_merge_is_convicted_in_its_first_merge_
 /// The cross-backend tolerance, measured: an honest miner whose GEMMs
 /// round their operands to bf16 (a GPU's `--gemm bf16`, simulated on the
 /// CPU) recomputed on the fp32 reference from the same inputs differs by
-/// much less than `CROSS_BACKEND_TOLERANCE` in every payload and loss it
+/// much less than `CROSS_BACKEND_TOLERANCE` (beyond the codec's rounding) in every payload and loss it
 /// sends; a miner sending zeros, noise of 10% of the activations' RMS or
 /// another micro-batch's output differs by far more.
 #[test]
@@ -631,19 +631,25 @@ fn an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, None).unwrap();
     let fp = Arc::new(CpuBackend::new());
     let mut p = Pipeline::new(fp.clone(), cfg.train.clone()).unwrap();
-    for _ in 0..4 {
-        p.train_step(&corpus).unwrap();
+    // Early weights and weights trained further (sharper predictions give
+    // the tail's gradient rows a few large values, where rounding shows).
+    let mut trained = Vec::new();
+    for steps in [4, 16] {
+        for _ in 0..steps {
+            p.train_step(&corpus).unwrap();
+        }
+        trained.push(p.stages().iter().map(|s| s.params_host()).collect::<Vec<Vec<f32>>>());
     }
-    let w: Vec<Vec<f32>> = p.stages().iter().map(|s| s.params_host()).collect();
     let (batch, seq) = (cfg.train.batch, cfg.train.seq);
     let (rows, width) = (batch * seq, cfg.train.model.bottleneck);
     let reference = Recompute::new(fp, cfg.clone()).unwrap();
     let bf16 = Recompute::new(Arc::new(CpuBackend::with_bf16_gemm()), cfg.clone()).unwrap();
     let c = cfg.train.codec;
-    let rel = |claimed: &[u8], honest: &[u8]| compare(c, rows, width, claimed, honest).unwrap().rel_l2;
-    let (mut worst, mut worst_loss) = (0f64, 0f64);
+    let rel = |claimed: &[u8], honest: &[u8]| compare(c, rows, width, claimed, honest).unwrap().rel_l2_beyond_rounding;
+    let raw = |claimed: &[u8], honest: &[u8]| compare(c, rows, width, claimed, honest).unwrap().rel_l2;
+    let (mut worst, mut worst_raw, mut worst_loss) = (0f64, 0f64, 0f64);
     let mut cheats = Vec::new();
-    for b in 0..6 {
+    for (w, b) in trained.iter().flat_map(|w| (0..6).map(move |b| (w, b))) {
         let (x, y) = corpus.val_batch(cfg.train.seed, b, batch, seq);
         // Each stage from the same input bytes, as a validator recomputes.
         let a0 = reference.forward(0, &w[0], ForwardInput::Tokens(&x), batch).unwrap();
@@ -657,6 +663,7 @@ fn an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not
         let g1_bf = bf16.backward(1, &w[1], ForwardInput::Wire(&a0), &g2, batch).unwrap().unwrap();
         for (claimed, honest) in [(&a0_bf, &a0), (&a1_bf, &a1), (&g2_bf, &g2), (&g1_bf, &g1)] {
             worst = worst.max(rel(claimed, honest));
+            worst_raw = worst_raw.max(raw(claimed, honest));
         }
         let mean = |l: &[f32]| l.iter().map(|&v| f64::from(v)).sum::<f64>() / l.len() as f64;
         let (l, l_bf) = (mean(&t.losses), mean(&t_bf.losses));
@@ -674,7 +681,8 @@ fn an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not
         cheats.push(("another micro-batch's output", rel(&a0_other, &a0)));
     }
     println!(
-        "honest bf16 against fp32: payloads rel L2 <= {worst:.2e}, losses rel <= {worst_loss:.2e}; tolerance {TOL}"
+        "honest bf16 against fp32: payloads rel L2 beyond rounding <= {worst:.2e} (all of it: {worst_raw:.2e}), \
+         losses rel <= {worst_loss:.2e}; tolerance {TOL}"
     );
     println!("cheats: {cheats:?}");
     assert!(worst > 0.0, "rounding the GEMM operands changed no payload: the simulation is off");
