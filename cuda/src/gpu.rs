@@ -67,6 +67,12 @@ impl Gpu {
             return Err(CudaError::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        // SAFETY: all our work goes on the one default stream (no `fork`,
+        // no second stream anywhere in the crate), so stream order already
+        // orders every read and write; the events cudarc would otherwise
+        // create with each allocation and wait on at each free order
+        // nothing.
+        unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(drv)?;
         let name = ctx.name().map_err(drv)?;
         let arch = arch_for(major, minor);
@@ -81,7 +87,50 @@ impl Gpu {
             functions.extend(load_program(&ctx, k, &include, arch)?);
         }
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, name, arch, compute: (major, minor), functions, lazy, include })
+        let gpu = Gpu { ctx, stream, name, arch, compute: (major, minor), functions, lazy, include };
+        if gpu.keep_pool_memory().is_none() {
+            eprintln!(
+                "note: the CUDA driver did not take the memory pool's release threshold; freed memory goes back to the device at each synchronisation"
+            );
+        }
+        Ok(gpu)
+    }
+
+    /// The default memory pool (which cudarc's stream-ordered allocations
+    /// come from).
+    fn default_pool(&self) -> Option<cudarc::driver::sys::CUmemoryPool> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().ok()?;
+        let dev = cudarc::driver::result::device::get(self.ctx.ordinal() as i32).ok()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: a plain driver query into a local of the handle type; the
+        // context is bound above.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev).result().ok()? };
+        Some(pool)
+    }
+
+    /// Keeps freed memory in the pool across synchronisations. The pool's
+    /// default release threshold is 0: at every synchronisation (a step has
+    /// several: downloads, timing events) it hands all freed memory back,
+    /// and the next step's allocations map it again in the driver, on the
+    /// host, between launches. A training step frees and reallocates the
+    /// same activation sizes every micro-batch, so the memory is kept, as
+    /// PyTorch's caching allocator keeps it.
+    fn keep_pool_memory(&self) -> Option<()> {
+        use cudarc::driver::sys;
+        let pool = self.default_pool()?;
+        let mut keep: u64 = u64::MAX;
+        // SAFETY: the attribute takes a cuuint64_t, passed by pointer.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+            .result()
+            .ok()?;
+        }
+        Some(())
     }
 
     /// The most bytes the device's default memory pool has held at once
@@ -92,14 +141,11 @@ impl Gpu {
     /// where the driver does not answer. (Not yet run on a GPU.)
     pub fn pool_high_water(&self) -> Option<u64> {
         use cudarc::driver::sys;
-        self.ctx.bind_to_thread().ok()?;
-        let dev = cudarc::driver::result::device::get(self.ctx.ordinal() as i32).ok()?;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let pool = self.default_pool()?;
         let mut high: u64 = 0;
-        // SAFETY: plain driver queries into locals of the types the driver
-        // writes (a pool handle, a cuuint64_t); the context is bound above.
+        // SAFETY: a plain driver query into a local of the type the driver
+        // writes (a cuuint64_t).
         unsafe {
-            sys::cuDeviceGetDefaultMemPool(&mut pool, dev).result().ok()?;
             sys::cuMemPoolGetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
