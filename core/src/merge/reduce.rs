@@ -171,42 +171,63 @@ fn trimmed_mean(used: &[(&[f32], f64)], w: &[f64], trim: usize, out: &mut [f32])
 }
 
 fn median_of(v: &mut [f32]) -> f32 {
-    v.sort_by(f32::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0) as f32 }
+    match *v {
+        // The same bits as the sort below gives (the sum is commutative),
+        // without the sort: two replicas are the common case.
+        [a] => a,
+        [a, b] => ((a as f64 + b as f64) / 2.0) as f32,
+        _ => {
+            v.sort_by(f32::total_cmp);
+            let n = v.len();
+            if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0) as f32 }
+        }
+    }
 }
 
-/// Each contribution's distance to `center`: per-chunk partial sums of
-/// squares, added in chunk order.
-fn distances(used: &[(&[f32], f64)], center: &[f32]) -> Vec<f64> {
-    let partials: Vec<Vec<f64>> = center
-        .par_chunks(REDUCE_CHUNK)
-        .enumerate()
-        .map(|(ci, v)| {
-            let at = ci * REDUCE_CHUNK;
-            used.iter()
-                .map(|(c, _)| c[at..at + v.len()].iter().zip(v).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>())
-                .collect()
-        })
-        .collect();
-    (0..used.len()).map(|i| partials.iter().map(|p| p[i]).sum::<f64>().sqrt()).collect()
+/// Each contribution's squared distance to `center` over one chunk of
+/// coordinates starting at `at` (summed in coordinate order).
+fn chunk_sq_distances(used: &[(&[f32], f64)], at: usize, center: &[f32]) -> Vec<f64> {
+    used.iter()
+        .map(|(c, _)| c[at..at + center.len()].iter().zip(center).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>())
+        .collect()
 }
 
+/// The distances from the per-chunk partials, added in chunk order.
+fn distances_of(partials: &[Vec<f64>], r: usize) -> Vec<f64> {
+    (0..r).map(|i| partials.iter().map(|p| p[i]).sum::<f64>().sqrt()).collect()
+}
+
+/// Centered clipping: from the coordinate-wise median, `iters` steps of
+/// v + sum_i w_i s_i (c_i - v), s_i clipping contribution i's offset to
+/// tau = tau_factor x the median distance.
+///
+/// Each step needs every contribution's distance to the current centre,
+/// a sum over all coordinates. The pass that writes a centre's chunk also
+/// measures the distances to it (per-chunk partials, added in chunk order
+/// afterwards), so the reduce reads the contributions 1 + iters times
+/// instead of 1 + 2 x iters: the same sums in the same order, the same
+/// bits (the test keeps the two-pass form to check that).
 fn centered_clip(used: &[(&[f32], f64)], w: &[f64], tau_factor: f32, iters: u32, out: &mut [f32]) -> usize {
     let r = used.len();
-    out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
-        let at = ci * REDUCE_CHUNK;
-        let mut col = vec![0.0f32; r];
-        for (j, o) in o.iter_mut().enumerate() {
-            for (i, (c, _)) in used.iter().enumerate() {
-                col[i] = c[at + j];
+    let iters = iters.max(1);
+    let mut partials: Vec<Vec<f64>> = out
+        .par_chunks_mut(REDUCE_CHUNK)
+        .enumerate()
+        .map(|(ci, o)| {
+            let at = ci * REDUCE_CHUNK;
+            let mut col = vec![0.0f32; r];
+            for (j, o) in o.iter_mut().enumerate() {
+                for (i, (c, _)) in used.iter().enumerate() {
+                    col[i] = c[at + j];
+                }
+                *o = median_of(&mut col);
             }
-            *o = median_of(&mut col);
-        }
-    });
+            chunk_sq_distances(used, at, o)
+        })
+        .collect();
     let mut clipped = vec![false; r];
-    for _ in 0..iters.max(1) {
-        let dist = distances(used, out);
+    for it in 0..iters {
+        let dist = distances_of(&partials, r);
         let mut d32: Vec<f32> = dist.iter().map(|&d| d as f32).collect();
         let tau = tau_factor as f64 * median_of(&mut d32) as f64;
         let scale: Vec<f64> = dist
@@ -222,19 +243,26 @@ fn centered_clip(used: &[(&[f32], f64)], w: &[f64], tau_factor: f32, iters: u32,
             })
             .collect();
         let coef: Vec<f64> = w.iter().zip(&scale).map(|(w, s)| w * s).collect();
-        // v + sum_i w_i s_i (c_i - v), the sum over participants in order.
-        out.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(|(ci, o)| {
-            let at = ci * REDUCE_CHUNK;
-            let mut step = vec![-0.0f64; o.len()];
-            for ((c, _), k) in used.iter().zip(&coef) {
-                for ((s, &x), &v) in step.iter_mut().zip(&c[at..at + o.len()]).zip(o.iter()) {
-                    *s += k * (x as f64 - v as f64);
+        let last = it + 1 == iters;
+        // v + sum_i w_i s_i (c_i - v), the sum over participants in order;
+        // then (but after the last step) the distances to the new centre.
+        partials = out
+            .par_chunks_mut(REDUCE_CHUNK)
+            .enumerate()
+            .map(|(ci, o)| {
+                let at = ci * REDUCE_CHUNK;
+                let mut step = vec![-0.0f64; o.len()];
+                for ((c, _), k) in used.iter().zip(&coef) {
+                    for ((s, &x), &v) in step.iter_mut().zip(&c[at..at + o.len()]).zip(o.iter()) {
+                        *s += k * (x as f64 - v as f64);
+                    }
                 }
-            }
-            for (o, s) in o.iter_mut().zip(step) {
-                *o = (*o as f64 + s) as f32;
-            }
-        });
+                for (o, s) in o.iter_mut().zip(step) {
+                    *o = (*o as f64 + s) as f32;
+                }
+                if last { Vec::new() } else { chunk_sq_distances(used, at, o) }
+            })
+            .collect();
     }
     clipped.iter().filter(|&&c| c).count()
 }
@@ -426,5 +454,92 @@ mod tests {
         // No input: g = 0, the momentum still decays and moves the weights.
         assert_eq!(m, vec![0.125; 3]);
         assert_eq!(u, vec![0.0625; 3]);
+    }
+
+    /// The two-pass form the fused reduce replaced, written plainly (one
+    /// thread, a sort for every median): the median, then per step one
+    /// pass for the distances (per-chunk partials, added in chunk order)
+    /// and one for the step.
+    fn centered_clip_two_pass(
+        used: &[(&[f32], f64)],
+        w: &[f64],
+        tau_factor: f32,
+        iters: u32,
+        out: &mut [f32],
+    ) -> usize {
+        let sorted_median = |mut v: Vec<f32>| {
+            v.sort_by(f32::total_cmp);
+            let n = v.len();
+            if n % 2 == 1 { v[n / 2] } else { ((v[n / 2 - 1] as f64 + v[n / 2] as f64) / 2.0) as f32 }
+        };
+        let r = used.len();
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = sorted_median(used.iter().map(|(c, _)| c[j]).collect());
+        }
+        let mut clipped = vec![false; r];
+        for _ in 0..iters.max(1) {
+            let partials: Vec<Vec<f64>> = out
+                .chunks(REDUCE_CHUNK)
+                .enumerate()
+                .map(|(ci, v)| {
+                    let at = ci * REDUCE_CHUNK;
+                    used.iter()
+                        .map(|(c, _)| {
+                            c[at..at + v.len()].iter().zip(v).map(|(&x, &v)| ((x - v) as f64).powi(2)).sum::<f64>()
+                        })
+                        .collect()
+                })
+                .collect();
+            let dist: Vec<f64> = (0..r).map(|i| partials.iter().map(|p| p[i]).sum::<f64>().sqrt()).collect();
+            let tau = tau_factor as f64 * sorted_median(dist.iter().map(|&d| d as f32).collect()) as f64;
+            let mut coef = Vec::new();
+            for (i, &d) in dist.iter().enumerate() {
+                let s = if d > tau && d > 0.0 {
+                    clipped[i] = true;
+                    tau / d
+                } else {
+                    1.0
+                };
+                coef.push(w[i] * s);
+            }
+            for (j, o) in out.iter_mut().enumerate() {
+                let v = *o;
+                let mut s = -0.0f64;
+                for ((c, _), k) in used.iter().zip(&coef) {
+                    s += k * (c[j] as f64 - v as f64);
+                }
+                *o = (v as f64 + s) as f32;
+            }
+        }
+        clipped.iter().filter(|&&c| c).count()
+    }
+
+    #[test]
+    fn the_fused_centered_clip_gives_the_two_pass_bits() {
+        let n = 3 * REDUCE_CHUNK + 123;
+        for r in 1..=6 {
+            let mut xs = honest(r, n, 40 + r as u64);
+            // One replica far off, so the clip bites where r allows.
+            if r >= 3 {
+                xs[1].iter_mut().for_each(|x| *x = *x * -30.0 + 0.01);
+            }
+            let w: Vec<f64> = (0..r).map(|i| 10.0 + 3.0 * i as f64).collect();
+            let t: f64 = w.iter().sum();
+            let w: Vec<f64> = w.iter().map(|x| x / t).collect();
+            let used: Vec<(&[f32], f64)> = xs.iter().zip(&w).map(|(x, &w)| (x.as_slice(), w)).collect();
+            for iters in 1..=3 {
+                let (mut fused, mut plain) = (vec![0.0f32; n], vec![0.0f32; n]);
+                let a = centered_clip(&used, &w, 2.0, iters, &mut fused);
+                let b = centered_clip_two_pass(&used, &w, 2.0, iters, &mut plain);
+                assert_eq!(a, b, "r {r}, {iters} steps: clipped");
+                assert!(
+                    fused.iter().zip(&plain).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "r {r}, {iters} steps: the bits differ"
+                );
+                if r >= 3 {
+                    assert!(a >= 1, "r {r}: the far replica was clipped");
+                }
+            }
+        }
     }
 }
