@@ -15,10 +15,10 @@
 #    behind compute: per-miner peak memory beside the plan, tokens/s
 #    against one process, with and without the fused attention if time is
 #    left.
-# 4. Muon's cost on the GPU (issue 18): one-process `iota train` of 125m
-#    and 1b for 20 steps with --optimizer adamw and muon, tokens/s of each
-#    (Muon's Newton-Schulz work per step is fixed by the matrices; docs/
-#    BENCHMARKS.md "Muon" estimates it at twice a 1.5b body stage's step).
+# 4. (run second) Issue 16's trajectories: `iota train small`, 200 steps, seed 42, on
+#    the CPU and on CUDA with bf16 GEMMs: the last lines of each (goal:
+#    final losses within 1%; scripts/gpu-check.sh has the full comparison).
+# (Muon's GPU cost was measured in session 27: docs/BENCHMARKS.md "Muon".)
 # Binaries: build them here with `cargo build --release --bins` (no Rust on
 # the device) and pass their folder.
 set -u
@@ -38,16 +38,15 @@ grep -E " FAIL " "$OUT/selftest.txt" | head -20
 echo "rows passed: $(grep -cE " pass " "$OUT/selftest.txt")"
 grep -E "fused|recomputing" "$OUT/selftest.txt"
 
-echo "== Muon's cost: one-process train, adamw vs muon ($(left) s left)"
-for model in "125m 8 512" "1b 4 1024"; do
-    set -- $model
-    for opt in adamw muon; do
-        f="$OUT/train-$1-$opt.txt"
-        timeout 60 "$BIN/iota" train --config "$1" --device cuda --steps 20 --batch "$2" --seq "$3" \
-            --optimizer "$opt" --eval-every 1000 --out "/tmp/train-$1-$opt" > "$f" 2>&1
-        echo "-- $1 $opt: rc=$? t=$SECONDS"
-        grep -iE "tok/s|tokens/s|error" "$f" | tail -3
-    done
+echo "== trajectories: small, 200 steps, cpu vs cuda bf16 ($(left) s left)"
+for dev in "cpu --device cpu" "cuda --device cuda --gemm bf16"; do
+    set -- $dev
+    name=$1
+    shift
+    timeout 150 "$BIN/iota" train --config small --steps 200 --eval-every 50 --seed 42 --out "/tmp/traj-$name" "$@" \
+        > "$OUT/train-$name.txt" 2>&1
+    echo "-- $name: rc=$? t=$SECONDS"
+    grep -E "step 200/200|val" "$OUT/train-$name.txt" | tail -2
 done
 
 echo "== stage-gpu, 1b middle stage ($(left) s left)"
