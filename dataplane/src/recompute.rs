@@ -200,8 +200,11 @@ impl Comparison {
     /// is a large part of the row's norm, so a few such flips made an
     /// honest bf16 miner's gradient look 3.4% off (CI, 2026-11-27) where
     /// its arithmetic differed by well under 1%. What rounding can explain
-    /// is forgiven; a cheat hiding in it moves each value by at most one
-    /// step, no more than the codec's own error.
+    /// is forgiven. A cheat hiding in it moves each value by at most one
+    /// step (twice the codec's own rounding error), even in one direction
+    /// throughout: a bias of at most 1/127 of each row's largest value in
+    /// int8, which the tolerance-free check of a same-backend miner would
+    /// catch and a cross-backend one cannot tell from rounding.
     pub fn passes(&self, tolerance: f64) -> bool {
         self.identical || (tolerance > 0.0 && self.rel_l2_beyond_rounding <= tolerance)
     }
