@@ -116,7 +116,7 @@ pub struct Known<'a> {
 /// int8 rounding (6.1e-3 in all) and its losses by 2.4e-5, after 4 and 20
 /// training steps; 10%-RMS noise on an activation differs by 0.083 beyond
 /// it, zeros by 0.99 (the integration test
-/// `validation::an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not`
+/// `validation::cross_backend::an_honest_bf16_miner_is_within_the_cross_backend_tolerance_and_cheats_are_not`
 /// measures both and keeps 4x of margin on the honest side, 3x on the
 /// cheats'). On an H100 (`iota-miner selftest --device cuda`, 2026-11-27)
 /// a bf16 stage's outputs and gradients differ from fp32 by at most
