@@ -138,7 +138,8 @@ impl Gpu {
     /// stream-ordered allocation, which is how cudarc allocates our buffers,
     /// exact where sampling the free memory would miss a short peak. Not
     /// counted: cuBLAS's own workspace, the context, module images. None
-    /// where the driver does not answer. (Not yet run on a GPU.)
+    /// where the driver does not answer. (On an H100 it read within 0.1-2
+    /// GiB of the memory plan: docs/BENCHMARKS.md, "scale".)
     pub fn pool_high_water(&self) -> Option<u64> {
         use cudarc::driver::sys;
         let pool = self.default_pool()?;
