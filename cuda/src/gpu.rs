@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use iota_core::merge::reduce::clip_cannot_bite;
 use iota_core::merge::{OuterOpt, ReduceRule, ReduceStats};
 
 use crate::kernels::KERNELS;
@@ -228,6 +229,7 @@ impl Gpu {
         if matches!(rule, ReduceRule::TrimmedMean { .. }) || contribs.len() > MAX_REPLICAS {
             return Ok(iota_core::merge::reduce_slice(rule, outer, contribs, weights, momentum));
         }
+
         let s = &self.stream;
         let n = momentum.len();
         let r = contribs.len();
@@ -283,6 +285,11 @@ impl Gpu {
             .collect();
         let dw = s.clone_htod(&w).map_err(drv)?;
         let mut g: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;
+        // As on the CPU: centered clipping that cannot clip is the mean.
+        let rule = match rule {
+            ReduceRule::CenteredClip { tau_factor, .. } if clip_cannot_bite(count, tau_factor) => ReduceRule::Mean,
+            r => r,
+        };
         if count > 0 {
             match rule {
                 ReduceRule::Mean | ReduceRule::TrimmedMean { .. } => {

@@ -10,7 +10,10 @@
 //! the only other owner's word is not enough and nobody is convicted (the
 //! robust reduce still contains the contribution).
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+use super::reduce::REDUCE_CHUNK;
 
 /// How far above the others' median L2 norm a contribution may lie. An
 /// honest replica's pseudo-gradient grows with the inner steps it took, so
@@ -35,13 +38,7 @@ pub enum Flaw {
 /// decode. Deterministic: the order and the arithmetic depend only on the
 /// inputs.
 pub fn flaws(contribs: &[Option<&[f32]>]) -> Vec<(usize, Flaw)> {
-    let norms: Vec<Option<f64>> = contribs
-        .iter()
-        .map(|c| {
-            let c = (*c)?;
-            c.iter().all(|x| x.is_finite()).then(|| c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
-        })
-        .collect();
+    let norms: Vec<Option<f64>> = contribs.iter().map(|c| finite_norm((*c)?)).collect();
     let mut out = Vec::new();
     for (i, c) in contribs.iter().enumerate() {
         match (c, norms[i]) {
@@ -62,6 +59,27 @@ pub fn flaws(contribs: &[Option<&[f32]>]) -> Vec<(usize, Flaw)> {
         }
     }
     out
+}
+
+/// The L2 norm of `c`, None if it holds a non-finite value. One pass,
+/// spread over the rayon pool in fixed chunks whose partial sums are added
+/// in chunk order, so the bits do not depend on the thread count (an owner
+/// checks stage-sized slices here before every reduce).
+fn finite_norm(c: &[f32]) -> Option<f64> {
+    let partials: Vec<Option<f64>> = c
+        .par_chunks(REDUCE_CHUNK)
+        .map(|ch| {
+            let mut s = 0.0f64;
+            for &x in ch {
+                if !x.is_finite() {
+                    return None;
+                }
+                s += f64::from(x) * f64::from(x);
+            }
+            Some(s)
+        })
+        .collect();
+    partials.into_iter().sum::<Option<f64>>().map(f64::sqrt)
 }
 
 #[cfg(test)]
@@ -93,5 +111,26 @@ mod tests {
         // Two participants: each is measured against the other.
         assert_eq!(flaws(&refs(&huge[1..])), vec![(1, Flaw::Outlier)]);
         assert_eq!(flaws(&refs(&[vec![0.0; 4], vec![3.0; 4]])), vec![], "nothing to measure against");
+    }
+
+    /// The norm runs over chunks in parallel: a bad value in any chunk is
+    /// seen, and the bits do not depend on the thread count.
+    #[test]
+    fn the_chunked_norm_sees_every_chunk_and_ignores_the_thread_count() {
+        let n = 3 * REDUCE_CHUNK + 5;
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| finite_norm(&v)).unwrap()
+        };
+        let one = on(1);
+        assert_eq!(one.to_bits(), on(3).to_bits());
+        let plain = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        assert!((one - plain).abs() < 1e-9 * plain);
+        for at in [0, REDUCE_CHUNK + 1, n - 1] {
+            let mut bad = v.clone();
+            bad[at] = f32::INFINITY;
+            assert_eq!(finite_norm(&bad), None, "a bad value at {at}");
+        }
     }
 }

@@ -111,6 +111,9 @@ pub fn reduce_slice(
         match rule {
             ReduceRule::Mean => weighted_mean(&used, &norm, &mut g),
             ReduceRule::TrimmedMean { trim } => trimmed_mean(&used, &norm, trim as usize, &mut g),
+            ReduceRule::CenteredClip { tau_factor, .. } if clip_cannot_bite(used.len(), tau_factor) => {
+                weighted_mean(&used, &norm, &mut g)
+            }
             ReduceRule::CenteredClip { tau_factor, iters } => {
                 stats.clipped = centered_clip(&used, &norm, tau_factor, iters, &mut g)
             }
@@ -127,6 +130,25 @@ pub fn reduce_slice(
         }
     });
     (g, stats)
+}
+
+/// Whether centered clipping is the weighted mean for `r` contributions,
+/// so its passes can be skipped. With two, the centre always lies between
+/// them (the median is their midpoint, and each step, clipping neither,
+/// lands on a weighted mean of the two), so the two distances add up to
+/// the distance between the contributions and tau = `tau_factor` x their
+/// mean is at least their sum, hence at least the larger one, when
+/// `tau_factor` >= 2: nothing is ever clipped, and a step that clips
+/// nothing moves any centre onto the weighted mean
+/// (v + sum_i w_i (c_i - v) = sum_i w_i c_i with the w_i adding to 1).
+/// Two contributions cannot be told apart by a median-based rule anyway:
+/// neither is the outlier. The iterations would reach the same value up
+/// to rounding in four passes over the contributions; this takes one
+/// (`centered_clip_of_two_is_their_weighted_mean` checks the claim
+/// against the iterations). Every owner and auditor runs this function,
+/// so they agree on the bits either way.
+pub fn clip_cannot_bite(r: usize, tau_factor: f32) -> bool {
+    r <= 2 && tau_factor >= 2.0
 }
 
 /// `out[j] = sum_i w_i c_i[j]` over chunks of coordinates, each summing
@@ -444,6 +466,39 @@ mod tests {
                 assert!(err < 1e-6, "centered clipping moved by {err} from the serial reduce");
             }
         }
+    }
+
+    /// The ground for `clip_cannot_bite`: with two contributions, any
+    /// weights (a zero one too) and any spread, the iterations clip
+    /// nothing and land on the weighted mean within rounding; and the
+    /// reduce, which skips them, gives the weighted mean's bits.
+    #[test]
+    fn centered_clip_of_two_is_their_weighted_mean() {
+        let n = REDUCE_CHUNK + 77;
+        let cc = ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 };
+        for (seed, w0) in [(1u64, 0.5), (2, 0.9), (3, 0.999), (4, 0.0), (5, 1.0), (6, 0.3)] {
+            let mut xs = honest(2, n, seed);
+            if seed % 2 == 0 {
+                // One replica far off: with two, it is not an outlier.
+                xs[1].iter_mut().for_each(|x| *x = *x * -50.0 + 0.02);
+            }
+            let w = [w0, 1.0 - w0];
+            let used: Vec<(&[f32], f64)> = xs.iter().zip(&w).map(|(x, &w)| (x.as_slice(), w)).collect();
+            let mut iterated = vec![0.0f32; n];
+            assert_eq!(centered_clip(&used, &w, 2.0, 3, &mut iterated), 0, "seed {seed}: something was clipped");
+            let want = mean_of(&xs, &w);
+            let err = dist(&iterated, &want) / norm(&want);
+            assert!(err < 1e-6, "seed {seed}: the iterations end {err} from the weighted mean");
+            let refs: Vec<Option<&[f32]>> = xs.iter().map(|x| Some(x.as_slice())).collect();
+            let (mut m1, mut m2) = (vec![0.0; n], vec![0.0; n]);
+            let (u, st) = reduce_slice(cc, OuterOpt::AVERAGE, &refs, &w, &mut m1);
+            let (mean, _) = reduce_slice(ReduceRule::Mean, OuterOpt::AVERAGE, &refs, &w, &mut m2);
+            assert_eq!(st.clipped, 0);
+            assert!(u.iter().zip(&mean).all(|(a, b)| a.to_bits() == b.to_bits()), "seed {seed}: not the mean's bits");
+        }
+        // Below a factor of 2 the clip can bite with two, and runs.
+        assert!(!clip_cannot_bite(2, 1.5));
+        assert!(!clip_cannot_bite(3, 2.0));
     }
 
     #[test]
