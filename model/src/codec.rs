@@ -26,13 +26,16 @@ pub fn encode_into(codec: WireCodec, rows: usize, cols: usize, x: &[f32], out: &
     let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
     assert_eq!(x.len(), rows * cols, "encode: tensor length does not match its shape");
     assert_eq!(out.len(), expected, "encode: output length does not match the shape");
-    if x.iter().any(|v| !v.is_finite()) {
+    // No early exit, so the check vectorises (as in `decode_into`).
+    if x.iter().fold(false, |bad, v| bad | !v.is_finite()) {
         return Err(CoreError::NonFinite("tensor to encode"));
     }
     match codec {
         WireCodec::F32 => out.chunks_exact_mut(4).zip(x).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
         WireCodec::Bf16 => {
-            out.chunks_exact_mut(2).zip(x).for_each(|(o, v)| o.copy_from_slice(&f32_to_bf16(*v).to_le_bytes()))
+            // Pairs by type; every value is finite here.
+            let (pairs, _) = out.as_chunks_mut::<2>();
+            pairs.iter_mut().zip(x).for_each(|(o, v)| *o = f32_to_bf16(*v).to_le_bytes())
         }
         WireCodec::Int8Row | WireCodec::Int4Row => {
             let qmax = if codec == WireCodec::Int8Row { INT8_MAX } else { INT4_MAX };
@@ -218,15 +221,20 @@ mod tests {
         assert!(decode(WireCodec::F32, usize::MAX / 2, 3, &[0; 12]).is_err());
     }
 
-    /// The bf16 decode reads pairs by type and checks finiteness without
-    /// an early exit: a NaN or infinity anywhere is still refused, and every
-    /// finite value comes back exactly.
+    /// The bf16 codec handles pairs by type and checks finiteness without
+    /// an early exit: a NaN or infinity anywhere is still refused, both
+    /// ways, and every value bf16 holds comes back exactly.
     #[test]
-    fn bf16_decode_refuses_a_nonfinite_value_anywhere() {
+    fn bf16_coding_refuses_a_nonfinite_value_anywhere() {
         // Eight significant bits at most: exact in bf16.
         let x: Vec<f32> = (0..1000).map(|i| ((i % 256) as f32 - 128.0) * (0.5f32).powi(i % 7)).collect();
         let b = encode(WireCodec::Bf16, 10, 100, &x).unwrap();
         assert_eq!(decode(WireCodec::Bf16, 10, 100, &b).unwrap(), x);
+        for at in [0usize, 517, 999] {
+            let mut bad = x.clone();
+            bad[at] = f32::INFINITY;
+            assert!(encode(WireCodec::Bf16, 10, 100, &bad).is_err(), "encoding an infinity at {at}");
+        }
         for at in [0usize, 517, 999] {
             for bits in [0x7FC0u16, 0x7F80, 0xFF80] {
                 let mut bad = b.clone();
