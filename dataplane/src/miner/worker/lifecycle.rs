@@ -109,9 +109,31 @@ impl<B: Backend + 'static> Worker<B> {
         let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages)?;
         let spec = specs.get(a.stage as usize).context("assigned stage does not exist")?.clone();
         let needs_data = spec.has_embedding() || spec.has_lm_head();
+        // A stage that has trained (epoch > 0) starts from its merged
+        // weights: load them first and build the stage from them, without
+        // drawing initial weights only to overwrite them (at `1.5b` the
+        // draw is the bulk of a joiner's start-up: 628M normals for a head).
         let t = std::time::Instant::now();
-        let mut stage = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        let merged = if a.weights_key.is_empty() {
+            None
+        } else {
+            let layout = iota_core::ParamLayout::for_stage(&self.cfg.train.model, &spec);
+            // The stage's merged weights, as their writers announced them.
+            let w =
+                load_announced(&self.rt, &self.store, &a.weights, a.stage, &layout, self.epoch.saturating_sub(1), out)?;
+            Some(w)
+        };
+        self.startup.weights += t.elapsed();
+        let t = std::time::Instant::now();
+        let mut stage = match &merged {
+            Some(w) => Stage::with_params(self.be.clone(), &self.cfg.train.model, spec, w)?,
+            None => Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed),
+        };
         self.startup.build += t.elapsed();
+        if merged.is_some() {
+            self.weights_after = Some(self.epoch.saturating_sub(1));
+        }
+        drop(merged);
         stage.set_max_in_flight(self.cfg.spec.max_in_flight as usize * 2 + 4);
         if recompute {
             stage.set_recompute(true);
@@ -124,22 +146,6 @@ impl<B: Backend + 'static> Worker<B> {
         if self.cfg.train.adamw.predict_weights {
             stage.set_weight_prediction(Some(self.cfg.train.grad_accum));
         }
-        let t = std::time::Instant::now();
-        if !a.weights_key.is_empty() {
-            // The stage's merged weights, as their writers announced them.
-            let w = load_announced(
-                &self.rt,
-                &self.store,
-                &a.weights,
-                a.stage,
-                stage.layout(),
-                self.epoch.saturating_sub(1),
-                out,
-            )?;
-            stage.set_params(&w)?;
-            self.weights_after = Some(self.epoch.saturating_sub(1));
-        }
-        self.startup.weights += t.elapsed();
         self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
         self.stage = Some(stage);
         self.stage_index = a.stage;
