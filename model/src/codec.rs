@@ -19,6 +19,18 @@ pub fn encode(codec: WireCodec, rows: usize, cols: usize, x: &[f32]) -> Result<V
     Ok(out)
 }
 
+/// `y.round()` (halves away from zero) for |y| < 2^31, without the libm
+/// call `f32::round` is on the baseline x86-64 target, so a row vectorises:
+/// the truncation is a conversion, `y - t` is exact, and a fraction of at
+/// least one half steps away from zero. The same value as `round` (a test
+/// compares them on ties, near-ties and random values).
+#[inline]
+fn round_half_away(y: f32) -> f32 {
+    let t = (y as i32) as f32;
+    let up = ((y - t).abs() >= 0.5) as i32 as f32;
+    t + up.copysign(y)
+}
+
 /// `encode` into `out` (exactly `codec.payload_bytes(rows, cols)` bytes).
 /// Rows are encoded independently, so a tensor encoded in row blocks, each
 /// into its own part of `out`, gives the same bytes as encoded whole.
@@ -47,7 +59,7 @@ pub fn encode_into(codec: WireCodec, rows: usize, cols: usize, x: &[f32], out: &
                 let (head, codes) = orow.split_at_mut(2);
                 head.copy_from_slice(&scale_bits.to_le_bytes());
                 let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                let q = |v: f32| (v * inv).round().clamp(-qmax, qmax) as i8;
+                let q = |v: f32| round_half_away(v * inv).clamp(-qmax, qmax) as i8;
                 if codec == WireCodec::Int8Row {
                     codes.iter_mut().zip(row).for_each(|(o, &v)| *o = q(v) as u8);
                 } else {
@@ -244,6 +256,27 @@ mod tests {
                     "{bits:#x} at {at}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn round_half_away_is_round() {
+        let mut cases = vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -126.5, 127.49998, 200.0, -300.7];
+        for k in -130i32..=130 {
+            let k = k as f32;
+            cases.extend([
+                k,
+                k + 0.5,
+                k - 0.5,
+                f32::from_bits((k + 0.5).to_bits() - 1),
+                f32::from_bits((k + 0.5).to_bits() + 1),
+            ]);
+        }
+        cases.extend([0.49999997f32, -0.49999997, 1e-30, -1e-30, 8_388_607.5, -8_388_609.0, 2.1e9, -2.1e9]);
+        let mut rng = iota_core::Rng::new(8);
+        cases.extend((0..100_000).map(|_| (rng.next_f32() - 0.5) * 300.0));
+        for y in cases {
+            assert_eq!(round_half_away(y), y.round(), "{y:e}");
         }
     }
 
