@@ -11,6 +11,7 @@ use iota_core::merge::reduce::clip_cannot_bite;
 use iota_core::merge::{OuterOpt, ReduceRule, ReduceStats};
 
 use crate::kernels::KERNELS;
+use crate::ptx_cache::{PtxCache, PtxSource};
 use crate::runtime::CudaError;
 
 const THREADS: u32 = 256;
@@ -32,18 +33,32 @@ pub struct Gpu {
     /// The lazy programs' functions, compiled on first use (`Kernel::lazy`).
     lazy: HashMap<&'static str, std::sync::OnceLock<HashMap<&'static str, CudaFunction>>>,
     include: std::path::PathBuf,
+    /// Where compiled programs are kept between runs (`IOTA_PTX_CACHE`).
+    ptx_cache: Option<PtxCache>,
 }
 
-/// Compiles one program for `arch` and loads its functions.
+/// Compiles one program for `arch` (or reads it from the kernel cache) and
+/// loads its functions. A cached program the driver refuses is compiled
+/// afresh, so a bad entry costs one compile, never the run.
 fn load_program(
     ctx: &Arc<CudaContext>,
+    cache: Option<&PtxCache>,
     k: &crate::kernels::Kernel,
     include: &std::path::Path,
     arch: &'static str,
 ) -> Result<HashMap<&'static str, CudaFunction>, CudaError> {
-    let ptx = crate::runtime::compile(k, include, arch)?;
-    let module = ctx.load_module(ptx).map_err(drv)?;
-    k.functions.iter().map(|f| Ok((*f, module.load_function(f).map_err(drv)?))).collect()
+    let load = |ptx| -> Result<HashMap<&'static str, CudaFunction>, CudaError> {
+        let module = ctx.load_module(ptx).map_err(drv)?;
+        k.functions.iter().map(|f| Ok((*f, module.load_function(f).map_err(drv)?))).collect()
+    };
+    let (ptx, source) = crate::ptx_cache::compile_cached(cache, k, include, arch)?;
+    match load(ptx) {
+        Err(e) if source == PtxSource::Cached => {
+            eprintln!("note: kernel cache: the driver refused the cached {} program ({e}); compiling it again", k.name);
+            load(crate::runtime::compile(k, include, arch)?)
+        }
+        loaded => loaded,
+    }
 }
 
 /// NVRTC wants a `&'static str` architecture; the devices we expect.
@@ -78,6 +93,7 @@ impl Gpu {
         let name = ctx.name().map_err(drv)?;
         let arch = arch_for(major, minor);
         let include = crate::runtime::find_headers().unwrap_or_else(|_| std::env::temp_dir());
+        let ptx_cache = PtxCache::from_env();
         let mut functions = HashMap::new();
         let mut lazy = HashMap::new();
         for k in KERNELS {
@@ -85,10 +101,10 @@ impl Gpu {
                 lazy.insert(k.name, std::sync::OnceLock::new());
                 continue;
             }
-            functions.extend(load_program(&ctx, k, &include, arch)?);
+            functions.extend(load_program(&ctx, ptx_cache.as_ref(), k, &include, arch)?);
         }
         let stream = ctx.default_stream();
-        let gpu = Gpu { ctx, stream, name, arch, compute: (major, minor), functions, lazy, include };
+        let gpu = Gpu { ctx, stream, name, arch, compute: (major, minor), functions, lazy, include, ptx_cache };
         if gpu.keep_pool_memory().is_none() {
             eprintln!(
                 "note: the CUDA driver did not take the memory pool's release threshold; freed memory goes back to the device at each synchronisation"
@@ -170,7 +186,7 @@ impl Gpu {
         let program = self.lazy[k.name].get_or_init(|| {
             // Compile-checked in CI (cuda/tests/nvrtc.rs), so a failure here
             // is the machine's NVRTC or driver, reported as it is.
-            load_program(&self.ctx, k, &self.include, self.arch)
+            load_program(&self.ctx, self.ptx_cache.as_ref(), k, &self.include, self.arch)
                 .unwrap_or_else(|e| panic!("compiling the {} kernels: {e}", k.name))
         });
         &program[name]

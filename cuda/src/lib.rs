@@ -1,8 +1,8 @@
 //! iota-cuda: the CUDA side of iota-rs.
 //!
 //! Kernels are `.cu` files under `cuda/kernels/`, embedded in the binary with
-//! `include_str!` and compiled once per process by NVRTC for the device they
-//! run on. Every CUDA library (driver, NVRTC, cuBLASLt) is loaded at run
+//! `include_str!` and compiled by NVRTC for the device they run on, once per
+//! machine: the PTX is kept on disk between runs (`ptx_cache`). Every CUDA library (driver, NVRTC, cuBLASLt) is loaded at run
 //! time, so the workspace builds on a machine with no CUDA at all and the
 //! binaries start there; asking for a GPU then fails with a plain message
 //! instead of a panic.
@@ -14,10 +14,12 @@ pub mod kernel_timer;
 pub mod kernels;
 pub mod lt;
 pub mod pinned;
+pub mod ptx_cache;
 pub mod runtime;
 pub mod selftest;
 
 pub use kernels::{KERNELS, Kernel};
+pub use ptx_cache::{PtxCache, PtxSource, compile_cached};
 pub use runtime::{
     CudaError, compile, describe, driver_present, ensure_nvrtc, find_headers, include_dirs, nvrtc_present,
     preload_nvrtc,

@@ -79,6 +79,9 @@ pub fn find_headers() -> Result<PathBuf, CudaError> {
     })
 }
 
+/// The options every kernel compiles with (part of the kernel cache's key).
+pub(crate) const COMPILE_OPTIONS: &[&str] = &["--std=c++17"];
+
 /// Compiles one kernel source to PTX for `arch` (e.g. "compute_90").
 pub fn compile(k: &Kernel, include: &Path, arch: &'static str) -> Result<cudarc::nvrtc::Ptx, CudaError> {
     if !nvrtc_present() {
@@ -88,7 +91,7 @@ pub fn compile(k: &Kernel, include: &Path, arch: &'static str) -> Result<cudarc:
         include_paths: vec![include.display().to_string()],
         arch: Some(arch),
         name: Some(format!("{}.cu", k.name)),
-        options: vec!["--std=c++17".into()],
+        options: COMPILE_OPTIONS.iter().map(|o| o.to_string()).collect(),
         ..Default::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(k.source, opts).map_err(|e| match e {

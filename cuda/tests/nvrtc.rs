@@ -101,3 +101,48 @@ fn the_fused_attention_kernels_lane_model_matches_plain_attention() {
     assert!(out.status.success(), "the model's errors exceed 1e-2 or an output was left unwritten:\n{text}");
     assert_eq!(text.lines().filter(|l| l.contains("dqkv")).count(), 3, "three shapes were checked");
 }
+
+#[test]
+fn the_kernel_cache_returns_what_nvrtc_compiled_and_skips_the_compile() {
+    if !iota_cuda::nvrtc_present()
+        && let Some(dir) = cache_dir()
+    {
+        let _ = iota_cuda::preload_nvrtc(&dir.join("lib"));
+    }
+    if !iota_cuda::nvrtc_present() {
+        println!("SKIPPED: NVRTC not found");
+        return;
+    }
+    let include = iota_cuda::find_headers().unwrap_or_else(|_| std::env::temp_dir());
+    let dir = tempfile::tempdir().unwrap();
+    let cache = iota_cuda::PtxCache::at(dir.path());
+    // The programs a GPU opens with (the lazy flash program takes seconds more).
+    for k in iota_cuda::KERNELS.iter().filter(|k| !k.lazy) {
+        let t0 = std::time::Instant::now();
+        let (first, from) = iota_cuda::compile_cached(Some(&cache), k, &include, "compute_90").unwrap();
+        let compiled = t0.elapsed();
+        assert_eq!(from, iota_cuda::PtxSource::Compiled);
+        let t1 = std::time::Instant::now();
+        let (second, from) = iota_cuda::compile_cached(Some(&cache), k, &include, "compute_90").unwrap();
+        let cached = t1.elapsed();
+        assert_eq!(from, iota_cuda::PtxSource::Cached, "{}", k.name);
+        assert_eq!(first.to_src(), second.to_src(), "{}", k.name);
+        // Another architecture is another entry.
+        let (_, from) = iota_cuda::compile_cached(Some(&cache), k, &include, "compute_80").unwrap();
+        assert_eq!(from, iota_cuda::PtxSource::Compiled, "{}", k.name);
+        println!("{}: compiled {compiled:?}, from the cache {cached:?}", k.name);
+    }
+    // A damaged entry is compiled again and rewritten whole.
+    let k = iota_cuda::KERNELS.iter().find(|k| k.name == "codec").unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x20;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let (_, from) = iota_cuda::compile_cached(Some(&cache), k, &include, "compute_90").unwrap();
+    assert_eq!(from, iota_cuda::PtxSource::Compiled);
+    let (_, from) = iota_cuda::compile_cached(Some(&cache), k, &include, "compute_90").unwrap();
+    assert_eq!(from, iota_cuda::PtxSource::Cached);
+}
