@@ -11,15 +11,21 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/iota-rs/cuda-13.0")))
 }
 
-#[test]
-fn every_kernel_compiles_with_nvrtc() {
-    let required = std::env::var("IOTA_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+/// Whether NVRTC is loadable, after loading it from the fetch script's
+/// cache where the system has none.
+fn nvrtc_loaded() -> bool {
     if !iota_cuda::nvrtc_present()
         && let Some(dir) = cache_dir()
     {
         let _ = iota_cuda::preload_nvrtc(&dir.join("lib"));
     }
-    if !iota_cuda::nvrtc_present() {
+    iota_cuda::nvrtc_present()
+}
+
+#[test]
+fn every_kernel_compiles_with_nvrtc() {
+    let required = std::env::var("IOTA_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+    if !nvrtc_loaded() {
         assert!(!required, "IOTA_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: run scripts/fetch-nvrtc.py");
         println!(
             "SKIPPED: NVRTC not found (run scripts/fetch-nvrtc.py, or set IOTA_REQUIRE_NVRTC=1 to make this fail)"
@@ -40,12 +46,7 @@ fn every_kernel_compiles_with_nvrtc() {
 
 #[test]
 fn a_broken_kernel_reports_the_compiler_log() {
-    if !iota_cuda::nvrtc_present()
-        && let Some(dir) = cache_dir()
-    {
-        let _ = iota_cuda::preload_nvrtc(&dir.join("lib"));
-    }
-    if !iota_cuda::nvrtc_present() {
+    if !nvrtc_loaded() {
         println!("SKIPPED: NVRTC not found");
         return;
     }
@@ -104,12 +105,7 @@ fn the_fused_attention_kernels_lane_model_matches_plain_attention() {
 
 #[test]
 fn the_kernel_cache_returns_what_nvrtc_compiled_and_skips_the_compile() {
-    if !iota_cuda::nvrtc_present()
-        && let Some(dir) = cache_dir()
-    {
-        let _ = iota_cuda::preload_nvrtc(&dir.join("lib"));
-    }
-    if !iota_cuda::nvrtc_present() {
+    if !nvrtc_loaded() {
         println!("SKIPPED: NVRTC not found");
         return;
     }
