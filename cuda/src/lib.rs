@@ -1,11 +1,12 @@
 //! iota-cuda: the CUDA side of iota-rs.
 //!
 //! Kernels are `.cu` files under `cuda/kernels/`, embedded in the binary with
-//! `include_str!` and compiled by NVRTC for the device they run on, once per
-//! machine: the PTX is kept on disk between runs (`ptx_cache`). Every CUDA library (driver, NVRTC, cuBLASLt) is loaded at run
-//! time, so the workspace builds on a machine with no CUDA at all and the
-//! binaries start there; asking for a GPU then fails with a plain message
-//! instead of a panic.
+//! `include_str!` and compiled by NVRTC for the device they run on; the PTX
+//! is kept on disk between runs (`ptx_cache`), so a machine compiles each
+//! program once. Every CUDA library (driver, NVRTC, cuBLASLt) is loaded at
+//! run time, so the workspace builds on a machine with no CUDA at all and
+//! the binaries start there; asking for a GPU then fails with a plain
+//! message instead of a panic.
 
 pub mod backend;
 mod cast_cache;
