@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -43,11 +43,13 @@ use tracing::{info, warn};
 
 mod intake;
 mod slices;
+mod stats;
 mod store_io;
 
 use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
 pub use self::slices::{Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, update_hash};
+pub use self::stats::MergeStats;
 use super::Merge;
 use super::parts::f32_le;
 use super::parts::read_parts;
@@ -57,36 +59,6 @@ use crate::transport::ReceivedFrame;
 
 /// After this long without an expected slice, look in the object store.
 const STORE_FALLBACK_AFTER: Duration = Duration::from_millis(1500);
-
-/// Payload bytes this replica's merges sent and received, and where its
-/// time went (for the bench and the completion log).
-#[derive(Debug, Default)]
-pub struct MergeStats {
-    pub sent_bytes: AtomicU64,
-    pub recv_bytes: AtomicU64,
-    pub store_fallbacks: AtomicU64,
-    /// Nanoseconds spent encoding contributions.
-    pub encode_ns: AtomicU64,
-    /// Nanoseconds spent reducing owned partitions (decode, reduce,
-    /// encode and hash the update).
-    pub reduce_ns: AtomicU64,
-    /// Nanoseconds spent applying accepted updates (decode, subtract).
-    pub apply_ns: AtomicU64,
-    /// Nanoseconds spent storing merged slices as their writer.
-    pub store_ns: AtomicU64,
-}
-
-impl MergeStats {
-    fn time(counter: &AtomicU64, since: Instant) {
-        counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    /// Seconds in each phase: encode, reduce, apply, store.
-    pub fn phase_secs(&self) -> [f64; 4] {
-        [&self.encode_ns, &self.reduce_ns, &self.apply_ns, &self.store_ns]
-            .map(|c| c.load(Ordering::Relaxed) as f64 * 1e-9)
-    }
-}
 
 /// Faults a test or a chaos run injects into one replica's merge; a real
 /// miner never sets one.
