@@ -67,6 +67,8 @@ use serde::{Deserialize, Serialize};
 
 mod fixed;
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;
 
 use fixed::Fx;
