@@ -14,8 +14,18 @@
 //! written to a temporary name and renamed, so concurrent miners never read
 //! a half-written one. A cache that cannot be written only costs the
 //! compile: it is reported once, never fatal.
+//!
+//! Every changed kernel source or NVRTC adds an entry (0.1-1 MB of PTX), so
+//! the cache is kept bounded: after writing an entry, only the
+//! `KEEP_PER_PROGRAM` most recently used entries of that program and
+//! architecture stay (a hit marks its entry used), and temporary files a
+//! killed process left behind go once they are an hour old. A few versions
+//! are kept, not one, so two builds used side by side on one machine do not
+//! take turns compiling. Only files named as this cache names them are ever
+//! removed.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use crate::kernels::Kernel;
 use crate::runtime::{COMPILE_OPTIONS, CudaError};
@@ -23,6 +33,12 @@ use crate::runtime::{COMPILE_OPTIONS, CudaError};
 /// The trailer that ends every entry: this marker, the hex blake3 of the
 /// PTX before it, a newline. PTX reads `//` as a comment.
 const TRAILER: &str = "// iota-rs ptx cache, blake3 ";
+
+/// Entries kept per program and architecture: the versions in use.
+pub const KEEP_PER_PROGRAM: usize = 4;
+
+/// Temporary files older than this were left by a process that died mid-write.
+const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
 
 /// Where a program's PTX came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +99,51 @@ impl PtxCache {
         self.dir.join(format!("{}-{arch}-{}.ptx", k.name, &key[..32]))
     }
 
+    /// Marks an entry as just used (its modification time), so pruning
+    /// keeps the entries a run reads. Best effort: a read-only cache still
+    /// serves its entries.
+    pub fn touch(&self, entry: &Path) {
+        if let Ok(f) = std::fs::File::options().write(true).open(entry) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+    }
+
+    /// Removes the entries of `entry`'s program and architecture beyond the
+    /// `keep` most recently used (never `entry` itself), and temporary files
+    /// older than an hour. Returns how many files went. Best effort: a file
+    /// that cannot be removed stays.
+    pub fn prune(&self, entry: &Path, keep: usize) -> usize {
+        let Some(family) = entry.file_name().and_then(|n| n.to_str()).and_then(entry_family) else {
+            return 0;
+        };
+        let Ok(dir) = std::fs::read_dir(&self.dir) else { return 0 };
+        let now = SystemTime::now();
+        let mut siblings = Vec::new();
+        let mut removed = 0;
+        for item in dir.flatten() {
+            let name = item.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let modified = item.metadata().and_then(|m| m.modified()).unwrap_or(now);
+            if is_temporary(name) {
+                if now.duration_since(modified).is_ok_and(|age| age > STALE_TEMPORARY)
+                    && std::fs::remove_file(item.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            } else if entry_family(name) == Some(family) && item.path() != entry {
+                siblings.push((modified, item.path()));
+            }
+        }
+        // Newest first; `entry` itself (just written or used) counts as one kept.
+        siblings.sort_by_key(|s| std::cmp::Reverse(s.0));
+        for (_, path) in siblings.into_iter().skip(keep.saturating_sub(1)) {
+            if std::fs::remove_file(path).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// The PTX an entry holds, if it is there and whole.
     pub fn read(&self, entry: &Path) -> Result<Option<String>, String> {
         let text = match std::fs::read_to_string(entry) {
@@ -110,6 +171,21 @@ impl PtxCache {
         }
         written
     }
+}
+
+/// `{program}-{arch}` of a file named as an entry (`{program}-{arch}-{32
+/// hex}.ptx`), else None: files of any other name are not the cache's.
+fn entry_family(name: &str) -> Option<&str> {
+    let (family, key) = name.strip_suffix(".ptx")?.rsplit_once('-')?;
+    let hex = key.len() == 32 && key.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex && family.contains('-')).then_some(family)
+}
+
+/// A temporary file `write` makes: `.{pid}.{n}.tmp`.
+fn is_temporary(name: &str) -> bool {
+    name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")).and_then(|n| n.split_once('.')).is_some_and(
+        |(pid, n)| !pid.is_empty() && !n.is_empty() && pid.bytes().chain(n.bytes()).all(|b| b.is_ascii_digit()),
+    )
 }
 
 /// A number no other call in this process gets (temporary file names).
@@ -146,7 +222,10 @@ pub fn compile_cached(
     };
     let entry = cache.entry(k, arch, nvrtc_version()?);
     match cache.read(&entry) {
-        Ok(Some(ptx)) => return Ok((cudarc::nvrtc::Ptx::from_src(ptx), PtxSource::Cached)),
+        Ok(Some(ptx)) => {
+            cache.touch(&entry);
+            return Ok((cudarc::nvrtc::Ptx::from_src(ptx), PtxSource::Cached));
+        }
         Ok(None) => {}
         Err(why) => eprintln!("note: kernel cache: {why}"),
     }
@@ -156,6 +235,8 @@ pub fn compile_cached(
             "note: kernel cache: cannot write {} ({e}); kernels will be compiled again next start (set IOTA_PTX_CACHE to a writable directory, or to off)",
             entry.display()
         );
+    } else {
+        cache.prune(&entry, KEEP_PER_PROGRAM);
     }
     Ok((ptx, PtxSource::Compiled))
 }
@@ -219,6 +300,81 @@ mod tests {
             std::fs::write(&entry, &damaged).unwrap();
             let err = cache.read(&entry).unwrap_err();
             assert!(err.contains("damaged"), "{err}");
+        }
+    }
+
+    fn set_age(path: &Path, secs_ago: u64) {
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(secs_ago)).unwrap();
+    }
+
+    #[test]
+    fn pruning_keeps_the_recently_used_versions_of_a_program_and_nothing_else_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = PtxCache::at(dir.path());
+        // Six versions of `ops` on compute_90, the oldest first.
+        let versions: Vec<PathBuf> = (0..6)
+            .map(|i| {
+                let source: &'static str = Box::leak(format!("int v{i};").into_boxed_str());
+                let e = cache.entry(&kernel("ops", source), "compute_90", (13, 0));
+                cache.write(&e, "ptx").unwrap();
+                set_age(&e, 1000 - 100 * i);
+                e
+            })
+            .collect();
+        // The oldest is used again: it counts as recent.
+        cache.touch(&versions[0]);
+        // Another program, another architecture, files that are not entries, a fresh and a stale temporary file.
+        let flash = cache.entry(&kernel("flash", "int v0;"), "compute_90", (13, 0));
+        let ops80 = cache.entry(&kernel("ops", "int v0;"), "compute_80", (13, 0));
+        for e in [&flash, &ops80] {
+            cache.write(e, "ptx").unwrap();
+            set_age(e, 5000);
+        }
+        let foreign = ["notes.txt", "ops-compute_90-short.ptx", "ops-compute_90-0123456789abcdef0123456789ABCDEF.ptx"];
+        for f in foreign {
+            std::fs::write(dir.path().join(f), "mine").unwrap();
+            set_age(&dir.path().join(f), 9000);
+        }
+        let (fresh_tmp, stale_tmp) = (dir.path().join(".12.0.tmp"), dir.path().join(".12.1.tmp"));
+        std::fs::write(&fresh_tmp, "half").unwrap();
+        std::fs::write(&stale_tmp, "half").unwrap();
+        set_age(&stale_tmp, 7200);
+
+        // A new version is written: it and the three most recently used stay.
+        let newest = cache.entry(&kernel("ops", "int v6;"), "compute_90", (13, 0));
+        cache.write(&newest, "ptx").unwrap();
+        assert_eq!(cache.prune(&newest, KEEP_PER_PROGRAM), 4, "three old versions and the stale temporary file");
+        let exists = |p: &PathBuf| p.exists();
+        assert!(exists(&newest) && exists(&versions[0]) && exists(&versions[5]) && exists(&versions[4]));
+        assert!(!exists(&versions[1]) && !exists(&versions[2]) && !exists(&versions[3]));
+        assert!(exists(&flash) && exists(&ops80) && exists(&fresh_tmp) && !exists(&stale_tmp));
+        for f in foreign {
+            assert!(dir.path().join(f).exists(), "{f} is not the cache's to remove");
+        }
+        // Pruning again removes nothing more; a cache with no directory is no error.
+        assert_eq!(cache.prune(&newest, KEEP_PER_PROGRAM), 0);
+        assert_eq!(PtxCache::at(dir.path().join("absent")).prune(&newest, KEEP_PER_PROGRAM), 0);
+    }
+
+    #[test]
+    fn only_names_the_cache_writes_count_as_its_files() {
+        assert_eq!(entry_family("ops-compute_90-0123456789abcdef0123456789abcdef.ptx"), Some("ops-compute_90"));
+        assert_eq!(
+            entry_family("flash-bwd-compute_90-0123456789abcdef0123456789abcdef.ptx"),
+            Some("flash-bwd-compute_90")
+        );
+        for name in [
+            "ops.ptx",
+            "ops-compute_90-0123.ptx",
+            "compute_90-0123456789abcdef0123456789abcdef.ptx",
+            "x-y-0123456789abcdef0123456789abcdeg.ptx",
+        ] {
+            assert_eq!(entry_family(name), None, "{name}");
+        }
+        assert!(is_temporary(".123.4.tmp"));
+        for name in [".123.tmp", "123.4.tmp", ".a.4.tmp", "..4.tmp", ".123.4.tmp.bak"] {
+            assert!(!is_temporary(name), "{name}");
         }
     }
 }
