@@ -101,9 +101,11 @@ __device__ __forceinline__ float block_sum_warps(float v, float* red) {
 
 // dx += r * w*g - x * (sum_j w*g*x) * r^3 / d, one block per row (rows are
 // independent, so every SM is busy and the row's reads stay in cache).
-extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, const float* __restrict__ dout,
-                                          const float* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ rstd, int n, int d) {
+// With `dx16` not null the new dx is also written there in bf16: the
+// output gradient the next GEMMs read.
+extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, unsigned short* __restrict__ dx16,
+                                          const float* __restrict__ dout, const float* __restrict__ x,
+                                          const float* __restrict__ w, const float* __restrict__ rstd, int n, int d) {
     __shared__ float red[BLOCK / 32];
     int r = blockIdx.x;
     if (r >= n) return;
@@ -114,7 +116,11 @@ extern "C" __global__ void rmsnorm_bwd_dx(float* __restrict__ dx, const float* _
     float dot = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) dot += w[j] * gr[j] * xr[j];
     float s = block_sum_warps(dot, red) * rs * rs * rs / d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) dxr[j] += rs * w[j] * gr[j] - xr[j] * s;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = dxr[j] + (rs * w[j] * gr[j] - xr[j] * s);
+        dxr[j] = v;
+        if (dx16) dx16[(long long)r * d + j] = to_bf16(v);
+    }
 }
 
 // dw's partial sums: partials[chunk][j] = sum over the chunk's rows (in
@@ -146,9 +152,12 @@ extern "C" __global__ void sum_rows(float* __restrict__ out, const float* __rest
 // the table's angles: cos [seq, hd/2] then sin [seq, hd/2]; row r is at
 // position r % seq. `inverse` rotates back (RoPE's backward). A block per
 // row (grid-stride over rows): the row's position and table rows are found
-// once, and a thread's pair index needs only 32-bit arithmetic.
-extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ table, int rows, int seq,
-                                int row_stride, int heads, int hd, int inverse) {
+// once, and a thread's pair index needs only 32-bit arithmetic. With
+// `out16` not null every row is also written there in bf16, whole (the
+// columns past the rotated heads too): the copy attention or the next GEMM
+// reads, so no separate cast runs.
+extern "C" __global__ void rope(float* __restrict__ x, unsigned short* __restrict__ out16, const float* __restrict__ table,
+                                int rows, int seq, int row_stride, int heads, int hd, int inverse) {
     int half = hd / 2;
     float sign = inverse ? -1.0f : 1.0f;
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -162,8 +171,18 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
             float c = cs[i], s = sn[i] * sign;
             float* a = row + h * hd;
             float x1 = a[i], x2 = a[half + i];
-            a[i] = x1 * c - x2 * s;
-            a[half + i] = x2 * c + x1 * s;
+            float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+            a[i] = y1;
+            a[half + i] = y2;
+            if (out16) {
+                unsigned short* a16 = out16 + (long long)r * row_stride + h * hd;
+                a16[i] = to_bf16(y1);
+                a16[half + i] = to_bf16(y2);
+            }
+        }
+        if (out16) {
+            unsigned short* row16 = out16 + (long long)r * row_stride;
+            for (int j = heads * hd + threadIdx.x; j < row_stride; j += blockDim.x) row16[j] = to_bf16(row[j]);
         }
     }
 }
@@ -187,8 +206,10 @@ extern "C" __global__ void swiglu(float* __restrict__ out, unsigned short* __res
     }
 }
 
-extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ dout,
-                                      const float* __restrict__ gu, int n, int f) {
+// dgu from dout; also in bf16 to `dgu16` when it is not null (the output
+// gradient the gate/up GEMMs read next).
+extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, unsigned short* __restrict__ dgu16,
+                                      const float* __restrict__ dout, const float* __restrict__ gu, int n, int f) {
     for (int r = blockIdx.x; r < n; r += gridDim.x) {
         const float* g_row = gu + (long long)r * 2 * f;
         float* d_row = dgu + (long long)r * 2 * f;
@@ -196,8 +217,15 @@ extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __re
         for (int j = threadIdx.x; j < f; j += blockDim.x) {
             float g = g_row[j], u = g_row[f + j];
             float s = sigmoidf(g);
-            d_row[f + j] = o_row[j] * g * s;
-            d_row[j] = o_row[j] * u * s * (1.0f + g * (1.0f - s));
+            float du = o_row[j] * g * s;
+            float dg = o_row[j] * u * s * (1.0f + g * (1.0f - s));
+            d_row[f + j] = du;
+            d_row[j] = dg;
+            if (dgu16) {
+                unsigned short* d16 = dgu16 + (long long)r * 2 * f;
+                d16[f + j] = to_bf16(du);
+                d16[j] = to_bf16(dg);
+            }
         }
     }
 }

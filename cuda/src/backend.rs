@@ -158,6 +158,10 @@ pub struct CudaBackend {
     timer: crate::kernel_timer::KernelTimer,
     /// Attention on the fused kernels where they apply (`flash.rs`).
     flash: bool,
+    /// Kernels that write a GEMM's next operand write its bf16 copy too
+    /// (RoPE's Q|K|V and dQ|dK|dV, SwiGLU's and RMSNorm's input gradients),
+    /// so no `cast_bf16` runs for them (`copies.rs`, "fused casts").
+    fused_casts: bool,
 }
 
 /// bf16 copies that outlive one call. The weights' are kept until the
@@ -249,6 +253,8 @@ impl CudaBackend {
             timer: Default::default(),
             // The fused attention kernels (`flash.rs`), while they are new.
             flash: precision == GemmPrecision::Bf16 && std::env::var("IOTA_FLASH_ATTENTION").is_ok_and(|v| v == "1"),
+            // Off by default until a GPU has measured it (`IOTA_FUSED_CASTS=1` turns it on).
+            fused_casts: precision == GemmPrecision::Bf16 && std::env::var("IOTA_FUSED_CASTS").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -535,7 +541,9 @@ impl Backend for CudaBackend {
             return;
         }
         let (ni, di) = (n as i32, d as i32);
-        launch!(self, "rmsnorm_bwd_dx", self.rows(n), &dx.ptr, &dout.ptr, &x.ptr, &w.ptr, &rstd.ptr, &ni, &di);
+        let dx16 = self.produce_b(dx.len);
+        launch!(self, "rmsnorm_bwd_dx", self.rows(n), &dx.ptr, &dx16, &dout.ptr, &x.ptr, &w.ptr, &rstd.ptr, &ni, &di);
+        self.produced_b(dx16, dx.ptr, dx.len);
         // dw: column sums over chunks of rows, then the chunks in order.
         const ROWS_PER_CHUNK: usize = 64;
         let chunks = n.div_ceil(ROWS_PER_CHUNK);
@@ -572,7 +580,19 @@ impl Backend for CudaBackend {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self, "rope", cfg, &x.ptr, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
+        // The whole buffer's copy, when the rows are all of it: Q|K|V for
+        // attention (kept for its backward), or dQ|dK|dV for the GEMMs next.
+        let (x16, whole) = match (x.len == rows * row_stride, inverse) {
+            (false, _) => (0, false),
+            (true, false) => (self.produce_copy(x.ptr, x.len), true),
+            (true, true) => (self.produce_b(x.len), true),
+        };
+        launch!(self, "rope", cfg, &x.ptr, &x16, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
+        if whole && inverse {
+            self.produced_b(x16, x.ptr, x.len);
+        } else if whole {
+            self.produced(x16, x.ptr, x.len);
+        }
     }
 
     fn attention(&self, out: DMut<'_>, saved: DMut<'_>, qkv: DRef<'_>, dims: AttnDims) {
@@ -613,7 +633,9 @@ impl Backend for CudaBackend {
     fn swiglu_bwd(&self, dgu: DMut<'_>, dout: DRef<'_>, gu: DRef<'_>, n: usize, f: usize) {
         assert!(dgu.len == 2 * n * f && dout.len == n * f && gu.len == 2 * n * f, "swiglu_bwd shapes");
         let (ni, fi) = (n as i32, f as i32);
-        launch!(self, "swiglu_bwd", self.rows(n), &dgu.ptr, &dout.ptr, &gu.ptr, &ni, &fi);
+        let dgu16 = self.produce_b(dgu.len);
+        launch!(self, "swiglu_bwd", self.rows(n), &dgu.ptr, &dgu16, &dout.ptr, &gu.ptr, &ni, &fi);
+        self.produced_b(dgu16, dgu.ptr, dgu.len);
     }
 
     fn cross_entropy(

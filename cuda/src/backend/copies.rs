@@ -2,6 +2,13 @@
 //! (`cast_cache.rs` holds the ledger's rules): where a GEMM operand's copy
 //! is found, kept or cast into scratch, and what a kernel's write or a new
 //! allocation makes stale.
+//!
+//! Fused casts: a kernel that writes the next GEMM's operand can write its
+//! bf16 copy in the same pass (`produce_slot` into the kept copies,
+//! `produce_b` into scratch "b", where an output gradient's copy lives for
+//! its two GEMMs), which saves a `cast_bf16` launch and a read of the fp32
+//! values. The copy is marked only after the launch, and any later write
+//! over its source forgets it, as for a cast.
 
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 
@@ -76,6 +83,45 @@ impl CudaBackend {
         }
         let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         self.copy_slot(&mut copies.acts, ptr, len).unwrap_or(0)
+    }
+
+    /// A second backend on the same GPU with fused casts on or off (`fused_casts`),
+    /// attention as this one's; None without bf16 GEMMs.
+    pub fn with_fused_casts(&self, on: bool) -> Option<CudaBackend> {
+        self.lt.as_ref()?;
+        let mut be = CudaBackend::with_precision(self.gpu.clone(), self.precision).ok()?;
+        be.flash = self.flash;
+        be.fused_casts = on;
+        Some(be)
+    }
+
+    /// With fused casts: `produce_slot`, for a kernel that writes the
+    /// operand a `cast_bf16` would otherwise copy (0: it writes fp32 only).
+    pub(super) fn produce_copy(&self, ptr: u64, len: usize) -> u64 {
+        if self.fused_casts { self.produce_slot(ptr, len) } else { 0 }
+    }
+
+    /// With fused casts: scratch "b" for the bf16 copy of an output
+    /// gradient a kernel is about to write, which the next GEMMs read as
+    /// their "b" operand (0: none, the kernel writes fp32 only). It no
+    /// longer holds what it held; mark it with `produced_b` after the launch.
+    pub(super) fn produce_b(&self, len: usize) -> u64 {
+        if !self.fused_casts || self.lt.is_none() || len == 0 {
+            return 0;
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = self.u16_scratch(&mut scratch.b, len);
+        drop(scratch);
+        self.copies.lock().unwrap_or_else(|p| p.into_inner()).b_holds = None;
+        slot
+    }
+
+    /// Scratch "b" now holds the bf16 copy of `[ptr, ptr + 4 len)` (a no-op
+    /// for slot 0). Any later write over the range forgets it (`Copies::written`).
+    pub(super) fn produced_b(&self, slot: u64, ptr: u64, len: usize) {
+        if slot != 0 {
+            self.copies.lock().unwrap_or_else(|p| p.into_inner()).b_holds = Some((ptr, len));
+        }
     }
 
     pub(super) fn produced(&self, slot: u64, ptr: u64, len: usize) {

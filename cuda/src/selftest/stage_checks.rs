@@ -138,5 +138,35 @@ pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaErro
             reference: "the same stage keeping them".into(),
         });
     }
+    // Fused casts: RoPE, SwiGLU's and RMSNorm's backward write the bf16
+    // copies the GEMMs read next instead of `cast_bf16` making them. The
+    // copy's rounding is the cast's, so every GEMM reads the same bits:
+    // expected bit-identical (0). A difference means a copy read stale or
+    // written wrong (a scratch reused before its GEMM, a write not noted).
+    for (stage, what) in [(0, "head"), (1, "body")] {
+        for recompute in [false, true] {
+            let plain = CudaBackend::with_precision(gpu.clone(), GemmPrecision::Bf16)?;
+            let (Some(off), Some(on)) = (plain.with_fused_casts(false), plain.with_fused_casts(true)) else {
+                continue;
+            };
+            let t0 = Instant::now();
+            let want = pipelined_stage_run(Arc::new(off), stage, recompute, (batch, seq))?;
+            let got = pipelined_stage_run(Arc::new(on), stage, recompute, (batch, seq))?;
+            let err = if got.len() == want.len() {
+                got.iter().zip(&want).map(|(g, w)| max_rel(g, w)).fold(0.0, f64::max)
+            } else {
+                f64::INFINITY
+            };
+            let how = if recompute { "recomputing" } else { "keeping activations" };
+            out.push(Check {
+                op: format!("{what} stage with fused casts, {how}, bf16 GEMMs"),
+                shape: format!("tiny, {batch}x{seq}, 2 in flight, a step between: z, dz_in, grads, weights"),
+                max_rel_err: err,
+                tolerance: 1e-6,
+                millis: t0.elapsed().as_secs_f64() * 1e3,
+                reference: "the same stage with cast_bf16".into(),
+            });
+        }
+    }
     Ok(())
 }
