@@ -40,6 +40,7 @@ use iota_protocol::MergeSpec;
 use serde::Serialize;
 
 mod moments;
+mod orth_merge;
 mod pathways;
 mod variant;
 use moments::average_inner_moments;
@@ -101,6 +102,11 @@ pub struct Args {
     /// embedding, LM head and norms: a fraction of the traffic.
     #[arg(long)]
     avg_muon_momentum_only: bool,
+    /// An experiment, for every swarm variant of the run: at each merge the
+    /// mean pseudo-gradient of every matrix Muon updates is orthogonalised
+    /// again and given the replicas' mean norm (`orth_merge.rs`).
+    #[arg(long)]
+    orth_merge: bool,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -118,6 +124,8 @@ pub struct Setup {
     pub mix_percent: u8,
     /// `-avg-moments` averages only the momentum of Muon's matrices.
     pub avg_muon_momentum_only: bool,
+    /// Muon's matrices merge by their orthogonalised mean pseudo-gradient.
+    pub orth_merge: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -386,7 +394,10 @@ impl Trainer {
                     land(pending.take().expect("checked"), replicas, merged)?;
                 }
                 if boundary {
-                    let next = sim.reduce(replicas, merged, self.merges)?;
+                    let mut next = sim.reduce(replicas, merged, self.merges)?;
+                    if self.setup.orth_merge {
+                        orth_merge::orthogonalise_merge(merged, replicas, &mut next);
+                    }
                     if *overlap > 0 && !last {
                         let started_from =
                             replicas.iter().map(|p| p.stages().iter().map(|s| s.params_host()).collect()).collect();
@@ -538,6 +549,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: cfg.train.seed,
         mix_percent: a.mix_percent,
         avg_muon_momentum_only: a.avg_muon_momentum_only,
+        orth_merge: a.orth_merge,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
@@ -565,6 +577,9 @@ pub fn run(a: Args) -> Result<()> {
     );
     if setup.avg_muon_momentum_only {
         println!("  -avg-moments averages only the momentum of Muon's matrices (--avg-muon-momentum-only)");
+    }
+    if setup.orth_merge {
+        println!("  Muon's matrices merge by their orthogonalised mean pseudo-gradient (--orth-merge)");
     }
     if setup.mix_percent < 100 {
         println!("  mixed pathways on {}% of the steps (--mix-percent)", setup.mix_percent);

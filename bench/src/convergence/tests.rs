@@ -3,7 +3,7 @@
 use super::*;
 use iota_core::merge::{OuterOpt, ReduceRule};
 
-fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus) {
+pub(super) fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus) {
     let mut model = iota_core::ModelConfig::preset("tiny").unwrap();
     model.bottleneck = 0;
     let train = TrainConfig {
@@ -28,7 +28,10 @@ fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Setup, Corpus)
         slices_per_replica: 2,
         ..MergeSpec::default()
     };
-    (Setup { train, replicas, merge, seed: 7, mix_percent: 100, avg_muon_momentum_only: false }, corpus)
+    (
+        Setup { train, replicas, merge, seed: 7, mix_percent: 100, avg_muon_momentum_only: false, orth_merge: false },
+        corpus,
+    )
 }
 
 fn params(t: &Trainer) -> Vec<Vec<f32>> {
