@@ -86,6 +86,15 @@ pub(super) fn pipelined_stage_run<B: Backend>(
     Ok(seen)
 }
 
+/// The worst relative error over two runs' outputs, in order (infinite
+/// when they do not have the same outputs).
+fn worst_of(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter().zip(want).map(|(g, w)| max_rel(g, w)).fold(0.0, f64::max)
+}
+
 /// Appends a row per (style, GEMM precision): the worst of the output's,
 /// the input gradient's and the weight gradients' relative errors.
 pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {
@@ -124,11 +133,7 @@ pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaErro
         let t0 = Instant::now();
         let kept = pipelined_stage_run(cuda.clone(), stage, false, (batch, seq))?;
         let recomputed = pipelined_stage_run(cuda, stage, true, (batch, seq))?;
-        let err = if kept.len() == recomputed.len() {
-            recomputed.iter().zip(&kept).map(|(g, w)| max_rel(g, w)).fold(0.0, f64::max)
-        } else {
-            f64::INFINITY
-        };
+        let err = worst_of(&recomputed, &kept);
         out.push(Check {
             op: format!("{what} stage recomputing activations, bf16 GEMMs"),
             shape: format!("tiny, {batch}x{seq}, 2 in flight, a step between: z, dz_in, grads, weights"),
@@ -152,11 +157,7 @@ pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaErro
             let t0 = Instant::now();
             let want = pipelined_stage_run(Arc::new(off), stage, recompute, (batch, seq))?;
             let got = pipelined_stage_run(Arc::new(on), stage, recompute, (batch, seq))?;
-            let err = if got.len() == want.len() {
-                got.iter().zip(&want).map(|(g, w)| max_rel(g, w)).fold(0.0, f64::max)
-            } else {
-                f64::INFINITY
-            };
+            let err = worst_of(&got, &want);
             let how = if recompute { "recomputing" } else { "keeping activations" };
             out.push(Check {
                 op: format!("{what} stage with fused casts, {how}, bf16 GEMMs"),
