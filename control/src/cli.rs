@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// delays the gradients most.
     #[arg(long, value_delimiter = ',')]
     pub stage_lr: Vec<f32>,
+    /// Muon's momentum (default 0.95), between 0 and 1: a replica's
+    /// momentum holds the noise of its share of the batch, which Muon's
+    /// orthogonalisation raises; a longer momentum averages more of it.
+    #[arg(long)]
+    pub muon_momentum: Option<f32>,
     /// Weight prediction: each stage forwards a micro-batch on its weights
     /// extrapolated by the optimizer steps the micro-batches ahead of it
     /// will take, and runs its backward on them, so pipelining's delayed
@@ -334,11 +339,17 @@ impl RunArgs {
                 stage_beta1: self.stage_beta1.clone(),
                 stage_lr: self.stage_lr.clone(),
                 predict_weights: self.predict_weights,
+                muon_momentum: self.muon_momentum,
                 ..AdamWConfig::default()
             },
             codec,
             seed: self.seed,
         };
+        if let Some(mu) = self.muon_momentum
+            && !(mu > 0.0 && mu < 1.0)
+        {
+            bail!("--muon-momentum {mu}: Muon's momentum is between 0 and 1 (exclusive)");
+        }
         // The pipeline's stages run on their own miners, at the slowest one's pace.
         train.choose_optimizer(&self.optimizer, self.stages as usize)?;
         let merge = MergeSpec {

@@ -161,6 +161,13 @@ pub struct AdamWConfig {
     /// Left out of saved settings when off.
     #[serde(default, skip_serializing_if = "is_false")]
     pub muon: bool,
+    /// Muon's momentum (None: 0.95, its authors' value). A replica steps on
+    /// a fraction of the global batch, and Muon's orthogonalisation raises
+    /// the noise of its momentum to full length (docs/BENCHMARKS.md,
+    /// "Where Muon's merge-interval cost comes from"): a longer momentum
+    /// averages more of it away. Left out of saved settings when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muon_momentum: Option<f32>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -245,6 +252,7 @@ impl Default for AdamWConfig {
             stage_lr: Vec::new(),
             predict_weights: false,
             muon: false,
+            muon_momentum: None,
         }
     }
 }

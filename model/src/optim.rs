@@ -103,7 +103,8 @@ impl<B: Backend> AdamW<B> {
             let r = e.range();
             if cfg.muon && e.takes_muon() {
                 let decay = if e.decay { cfg.weight_decay } else { 0.0 };
-                muon_update(&*be, params, grads, &mut self.m, e, lr, decay, scale);
+                let mu = cfg.muon_momentum.unwrap_or(MUON_MOMENTUM);
+                muon_update(&*be, params, grads, &mut self.m, e, (lr, decay, mu), scale);
                 continue;
             }
             be.adamw(
@@ -130,15 +131,13 @@ impl<B: Backend> AdamW<B> {
 /// One Muon update of the matrix `e`: momentum m = mu m + g, the Nesterov
 /// direction g + mu m orthogonalised, then
 /// w = w (1 - lr decay) - lr 0.2 sqrt(max(r, c)) O.
-#[allow(clippy::too_many_arguments)]
 fn muon_update<B: Backend>(
     be: &B,
     params: &mut B::Buf,
     grads: &B::Buf,
     momentum: &mut B::Buf,
     e: &ParamEntry,
-    lr: f32,
-    decay: f32,
+    (lr, decay, mu): (f32, f32, f32),
     grad_scale: f32,
 ) {
     let (rows, cols) = (e.shape[0], e.shape[1]);
@@ -146,11 +145,11 @@ fn muon_update<B: Backend>(
     let mut dir = be.zeros(r.len());
     be.copy(be.all_mut(&mut dir), be.view(grads, r.clone()));
     be.scale(be.all_mut(&mut dir), grad_scale);
-    be.scale(be.view_mut(momentum, r.clone()), MUON_MOMENTUM);
+    be.scale(be.view_mut(momentum, r.clone()), mu);
     be.add_assign(be.view_mut(momentum, r.clone()), be.all(&dir));
     let mut ahead = be.zeros(r.len());
     be.copy(be.all_mut(&mut ahead), be.view(momentum, r.clone()));
-    be.scale(be.all_mut(&mut ahead), MUON_MOMENTUM);
+    be.scale(be.all_mut(&mut ahead), mu);
     be.add_assign(be.all_mut(&mut dir), be.all(&ahead));
     newton_schulz(be, &mut dir, rows, cols);
     if decay > 0.0 {
@@ -364,6 +363,41 @@ mod tests {
             }
         }
         assert!(matrices > 0 && matrices < layout.entries.len());
+    }
+
+    #[test]
+    fn muon_momentum_is_a_setting_whose_default_is_the_constant() {
+        use crate::CpuBackend;
+        use iota_core::config::ModelConfig;
+        use iota_core::layout::StageSpec;
+        use std::sync::Arc;
+        let be = Arc::new(CpuBackend::new());
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let spec = StageSpec::split(&cfg, 1).unwrap().remove(0);
+        // Two steps on different gradients: the first step's direction is
+        // (1 + mu) g, which orthogonalises alike for every mu; the second's is not.
+        let run = |mu: Option<f32>| {
+            let mut st = Stage::new(be.clone(), &cfg, spec.clone(), 7);
+            let n = st.layout().total();
+            let mut opt = AdamW::new(&*be, n);
+            let c = AdamWConfig { muon: true, muon_momentum: mu, ..AdamWConfig::default() };
+            for k in 0..2 {
+                let g: Vec<f32> = (0..n).map(|i| ((i * (37 + 14 * k) % 101) as f32 - 50.0) * 1e-3).collect();
+                st.set_grads(&g).unwrap();
+                assert!(opt.step(&mut st, &c, 1e-2).applied);
+            }
+            (st.layout().clone(), st.params_host())
+        };
+        let (layout, default) = run(None);
+        assert_eq!(default, run(Some(MUON_MOMENTUM)).1, "unset is the constant");
+        let (_, short) = run(Some(0.5));
+        for e in &layout.entries {
+            let r = e.range();
+            assert_eq!(e.takes_muon(), default[r.clone()] != short[r.clone()], "{}", e.name);
+        }
+        // Unset, it is left out of saved settings: earlier runs keep their id.
+        let saved = serde_json::to_string(&AdamWConfig::default()).unwrap();
+        assert!(!saved.contains("muon_momentum"), "{saved}");
     }
 
     #[test]

@@ -185,3 +185,16 @@ fn warm_ups_are_settings_with_defaults_from_the_run_length() {
     assert_eq!(off.spec.pipeline_warmup_micro_batches, 0);
     assert!(!off.to_json().contains("pipeline_warmup") && plain.to_json().contains("pipeline_warmup"));
 }
+
+#[test]
+fn muon_momentum_is_taken_between_zero_and_one_and_left_unset_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(args(dir.path(), &[]).run_config().unwrap().train.adamw.muon_momentum, None);
+    let set = args(dir.path(), &["--optimizer", "muon", "--muon-momentum", "0.975"]).run_config().unwrap();
+    assert_eq!(set.train.adamw.muon_momentum, Some(0.975));
+    for bad in ["1", "0", "-0.5", "1.5", "NaN"] {
+        let flag = format!("--muon-momentum={bad}");
+        let err = args(dir.path(), &[flag.as_str()]).run_config().unwrap_err().to_string();
+        assert!(err.contains("between 0 and 1"), "{bad}: {err}");
+    }
+}
