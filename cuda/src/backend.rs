@@ -582,15 +582,16 @@ impl Backend for CudaBackend {
         };
         // The whole buffer's copy, when the rows are all of it: Q|K|V for
         // attention (kept for its backward), or dQ|dK|dV for the GEMMs next.
-        let (x16, whole) = match (x.len == rows * row_stride, inverse) {
-            (false, _) => (0, false),
-            (true, false) => (self.produce_copy(x.ptr, x.len), true),
-            (true, true) => (self.produce_b(x.len), true),
+        let x16 = match (x.len == rows * row_stride, inverse) {
+            (false, _) => 0,
+            (true, false) => self.produce_copy(x.ptr, x.len),
+            (true, true) => self.produce_b(x.len),
         };
         launch!(self, "rope", cfg, &x.ptr, &x16, &table.ptr, &r, &s, &rs, &h, &hd, &inv);
-        if whole && inverse {
+        // Both are no-ops for slot 0.
+        if inverse {
             self.produced_b(x16, x.ptr, x.len);
-        } else if whole {
+        } else {
             self.produced(x16, x.ptr, x.len);
         }
     }
