@@ -132,6 +132,9 @@ pub struct Butterfly {
     delta: Option<Vec<f32>>,
     plan: Option<MergePlan>,
     plan_at: Instant,
+    /// `stats.phase_secs()` when this epoch's merge began: the counters run
+    /// over the replica's life, and the completion log reports this merge's.
+    phases_at_start: [f64; 4],
     encoded: HashMap<usize, Bytes>,
     sent: HashSet<(usize, PeerId)>,
     contribs: HashMap<usize, BTreeMap<PeerId, Bytes>>,
@@ -182,6 +185,7 @@ impl Butterfly {
             delta: None,
             plan: None,
             plan_at: Instant::now(),
+            phases_at_start: [0.0; 4],
             encoded: HashMap::new(),
             sent: HashSet::new(),
             contribs: HashMap::new(),
@@ -204,6 +208,7 @@ impl Butterfly {
     }
 
     fn reset(&mut self, epoch: u64, stage: u32) {
+        self.phases_at_start = self.stats.phase_secs();
         self.epoch = epoch;
         self.stage = stage;
         self.delta = None;
@@ -308,7 +313,7 @@ impl Butterfly {
         if !self.finished && !self.finalized.is_empty() && self.finalized.iter().all(|&f| f) {
             self.finished = true;
             let hash = hash_bytes(&f32_le(&self.theta_next));
-            let [encode_s, reduce_s, apply_s, store_s] = self.stats.phase_secs();
+            let [encode_s, reduce_s, apply_s, store_s] = self.stats.phase_secs_since(self.phases_at_start);
             info!(
                 epoch = self.epoch,
                 stage = self.stage,

@@ -32,4 +32,29 @@ impl MergeStats {
         [&self.encode_ns, &self.reduce_ns, &self.apply_ns, &self.store_ns]
             .map(|c| c.load(Ordering::Relaxed) as f64 * 1e-9)
     }
+
+    /// Seconds in each phase since `start`, an earlier `phase_secs()`: one
+    /// merge's share of counters that run over a replica's life.
+    pub fn phase_secs_since(&self, start: [f64; 4]) -> [f64; 4] {
+        let now = self.phase_secs();
+        std::array::from_fn(|i| now[i] - start[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merges_phase_seconds_leave_out_the_earlier_merges() {
+        let stats = MergeStats::default();
+        stats.encode_ns.fetch_add(3_000_000_000, Ordering::Relaxed);
+        stats.store_ns.fetch_add(1_000_000_000, Ordering::Relaxed);
+        let start = stats.phase_secs();
+        assert_eq!(start, [3.0, 0.0, 0.0, 1.0]);
+        stats.encode_ns.fetch_add(500_000_000, Ordering::Relaxed);
+        stats.reduce_ns.fetch_add(250_000_000, Ordering::Relaxed);
+        assert_eq!(stats.phase_secs_since(start), [0.5, 0.25, 0.0, 0.0]);
+        assert_eq!(stats.phase_secs(), [3.5, 0.25, 0.0, 1.0]);
+    }
 }
