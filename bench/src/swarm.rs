@@ -142,6 +142,14 @@ pub fn run(mut a: Args) -> Result<()> {
         report.dropped,
         report.history.iter().map(|e| (e.mean_loss * 1000.0).round() / 1000.0).collect::<Vec<_>>()
     );
+    let outliers = loss_outliers(&report.history);
+    if outliers.is_empty() {
+        println!("  micro-batch losses over {OUTLIER_RATIO}x their epoch's median: none");
+    } else {
+        let listed: Vec<String> =
+            outliers.iter().map(|(e, worst, median)| format!("epoch {e}: {worst:.2} (median {median:.2})")).collect();
+        println!("  micro-batch losses over {OUTLIER_RATIO}x their epoch's median: {}", listed.join(", "));
+    }
     let c = &report.counters;
     let phases = (c.training_ms + c.uploading_ms + c.merging_ms).max(1);
     println!(
@@ -159,9 +167,55 @@ pub fn run(mut a: Args) -> Result<()> {
     Ok(())
 }
 
+/// A micro-batch loss this many times its epoch's median is reported: a
+/// spike that an epoch's mean hides (or shows without saying which).
+const OUTLIER_RATIO: f32 = 1.5;
+
+/// Epochs with a micro-batch loss over `OUTLIER_RATIO` times the epoch's
+/// median: (epoch, that loss, the median). Dropped micro-batches (NaN) are
+/// left out; an epoch needs two losses to have a median worth comparing.
+fn loss_outliers(history: &[iota_control::orchestrator::EpochSummary]) -> Vec<(u64, f32, f32)> {
+    history
+        .iter()
+        .filter_map(|e| {
+            let mut l: Vec<f32> = e.losses.iter().copied().filter(|x| x.is_finite()).collect();
+            if l.len() < 2 {
+                return None;
+            }
+            l.sort_by(f32::total_cmp);
+            let median = if l.len() % 2 == 1 { l[l.len() / 2] } else { 0.5 * (l[l.len() / 2 - 1] + l[l.len() / 2]) };
+            let worst = l[l.len() - 1];
+            (worst > OUTLIER_RATIO * median).then_some((e.epoch, worst, median))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spike_the_epoch_mean_hides_is_named_with_its_epoch() {
+        let epoch = |epoch: u64, losses: &[f32]| iota_control::orchestrator::EpochSummary {
+            epoch,
+            mean_loss: losses.iter().sum::<f32>() / losses.len() as f32,
+            losses: losses.to_vec(),
+            completed: losses.len() as u64,
+            dropped: 0,
+            convicted: Vec::new(),
+            excluded: 0,
+            rolled_back: false,
+            held_out_loss: None,
+            miners: Vec::new(),
+        };
+        let history = [
+            epoch(10, &[6.7, 6.8, 6.6, 6.9]),
+            epoch(11, &[6.2, 6.1, 24.0, 6.3]),
+            epoch(12, &[6.1, f32::NAN, 6.2]),
+            epoch(13, &[30.0]),
+        ];
+        assert_eq!(loss_outliers(&history), vec![(11, 24.0, 6.25)]);
+    }
 
     #[test]
     fn the_benchmark_removes_only_the_folder_it_made() {
