@@ -48,10 +48,13 @@ fn work_dir(run_dir: &Path) -> Result<tempfile::TempDir> {
 pub fn run(mut a: Args) -> Result<()> {
     let work = work_dir(&a.run.run_dir)?;
     a.run.run_dir = work.path().to_path_buf();
+    // Its miners run here, on the CPU: `--schedule auto` as `iota-control swarm` takes it.
+    a.run.local_miner_device = Some("cpu".into());
     let cfg = a.run.run_config()?;
     if let Some(note) = a.run.optimizer_note(&cfg) {
         println!("{note}");
     }
+    println!("{}", a.run.schedule_note(&cfg)?);
     a.run.claim_run_dir(&cfg)?;
     let corpus = iota_dataplane::corpus::load_corpus(&cfg, a.run.data_path()?.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

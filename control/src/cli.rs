@@ -14,6 +14,9 @@ use iota_model::train::TrainConfig;
 use iota_model::run_dir::{self, Claim};
 use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
+pub use schedule::{Cadence, Schedule};
+
+pub mod schedule;
 
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
@@ -26,12 +29,38 @@ pub struct RunArgs {
     /// Miners per stage (data-parallel replicas, merged every epoch).
     #[arg(long, default_value_t = 2)]
     pub replicas: u32,
-    /// Epochs to train; each ends with the replicas of every stage merging.
+    /// Epochs to train (the run's length is epochs x micro-batches); each
+    /// ends with the replicas of every stage merging (more often under
+    /// `--schedule loss`).
     #[arg(long, default_value_t = 3)]
     pub epochs: u64,
     /// Micro-batches per epoch (over all replicas).
     #[arg(long, default_value_t = 48)]
     pub micro_batches: u64,
+    /// How the run trades loss at equal tokens against speed. loss: the
+    /// replicas merge every 2 inner steps (the run's epochs x micro-batches
+    /// cut into epochs of 2 x replicas x grad-accum) with one micro-batch
+    /// per pathway in flight. throughput: a merge at the end of each
+    /// --micro-batches epoch, 2 micro-batches per replica in flight. auto:
+    /// loss for a swarm of CPU miners on this machine (`swarm
+    /// --miner-device cpu`), where merges are cheap and the miners keep the
+    /// cores busy anyway; throughput for GPU miners (a stage idles without
+    /// a full pipeline), for `orchestrator` (miners on other machines,
+    /// merges over the network) and with validators (each epoch has a
+    /// floor of recomputed samples per miner). `small`, 3x2, 288
+    /// micro-batches, 2-core VM: loss lands 0.9-1.3% above one process at
+    /// equal tokens, throughput 4.4-4.9%, at 0.7x and 1x the speed
+    /// (docs/BENCHMARKS.md, "The default schedule"). Each epoch settles
+    /// the same emission, so loss pays out over more epochs. A run
+    /// directory made before this setting resumes with `--schedule
+    /// throughput`.
+    #[arg(long, default_value = "auto")]
+    pub schedule: String,
+    /// Where the miners compute when the command starts them itself on this
+    /// machine (`swarm`, the benchmarks), which `--schedule auto` decides
+    /// from; `None` when they join from elsewhere (`orchestrator`).
+    #[arg(skip)]
+    pub local_miner_device: Option<String>,
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
@@ -129,13 +158,15 @@ pub struct RunArgs {
     /// Path-style addressing (URL/BUCKET/KEY), which MinIO and s3s-fs need.
     #[arg(long, requires = "bucket")]
     pub s3_path_style: bool,
-    /// Micro-batches in the pipeline at once (default: 2 per replica). A
-    /// trade-off: more keeps every stage busy, but each stage then steps
-    /// before earlier micro-batches' gradients return, and those delayed
-    /// gradients cost loss (`small`, 3x2, 144 steps: 2 per replica +12.5%
-    /// against one process at 0.84x its speed; 1 per replica +6.5% at
-    /// 0.76x; docs/BENCHMARKS.md, convergence). The run's first steps go
-    /// out one per pathway (--pipeline-warmup-steps).
+    /// Micro-batches in the pipeline at once (default: --schedule's, one
+    /// per replica for loss, 2 per replica for throughput). A trade-off:
+    /// more keeps every stage busy, but each stage then steps before
+    /// earlier micro-batches' gradients return, and those delayed
+    /// gradients cost loss (`small`, 3x2, 144 steps, Muon, a merge every
+    /// 4 inner steps: 1 per replica +1.7-1.8% against one process at equal
+    /// tokens, 2 per replica +3.4%; docs/BENCHMARKS.md, "The default
+    /// schedule"). The run's first steps go out one per pathway
+    /// (--pipeline-warmup-steps).
     #[arg(long)]
     pub max_in_flight: Option<u32>,
     /// Optimizer steps at the start of the run with at most one
@@ -272,6 +303,24 @@ impl RunArgs {
         (self.optimizer == "auto").then(|| cfg.train.auto_optimizer_note(self.stages as usize))
     }
 
+    /// `--schedule` as these settings resolve it.
+    pub fn cadence(&self) -> Result<Cadence> {
+        schedule::resolve(&schedule::Asked {
+            schedule: &self.schedule,
+            local_miner_device: self.local_miner_device.as_deref(),
+            validated: !self.validator_stakes.is_empty(),
+            epochs: self.epochs,
+            micro_batches: self.micro_batches,
+            replicas: self.replicas,
+            grad_accum: self.grad_accum.max(1) as u64,
+        })
+    }
+
+    /// What `--schedule` made of the run, for its first lines.
+    pub fn schedule_note(&self, cfg: &RunConfig) -> Result<String> {
+        Ok(schedule::note(&self.cadence()?, self.epochs, self.micro_batches, cfg.spec.max_in_flight))
+    }
+
     pub fn run_config(&self) -> Result<RunConfig> {
         anyhow::ensure!(!self.prepared_data, "--prepared-data: the corpus is read from the run's store");
         let mut cfg = self.unfixed_config()?;
@@ -319,7 +368,9 @@ impl RunArgs {
         if self.replicas == 0 || self.stages == 0 || self.micro_batches == 0 {
             bail!("--stages, --replicas and --micro-batches must be positive");
         }
-        let steps = (self.epochs * self.micro_batches / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
+        let cadence = self.cadence()?;
+        let total = cadence.epochs.saturating_mul(cadence.micro_batches_per_epoch);
+        let steps = (total / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
         let seq = self.seq.unwrap_or(model.max_seq.min(128));
         let mut train = TrainConfig {
             model,
@@ -382,11 +433,11 @@ impl RunArgs {
             run_id: 0,
             stages: self.stages,
             replicas: self.replicas,
-            epochs: self.epochs,
-            micro_batches_per_epoch: self.micro_batches,
+            epochs: cadence.epochs,
+            micro_batches_per_epoch: cadence.micro_batches_per_epoch,
             batch: self.batch as u32,
             n_shards: 1,
-            max_in_flight: self.max_in_flight.unwrap_or(2 * self.replicas),
+            max_in_flight: self.max_in_flight.unwrap_or(cadence.default_max_in_flight),
             pipeline_warmup_micro_batches: self.pipeline_warmup_steps.unwrap_or(train.schedule.warmup)
                 * self.replicas as u64
                 * train.grad_accum.max(1) as u64,

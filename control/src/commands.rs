@@ -267,6 +267,7 @@ async fn claimed_config(run: &RunArgs, bucket: Option<&crate::s3_store::S3Store>
     if let Some(note) = run.optimizer_note(&cfg) {
         eprintln!("{note}");
     }
+    eprintln!("{}", run.schedule_note(&cfg)?);
     run.claim_run_dir(&cfg)?;
     if run.prepared_data && bucket.is_none() {
         // A new run in a directory that held another moves the old store
@@ -519,6 +520,8 @@ async fn run_async(cli: Cli) -> Result<()> {
             {
                 anyhow::bail!("--miner-memory-gib {g}: a positive number of GiB");
             }
+            // It starts the miners here: `--schedule auto` decides from their device.
+            run.local_miner_device = Some(miner_device.clone());
             // The swarm's validators are listed in the run (stake 100 each).
             let mut validator_ids = Vec::new();
             for i in 0..validators {

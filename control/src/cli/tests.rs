@@ -198,3 +198,35 @@ fn muon_momentum_is_taken_between_zero_and_one_and_left_unset_by_default() {
         assert!(err.contains("between 0 and 1"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn the_schedule_cuts_the_same_run_into_shorter_epochs_for_cpu_swarms_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |device: Option<&str>, extra: &[&str]| {
+        let base = ["x", "--model", "tiny", "--stages", "2", "--replicas", "2", "--epochs", "6"];
+        let mut run =
+            Flags::parse_from(base.iter().chain(&["--run-dir", dir.path().to_str().unwrap()]).chain(extra)).run;
+        run.local_miner_device = device.map(String::from);
+        let cfg = run.run_config().unwrap();
+        (cfg.clone(), run.schedule_note(&cfg).unwrap())
+    };
+    let (served, note) = with(None, &[]);
+    assert_eq!((served.spec.epochs, served.spec.micro_batches_per_epoch, served.spec.max_in_flight), (6, 48, 4));
+    assert!(note.starts_with("schedule: throughput (auto"), "{note}");
+    let (local, note) = with(Some("cpu"), &[]);
+    assert_eq!((local.spec.epochs, local.spec.micro_batches_per_epoch, local.spec.max_in_flight), (72, 4, 2));
+    assert!(note.starts_with("schedule: loss (auto"), "{note}");
+    // The same run otherwise: tokens, optimizer steps and warm-ups.
+    assert_eq!(local.spec.total_micro_batches(), served.spec.total_micro_batches());
+    assert_eq!((local.train.steps, local.train.schedule), (served.train.steps, served.train.schedule));
+    assert_eq!(local.spec.pipeline_warmup_micro_batches, served.spec.pipeline_warmup_micro_batches);
+    // ... but not the same run: a run directory of the other refuses it.
+    assert_ne!(local.spec.run_id, served.spec.run_id);
+    // Named flags win over the schedule's choices.
+    let (deep, _) = with(Some("cpu"), &["--max-in-flight", "4"]);
+    assert_eq!((deep.spec.micro_batches_per_epoch, deep.spec.max_in_flight), (4, 4));
+    let (gpu, _) = with(Some("cuda"), &[]);
+    assert_eq!(gpu.spec, served.spec);
+    let (named, _) = with(Some("cuda"), &["--schedule", "loss"]);
+    assert_eq!(named.spec.run_id, local.spec.run_id);
+}
