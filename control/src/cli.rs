@@ -532,7 +532,19 @@ impl RunArgs {
             names.iter().all(|n| n == "data")
         };
         let run_files: Vec<&str> = RUN_FILES.iter().copied().filter(|f| !(only_corpus && *f == "store")).collect();
-        match run_dir::claim(&self.run_dir, &settings, &run_files, self.new_run)? {
+        let claim = run_dir::claim(&self.run_dir, &settings, &run_files, self.new_run).map_err(|e| {
+            // The schedule `auto` chose is the likeliest difference from a
+            // run made before it existed; say how to resume that one.
+            if self.cadence().is_ok_and(|c| c.auto && c.schedule == Schedule::Loss) {
+                anyhow::anyhow!(
+                    "{e:#}\n(--schedule auto took `loss` here, 2 inner steps an epoch; a run made before \
+                     --schedule existed resumes with --schedule throughput)"
+                )
+            } else {
+                e
+            }
+        })?;
+        match claim {
             Claim::Fresh | Claim::Same => {}
             Claim::Archived(to) => {
                 eprintln!("note: the previous run in {} moved into {}", self.run_dir.display(), to.display())

@@ -230,3 +230,22 @@ fn the_schedule_cuts_the_same_run_into_shorter_epochs_for_cpu_swarms_on_this_mac
     let (named, _) = with(Some("cuda"), &["--schedule", "loss"]);
     assert_eq!(named.spec.run_id, local.spec.run_id);
 }
+
+#[test]
+fn a_run_made_before_the_schedule_is_refused_with_how_to_resume_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |device: Option<&str>, extra: &[&str]| {
+        let mut run = args(dir.path(), extra);
+        run.local_miner_device = device.map(String::from);
+        let cfg = run.run_config().unwrap();
+        run.claim_run_dir(&cfg)
+    };
+    // The old default: long epochs, a full pipeline.
+    run(Some("cpu"), &["--schedule", "throughput"]).unwrap();
+    let err = format!("{:#}", run(Some("cpu"), &[]).unwrap_err());
+    assert!(err.contains("resumes with --schedule throughput"), "{err}");
+    // A named schedule that differs gets the plain refusal.
+    let err = format!("{:#}", run(Some("cpu"), &["--schedule", "loss"]).unwrap_err());
+    assert!(!err.contains("--schedule auto took"), "{err}");
+    run(Some("cpu"), &["--schedule", "throughput"]).unwrap();
+}
