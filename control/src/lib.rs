@@ -18,6 +18,7 @@ pub mod cli;
 pub mod commands;
 pub mod dashboard;
 pub mod data_cmd;
+pub mod epoch_table;
 pub mod final_model;
 pub mod http_endpoint;
 pub mod ledger_cmd;

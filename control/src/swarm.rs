@@ -451,11 +451,8 @@ pub fn wire_bytes_per_token(cfg: &RunConfig) -> f64 {
 }
 
 pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
-    println!("{:>5} {:>10} {:>10} {:>8} {:>10}", "epoch", "mean loss", "completed", "dropped", "convicted");
-    for e in &r.history {
-        let convicted: Vec<String> = e.convicted.iter().map(|p| p.to_hex()[..8].to_string()).collect();
-        let convicted = if convicted.is_empty() { "-".to_string() } else { convicted.join(",") };
-        println!("{:>5} {:>10.4} {:>10} {:>8} {:>10}", e.epoch, e.mean_loss, e.completed, e.dropped, convicted);
+    for line in crate::epoch_table::epoch_table(&r.history) {
+        println!("{line}");
     }
     if r.validators > 0 {
         println!(

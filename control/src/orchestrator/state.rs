@@ -224,7 +224,7 @@ pub(crate) struct Upload {
     pub work: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpochSummary {
     pub epoch: u64,
     pub mean_loss: f32,
