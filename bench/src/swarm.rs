@@ -204,12 +204,7 @@ mod tests {
             mean_loss: losses.iter().sum::<f32>() / losses.len() as f32,
             losses: losses.to_vec(),
             completed: losses.len() as u64,
-            dropped: 0,
-            convicted: Vec::new(),
-            excluded: 0,
-            rolled_back: false,
-            held_out_loss: None,
-            miners: Vec::new(),
+            ..Default::default()
         };
         let history = [
             epoch(10, &[6.7, 6.8, 6.6, 6.9]),

@@ -48,7 +48,7 @@ pub struct RunArgs {
     /// a full pipeline), for `orchestrator` (miners on other machines,
     /// merges over the network) and with validators (each epoch has a
     /// floor of recomputed samples per miner). `small`, 3x2, 288
-    /// micro-batches, 2-core VM: loss lands 0.9-1.3% above one process at
+    /// micro-batches, 2-core VM: loss lands 0.8-1.3% above one process at
     /// equal tokens, throughput 4.4-4.9%, at 0.7x and 1x the speed
     /// (docs/BENCHMARKS.md, "The default schedule"). Each epoch settles
     /// the same emission, so loss pays out over more epochs. A run

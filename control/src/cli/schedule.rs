@@ -12,7 +12,7 @@ use anyhow::{Result, bail};
 
 /// Inner steps of each replica between merges under `--schedule loss`:
 /// `small`, 3 x 2, 288 micro-batches, one micro-batch per pathway in
-/// flight, lands 0.9-1.3% above one process at equal tokens in three runs.
+/// flight, lands 0.8-1.3% above one process at equal tokens in five runs.
 /// Every 3 or 4 steps is faster (0.78-0.80x against 0.69x of the
 /// throughput schedule) but straddles the 2% target from run to run
 /// (+1.6% to +2.1%; docs/BENCHMARKS.md, "The default schedule").
