@@ -318,7 +318,19 @@ impl RunArgs {
 
     /// What `--schedule` made of the run, for its first lines.
     pub fn schedule_note(&self, cfg: &RunConfig) -> Result<String> {
-        Ok(schedule::note(&self.cadence()?, self.epochs, self.micro_batches, cfg.spec.max_in_flight))
+        let cadence = self.cadence()?;
+        let mut note = schedule::note(&cadence, self.epochs, self.micro_batches, cfg.spec.max_in_flight);
+        let v = &cfg.spec.validation;
+        let per_miner = cfg.spec.micro_batches_per_epoch.div_ceil(cfg.spec.replicas.max(1) as u64);
+        if !v.validators.is_empty() && cadence.schedule == Schedule::Loss && v.min_per_miner as u64 >= per_miner {
+            // Said, not refused: a small validated run may want exactly this.
+            note.push_str(&format!(
+                "\nnote: validators recompute at least {} micro-batches per miner and epoch (--validation-min-samples), \
+                 and a loss epoch gives a miner about {per_miner}: they will recompute all of its work",
+                v.min_per_miner
+            ));
+        }
+        Ok(note)
     }
 
     pub fn run_config(&self) -> Result<RunConfig> {

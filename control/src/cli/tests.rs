@@ -229,6 +229,14 @@ fn the_schedule_cuts_the_same_run_into_shorter_epochs_for_cpu_swarms_on_this_mac
     assert_eq!(gpu.spec, served.spec);
     let (named, _) = with(Some("cuda"), &["--schedule", "loss"]);
     assert_eq!(named.spec.run_id, local.spec.run_id);
+    assert!(!note.contains("validators"), "{note}");
+    // Validators with short epochs would recompute every micro-batch: said.
+    let peer = "11".repeat(32);
+    let validator = format!("{peer}:100");
+    let (_, checked) = with(Some("cpu"), &["--schedule", "loss", "--validator", validator.as_str()]);
+    assert!(checked.contains("they will recompute all of its work"), "{checked}");
+    let (_, auto) = with(Some("cpu"), &["--validator", validator.as_str()]);
+    assert!(auto.starts_with("schedule: throughput (auto") && !auto.contains("recompute all"), "{auto}");
 }
 
 #[test]
