@@ -562,7 +562,8 @@ pub fn print_payouts(r: &SwarmReport) {
     let total: f64 =
         r.payouts.iter().map(|p| p.emission).sum::<f64>() + r.validator_pay.iter().map(|v| v.1).sum::<f64>();
     println!(
-        "payouts over {} settled epochs (emission 1 per epoch; ledger in the run's state.sqlite, `iota-control ledger verify`):",
+        "payouts over {} settled epochs (emission 1 per epoch; clasp, weight and incentive: the last settled \
+         epoch's; ledger in the run's state.sqlite, `iota-control ledger verify`):",
         r.settled_epochs
     );
     println!(
