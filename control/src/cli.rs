@@ -163,7 +163,7 @@ pub struct RunArgs {
     /// more keeps every stage busy, but each stage then steps before
     /// earlier micro-batches' gradients return, and those delayed
     /// gradients cost loss (`small`, 3x2, 144 steps, Muon, a merge every
-    /// 4 inner steps: 1 per replica +1.7-1.8% against one process at equal
+    /// 4 inner steps: 1 per replica +1.7-2.1% against one process at equal
     /// tokens, 2 per replica +3.4%; docs/BENCHMARKS.md, "The default
     /// schedule"). The run's first steps go out one per pathway
     /// (--pipeline-warmup-steps).
@@ -549,8 +549,9 @@ impl RunArgs {
             // run made before it existed; say how to resume that one.
             if self.cadence().is_ok_and(|c| c.auto && c.schedule == Schedule::Loss) {
                 anyhow::anyhow!(
-                    "{e:#}\n(--schedule auto took `loss` here, 2 inner steps an epoch; a run made before \
-                     --schedule existed resumes with --schedule throughput)"
+                    "{e:#}\n(--schedule auto took `loss` here, {} inner steps an epoch; a run made before \
+                     --schedule existed resumes with --schedule throughput)",
+                    schedule::LOSS_MERGE_STEPS
                 )
             } else {
                 e
