@@ -17,6 +17,13 @@
 #    difference between 2 and 3 is what time-slicing costs the swarm on a
 #    shared card (a miner on a card of its own does not pay it).
 #
+# Session 34: the scale table now gives each stage's compute per
+# micro-batch beside one process's, and each miner's forwards, backwards,
+# merge seconds and busy share; nvidia-smi samples the GPU's utilisation
+# during each run (smi-NAME.csv), so a GPU that idles (the pipeline starves)
+# tells itself apart from one that is busy but slow under sharing (the
+# samples end with the one process's run, some 10-20 s of the total).
+#
 # Start-up (session 29): the initial weights' draw is ~2.7x faster (same
 # bits) and NVRTC's PTX is cached on disk, so the selftest fills the cache
 # and the swarm's miners read it: compare the miners' "start-up:" lines
@@ -33,10 +40,20 @@ grep -E " FAIL |note:" "$OUT/selftest.txt" | head
 echo "kernel cache: $(ls "${IOTA_PTX_CACHE:-$HOME/.cache/iota-rs/ptx}" 2>/dev/null | tr '\n' ' ')"
 
 scale() {
-    local name=$1
+    local name=$1 smi=""
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
+            > "$OUT/smi-$name.csv" 2>&1 &
+        smi=$!
+    fi
     timeout 220 "$B/iota-bench" scale --device cuda --model 1.5b --batch 4 --miner-memory-gib 16 --merge-overlap \
         --keep-run-dir "/tmp/scale-$name" > "$OUT/scale-$name.txt" 2>&1
     echo "== scale ($name) rc=$? t=$SECONDS"
+    if [ -n "$smi" ]; then
+        kill "$smi" 2> /dev/null
+        awk -F', ' '{u=$2+0; n++; s+=u; if (u>=50) b++} END {if (n) printf "GPU utilisation: mean %.0f%%, %.0f%% of %d samples at >= 50%%\n", s/n, 100*b/n, n}' \
+            "$OUT/smi-$name.csv"
+    fi
     grep -vE "INFO|WARN" "$OUT/scale-$name.txt" | tail -16
     grep -h "start-up:" /tmp/scale-"$name"/logs/miner-*.log 2>/dev/null | sed 's/.*start-up:/start-up:/' | cut -c1-330
     grep -h "butterfly merge complete" /tmp/scale-"$name"/logs/miner-*.log 2>/dev/null \

@@ -5,7 +5,10 @@
 //! process's, the share of the epochs spent outside training (upload and
 //! merge: the merge's visible cost), the time from the first epoch's start
 //! to its first completed micro-batch, the merge's store fallbacks and
-//! refused frames, and every miner's peak memory beside its stage's plan.
+//! refused frames, every miner's peak memory beside its stage's plan, and
+//! where each miner's time went (forward, backward, merge) beside one
+//! process's time per micro-batch: a stage slower than its share, or one
+//! that mostly waits, shows there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,12 +56,51 @@ pub struct Measured {
     pub first_micro_batch_s: Option<f64>,
     pub store_fallbacks: (u64, u64),
     pub frames_refused: u64,
-    /// Per miner process: (stage, peak resident bytes, peak device bytes,
-    /// the plan's peak for its stage, whether it recomputed activations).
-    pub miners: Vec<(Option<u32>, u64, u64, u64, bool)>,
+    pub miners: Vec<MinerFigures>,
     pub completed: u64,
     /// Merges that ran while the next epoch trained.
     pub merges_behind_compute: u64,
+    /// The epochs' training phases, summed (s).
+    pub training_s: f64,
+    /// Tokens in one micro-batch (batch x seq).
+    pub micro_batch_tokens: u64,
+}
+
+/// One miner process's figures, from the totals it leaves.
+#[derive(Debug, Default)]
+pub struct MinerFigures {
+    pub stage: Option<u32>,
+    pub peak_rss_bytes: u64,
+    pub peak_device_bytes: u64,
+    /// The plan's peak for its stage.
+    pub planned_bytes: u64,
+    /// Whether it recomputed activations in the backward.
+    pub recomputed: bool,
+    pub step_times: iota_dataplane::stats::StepTimes,
+}
+
+impl Measured {
+    /// One process's seconds per micro-batch (its whole model).
+    pub fn one_process_seconds_per_micro_batch(&self) -> f64 {
+        self.micro_batch_tokens as f64 / self.one_process_tokens_per_s.max(1e-9)
+    }
+
+    /// Each stage's forward + backward seconds per micro-batch, the mean of
+    /// its replicas' (None for a stage no miner reported).
+    pub fn stage_seconds_per_micro_batch(&self) -> Vec<Option<f64>> {
+        let stages = self.miners.iter().filter_map(|m| m.stage).max().map_or(0, |s| s as usize + 1);
+        (0..stages)
+            .map(|s| {
+                let per: Vec<f64> = self
+                    .miners
+                    .iter()
+                    .filter(|m| m.stage == Some(s as u32))
+                    .filter_map(|m| m.step_times.seconds_per_micro_batch())
+                    .collect();
+                (!per.is_empty()).then(|| per.iter().sum::<f64>() / per.len() as f64)
+            })
+            .collect()
+    }
 }
 
 #[derive(Parser)]
@@ -142,12 +184,13 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     // the recomputing one then.
     let plans =
         [plan_memory(&cfg.train.model, m.stages, &w)?, plan_memory(&cfg.train.model, m.stages, &w.recomputing(true))?];
-    Ok(summarise(&report, one, &plans))
+    Ok(summarise(&report, one, (m.batch * m.seq) as u64, &plans))
 }
 
 fn summarise(
     r: &SwarmReport,
     one_process_tokens_per_s: f64,
+    micro_batch_tokens: u64,
     plans: &[Vec<iota_core::memory_plan::StageMemory>; 2],
 ) -> Measured {
     let c = &r.counters;
@@ -157,12 +200,16 @@ fn summarise(
         .miner_totals
         .iter()
         .map(|t| {
-            let stage = t.as_ref().and_then(|t| t.stage);
-            let recomputed = t.as_ref().is_some_and(|t| t.recomputed);
-            let plan = &plans[recomputed as usize];
-            let planned = stage.and_then(|s| plan.get(s as usize)).map_or(0, |p| p.peak());
-            let (rss, dev) = t.as_ref().map_or((0, 0), |t| (t.peak_rss_bytes, t.peak_device_bytes));
-            (stage, rss, dev, planned, recomputed)
+            let Some(t) = t else { return MinerFigures::default() };
+            let plan = &plans[t.recomputed as usize];
+            MinerFigures {
+                stage: t.stage,
+                peak_rss_bytes: t.peak_rss_bytes,
+                peak_device_bytes: t.peak_device_bytes,
+                planned_bytes: t.stage.and_then(|s| plan.get(s as usize)).map_or(0, |p| p.peak()),
+                recomputed: t.recomputed,
+                step_times: t.step_times,
+            }
         })
         .collect();
     let frames_refused = r.miner_totals.iter().flatten().map(|t| t.rejected.values().sum::<u64>()).sum();
@@ -176,6 +223,8 @@ fn summarise(
         miners,
         completed: r.completed,
         merges_behind_compute: c.merges_behind_compute,
+        training_s: c.training_ms as f64 / 1e3,
+        micro_batch_tokens,
     }
 }
 
@@ -245,11 +294,49 @@ pub fn print(m: &Measure<'_>, r: &Measured) {
     if m.merge_overlap {
         println!("  merges behind compute: {}", r.merges_behind_compute);
     }
-    println!("  {:<8} {:>14} {:>16} {:>14}", "miner", "stage", "peak GiB", "plan GiB");
-    for (i, (stage, rss, dev, plan, recomputed)) in r.miners.iter().enumerate() {
-        let (peak, kind) = if *dev > 0 { (*dev, "device") } else { (*rss, "resident") };
-        let stage = stage.map_or("-".to_string(), |s| s.to_string() + if *recomputed { " (recomputing)" } else { "" });
-        println!("  {:<8} {:>14} {:>16} {:>14}", i, stage, format!("{} {kind}", gib(peak)), gib(*plan));
+    let one = r.one_process_seconds_per_micro_batch();
+    let stages = r.stage_seconds_per_micro_batch();
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let known: Vec<f64> = stages.iter().flatten().copied().collect();
+    if known.len() == stages.len() && !known.is_empty() {
+        let sum: f64 = known.iter().sum();
+        println!(
+            "  compute per micro-batch, ms: stages {} = {}; one process {} ({:.2}x)",
+            known.iter().map(|&s| ms(s)).collect::<Vec<_>>().join(" + "),
+            ms(sum),
+            ms(one),
+            sum / one.max(1e-12)
+        );
+    }
+    println!(
+        "  {:<6} {:>14} {:>16} {:>9} {:>16} {:>16} {:>8} {:>7}",
+        "miner", "stage", "peak GiB", "plan GiB", "forwards (ms)", "backwards (ms)", "merge s", "busy %"
+    );
+    let count_ms = |b: &iota_dataplane::stats::Busy| match b.count {
+        0 => "-".to_string(),
+        n => format!("{n} x {}", ms(b.seconds() / n as f64)),
+    };
+    println!(
+        "  (the last stage's forwards include its loss and backward; busy: forwards and backwards over the training time)"
+    );
+    for (i, f) in r.miners.iter().enumerate() {
+        let (peak, kind) =
+            if f.peak_device_bytes > 0 { (f.peak_device_bytes, "device") } else { (f.peak_rss_bytes, "resident") };
+        let stage =
+            f.stage.map_or("-".to_string(), |s| s.to_string() + if f.recomputed { " (recomputing)" } else { "" });
+        let t = &f.step_times;
+        let busy = (t.forward.seconds() + t.backward.seconds()) / r.training_s.max(1e-9);
+        println!(
+            "  {:<6} {:>14} {:>16} {:>9} {:>16} {:>16} {:>8.2} {:>7.0}",
+            i,
+            stage,
+            format!("{} {kind}", gib(peak)),
+            gib(f.planned_bytes),
+            count_ms(&t.forward),
+            count_ms(&t.backward),
+            t.weight_slice.seconds(),
+            100.0 * busy
+        );
     }
 }
 
@@ -289,11 +376,37 @@ mod tests {
         assert!(r.first_micro_batch_s.is_some_and(|s| s > 0.0));
         assert_eq!((r.store_fallbacks, r.frames_refused), ((0, 0), 0));
         assert_eq!(r.miners.len(), 4);
-        for (stage, rss, _, plan, recomputed) in &r.miners {
-            assert!(!recomputed, "no memory stated on the CPU, so nothing recomputes");
-            assert!(stage.is_some() && *plan > 0);
+        for f in &r.miners {
+            assert!(!f.recomputed, "no memory stated on the CPU, so nothing recomputes");
+            assert!(f.stage.is_some() && f.planned_bytes > 0);
             // A miner process holds its stage and more (runtime, corpus, pools).
-            assert!(*rss > *plan, "resident {rss} under the plan's {plan}");
+            assert!(
+                f.peak_rss_bytes > f.planned_bytes,
+                "resident {} under the plan's {}",
+                f.peak_rss_bytes,
+                f.planned_bytes
+            );
+            let t = &f.step_times;
+            assert!(t.forward.count > 0 && t.forward.micros > 0, "{t:?}");
+            // The last stage computes its backward with the loss, on the
+            // activations it receives: no gradients come to it.
+            let tail = f.stage == Some(1);
+            assert_eq!(t.backward.count == 0, tail, "stage {:?}: {t:?}", f.stage);
         }
+        // Each completed micro-batch went through each stage (a re-routed
+        // one more than once), spread over the stage's two replicas.
+        for (s, kind) in [(0, "backward"), (1, "forward")] {
+            let n: u64 = r
+                .miners
+                .iter()
+                .filter(|f| f.stage == Some(s))
+                .map(|f| if s == 0 { f.step_times.backward.count } else { f.step_times.forward.count })
+                .sum();
+            assert!(n >= 16, "stage {s}: {n} {kind} inputs for 16 micro-batches");
+        }
+        let stages = r.stage_seconds_per_micro_batch();
+        assert_eq!(stages.len(), 2);
+        assert!(stages.iter().all(|s| s.is_some_and(|s| s > 0.0)), "{stages:?}");
+        assert!(r.training_s > 0.0 && r.one_process_seconds_per_micro_batch() > 0.0);
     }
 }

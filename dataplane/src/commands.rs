@@ -317,6 +317,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
         totals.peak_device_bytes = s.peak_device_bytes;
         totals.stage = Some(s.stage);
         totals.recomputed = s.recomputed;
+        totals.step_times = s.step_times;
         let json = serde_json::to_vec_pretty(&totals)?;
         std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -33,8 +33,21 @@ pub enum StepKind {
     Backward,
     /// A weight slice in (the merge's reduce).
     WeightSlice,
-    /// An orchestrator command (phases, merge plans, uploads).
+    /// An orchestrator command (phases, merge plans, uploads; a route
+    /// past the head, which only records where its frames go).
     Command,
+}
+
+impl crate::stats::StepTimes {
+    /// The tally of inputs of `kind`.
+    pub fn of_kind(&mut self, kind: StepKind) -> &mut crate::stats::Busy {
+        match kind {
+            StepKind::Forward => &mut self.forward,
+            StepKind::Backward => &mut self.backward,
+            StepKind::WeightSlice => &mut self.weight_slice,
+            StepKind::Command => &mut self.command,
+        }
+    }
 }
 
 impl StepKind {

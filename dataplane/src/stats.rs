@@ -105,6 +105,51 @@ pub struct WireTotals {
     /// Whether that stage recomputed activations in the backward.
     #[serde(default)]
     pub recomputed: bool,
+    /// Where its stage worker's time went, by kind of input.
+    #[serde(default)]
+    pub step_times: StepTimes,
+}
+
+/// Time spent on one kind of input, and how many were handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Busy {
+    pub micros: u64,
+    pub count: u64,
+}
+
+impl Busy {
+    pub fn add(&mut self, d: std::time::Duration) {
+        self.micros = self.micros.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.count = self.count.saturating_add(1);
+    }
+    pub fn seconds(&self) -> f64 {
+        self.micros as f64 / 1e6
+    }
+}
+
+/// A stage worker's time by kind of input (what `iota-bench scale` puts
+/// beside one process's step time, to tell a slow stage from a waiting one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepTimes {
+    /// Micro-batches started at the head, and activations in.
+    pub forward: Busy,
+    /// Activation gradients in (the backward, and the optimizer when due).
+    pub backward: Busy,
+    /// Weight slices in (the merge's reduce).
+    pub weight_slice: Busy,
+    /// Orchestrator commands (phases, merge plans, uploads; routes past
+    /// the head).
+    pub command: Busy,
+}
+
+impl StepTimes {
+    /// Forward and backward seconds per micro-batch: the stage's compute
+    /// for one micro-batch (None before any). The last stage has no
+    /// backward inputs: its forward computes the loss and the backward.
+    pub fn seconds_per_micro_batch(&self) -> Option<f64> {
+        let n = self.backward.count.max(self.forward.count);
+        (n > 0).then(|| (self.forward.seconds() + self.backward.seconds()) / n as f64)
+    }
 }
 
 impl WireTotals {
@@ -128,6 +173,7 @@ impl StatsSnapshot {
             peak_device_bytes: 0,
             stage: None,
             recomputed: false,
+            step_times: StepTimes::default(),
         }
     }
 
@@ -204,13 +250,45 @@ pub(crate) fn add(a: &AtomicU64, n: u64) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn step_times_add_up_per_micro_batch_and_old_totals_still_read() {
+        let mut t = StepTimes::default();
+        assert_eq!(t.seconds_per_micro_batch(), None, "nothing yet");
+        let mut tail = StepTimes::default();
+        tail.forward.add(Duration::from_millis(50));
+        assert_eq!(tail.seconds_per_micro_batch(), Some(0.05), "the last stage: forward and backward in one");
+        for _ in 0..4 {
+            t.forward.add(Duration::from_millis(30));
+            t.backward.add(Duration::from_millis(70));
+        }
+        t.command.add(Duration::from_secs(2));
+        assert_eq!(t.forward, Busy { micros: 120_000, count: 4 });
+        let per = t.seconds_per_micro_batch().unwrap();
+        assert!((per - 0.1).abs() < 1e-9, "{per}");
+        // Commands are not compute.
+        assert!((t.command.seconds() - 2.0).abs() < 1e-9);
+        let mut b = Busy { micros: u64::MAX - 1, count: 0 };
+        b.add(Duration::from_secs(1));
+        assert_eq!(b.micros, u64::MAX, "saturates");
+        // A miner built before the field leaves totals without it.
+        let old = r#"{"lanes":{},"rejected":{},"send_failures":0}"#;
+        let w: WireTotals = serde_json::from_str(old).unwrap();
+        assert_eq!(w.step_times, StepTimes::default());
+        let round: WireTotals =
+            serde_json::from_str(&serde_json::to_string(&WireTotals { step_times: t, ..w }).unwrap()).unwrap();
+        assert_eq!(round.step_times, t);
+    }
+
     #[test]
     fn the_peak_resident_set_counts_memory_once_touched() {
-        let before = super::peak_rss_bytes();
+        let before = peak_rss_bytes();
         assert!(before > 0, "the kernel reports a peak");
         let big = vec![1u8; 96 << 20];
         std::hint::black_box(&big);
-        let after = super::peak_rss_bytes();
+        let after = peak_rss_bytes();
         assert!(after >= (96 << 20) && after >= before, "{before} -> {after}");
     }
 }

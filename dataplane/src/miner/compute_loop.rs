@@ -45,6 +45,8 @@ pub struct MinerSummary {
     /// Whether its stage recomputed activations in the backward
     /// (`--recompute`).
     pub recomputed: bool,
+    /// Its stage worker's time by kind of input.
+    pub step_times: crate::stats::StepTimes,
 }
 
 /// What the compute thread talks through.
@@ -89,6 +91,7 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
     w.set_adversary(io.adversary);
     let mut out = Vec::new();
     let mut compute = std::time::Duration::ZERO;
+    let mut step_times = crate::stats::StepTimes::default();
     let (mut merge_since, mut memory_at) = (None, None);
     let mut device_peak = 0u64;
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
@@ -122,7 +125,8 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         }
         use crate::miner_metrics::StepKind;
         let kind = match &input {
-            Input::Command(Kind::Route(_)) => Some(StepKind::Forward),
+            // Only the head computes on a route; elsewhere it is bookkeeping.
+            Input::Command(Kind::Route(_)) if w.is_head() => Some(StepKind::Forward),
             Input::Frame(f) => Some(match f.header.direction {
                 iota_core::wire::Direction::Activation => StepKind::Forward,
                 iota_core::wire::Direction::ActivationGrad => StepKind::Backward,
@@ -150,9 +154,11 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
             }
             warn!(error = %format!("{e:#}"), "stage worker");
         }
-        compute += t0.elapsed();
+        let took = t0.elapsed();
+        compute += took;
         if let Some(kind) = kind {
-            io.metrics.observe_step(kind, t0.elapsed().as_secs_f64());
+            io.metrics.observe_step(kind, took.as_secs_f64());
+            step_times.of_kind(kind).add(took);
         }
         if let Some(probe) = &io.device_memory
             && memory_at.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
@@ -196,5 +202,6 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         // only the fallback where the pool does not answer.
         peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).filter(|&h| h > 0).unwrap_or(device_peak),
         recomputed: stage.is_some_and(|s| s.recompute()),
+        step_times,
     })
 }

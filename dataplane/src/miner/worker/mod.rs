@@ -233,6 +233,11 @@ impl<B: Backend + 'static> Worker<B> {
         self.stage.as_ref()
     }
 
+    /// Whether it holds the first stage (where a route starts a forward).
+    pub fn is_head(&self) -> bool {
+        self.stage.is_some() && self.stage_index == 0
+    }
+
     /// Handles one input; errors are reported to the caller, who logs them
     /// (a failed micro-batch is re-routed by the orchestrator's timeout).
     pub fn handle(&mut self, input: Input, out: &mut Vec<Output>) -> Result<()> {
