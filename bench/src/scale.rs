@@ -40,6 +40,11 @@ pub struct Args {
     model: String,
     #[arg(long, default_value_t = 3)]
     stages: usize,
+    /// Blocks per stage: even, balanced (by each stage's FLOPs, the tail's
+    /// LM head counted) or the counts head first (7,7,2), as the swarm's
+    /// `--stage-layers`.
+    #[arg(long, default_value = "even", value_name = "even|balanced|N,N,..")]
+    stage_layers: String,
     /// Replicas per stage (sets the merge's traffic and host memory).
     #[arg(long, default_value_t = 2)]
     replicas: usize,
@@ -108,6 +113,7 @@ pub fn run(a: Args) -> Result<()> {
         let m = crate::scale_measured::Measure {
             model: &a.model,
             stages: a.stages,
+            stage_layers: &a.stage_layers,
             replicas: a.replicas,
             batch: a.batch,
             seq: a.seq,
@@ -127,10 +133,14 @@ pub fn run(a: Args) -> Result<()> {
         crate::scale_measured::print(&m, &r);
         return Ok(());
     }
-    let cfg = ModelConfig::preset(&a.model)?;
+    let mut cfg = ModelConfig::preset(&a.model)?;
     if a.seq == 0 || a.seq > cfg.max_seq || a.batch == 0 {
         bail!("--seq must be in 1..={} and --batch positive", cfg.max_seq);
     }
+    if a.stages == 0 || a.stages > cfg.n_layers {
+        bail!("--stages {} must be between 1 and the model's {} layers", a.stages, cfg.n_layers);
+    }
+    cfg.stage_layers = iota_control::cli::stage_layers(&a.stage_layers, &cfg, a.stages, a.seq)?;
     let codec = WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}'", a.codec))?;
     let merge_codec = match WireCodec::parse(&a.merge_codec) {
         Some(c) if c != WireCodec::Int4Row => c,
@@ -261,6 +271,10 @@ fn print_compute(cfg: &ModelConfig, specs: &[StageSpec], tokens: usize, seq: usi
     let step: Vec<f64> = specs.iter().map(|s| stage_step_flops(cfg, s, tokens, seq)).collect();
     let ns: Vec<f64> = specs.iter().map(|s| stage_newton_schulz_flops(cfg, s)).collect();
     let rows = [
+        (
+            "blocks",
+            specs.iter().map(|s| format!("{} ({}..{})", s.layers.len(), s.layers.start, s.layers.end)).collect(),
+        ),
         ("training step (GFLOP)", step.iter().map(|f| format!("{:.1}", f / 1e9)).collect::<Vec<_>>()),
         ("Muon's Newton-Schulz (GFLOP)", ns.iter().map(|f| format!("{:.1}", f / 1e9)).collect()),
         ("  Muon adds", ns.iter().zip(&step).map(|(n, t)| format!("{:.0}%", 100.0 * n / t)).collect()),
@@ -271,6 +285,29 @@ fn print_compute(cfg: &ModelConfig, specs: &[StageSpec], tokens: usize, seq: usi
             print!(" {c:>14}");
         }
         println!();
+    }
+    let mean = step.iter().sum::<f64>() / step.len() as f64;
+    let slowest = step.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 && specs.len() > 1 {
+        // With a card per miner the pipeline runs at its slowest stage's pace.
+        let balanced = iota_core::compute_plan::balanced_stage_layers(cfg, specs.len(), seq).and_then(|b| {
+            let mut c = cfg.clone();
+            c.stage_layers = Some(b.clone());
+            Some((b, iota_core::compute_plan::stage_imbalance(&c, specs.len(), seq)?))
+        });
+        print!(
+            "the slowest stage's step is {:.2}x the stages' mean: on a card per miner each is busy {:.0}% of the time",
+            slowest / mean,
+            100.0 * mean / slowest
+        );
+        match balanced {
+            Some((b, r)) if (r - slowest / mean).abs() > 1e-9 => println!(
+                " (--stage-layers balanced: {}, {r:.2}x, {:.0}%)",
+                b.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+                100.0 / r
+            ),
+            _ => println!(" (as balanced as a split of blocks allows)"),
+        }
     }
     if let Some(slow) = muon_slowdown(cfg, specs.len(), tokens, seq) {
         let choice = if slow <= AUTO_MUON_MAX_SLOWDOWN { "muon" } else { "adamw" };

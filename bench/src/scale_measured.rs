@@ -26,6 +26,8 @@ use iota_model::{Backend, CpuBackend};
 pub struct Measure<'a> {
     pub model: &'a str,
     pub stages: usize,
+    /// `--stage-layers`: even, balanced or the counts.
+    pub stage_layers: &'a str,
     pub replicas: usize,
     pub batch: usize,
     pub seq: usize,
@@ -128,6 +130,8 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
         m.codec,
         "--merge-codec",
         m.merge_codec,
+        "--stage-layers",
+        m.stage_layers,
         "--run-dir",
         work.to_str().context("a UTF-8 work folder")?,
     ]
@@ -265,9 +269,10 @@ fn time_steps<B: Backend + 'static>(mut p: Pipeline<B>, corpus: &iota_model::dat
 pub fn print(m: &Measure<'_>, r: &Measured) {
     let gib = |b: u64| format!("{:.2}", b as f64 / GIB as f64);
     println!(
-        "scale (measured): {}, {} stages x {} replicas, batch {} x seq {}, {} epochs x {} micro-batches, on {}, merge {}",
+        "scale (measured): {}, {} stages ({} blocks) x {} replicas, batch {} x seq {}, {} epochs x {} micro-batches, on {}, merge {}",
         m.model,
         m.stages,
+        m.stage_layers,
         m.replicas,
         m.batch,
         m.seq,
@@ -355,6 +360,7 @@ mod tests {
         let m = Measure {
             model: "tiny",
             stages: 2,
+            stage_layers: "even",
             replicas: 2,
             batch: 2,
             seq: 32,

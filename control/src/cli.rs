@@ -117,6 +117,20 @@ pub struct RunArgs {
     /// Bottleneck width at boundaries (default: the preset's; 0 = off).
     #[arg(long)]
     pub bottleneck: Option<usize>,
+    /// Blocks per pipeline stage. even: the layers cut as evenly as they
+    /// go, earlier stages taking the remainder. balanced: by each stage's
+    /// FLOPs at this --seq, the tail's LM head counted, so the slowest
+    /// stage is as fast as a split allows (`1.5b` in 3 stages at seq 1024
+    /// with the GPT-2 vocabulary: 6,6,4, the slowest stage 1.02x the mean
+    /// instead of 1.13x; at Llama 3's 128k vocabulary 7,7,2, 1.04x instead
+    /// of 1.36x). Or the counts, head
+    /// first (`7,7,2`). With a card per miner a pipeline runs at its
+    /// slowest stage's pace; miners sharing one device share its time
+    /// whatever the split. Blocks moved to the head and body move their
+    /// memory too (`iota-bench scale --plan-only --stage-layers ...` shows
+    /// both). A split equal to the even one is the even one (same run id).
+    #[arg(long, default_value = "even", value_name = "even|balanced|N,N,..")]
+    pub stage_layers: String,
     /// Bottleneck style: linear (default) or residual (a SwiGLU branch in
     /// the encoder and the decoder; docs/ARCHITECTURE.md, "The bottleneck").
     #[arg(long, default_value = "linear")]
@@ -384,6 +398,7 @@ impl RunArgs {
         let total = cadence.epochs.saturating_mul(cadence.micro_batches_per_epoch);
         let steps = (total / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
         let seq = self.seq.unwrap_or(model.max_seq.min(128));
+        model.stage_layers = stage_layers(&self.stage_layers, &model, self.stages as usize, seq)?;
         let mut train = TrainConfig {
             model,
             tokenizer,
@@ -648,6 +663,41 @@ pub fn expand_config_file(args: Vec<String>) -> Result<Vec<String>> {
     let at = out.len().min(2);
     out.splice(at..at, flags);
     Ok(out)
+}
+
+/// `--stage-layers` for `stages` stages of `model` at sequences of `seq`:
+/// None for the even split (however it was asked for, so the run id is
+/// the even split's).
+pub fn stage_layers(arg: &str, model: &ModelConfig, stages: usize, seq: usize) -> Result<Option<Vec<usize>>> {
+    let counts = match arg {
+        "even" => return Ok(None),
+        "balanced" => iota_core::compute_plan::balanced_stage_layers(model, stages, seq).with_context(|| {
+            format!("--stages {stages} must be between 1 and the model's {} layers", model.n_layers)
+        })?,
+        list => {
+            let counts = list
+                .split(',')
+                .map(|n| n.trim().parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .ok()
+                .filter(|v| !v.contains(&0))
+                .with_context(|| {
+                    format!("--stage-layers '{list}': even, balanced, or blocks per stage such as 7,7,2 (each >= 1)")
+                })?;
+            if counts.len() != stages || iota_core::config::checked_total(&counts) != Some(model.n_layers) {
+                bail!(
+                    "--stage-layers {list}: {} stage(s) adding up to {} blocks, but the run has --stages {stages} and \
+                     `{}` has {} layers",
+                    counts.len(),
+                    counts.iter().fold(0usize, |a, n| a.saturating_add(*n)),
+                    model.name,
+                    model.n_layers
+                );
+            }
+            counts
+        }
+    };
+    Ok((counts != iota_core::layout::even_layers(model.n_layers, stages)).then_some(counts))
 }
 
 #[cfg(test)]

@@ -70,9 +70,120 @@ pub fn muon_slowdown(cfg: &ModelConfig, stages: usize, tokens_per_step: usize, s
     (without > 0.0).then(|| with / without - 1.0)
 }
 
+/// Blocks per stage that make the slowest stage's training step as short
+/// as a split of `cfg` into `stages` stages allows, by the FLOP count
+/// above at sequences of `seq` (the tail's LM head counts with it; the
+/// head's embedding, a gather, does not). Among the splits with that
+/// slowest stage, the one whose stages' costs spread least (smallest sum
+/// of squares); the first such in head-first order. Every stage keeps at
+/// least one block.
+///
+/// A pipeline runs at its slowest stage's pace, so with one miner per
+/// stage on cards of its own this is the split that runs fastest; on one
+/// shared device the total work, not its split, sets the pace.
+pub fn balanced_stage_layers(cfg: &ModelConfig, stages: usize, seq: usize) -> Option<Vec<usize>> {
+    let l = cfg.n_layers;
+    if stages == 0 || stages > l {
+        return None;
+    }
+    // cost[i][n]: stage i holding n blocks (one token's step: only ratios matter).
+    let cost: Vec<Vec<f64>> = (0..stages)
+        .map(|i| (0..=l).map(|n| stage_step_flops(cfg, &StageSpec::sized(cfg, i, stages, n), 1, seq)).collect())
+        .collect();
+    // Stage i's blocks given the blocks still free for stages i.., minimising
+    // (the slowest stage, then the sum of squares) over the rest.
+    type Best = Option<(f64, f64, Vec<usize>)>;
+    let better = |a: &Best, b: &(f64, f64, Vec<usize>)| match a {
+        None => true,
+        Some(a) => b.0 < a.0 || (b.0 == a.0 && b.1 < a.1),
+    };
+    // best[i][free]: the best split of `free` blocks over stages i..stages.
+    let mut best: Vec<Vec<Best>> = vec![vec![None; l + 1]; stages + 1];
+    best[stages][0] = Some((0.0, 0.0, Vec::new()));
+    for i in (0..stages).rev() {
+        let later = stages - i - 1;
+        for free in 1..=l {
+            let mut here: Best = None;
+            // At least one block for every later stage.
+            for n in 1..=free.saturating_sub(later) {
+                let Some((m, sq, rest)) = &best[i + 1][free - n] else { continue };
+                let c = cost[i][n];
+                let cand = (m.max(c), sq + c * c, std::iter::once(n).chain(rest.iter().copied()).collect());
+                if better(&here, &cand) {
+                    here = Some(cand);
+                }
+            }
+            best[i][free] = here;
+        }
+    }
+    best[0][l].take().map(|b| b.2)
+}
+
+/// The slowest stage's training step over the stages' mean for a split
+/// of `cfg` into `stages` stages (1.0: balanced; a pipeline on cards of
+/// its own keeps each card busy this fraction's inverse of the time).
+pub fn stage_imbalance(cfg: &ModelConfig, stages: usize, seq: usize) -> Option<f64> {
+    let specs = StageSpec::split(cfg, stages).ok()?;
+    let costs: Vec<f64> = specs.iter().map(|s| stage_step_flops(cfg, s, 1, seq)).collect();
+    let mean = costs.iter().sum::<f64>() / costs.len() as f64;
+    (mean > 0.0).then(|| costs.iter().copied().fold(0.0, f64::max) / mean)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every split of `l` blocks into `s` stages of at least one.
+    fn all_splits(l: usize, s: usize) -> Vec<Vec<usize>> {
+        if s == 1 {
+            return vec![vec![l]];
+        }
+        (1..=l - (s - 1))
+            .flat_map(|n| {
+                all_splits(l - n, s - 1).into_iter().map(move |mut r| {
+                    r.insert(0, n);
+                    r
+                })
+            })
+            .collect()
+    }
+
+    fn slowest(cfg: &ModelConfig, split: &[usize], seq: usize) -> f64 {
+        let mut c = cfg.clone();
+        c.stage_layers = Some(split.to_vec());
+        StageSpec::split(&c, split.len()).unwrap().iter().map(|s| stage_step_flops(&c, s, 1, seq)).fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn the_balanced_split_has_the_fastest_slowest_stage_of_all_splits() {
+        for (preset, seq) in [("small", 128), ("1.5b", 1024), ("1b", 2048), ("tiny", 64)] {
+            let cfg = ModelConfig::preset(preset).unwrap();
+            for stages in 1..=cfg.n_layers.min(5) {
+                let b = balanced_stage_layers(&cfg, stages, seq).unwrap();
+                assert_eq!(b.len(), stages);
+                assert_eq!(b.iter().sum::<usize>(), cfg.n_layers);
+                assert!(!b.contains(&0), "{preset} {stages}: {b:?}");
+                let best =
+                    all_splits(cfg.n_layers, stages).iter().map(|s| slowest(&cfg, s, seq)).fold(f64::MAX, f64::min);
+                assert_eq!(slowest(&cfg, &b, seq), best, "{preset} {stages}: {b:?}");
+                let even = crate::layout::even_layers(cfg.n_layers, stages);
+                assert!(slowest(&cfg, &b, seq) <= slowest(&cfg, &even, seq));
+            }
+        }
+        assert_eq!(balanced_stage_layers(&ModelConfig::preset("tiny").unwrap(), 0, 64), None);
+    }
+
+    #[test]
+    fn at_iota_s_shape_the_tail_gives_up_blocks_for_its_lm_head() {
+        let mut cfg = ModelConfig::preset("1.5b").unwrap();
+        let even = stage_imbalance(&cfg, 3, 1024).unwrap();
+        let split = balanced_stage_layers(&cfg, 3, 1024).unwrap();
+        // The LM head (128,256 x 2,048) costs about four blocks' worth.
+        assert!(split[2] < split[0] && split[2] < split[1], "{split:?}");
+        cfg.stage_layers = Some(split.clone());
+        let balanced = stage_imbalance(&cfg, 3, 1024).unwrap();
+        assert!(even > 1.3 && balanced < 1.05, "slowest over mean: even {even}, balanced {balanced} ({split:?})");
+    }
 
     #[test]
     fn a_square_matrix_costs_thirty_k_cubed_and_a_stage_sums_its_matrices() {

@@ -45,6 +45,21 @@ pub struct ModelConfig {
     /// their id.
     #[serde(default, skip_serializing_if = "BottleneckStyle::is_linear")]
     pub bottleneck_style: BottleneckStyle,
+    /// Blocks per pipeline stage, head first, when the layers are not cut
+    /// evenly (`--stage-layers`): a pipeline runs at its slowest stage's
+    /// pace, and the tail also computes the LM head, so a split by cost
+    /// gives the tail fewer blocks. Applies to a split into exactly this
+    /// many stages; any other count (one process: one stage) splits
+    /// evenly. Left out of saved settings when unset, so existing configs
+    /// keep their serialized form and runs their id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_layers: Option<Vec<usize>>,
+}
+
+/// The blocks of a split in all (None where the count overflows: the
+/// split may come from the network).
+pub fn checked_total(counts: &[usize]) -> Option<usize> {
+    counts.iter().try_fold(0usize, |a, &n| a.checked_add(n))
 }
 
 /// The shape of the encoder/decoder pair at a stage boundary. Both keep an
@@ -153,6 +168,7 @@ impl ModelConfig {
                 bottleneck,
                 init_std: 0.02,
                 bottleneck_style: BottleneckStyle::Linear,
+                stage_layers: None,
             }
         }
         let gpt2 = (GPT2_VOCAB_PADDED, GPT2_VOCAB);
@@ -246,6 +262,14 @@ impl ModelConfig {
                      original_max_position > 0"
                     .into());
             }
+        }
+        if let Some(v) = &self.stage_layers
+            && (v.is_empty() || v.contains(&0) || checked_total(v) != Some(self.n_layers))
+        {
+            return bad(format!(
+                "stage_layers {v:?}: every stage needs at least one block, and they must add up to the model's {} layers",
+                self.n_layers
+            ));
         }
         Ok(())
     }

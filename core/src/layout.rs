@@ -69,31 +69,50 @@ impl StageSpec {
         }
     }
 
-    /// Splits the layers as evenly as possible; earlier stages take the
+    /// Splits the layers as the config's `stage_layers` says for this many
+    /// stages, else as evenly as possible, earlier stages taking the
     /// remainder because the tail also carries the LM head.
     pub fn split(cfg: &ModelConfig, stages: usize) -> Result<Vec<StageSpec>, ConfigError> {
         if stages == 0 || stages > cfg.n_layers {
             return Err(ConfigError::BadStageCount { layers: cfg.n_layers, stages });
         }
-        let base = cfg.n_layers / stages;
-        let extra = cfg.n_layers % stages;
-        let bn = cfg.bottleneck > 0 && stages > 1;
+        let counts = match &cfg.stage_layers {
+            Some(v) if v.len() == stages => {
+                if v.contains(&0) || crate::config::checked_total(v) != Some(cfg.n_layers) {
+                    return Err(ConfigError::Invalid(format!(
+                        "stage_layers {v:?} must give every stage a block and add up to {}",
+                        cfg.n_layers
+                    )));
+                }
+                v.clone()
+            }
+            _ => even_layers(cfg.n_layers, stages),
+        };
         let mut start = 0;
-        Ok((0..stages)
-            .map(|i| {
-                let n = base + usize::from(i < extra);
-                let s = StageSpec {
-                    index: i,
-                    count: stages,
-                    layers: start..start + n,
-                    boundary_width: if bn { cfg.bottleneck } else { cfg.d_model },
-                    decode_in: bn && i > 0,
-                    encode_out: bn && i + 1 < stages,
-                };
+        Ok(counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut s = StageSpec::sized(cfg, i, stages, n);
+                s.layers = start..start + n;
                 start += n;
                 s
             })
             .collect())
+    }
+
+    /// A stage of `count` with `layers` blocks at `index` (where the blocks
+    /// sit does not change what a stage costs or holds).
+    pub fn sized(cfg: &ModelConfig, index: usize, count: usize, layers: usize) -> StageSpec {
+        let bn = cfg.bottleneck > 0 && count > 1;
+        StageSpec {
+            index,
+            count,
+            layers: 0..layers,
+            boundary_width: if bn { cfg.bottleneck } else { cfg.d_model },
+            decode_in: bn && index > 0,
+            encode_out: bn && index + 1 < count,
+        }
     }
 
     pub fn role(&self) -> StageRole {
@@ -112,6 +131,12 @@ impl StageSpec {
     pub fn has_lm_head(&self) -> bool {
         self.index + 1 == self.count
     }
+}
+
+/// `layers` blocks over `stages` stages as evenly as they go, earlier
+/// stages taking the remainder.
+pub fn even_layers(layers: usize, stages: usize) -> Vec<usize> {
+    (0..stages).map(|i| layers / stages + usize::from(i < layers % stages)).collect()
 }
 
 /// How a parameter tensor is initialised.
@@ -244,6 +269,43 @@ mod tests {
         }
         assert!(StageSpec::split(&c, 0).is_err());
         assert!(StageSpec::split(&c, c.n_layers + 1).is_err());
+    }
+
+    #[test]
+    fn a_chosen_split_applies_to_its_stage_count_only() {
+        let mut c = ModelConfig::preset("1.5b").unwrap();
+        let even = StageSpec::split(&c, 3).unwrap();
+        assert_eq!(even.iter().map(|s| s.layers.len()).collect::<Vec<_>>(), vec![6, 5, 5]);
+        c.stage_layers = Some(vec![7, 7, 2]);
+        c.validate().unwrap();
+        let specs = StageSpec::split(&c, 3).unwrap();
+        assert_eq!(specs.iter().map(|s| s.layers.clone()).collect::<Vec<_>>(), vec![0..7, 7..14, 14..16]);
+        for (i, s) in specs.iter().enumerate() {
+            assert_eq!(*s, {
+                let mut x = StageSpec::sized(&c, i, 3, s.layers.len());
+                x.layers = s.layers.clone();
+                x
+            });
+        }
+        // The same parameters in all, the blocks moved between stages.
+        let counts = c.stage_param_counts(3).unwrap();
+        let mut plain = c.clone();
+        plain.stage_layers = None;
+        assert_eq!(counts.iter().sum::<usize>(), plain.stage_param_counts(3).unwrap().iter().sum::<usize>());
+        assert!(counts[2] < plain.stage_param_counts(3).unwrap()[2]);
+        // One process, or another stage count: the even split.
+        assert_eq!(StageSpec::split(&c, 1).unwrap()[0].layers, 0..16);
+        assert_eq!(StageSpec::split(&c, 2).unwrap().iter().map(|s| s.layers.len()).collect::<Vec<_>>(), vec![8, 8]);
+        for bad in [vec![8, 8, 0], vec![7, 7, 3], vec![], vec![usize::MAX, 17, 1]] {
+            c.stage_layers = Some(bad.clone());
+            assert!(c.validate().is_err(), "{bad:?}");
+            if bad.len() == 3 {
+                assert!(StageSpec::split(&c, 3).is_err(), "{bad:?}");
+            }
+        }
+        // Unset, the field is left out of the saved form (run ids stay).
+        c.stage_layers = None;
+        assert!(!serde_json::to_string(&c).unwrap().contains("stage_layers"));
     }
 
     #[test]

@@ -98,6 +98,11 @@ impl TrainConfig {
         if self.stages == 0 || self.stages > self.model.n_layers {
             bail!("--stages {} must be between 1 and the model's {} layers", self.stages, self.model.n_layers);
         }
+        if let Some(v) = &self.model.stage_layers
+            && v.len() != self.stages
+        {
+            bail!("--stage-layers gives {} stages ({v:?}) but the run has --stages {}", v.len(), self.stages);
+        }
         if self.tokenizer.vocab_real() > self.model.vocab_real {
             bail!(
                 "tokenizer {} emits {} ids but the model has {}",

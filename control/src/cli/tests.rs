@@ -257,3 +257,41 @@ fn a_run_made_before_the_schedule_is_refused_with_how_to_resume_it() {
     assert!(!err.contains("--schedule auto took"), "{err}");
     run(Some("cpu"), &["--schedule", "throughput"]).unwrap();
 }
+
+#[test]
+fn stage_layers_are_even_balanced_or_listed_and_the_even_split_keeps_its_run_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |extra: &[&str]| args(dir.path(), extra).run_config();
+    let plain = cfg(&[]).unwrap();
+    assert_eq!(plain.train.model.stage_layers, None);
+    // tiny: 4 layers in 2 stages, 2 + 2 when even.
+    for even in ["even", "2,2"] {
+        let c = cfg(&["--stage-layers", even]).unwrap();
+        assert_eq!((c.train.model.stage_layers.clone(), &c.spec.run_id), (None, &plain.spec.run_id), "{even}");
+    }
+    let listed = cfg(&["--stage-layers", "3,1"]).unwrap();
+    assert_eq!(listed.train.model.stage_layers, Some(vec![3, 1]));
+    assert_ne!(listed.spec.run_id, plain.spec.run_id, "another split is another run");
+    let specs = StageSpec::split(&listed.train.model, 2).unwrap();
+    assert_eq!(specs.iter().map(|s| s.layers.clone()).collect::<Vec<_>>(), vec![0..3, 3..4]);
+    for (bad, says) in
+        [("0,4", "each >= 1"), ("1,2,1", "3 stage(s)"), ("2,3", "adding up to 5"), ("two,two", "even, balanced")]
+    {
+        let err = format!("{:#}", cfg(&["--stage-layers", bad]).unwrap_err());
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    // IOTA's shape: the tail's LM head weighs about four blocks.
+    let base = ["x", "--model", "1.5b", "--stages", "3", "--seq", "1024", "--run-dir", dir.path().to_str().unwrap()];
+    let big = |split: &str| {
+        let run = Flags::parse_from(base.iter().chain(&["--stage-layers", split])).run;
+        run.run_config().unwrap().train.model.stage_layers
+    };
+    assert_eq!(big("balanced"), Some(vec![6, 6, 4]), "at the GPT-2 vocabulary runs train with");
+    let mut m = Flags::parse_from(base).run.run_config().unwrap().train.model;
+    let even = iota_core::compute_plan::stage_imbalance(&m, 3, 1024).unwrap();
+    m.stage_layers = big("balanced");
+    let balanced = iota_core::compute_plan::stage_imbalance(&m, 3, 1024).unwrap();
+    // The slowest stage over the stages' mean: 1.13 -> 1.02.
+    assert!(even > 1.1 && balanced < 1.03, "even {even}, balanced {balanced}");
+    assert_eq!(big("6,5,5"), None, "the even split of 16 in 3");
+}

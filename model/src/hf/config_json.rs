@@ -171,6 +171,7 @@ pub fn train_config_of(config: &Value) -> Result<TrainConfig> {
         bottleneck: 0,
         init_std: f("initializer_range", 0.02),
         bottleneck_style: Default::default(),
+        stage_layers: None,
     };
     model.validate()?;
     let seq = model.max_seq.min(128);

@@ -71,9 +71,14 @@ async fn the_merge_ramp_merges_after_one_step_then_doubling() {
 }
 
 /// 3 stages x 1 replica, no bottleneck (exact f32 boundaries), one
-/// micro-batch at a time, with `optimizer`: the swarm's 24 losses and the
+/// micro-batch at a time, with `optimizer` and the blocks split as
+/// `stage_layers` says (None: evenly): the swarm's 24 losses and the
 /// single-process trainer's must agree to 1e-6. Returns the finished swarm.
-async fn sequential_swarm_against_the_trainer(optimizer: &str, dir: &std::path::Path) -> Swarm {
+async fn sequential_swarm_against_the_trainer(
+    optimizer: &str,
+    stage_layers: Option<Vec<usize>>,
+    dir: &std::path::Path,
+) -> Swarm {
     use iota_model::CpuBackend;
     use iota_model::train::Pipeline;
 
@@ -82,11 +87,17 @@ async fn sequential_swarm_against_the_trainer(optimizer: &str, dir: &std::path::
     // One replica: the parameter server's "average" of it is exact.
     cfg.spec.merge = Default::default();
     cfg.train.adamw.set_optimizer(optimizer).unwrap();
+    cfg.train.model.stage_layers = stage_layers;
+    cfg.validate().unwrap();
     let swarm = Swarm::start(&cfg, dir.join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let miners: Vec<_> = (0..3).map(|_| swarm.miner(stop.clone())).collect();
+    let specs = iota_core::StageSpec::split(&cfg.train.model, 3).unwrap();
     for m in miners {
-        tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+        let s = tokio::time::timeout(Duration::from_secs(90), m).await.expect("miner finished").unwrap().unwrap();
+        // Each miner held the blocks the run's split gives its stage.
+        let layout = iota_core::ParamLayout::for_stage(&cfg.train.model, &specs[s.stage as usize]);
+        assert_eq!(s.params.len(), layout.total(), "stage {}", s.stage);
     }
     let swarm_losses: Vec<f32> =
         swarm.service.with_state(|o| o.history().iter().flat_map(|e| e.losses.clone()).collect());
@@ -106,7 +117,7 @@ async fn sequential_swarm_against_the_trainer(optimizer: &str, dir: &std::path::
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sequential_swarm_equals_the_single_process_trainer() {
     let dir = tempfile::tempdir().unwrap();
-    let swarm = sequential_swarm_against_the_trainer("adamw", dir.path()).await;
+    let swarm = sequential_swarm_against_the_trainer("adamw", None, dir.path()).await;
     // What each miner committed to for the last epoch, as the orchestrator
     // recorded it from its heartbeats. This run has no validators, so no
     // miner hashed its weights after its inner steps (the weights chain's
@@ -134,11 +145,13 @@ async fn sequential_swarm_equals_the_single_process_trainer() {
 }
 
 /// The miners apply Muon exactly as the one-process trainer does (its
-/// Newton-Schulz steps included), micro-batch for micro-batch.
+/// Newton-Schulz steps included), micro-batch for micro-batch; and with
+/// the blocks split unevenly (`--stage-layers 1,1,2`, the even split being
+/// 2,1,1), every role cuts the model the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sequential_swarm_with_muon_equals_the_single_process_trainer() {
+async fn sequential_swarm_with_muon_and_an_uneven_split_equals_the_single_process_trainer() {
     let dir = tempfile::tempdir().unwrap();
-    sequential_swarm_against_the_trainer("muon", dir.path()).await;
+    sequential_swarm_against_the_trainer("muon", Some(vec![1, 1, 2]), dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
