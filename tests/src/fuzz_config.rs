@@ -33,6 +33,8 @@ fn make_base(every_setting: bool) -> Value {
         cfg.train.adamw.stage_lr = vec![0.5, 1.0];
         cfg.spec.max_in_flight = 3;
         cfg.spec.ramp_first_epoch = 2;
+        // `tiny`'s 4 blocks in 3 stages, not the even 2,1,1.
+        cfg.train.model.stage_layers = Some(vec![1, 1, 2]);
     }
     serde_json::to_value(&cfg).expect("a run config is JSON")
 }
