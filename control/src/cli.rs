@@ -317,6 +317,36 @@ impl RunArgs {
         (self.optimizer == "auto").then(|| cfg.train.auto_optimizer_note(self.stages as usize))
     }
 
+    /// How the run cuts the model into stages, when that is worth a line:
+    /// a split other than the even one, or an even one whose slowest stage
+    /// `--stage-layers balanced` would make at least a tenth faster (by
+    /// FLOPs: with a card per miner, the pipeline's pace).
+    pub fn stage_note(&self, cfg: &RunConfig) -> Option<String> {
+        use iota_core::compute_plan::{balanced_stage_layers, stage_imbalance};
+        let (model, stages, seq) = (&cfg.train.model, cfg.train.stages, cfg.train.seq);
+        let now = stage_imbalance(model, stages, seq)?;
+        let list = |v: &[usize]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",");
+        if let Some(v) = &model.stage_layers {
+            return Some(format!(
+                "blocks per stage: {} (--stage-layers {}): the slowest stage's step is {now:.2}x the stages' mean",
+                list(v),
+                self.stage_layers
+            ));
+        }
+        let balanced = balanced_stage_layers(model, stages, seq)?;
+        let mut m = model.clone();
+        m.stage_layers = Some(balanced.clone());
+        let better = stage_imbalance(&m, stages, seq)?;
+        (better * 1.1 <= now).then(|| {
+            format!(
+                "blocks per stage: {} (even): the slowest stage's step is {now:.2}x the stages' mean; \
+                 --stage-layers balanced ({}) would make it {better:.2}x, where each miner has a card of its own",
+                list(&iota_core::layout::even_layers(model.n_layers, stages)),
+                list(&balanced)
+            )
+        })
+    }
+
     /// `--schedule` as these settings resolve it.
     pub fn cadence(&self) -> Result<Cadence> {
         schedule::resolve(&schedule::Asked {

@@ -264,7 +264,7 @@ async fn claimed_config(run: &RunArgs, bucket: Option<&crate::s3_store::S3Store>
         }
         None => run.run_config()?,
     };
-    if let Some(note) = run.optimizer_note(&cfg) {
+    for note in [run.optimizer_note(&cfg), run.stage_note(&cfg)].into_iter().flatten() {
         eprintln!("{note}");
     }
     eprintln!("{}", run.schedule_note(&cfg)?);

@@ -294,4 +294,16 @@ fn stage_layers_are_even_balanced_or_listed_and_the_even_split_keeps_its_run_id(
     // The slowest stage over the stages' mean: 1.13 -> 1.02.
     assert!(even > 1.1 && balanced < 1.03, "even {even}, balanced {balanced}");
     assert_eq!(big("6,5,5"), None, "the even split of 16 in 3");
+    // What the run's first lines say of it.
+    let note = |split: &str| {
+        let run = Flags::parse_from(base.iter().chain(&["--stage-layers", split])).run;
+        run.stage_note(&run.run_config().unwrap())
+    };
+    let even = note("even").expect("even is 1.13x, balanced 1.02x: worth a hint");
+    assert!(even.contains("6,5,5 (even)") && even.contains("balanced (6,6,4)"), "{even}");
+    let chosen = note("balanced").unwrap();
+    assert!(chosen.starts_with("blocks per stage: 6,6,4 (--stage-layers balanced)"), "{chosen}");
+    // tiny in 2 stages: even is already balanced enough to say nothing.
+    let quiet = args(dir.path(), &[]);
+    assert_eq!(quiet.stage_note(&quiet.run_config().unwrap()), None);
 }
