@@ -41,9 +41,10 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     stages: usize,
     /// Blocks per stage: even, balanced (by each stage's FLOPs, the tail's
-    /// LM head counted) or the counts head first (7,7,2), as the swarm's
+    /// LM head counted), balanced:GIB (the same among splits that fit GIB
+    /// cards) or the counts head first (7,7,2), as the swarm's
     /// `--stage-layers`.
-    #[arg(long, default_value = "even", value_name = "even|balanced|N,N,..")]
+    #[arg(long, default_value = "even", value_name = "even|balanced|balanced:GIB|N,N,..")]
     stage_layers: String,
     /// Replicas per stage (sets the merge's traffic and host memory).
     #[arg(long, default_value_t = 2)]
@@ -140,7 +141,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.stages == 0 || a.stages > cfg.n_layers {
         bail!("--stages {} must be between 1 and the model's {} layers", a.stages, cfg.n_layers);
     }
-    cfg.stage_layers = iota_control::cli::stage_layers(&a.stage_layers, &cfg, a.stages, a.seq)?;
+    cfg.stage_layers = iota_control::cli::stage_layers(&a.stage_layers, &cfg, a.stages, (a.batch, a.seq, a.in_flight))?;
     let codec = WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}'", a.codec))?;
     let merge_codec = match WireCodec::parse(&a.merge_codec) {
         Some(c) if c != WireCodec::Int4Row => c,

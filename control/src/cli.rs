@@ -123,13 +123,17 @@ pub struct RunArgs {
     /// stage is as fast as a split allows (`1.5b` in 3 stages at seq 1024
     /// with the GPT-2 vocabulary: 6,6,4, the slowest stage 1.02x the mean
     /// instead of 1.13x; at Llama 3's 128k vocabulary 7,7,2, 1.04x instead
-    /// of 1.36x). Or the counts, head
+    /// of 1.36x). balanced:GIB: the same among the splits whose every
+    /// stage fits a GIB card on a CUDA miner holding the run's micro-batches
+    /// in flight (recomputing activations where it must; `1.5b` at batch 4
+    /// x 1024 on 16 GiB: 6,7,3).
+    /// Or the counts, head
     /// first (`7,7,2`). With a card per miner a pipeline runs at its
     /// slowest stage's pace; miners sharing one device share its time
     /// whatever the split. Blocks moved to the head and body move their
     /// memory too (`iota-bench scale --plan-only --stage-layers ...` shows
     /// both). A split equal to the even one is the even one (same run id).
-    #[arg(long, default_value = "even", value_name = "even|balanced|N,N,..")]
+    #[arg(long, default_value = "even", value_name = "even|balanced|balanced:GIB|N,N,..")]
     pub stage_layers: String,
     /// Bottleneck style: linear (default) or residual (a SwiGLU branch in
     /// the encoder and the decoder; docs/ARCHITECTURE.md, "The bottleneck").
@@ -428,7 +432,9 @@ impl RunArgs {
         let total = cadence.epochs.saturating_mul(cadence.micro_batches_per_epoch);
         let steps = (total / (self.replicas as u64 * self.grad_accum.max(1) as u64)).max(1);
         let seq = self.seq.unwrap_or(model.max_seq.min(128));
-        model.stage_layers = stage_layers(&self.stage_layers, &model, self.stages as usize, seq)?;
+        let held = (self.max_in_flight.unwrap_or(cadence.default_max_in_flight) as usize)
+            .div_ceil(self.replicas.max(1) as usize);
+        model.stage_layers = stage_layers(&self.stage_layers, &model, self.stages as usize, (self.batch, seq, held))?;
         let mut train = TrainConfig {
             model,
             tokenizer,
@@ -695,28 +701,57 @@ pub fn expand_config_file(args: Vec<String>) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// `--stage-layers` for `stages` stages of `model` at sequences of `seq`:
-/// None for the even split (however it was asked for, so the run id is
-/// the even split's).
-pub fn stage_layers(arg: &str, model: &ModelConfig, stages: usize, seq: usize) -> Result<Option<Vec<usize>>> {
-    let counts = match arg {
-        "even" => return Ok(None),
-        "balanced" => iota_core::compute_plan::balanced_stage_layers(model, stages, seq).with_context(|| {
-            format!("--stages {stages} must be between 1 and the model's {} layers", model.n_layers)
-        })?,
-        list => {
-            let counts = list
+/// `--stage-layers` for `stages` stages of `model` at micro-batches of
+/// `batch` x `seq`, a head or body miner holding `held` at once: None for
+/// the even split (however it was asked for, so the run id is the even
+/// split's).
+pub fn stage_layers(
+    arg: &str,
+    model: &ModelConfig,
+    stages: usize,
+    (batch, seq, held): (usize, usize, usize),
+) -> Result<Option<Vec<usize>>> {
+    use iota_core::compute_plan::balanced_stage_layers_within;
+    let out_of_range = || format!("--stages {stages} must be between 1 and the model's {} layers", model.n_layers);
+    if stages == 0 || stages > model.n_layers {
+        bail!("{}", out_of_range());
+    }
+    let counts = match arg.split_once(':') {
+        _ if arg == "even" => return Ok(None),
+        _ if arg == "balanced" => {
+            balanced_stage_layers_within(model, stages, seq, &|_, _| true).context(out_of_range())?
+        }
+        Some(("balanced", gib)) => {
+            let card =
+                gib.parse::<f64>().ok().filter(|g| g.is_finite() && *g > 0.0 && *g <= 1e6).with_context(|| {
+                    format!("--stage-layers {arg}: balanced:GIB takes a card size in GiB, such as 16")
+                })?;
+            let fits = |i: usize, n: usize| stage_fits(model, stages, (i, n), (batch, seq, held), card);
+            balanced_stage_layers_within(model, stages, seq, &fits).with_context(|| {
+                format!(
+                    "--stage-layers {arg}: no split of `{}`'s {} blocks into {stages} stages fits {card} GiB cards \
+                     at batch {batch} x seq {seq} with {held} micro-batch(es) held, even recomputing activations \
+                     (iota-bench scale --plan-only shows what each stage needs)",
+                    model.name, model.n_layers
+                )
+            })?
+        }
+        None => {
+            let counts = arg
                 .split(',')
                 .map(|n| n.trim().parse::<usize>())
                 .collect::<Result<Vec<_>, _>>()
                 .ok()
                 .filter(|v| !v.contains(&0))
                 .with_context(|| {
-                    format!("--stage-layers '{list}': even, balanced, or blocks per stage such as 7,7,2 (each >= 1)")
+                    format!(
+                        "--stage-layers '{arg}': even, balanced, balanced:GIB or blocks per stage such as 7,7,2 \
+                         (each >= 1)"
+                    )
                 })?;
             if counts.len() != stages || iota_core::config::checked_total(&counts) != Some(model.n_layers) {
                 bail!(
-                    "--stage-layers {list}: {} stage(s) adding up to {} blocks, but the run has --stages {stages} and \
+                    "--stage-layers {arg}: {} stage(s) adding up to {} blocks, but the run has --stages {stages} and \
                      `{}` has {} layers",
                     counts.len(),
                     counts.iter().fold(0usize, |a, n| a.saturating_add(*n)),
@@ -726,8 +761,31 @@ pub fn stage_layers(arg: &str, model: &ModelConfig, stages: usize, seq: usize) -
             }
             counts
         }
+        Some(_) => bail!("--stage-layers '{arg}': even, balanced, balanced:GIB or blocks per stage such as 7,7,2"),
     };
     Ok((counts != iota_core::layout::even_layers(model.n_layers, stages)).then_some(counts))
+}
+
+/// Whether stage `i` of `stages` holding `n` blocks fits a card of
+/// `card_gib` on a CUDA miner with bf16 GEMMs, holding `held` micro-batches
+/// (the run's in-flight limit per replica: fewer would slow the pipeline
+/// the split is meant to speed up), recomputing activations where keeping
+/// them does not fit (as such a miner runs), under AdamW's or Muon's state,
+/// whichever is larger.
+fn stage_fits(
+    model: &ModelConfig,
+    stages: usize,
+    (i, n): (usize, usize),
+    (batch, seq, held): (usize, usize, usize),
+    card_gib: f64,
+) -> bool {
+    use iota_core::memory_plan::{ComputeBackend, InnerOptimizer, Workload, stage_memory};
+    let spec = StageSpec::sized(model, i, stages, n);
+    let room = iota_core::memory_fit::usable((card_gib * (1u64 << 30) as f64) as u64);
+    [InnerOptimizer::AdamW, InnerOptimizer::Muon].into_iter().all(|optimizer| {
+        let w = Workload { optimizer, ..Workload::of(ComputeBackend::CudaBf16Gemm, batch, seq, held.max(1)) };
+        [false, true].into_iter().any(|r| stage_memory(model, &spec, &w.recomputing(r)).required_peak() <= room)
+    })
 }
 
 #[cfg(test)]

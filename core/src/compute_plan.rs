@@ -82,6 +82,18 @@ pub fn muon_slowdown(cfg: &ModelConfig, stages: usize, tokens_per_step: usize, s
 /// stage on cards of its own this is the split that runs fastest; on one
 /// shared device the total work, not its split, sets the pace.
 pub fn balanced_stage_layers(cfg: &ModelConfig, stages: usize, seq: usize) -> Option<Vec<usize>> {
+    balanced_stage_layers_within(cfg, stages, seq, &|_, _| true)
+}
+
+/// `balanced_stage_layers` among the splits whose every stage `admits`
+/// (stage index, its blocks): a card size its memory must fit, say. None
+/// when no split is admitted.
+pub fn balanced_stage_layers_within(
+    cfg: &ModelConfig,
+    stages: usize,
+    seq: usize,
+    admits: &dyn Fn(usize, usize) -> bool,
+) -> Option<Vec<usize>> {
     let l = cfg.n_layers;
     if stages == 0 || stages > l {
         return None;
@@ -107,6 +119,9 @@ pub fn balanced_stage_layers(cfg: &ModelConfig, stages: usize, seq: usize) -> Op
             // At least one block for every later stage.
             for n in 1..=free.saturating_sub(later) {
                 let Some((m, sq, rest)) = &best[i + 1][free - n] else { continue };
+                if !admits(i, n) {
+                    continue;
+                }
                 let c = cost[i][n];
                 let cand = (m.max(c), sq + c * c, std::iter::once(n).chain(rest.iter().copied()).collect());
                 if better(&here, &cand) {
@@ -171,6 +186,22 @@ mod tests {
             }
         }
         assert_eq!(balanced_stage_layers(&ModelConfig::preset("tiny").unwrap(), 0, 64), None);
+    }
+
+    #[test]
+    fn a_bound_on_each_stage_leaves_the_best_split_it_admits() {
+        let cfg = ModelConfig::preset("1.5b").unwrap();
+        assert_eq!(balanced_stage_layers(&cfg, 3, 1024), Some(vec![7, 7, 2]));
+        // The head may hold at most 6 blocks: the best split left.
+        let capped = balanced_stage_layers_within(&cfg, 3, 1024, &|i, n| i != 0 || n <= 6).unwrap();
+        assert!(capped[0] <= 6, "{capped:?}");
+        let best = all_splits(16, 3)
+            .into_iter()
+            .filter(|s| s[0] <= 6)
+            .map(|s| slowest(&cfg, &s, 1024))
+            .fold(f64::MAX, f64::min);
+        assert_eq!(slowest(&cfg, &capped, 1024), best, "{capped:?}");
+        assert_eq!(balanced_stage_layers_within(&cfg, 3, 1024, &|_, n| n <= 5), None, "3 x 5 < 16 blocks");
     }
 
     #[test]

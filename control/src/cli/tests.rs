@@ -307,3 +307,25 @@ fn stage_layers_are_even_balanced_or_listed_and_the_even_split_keeps_its_run_id(
     let quiet = args(dir.path(), &[]);
     assert_eq!(quiet.stage_note(&quiet.run_config().unwrap()), None);
 }
+
+#[test]
+fn a_balanced_split_within_a_card_size_keeps_every_stage_on_that_card() {
+    // IOTA's shape at Llama 3's vocabulary, batch 4 x 1024, 2 micro-batches
+    // held: balanced alone puts 7 blocks and the embedding on the head,
+    // which a 16 GiB card does not hold; within 16 GiB it is 6,7,3.
+    let m = ModelConfig::preset("1.5b").unwrap();
+    let shape = (4, 1024, 2);
+    assert_eq!(stage_layers("balanced", &m, 3, shape).unwrap(), Some(vec![7, 7, 2]));
+    assert_eq!(stage_layers("balanced:16", &m, 3, shape).unwrap(), Some(vec![6, 7, 3]));
+    assert_eq!(stage_layers("balanced:80", &m, 3, shape).unwrap(), Some(vec![7, 7, 2]), "no bound on an 80 GiB card");
+    for (bad, says) in [
+        ("balanced:4", "no split"),
+        ("balanced:x", "card size"),
+        ("balanced:-1", "card size"),
+        ("even:3", "balanced:GIB"),
+    ] {
+        let err = format!("{:#}", stage_layers(bad, &m, 3, shape).unwrap_err());
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    assert!(stage_layers("balanced", &m, 17, shape).is_err(), "more stages than blocks");
+}
