@@ -125,10 +125,10 @@ pub struct RunArgs {
     /// instead of 1.13x; at Llama 3's 128k vocabulary 7,7,2, 1.04x instead
     /// of 1.36x). balanced:GIB: the same among the splits whose every
     /// stage fits a GIB card on a CUDA miner holding the run's micro-batches
-    /// in flight (recomputing activations where it must; `1.5b` at batch 4
-    /// x 1024 on 16 GiB: 6,7,3).
-    /// Or the counts, head
-    /// first (`7,7,2`). With a card per miner a pipeline runs at its
+    /// in flight (recomputing activations where it must; `1.5b` at Llama
+    /// 3's vocabulary, batch 4 x 1024, 16 GiB: 6,7,3). Or the counts, head
+    /// first (`7,7,2`).
+    /// With a card per miner a pipeline runs at its
     /// slowest stage's pace; miners sharing one device share its time
     /// whatever the split. Blocks moved to the head and body move their
     /// memory too (`iota-bench scale --plan-only --stage-layers ...` shows
