@@ -66,6 +66,9 @@ pub struct Measured {
     pub training_s: f64,
     /// Tokens in one micro-batch (batch x seq).
     pub micro_batch_tokens: u64,
+    /// Each stage's forward + backward seconds per micro-batch
+    /// (`swarm::stage_compute_seconds`).
+    pub stage_compute: Vec<Option<f64>>,
 }
 
 /// One miner process's figures, from the totals it leaves.
@@ -85,23 +88,6 @@ impl Measured {
     /// One process's seconds per micro-batch (its whole model).
     pub fn one_process_seconds_per_micro_batch(&self) -> f64 {
         self.micro_batch_tokens as f64 / self.one_process_tokens_per_s.max(1e-9)
-    }
-
-    /// Each stage's forward + backward seconds per micro-batch, the mean of
-    /// its replicas' (None for a stage no miner reported).
-    pub fn stage_seconds_per_micro_batch(&self) -> Vec<Option<f64>> {
-        let stages = self.miners.iter().filter_map(|m| m.stage).max().map_or(0, |s| s as usize + 1);
-        (0..stages)
-            .map(|s| {
-                let per: Vec<f64> = self
-                    .miners
-                    .iter()
-                    .filter(|m| m.stage == Some(s as u32))
-                    .filter_map(|m| m.step_times.seconds_per_micro_batch())
-                    .collect();
-                (!per.is_empty()).then(|| per.iter().sum::<f64>() / per.len() as f64)
-            })
-            .collect()
     }
 }
 
@@ -229,6 +215,7 @@ fn summarise(
         merges_behind_compute: c.merges_behind_compute,
         training_s: c.training_ms as f64 / 1e3,
         micro_batch_tokens,
+        stage_compute: swarm::stage_compute_seconds(&r.miner_totals),
     }
 }
 
@@ -300,7 +287,7 @@ pub fn print(m: &Measure<'_>, r: &Measured) {
         println!("  merges behind compute: {}", r.merges_behind_compute);
     }
     let one = r.one_process_seconds_per_micro_batch();
-    let stages = r.stage_seconds_per_micro_batch();
+    let stages = r.stage_compute.clone();
     let ms = |s: f64| format!("{:.1}", s * 1e3);
     let known: Vec<f64> = stages.iter().flatten().copied().collect();
     if known.len() == stages.len() && !known.is_empty() {
@@ -410,7 +397,7 @@ mod tests {
                 .sum();
             assert!(n >= 16, "stage {s}: {n} {kind} inputs for 16 micro-batches");
         }
-        let stages = r.stage_seconds_per_micro_batch();
+        let stages = r.stage_compute.clone();
         assert_eq!(stages.len(), 2);
         assert!(stages.iter().all(|s| s.is_some_and(|s| s > 0.0)), "{stages:?}");
         assert!(r.training_s > 0.0 && r.one_process_seconds_per_micro_batch() > 0.0);

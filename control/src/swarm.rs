@@ -440,6 +440,55 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     })
 }
 
+/// Each stage's forward + backward seconds per micro-batch, the mean of
+/// its replicas' (from the step times each miner left; None for a stage
+/// none reported), by stage index.
+pub fn stage_compute_seconds(totals: &[Option<iota_dataplane::stats::WireTotals>]) -> Vec<Option<f64>> {
+    let stages = totals.iter().flatten().filter_map(|t| t.stage).max().map_or(0, |s| s as usize + 1);
+    (0..stages)
+        .map(|s| {
+            let per: Vec<f64> = totals
+                .iter()
+                .flatten()
+                .filter(|t| t.stage == Some(s as u32))
+                .filter_map(|t| t.step_times.seconds_per_micro_batch())
+                .collect();
+            (!per.is_empty()).then(|| per.iter().sum::<f64>() / per.len() as f64)
+        })
+        .collect()
+}
+
+/// The summary's line on where the miners' compute went: each stage's
+/// time per micro-batch and its busiest miner's share of the training
+/// time (the stage that sets the pipeline's pace shows as the busy one).
+fn compute_line(totals: &[Option<iota_dataplane::stats::WireTotals>], training_s: f64) -> Option<String> {
+    let stages = stage_compute_seconds(totals);
+    if stages.is_empty() || training_s <= 0.0 {
+        return None;
+    }
+    let cells: Vec<String> = stages
+        .iter()
+        .enumerate()
+        .map(|(s, secs)| {
+            let busy = totals
+                .iter()
+                .flatten()
+                .filter(|t| t.stage == Some(s as u32))
+                .map(|t| (t.step_times.forward.seconds() + t.step_times.backward.seconds()) / training_s)
+                .fold(0.0, f64::max);
+            match secs {
+                Some(x) => format!("stage {s} {:.1} ms (busy {:.0}%)", x * 1e3, 100.0 * busy.min(1.0)),
+                None => format!("stage {s} -"),
+            }
+        })
+        .collect();
+    Some(format!(
+        "compute per micro-batch, forward + backward (the tail's loss with them), mean of replicas: {}; busy: its \
+         busiest miner's share of the training time",
+        cells.join(", ")
+    ))
+}
+
 /// Bytes per token that cross stage boundaries (activations and their
 /// gradients, frame headers included).
 pub fn wire_bytes_per_token(cfg: &RunConfig) -> f64 {
@@ -539,6 +588,9 @@ pub fn print_summary(cfg: &RunConfig, r: &SwarmReport) {
     if !peaks.is_empty() {
         println!("peak memory per miner process, GiB resident: {}", peaks.join(", "));
     }
+    if let Some(line) = compute_line(&r.miner_totals, c.training_ms as f64 / 1e3) {
+        println!("{line}");
+    }
     match &r.model {
         Ok(p) => println!(
             "model: {} (Hugging Face Llama folder; try `iota generate --model {} --prompt \"...\"`)",
@@ -595,7 +647,38 @@ pub fn print_payouts(r: &SwarmReport) {
 
 #[cfg(test)]
 mod tests {
-    use super::default_threads_per_miner;
+    use super::{compute_line, default_threads_per_miner, stage_compute_seconds};
+    use iota_dataplane::stats::{Busy, StepTimes, WireTotals};
+
+    fn miner(stage: u32, fwd: (u64, u64), bwd: (u64, u64)) -> Option<WireTotals> {
+        let step_times = StepTimes {
+            forward: Busy { count: fwd.0, micros: fwd.1 },
+            backward: Busy { count: bwd.0, micros: bwd.1 },
+            ..StepTimes::default()
+        };
+        Some(WireTotals { stage: Some(stage), step_times, ..WireTotals::default() })
+    }
+
+    #[test]
+    fn the_summary_says_each_stages_compute_and_its_busiest_miner() {
+        // Stage 0: two replicas at 100 and 300 ms per micro-batch; stage 1
+        // (the tail: its forward holds the backward) 10 x 800 ms; one miner
+        // left no totals.
+        let totals = vec![
+            miner(0, (10, 200_000), (10, 800_000)),
+            miner(0, (5, 300_000), (5, 1_200_000)),
+            None,
+            miner(1, (10, 8_000_000), (0, 0)),
+        ];
+        let per = stage_compute_seconds(&totals);
+        assert_eq!(per.len(), 2);
+        assert!((per[0].unwrap() - 0.2).abs() < 1e-9, "{per:?}");
+        assert!((per[1].unwrap() - 0.8).abs() < 1e-9, "{per:?}");
+        let line = compute_line(&totals, 10.0).unwrap();
+        assert!(line.contains("stage 0 200.0 ms (busy 15%)") && line.contains("stage 1 800.0 ms (busy 80%)"), "{line}");
+        assert_eq!(compute_line(&totals, 0.0), None, "no training time, no shares");
+        assert_eq!(compute_line(&[None], 5.0), None, "nothing reported");
+    }
 
     #[test]
     fn gpu_miners_share_the_cores_and_cpu_miners_take_one() {
