@@ -73,10 +73,12 @@ pub fn muon_slowdown(cfg: &ModelConfig, stages: usize, tokens_per_step: usize, s
 /// Blocks per stage that make the slowest stage's training step as short
 /// as a split of `cfg` into `stages` stages allows, by the FLOP count
 /// above at sequences of `seq` (the tail's LM head counts with it; the
-/// head's embedding, a gather, does not). Among the splits with that
-/// slowest stage, the one whose stages' costs spread least (smallest sum
-/// of squares); the first such in head-first order. Every stage keeps at
-/// least one block.
+/// head's embedding, a gather, does not). Ties between splits with that
+/// slowest stage go towards stages of more equal cost: at each stage the
+/// choice compares the slowest of it and the later stages, then the sum
+/// of their squared costs, then takes the fewest blocks (a heuristic for
+/// the tie only; the slowest stage is exact). Every stage keeps at least
+/// one block.
 ///
 /// A pipeline runs at its slowest stage's pace, so with one miner per
 /// stage on cards of its own this is the split that runs fastest; on one
