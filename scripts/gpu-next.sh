@@ -2,8 +2,9 @@
 # The one device call to make on the next lent GPU (issues 16 and 24), in
 # order of what it decides, inside one call's 600 s:
 #
-#   cargo build --release --bins && mkdir -p gpubin && cp target/release/{iota,iota-miner,iota-bench,iota-control} gpubin/
-#   strip gpubin/*        # then, on the device (carry ["gpubin"], timeout_s 590):
+#   cargo build --release --bins && mkdir -p gpubin && cp target/release/{iota,iota-miner,iota-bench} gpubin/
+#   strip gpubin/*   # 49 MiB of the 64 MiB carry (iota-control, 23 MiB more, is not needed)
+#   # then, on the device (carry ["gpubin"], timeout_s 590):
 #   scripts/gpu-next.sh gpubin "$OUT"
 #
 # 1. Fused casts (scripts/gpu-verify-casts.sh, ~250 s): the selftest with
