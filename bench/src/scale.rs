@@ -291,11 +291,7 @@ fn print_compute(cfg: &ModelConfig, specs: &[StageSpec], tokens: usize, seq: usi
     let slowest = step.iter().copied().fold(0.0, f64::max);
     if mean > 0.0 && specs.len() > 1 {
         // With a card per miner the pipeline runs at its slowest stage's pace.
-        let balanced = iota_core::compute_plan::balanced_stage_layers(cfg, specs.len(), seq).and_then(|b| {
-            let mut c = cfg.clone();
-            c.stage_layers = Some(b.clone());
-            Some((b, iota_core::compute_plan::stage_imbalance(&c, specs.len(), seq)?))
-        });
+        let balanced = iota_core::compute_plan::balanced_with_imbalance(cfg, specs.len(), seq);
         print!(
             "the slowest stage's step is {:.2}x the stages' mean: on a card per miner each is busy {:.0}% of the time",
             slowest / mean,

@@ -146,6 +146,16 @@ pub fn stage_imbalance(cfg: &ModelConfig, stages: usize, seq: usize) -> Option<f
     (mean > 0.0).then(|| costs.iter().copied().fold(0.0, f64::max) / mean)
 }
 
+/// The balanced split of `cfg` into `stages` stages and its slowest stage
+/// over the stages' mean (`stage_imbalance` of that split).
+pub fn balanced_with_imbalance(cfg: &ModelConfig, stages: usize, seq: usize) -> Option<(Vec<usize>, f64)> {
+    let split = balanced_stage_layers(cfg, stages, seq)?;
+    let mut c = cfg.clone();
+    c.stage_layers = Some(split.clone());
+    let r = stage_imbalance(&c, stages, seq)?;
+    Some((split, r))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ use iota_protocol::RunConfig;
 /// `--stage-layers balanced` would make at least a tenth faster (by
 /// FLOPs: with a card per miner, the pipeline's pace).
 pub fn stage_note(asked: &str, cfg: &RunConfig) -> Option<String> {
-    use iota_core::compute_plan::{balanced_stage_layers, stage_imbalance};
+    use iota_core::compute_plan::{balanced_with_imbalance, stage_imbalance};
     let (model, stages, seq) = (&cfg.train.model, cfg.train.stages, cfg.train.seq);
     let now = stage_imbalance(model, stages, seq)?;
     let list = |v: &[usize]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",");
@@ -22,10 +22,7 @@ pub fn stage_note(asked: &str, cfg: &RunConfig) -> Option<String> {
             asked
         ));
     }
-    let balanced = balanced_stage_layers(model, stages, seq)?;
-    let mut m = model.clone();
-    m.stage_layers = Some(balanced.clone());
-    let better = stage_imbalance(&m, stages, seq)?;
+    let (balanced, better) = balanced_with_imbalance(model, stages, seq)?;
     (better * 1.1 <= now).then(|| {
         format!(
             "blocks per stage: {} (even): the slowest stage's step is {now:.2}x the stages' mean; \
