@@ -1,6 +1,5 @@
-//! The butterfly merge, one replica's side (see `iota_core::merge` for the
-//! plan and the reduce, `iota_core::merge::stage` for the
-//! orchestrator's side).
+//! The butterfly merge, one replica's side (`iota_core::merge`: the plan and
+//! the reduce; `iota_core::merge::stage`: the orchestrator's side).
 //!
 //! 1. Uploading: the replica computes its pseudo-gradient
 //!    delta = theta_prev - theta_local and reports that it is ready.
@@ -45,6 +44,8 @@ mod intake;
 mod slices;
 mod stats;
 mod store_io;
+#[cfg(test)]
+mod tests;
 
 use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
@@ -619,7 +620,11 @@ impl Merge for Butterfly {
             );
         }
         if self.delta.is_none() {
-            bail!("merge plan before this replica's contribution");
+            // Restarted after its stage's uploads (the plan may name its
+            // earlier life): nothing to merge; its partitions go to the
+            // other replicas and it takes the merged weights by download.
+            info!(epoch = plan.epoch, stage, "merge plan before this replica's contribution: rejoining by download");
+            return Ok(());
         }
         if !plan.is_participant(&self.me) {
             return Ok(());
