@@ -20,7 +20,7 @@ use iota_protocol::client::ControlClient;
 use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{RunConfig, SharedStore, StoredObject, pb};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::validation::check::Checker;
 use crate::validation::round::{Action, CheckJob, ValidatorCore};
@@ -100,6 +100,8 @@ pub struct ValidatorSummary {
 enum Input {
     Command(pb::command::Kind),
     Checked(Box<CheckJob>, Result<(), String>, Duration),
+    /// The object of a check could not be read from the store.
+    Unreadable(Box<CheckJob>),
     /// A merge audit answered, after this long (waiting for the
     /// contributions included).
     MergeAudited(Duration),
@@ -274,6 +276,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             summary.check_time += took;
                             core.checked(&job, res)
                         }
+                        Input::Unreadable(job) => core.unreadable(&job),
                     },
                     _ = tick.tick() => core.tick(now_ms()),
                 };
@@ -348,6 +351,21 @@ fn evaluate_merge(
     });
 }
 
+/// Reads `key`, trying again after 0.1, 0.3 and 0.9 s: a store's
+/// transient failure is not the miner's.
+async fn read_retrying(store: &SharedStore, key: &str) -> Result<Vec<u8>> {
+    let mut wait = Duration::from_millis(100);
+    for _ in 0..3 {
+        match store.get(key).await {
+            Ok(bytes) => return Ok(bytes),
+            Err(e) => debug!(key, error = %e, "evidence read failed; retrying"),
+        }
+        tokio::time::sleep(wait).await;
+        wait *= 3;
+    }
+    Ok(store.get(key).await?)
+}
+
 async fn act(
     a: Action,
     client: &mut ControlClient,
@@ -370,20 +388,25 @@ async fn act(
             // forward on the CPU.
             let (store, checker, in_tx) = (store.clone(), checker.clone(), in_tx.clone());
             tokio::spawn(async move {
-                let res = match store.get(&job.object.key).await {
-                    Ok(bytes) => {
-                        let job2 = job.clone();
-                        tokio::task::spawn_blocking(move || {
-                            let mut checker = checker.lock();
-                            let t0 = std::time::Instant::now();
-                            let r = checker.check(&job2, &bytes);
-                            (r, t0.elapsed())
-                        })
-                        .await
-                        .unwrap_or_else(|e| (Err(format!("the check failed to run: {e}")), Duration::ZERO))
+                let bytes = match read_retrying(&store, &job.object.key).await {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        // A failing read is no proof against the miner: asked
+                        // again, or judged by the evidence timeout.
+                        warn!(key = job.object.key, error = %e, "an evidence object cannot be read; asking again");
+                        let _ = in_tx.send(Input::Unreadable(job)).await;
+                        return;
                     }
-                    Err(e) => (Err(format!("the evidence object cannot be read: {e}")), Duration::ZERO),
                 };
+                let job2 = job.clone();
+                let res = tokio::task::spawn_blocking(move || {
+                    let mut checker = checker.lock();
+                    let t0 = std::time::Instant::now();
+                    let r = checker.check(&job2, &bytes);
+                    (r, t0.elapsed())
+                })
+                .await
+                .unwrap_or_else(|e| (Err(format!("the check failed to run: {e}")), Duration::ZERO));
                 let _ = in_tx.send(Input::Checked(job, res.0, res.1)).await;
             });
         }

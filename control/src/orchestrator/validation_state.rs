@@ -32,7 +32,7 @@ pub struct ValidatorState {
 }
 
 /// One validator's vote, as the orchestrator recorded it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerdictRecord {
     pub epoch: u64,
     pub miner: PeerId,
@@ -48,6 +48,26 @@ pub struct VerdictRecord {
     /// The validator's signed request that carried the vote (a protobuf
     /// `Signed`): anyone holding the validator's key can check it.
     pub signed: Vec<u8>,
+}
+
+/// Short enough for a failed test's message to show every vote whole: the
+/// signed request is its size, the evidence hash a prefix.
+impl std::fmt::Debug for VerdictRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = |h: &[u8]| h.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>();
+        f.debug_struct("VerdictRecord")
+            .field("epoch", &self.epoch)
+            .field("miner", &self.miner)
+            .field("validator", &self.validator)
+            .field("check", &self.check)
+            .field("guilty", &self.guilty)
+            .field("samples", &self.samples)
+            .field("evidence_hash", &self.evidence_hash.map(|h| short(&h)))
+            .field("reason", &self.reason)
+            .field("at_ms", &self.at_ms)
+            .field("signed", &format_args!("{} bytes", self.signed.len()))
+            .finish()
+    }
 }
 
 /// A vote as the service hands it over.

@@ -321,6 +321,21 @@ impl ValidatorCore {
         out
     }
 
+    /// The shell could not read the object of `job` from the store (after
+    /// its retries): no judgement of the miner, whose evidence may be
+    /// sound behind a failing read. The attempt is pending again and asked
+    /// for once more; if it is never read, the evidence timeout decides
+    /// (a miner must keep what it announces readable).
+    pub fn unreadable(&mut self, job: &CheckJob) -> Vec<Action> {
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return Vec::new() };
+        let Some(v) = r.drawn.get_mut(&job.miner) else { return Vec::new() };
+        if v.voted || !v.checking.remove(&job.key) {
+            return Vec::new();
+        }
+        v.pending.insert(job.key);
+        vec![Action::Ask { epoch: job.epoch, miner: job.miner, items: vec![job.key] }]
+    }
+
     /// Time passes: miners whose evidence is overdue are voted guilty.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
@@ -561,6 +576,41 @@ mod tests {
         assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
         assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
         assert_eq!(a[3], Action::Done { epoch: 0, weights: Vec::new() }, "nobody left to pay: it abstains");
+    }
+
+    #[test]
+    fn an_unreadable_object_is_asked_for_again_and_judges_nobody() {
+        let mut c = core();
+        let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+        let key = asked[0].1[0];
+        let jobs = c.on_evidence(0, evidence(0, p(1), key));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        let again = c.unreadable(job);
+        assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key] }]);
+        assert!(c.unreadable(job).is_empty(), "reported twice: asked once");
+        // Announced again, it is checked again and counts.
+        let jobs = c.on_evidence(0, evidence(0, p(1), key));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        assert!(c.checked(job, Ok(())).is_empty());
+        let second = c.on_evidence(0, evidence(0, p(1), asked[0].1[1]));
+        let [Action::Check(job)] = second.as_slice() else { panic!("{second:?}") };
+        let votes = c.checked(job, Ok(()));
+        assert!(
+            matches!(&votes[0], Action::Vote { miner, guilty: false, samples: 2, .. } if *miner == p(1)),
+            "{votes:?}"
+        );
+        // Never readable: the timeout, not the read, votes.
+        let mut c = core();
+        let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+        let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        c.unreadable(job);
+        let a = c.tick(1_001);
+        assert!(
+            matches!(&a[0], Action::Vote { miner, guilty: true, samples: 0, reason, .. }
+            if *miner == p(1) && reason.contains("no evidence for 2")),
+            "{a:?}"
+        );
     }
 
     #[test]
