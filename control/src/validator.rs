@@ -5,6 +5,7 @@
 //! ([`Checker`]), and sends its votes (the `Validate` RPC). It holds no
 //! store credentials: on a bucket it reads through grants, like a miner.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,7 @@ use iota_core::{Identity, PeerId};
 use iota_dataplane::fileio::FileIo;
 use iota_dataplane::granted_store::GrantedStore;
 use iota_dataplane::local_store::LocalDirStore;
+use iota_dataplane::miner::worker::weights_hash;
 use iota_protocol::auth::now_ms;
 use iota_protocol::client::ControlClient;
 use iota_protocol::run_config::StoreAccess;
@@ -111,6 +113,9 @@ enum Input {
         epoch: u64,
         loss: Result<f32, String>,
         seed_loss: Option<f32>,
+        /// Each stage's weights hash, of the merged model as loaded (empty
+        /// where it could not be).
+        stage_hashes: BTreeMap<u32, [u8; 32]>,
         /// Time the evaluation took.
         took: Duration,
     },
@@ -185,7 +190,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     let jump = cfg.spec.validation.rollback_loss_jump;
     // Each epoch's training loss near its end, as its tails reported it
     // (in the epoch's work; the round re-checks a sample of the reports).
-    let mut train_loss: std::collections::BTreeMap<u64, f32> = std::collections::BTreeMap::new();
+    let mut train_loss: BTreeMap<u64, f32> = BTreeMap::new();
     let last_stage = cfg.spec.stages.saturating_sub(1);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let result = loop {
@@ -239,7 +244,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             Vec::new()
                         }
                         Input::Command(_) => Vec::new(),
-                        Input::MergeEvaluated { epoch, loss, seed_loss, took } => {
+                        Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, took } => {
                     summary.check_time += took;
                             // Against the better of the last model it kept (the
                             // seed's at first) and the epoch's own training loss: a
@@ -263,6 +268,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                                 summary.rollback_votes.push(epoch);
                             } else {
                                 last_good = Some(l);
+                                core.merge_kept(epoch, stage_hashes);
                             }
                             let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
                             let vote = pb::MergeVote { epoch, rollback, loss: l, reason };
@@ -338,16 +344,20 @@ fn evaluate_merge(
             let batches = cfg.spec.validation.eval_batches;
             let seed_loss =
                 if with_seed { c.initial_weights().ok().and_then(|w| c.held_out_loss(&w, batches).ok()) } else { None };
-            let loss = match failed {
-                Some(why) => Err(why),
-                None => c.held_out_loss(&weights, batches),
+            let (loss, stage_hashes) = match failed {
+                Some(why) => (Err(why), BTreeMap::new()),
+                None => {
+                    let hashes = weights.iter().enumerate().map(|(s, w)| (s as u32, weights_hash(w))).collect();
+                    (c.held_out_loss(&weights, batches), hashes)
+                }
             };
-            (loss, seed_loss, t0.elapsed())
+            (loss, seed_loss, stage_hashes, t0.elapsed())
         })
         .await;
-        let (loss, seed_loss, took) =
-            evaluated.unwrap_or_else(|e| (Err(format!("the evaluation failed to run: {e}")), None, Duration::ZERO));
-        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, took }).await;
+        let (loss, seed_loss, stage_hashes, took) = evaluated.unwrap_or_else(|e| {
+            (Err(format!("the evaluation failed to run: {e}")), None, BTreeMap::new(), Duration::ZERO)
+        });
+        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, took }).await;
     });
 }
 

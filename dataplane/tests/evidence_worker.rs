@@ -329,7 +329,7 @@ impl Swarm {
             downstream: self.miners.get(i + 1).map(|m| m.id),
             tokens: (i == 0).then_some(&tokens[..]),
             committed: &committed,
-            epoch_start: weights_hash(&self.miners[i].start),
+            epoch_starts: &[weights_hash(&self.miners[i].start)],
             codec: self.cfg.train.codec,
             tolerance: 0.0,
         };

@@ -125,10 +125,11 @@ impl Checker {
             max_steps: self.cfg.spec.micro_batches_per_epoch.saturating_add(1),
         };
         let bundle = EvidenceBundle::decode(bytes, limits).map_err(|e| format!("evidence bundle: {e}"))?;
-        let epoch_start = match job.epoch_start {
+        let mut epoch_starts = vec![match job.epoch_start {
             Some(h) => h,
             None => self.initial_hash(job.stage)?,
-        };
+        }];
+        epoch_starts.extend(job.merged_start);
         // The head's tokens and the tail's targets, from the corpus as the
         // miners read them.
         let data = if job.stage == 0 || job.reported_loss.is_some() {
@@ -151,7 +152,7 @@ impl Checker {
             downstream: job.downstream,
             tokens,
             committed: &job.heads,
-            epoch_start,
+            epoch_starts: &epoch_starts,
             codec: self.cfg.train.codec,
             tolerance: tolerance_for(&job.device),
         };

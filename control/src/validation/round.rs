@@ -54,8 +54,13 @@ pub struct CheckJob {
     /// The device the miner registered with.
     pub device: String,
     /// The merged weights the stage started the epoch from (None: the run
-    /// seed's initial weights, epoch 0).
+    /// seed's initial weights, epoch 0), as the orchestrator recorded them
+    /// from the merge's participants.
     pub epoch_start: Option<[u8; 32]>,
+    /// The same, as this validator computed them from the stored merge it
+    /// evaluated (None where it did not): a start too, whatever the
+    /// participants reported.
+    pub merged_start: Option<[u8; 32]>,
     /// The tail: the mean loss it reported for the attempt (None for the
     /// other stages).
     pub reported_loss: Option<f32>,
@@ -130,7 +135,14 @@ pub struct ValidatorCore {
     rate: SampleRate,
     evidence_timeout_ms: u64,
     round: Option<Round>,
+    /// Per epoch, the hash of each stage's merged weights as this
+    /// validator loaded them from the store (merges it kept; the latest
+    /// few).
+    merged: BTreeMap<u64, BTreeMap<u32, [u8; 32]>>,
 }
+
+/// Epochs of merged hashes a validator keeps.
+const MERGED_KEPT: usize = 4;
 
 fn peer(b: &[u8]) -> Result<PeerId, String> {
     Ok(PeerId(b.try_into().map_err(|_| format!("a peer id of {} bytes", b.len()))?))
@@ -172,12 +184,23 @@ fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet
 
 impl ValidatorCore {
     pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
-        ValidatorCore { run_id, stages, seed, rate, evidence_timeout_ms, round: None }
+        ValidatorCore { run_id, stages, seed, rate, evidence_timeout_ms, round: None, merged: BTreeMap::new() }
     }
 
     /// The epoch of the round in progress.
     pub fn epoch(&self) -> Option<u64> {
         self.round.as_ref().map(|r| r.epoch)
+    }
+
+    /// This validator loaded `epoch`'s merged model from the store and kept
+    /// it (voted not to roll it back): each stage's weights hash. The next
+    /// epoch's attempts may start from them, whatever hash the merge's
+    /// participants reported to the orchestrator.
+    pub fn merge_kept(&mut self, epoch: u64, stage_hashes: BTreeMap<u32, [u8; 32]>) {
+        self.merged.insert(epoch, stage_hashes);
+        while self.merged.len() > MERGED_KEPT {
+            self.merged.pop_first();
+        }
     }
 
     /// The epoch's work arrived: draw, and ask for the evidence.
@@ -276,6 +299,7 @@ impl ValidatorCore {
             heads: m.heads.clone(),
             device: m.device.clone(),
             epoch_start: r.starts.get(&m.stage).copied(),
+            merged_start: epoch.checked_sub(1).and_then(|e| self.merged.get(&e)).and_then(|h| h.get(&m.stage)).copied(),
             reported_loss,
             object: obj,
         }))]
@@ -576,6 +600,28 @@ mod tests {
         assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
         assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
         assert_eq!(a[3], Action::Done { epoch: 0, weights: Vec::new() }, "nobody left to pay: it abstains");
+    }
+
+    #[test]
+    fn the_merge_this_validator_kept_is_offered_as_a_start_beside_the_recorded_one() {
+        let mut c = core();
+        c.merge_kept(0, BTreeMap::from([(1, [8; 32])]));
+        c.merge_kept(1, BTreeMap::from([(1, [9; 32])]));
+        let asked = asks(&c.on_work(0, &work(2, 10)).unwrap());
+        let start_of = |c: &mut ValidatorCore, m: PeerId| {
+            let keys = &asked.iter().find(|(p, _)| *p == m).unwrap().1;
+            let jobs = c.on_evidence(2, evidence(2, m, keys[0]));
+            let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+            (job.epoch_start, job.merged_start)
+        };
+        // Epoch 2's attempts start from epoch 1's merge: the orchestrator's
+        // record and this validator's own, not epoch 0's.
+        assert_eq!(start_of(&mut c, p(2)), (Some([4; 32]), Some([9; 32])));
+        assert_eq!(start_of(&mut c, p(1)), (None, None), "stage 0's merge was not loaded");
+        for e in 2..10 {
+            c.merge_kept(e, BTreeMap::new());
+        }
+        assert_eq!(c.merged.len(), MERGED_KEPT, "bounded");
     }
 
     #[test]

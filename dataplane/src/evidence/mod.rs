@@ -95,8 +95,13 @@ pub struct Known<'a> {
     /// The miner's commitment heads for the epoch, as the orchestrator
     /// recorded them from its `UploadDone`.
     pub committed: &'a EpochHeads,
-    /// The hash of the merged weights the epoch started from.
-    pub epoch_start: [u8; 32],
+    /// The hashes of the weights the epoch may have started from: the
+    /// merged weights as the merge's participants reported them (the
+    /// orchestrator's record) and, where the validator loaded the merge
+    /// itself, as it computed them from the stored slices, so that one
+    /// participant reporting a false hash cannot make its honest replicas'
+    /// starting weights look uncommitted.
+    pub epoch_starts: &'a [[u8; 32]],
     pub codec: WireCodec,
     /// 0: byte for byte (same backend).
     pub tolerance: f64,
@@ -264,7 +269,7 @@ fn same_mb(h: &FrameHeader, mb: SampledMb) -> bool {
 /// or one of its step hashes (which chain to its committed head).
 fn committed(k: &Known, step_hashes: &[[u8; 32]], weights: &[f32]) -> bool {
     let w = weights_hash(weights);
-    w == k.epoch_start || step_hashes.contains(&w)
+    k.epoch_starts.contains(&w) || step_hashes.contains(&w)
 }
 
 /// Checks 1 to 3: the output frame (of `direction`) signed by the miner

@@ -170,7 +170,7 @@ impl Middle {
             downstream,
             tokens: None,
             committed: &self.committed,
-            epoch_start: weights_hash(&self.w_f),
+            epoch_starts: &[weights_hash(&self.w_f)],
             codec: CODEC,
             tolerance: 0.0,
         };

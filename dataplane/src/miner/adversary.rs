@@ -11,7 +11,9 @@
 //! for every micro-batch, the gradient it computed for its first one, and a
 //! lazy middle stage skips its backward; `MergeEquivocate` sends the two
 //! owners of a merge partition different slices; `Nan` and `MergeGarbage`
-//! send a pseudo-gradient with a NaN in it or a million times too large. Each does everything else honestly (it trains,
+//! send a pseudo-gradient with a NaN in it or a million times too large;
+//! `MergeLie` reports a false hash of the weights its merge ended with.
+//! Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
 
@@ -74,11 +76,17 @@ pub enum Adversary {
     /// honest co-owner it reduces honestly; it trains honestly, and stores
     /// its true contribution when asked.
     Collude,
+    /// In the butterfly merge, reports a false hash of its merged weights
+    /// (`MergeFault::LieDone`): the stage's recorded start is then a tie
+    /// between it and its honest replica, which it wins; it merges and
+    /// trains honestly. What it attacks is its honest replicas' next
+    /// epoch: their true starting weights no longer match the record.
+    MergeLie,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 15] = [
+    pub const NAMES: [(&'static str, Adversary); 16] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -94,6 +102,7 @@ impl Adversary {
         ("nan", Adversary::Nan),
         ("merge-garbage", Adversary::MergeGarbage),
         ("collude", Adversary::Collude),
+        ("merge-lie", Adversary::MergeLie),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -108,6 +117,7 @@ impl Adversary {
             Adversary::Nan => Some(MergeFault::NanDelta),
             Adversary::MergeGarbage => Some(MergeFault::HugeDelta),
             Adversary::Collude => Some(MergeFault::Collude),
+            Adversary::MergeLie => Some(MergeFault::LieDone),
             _ => None,
         }
     }
@@ -184,7 +194,8 @@ impl Tamper {
             | Adversary::Flaky
             | Adversary::MergeEquivocate
             | Adversary::Nan
-            | Adversary::MergeGarbage => {}
+            | Adversary::MergeGarbage
+            | Adversary::MergeLie => {}
         }
     }
 

@@ -146,7 +146,7 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
         downstream: None,
         tokens: None,
         committed: &committed,
-        epoch_start: weights_hash(&start),
+        epoch_starts: &[weights_hash(&start)],
         codec: WireCodec::Int8Row,
         tolerance: 0.0,
     };
@@ -195,7 +195,18 @@ fn a_sampled_forward_is_honest_only_if_every_link_and_the_recompute_hold() {
     // and claims the hashes of an honest run).
     let stale: Vec<f32> = start.iter().map(|v| v * 0.5).collect();
     let lazy_out = r.forward(1, &stale, ForwardInput::Wire(&a0), batch).unwrap();
-    cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &lazy_out), &stale, &input, &hashes), "committed");
+    let lazy = signed(&miner, 1, mb, [rows, width], input_id, &lazy_out);
+    cheated(check(&lazy, &stale, &input, &hashes), "committed");
+    // Where the validator loaded the merge itself and its hash is not the
+    // one the orchestrator recorded (a participant reported a false one),
+    // both are starts: the same output, from those weights, passes.
+    let two_starts = [weights_hash(&start), weights_hash(&stale)];
+    let known_both = Known { epoch_starts: &two_starts, ..known };
+    let ev = ForwardEvidence { input_frame: Some(&input), output_frame: &lazy, weights: &stale, step_hashes: &hashes };
+    assert_eq!(check_forward(&r, &known_both, mb, ev), Finding::Honest);
+    let a1_start = r.forward(1, &start, ForwardInput::Wire(&a0), batch).unwrap();
+    let at_start = signed(&miner, 1, mb, [rows, width], input_id, &a1_start);
+    assert_eq!(check(&at_start, &start, &input, &hashes), Finding::Honest, "the recorded start");
     // ... or uploads committed weights that are not the ones it used.
     cheated(check(&signed(&miner, 1, mb, [rows, width], input_id, &lazy_out), &w1, &input, &hashes), "differs");
     // Step hashes other than the committed chain.
@@ -662,3 +673,5 @@ async fn two_colluding_owners_are_convicted_by_the_merge_audit_in_their_first_me
 // Miners on another backend than the validators (bf16 GEMMs against the
 // fp32 reference): judged within the cross-backend tolerance.
 mod cross_backend;
+// A replica reporting a false hash of its merged weights.
+mod merge_lie;

@@ -40,6 +40,7 @@ use iota_protocol::{MergeSpec, SharedStore, StoredObject, pb, plan_from_pb};
 use rayon::prelude::*;
 use tracing::{info, warn};
 
+mod fault;
 mod intake;
 mod slices;
 mod stats;
@@ -47,6 +48,7 @@ mod store_io;
 #[cfg(test)]
 mod tests;
 
+pub use self::fault::MergeFault;
 use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
 pub use self::slices::{Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, update_hash};
@@ -60,41 +62,6 @@ use crate::transport::ReceivedFrame;
 
 /// After this long without an expected slice, look in the object store.
 const STORE_FALLBACK_AFTER: Duration = Duration::from_millis(1500);
-
-/// Faults a test or a chaos run injects into one replica's merge; a real
-/// miner never sets one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MergeFault {
-    /// Sends a pseudo-gradient a million times too large.
-    HugeDelta,
-    /// Sends noise of 20 times its pseudo-gradient's RMS: inside the band
-    /// owners accept (1,000 times the others' median norm, see
-    /// `iota_core::merge::flaws`) unless the others did under a fiftieth of
-    /// its work, so only the rule and the validators' rollback stand in its
-    /// way; and still far larger than the weights themselves move.
-    Overshoot,
-    /// Sends a pseudo-gradient with a NaN in it.
-    NanDelta,
-    /// As an owner, publishes a wrong update.
-    CorruptUpdates,
-    /// As a partition's writer, announces the right hash and stores other
-    /// bytes (another miner overwriting them looks the same to readers).
-    LyingWriter,
-    /// When a merge starts, plants objects under every other stage's
-    /// `weights/` and `momentum/` prefixes and announces them: part names
-    /// whose lengths overflow (issue 21's crash inputs) and a part whose
-    /// bytes differ from the hash it announces.
-    PlantObjects,
-    /// Sends each partition's first owner its true slice and the other
-    /// owners (the second, a referee) the slice tripled: well formed,
-    /// signed, of plausible size (the `merge-equivocate` adversary).
-    Equivocate,
-    /// As an owner whose every other owner is an accomplice
-    /// (`Butterfly::accomplices`), publishes the update negated; the
-    /// accomplices do the same, so the owners agree (the `collude`
-    /// adversary).
-    Collude,
-}
 
 /// Where a finalized partition's merged slice comes from.
 enum Source {
@@ -325,6 +292,8 @@ impl Butterfly {
                 store_s,
                 "butterfly merge complete"
             );
+            // A liar's hash sorts after every other: it wins a tie.
+            let hash = if self.fault == Some(MergeFault::LieDone) { [0xff; 32] } else { hash };
             out.push(Output::Report(pb::report::Kind::MergeDone(pb::MergeDone {
                 epoch: self.epoch,
                 stage: self.stage,

@@ -1,0 +1,41 @@
+//! The faults an adversary or a chaos test injects into a replica's merge.
+
+/// Faults a test or a chaos run injects into one replica's merge; a real
+/// miner never sets one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeFault {
+    /// Sends a pseudo-gradient a million times too large.
+    HugeDelta,
+    /// Sends noise of 20 times its pseudo-gradient's RMS: inside the band
+    /// owners accept (1,000 times the others' median norm, see
+    /// `iota_core::merge::flaws`) unless the others did under a fiftieth of
+    /// its work, so only the rule and the validators' rollback stand in its
+    /// way; and still far larger than the weights themselves move.
+    Overshoot,
+    /// Sends a pseudo-gradient with a NaN in it.
+    NanDelta,
+    /// As an owner, publishes a wrong update.
+    CorruptUpdates,
+    /// As a partition's writer, announces the right hash and stores other
+    /// bytes (another miner overwriting them looks the same to readers).
+    LyingWriter,
+    /// When a merge starts, plants objects under every other stage's
+    /// `weights/` and `momentum/` prefixes and announces them: part names
+    /// whose lengths overflow (issue 21's crash inputs) and a part whose
+    /// bytes differ from the hash it announces.
+    PlantObjects,
+    /// Sends each partition's first owner its true slice and the other
+    /// owners (the second, a referee) the slice tripled: well formed,
+    /// signed, of plausible size (the `merge-equivocate` adversary).
+    Equivocate,
+    /// As an owner whose every other owner is an accomplice
+    /// (`Butterfly::accomplices`), publishes the update negated; the
+    /// accomplices do the same, so the owners agree (the `collude`
+    /// adversary).
+    Collude,
+    /// Merges honestly and reports a false hash of its merged weights
+    /// (`MergeDone`), the greatest there is: at R = 2 it ties with its
+    /// honest replica's, which the orchestrator's record of the stage's
+    /// start then took (the `merge-lie` adversary).
+    LieDone,
+}
