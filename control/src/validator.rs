@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::validation::check::Checker;
+use crate::validation::merge_reports;
 use crate::validation::round::{Action, CheckJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
 
@@ -116,6 +117,8 @@ enum Input {
         /// Each stage's weights hash, of the merged model as loaded (empty
         /// where it could not be).
         stage_hashes: BTreeMap<u32, [u8; 32]>,
+        /// Participants whose reported merged weights are not the merge.
+        false_reports: Vec<merge_reports::FalseReport>,
         /// Time the evaluation took.
         took: Duration,
     },
@@ -244,7 +247,24 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             Vec::new()
                         }
                         Input::Command(_) => Vec::new(),
-                        Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, took } => {
+                        Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took } => {
+                            for f in &false_reports {
+                                let reason = merge_reports::reason(f);
+                                warn!(epoch, miner = %f.peer, reason = %reason, "voting guilty: a false merge report");
+                                summary.guilty_votes.push((epoch, f.peer, reason.clone()));
+                                let v = pb::Verdict {
+                                    epoch,
+                                    miner: f.peer.0.to_vec(),
+                                    check: pb::Check::Merge as i32,
+                                    guilty: true,
+                                    samples: 0,
+                                    evidence_hash: Vec::new(),
+                                    reason,
+                                };
+                                if let Err(e) = client.validate(pb::validator_report::Kind::Verdict(v)).await {
+                                    warn!(error = %e, "merge report verdict failed");
+                                }
+                            }
                     summary.check_time += took;
                             // Against the better of the last model it kept (the
                             // seed's at first) and the epoch's own training loss: a
@@ -357,7 +377,8 @@ fn evaluate_merge(
         let (loss, seed_loss, stage_hashes, took) = evaluated.unwrap_or_else(|e| {
             (Err(format!("the evaluation failed to run: {e}")), None, BTreeMap::new(), Duration::ZERO)
         });
-        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, took }).await;
+        let false_reports = merge_reports::false_reports(&mc.stages, &stage_hashes);
+        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took }).await;
     });
 }
 

@@ -499,6 +499,12 @@ impl Orchestrator {
                 .map(|s| pb::StageWeights {
                     stage: s,
                     objects: self.merged_objects(epoch, s).iter().map(StoredObject::to_pb).collect(),
+                    reported: self.butterfly.get(&s).filter(|bm| bm.plan.epoch == epoch).map_or_else(Vec::new, |bm| {
+                        bm.done
+                            .iter()
+                            .map(|(p, h)| pb::MergeReport { peer: p.0.to_vec(), weights_hash: h.to_vec() })
+                            .collect()
+                    }),
                 })
                 .collect();
             let check = pb::MergeCheck { epoch, stages };

@@ -1,11 +1,13 @@
 //! Validation, free of I/O (issue 13): which work a validator re-checks
 //! ([`sample`]) and how the validators' verdicts become consequences
-//! ([`quorum`]), one validator's round ([`round`]) and its check of one
-//! evidence object ([`check`]). The validator process and the orchestrator drive these
+//! ([`quorum`]), one validator's round ([`round`]), its check of one
+//! evidence object ([`check`]) and of what a merge's participants said
+//! they merged ([`merge_reports`]). The validator process and the orchestrator drive these
 //! from their events; simulations drive them directly.
 
 pub mod check;
 pub mod merge_audit;
+pub mod merge_reports;
 pub mod quorum;
 pub mod round;
 pub mod sample;

@@ -1,9 +1,10 @@
-//! A replica lying about the weights its merge ended with must not get its
-//! honest replicas convicted.
+//! A replica lying about the weights its merge ended with is convicted,
+//! and does not get its honest replicas convicted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use iota_control::validation::quorum::Check;
 use iota_dataplane::miner::Adversary;
 
 use super::*;
@@ -15,9 +16,14 @@ use super::*;
 /// starting weights no longer match the record. The validators load every
 /// merge they keep from the store and hash it themselves, and accept that
 /// start too: with every attempt drawn (the ones before the first inner
-/// step included), over three epochs nobody is accused.
+/// step included), over three epochs no honest miner is accused. The liar
+/// is: its report contradicts the stored merge its honest replica
+/// confirmed, so both validators vote it guilty on its first merge, and it
+/// takes a strike (the first validator to keep the merge closes the epoch,
+/// so the conviction lands as the next one starts: a strike and a
+/// suspension, not the lost epoch's pay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_lying_about_its_merged_weights_gets_no_honest_replica_accused() {
+async fn a_replica_lying_about_its_merged_weights_is_convicted_and_no_honest_replica_accused() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(2, 2, 3, 12, WireCodec::Int8Row);
     let ids = iota_tests::with_validators(&mut cfg, 2);
@@ -37,14 +43,23 @@ async fn a_replica_lying_about_its_merged_weights_gets_no_honest_replica_accused
     for v in vs {
         tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
     }
-    let (history, counters, verdicts, stage0) = swarm.service.with_state(|o| {
+    let (history, counters, verdicts, stage0, strikes) = swarm.service.with_state(|o| {
         let stage0: Vec<_> = o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
-        (o.history().to_vec(), o.counters().clone(), o.verdicts().to_vec(), stage0)
+        let strikes = o.miners().find(|m| m.peer == liar_peer).map(|m| m.convicted_epochs);
+        (o.history().to_vec(), o.counters().clone(), o.verdicts().to_vec(), stage0, strikes)
     });
     assert_eq!(history.len(), 3, "the run completes");
     assert!(counters.divergent_merges >= 1, "the lie was told: {counters:?}");
-    let accused: Vec<_> = verdicts.iter().filter(|v| v.guilty).collect();
-    assert!(accused.is_empty(), "accused: {accused:?}");
+    let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != liar_peer).collect();
+    assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
+    // The liar: convicted on its first merge's report, by both validators.
+    let against_liar: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner == liar_peer).collect();
+    assert!(
+        against_liar.iter().filter(|v| v.epoch == 0 && v.check == Check::Merge).count() == 2,
+        "the liar was not voted down for epoch 0's merge by both validators: {verdicts:?}"
+    );
+    assert!(against_liar.iter().all(|v| v.check == Check::Merge), "{against_liar:?}");
+    assert!(strikes.is_some_and(|n| n >= 1), "the liar took no strike: {strikes:?}");
     // The honest replica of the liar's stage was checked after a lied-about
     // merge, and cleared.
     let replica = stage0.iter().copied().find(|p| *p != liar_peer).expect("stage 0's honest replica");
