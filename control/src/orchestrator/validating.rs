@@ -517,10 +517,16 @@ impl Orchestrator {
             return None;
         }
         let outcome = self.validation.merge_quorum.as_ref().and_then(|q| q.outcome(&merge_accusation(epoch)));
-        match outcome {
-            Some(crate::validation::quorum::Outcome::Guilty) => return Some(true),
-            Some(crate::validation::quorum::Outcome::Cleared) => return Some(false),
-            None => {}
+        let decided = outcome.map(|o| o == crate::validation::quorum::Outcome::Guilty);
+        // A participant accused of a false merge report, its conviction
+        // not yet decided: the validators still to vote send their
+        // verdicts before their merge votes, so the epoch waits for them
+        // (a conviction now takes the epoch's pay; after, only a strike).
+        let accused = self.validation.quorum.as_ref().is_some_and(|q| q.open_with_guilty(epoch, Check::Merge));
+        if let Some(rollback) = decided
+            && !accused
+        {
+            return Some(rollback);
         }
         let r = self.validation.merge_round.as_ref()?;
         let waiting = r
@@ -529,12 +535,14 @@ impl Orchestrator {
             .filter(|v| !r.voted.contains(v))
             .any(|v| self.validation.validators.get(v).is_some_and(|s| self.validator_live(s, now)));
         if !waiting {
-            return Some(false); // every vote is in and none carried the stake
+            return Some(decided.unwrap_or(false)); // every vote is in
         }
         if now.saturating_sub(r.started_ms) > self.spec.validation.timeout_ms {
-            self.counters.validation_timeouts += 1;
-            warn!(epoch, "the merged model's check timed out; it stands");
-            return Some(false);
+            if decided.is_none() {
+                self.counters.validation_timeouts += 1;
+                warn!(epoch, "the merged model's check timed out; it stands");
+            }
+            return Some(decided.unwrap_or(false));
         }
         None
     }

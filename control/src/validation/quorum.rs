@@ -180,6 +180,12 @@ impl Quorum {
         self.decided.get(acc).copied()
     }
 
+    /// Whether an accusation of `epoch` under `check` is still open with a
+    /// guilty vote in it (more votes may yet convict).
+    pub fn open_with_guilty(&self, epoch: u64, check: Check) -> bool {
+        self.open.iter().any(|(a, votes)| a.epoch == epoch && a.check == check && votes.values().any(|g| *g))
+    }
+
     pub fn strikes(&self, miner: &PeerId) -> u32 {
         self.strikes.get(miner).copied().unwrap_or(0)
     }
@@ -222,8 +228,12 @@ mod tests {
         assert_eq!(q.strikes(&PeerId([7; 32])), 0);
         assert_eq!((q.outvoted(&v(2)), q.outvoted(&v(0))), (1, 0));
         // A real cheater: the two largest agree (80%).
+        assert!(!q.open_with_guilty(1, Check::Recompute), "the cleared one is not open");
         assert_eq!(q.vote(v(0), acc(1, 8), true), Ok(vec![]), "50% is not more than half");
+        assert!(q.open_with_guilty(1, Check::Recompute), "open, a guilty vote in");
+        assert!(!q.open_with_guilty(1, Check::Merge) && !q.open_with_guilty(2, Check::Recompute));
         let c = q.vote(v(1), acc(1, 8), true).unwrap();
+        assert!(!q.open_with_guilty(1, Check::Recompute), "decided");
         assert_eq!(c, vec![Consequence::Exclude { epoch: 1, miner: PeerId([8; 32]), check: Check::Recompute }]);
         // The late dissenter is counted against.
         assert_eq!(q.vote(v(2), acc(1, 8), false), Ok(vec![]));

@@ -18,10 +18,9 @@ use super::*;
 /// start too: with every attempt drawn (the ones before the first inner
 /// step included), over three epochs no honest miner is accused. The liar
 /// is: its report contradicts the stored merge its honest replica
-/// confirmed, so both validators vote it guilty on its first merge, and it
-/// takes a strike (the first validator to keep the merge closes the epoch,
-/// so the conviction lands as the next one starts: a strike and a
-/// suspension, not the lost epoch's pay).
+/// confirmed, so both validators vote it guilty on its first merge; the
+/// epoch waits for the second vote, so the conviction is the epoch's (out
+/// of its pay) and a strike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_lying_about_its_merged_weights_is_convicted_and_no_honest_replica_accused() {
     let dir = tempfile::tempdir().unwrap();
@@ -60,6 +59,7 @@ async fn a_replica_lying_about_its_merged_weights_is_convicted_and_no_honest_rep
     );
     assert!(against_liar.iter().all(|v| v.check == Check::Merge), "{against_liar:?}");
     assert!(strikes.is_some_and(|n| n >= 1), "the liar took no strike: {strikes:?}");
+    assert_eq!(history[0].convicted, vec![liar_peer], "convicted in the epoch it lied in");
     // The honest replica of the liar's stage was checked after a lied-about
     // merge, and cleared.
     let replica = stage0.iter().copied().find(|p| *p != liar_peer).expect("stage 0's honest replica");
