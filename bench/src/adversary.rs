@@ -43,11 +43,12 @@ const SCENARIOS: [(&str, Adversary, Place); 9] = [
 /// The merge cheats, each the first miner of a 2 x 3 swarm.
 /// (`collude`: two of stage 0's three replicas, each the other's
 /// accomplice; "detected" is the first one's conviction.)
-const MERGE_SCENARIOS: [(&str, Adversary); 4] = [
+const MERGE_SCENARIOS: [(&str, Adversary); 5] = [
     ("merge-equivocate", Adversary::MergeEquivocate),
     ("nan", Adversary::Nan),
     ("merge-garbage", Adversary::MergeGarbage),
     ("collude (2)", Adversary::Collude),
+    ("merge-lie", Adversary::MergeLie),
 ];
 
 pub fn run(a: Args) -> Result<()> {
