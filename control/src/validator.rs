@@ -17,7 +17,6 @@ use iota_dataplane::fileio::FileIo;
 use iota_dataplane::granted_store::GrantedStore;
 use iota_dataplane::local_store::LocalDirStore;
 use iota_dataplane::miner::worker::weights_hash;
-use iota_protocol::auth::now_ms;
 use iota_protocol::client::ControlClient;
 use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{RunConfig, SharedStore, StoredObject, pb};
@@ -196,6 +195,11 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     let mut train_loss: BTreeMap<u64, f32> = BTreeMap::new();
     let last_stage = cfg.spec.stages.saturating_sub(1);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // The round's evidence timeout runs on a monotonic clock: a wall clock
+    // stepped forward (NTP on a fresh machine) must not make every miner's
+    // evidence overdue at once.
+    let started = std::time::Instant::now();
+    let elapsed_ms = || started.elapsed().as_millis() as u64;
     let result = loop {
         if stop.load(Ordering::SeqCst) || run_done.load(Ordering::SeqCst) {
             break Ok(());
@@ -219,7 +223,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                                     train_loss.pop_first();
                                 }
                             }
-                            core.on_work(now_ms(), &w).unwrap_or_else(|e| {
+                            core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
                                 warn!(epoch = w.epoch, error = %e, "epoch work refused");
                                 Vec::new()
                             })
@@ -304,7 +308,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                         }
                         Input::Unreadable(job) => core.unreadable(&job),
                     },
-                    _ = tick.tick() => core.tick(now_ms()),
+                    _ = tick.tick() => core.tick(elapsed_ms()),
                 };
         for mut a in actions {
             if let Action::Vote { guilty, reason, .. } = &mut a
