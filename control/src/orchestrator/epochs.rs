@@ -27,6 +27,12 @@ impl Orchestrator {
         self.overlap_wait_since = None;
         self.overlap_waited_ms = 0;
         self.started_from.insert(self.epoch, self.weights_epoch());
+        // Verdicts may still come for the epoch just ended; none for
+        // earlier ones.
+        let keep = self.epoch.saturating_sub(1);
+        for q in [&mut self.validation.quorum, &mut self.validation.merge_quorum].into_iter().flatten() {
+            q.forget_before(keep);
+        }
         while self.started_from.len() > 4 {
             self.started_from.pop_first();
         }

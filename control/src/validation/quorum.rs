@@ -78,6 +78,10 @@ pub struct Quorum {
     strikes: BTreeMap<PeerId, u32>,
     ejected: Vec<PeerId>,
     outvoted: BTreeMap<PeerId, u64>,
+    /// Accusations of epochs before this are forgotten (open or decided),
+    /// and votes on them count for nothing.
+    #[serde(default)]
+    forgotten_before: u64,
 }
 
 impl Quorum {
@@ -95,7 +99,22 @@ impl Quorum {
             strikes: BTreeMap::new(),
             ejected: Vec::new(),
             outvoted: BTreeMap::new(),
+            forgotten_before: 0,
         }
+    }
+
+    /// Forgets every accusation of an epoch before `epoch`, open or
+    /// decided (strikes and ejections stay), and from then on takes votes
+    /// on them as changing nothing. Called as epochs start, it bounds what
+    /// the quorum holds by the live epochs: without it, accusations that no
+    /// majority ever decides (a lone validator's guilty votes on work
+    /// nobody else drew) stay open for good and, at `MAX_OPEN`, refuse
+    /// every new vote.
+    pub fn forget_before(&mut self, epoch: u64) {
+        self.forgotten_before = self.forgotten_before.max(epoch);
+        let keep = self.forgotten_before;
+        self.open.retain(|a, _| a.epoch >= keep);
+        self.decided.retain(|a, _| a.epoch >= keep);
     }
 
     pub fn is_validator(&self, p: &PeerId) -> bool {
@@ -107,6 +126,9 @@ impl Quorum {
     pub fn vote(&mut self, validator: PeerId, acc: Accusation, guilty: bool) -> Result<Vec<Consequence>, VoteError> {
         if !self.is_validator(&validator) {
             return Err(VoteError::NotAValidator(validator));
+        }
+        if acc.epoch < self.forgotten_before {
+            return Ok(Vec::new());
         }
         if let Some(&outcome) = self.decided.get(&acc) {
             if (outcome == Outcome::Guilty) != guilty {
@@ -283,5 +305,31 @@ mod tests {
         q.vote(v(1), acc(1, 1), true).unwrap();
         assert_eq!(q.outcome(&acc(1, 1)), Some(Outcome::Guilty));
         assert_eq!(q.vote(v(0), acc(0, 2), true), Ok(vec![]));
+    }
+
+    #[test]
+    fn past_epochs_are_forgotten_and_free_the_room_they_held() {
+        let mut q = quorum(&[10, 10, 10], 3);
+        // A lone validator's guilty votes nobody decides, over many epochs.
+        for i in 0..MAX_OPEN as u64 {
+            q.vote(v(0), acc(i / 16, i as u8), true).unwrap();
+        }
+        assert_eq!(q.vote(v(0), acc(300, 1), true), Err(VoteError::TooMany));
+        // Decided before the cut, a conviction's strike stays.
+        q.vote(v(1), acc(0, 0), true).unwrap();
+        assert_eq!(q.strikes(&PeerId([0; 32])), 1);
+        q.forget_before(255);
+        assert_eq!((q.open.len(), q.decided.len()), (16, 0), "only epoch 255's accusations are left");
+        assert_eq!(q.strikes(&PeerId([0; 32])), 1);
+        assert_eq!(q.vote(v(0), acc(300, 1), true), Ok(vec![]), "room again");
+        // A vote on a forgotten epoch changes nothing, and opens nothing.
+        assert_eq!(q.vote(v(1), acc(3, 3), true), Ok(vec![]));
+        assert_eq!(q.vote(v(2), acc(3, 3), true), Ok(vec![]));
+        assert_eq!(q.outcome(&acc(3, 3)), None);
+        assert_eq!(q.open.len(), 17);
+        // The cut never moves back.
+        q.forget_before(10);
+        assert_eq!(q.vote(v(1), acc(100, 4), true), Ok(vec![]));
+        assert_eq!(q.open.len(), 17);
     }
 }
