@@ -515,6 +515,52 @@ struct MergeCheatRun {
     bad: iota_core::PeerId,
     history: Vec<iota_control::orchestrator::EpochSummary>,
     counters: iota_control::orchestrator::Counters,
+    mismatches: Vec<iota_core::merge::Mismatch>,
+    verdicts: Vec<iota_control::orchestrator::VerdictRecord>,
+    /// Every miner at the end: (peer, stage, epochs convicted).
+    miners: Vec<(iota_core::PeerId, u32, u32)>,
+}
+
+/// `tiny` over `shape` for `epochs` x `per_epoch` micro-batches, two
+/// validators (`change` sets the run up further), the first miner to
+/// register running `mode` and `honest` honest ones after it; returns once
+/// the honest miners and the validators are done.
+async fn run_merge_cheat(
+    mode: Adversary,
+    (stages, replicas): (u32, u32),
+    (epochs, per_epoch): (u64, u64),
+    honest: usize,
+    change: fn(&mut iota_protocol::RunConfig),
+) -> MergeCheatRun {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
+    let ids = iota_tests::with_validators(&mut cfg, 2);
+    change(&mut cfg);
+    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
+    let bad = swarm.miner_with(|o| o.adversary = Some(mode), stop.clone());
+    let bad_peer = swarm.first_registered().await;
+    let honest: Vec<_> = (0..honest).map(|_| swarm.miner(stop.clone())).collect();
+    for m in honest {
+        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(10), bad).await;
+    for v in vs {
+        tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
+    }
+    swarm.service.with_state(|o| MergeCheatRun {
+        bad: bad_peer,
+        history: o.history().to_vec(),
+        counters: o.counters().clone(),
+        mismatches: o.mismatches().to_vec(),
+        verdicts: o.verdicts().to_vec(),
+        miners: o.miners().map(|m| (m.peer, m.stage, m.convicted_epochs)).collect(),
+    })
 }
 
 /// Issue 13's merge adversaries: `tiny`, 2 stages x 3 replicas (with two,
@@ -525,29 +571,9 @@ struct MergeCheatRun {
 /// a disagreement and no honest miner is accused, every merge leaves the
 /// replicas with the same weights, and the run completes and learns.
 async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> MergeCheatRun {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = tiny_run(2, 3, 2, 16, WireCodec::Int8Row);
-    let ids = iota_tests::with_validators(&mut cfg, 2);
-    let swarm = iota_tests::Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let vs: Vec<_> = ids.into_iter().enumerate().map(|(i, id)| swarm.validator(id, i as u64, stop.clone())).collect();
-    let bad = swarm.miner_with(|o| o.adversary = Some(mode), stop.clone());
-    let bad_peer = swarm.first_registered().await;
-    let honest: Vec<_> = (0..5).map(|_| swarm.miner(stop.clone())).collect();
-    for m in honest {
-        tokio::time::timeout(Duration::from_secs(120), m).await.expect("miner finished in time").unwrap().unwrap();
-    }
-    stop.store(true, Ordering::SeqCst);
-    let _ = tokio::time::timeout(Duration::from_secs(10), bad).await;
-    for v in vs {
-        tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
-    }
-    let (history, counters, mismatches, verdicts) = swarm
-        .service
-        .with_state(|o| (o.history().to_vec(), o.counters().clone(), o.mismatches().to_vec(), o.verdicts().to_vec()));
+    let r = run_merge_cheat(mode, (2, 3), (2, 16), 5, |_| {}).await;
+    let (bad_peer, history, counters, mismatches, verdicts) =
+        (r.bad, &r.history, &r.counters, &r.mismatches, &r.verdicts);
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, &e.convicted)).collect::<Vec<_>>());
     println!("{counters:?}");
     assert_eq!(history.len(), 2, "the run completes");
@@ -561,7 +587,7 @@ async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> Merge
     let first = joined.expect("the cheat joined a merge");
     assert_eq!(history[first].convicted, vec![bad_peer], "convicted in its first merge: {history:?}");
     assert!(history[..first].iter().all(|e| e.convicted.is_empty()));
-    for m in &mismatches {
+    for m in mismatches {
         assert!(m.deviants.iter().all(|d| *d == bad_peer), "an honest owner was named: {m:?}");
     }
     let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != bad_peer).collect();
@@ -569,7 +595,7 @@ async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> Merge
     assert_eq!(counters.divergent_merges, 0, "every merge left the replicas with the same weights");
     let last_loss = history[1].mean_loss;
     assert!(last_loss.is_finite() && last_loss < 5.4, "the run learns: {history:?}");
-    MergeCheatRun { bad: bad_peer, history, counters }
+    r
 }
 
 /// `merge-equivocate`: a replica that sends the two owners of a partition
