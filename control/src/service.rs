@@ -672,6 +672,16 @@ impl OrchestratorRpc for OrchestratorService {
                 rollback: v.rollback,
                 loss: v.loss,
                 reason: v.reason,
+                merged: v
+                    .merged
+                    .iter()
+                    .map(|st| {
+                        (
+                            st.stage,
+                            st.weights_hash.as_slice().try_into().expect("fields::validator_report checks 32 bytes"),
+                        )
+                    })
+                    .collect(),
             },
         };
         self.apply_for(VALIDATE, peer, ev)?;

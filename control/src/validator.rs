@@ -287,6 +287,12 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                             };
                             let l = loss.unwrap_or(f32::NAN);
                             summary.merge_losses.push((epoch, l));
+                            // What it loaded, whatever it votes: the orchestrator
+                            // records the stake's hash as each stage's start.
+                            let merged = stage_hashes
+                                .iter()
+                                .map(|(s, h)| pb::StageStart { stage: *s, weights_hash: h.to_vec(), weights_from: 0 })
+                                .collect();
                             if rollback {
                                 warn!(epoch, reason = %reason, "voting to roll the merge back");
                                 summary.rollback_votes.push(epoch);
@@ -295,7 +301,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                                 core.merge_kept(epoch, stage_hashes);
                             }
                             let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
-                            let vote = pb::MergeVote { epoch, rollback, loss: l, reason };
+                            let vote = pb::MergeVote { epoch, rollback, loss: l, reason, merged };
                             if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
                                 warn!(error = %e, "merge vote failed");
                             }

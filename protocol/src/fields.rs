@@ -290,7 +290,19 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
         }
         Kind::Done(d) => weight_vector("done.weights", &d.weights)?,
-        Kind::MergeVote(v) => printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?,
+        Kind::MergeVote(v) => {
+            printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?;
+            if v.merged.len() > MAX_VOTE_STAGES {
+                return Err(bad("merge_vote.merged", format!("names more than {MAX_VOTE_STAGES} stages")));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for st in &v.merged {
+                hash32("merge_vote.merged.weights_hash", &st.weights_hash)?;
+                if !seen.insert(st.stage) {
+                    return Err(bad("merge_vote.merged", format!("names stage {} twice", st.stage)));
+                }
+            }
+        }
         Kind::MergeAudit(a) => {
             if !a.hash.is_empty() {
                 hash32("merge_audit.hash", &a.hash)?;
@@ -315,6 +327,8 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
 
 /// Participants a merge audit may name as missing (a stage's replicas).
 pub const MAX_AUDIT_MISSING: usize = 1024;
+/// Stages a merge vote may give a hash for.
+pub const MAX_VOTE_STAGES: usize = 1024;
 
 #[cfg(test)]
 mod tests {
@@ -407,6 +421,26 @@ mod tests {
         assert!(validator_report(&audit(vec![5; 31], Vec::new())).unwrap_err().message.contains("merge_audit.hash"));
         assert!(validator_report(&audit(Vec::new(), vec![vec![1; 3]])).unwrap_err().message.contains("missing"));
         assert!(validator_report(&audit(Vec::new(), vec![vec![1; 32]; MAX_AUDIT_MISSING + 1])).is_err());
+        let merge_vote = |merged: Vec<pb::StageStart>| pb::ValidatorReport {
+            kind: Some(Kind::MergeVote(pb::MergeVote {
+                epoch: 0,
+                rollback: false,
+                loss: 2.0,
+                reason: String::new(),
+                merged,
+            })),
+        };
+        let st = |stage: u32, n: usize| pb::StageStart { stage, weights_hash: vec![7; n], weights_from: 0 };
+        assert!(validator_report(&merge_vote(Vec::new())).is_ok(), "a validator that could not load the merge");
+        assert!(validator_report(&merge_vote(vec![st(0, 32), st(1, 32)])).is_ok());
+        for (bad_vote, why) in [
+            (merge_vote(vec![st(0, 31)]), "weights_hash"),
+            (merge_vote(vec![st(0, 0)]), "weights_hash"),
+            (merge_vote(vec![st(1, 32), st(1, 32)]), "twice"),
+            (merge_vote((0..=MAX_VOTE_STAGES as u32).map(|s| st(s, 32)).collect()), "stages"),
+        ] {
+            assert!(validator_report(&bad_vote).unwrap_err().message.contains(why), "{why}");
+        }
         let done = |weights: Vec<f32>| pb::ValidatorReport {
             kind: Some(Kind::Done(pb::ValidationDone { epoch: 0, weights })),
         };

@@ -142,7 +142,12 @@ pub fn control_request(data: &[u8]) {
                         assert!(v.evidence_hash.is_empty() || v.evidence_hash.len() == 32);
                     }
                     Some(pb::validator_report::Kind::Done(_)) => {}
-                    Some(pb::validator_report::Kind::MergeVote(v)) => assert!(v.reason.len() <= fields::MAX_REASON_LEN),
+                    // The service maps each stage's hash to 32 bytes.
+                    Some(pb::validator_report::Kind::MergeVote(v)) => {
+                        assert!(v.reason.len() <= fields::MAX_REASON_LEN);
+                        assert!(v.merged.len() <= fields::MAX_VOTE_STAGES);
+                        assert!(v.merged.iter().all(|st| st.weights_hash.len() == 32));
+                    }
                     // What the service maps to peer ids and a hash.
                     Some(pb::validator_report::Kind::MergeAudit(a)) => {
                         assert!(a.hash.is_empty() || a.hash.len() == 32);

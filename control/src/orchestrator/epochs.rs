@@ -3,7 +3,7 @@
 //! and its end (the summary, a rollback or the merged weights' hashes, the
 //! next epoch or the end of the run).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::{PeerId, Rng};
 
@@ -209,7 +209,7 @@ impl Orchestrator {
         self.settle(&summary.miners, rolled_back, &summary.convicted, f64::from(summary.mean_loss));
         self.history.push(summary);
         if rolled_back {
-            let back_to = self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch());
+            let back_to = self.started_from_epoch();
             tracing::warn!(epoch = self.epoch, to = ?back_to, "the validators rolled the merge back");
             self.counters.rollbacks += 1;
             self.weights_override = Some(back_to);
@@ -231,24 +231,33 @@ impl Orchestrator {
         }
     }
 
-    /// The merged weights each stage starts the next epoch from, as the
-    /// merge's participants reported them (the most reported hash), so
-    /// validators know the weights an attempt before the first inner
-    /// step must have used.
+    /// The merge whose weights the current epoch started from (None: the
+    /// run seed's).
+    pub(super) fn started_from_epoch(&self) -> Option<u64> {
+        self.started_from.get(&self.epoch).copied().unwrap_or_else(|| self.weights_epoch())
+    }
+
+    /// The merged weights each stage starts the next epoch from, so
+    /// validators know the weights an attempt before the first inner step
+    /// must have used: the hash the most validator stake says it loaded
+    /// from the store, then the one the most participants reported (a liar
+    /// among two replicas ties with the honest one; the validators, who
+    /// hashed the stored weights, break the tie). A parameter server's
+    /// aggregator reports no hash: there the validators' is the record.
     fn record_stage_starts(&mut self) {
-        for (s, bm) in &self.butterfly {
-            let mut counts: BTreeMap<[u8; 32], usize> = BTreeMap::new();
-            for h in bm.done.values() {
-                *counts.entry(*h).or_default() += 1;
+        let loaded = self.loaded_merge_hashes();
+        let stages: BTreeSet<u32> = self.butterfly.keys().chain(self.merged.keys()).copied().collect();
+        for s in stages {
+            let mut score: BTreeMap<[u8; 32], (u64, usize)> = BTreeMap::new();
+            let reported = self.butterfly.get(&s).map(|bm| bm.done.values()).into_iter().flatten();
+            for h in reported.chain(self.merged_hash.get(&s)) {
+                score.entry(*h).or_default().1 += 1;
             }
-            match counts.into_iter().max_by_key(|(_, n)| *n) {
-                Some((h, _)) => self.validation.starts.insert(*s, h),
-                None => self.validation.starts.remove(s),
-            };
-        }
-        for s in self.merged.keys().copied().collect::<Vec<_>>() {
-            match self.merged_hash.get(&s) {
-                Some(h) => self.validation.starts.insert(s, *h),
+            for (h, stake) in loaded.get(&s).into_iter().flatten() {
+                score.entry(*h).or_default().0 += stake;
+            }
+            match score.into_iter().max_by_key(|(_, n)| *n) {
+                Some((h, _)) => self.validation.starts.insert(s, h),
                 None => self.validation.starts.remove(&s),
             };
         }

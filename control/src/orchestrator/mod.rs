@@ -176,6 +176,9 @@ pub enum Event {
         rollback: bool,
         loss: f32,
         reason: String,
+        /// Each stage's hash of the merged weights as the validator loaded
+        /// them (none if it could not).
+        merged: Vec<(u32, [u8; 32])>,
     },
     /// A validator voted on everything it drew for `epoch`; `weights` (one
     /// per miner of the epoch's work, or none) rate them for settlement.
@@ -480,8 +483,8 @@ impl Orchestrator {
             Event::ValidationDone { validator, epoch, weights, signed } => {
                 self.on_validation_done(validator, epoch, weights, signed)?
             }
-            Event::MergeVote { validator, epoch, rollback, loss, reason } => {
-                self.on_merge_vote(validator, epoch, rollback, loss, reason)?
+            Event::MergeVote { validator, epoch, rollback, loss, reason, merged } => {
+                self.on_merge_vote(validator, epoch, rollback, loss, reason, merged)?
             }
             Event::MergeAudit { validator, epoch, stage, partition, generation, hash, missing, flagged, reason } => {
                 let answer = match hash {

@@ -164,6 +164,7 @@ impl Orchestrator {
                 .map(|s| pb::StageStart {
                     stage: s,
                     weights_hash: self.validation.starts.get(&s).map(|h| h.to_vec()).unwrap_or_default(),
+                    weights_from: self.started_from_epoch().map_or(0, |e| e + 1),
                 })
                 .collect(),
         }
@@ -513,7 +514,7 @@ impl Orchestrator {
             }
             info!(epoch, validators = live.len(), "merged model sent to the validators");
             self.validation.merge_round =
-                Some(MergeRound { epoch, started_ms: now, sent_to: live, voted: BTreeSet::new(), losses: Vec::new() });
+                Some(MergeRound { epoch, started_ms: now, sent_to: live, ..MergeRound::default() });
             return None;
         }
         let outcome = self.validation.merge_quorum.as_ref().and_then(|q| q.outcome(&merge_accusation(epoch)));
@@ -547,6 +548,21 @@ impl Orchestrator {
         None
     }
 
+    /// Each stage's merged-weights hashes the current epoch's merge voters
+    /// loaded from the store, with the stake behind each.
+    pub(super) fn loaded_merge_hashes(&self) -> BTreeMap<u32, BTreeMap<[u8; 32], u64>> {
+        let mut out: BTreeMap<u32, BTreeMap<[u8; 32], u64>> = BTreeMap::new();
+        let Some(r) = self.validation.merge_round.as_ref().filter(|r| r.epoch == self.epoch) else { return out };
+        for (v, stages) in &r.merged {
+            let stake = self.validation.validators.get(v).map_or(0, |s| s.stake);
+            for (s, h) in stages {
+                let e = out.entry(*s).or_default().entry(*h).or_default();
+                *e = e.saturating_add(stake);
+            }
+        }
+        out
+    }
+
     /// The current epoch's merged model's held-out loss: the median of
     /// what its voters measured (None before any vote, or without
     /// validators).
@@ -569,9 +585,14 @@ impl Orchestrator {
         rollback: bool,
         loss: f32,
         reason: String,
+        merged: Vec<(u32, [u8; 32])>,
     ) -> Result<(), Refusal> {
         if !self.is_validator(&validator) {
             return Err(Refusal::Unknown(validator));
+        }
+        let stages = self.spec.stages;
+        if let Some((s, _)) = merged.iter().find(|(s, _)| *s >= stages) {
+            return Err(Refusal::Invalid(format!("a merge vote names stage {s}; the run has {stages}")));
         }
         let r = self
             .validation
@@ -579,8 +600,13 @@ impl Orchestrator {
             .as_mut()
             .filter(|r| r.epoch == epoch && r.sent_to.contains(&validator))
             .ok_or_else(|| Refusal::Invalid(format!("no check of epoch {epoch}'s merge is open for {validator}")))?;
-        if r.voted.insert(validator) && loss.is_finite() {
-            r.losses.push(loss);
+        if r.voted.insert(validator) {
+            if loss.is_finite() {
+                r.losses.push(loss);
+            }
+            if !merged.is_empty() {
+                r.merged.insert(validator, merged.into_iter().collect());
+            }
         }
         let q = self.validation.merge_quorum.as_mut().ok_or_else(|| Refusal::Invalid("no validators".into()))?;
         q.vote(validator, merge_accusation(epoch), rollback).map_err(|e| Refusal::Invalid(e.to_string()))?;

@@ -119,6 +119,10 @@ pub(super) struct MergeRound {
     /// The held-out losses the voters measured (one per voter).
     #[serde(default)]
     pub(super) losses: Vec<f32>,
+    /// Each voter's hash of each stage's merged weights, as it loaded them
+    /// (one entry per voter, its stages checked against the run's).
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) merged: BTreeMap<PeerId, BTreeMap<u32, [u8; 32]>>,
 }
 
 /// The orchestrator's validation records.

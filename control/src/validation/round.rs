@@ -119,6 +119,9 @@ struct Round {
     started_ms: u64,
     work: BTreeMap<PeerId, MinerWork>,
     starts: BTreeMap<u32, [u8; 32]>,
+    /// Each stage's `weights_from`: 1 + the epoch whose merge it started
+    /// from (0: the seed's; older than the last after a rollback).
+    from: BTreeMap<u32, u64>,
     drawn: BTreeMap<PeerId, Verdicts>,
     /// The work's miners in its order (that of the weights).
     order: Vec<PeerId>,
@@ -241,7 +244,9 @@ impl ValidatorCore {
             return Err("the beacon is not the one over the miners' heads".into());
         }
         let mut starts = BTreeMap::new();
+        let mut from = BTreeMap::new();
         for s in &w.starts {
+            from.insert(s.stage, s.weights_from);
             if !s.weights_hash.is_empty() {
                 let h: [u8; 32] = s.weights_hash.as_slice().try_into().map_err(|_| "a start hash of the wrong size")?;
                 starts.insert(s.stage, h);
@@ -267,8 +272,17 @@ impl ValidatorCore {
             drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
         }
         let harmful = harmful_by_clasp(self.stages, &work);
-        self.round =
-            Some(Round { epoch: w.epoch, started_ms: now, work, starts, drawn, order, harmful, done_said: false });
+        self.round = Some(Round {
+            epoch: w.epoch,
+            started_ms: now,
+            work,
+            starts,
+            from,
+            drawn,
+            order,
+            harmful,
+            done_said: false,
+        });
         self.finish(&mut out);
         Ok(out)
     }
@@ -299,7 +313,15 @@ impl ValidatorCore {
             heads: m.heads.clone(),
             device: m.device.clone(),
             epoch_start: r.starts.get(&m.stage).copied(),
-            merged_start: epoch.checked_sub(1).and_then(|e| self.merged.get(&e)).and_then(|h| h.get(&m.stage)).copied(),
+            // The merge this validator kept, if it is the one the stage
+            // started from: not one the stake rolled back.
+            merged_start: r
+                .from
+                .get(&m.stage)
+                .and_then(|f| f.checked_sub(1))
+                .and_then(|e| self.merged.get(&e))
+                .and_then(|h| h.get(&m.stage))
+                .copied(),
             reported_loss,
             object: obj,
         }))]
@@ -447,7 +469,8 @@ mod tests {
             epoch,
             beacon: beacon(9, epoch, &heads).to_vec(),
             miners,
-            starts: vec![pb::StageStart { stage: 1, weights_hash: vec![4; 32] }],
+            // Started from the previous epoch's merge (no rollback).
+            starts: vec![pb::StageStart { stage: 1, weights_hash: vec![4; 32], weights_from: epoch }],
         }
     }
 
@@ -479,7 +502,9 @@ mod tests {
             epoch,
             beacon: beacon(9, epoch, &heads).to_vec(),
             miners,
-            starts: (0..STAGES).map(|s| pb::StageStart { stage: s, weights_hash: Vec::new() }).collect(),
+            starts: (0..STAGES)
+                .map(|s| pb::StageStart { stage: s, weights_hash: Vec::new(), weights_from: 0 })
+                .collect(),
         }
     }
 
@@ -618,6 +643,21 @@ mod tests {
         // record and this validator's own, not epoch 0's.
         assert_eq!(start_of(&mut c, p(2)), (Some([4; 32]), Some([9; 32])));
         assert_eq!(start_of(&mut c, p(1)), (None, None), "stage 0's merge was not loaded");
+
+        // Epoch 1's merge rolled back: epoch 2 starts from epoch 0's, and
+        // the merge of epoch 1 this validator kept is no start.
+        for (weights_from, kept) in [(1, Some([8; 32])), (0, None)] {
+            let mut c = core();
+            c.merge_kept(0, BTreeMap::from([(1, [8; 32])]));
+            c.merge_kept(1, BTreeMap::from([(1, [9; 32])]));
+            let mut w = work(2, 10);
+            w.starts[0].weights_from = weights_from;
+            let asked = asks(&c.on_work(0, &w).unwrap());
+            let keys = &asked.iter().find(|(q, _)| *q == p(2)).unwrap().1;
+            let jobs = c.on_evidence(2, evidence(2, p(2), keys[0]));
+            let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+            assert_eq!(job.merged_start, kept, "weights from {weights_from}");
+        }
         for e in 2..10 {
             c.merge_kept(e, BTreeMap::new());
         }

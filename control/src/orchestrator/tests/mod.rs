@@ -102,6 +102,11 @@ struct Sim {
     /// validator) here votes to roll that epoch's merge back; the others
     /// keep it.
     rollback_votes: BTreeSet<(u64, PeerId)>,
+    /// Butterfly participants that report [0xff; 32] as their merged
+    /// weights' hash (the honest one is [7; 32]).
+    merge_liars: BTreeSet<PeerId>,
+    /// Validators send no hashes of what they loaded with their merge votes.
+    votes_without_hashes: bool,
     /// Routes (seq, attempt) miners sit on: recorded in `held_routes`, not
     /// worked (a test completes or fails them itself).
     hold: BTreeSet<(u64, u32)>,
@@ -141,6 +146,8 @@ impl Sim {
             frame: None,
             audits_heard: 0,
             rollback_votes: BTreeSet::new(),
+            merge_liars: BTreeSet::new(),
+            votes_without_hashes: false,
             hold: BTreeSet::new(),
             held_routes: Vec::new(),
         }
@@ -356,7 +363,7 @@ impl Sim {
                             epoch: v.epoch,
                             stage: v.stage,
                             key: String::new(),
-                            weights_hash: vec![7; 32],
+                            weights_hash: vec![if self.merge_liars.contains(&to) { 0xff } else { 7 }; 32],
                             object: None,
                             from_store: self.from_store.get(&to).copied().unwrap_or_default(),
                         });
@@ -392,7 +399,13 @@ impl Sim {
                         let rollback = self.rollback_votes.contains(&(mc.epoch, to));
                         let loss = if rollback { 99.0 } else { 2.0 };
                         let reason = String::new();
-                        self.ev(Event::MergeVote { validator: to, epoch: mc.epoch, rollback, loss, reason });
+                        // What the stored merge hashes to: the honest [7; 32].
+                        let merged = if self.votes_without_hashes {
+                            Vec::new()
+                        } else {
+                            mc.stages.iter().map(|st| (st.stage, [7; 32])).collect()
+                        };
+                        self.ev(Event::MergeVote { validator: to, epoch: mc.epoch, rollback, loss, reason, merged });
                     }
                     self.validation_heard.push(Out { to, cmd: pb::command::Kind::MergeCheck(mc) });
                 }

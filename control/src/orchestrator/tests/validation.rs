@@ -312,6 +312,67 @@ fn training_weights(s: &Sim, epoch: u64) -> Vec<(u64, usize)> {
         .collect()
 }
 
+/// Each stage's `weights_from` in the EpochWork validator 0 heard for `epoch`.
+fn work_from(s: &Sim, epoch: u64) -> Vec<u64> {
+    let w = s.validation_heard.iter().find_map(|o| match &o.cmd {
+        pb::command::Kind::EpochWork(w) if w.epoch == epoch && o.to == validator(0) => Some(w),
+        _ => None,
+    });
+    w.map(|w| w.starts.iter().map(|st| st.weights_from).collect()).unwrap_or_default()
+}
+
+/// One of two replicas of stage 0 reports a false merged-weights hash: a
+/// tie with its honest replica. The start recorded for the next epoch is
+/// the hash the validators loaded from the store, not the liar's.
+#[test]
+fn a_false_merge_report_does_not_become_the_recorded_start() {
+    for hashes in [true, false] {
+        let mut s = start(validated_spec());
+        s.votes_without_hashes = !hashes;
+        let liar = s.o.miners().find(|m| m.stage == 0).unwrap().peer;
+        s.merge_liars.insert(liar);
+        until_held(&mut s);
+        done(&mut s, 0, 0);
+        done(&mut s, 1, 0);
+        commit_all(&mut s, 1);
+        let w1 = until_held(&mut s);
+        let start0 = w1.starts.iter().find(|st| st.stage == 0).unwrap();
+        assert_eq!(start0.weights_from, 1, "epoch 0's merge");
+        // Without the validators' hashes the tie goes to the greater hash,
+        // the liar's: the record the validators' hashes now correct.
+        let want = if hashes { vec![7; 32] } else { vec![0xff; 32] };
+        assert_eq!(start0.weights_hash, want, "validators sent hashes: {hashes}");
+        let start1 = w1.starts.iter().find(|st| st.stage == 1).unwrap();
+        assert_eq!(start1.weights_hash, vec![7; 32], "stage 1's replicas agree");
+    }
+}
+
+/// Merge votes naming a stage the run does not have are refused whole.
+#[test]
+fn a_merge_vote_naming_a_stage_past_the_run_is_refused() {
+    let mut s = start(validated_spec());
+    // Validator 1 goes quiet; its votes below are made up by the test.
+    s.quiet_validators.insert(validator(1));
+    until_held(&mut s);
+    done(&mut s, 0, 0);
+    s.drain();
+    s.tick(100);
+    let vote = |stage: u32| Event::MergeVote {
+        validator: validator(1),
+        epoch: 0,
+        rollback: false,
+        loss: 2.0,
+        reason: String::new(),
+        merged: vec![(0, [7; 32]), (stage, [7; 32])],
+    };
+    let r = s.o.step(s.now, vote(2), &mut s.rng);
+    assert!(matches!(r, Err(Refusal::Invalid(ref m)) if m.contains("names stage 2")), "{r:?}");
+    // Within the run's stages the vote passes that rule (and is refused
+    // here only because no check was sent to the quiet validator).
+    let r = s.o.step(s.now, vote(1), &mut s.rng);
+    assert!(matches!(r, Err(Refusal::Invalid(ref m)) if m.contains("no check")), "{r:?}");
+}
+
 #[test]
 fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() {
     let mut spec = validated_spec();
@@ -344,6 +405,10 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
     assert!(!e1.is_empty() && e1.iter().all(|&(from, objects)| from == 0 && objects == 0), "{e1:?}");
     let e2 = training_weights(&s, 2);
     assert!(!e2.is_empty() && e2.iter().all(|&(from, objects)| from == 2 && objects > 0), "{e2:?}");
+    // The validators hear the same, so none takes a merge it kept for a
+    // start the stake rolled back.
+    assert_eq!(work_from(&s, 1), vec![0, 0]);
+    assert_eq!(work_from(&s, 2), vec![2, 2]);
     // The minority's vote is on record as outvoted.
     assert!(s.o.quorum().is_some());
     let checks = s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::MergeCheck(_))).count();
