@@ -9,9 +9,8 @@ use std::future::Future;
 use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-use iota_control::orchestrator::{Event, Orchestrator, Phase};
 use iota_core::merge::{OuterOpt, ReduceRule};
-use iota_core::{Identity, PeerId, Rng, WireCodec};
+use iota_core::{Identity, PeerId, WireCodec};
 use iota_dataplane::frame::{FrameLimits, RunContext, decode_frame, parse_header};
 use iota_dataplane::miner::merge::local::flat_layout;
 use iota_dataplane::miner::merge::{load_weights, read_parts};
@@ -19,7 +18,7 @@ use iota_model::checkpoint::{parse_safetensors, stage_params};
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, open_server, signing_bytes};
 use iota_protocol::client::{HEARTBEAT, REGISTER, REPORT, SUBSCRIBE, VALIDATE};
 use iota_protocol::object_store::StoreFuture;
-use iota_protocol::{MbRef, MergeMethod, MergeSpec, ObjectStore, RunSpec, SharedStore, StoredObject, fields, pb};
+use iota_protocol::{MergeMethod, MergeSpec, ObjectStore, SharedStore, StoredObject, fields, pb};
 use prost::Message;
 
 use crate::fuzz_input::Bytes;
@@ -269,214 +268,7 @@ pub fn safetensors(data: &[u8]) {
     }
 }
 
-/// The orchestrator's state machine fed an arbitrary sequence of events
-/// from 6 identities (registrations, heartbeats, reports about the routes
-/// and plans it issued or about made-up ones, announcements, ticks).
-/// Invariants: no panic; no micro-batch counted twice (an epoch never
-/// completes or drops more than it has); every route names registered
-/// miners, one per stage; (epoch, phase) only moves forward.
-pub fn orchestrator_events(data: &[u8]) {
-    orchestrator_run(data);
-}
-
-/// [`orchestrator_events`], returning how far the run got: (epoch, phase
-/// as 0 Waiting .. 4 Done), so a test can see that its seeds go deep.
-pub fn orchestrator_run(data: &[u8]) -> (u64, u8) {
-    let mut b = Bytes(data);
-    let butterfly = b.u8() & 1 == 1;
-    let spec = RunSpec {
-        run_id: 1,
-        stages: 2,
-        replicas: 2,
-        epochs: 2,
-        micro_batches_per_epoch: 4,
-        batch: 2,
-        n_shards: 2,
-        max_in_flight: 2,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
-        route_timeout_ms: 1_000,
-        heartbeat_timeout_ms: 3_000,
-        max_attempts: 2,
-        phase_timeout_ms: 5_000,
-        merge: MergeSpec {
-            method: if butterfly { MergeMethod::Butterfly } else { MergeMethod::ParameterServer },
-            slices_per_replica: 1,
-            codec: WireCodec::F32,
-            rule: ReduceRule::Mean,
-            outer: OuterOpt::AVERAGE,
-            outer_momentum_warmup: 0,
-            stage_params: vec![1_000, 1_000],
-            max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-            overlap: false,
-        },
-        miners_per_stage_cap: 3,
-        registration_timeout_ms: 10_000,
-        bench_after_failures: 2,
-        validation: Default::default(),
-    };
-    let mut o = Orchestrator::new(spec).unwrap();
-    let mut rng = Rng::new(9);
-    let peers: Vec<PeerId> = (0..6u8).map(|i| PeerId([i + 1; 32])).collect();
-    let (mut now, mut routes) = (0u64, Vec::<pb::Route>::new());
-    let order = |p: &Phase| match p {
-        Phase::Waiting => 0,
-        Phase::Training => 1,
-        Phase::Uploading => 2,
-        Phase::Merging => 3,
-        Phase::Done => 4,
-    };
-    let mut last = (0u64, 0u8);
-    let mut steps = 0;
-    while !b.is_empty() && steps < 400 {
-        steps += 1;
-        let op = b.u8();
-        let peer = peers[b.u8() as usize % peers.len()];
-        let ev = match op % 13 {
-            0 | 1 => Event::Register {
-                peer,
-                addr: "198.18.0.1:4000".into(),
-                tokens_per_s: 1.0,
-                device: "cpu".into(),
-                memory: Default::default(),
-            },
-            2 => Event::Subscribed { peer },
-            3 => Event::Heartbeat { peer, tokens_per_s: 1.0, in_flight: 0, commitments: Vec::new() },
-            // Reports about one of the 8 most recent routes.
-            4 | 5 => match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
-                // A report about a route the orchestrator issued, by a miner
-                // on it (the tail's loss, the head's backward) or anyone.
-                Some(r) => {
-                    let on = |i: usize| r.pathway.get(i).and_then(|p| p.as_slice().try_into().ok()).map(PeerId);
-                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
-                    if op % 13 == 4 {
-                        let by = if b.u8() & 1 == 0 { on(1).unwrap_or(peer) } else { peer };
-                        Event::Loss { peer: by, mb, attempt: r.attempt, loss: b.u8() as f32 / 8.0, tokens: 4 }
-                    } else {
-                        let by = if b.u8() & 1 == 0 { on(0).unwrap_or(peer) } else { peer };
-                        Event::BackwardDone { peer: by, mb, attempt: r.attempt }
-                    }
-                }
-                None => Event::Tick,
-            },
-            6 => Event::UploadDone {
-                peer,
-                epoch: o.epoch(),
-                stage: b.u8() as u32 % 3,
-                key: String::new(),
-                work: b.u64(),
-                object: (!butterfly).then(|| {
-                    let stage = o.miner(&peer).map_or(0, |m| m.stage);
-                    let key = format!("epoch-{:06}/stage-{stage:03}/{}.safetensors", o.epoch(), peer.to_hex());
-                    StoredObject::of(&key, &[b.u8()], peer)
-                }),
-                commitments: Vec::new(),
-            },
-            7 => {
-                let stage = b.u8() as u32 % 2;
-                let pick = b.u8() as usize;
-                match o.merge_plan(stage).filter(|p| !p.partitions.is_empty()) {
-                    Some(p) => {
-                        let k = pick % p.partitions.len();
-                        let q = &p.partitions[k];
-                        let by = if b.u8() & 1 == 0 { q.owners.first().copied().unwrap_or(peer) } else { peer };
-                        Event::SliceDone {
-                            peer: by,
-                            epoch: p.epoch,
-                            stage,
-                            partition: k as u32,
-                            generation: q.generation,
-                            hash: vec![b.u8() % 2; 32],
-                            // Headers that are not signed contributions
-                            // (refused), sometimes.
-                            contributions: (0..b.u8() % 4 / 3)
-                                .map(|_| vec![b.u8(); iota_core::wire::header_len()])
-                                .collect(),
-                            flagged: (0..b.u8() % 4 / 3).map(|_| q.owners.last().copied().unwrap_or(peer)).collect(),
-                        }
-                    }
-                    None => Event::Tick,
-                }
-            }
-            8 => Event::MergeDone {
-                peer,
-                epoch: o.epoch(),
-                stage: b.u8() as u32 % 2,
-                key: String::new(),
-                weights_hash: vec![b.u8() % 2; 32],
-                object: (!butterfly).then(|| {
-                    let stage = o.miner(&peer).map_or(0, |m| m.stage);
-                    StoredObject::of(&format!("epoch-{:06}/stage-{stage:03}/merged.safetensors", o.epoch()), &[1], peer)
-                }),
-                from_store: (b.u8() as u32 * 0x0101_0101, b.u8() as u32),
-            },
-            9 => {
-                let stage = b.u8() as u32 % 2;
-                let (offset, values) = match o.merge_plan(stage) {
-                    Some(p) if b.u8() & 1 == 0 && !p.partitions.is_empty() => {
-                        let q = &p.partitions[b.u8() as usize % p.partitions.len()];
-                        (q.offset, q.len)
-                    }
-                    _ => (b.u16() as u64, 1 + b.u16() as u64),
-                };
-                let dir = if b.u8() & 1 == 0 { "weights" } else { "momentum" };
-                let key = format!("epoch-{:06}/stage-{stage:03}/{dir}/{offset:012}-{values:012}.f32", o.epoch());
-                let object = StoredObject::part(&key, &vec![0u8; values as usize * 4], offset, peer);
-                Event::Stored { peer, epoch: o.epoch(), stage, object }
-            }
-            10 => {
-                let stage = b.u8() as u32 % 2;
-                let object = o
-                    .stage_weights(stage)
-                    .into_iter()
-                    .next()
-                    .unwrap_or_else(|| StoredObject::of("epoch-000000/stage-000/merged.safetensors", &[2], peer));
-                Event::BadObject { peer, epoch: o.epoch(), stage, object, reason: "fuzz".into() }
-            }
-            11 => match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
-                // A miner on a route names a neighbour (or anyone) as failed.
-                Some(r) => {
-                    let on = |i: usize| r.pathway.get(i).and_then(|p| p.as_slice().try_into().ok()).map(PeerId);
-                    let pick = b.u8();
-                    let (by, named) = match pick % 3 {
-                        0 => (on(0).unwrap_or(peer), on(1).unwrap_or(peer)),
-                        1 => (on(1).unwrap_or(peer), on(0).unwrap_or(peer)),
-                        _ => (peer, peers[b.u8() as usize % peers.len()]),
-                    };
-                    let failure = [pb::Failure::Unreachable, pb::Failure::NoInput][(pick as usize >> 2) % 2];
-                    let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
-                    Event::PeerFailed { peer: by, mb, attempt: r.attempt, named, failure }
-                }
-                None => Event::Tick,
-            },
-            _ => {
-                now += 100 * b.u8() as u64;
-                Event::Tick
-            }
-        };
-        let Ok(outs) = o.step(now, ev, &mut rng) else { continue };
-        for out in outs {
-            if let pb::command::Kind::Route(r) = out.cmd {
-                assert_eq!(r.pathway.len(), 2, "one miner per stage");
-                for p in &r.pathway {
-                    let id = PeerId(p.as_slice().try_into().expect("32-byte ids"));
-                    assert!(o.miner(&id).is_some(), "routes name registered miners");
-                }
-                if routes.len() >= 256 {
-                    routes.remove(0);
-                }
-                routes.push(r);
-            }
-        }
-        let at = (o.epoch(), order(o.phase()));
-        assert!(at >= last, "the phase moved back: {last:?} -> {at:?}");
-        last = at;
-        for e in o.history() {
-            assert!(e.completed + e.dropped <= 4, "an epoch counted a micro-batch twice: {e:?}");
-        }
-    }
-    last
-}
+pub use crate::fuzz_orchestrator::{orchestrator_events, orchestrator_run};
 
 /// A frame from a participant of a merge, signed with its real key, with
 /// header fields and payload the fuzzer chooses (each field either the one

@@ -56,9 +56,14 @@ fn every_target_survives_generated_inputs() {
 fn the_orchestrator_seeds_drive_runs_past_their_first_epoch() {
     for seed in ["parameter-server-run", "butterfly-run"] {
         let data = std::fs::read(seeds_dir().join("orchestrator_events").join(seed)).unwrap();
-        let (epoch, phase) = iota_tests::fuzz_bodies::orchestrator_run(&data);
-        assert!((epoch, phase) >= (0, 3), "{seed} got only to epoch {epoch} phase {phase}");
+        let r = iota_tests::fuzz_bodies::orchestrator_run(&data);
+        assert!((r.epoch, r.phase) >= (0, 3), "{seed} got only to epoch {} phase {}", r.epoch, r.phase);
     }
+    // With validators: evidence asked for, a miner convicted by the
+    // stake's verdicts, the merge voted on, the next epoch started.
+    let data = std::fs::read(seeds_dir().join("orchestrator_events").join("validated-run")).unwrap();
+    let r = iota_tests::fuzz_bodies::orchestrator_run(&data);
+    assert!(r.epoch >= 1 && r.verdicts >= 4 && r.convictions >= 1, "validated-run reached only {r:?}");
 }
 
 #[test]
