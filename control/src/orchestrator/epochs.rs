@@ -239,25 +239,27 @@ impl Orchestrator {
 
     /// The merged weights each stage starts the next epoch from, so
     /// validators know the weights an attempt before the first inner step
-    /// must have used: the hash the most validator stake says it loaded
-    /// from the store, then the one the most participants reported (a liar
-    /// among two replicas ties with the honest one; the validators, who
-    /// hashed the stored weights, break the tie). A parameter server's
-    /// aggregator reports no hash: there the validators' is the record.
+    /// must have used: the hash more than half of the run's validator
+    /// stake says it loaded from the store, else the one the most
+    /// participants reported (a liar among two replicas ties with the
+    /// honest one; a stake majority, who hashed the stored weights, breaks
+    /// the tie, and a minority validator cannot name the record). A
+    /// parameter server's aggregator reports no hash: there only the
+    /// validators' can be the record.
     fn record_stage_starts(&mut self) {
         let loaded = self.loaded_merge_hashes();
+        let total = self.total_stake();
         let stages: BTreeSet<u32> = self.butterfly.keys().chain(self.merged.keys()).copied().collect();
         for s in stages {
-            let mut score: BTreeMap<[u8; 32], (u64, usize)> = BTreeMap::new();
+            let by_stake = loaded.get(&s).into_iter().flatten().find(|(_, st)| 2 * u128::from(**st) > total);
+            let mut counts: BTreeMap<[u8; 32], usize> = BTreeMap::new();
             let reported = self.butterfly.get(&s).map(|bm| bm.done.values()).into_iter().flatten();
             for h in reported.chain(self.merged_hash.get(&s)) {
-                score.entry(*h).or_default().1 += 1;
+                *counts.entry(*h).or_default() += 1;
             }
-            for (h, stake) in loaded.get(&s).into_iter().flatten() {
-                score.entry(*h).or_default().0 += stake;
-            }
-            match score.into_iter().max_by_key(|(_, n)| *n) {
-                Some((h, _)) => self.validation.starts.insert(s, h),
+            let by_reports = counts.into_iter().max_by_key(|(_, n)| *n).map(|(h, _)| h);
+            match by_stake.map(|(h, _)| *h).or(by_reports) {
+                Some(h) => self.validation.starts.insert(s, h),
                 None => self.validation.starts.remove(&s),
             };
         }

@@ -119,8 +119,8 @@ impl Orchestrator {
             return;
         };
         let stake = |p: &PeerId| self.validation.validators.get(p).map_or(0, |v| v.stake);
-        let total: u64 = self.validation.validators.values().map(|v| v.stake).sum();
-        let majority = |s: u64| 2 * u128::from(s) > u128::from(total);
+        let total = self.total_stake();
+        let majority = |s: u64| 2 * u128::from(s) > total;
         let (mut agree, mut differ) = (0u64, 0u64);
         let mut missing: BTreeMap<PeerId, u64> = BTreeMap::new();
         let mut other = None;
@@ -196,8 +196,8 @@ impl Orchestrator {
             return;
         };
         let stake = |p: &PeerId| self.validation.validators.get(p).map_or(0, |v| v.stake);
-        let total: u64 = self.validation.validators.values().map(|v| v.stake).sum();
-        let majority = |s: u64| 2 * u128::from(s) > u128::from(total);
+        let total = self.total_stake();
+        let majority = |s: u64| 2 * u128::from(s) > total;
         let (mut confirm, mut refute) = (0u64, 0u64);
         for (v, ans) in &a.answers {
             if let AuditAnswer::Hash(_, flagged) = ans {

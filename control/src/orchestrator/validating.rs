@@ -548,6 +548,13 @@ impl Orchestrator {
         None
     }
 
+    /// The run's whole validator stake, registered or not: a majority is
+    /// more than half of it (as the quorum counts), so validators that are
+    /// down cannot hand the rest a majority.
+    pub(super) fn total_stake(&self) -> u128 {
+        self.spec.validation.validators.iter().map(|v| u128::from(v.stake)).sum()
+    }
+
     /// Each stage's merged-weights hashes the current epoch's merge voters
     /// loaded from the store, with the stake behind each.
     pub(super) fn loaded_merge_hashes(&self) -> BTreeMap<u32, BTreeMap<[u8; 32], u64>> {

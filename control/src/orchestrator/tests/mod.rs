@@ -105,8 +105,11 @@ struct Sim {
     /// Butterfly participants that report [0xff; 32] as their merged
     /// weights' hash (the honest one is [7; 32]).
     merge_liars: BTreeSet<PeerId>,
-    /// Validators send no hashes of what they loaded with their merge votes.
-    votes_without_hashes: bool,
+    /// Validators that answer every merge audit with a made-up result.
+    audit_liars: BTreeSet<PeerId>,
+    /// What a validator says it loaded with its merge votes (None: no
+    /// hashes); those not here say the honest [7; 32].
+    vote_hashes: std::collections::BTreeMap<PeerId, Option<[u8; 32]>>,
     /// Routes (seq, attempt) miners sit on: recorded in `held_routes`, not
     /// worked (a test completes or fails them itself).
     hold: BTreeSet<(u64, u32)>,
@@ -147,7 +150,8 @@ impl Sim {
             audits_heard: 0,
             rollback_votes: BTreeSet::new(),
             merge_liars: BTreeSet::new(),
-            votes_without_hashes: false,
+            vote_hashes: Default::default(),
+            audit_liars: BTreeSet::new(),
             hold: BTreeSet::new(),
             held_routes: Vec::new(),
         }
@@ -386,7 +390,7 @@ impl Sim {
                             stage: plan.stage,
                             partition: k,
                             generation: plan.partitions[k as usize].generation,
-                            hash: Some([k as u8 + 1; 32]),
+                            hash: Some(if self.audit_liars.contains(&to) { [0xdd; 32] } else { [k as u8 + 1; 32] }),
                             missing: Vec::new(),
                             flagged: Vec::new(),
                             reason: String::new(),
@@ -400,10 +404,9 @@ impl Sim {
                         let loss = if rollback { 99.0 } else { 2.0 };
                         let reason = String::new();
                         // What the stored merge hashes to: the honest [7; 32].
-                        let merged = if self.votes_without_hashes {
-                            Vec::new()
-                        } else {
-                            mc.stages.iter().map(|st| (st.stage, [7; 32])).collect()
+                        let merged = match self.vote_hashes.get(&to).copied().unwrap_or(Some([7; 32])) {
+                            Some(h) => mc.stages.iter().map(|st| (st.stage, h)).collect(),
+                            None => Vec::new(),
                         };
                         self.ev(Event::MergeVote { validator: to, epoch: mc.epoch, rollback, loss, reason, merged });
                     }
@@ -611,6 +614,7 @@ mod hedging;
 mod liveness;
 mod membership;
 mod memory;
+mod merge_audits;
 mod objects;
 mod overlap;
 mod restarts;
