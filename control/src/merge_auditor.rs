@@ -43,7 +43,7 @@ pub async fn audit(
         _ => (0, 0, 0),
     };
     let result = match plan {
-        Some(Ok(plan)) => recompute(&ma, &plan, &spec, run_id, &store, &mut busy).await,
+        Some(Ok(plan)) => recompute(&ma, &plan, &spec, run_id, &store, CONTRIBUTION_WAIT, &mut busy).await,
         Some(Err(e)) => Err(format!("the audit's plan: {e}")),
         None => Err("an audit without a plan".into()),
     };
@@ -70,12 +70,20 @@ pub async fn audit(
     busy
 }
 
+/// A read error that says the object is not there for this reader (never
+/// stored, or not granted: S3 answers 403 for a missing key to a reader
+/// without the right to list), not that the store failed.
+fn not_there(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
+}
+
 async fn recompute(
     ma: &pb::MergeAudit,
     plan: &iota_core::merge::MergePlan,
     spec: &MergeSpec,
     run_id: u64,
     store: &SharedStore,
+    wait: Duration,
     busy: &mut Duration,
 ) -> Result<AuditFinding, String> {
     let t0 = Instant::now();
@@ -97,15 +105,28 @@ async fn recompute(
     };
     *busy += t0.elapsed();
     let prefix = format!("{}{k:06}/", contrib_prefix(plan.epoch, plan.stage));
-    let deadline = Instant::now() + CONTRIBUTION_WAIT;
+    let deadline = Instant::now() + wait;
     let mut frames: BTreeMap<PeerId, Vec<u8>> = BTreeMap::new();
+    // Participants whose frame the store failed to read (an outage, not a
+    // missing object): at the deadline the audit is not possible rather
+    // than their contribution withheld.
+    let mut unreadable: BTreeMap<PeerId, String> = BTreeMap::new();
     loop {
         for p in &plan.participants {
             if frames.contains_key(&p.peer) {
                 continue;
             }
-            if let Ok(bytes) = store.get(&format!("{prefix}{}.frame", p.peer.to_hex())).await {
-                frames.insert(p.peer, bytes);
+            match store.get(&format!("{prefix}{}.frame", p.peer.to_hex())).await {
+                Ok(bytes) => {
+                    unreadable.remove(&p.peer);
+                    frames.insert(p.peer, bytes);
+                }
+                Err(e) if not_there(&e) => {
+                    unreadable.remove(&p.peer);
+                }
+                Err(e) => {
+                    unreadable.insert(p.peer, e.to_string());
+                }
             }
         }
         let mut m = momentum.clone(); // the reduce updates it in place
@@ -121,7 +142,72 @@ async fn recompute(
                 }
                 tokio::time::sleep(POLL).await;
             }
+            AuditFinding::Missing(ps) => {
+                if let Some((p, why)) = ps.iter().find_map(|p| unreadable.get(p).map(|w| (p, w))) {
+                    return Err(format!("the store failed reading {p}'s contribution: {why}"));
+                }
+                return Ok(AuditFinding::Missing(ps));
+            }
             found => return Ok(found),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::Arc;
+
+    use iota_core::Identity;
+    use iota_core::merge::{MergePlan, Participant};
+    use iota_protocol::ObjectStore;
+    use iota_protocol::object_store::StoreFuture;
+
+    use super::*;
+
+    /// A store that answers every read of a participant's frame with that
+    /// participant's error kind (NotFound for those not listed).
+    struct FailingStore(BTreeMap<String, io::ErrorKind>);
+
+    impl ObjectStore for FailingStore {
+        fn put<'a>(&'a self, _: &'a str, _: Vec<u8>) -> StoreFuture<'a, ()> {
+            Box::pin(std::future::ready(Ok(())))
+        }
+        fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Vec<u8>> {
+            let kind =
+                self.0.iter().find(|(hex, _)| key.contains(hex.as_str())).map_or(io::ErrorKind::NotFound, |k| *k.1);
+            Box::pin(std::future::ready(Err(io::Error::new(kind, "test store"))))
+        }
+        fn list<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<String>> {
+            Box::pin(std::future::ready(Ok(Vec::new())))
+        }
+    }
+
+    /// A contribution the store could not read (an outage) is not one its
+    /// sender withheld: the audit is not possible, and names nobody.
+    #[tokio::test]
+    async fn a_store_outage_is_not_a_withheld_contribution() {
+        let ids: Vec<PeerId> = (0..3).map(|i| Identity::from_seed([60 + i; 32]).peer_id()).collect();
+        let ps = ids.iter().map(|p| Participant { peer: *p, work: 1 }).collect();
+        let plan = MergePlan::new(0, 1, ps, 3000, 7, 2);
+        let ma = pb::MergeAudit { partition: 1, ..Default::default() };
+        let spec = MergeSpec::default();
+        let run = |failures: Vec<(usize, io::ErrorKind)>| {
+            let store: SharedStore =
+                Arc::new(FailingStore(failures.into_iter().map(|(i, k)| (ids[i].to_hex(), k)).collect()));
+            let (ma, plan, spec) = (ma.clone(), plan.clone(), spec.clone());
+            async move {
+                let mut busy = Duration::ZERO;
+                recompute(&ma, &plan, &spec, 7, &store, Duration::ZERO, &mut busy).await
+            }
+        };
+        // Never stored, or not readable by this validator: withheld.
+        let all = run(vec![(1, io::ErrorKind::PermissionDenied)]).await;
+        assert!(matches!(&all, Ok(AuditFinding::Missing(m)) if m.len() == 3), "{all:?}");
+        // The store failed on one of them: no finding at all.
+        for kind in [io::ErrorKind::TimedOut, io::ErrorKind::Other, io::ErrorKind::ConnectionReset] {
+            let r = run(vec![(2, kind)]).await;
+            assert!(matches!(&r, Err(why) if why.contains("store failed")), "{kind:?}: {r:?}");
         }
     }
 }
