@@ -43,7 +43,9 @@ pub use self::state::{
 };
 use self::state::{MbRecord, Upload};
 use self::validation_state::Validation;
-pub use self::validation_state::{MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey};
+pub use self::validation_state::{
+    MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
+};
 
 pub type Ms = u64;
 

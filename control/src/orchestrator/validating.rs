@@ -32,8 +32,8 @@ use crate::validation::quorum::{Accusation, Check, Consequence};
 use crate::validation::sample::beacon;
 
 use super::validation_state::{
-    MAX_EQUIVOCATION_RECORDS, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round, ValidatorState,
-    VerdictIn, VerdictRecord, WorkKey,
+    MAX_EQUIVOCATION_RECORDS, MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round,
+    ValidatorState, VerdictIn, VerdictRecord, WorkKey,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
 
@@ -369,11 +369,30 @@ impl Orchestrator {
         if !self.miners.contains_key(&v.miner) {
             return Err(Refusal::Invalid(format!("{} is no miner of this run", v.miner)));
         }
+        if v.signed.len() > MAX_SIGNED_VERDICT {
+            return Err(Refusal::Invalid(format!(
+                "a verdict's signed request of {} bytes (at most {MAX_SIGNED_VERDICT})",
+                v.signed.len()
+            )));
+        }
         let q = self.validation.quorum.as_mut().ok_or_else(|| Refusal::Invalid("this run has no validators".into()))?;
         let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
+        let forgotten = v.epoch < q.forgotten_before();
         let consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
         if v.guilty {
             warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, reason = %v.reason, "verdict: guilty");
+        }
+        // Only a validator's first vote on an accusation of a live epoch
+        // goes on record: repeats and votes on forgotten epochs count for
+        // nothing, and must not push other validators' records out.
+        let repeat = self
+            .validation
+            .verdicts
+            .iter()
+            .any(|r| (r.epoch, r.miner, r.validator, r.check) == (v.epoch, v.miner, v.validator, v.check));
+        if forgotten || repeat {
+            self.apply_consequences(now, consequences, out);
+            return Ok(());
         }
         if self.validation.verdicts.len() >= MAX_VERDICT_RECORDS {
             self.validation.verdicts.remove(0);

@@ -13,6 +13,9 @@ type Ms = u64;
 
 /// Verdicts kept on record (the oldest go first).
 pub const MAX_VERDICT_RECORDS: usize = 16_384;
+/// Largest signed request kept with a verdict: an honest `Validate(Verdict)`
+/// envelope is under 1 KiB (ids, a hash, a reason of at most 256 bytes).
+pub const MAX_SIGNED_VERDICT: usize = 4096;
 /// Proofs of merge equivocation a run keeps (each a few hundred bytes).
 pub const MAX_EQUIVOCATION_RECORDS: usize = 256;
 /// Attempts of one miner listed in an `EpochWork`.

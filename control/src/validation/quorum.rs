@@ -117,6 +117,11 @@ impl Quorum {
         self.decided.retain(|a, _| a.epoch >= keep);
     }
 
+    /// Votes on accusations of epochs before this one count for nothing.
+    pub fn forgotten_before(&self) -> u64 {
+        self.forgotten_before
+    }
+
     pub fn is_validator(&self, p: &PeerId) -> bool {
         self.stakes.contains_key(p)
     }

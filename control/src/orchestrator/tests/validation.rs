@@ -303,6 +303,35 @@ fn a_stage_whose_replicas_are_all_suspended_does_not_stall_the_run() {
     assert_eq!(s.o.counters().dropped, 0);
 }
 
+/// A validator repeating its vote fills no record: only its first vote on
+/// an accusation is kept; a verdict whose signed request is larger than an
+/// honest one can be is refused.
+#[test]
+fn repeated_or_oversized_verdicts_are_not_kept() {
+    let mut s = start(validated_spec());
+    until_held(&mut s);
+    let m = peer(0);
+    for _ in 0..50 {
+        vote(&mut s, 1, 0, m, true).unwrap();
+    }
+    assert_eq!(s.o.verdicts().len(), 1, "one record of 50 identical votes");
+    vote(&mut s, 1, 0, peer(1), true).unwrap();
+    assert_eq!(s.o.verdicts().len(), 2, "another accusation is another record");
+    let big = Event::Verdict(VerdictIn {
+        validator: validator(0),
+        epoch: 0,
+        miner: m,
+        check: Check::Recompute,
+        guilty: true,
+        samples: 4,
+        evidence_hash: None,
+        reason: String::new(),
+        signed: vec![0; MAX_SIGNED_VERDICT + 1],
+    });
+    assert!(matches!(s.o.step(s.now, big, &mut s.rng), Err(Refusal::Invalid(ref r)) if r.contains("signed")));
+    assert_eq!((s.o.verdicts().len(), s.o.counters().convictions), (2, 0), "refused whole: no vote counted");
+}
+
 /// The Training command each miner heard for `epoch`: (weights_from, objects).
 fn training_weights(s: &Sim, epoch: u64) -> Vec<(u64, usize)> {
     s.phases_heard
