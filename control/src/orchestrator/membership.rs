@@ -234,11 +234,28 @@ impl Orchestrator {
 
     /// Called once when a run is restored from saved state at `now`: the
     /// time the orchestrator was down is nobody's silence. Every miner's
-    /// heartbeat clock and the current phase's timer start again from now
-    /// (reports made during the downtime are still being retried).
+    /// and validator's heartbeat clock, the current phase's timer and the
+    /// validation timers (the round, the merge check, open merge audits)
+    /// start again from now (reports made during the downtime are still
+    /// being retried): else the first tick after a long downtime finds no
+    /// validator live and every wait over, and the merge goes on unchecked.
     pub fn resumed(&mut self, now: Ms) {
         for m in self.miners.values_mut() {
             m.last_seen_ms = now;
+        }
+        for v in self.validation.validators.values_mut() {
+            v.last_seen_ms = now;
+        }
+        if let Some(r) = self.validation.round.as_mut() {
+            r.started_ms = now;
+        }
+        if let Some(r) = self.validation.merge_round.as_mut() {
+            r.started_ms = now;
+        }
+        for a in &mut self.validation.merge_audits {
+            if a.since.is_some() {
+                a.since = Some(now);
+            }
         }
         self.phase_since = now;
     }

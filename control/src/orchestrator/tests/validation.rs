@@ -332,6 +332,27 @@ fn repeated_or_oversized_verdicts_are_not_kept() {
     assert_eq!((s.o.verdicts().len(), s.o.counters().convictions), (2, 0), "refused whole: no vote counted");
 }
 
+/// An orchestrator restored after a downtime longer than the validators'
+/// heartbeat timeout and the validation timeout still waits for the round
+/// it was holding the merge for: the downtime is nobody's silence.
+#[test]
+fn a_restart_during_a_validation_round_still_waits_for_the_validators() {
+    let mut s = start(validated_spec());
+    until_held(&mut s);
+    let saved = serde_json::to_string(&s.o).unwrap();
+    s.o = serde_json::from_str(&saved).unwrap();
+    s.now += 60_000;
+    s.o.resumed(s.now);
+    s.tick(100);
+    assert_eq!(*s.o.phase(), Phase::Uploading, "the round still holds the merge: {:?}", s.o.counters());
+    assert_eq!(s.o.counters().validation_timeouts, 0);
+    assert_eq!(s.o.counters().unvalidated_epochs, 0);
+    done(&mut s, 0, 0);
+    done(&mut s, 1, 0);
+    s.tick(100);
+    assert_eq!(*s.o.phase(), Phase::Merging);
+}
+
 /// The Training command each miner heard for `epoch`: (weights_from, objects).
 fn training_weights(s: &Sim, epoch: u64) -> Vec<(u64, usize)> {
     s.phases_heard
