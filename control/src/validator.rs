@@ -27,6 +27,7 @@ use crate::validation::check::Checker;
 use crate::validation::merge_reports;
 use crate::validation::round::{Action, CheckJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
+use crate::validation::train_loss;
 
 #[derive(Clone, Debug)]
 pub struct ValidatorOptions {
@@ -190,9 +191,9 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     // model's, measured with the first check).
     let mut last_good: Option<f32> = None;
     let jump = cfg.spec.validation.rollback_loss_jump;
-    // Each epoch's training loss near its end, as its tails reported it
-    // (in the epoch's work; the round re-checks a sample of the reports).
-    let mut train_loss: BTreeMap<u64, f32> = BTreeMap::new();
+    // Each epoch's tails' losses near its end, as they reported them (in
+    // the epoch's work; the round re-checks a sample of the reports).
+    let mut train_tails: BTreeMap<u64, Vec<(PeerId, f32)>> = BTreeMap::new();
     let last_stage = cfg.spec.stages.saturating_sub(1);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The round's evidence timeout runs on a monotonic clock: a wall clock
@@ -205,117 +206,110 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
             break Ok(());
         }
         let actions = tokio::select! {
-                    Some(input) = in_rx.recv() => match input {
-                        Input::Command(pb::command::Kind::EpochWork(w)) => {
-                            summary.rounds += 1;
-        let tail: Vec<f32> = w
-                                .miners
-                                .iter()
-                                .filter(|m| m.stage == last_stage)
-                                // The last quarter of each tail's reports (in issue
-                                // order): the state of the replicas being merged.
-                                .flat_map(|m| m.items.iter().skip(m.items.len() - m.items.len().div_ceil(4)).map(|i| i.loss))
-                                .filter(|l| l.is_finite())
-                                .collect();
-                            if !tail.is_empty() {
-                                train_loss.insert(w.epoch, tail.iter().sum::<f32>() / tail.len() as f32);
-                                while train_loss.len() > 4 {
-                                    train_loss.pop_first();
-                                }
-                            }
-                            core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
-                                warn!(epoch = w.epoch, error = %e, "epoch work refused");
-                                Vec::new()
-                            })
-                        }
-                        Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
-                            Some(Ok(o)) => core.on_evidence(st.epoch, o),
-                            _ => Vec::new(),
-                        },
-                        Input::Command(pb::command::Kind::MergeAudit(ma)) => {
-                            let (spec, store, client, in_tx) = (cfg.spec.merge.clone(), store.clone(), client.clone(), in_tx.clone());
-                            let run_id = reply.run_id;
-                            tokio::spawn(async move {
-                                let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
-                                let _ = in_tx.send(Input::MergeAudited(took)).await;
-                            });
-                            Vec::new()
-                        }
-                        Input::MergeAudited(took) => {
-                            summary.merge_audits += 1;
-                            summary.check_time += took;
-                            Vec::new()
-                        }
-                        Input::Command(pb::command::Kind::MergeCheck(mc)) => {
-                            evaluate_merge(mc, &cfg, &store, &checker, last_good.is_none(), &in_tx);
-                            Vec::new()
-                        }
-                        Input::Command(_) => Vec::new(),
-                        Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took } => {
-                            for f in &false_reports {
-                                let reason = merge_reports::reason(f);
-                                warn!(epoch, miner = %f.peer, reason = %reason, "voting guilty: a false merge report");
-                                summary.guilty_votes.push((epoch, f.peer, reason.clone()));
-                                let v = pb::Verdict {
-                                    epoch,
-                                    miner: f.peer.0.to_vec(),
-                                    check: pb::Check::Merge as i32,
-                                    guilty: true,
-                                    samples: 0,
-                                    evidence_hash: Vec::new(),
-                                    reason,
-                                };
-                                if let Err(e) = client.validate(pb::validator_report::Kind::Verdict(v)).await {
-                                    warn!(error = %e, "merge report verdict failed");
-                                }
-                            }
+            Some(input) = in_rx.recv() => match input {
+                Input::Command(pb::command::Kind::EpochWork(w)) => {
+                    summary.rounds += 1;
+                    train_tails.insert(w.epoch, train_loss::late_tail_losses(&w, last_stage));
+                    while train_tails.len() > 4 {
+                        train_tails.pop_first();
+                    }
+                    core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
+                        warn!(epoch = w.epoch, error = %e, "epoch work refused");
+                        Vec::new()
+                    })
+                }
+                Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
+                    Some(Ok(o)) => core.on_evidence(st.epoch, o),
+                    _ => Vec::new(),
+                },
+                Input::Command(pb::command::Kind::MergeAudit(ma)) => {
+                    let (spec, store, client, in_tx) = (cfg.spec.merge.clone(), store.clone(), client.clone(), in_tx.clone());
+                    let run_id = reply.run_id;
+                    tokio::spawn(async move {
+                        let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
+                        let _ = in_tx.send(Input::MergeAudited(took)).await;
+                    });
+                    Vec::new()
+                }
+                Input::MergeAudited(took) => {
+                    summary.merge_audits += 1;
                     summary.check_time += took;
-                            // Against the better of the last model it kept (the
-                            // seed's at first) and the epoch's own training loss: a
-                            // merge far worse than the models it merged is suspect.
-                            let base = [last_good.or(seed_loss), train_loss.get(&epoch).copied()]
-                                .into_iter()
-                                .flatten()
-                                .min_by(f32::total_cmp);
-                            let (rollback, reason) = match &loss {
-                                Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
-                                Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
-                                Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
-                                    (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
-                                }
-                                Ok(_) => (false, String::new()),
-                            };
-                            let l = loss.unwrap_or(f32::NAN);
-                            summary.merge_losses.push((epoch, l));
-                            // What it loaded, whatever it votes: the orchestrator
-                            // records the stake's hash as each stage's start.
-                            let merged = stage_hashes
-                                .iter()
-                                .map(|(s, h)| pb::StageStart { stage: *s, weights_hash: h.to_vec(), weights_from: 0 })
-                                .collect();
-                            if rollback {
-                                warn!(epoch, reason = %reason, "voting to roll the merge back");
-                                summary.rollback_votes.push(epoch);
-                            } else {
-                                last_good = Some(l);
-                                core.merge_kept(epoch, stage_hashes);
-                            }
-                            let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
-                            let vote = pb::MergeVote { epoch, rollback, loss: l, reason, merged };
-                            if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
-                                warn!(error = %e, "merge vote failed");
-                            }
-                            Vec::new()
+                    Vec::new()
+                }
+                Input::Command(pb::command::Kind::MergeCheck(mc)) => {
+                    evaluate_merge(mc, &cfg, &store, &checker, last_good.is_none(), &in_tx);
+                    Vec::new()
+                }
+                Input::Command(_) => Vec::new(),
+                Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took } => {
+                    for f in &false_reports {
+                        let reason = merge_reports::reason(f);
+                        warn!(epoch, miner = %f.peer, reason = %reason, "voting guilty: a false merge report");
+                        summary.guilty_votes.push((epoch, f.peer, reason.clone()));
+                        let v = pb::Verdict {
+                            epoch,
+                            miner: f.peer.0.to_vec(),
+                            check: pb::Check::Merge as i32,
+                            guilty: true,
+                            samples: 0,
+                            evidence_hash: Vec::new(),
+                            reason,
+                        };
+                        if let Err(e) = client.validate(pb::validator_report::Kind::Verdict(v)).await {
+                            warn!(error = %e, "merge report verdict failed");
                         }
-                        Input::Checked(job, res, took) => {
-                            summary.checked += 1;
-                            summary.check_time += took;
-                            core.checked(&job, res)
+                    }
+            summary.check_time += took;
+                    // Against the better of the last model it kept (the
+                    // seed's at first) and the epoch's own training loss: a
+                    // merge far worse than the models it merged is suspect.
+                    // Tails this validator found guilty (of lying about
+                    // their loss, say) are left out of the training loss.
+                    let trained =
+                        train_tails.get(&epoch).and_then(|t| train_loss::baseline(t, &core.found_guilty(epoch)));
+                    let base = [last_good.or(seed_loss), trained]
+                        .into_iter()
+                        .flatten()
+                        .min_by(f32::total_cmp);
+                    let (rollback, reason) = match &loss {
+                        Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
+                        Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
+                        Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
+                            (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
                         }
-                        Input::Unreadable(job) => core.unreadable(&job),
-                    },
-                    _ = tick.tick() => core.tick(elapsed_ms()),
-                };
+                        Ok(_) => (false, String::new()),
+                    };
+                    let l = loss.unwrap_or(f32::NAN);
+                    summary.merge_losses.push((epoch, l));
+                    // What it loaded, whatever it votes: the orchestrator
+                    // records the stake's hash as each stage's start.
+                    let merged = stage_hashes
+                        .iter()
+                        .map(|(s, h)| pb::StageStart { stage: *s, weights_hash: h.to_vec(), weights_from: 0 })
+                        .collect();
+                    if rollback {
+                        warn!(epoch, reason = %reason, "voting to roll the merge back");
+                        summary.rollback_votes.push(epoch);
+                    } else {
+                        last_good = Some(l);
+                        core.merge_kept(epoch, stage_hashes);
+                    }
+                    let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
+                    let vote = pb::MergeVote { epoch, rollback, loss: l, reason, merged };
+                    if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
+                        warn!(error = %e, "merge vote failed");
+                    }
+                    Vec::new()
+                }
+                Input::Checked(job, res, took) => {
+                    summary.checked += 1;
+                    summary.check_time += took;
+                    core.checked(&job, res)
+                }
+                Input::Unreadable(job) => core.unreadable(&job),
+            },
+            _ = tick.tick() => core.tick(elapsed_ms()),
+        };
         for mut a in actions {
             if let Action::Vote { guilty, reason, .. } = &mut a
                 && opts.accuse_everyone

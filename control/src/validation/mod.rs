@@ -2,7 +2,8 @@
 //! ([`sample`]) and how the validators' verdicts become consequences
 //! ([`quorum`]), one validator's round ([`round`]), its check of one
 //! evidence object ([`check`]) and of what a merge's participants said
-//! they merged ([`merge_reports`]). The validator process and the orchestrator drive these
+//! they merged ([`merge_reports`]), and the training loss a merged model is
+//! held against ([`train_loss`]). The validator process and the orchestrator drive these
 //! from their events; simulations drive them directly.
 
 pub mod check;
@@ -11,3 +12,4 @@ pub mod merge_reports;
 pub mod quorum;
 pub mod round;
 pub mod sample;
+pub mod train_loss;
