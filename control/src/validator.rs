@@ -295,7 +295,9 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                         core.merge_kept(epoch, stage_hashes);
                     }
                     let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
-                    let vote = pb::MergeVote { epoch, rollback, loss: l, reason, merged };
+                    // A loss that is no number to record (an infinity) goes as NaN.
+                    let measured = if l.is_finite() && l >= 0.0 { l } else { f32::NAN };
+                    let vote = pb::MergeVote { epoch, rollback, loss: measured, reason, merged };
                     if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
                         warn!(error = %e, "merge vote failed");
                     }

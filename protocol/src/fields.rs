@@ -292,6 +292,11 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
         Kind::Done(d) => weight_vector("done.weights", &d.weights)?,
         Kind::MergeVote(v) => {
             printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?;
+            // NaN says it could not measure; a loss is otherwise a finite
+            // number, never negative.
+            if !(v.loss.is_nan() || (v.loss.is_finite() && v.loss >= 0.0)) {
+                return Err(bad("merge_vote.loss", format!("must be a finite loss >= 0 or NaN, got {}", v.loss)));
+            }
             if v.merged.len() > MAX_VOTE_STAGES {
                 return Err(bad("merge_vote.merged", format!("names more than {MAX_VOTE_STAGES} stages")));
             }
@@ -432,6 +437,14 @@ mod tests {
         };
         let st = |stage: u32, n: usize| pb::StageStart { stage, weights_hash: vec![7; n], weights_from: 0 };
         assert!(validator_report(&merge_vote(Vec::new())).is_ok(), "a validator that could not load the merge");
+        let with_loss = |loss: f32| pb::ValidatorReport {
+            kind: Some(Kind::MergeVote(pb::MergeVote { epoch: 0, rollback: true, loss, ..Default::default() })),
+        };
+        assert!(validator_report(&with_loss(f32::NAN)).is_ok(), "could not measure");
+        assert!(validator_report(&with_loss(0.0)).is_ok());
+        for l in [-1.0, f32::INFINITY, f32::NEG_INFINITY] {
+            assert!(validator_report(&with_loss(l)).unwrap_err().message.contains("merge_vote.loss"), "{l}");
+        }
         assert!(validator_report(&merge_vote(vec![st(0, 32), st(1, 32)])).is_ok());
         for (bad_vote, why) in [
             (merge_vote(vec![st(0, 31)]), "weights_hash"),

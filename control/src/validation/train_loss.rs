@@ -54,7 +54,11 @@ mod tests {
 
     #[test]
     fn the_late_quarter_of_each_tail_counts() {
-        let w = work(&[(1, &[9.0, 9.0, 9.0, 4.0, 9.0, 9.0, 3.0, 5.0]), (2, &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, f32::NAN, 6.0]), (3, &[])]);
+        let w = work(&[
+            (1, &[9.0, 9.0, 9.0, 4.0, 9.0, 9.0, 3.0, 5.0]),
+            (2, &[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, f32::NAN, 6.0]),
+            (3, &[]),
+        ]);
         let t = late_tail_losses(&w, 2);
         assert_eq!(t, vec![(PeerId([1; 32]), 4.0), (PeerId([2; 32]), 6.0)], "NaN and empty tails left out");
         let mut bad = w.clone();
