@@ -257,8 +257,13 @@ impl Orchestrator {
         let r = self.validation.round.as_mut().expect("checked open");
         let mut request = Vec::new();
         for k in items {
+            let stored = r.evidence.contains_key(&(miner, k));
             let askers = r.asked.entry((miner, k)).or_default();
-            if askers.is_empty() {
+            // The first ask goes to the miner; so does a validator's second
+            // ask for evidence not yet stored (the request, or the miner's
+            // upload, was lost: a validator asks again once, half-way to
+            // its evidence timeout).
+            if askers.is_empty() || (!stored && askers.contains(&validator)) {
                 request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2 });
             }
             askers.insert(validator);

@@ -128,6 +128,10 @@ struct Round {
     /// Miners CLASP found significantly harmful.
     harmful: BTreeSet<PeerId>,
     done_said: bool,
+    /// The attempts still pending at half the evidence timeout were asked
+    /// for again (a request or an announcement lost on the way, or a
+    /// miner's failed upload, is not the miner's dishonesty).
+    reasked: bool,
 }
 
 /// One validator's rounds (one at a time: a new epoch's work ends the last).
@@ -289,6 +293,7 @@ impl ValidatorCore {
             order,
             harmful,
             done_said: false,
+            reasked: false,
         });
         self.finish(&mut out);
         Ok(out)
@@ -393,7 +398,17 @@ impl ValidatorCore {
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(r) = self.round.as_mut() else { return out };
-        if now.saturating_sub(r.started_ms) <= self.evidence_timeout_ms {
+        let waited = now.saturating_sub(r.started_ms);
+        if !r.reasked && waited > self.evidence_timeout_ms / 2 && waited <= self.evidence_timeout_ms {
+            r.reasked = true;
+            for (miner, v) in r.drawn.iter().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
+                let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
+                for chunk in keys.chunks(ASK_CHUNK) {
+                    out.push(Action::Ask { epoch: r.epoch, miner: *miner, items: chunk.to_vec() });
+                }
+            }
+        }
+        if waited <= self.evidence_timeout_ms {
             return out;
         }
         for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {

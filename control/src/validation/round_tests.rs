@@ -182,7 +182,13 @@ fn missing_evidence_is_voted_guilty_after_the_timeout() {
     let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
     let [Action::Check(job)] = jobs.as_slice() else { panic!() };
     assert!(c.checked(job, Ok(())).is_empty(), "one of two");
-    assert!(c.tick(1_000).is_empty(), "not yet overdue");
+    assert!(c.tick(500).is_empty(), "not yet half the timeout");
+    // Half-way, whatever is still pending is asked for once more (a lost
+    // request or announcement, a failed upload, is not the miner's doing).
+    let again = c.tick(501);
+    assert_eq!(again.len(), 3, "{again:?}");
+    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![asked[0].1[1]] }), "{again:?}");
+    assert!(c.tick(1_000).is_empty(), "asked again once; not yet overdue");
     let a = c.tick(1_001);
     assert_eq!(a.len(), 4, "{a:?}");
     assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples: 1, reason, .. }

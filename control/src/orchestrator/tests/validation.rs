@@ -160,6 +160,23 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     s.drain();
     assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(1)).count(), 1);
     assert_eq!(s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::EvidenceRequest(_))).count(), 1);
+    // Validator 0 asks again (its re-ask half-way to its timeout): the
+    // stored attempt is announced to it again, the other is asked of the
+    // miner again (the request or the upload may have been lost).
+    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![k0, k1] };
+    s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
+    s.drain();
+    assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(0)).count(), 2);
+    let requests: Vec<&pb::EvidenceRequest> = s
+        .validation_heard
+        .iter()
+        .filter_map(|o| match &o.cmd {
+            pb::command::Kind::EvidenceRequest(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].items, vec![pb::WorkRef { shard: k1.0, first_sample: k1.1, attempt: k1.2 }]);
 
     // 40% of the stake alone decides nothing; 60% more convicts.
     vote(&mut s, 1, 0, m1, true).unwrap();
