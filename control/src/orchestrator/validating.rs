@@ -108,9 +108,11 @@ impl Orchestrator {
         if open && self.phase == Phase::Uploading {
             let work = self.epoch_work();
             out.push(Out { to: peer, cmd: pb::command::Kind::EpochWork(work) });
+            // A validator that said done stays done: its round goes on
+            // (a stream re-opened) or, restarted, it re-checks and says
+            // done again; the merge does not wait for it meanwhile.
             if let Some(r) = self.validation.round.as_mut() {
                 r.sent_to.insert(peer);
-                r.done.remove(&peer);
             }
         }
     }
@@ -352,8 +354,14 @@ impl Orchestrator {
             if weights.iter().all(|w| *w == 0.0) {
                 return Err(Refusal::Invalid("all weights are zero: to rate nobody, send none".into()));
             }
-            if r.weights.contains_key(&validator) {
-                return Err(Refusal::Invalid(format!("weights for epoch {epoch} were already submitted")));
+            match r.weights.get(&validator) {
+                // The same weights again (a restarted validator's round): done.
+                Some(w) if *w == weights => {
+                    r.done.insert(validator);
+                    return Ok(());
+                }
+                Some(_) => return Err(Refusal::Invalid(format!("weights for epoch {epoch} were already submitted"))),
+                None => {}
             }
             r.weights.insert(validator, weights);
             r.signed_weights.insert(validator, signed);

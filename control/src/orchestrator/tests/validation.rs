@@ -349,6 +349,20 @@ fn repeated_or_oversized_verdicts_are_not_kept() {
     assert_eq!((s.o.verdicts().len(), s.o.counters().convictions), (2, 0), "refused whole: no vote counted");
 }
 
+/// A validator that said done and then opened its command stream again
+/// (a blip; its round is over) does not hold the merge back.
+#[test]
+fn a_validator_resubscribing_after_done_does_not_hold_the_merge() {
+    let mut s = start(validated_spec());
+    until_held(&mut s);
+    done(&mut s, 0, 0);
+    s.ev(Event::Subscribed { peer: validator(0) });
+    done(&mut s, 1, 0);
+    s.tick(100);
+    assert_eq!(*s.o.phase(), Phase::Merging, "{:?}", s.o.counters());
+    assert_eq!(s.o.counters().validation_timeouts, 0);
+}
+
 /// An orchestrator restored after a downtime longer than the validators'
 /// heartbeat timeout and the validation timeout still waits for the round
 /// it was holding the merge for: the downtime is nobody's silence.
