@@ -639,8 +639,11 @@ async fn two_colluding_owners_are_convicted_by_the_merge_audit_in_their_first_me
     let against_honest: Vec<_> = verdicts.iter().filter(|v| v.guilty && v.miner != pa && v.miner != pb).collect();
     assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
     assert_eq!(counters.divergent_merges, 0, "every merge left the replicas with the same weights");
-    let last_loss = history[1].mean_loss;
-    assert!(last_loss.is_finite() && last_loss < 5.4, "the run learns: {history:?}");
+    // The run learns: its last reported loss is well under the uniform
+    // model's ln 256 = 5.55. (Epoch 1's mean, over all its micro-batches,
+    // ran 4.2-5.0 in repeated runs and once past 5.4: too noisy to judge.)
+    assert!(history[1].mean_loss.is_finite());
+    assert!(counters.last_loss < 5.0, "the run learns: {history:?} {counters:?}");
 }
 
 // Miners on another backend than the validators (bf16 GEMMs against the
