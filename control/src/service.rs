@@ -653,7 +653,13 @@ impl OrchestratorRpc for OrchestratorService {
                 // The whole signed request goes into the ledger: each
                 // validator's weights stay checkable against its key.
                 let signed = prost::Message::encode_to_vec(&env);
-                Event::ValidationDone { validator: peer, epoch: d.epoch, weights: d.weights, signed }
+                Event::ValidationDone {
+                    validator: peer,
+                    epoch: d.epoch,
+                    weights: d.weights,
+                    miners_hash: d.miners_hash.as_slice().try_into().ok(),
+                    signed,
+                }
             }
             pb::validator_report::Kind::MergeAudit(a) => Event::MergeAudit {
                 validator: peer,

@@ -465,10 +465,11 @@ async fn act(
             };
             client.validate(Kind::Verdict(v)).await?;
         }
-        Action::Done { epoch, weights } => {
+        Action::Done { epoch, weights, miners_hash } => {
             info!(epoch, rated = weights.len(), "validation round done");
             summary.weights.push((epoch, weights.clone()));
-            client.validate(Kind::Done(pb::ValidationDone { epoch, weights })).await?;
+            let done = pb::ValidationDone { epoch, weights, miners_hash: miners_hash.to_vec() };
+            client.validate(Kind::Done(done)).await?;
         }
     }
     Ok(())

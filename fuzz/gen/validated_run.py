@@ -45,7 +45,7 @@ def validate(convict):
     for v in (0, 1):
         op(0xc0 | v, 1, 0, 3, 0, 1, 4, 9, 1)  # Verdict for peer 1: not guilty
     for v in (0, 1):
-        op(0xc0 | v, 0, 0, 5, 0)  # ValidationDone, no weights
+        op(0xc0 | v, 0, 0, 5, 1)  # ValidationDone, no weights (pick 1: none)
     tick(1)
 def merge(rollback):
     for i in range(4):

@@ -289,7 +289,12 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             }
             printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
         }
-        Kind::Done(d) => weight_vector("done.weights", &d.weights)?,
+        Kind::Done(d) => {
+            weight_vector("done.weights", &d.weights)?;
+            if !d.miners_hash.is_empty() {
+                hash32("done.miners_hash", &d.miners_hash)?;
+            }
+        }
         Kind::MergeVote(v) => {
             printable("merge_vote.reason", &v.reason, MAX_REASON_LEN)?;
             // NaN says it could not measure; a loss is otherwise a finite
@@ -455,7 +460,7 @@ mod tests {
             assert!(validator_report(&bad_vote).unwrap_err().message.contains(why), "{why}");
         }
         let done = |weights: Vec<f32>| pb::ValidatorReport {
-            kind: Some(Kind::Done(pb::ValidationDone { epoch: 0, weights })),
+            kind: Some(Kind::Done(pb::ValidationDone { epoch: 0, weights, miners_hash: Vec::new() })),
         };
         assert!(validator_report(&done(Vec::new())).is_ok(), "abstaining");
         assert!(validator_report(&done(vec![0.0, 0.7, 0.3])).is_ok());

@@ -100,6 +100,7 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
         Phase::Merging => 3,
         Phase::Done => 4,
     };
+    let mut work: (u64, Vec<PeerId>) = (0, Vec::new());
     let mut last = (0u64, 0u8);
     let mut steps = 0;
     while !b.is_empty() && steps < 400 {
@@ -107,7 +108,7 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
         let op = b.u8();
         let peer = peers[b.u8() as usize % peers.len()];
         let ev = if validated && op >= 0xc0 {
-            validator_event(&mut b, &o, validators[usize::from(op & 1)], peer, &routes)
+            validator_event(&mut b, &o, validators[usize::from(op & 1)], peer, &routes, &work)
         } else {
             match op % 13 {
                 0 | 1 => Event::Register {
@@ -262,6 +263,10 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
             }
         }
         for out in outs {
+            if let pb::command::Kind::EpochWork(w) = &out.cmd {
+                work =
+                    (w.epoch, w.miners.iter().filter_map(|m| m.peer.as_slice().try_into().ok().map(PeerId)).collect());
+            }
             if let pb::command::Kind::Route(r) = out.cmd {
                 assert_eq!(r.pathway.len(), 2, "one miner per stage");
                 for p in &r.pathway {
@@ -292,7 +297,16 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
 }
 
 /// One validator's event: `op`'s next byte picks which.
-fn validator_event(b: &mut Bytes, o: &Orchestrator, v: PeerId, peer: PeerId, routes: &[pb::Route]) -> Event {
+/// `work`: the latest EpochWork's epoch and miners (what a validator's
+/// weights rate and name by hash).
+fn validator_event(
+    b: &mut Bytes,
+    o: &Orchestrator,
+    v: PeerId,
+    peer: PeerId,
+    routes: &[pb::Route],
+    work: &(u64, Vec<PeerId>),
+) -> Event {
     let epoch = o.epoch().saturating_sub(u64::from(b.u8() % 4 / 3));
     // An attempt of one of the 8 most recent routes, or a made-up one.
     let attempt = |b: &mut Bytes| match routes.iter().rev().nth(b.u8() as usize % routes.len().clamp(1, 8)) {
@@ -315,11 +329,16 @@ fn validator_event(b: &mut Bytes, o: &Orchestrator, v: PeerId, peer: PeerId, rou
             signed: vec![b.u8(); 4],
         }),
         5 => {
-            let n = b.u8() % 8;
+            // Mostly weights that fit the work (one per miner, its hash);
+            // sometimes any count, or a hash of nothing.
+            let pick = b.u8();
+            let n = if pick & 1 == 0 { work.1.len() } else { usize::from(pick >> 5) };
+            let named = pick & 2 == 0;
             Event::ValidationDone {
                 validator: v,
                 epoch,
                 weights: (0..n).map(|_| f32::from(b.u8()) / 16.0).collect(),
+                miners_hash: named.then(|| iota_control::validation::sample::work_miners_hash(work.0, &work.1)),
                 signed: vec![1; 4],
             }
         }

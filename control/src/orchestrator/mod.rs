@@ -188,6 +188,8 @@ pub enum Event {
         validator: PeerId,
         epoch: u64,
         weights: Vec<f32>,
+        /// The signed request's `miners_hash` (with weights: required).
+        miners_hash: Option<[u8; 32]>,
         /// The validator's whole signed request (kept in the ledger with
         /// its weights).
         signed: Vec<u8>,
@@ -482,8 +484,8 @@ impl Orchestrator {
                 self.on_evidence_ask(validator, epoch, miner, items, &mut out)?;
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
-            Event::ValidationDone { validator, epoch, weights, signed } => {
-                self.on_validation_done(validator, epoch, weights, signed)?
+            Event::ValidationDone { validator, epoch, weights, miners_hash, signed } => {
+                self.on_validation_done(validator, epoch, weights, miners_hash, signed)?
             }
             Event::MergeVote { validator, epoch, rollback, loss, reason, merged } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason, merged)?

@@ -137,7 +137,11 @@ impl Orchestrator {
                 let mut row = vec![0.0; cols];
                 let sent = round.and_then(|r| r.weights.get(&v.peer).map(|w| (r, w)));
                 if let Some((r, w)) = sent {
-                    for (p, x) in r.miners.iter().zip(w) {
+                    // A miner convicted in the epoch (by verdicts, an audit
+                    // or a proof that came after a validator rated it) is
+                    // paid nothing for it: its column is masked, on record
+                    // in the entry's `convicted`.
+                    for (p, x) in r.miners.iter().zip(w).filter(|(p, _)| !convicted.contains(p)) {
                         if let Some(c) = column(p) {
                             row[c] = f64::from(*x);
                         }

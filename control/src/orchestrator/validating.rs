@@ -336,11 +336,19 @@ impl Orchestrator {
         validator: PeerId,
         epoch: u64,
         weights: Vec<f32>,
+        miners_hash: Option<[u8; 32]>,
         signed: Vec<u8>,
     ) -> Result<(), Refusal> {
         self.open_round(&validator, epoch)?;
         let Some(r) = self.validation.round.as_mut() else { return Ok(()) };
         if !weights.is_empty() {
+            // The signed weights must name the miners they rate, so the
+            // ledger can show whose they are.
+            if miners_hash != Some(crate::validation::sample::work_miners_hash(epoch, &r.miners)) {
+                return Err(Refusal::Invalid(format!(
+                    "the weights' miners_hash does not name epoch {epoch}'s miners in the work's order"
+                )));
+            }
             if weights.len() != r.miners.len() {
                 return Err(Refusal::Invalid(format!(
                     "{} weights for the {} miners of epoch {epoch}'s work",

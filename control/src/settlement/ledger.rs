@@ -227,6 +227,10 @@ fn check_signed_weights(s: &Settlement, orchestrator: PeerId) -> Result<(), Stri
     if s.signed_weights.len() != s.validators.len() {
         return Err("one signed request per validator is expected".into());
     }
+    let distinct: std::collections::HashSet<&PeerId> = s.work_miners.iter().collect();
+    if distinct.len() != s.work_miners.len() {
+        return Err("its work lists a miner twice".into());
+    }
     let aud = iota_protocol::auth::Audience { run_id: s.run_id, orchestrator };
     let columns: std::collections::HashMap<PeerId, usize> = s.miners.iter().enumerate().map(|(c, p)| (*p, c)).collect();
     for (i, (v, hex)) in s.validators.iter().zip(&s.signed_weights).enumerate() {
@@ -259,8 +263,16 @@ fn check_signed_weights(s: &Settlement, orchestrator: PeerId) -> Result<(), Stri
         if done.epoch != s.epoch || done.weights.len() != s.work_miners.len() {
             return Err(format!("validator {v}'s signed weights are for another epoch or other miners"));
         }
+        // The signed hash of the miners the weights rate (requests before
+        // it existed carry none): the work's miners may not be reordered.
+        if !done.miners_hash.is_empty()
+            && done.miners_hash[..] != crate::validation::sample::work_miners_hash(s.epoch, &s.work_miners)[..]
+        {
+            return Err(format!("validator {v}'s signed weights rate other miners than the entry's work"));
+        }
         let mut want = vec![0.0; s.miners.len()];
-        for (p, w) in s.work_miners.iter().zip(&done.weights) {
+        // The epoch's convicted miners are masked (settling.rs).
+        for (p, w) in s.work_miners.iter().zip(&done.weights).filter(|(p, _)| !s.convicted.contains(p)) {
             let c = *columns.get(p).ok_or_else(|| format!("miner {p} has no column"))?;
             want[c] = f64::from(*w);
         }
@@ -301,12 +313,19 @@ mod tests {
     const ORCHESTRATOR: [u8; 32] = [3; 32];
 
     /// A validator's signed `ValidationDone` (see the orchestrator's tests).
-    pub(crate) fn signed_done(v: &Identity, run_id: u64, epoch: u64, weights: &[f32], orch: PeerId) -> Vec<u8> {
+    pub(crate) fn signed_done(
+        v: &Identity,
+        run_id: u64,
+        epoch: u64,
+        weights: &[f32],
+        miners: &[PeerId],
+        orch: PeerId,
+    ) -> Vec<u8> {
         use iota_protocol::pb;
         use prost::Message;
-        let report = pb::ValidatorReport {
-            kind: Some(pb::validator_report::Kind::Done(pb::ValidationDone { epoch, weights: weights.to_vec() })),
-        };
+        let miners_hash = crate::validation::sample::work_miners_hash(epoch, miners).to_vec();
+        let done = pb::ValidationDone { epoch, weights: weights.to_vec(), miners_hash };
+        let report = pb::ValidatorReport { kind: Some(pb::validator_report::Kind::Done(done)) };
         let body = report.encode_to_vec();
         let aud = iota_protocol::auth::Audience { run_id, orchestrator: orch };
         let nonce = vec![epoch as u8; 16];
@@ -321,7 +340,7 @@ mod tests {
         let miners: Vec<PeerId> = (0..weights[0].len() as u8).map(|i| PeerId([10 + i; 32])).collect();
         let orch = Identity::from_seed(ORCHESTRATOR).peer_id();
         let signed_weights =
-            validators.iter().zip(&weights).map(|(v, w)| to_hex(&signed_done(v, 7, epoch, w, orch))).collect();
+            validators.iter().zip(&weights).map(|(v, w)| to_hex(&signed_done(v, 7, epoch, w, &miners, orch))).collect();
         let rows = weights.iter().map(|r| r.iter().map(|x| f64::from(*x)).collect()).collect();
         let input = YumaInput { stakes: vec![60.0, 40.0], weights: rows, bonds, ..YumaInput::default() };
         let output = yuma::run(&input).unwrap();
@@ -410,5 +429,21 @@ mod tests {
         s1.output = yuma::run(&s1.input).unwrap();
         let reset = vec![entries[0].clone(), seal(Some(&entries[0]), &s1, &id)];
         assert!(verify(&reset, None).unwrap_err().what.contains("bonds"));
+        // The validators' signed weights moved onto other miners (the
+        // work's order changed, rows and output recomputed): caught by
+        // the signed miners hash. A miner listed twice too.
+        let mut s1: Settlement = serde_json::from_str(&entries[1].body).unwrap();
+        s1.work_miners.swap(0, 1);
+        for row in &mut s1.input.weights {
+            row.swap(0, 1);
+        }
+        s1.output = yuma::run(&s1.input).unwrap();
+        let moved = vec![entries[0].clone(), seal(Some(&entries[0]), &s1, &id)];
+        assert!(verify(&moved, None).unwrap_err().what.contains("other miners"), "{:?}", verify(&moved, None));
+        let mut s1: Settlement = serde_json::from_str(&entries[1].body).unwrap();
+        let first = s1.work_miners[0];
+        s1.work_miners[1] = first;
+        let twice = vec![entries[0].clone(), seal(Some(&entries[0]), &s1, &id)];
+        assert!(verify(&twice, None).unwrap_err().what.contains("twice"));
     }
 }

@@ -84,10 +84,12 @@ pub enum Action {
         reason: String,
     },
     /// The round is over; `weights` rate the epoch's miners in the order
-    /// of its work (empty: abstaining).
+    /// of its work (empty: abstaining), `miners_hash` names that order
+    /// (`sample::work_miners_hash`).
     Done {
         epoch: u64,
         weights: Vec<f32>,
+        miners_hash: [u8; 32],
     },
 }
 
@@ -448,7 +450,8 @@ impl ValidatorCore {
                     harmful: r.harmful.contains(p),
                 })
                 .collect();
-            out.push(Action::Done { epoch: r.epoch, weights: weight_vector(&rated) });
+            let miners_hash = super::sample::work_miners_hash(r.epoch, &r.order);
+            out.push(Action::Done { epoch: r.epoch, weights: weight_vector(&rated), miners_hash });
         }
     }
 }

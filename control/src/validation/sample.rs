@@ -43,6 +43,19 @@ impl SampleRate {
     }
 }
 
+/// What binds a validator's signed weights to the miners they rate: the
+/// EpochWork's miners, in its order (the weights' order).
+pub fn work_miners_hash(epoch: u64, miners: &[PeerId]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"iota-rs work miners v1");
+    h.update(&epoch.to_le_bytes());
+    h.update(&(miners.len() as u64).to_le_bytes());
+    for m in miners {
+        h.update(&m.0);
+    }
+    *h.finalize().as_bytes()
+}
+
 /// The epoch's beacon: BLAKE3 over the run, the epoch and every miner's
 /// final heads, in peer order (see the module text).
 pub fn beacon(run_id: u64, epoch: u64, heads: &BTreeMap<PeerId, EpochHeads>) -> [u8; 32] {

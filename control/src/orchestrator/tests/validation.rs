@@ -85,7 +85,13 @@ pub(super) fn done(s: &mut Sim, v: u8, epoch: u64) {
     let out =
         s.o.step(
             s.now,
-            Event::ValidationDone { validator: validator(v), epoch, weights: Vec::new(), signed: Vec::new() },
+            Event::ValidationDone {
+                validator: validator(v),
+                epoch,
+                weights: Vec::new(),
+                miners_hash: None,
+                signed: Vec::new(),
+            },
             &mut s.rng,
         )
         .unwrap();
@@ -191,7 +197,13 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     vote(&mut s, 1, 0, m0, false).unwrap();
     assert!(!s.o.miner(&m0).unwrap().convicted);
     // Strangers and unknown miners are refused.
-    let stranger = Event::ValidationDone { validator: peer(77), epoch: 0, weights: Vec::new(), signed: Vec::new() };
+    let stranger = Event::ValidationDone {
+        validator: peer(77),
+        epoch: 0,
+        weights: Vec::new(),
+        miners_hash: None,
+        signed: Vec::new(),
+    };
     assert!(s.o.step(s.now, stranger, &mut s.rng).is_err());
     assert!(matches!(vote(&mut s, 0, 5, m0, true), Err(Refusal::Invalid(_))), "a future epoch");
 
@@ -521,8 +533,11 @@ fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
     let w = until_held(&mut s);
     let n = w.miners.len();
     assert_eq!(n, 4);
+    let work_miners: Vec<PeerId> = w.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+    let miners_hash = Some(crate::validation::sample::work_miners_hash(0, &work_miners));
     let send = |s: &mut Sim, v: PeerId, weights: Vec<f32>| {
-        s.o.step(s.now, Event::ValidationDone { validator: v, epoch: 0, weights, signed: vec![1, 2, 3] }, &mut s.rng)
+        let ev = Event::ValidationDone { validator: v, epoch: 0, weights, miners_hash, signed: vec![1, 2, 3] };
+        s.o.step(s.now, ev, &mut s.rng)
     };
     let bad: Vec<(Vec<f32>, &str)> = vec![
         (vec![0.25; n - 1], "3 weights for the 4 miners"),
@@ -535,6 +550,21 @@ fn weight_vectors_that_do_not_fit_the_epoch_are_refused_whole() {
         assert!(matches!(&e, Refusal::Invalid(m) if m.contains(why)), "{e} (wanted {why})");
     }
     assert!(matches!(send(&mut s, peer(77), vec![0.25; n]), Err(Refusal::Unknown(_))), "a stranger");
+    // Weights that do not name the work's miners (no hash, or another
+    // order's) are refused: the ledger could not show whose they are.
+    let mut reordered = work_miners.clone();
+    reordered.swap(0, 1);
+    for hash in [None, Some(crate::validation::sample::work_miners_hash(0, &reordered))] {
+        let ev = Event::ValidationDone {
+            validator: validator(0),
+            epoch: 0,
+            weights: vec![0.25; n],
+            miners_hash: hash,
+            signed: vec![1, 2, 3],
+        };
+        let e = s.o.step(s.now, ev, &mut s.rng).unwrap_err();
+        assert!(e.to_string().contains("miners_hash"), "{e}");
+    }
     let r = s.o.validation.round.as_ref().unwrap();
     assert!(r.weights.is_empty() && r.done.is_empty(), "nothing was recorded");
     send(&mut s, validator(0), vec![0.1, 0.2, 0.3, 0.4]).unwrap();
@@ -568,8 +598,17 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
         let weights: Vec<f32> =
             w.miners.iter().map(|m| if m.peer == cheat.0.to_vec() { 0.0 } else { m.items.len() as f32 }).collect();
         for v in 0..2 {
-            let signed = signed_done(&s, v, epoch, &weights, orchestrator.peer_id());
-            let ev = Event::ValidationDone { validator: validator(v), epoch, weights: weights.clone(), signed };
+            let work_miners: Vec<PeerId> =
+                w.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+            let hash = crate::validation::sample::work_miners_hash(epoch, &work_miners);
+            let signed = signed_done(&s, v, epoch, &weights, hash, orchestrator.peer_id());
+            let ev = Event::ValidationDone {
+                validator: validator(v),
+                epoch,
+                weights: weights.clone(),
+                miners_hash: Some(hash),
+                signed,
+            };
             let out = s.o.step(s.now, ev, &mut s.rng).unwrap();
             s.inbox.extend(out);
         }
@@ -656,12 +695,11 @@ fn without_validators_the_operator_pays_credited_work() {
 
 /// A validator's `Validate(ValidationDone)` request, signed as its client
 /// signs it, for the run's orchestrator `orchestrator`.
-fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], orchestrator: PeerId) -> Vec<u8> {
+fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], miners_hash: [u8; 32], orchestrator: PeerId) -> Vec<u8> {
     use prost::Message;
     let id = Identity::from_seed([200 + v; 32]);
-    let report = pb::ValidatorReport {
-        kind: Some(pb::validator_report::Kind::Done(pb::ValidationDone { epoch, weights: weights.to_vec() })),
-    };
+    let done = pb::ValidationDone { epoch, weights: weights.to_vec(), miners_hash: miners_hash.to_vec() };
+    let report = pb::ValidatorReport { kind: Some(pb::validator_report::Kind::Done(done)) };
     let body = report.encode_to_vec();
     let aud = iota_protocol::auth::Audience { run_id: s.o.spec().run_id, orchestrator };
     let (timestamp_ms, nonce) = (1_000 + epoch, vec![v; 16]);
