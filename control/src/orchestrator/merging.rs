@@ -201,7 +201,8 @@ impl Orchestrator {
     /// Plans out the butterfly participants that cannot finish: gone
     /// silent, restarted (registered again: `joining`, its merge state lost
     /// with its process), or, once `timed_out`, not done while another is
-    /// (or, while nobody is done, silent while others have reported: it
+    /// (or, while nobody is done, silent while others have reported, or
+    /// silent on a partition it owns whose other owner has reported: it
     /// holds everyone else's partitions hostage). While no participant of a
     /// stage has finished, the healthy ones are waited for: planning them
     /// all out would "complete" the stage with no merged weights written,
@@ -213,6 +214,7 @@ impl Orchestrator {
             let Some(bm) = self.butterfly.get(&s) else { continue };
             let someone_done = !bm.done.is_empty();
             let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
+            let laggards = if timed_out && !someone_done { bm.laggard_owners() } else { Default::default() };
             let gone: Vec<PeerId> = bm
                 .plan
                 .participants
@@ -222,6 +224,7 @@ impl Orchestrator {
                     !self.miners.get(p).is_some_and(|m| m.healthy && !m.joining)
                         || (timed_out && someone_done && !bm.done.contains_key(p))
                         || (timed_out && !someone_done && someone_reported && !bm.reported(p))
+                        || laggards.contains(p)
                 })
                 .collect();
             if !gone.is_empty() {

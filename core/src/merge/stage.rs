@@ -274,6 +274,20 @@ impl StageMerge {
         self.done.contains_key(peer) || self.reports.iter().any(|r| r.contains_key(peer))
     }
 
+    /// Owners of a partition with no result yet (no verdict, none held
+    /// for an audit) that have not reported it while another of its owners
+    /// has: a participant that reports one partition and sits on another
+    /// holds the whole stage hostage, and `reported` alone cannot tell.
+    pub fn laggard_owners(&self) -> BTreeSet<PeerId> {
+        let mut out = BTreeSet::new();
+        for (k, part) in self.plan.partitions.iter().enumerate() {
+            let settled = self.verdicts.get(k).is_some_and(|v| v.is_some()) || self.held.contains_key(&(k as u32));
+            let Some(r) = self.reports.get(k).filter(|r| !settled && !r.is_empty()) else { continue };
+            out.extend(part.owners.iter().filter(|o| !r.contains_key(o)));
+        }
+        out
+    }
+
     /// Every participant finished.
     pub fn complete(&self) -> bool {
         self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))

@@ -117,3 +117,23 @@ fn butterfly_waits_for_a_slow_survivor_instead_of_planning_everyone_out() {
     sim.run_until_done(400);
     assert_eq!(sim.o.history().len(), 2);
 }
+
+/// A participant that reports some partitions it owns and sits on another
+/// holds the stage hostage (nobody can finish without that partition's
+/// result); it has reported, so it is not "silent". At the merge's
+/// timeout it is planned out as the laggard owner, and the merge and the
+/// run complete without it.
+#[test]
+fn an_owner_sitting_on_one_partition_is_planned_out_at_the_timeout() {
+    let mut sp = butterfly_spec(1, 3);
+    sp.epochs = 1;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 3);
+    let hostage_taker = sim.o.miners().next().unwrap().peer;
+    sim.sit_on.insert(hostage_taker);
+    sim.run_until_done(400);
+    assert_eq!(*sim.o.phase(), Phase::Done, "the merge completed: {:?}", sim.o.counters());
+    let plan = sim.o.merge_plan(0).unwrap();
+    assert!(!plan.is_participant(&hostage_taker), "planned out");
+    assert_eq!(plan.participants.len(), 2);
+}
