@@ -93,11 +93,15 @@ impl Orchestrator {
     pub fn may_write(&self, peer: PeerId, key: &str) -> Result<(), Refusal> {
         let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
         let (epoch, stage) = (self.epoch, m.stage);
+        // The butterfly merge's keys are its own epoch's: behind the next
+        // epoch's training (`merge.overlap`) that is the one before.
+        let merging = self.merge_epoch(stage);
         let not_yours = |why: &str| Refusal::NotYours(format!("key {key}: {why}"));
         if self.may_write_evidence(&peer, key) {
             return Ok(());
         }
-        if let Some(rest) = key.strip_prefix(&contrib_prefix(epoch, stage)) {
+        if let Some(rest) = key.strip_prefix(&contrib_prefix(merging, stage)) {
+            let epoch = merging;
             let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == epoch);
             let plan = &bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?.plan;
             let (k, name) = rest.split_once('/').ok_or_else(|| not_yours("not a contribution key"))?;
@@ -107,9 +111,9 @@ impl Orchestrator {
             }
             return Ok(());
         }
-        for prefix in [weights_parts_prefix(epoch, stage), momentum_parts_prefix(epoch, stage)] {
+        for prefix in [weights_parts_prefix(merging, stage), momentum_parts_prefix(merging, stage)] {
             let Some(name) = key.strip_prefix(&prefix) else { continue };
-            let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == epoch);
+            let bm = self.butterfly.get(&stage).filter(|b| b.plan.epoch == merging);
             let bm = bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?;
             let k = bm.plan.partitions.iter().position(|p| part_name(p.offset, p.len) == name);
             let writer = k.and_then(|k| bm.verdicts.get(k)?.as_ref()).map(|v| v.writer);
@@ -130,11 +134,18 @@ impl Orchestrator {
         Err(not_yours("not a key this miner is asked to write now"))
     }
 
+    /// The epoch of `stage`'s butterfly merge in progress: the current
+    /// epoch's, or the previous one's running behind training
+    /// (`merge.overlap`); the current epoch when none runs.
+    fn merge_epoch(&self, stage: u32) -> u64 {
+        self.butterfly.get(&stage).map(|b| b.plan.epoch).filter(|e| self.merge_is_current(*e)).unwrap_or(self.epoch)
+    }
+
     /// Whether `peer` may list `prefix`: the contributions left for its
     /// own stage's current merge (what a partition owner polls for).
     pub fn may_list(&self, peer: PeerId, prefix: &str) -> Result<(), Refusal> {
         let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
-        if prefix.starts_with(&contrib_prefix(self.epoch, m.stage)) {
+        if prefix.starts_with(&contrib_prefix(self.merge_epoch(m.stage), m.stage)) {
             Ok(())
         } else {
             Err(Refusal::NotYours(format!("prefix {prefix}: a miner lists its own stage's contributions only")))

@@ -1,6 +1,8 @@
 //! The merge behind compute (`merge.overlap`): an epoch's butterfly merge
 //! runs while the next epoch trains, and that epoch cannot end before it.
 
+use iota_protocol::store_keys::contrib_prefix;
+
 use super::*;
 
 fn overlap_spec(epochs: u64) -> RunSpec {
@@ -50,6 +52,15 @@ fn a_merge_runs_behind_the_next_epochs_training_which_waits_for_it_to_end() {
     assert_eq!(plan_from_pb(plan).unwrap().epoch, 0);
     assert_eq!(training[0].weights_from, 0);
     assert!(heard(&sim, peer(3), pb::Phase::Merging, 0).is_empty(), "no Merging phase for an overlapped merge");
+    // Through a presigned store (S3), merge 0's keys are granted while epoch
+    // 1 trains: they are merge 0's, not the current epoch's.
+    let p3 = peer(3);
+    let stage = sim.o.miner(&p3).unwrap().stage;
+    let contrib = format!("{}000000/{}.frame", contrib_prefix(0, stage), p3.to_hex());
+    assert!(sim.o.may_write(p3, &contrib).is_ok(), "its contribution to merge 0");
+    assert!(sim.o.may_list(p3, &contrib_prefix(0, stage)).is_ok(), "merge 0's contributions");
+    let now_epoch = format!("{}000000/{}.frame", contrib_prefix(1, stage), p3.to_hex());
+    assert!(sim.o.may_write(p3, &now_epoch).is_err(), "epoch 1 has no merge yet");
 
     // Released, merge 0 completes and epoch 1 ends: each replica lands
     // merge 0 as it uploads.
