@@ -347,7 +347,11 @@ impl StageMerge {
             return true;
         }
         let owners: Vec<(PeerId, [u8; 32])> = part.owners.iter().map(|o| (*o, self.reports[ku][o])).collect();
-        // A referee's answer settles an open dispute on this partition.
+        // A referee's answer settles an open dispute on this partition, by
+        // siding with one of its owners. One that sides with neither is
+        // no third opinion to apply unchecked (a referee colluding with a
+        // lying owner could otherwise pass any result): the slice keeps
+        // its previous weights this epoch.
         if owners.len() == 1
             && let Some(m) = self
                 .mismatches
@@ -356,6 +360,10 @@ impl StageMerge {
                 .find(|m| m.partition == k && m.deviants.is_empty() && m.generation < generation)
         {
             m.deviants = m.owners.iter().filter(|(_, h)| *h != hash).map(|(p, _)| *p).collect();
+            if m.deviants.len() == m.owners.len() {
+                self.accept(k, generation, KEEP_PREVIOUS, owners[0].0, out);
+                return true;
+            }
         }
         if owners.iter().all(|(_, h)| *h == owners[0].1) {
             match self.pair_of(k).filter(|p| self.audit_seed.is_some() && !self.cleared.contains(p)) {

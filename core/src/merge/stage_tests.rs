@@ -53,6 +53,16 @@ fn a_wrong_owner_is_refereed_and_named() {
     assert_eq!(m.mismatches[0].deviants, vec![liar]);
     // A late report of the old generation changes nothing.
     assert!(!m.slice_done(liar, 1, 0, &SliceReport::of([9; 32]), &mut out));
+
+    // A referee that sides with neither owner is no result to apply: the
+    // slice keeps its previous weights.
+    let mut m = StageMerge::new(plan(3));
+    let mut out = Vec::new();
+    report_all(&mut m, Some((1, liar)), &mut out);
+    let part = m.plan.partitions[1].clone();
+    assert!(m.slice_done(part.owners[0], 1, part.generation, &SliceReport::of([0x5a; 32]), &mut out));
+    assert_eq!(m.verdicts[1].as_ref().unwrap().hash, KEEP_PREVIOUS);
+    assert_eq!(m.mismatches[0].deviants.len(), 2, "neither owner confirmed");
 }
 
 #[test]
