@@ -144,6 +144,9 @@ pub struct StageMerge {
     /// Owners an audit found agreeing on a wrong result: (partition, owners).
     #[serde(default)]
     pub colluded: Vec<(u32, Vec<PeerId>)>,
+    /// Audits asked for: (partition, generation).
+    #[serde(default)]
+    audit_asked: BTreeSet<(u32, u32)>,
 }
 
 /// Senders two owners flagged in a partition, waiting for the audit.
@@ -185,6 +188,7 @@ impl StageMerge {
             flag_held: BTreeMap::new(),
             audited: AuditCounts::default(),
             colluded: Vec::new(),
+            audit_asked: BTreeSet::new(),
         }
     }
 
@@ -209,11 +213,15 @@ impl StageMerge {
     }
 
     /// The partition audited for an owner pair: of the partitions the pair
-    /// owns now, the one with the least seeded hash.
+    /// owns now and that are not settled otherwise (held for the audit or
+    /// not yet agreed), the one with the least seeded hash. One settled
+    /// without the audit (a dispute kept its previous weights) passes the
+    /// audit on to the next, so a pair cannot dodge it by disputing.
     fn audited_of(&self, pair: (PeerId, PeerId)) -> Option<u32> {
         let seed = self.audit_seed?;
         (0..self.plan.partitions.len() as u32)
             .filter(|k| self.pair_of(*k) == Some(pair))
+            .filter(|k| self.verdicts.get(*k as usize).is_some_and(|v| v.is_none()))
             .min_by_key(|k| crate::rng::Rng::new(seed ^ u64::from(*k).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64())
     }
 
@@ -314,6 +322,37 @@ impl StageMerge {
         report: &SliceReport,
         out: &mut Vec<MergeOut>,
     ) -> bool {
+        let taken = self.take_slice_report(peer, k, generation, report, out);
+        if taken {
+            self.ask_audits(out);
+        }
+        taken
+    }
+
+    /// Asks, once per (partition, generation), for the audit of each owner
+    /// pair whose audited partition is held: whenever a pair's results are
+    /// waiting, its audit is on its way (the audited partition can move,
+    /// when the one first drawn settles by a dispute or goes to a referee).
+    fn ask_audits(&mut self, out: &mut Vec<MergeOut>) {
+        let pairs: BTreeSet<(PeerId, PeerId)> =
+            self.held.keys().filter_map(|k| self.pair_of(*k)).filter(|p| !self.cleared.contains(p)).collect();
+        for pair in pairs {
+            let Some(a) = self.audited_of(pair) else { continue };
+            let Some(generation) = self.held.get(&a).map(|v| v.generation) else { continue };
+            if self.audit_asked.insert((a, generation)) {
+                out.push(MergeOut::Audit { partition: a, generation });
+            }
+        }
+    }
+
+    fn take_slice_report(
+        &mut self,
+        peer: PeerId,
+        k: u32,
+        generation: u32,
+        report: &SliceReport,
+        out: &mut Vec<MergeOut>,
+    ) -> bool {
         let hash = report.hash;
         let ku = k as usize;
         let Some(part) = self.plan.partitions.get(ku).cloned() else { return false };
@@ -367,11 +406,10 @@ impl StageMerge {
         }
         if owners.iter().all(|(_, h)| *h == owners[0].1) {
             match self.pair_of(k).filter(|p| self.audit_seed.is_some() && !self.cleared.contains(p)) {
-                Some(pair) => {
+                Some(_) => {
+                    // The pair's audit is asked for once its audited
+                    // partition is held (`ask_audits`, below).
                     self.held.insert(k, Verdict { partition: k, generation, hash, writer: owners[0].0 });
-                    if self.audited_of(pair) == Some(k) {
-                        out.push(MergeOut::Audit { partition: k, generation });
-                    }
                 }
                 None => self.accept(k, generation, hash, owners[0].0, out),
             }

@@ -313,3 +313,40 @@ fn flags_wait_for_their_audit_and_owners_that_frame_a_sender_are_convicted() {
         assert!(!m.flag_audit_result(k, 0, confirmed, &mut out), "decided once");
     }
 }
+
+/// Two replicas with audits on: one disputes only the partition drawn for
+/// its pair's audit (no referee at R = 2: it keeps its previous weights).
+/// The audit passes to another of the pair's partitions, so the results
+/// the pair agreed on are still audited, not held for good (a stalled
+/// merge) nor accepted unaudited (a colluding pair's way around it).
+#[test]
+fn disputing_the_audited_partition_moves_the_audit_to_another() {
+    let ps = (0..2).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
+    let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 100_000, 9, 4));
+    m.audit_with(0x5eed);
+    let pair = m.pair_of(0).unwrap();
+    let drawn = m.audited_of(pair).unwrap();
+    let n = m.plan.partitions.len() as u32;
+    assert!(n >= 2);
+    let mut out = Vec::new();
+    for k in 0..n {
+        let part = m.plan.partitions[k as usize].clone();
+        for (i, o) in part.owners.iter().enumerate() {
+            let h = if k == drawn && i == 1 { [0xee; 32] } else { [k as u8 + 1; 32] };
+            m.slice_done(*o, k, part.generation, &SliceReport::of(h), &mut out);
+        }
+    }
+    assert_eq!(m.verdicts[drawn as usize].as_ref().unwrap().hash, KEEP_PREVIOUS, "disputed");
+    let audits: Vec<(u32, u32)> = out
+        .iter()
+        .filter_map(|o| match o {
+            MergeOut::Audit { partition, generation } => Some((*partition, *generation)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(audits.len(), 1, "{out:?}");
+    assert_ne!(audits[0].0, drawn);
+    assert_eq!(m.audits_waiting(), audits);
+    assert!(m.audit_result(audits[0].0, audits[0].1, Some([audits[0].0 as u8 + 1; 32]), &mut out));
+    assert!(m.verdicts.iter().all(|v| v.is_some()), "the pair's results accepted after its audit");
+}
