@@ -273,8 +273,10 @@ impl Orchestrator {
     ) -> bool {
         let Some(m) = self.butterfly.get_mut(&stage) else { return false };
         let most = m.plan.partitions.len() as u64 * 4;
+        // Counted once per participant: a repeated report adds nothing.
+        let first = !m.done.contains_key(&peer);
         let accepted = m.merge_done(peer, h);
-        if accepted && from_store != (0, 0) {
+        if accepted && first && from_store != (0, 0) {
             let (c, u) = (u64::from(from_store.0).min(most), u64::from(from_store.1).min(most));
             tracing::warn!(
                 %peer, epoch, stage, contributions = c, updates = u,

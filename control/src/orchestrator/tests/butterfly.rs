@@ -33,6 +33,33 @@ fn slices_read_from_the_store_are_counted_and_bounded() {
     // 4 per partition of its 3-partition plan.
     assert_eq!(c.merge_updates_from_store, 2);
     assert_eq!(c.merge_contributions_from_store, 2 * 2 + 2 * 4 * 3);
+
+    // A participant repeating its MergeDone is counted once (peer(2) sits
+    // on its verdicts, so the sim sends none for it).
+    let mut sim = Sim::new(butterfly_spec(1, 3));
+    register_all(&mut sim, 3);
+    sim.stalled.insert(peer(2));
+    sim.stall_verdicts_only = true;
+    for _ in 0..20 {
+        sim.drain();
+        sim.tick(100);
+    }
+    let done = |sim: &mut Sim| {
+        let ev = Event::MergeDone {
+            peer: peer(2),
+            epoch: 0,
+            stage: 0,
+            key: String::new(),
+            weights_hash: vec![7; 32],
+            object: None,
+            from_store: (3, 1),
+        };
+        sim.o.step(sim.now, ev, &mut sim.rng).unwrap();
+        sim.o.counters().merge_contributions_from_store
+    };
+    let first = done(&mut sim);
+    assert_eq!(first, 3, "{:?}", sim.o.counters());
+    assert_eq!(done(&mut sim), first, "the repeat adds nothing");
 }
 
 #[test]
