@@ -221,7 +221,9 @@ impl Orchestrator {
             return Err(Refusal::Invalid(format!("object {} is not one this orchestrator handed out", obj.key)));
         };
         let writer = rec.writer;
-        if self.bad_objects.iter().any(|b| b.key == obj.key && b.reporter == peer) {
+        // A repeat of the same report changes nothing; a report about the
+        // object a new writer stored under the same key is a new one.
+        if self.bad_objects.iter().any(|b| b.key == obj.key && b.reporter == peer && b.writer == writer) {
             return Ok(());
         }
         if self.bad_objects.len() >= MAX_BAD_OBJECTS {
