@@ -249,11 +249,16 @@ fn a_bad_stored_slice_is_written_again_by_another_holder() {
     let again =
         heard(&sim).into_iter().filter(|o| o.offset == p0.offset).map(|o| StoredObject::from_pb(&o, None).unwrap());
     assert!(again.clone().any(|o| o.writer == next), "{:?}", again.collect::<Vec<_>>());
-    let w = &sim.o.objects_of(epoch, 0).unwrap().weights;
-    assert_eq!(w.get(&p0.offset).map(|o| o.writer), Some(next), "partition 0 is recorded as the new writer's");
+    let second = sim.o.objects_of(epoch, 0).unwrap().weights.get(&p0.offset).cloned().unwrap();
+    assert_eq!(second.writer, next, "partition 0 is recorded as the new writer's");
     // Reporting the same object twice moves nothing more.
     sim.ev(Event::BadObject { peer: reader, epoch, stage: 0, object: bad, reason: "hash".into() });
     assert_eq!(sim.o.counters().rewritten_slices, 1);
+    // The new writer's object under the same key, bad too: the same
+    // reader's report of it is a new one, not swallowed as a repeat (with
+    // three replicas nobody else holds the slice to write it a third time).
+    sim.ev(Event::BadObject { peer: reader, epoch, stage: 0, object: second, reason: "hash".into() });
+    assert_eq!(sim.o.counters().bad_objects, 2);
     sim.stalled.clear();
     let held = std::mem::take(&mut sim.held);
     sim.inbox.extend(held);
