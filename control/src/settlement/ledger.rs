@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use iota_core::{Identity, PeerId};
 use serde::{Deserialize, Serialize};
 
-use super::yuma::{self, YumaInput, YumaOutput};
+use super::yuma::{self, YumaInput, YumaOutput, YumaParams};
 
 /// Domain separation for entry hashes.
 const ENTRY_DOMAIN: &[u8] = b"iota-rs ledger entry v1\0";
@@ -179,10 +179,21 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
             if s.input.bonds.as_ref() != Some(&widen(&ls.output.bonds, s.miners.len())) {
                 return Err(fail("its bonds are not the ones the entry before it produced".into()));
             }
+            if s.input.stakes != ls.input.stakes {
+                return Err(fail("its validators' stakes differ from the entry before it".into()));
+            }
+            // Established columns are not newcomers: flagging one would
+            // wipe its bonds.
+            let wiped =
+                s.input.recently_registered.as_ref().is_some_and(|r| r.iter().take(ls.miners.len()).any(|x| *x));
+            if wiped {
+                return Err(fail("it marks a miner of the entry before it as newly registered".into()));
+            }
         } else if s.input.bonds.is_some() {
             return Err(fail("the first entry starts from bonds nobody recorded".into()));
         }
         check_signed_weights(&s, key).map_err(fail)?;
+        check_yuma_settings(&s).map_err(fail)?;
         if s.input.stakes.len() != s.validators.len()
             || s.input.weights.iter().any(|r| r.len() != s.miners.len())
             || s.input.weights.len() != s.validators.len()
@@ -206,6 +217,30 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
         last = Some((e, s));
     }
     Ok(v)
+}
+
+/// The Yuma settings the orchestrator fills in itself, which no signature
+/// covers: the parameters are the defaults it always uses, no validator
+/// permits are set, and a validator is active exactly when its signed
+/// request is in the entry (so a signing validator cannot be switched off
+/// to hand a minority the consensus).
+fn check_yuma_settings(s: &Settlement) -> Result<(), String> {
+    if s.input.params != YumaParams::default() {
+        return Err("its Yuma parameters are not the orchestrator's".into());
+    }
+    if s.input.validator_permits.is_some() {
+        return Err("it sets validator permits the orchestrator never sets".into());
+    }
+    let Some(active) = s.input.active.as_ref() else { return Ok(()) };
+    let want: Vec<bool> = if s.signed_weights.is_empty() {
+        vec![true; s.validators.len()]
+    } else {
+        s.signed_weights.iter().map(|h| !h.is_empty()).collect()
+    };
+    if *active != want {
+        return Err("its active validators are not the ones whose signed weights it holds".into());
+    }
+    Ok(())
 }
 
 /// Each validator's row of the Yuma input must be the weights its signed
@@ -445,5 +480,19 @@ mod tests {
         s1.work_miners[1] = first;
         let twice = vec![entries[0].clone(), seal(Some(&entries[0]), &s1, &id)];
         assert!(verify(&twice, None).unwrap_err().what.contains("twice"));
+        // The settings no signature covers, each changed with the output
+        // recomputed: a signing validator switched off, other stakes,
+        // another emission split, an established miner's bonds wiped.
+        let tamper = |change: &dyn Fn(&mut Settlement)| {
+            let mut s1: Settlement = serde_json::from_str(&entries[1].body).unwrap();
+            change(&mut s1);
+            s1.output = yuma::run(&s1.input).unwrap();
+            verify(&[entries[0].clone(), seal(Some(&entries[0]), &s1, &id)], None).unwrap_err().what
+        };
+        assert!(tamper(&|s| s.input.active = Some(vec![false, true])).contains("active"));
+        assert!(tamper(&|s| s.input.stakes = vec![40.0, 60.0]).contains("stakes"));
+        assert!(tamper(&|s| s.input.params.miner_share = 0.0).contains("parameters"));
+        assert!(tamper(&|s| s.input.validator_permits = Some(vec![true, false])).contains("permits"));
+        assert!(tamper(&|s| s.input.recently_registered = Some(vec![true; 4])).contains("newly registered"));
     }
 }
