@@ -145,7 +145,13 @@ impl Core {
         }
         if let Some(store) = self.store.as_mut() {
             match store.save(&self.orch, now, &self.id) {
-                Ok(()) => self.saved = (key.0, key.1, now),
+                Ok(()) => {
+                    self.saved = (key.0, key.1, now);
+                    // Every settlement it held is in the ledger now.
+                    if let Some(last) = self.orch.settlements().last().map(|s| s.epoch) {
+                        self.orch.settlements_written(last);
+                    }
+                }
                 Err(e) => {
                     // Try again after the usual interval, not on every
                     // event: a save that fails once tends to fail again,

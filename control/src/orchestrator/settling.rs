@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use iota_core::PeerId;
 use tracing::warn;
 
-use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MinerEpoch, PayoutRow};
+use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MAX_UNWRITTEN_SETTLEMENTS, MinerEpoch, PayoutRow};
 use super::{MbStatus, Orchestrator};
 use crate::settlement::clasp::Clasp;
 use crate::settlement::ledger::{ClaspLine, Settlement, to_hex, widen};
@@ -30,6 +30,12 @@ impl Orchestrator {
     /// ledger).
     pub fn settlements(&self) -> &[Settlement] {
         &self.settlement.recent
+    }
+
+    /// The state database wrote every settlement up to `epoch` to its
+    /// ledger: those may now leave the state.
+    pub fn settlements_written(&mut self, epoch: u64) {
+        self.settlement.written_through = self.settlement.written_through.max(Some(epoch));
     }
 
     /// Emission paid so far per identity.
@@ -194,8 +200,24 @@ impl Orchestrator {
                     *self.settlement.balances.entry(p).or_default() += x;
                 }
                 self.settlement.recent.push(settled);
-                let excess = self.settlement.recent.len().saturating_sub(MAX_RECENT_SETTLEMENTS);
-                self.settlement.recent.drain(..excess);
+                // Only settlements the ledger has are let go: while saves
+                // fail they wait, up to a bound past which the loss is an
+                // error on record.
+                while self.settlement.recent.len() > MAX_RECENT_SETTLEMENTS {
+                    let oldest = self.settlement.recent[0].epoch;
+                    let written = self.settlement.written_through.is_some_and(|w| oldest <= w);
+                    if !written && self.settlement.recent.len() <= MAX_UNWRITTEN_SETTLEMENTS {
+                        break;
+                    }
+                    if !written {
+                        self.settlement.lost += 1;
+                        tracing::error!(
+                            epoch = oldest,
+                            "a settlement the ledger never had is dropped (saves keep failing)"
+                        );
+                    }
+                    self.settlement.recent.remove(0);
+                }
             }
             Err(e) => {
                 self.settlement.failed += 1;

@@ -311,6 +311,9 @@ pub struct BadObjectRecord {
 /// Settled epochs kept in the state (the ledger in the state database
 /// keeps them all; these wait there until saved).
 pub const MAX_RECENT_SETTLEMENTS: usize = 16;
+/// Settled epochs kept while they are not yet in the ledger (saves
+/// failing): past this the oldest is lost, counted and logged as an error.
+pub const MAX_UNWRITTEN_SETTLEMENTS: usize = 256;
 /// Most miner columns settlement tracks (Yuma's bound on uids).
 pub const MAX_SETTLED_MINERS: usize = 65_536;
 
@@ -331,6 +334,14 @@ pub struct SettlementBook {
     /// Emission paid so far per identity (miners and validators).
     #[serde(default)]
     pub balances: BTreeMap<PeerId, f64>,
+    /// The last epoch whose settlement the state database wrote to its
+    /// ledger (None: none yet, or no database).
+    #[serde(default)]
+    pub written_through: Option<u64>,
+    /// Settlements dropped before the ledger had them (saves failing for
+    /// `MAX_UNWRITTEN_SETTLEMENTS` epochs): the ledger has a gap there.
+    #[serde(default)]
+    pub lost: u64,
 }
 
 /// One miner's line in the payout table.

@@ -627,6 +627,7 @@ mod merge_audits;
 mod objects;
 mod overlap;
 mod restarts;
+mod settlements;
 mod validation;
 
 /// Commitment heads are kept per miner for the current and previous epoch;

@@ -662,37 +662,6 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
     assert!(e.what.contains("not the weights it signed"), "{e}");
 }
 
-/// Without validators, the operator is the only rater: it pays the work it
-/// credited, through the same Yuma step and ledger.
-#[test]
-fn without_validators_the_operator_pays_credited_work() {
-    let mut sim = Sim::new(butterfly_spec(2, 2));
-    sim.o.set_operator(peer(99));
-    for i in 0..4 {
-        sim.ev(register(i, format!("a{i}")));
-    }
-    sim.run_until_done(400);
-    assert_eq!(sim.o.history().len(), 2);
-    for (st, summary) in sim.o.settlements().iter().zip(sim.o.history()) {
-        assert_eq!(st.validators, vec![peer(99)]);
-        let pay: std::collections::BTreeMap<PeerId, f64> = st.payouts().into_iter().collect();
-        let miners: f64 = summary.miners.iter().map(|m| pay[&m.peer]).sum();
-        assert!((miners - 0.5).abs() < 1e-9, "half the emission to miners: {miners}");
-        let credited: u64 = summary.miners.iter().map(|m| m.credited).sum();
-        for m in &summary.miners {
-            let want = 0.5 * m.credited as f64 / credited as f64;
-            assert!(
-                (pay[&m.peer] - want).abs() < 1e-6,
-                "{} paid {} for {} of {credited}",
-                m.peer,
-                pay[&m.peer],
-                m.credited
-            );
-        }
-        assert!((pay[&peer(99)] - 0.5).abs() < 1e-9, "the operator's dividends");
-    }
-}
-
 /// A validator's `Validate(ValidationDone)` request, signed as its client
 /// signs it, for the run's orchestrator `orchestrator`.
 fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], miners_hash: [u8; 32], orchestrator: PeerId) -> Vec<u8> {
