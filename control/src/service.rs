@@ -33,11 +33,13 @@ use iota_protocol::refusal::{Reason, Rejected};
 use iota_protocol::source_limits::{SourceLimits, SourcePolicy};
 use iota_protocol::{MbRef, StoredObject};
 
+#[path = "service_reports.rs"]
+mod reports;
+use self::reports::validator_report_event;
 use crate::audit::Audit;
-use crate::orchestrator::{Event, MemoryStated, Orchestrator, Out, Phase, Refusal, VerdictIn};
+use crate::orchestrator::{Event, MemoryStated, Orchestrator, Out, Phase, Refusal};
 use crate::s3_store::S3Store;
 use crate::state_db::StateDb;
-use crate::validation::quorum::Check;
 use iota_core::memory_plan::ComputeBackend;
 
 const SAVE_EVERY_MS: u64 = 2_000;
@@ -631,71 +633,9 @@ impl OrchestratorRpc for OrchestratorService {
             return Err(self.refuse(VALIDATE, r.from(peer)));
         }
         let Some(kind) = body.kind else { unreachable!("fields::validator_report refuses an empty report") };
-        let peer_of = |b: &[u8]| PeerId(b.try_into().expect("fields::validator_report checks 32 bytes"));
-        let ev = match kind {
-            pb::validator_report::Kind::Ask(a) => Event::EvidenceAsk {
-                validator: peer,
-                epoch: a.epoch,
-                miner: peer_of(&a.miner),
-                items: a.items.iter().map(|w| (w.shard, w.first_sample, w.attempt)).collect(),
-            },
-            pb::validator_report::Kind::Verdict(v) => Event::Verdict(VerdictIn {
-                validator: peer,
-                epoch: v.epoch,
-                miner: peer_of(&v.miner),
-                check: match v.check() {
-                    pb::Check::Merge => Check::Merge,
-                    _ => Check::Recompute,
-                },
-                guilty: v.guilty,
-                samples: v.samples,
-                evidence_hash: v.evidence_hash.as_slice().try_into().ok(),
-                reason: v.reason,
-                // The whole signed request: the verdict stays checkable
-                // against the validator's key.
-                signed: prost::Message::encode_to_vec(&env),
-            }),
-            pb::validator_report::Kind::Done(d) => {
-                // The whole signed request goes into the ledger: each
-                // validator's weights stay checkable against its key.
-                let signed = prost::Message::encode_to_vec(&env);
-                Event::ValidationDone {
-                    validator: peer,
-                    epoch: d.epoch,
-                    weights: d.weights,
-                    miners_hash: d.miners_hash.as_slice().try_into().ok(),
-                    signed,
-                }
-            }
-            pb::validator_report::Kind::MergeAudit(a) => Event::MergeAudit {
-                validator: peer,
-                epoch: a.epoch,
-                stage: a.stage,
-                partition: a.partition,
-                generation: a.generation,
-                hash: a.hash.as_slice().try_into().ok(),
-                missing: a.missing.iter().map(|m| peer_of(m)).collect(),
-                flagged: a.flagged.iter().map(|m| peer_of(m)).collect(),
-                reason: a.reason,
-            },
-            pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {
-                validator: peer,
-                epoch: v.epoch,
-                rollback: v.rollback,
-                loss: v.loss,
-                reason: v.reason,
-                merged: v
-                    .merged
-                    .iter()
-                    .map(|st| {
-                        (
-                            st.stage,
-                            st.weights_hash.as_slice().try_into().expect("fields::validator_report checks 32 bytes"),
-                        )
-                    })
-                    .collect(),
-            },
-        };
+        // The whole signed request rides along: verdicts and weights stay
+        // checkable against the validator's key.
+        let ev = validator_report_event(peer, kind, prost::Message::encode_to_vec(&env));
         self.apply_for(VALIDATE, peer, ev)?;
         Ok(Response::new(pb::Ack {}))
     }
