@@ -124,6 +124,26 @@ pub struct RunArgs {
     /// them again.
     #[arg(long, default_value = "iota-cache/corpus")]
     corpus_cache: PathBuf,
+    /// In a validated run, validators may ask for the weights of any inner
+    /// step of an epoch after it ends (the miner's evidence). Snapshots are
+    /// kept in memory up to --evidence-memory-mib and past it in files
+    /// below DIR (one directory per miner identity; removed as the next
+    /// epoch starts). Give it a disk with room for an epoch's steps: a
+    /// snapshot is 4 bytes a stage weight (28 MB for a `small` stage, about
+    /// 2 GB for a `1.5b` one).
+    #[arg(long, value_name = "DIR", default_value = "iota-cache/evidence")]
+    evidence_dir: PathBuf,
+    /// Memory for the evidence's weights snapshots, in MiB (received frames
+    /// get a quarter of it besides).
+    #[arg(long, value_name = "MIB", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    evidence_memory_mib: u64,
+    /// Most disk for the evidence's snapshots per epoch, in GiB (default:
+    /// as much as --evidence-dir's filesystem holds with 1 GiB left free).
+    /// Work past it cannot be shown to a validator, which counts it as
+    /// evidence withheld.
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
+    evidence_disk_gib: Option<u64>,
     /// UDP address the data plane listens on (port 0 = any free port). For
     /// a swarm across machines listen on 0.0.0.0:PORT and give --advertise.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -294,6 +314,9 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.store = a.store;
     opts.data = a.data;
     opts.corpus_cache = Some(a.corpus_cache);
+    opts.evidence_dir = Some(a.evidence_dir);
+    opts.evidence_bytes = usize::try_from(a.evidence_memory_mib << 20).unwrap_or(usize::MAX);
+    opts.evidence_disk_bytes = a.evidence_disk_gib.unwrap_or(u64::MAX);
     opts.adversary = a.adversary;
     opts.accomplices = a.accomplices;
     opts.min_frame_ms = a.min_frame_ms;

@@ -97,6 +97,14 @@ pub struct MinerOptions {
     /// (input and output frames get a quarter of it each besides; see
     /// `evidence_log`).
     pub evidence_bytes: usize,
+    /// Where weights snapshots past `evidence_bytes` are kept (in a
+    /// directory of this miner's own below it) until the epoch's evidence
+    /// is freed. None: in memory only, and later work of a long epoch
+    /// cannot be shown.
+    pub evidence_dir: Option<PathBuf>,
+    /// Most bytes of snapshots kept in `evidence_dir` per epoch (u64::MAX:
+    /// as much as its filesystem holds with 1 GiB left free).
+    pub evidence_disk_bytes: u64,
     /// Test tool: the stage worker takes this many times its compute time
     /// per frame (it sleeps the rest), so tests can give honest miners
     /// different throughputs. 1 (the default): full speed.
@@ -145,6 +153,8 @@ impl MinerOptions {
             insecure_plaintext: false,
             tls_ca: None,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
+            evidence_dir: None,
+            evidence_disk_bytes: u64::MAX,
             slowdown: 1,
             min_frame_ms: 0,
             metrics: None,
@@ -409,6 +419,18 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let fault = opts.merge_fault.or_else(|| adversary.and_then(Adversary::merge_fault));
     let accomplices = opts.accomplices.clone();
     let evidence_bytes = opts.evidence_bytes;
+    // Snapshots past the memory budget go to disk, in a directory of this
+    // miner's own (miners on one machine may share the parent).
+    let evidence_spill = match (&opts.evidence_dir, cfg.spec.validation.validators.is_empty()) {
+        (Some(parent), false) => {
+            let dir = parent.join(&me.to_hex()[..16]);
+            let spill = evidence_log::SpillDir::open(dir.clone(), opts.evidence_disk_bytes)
+                .with_context(|| format!("opening the evidence directory {}", dir.display()))?;
+            info!(dir = %dir.display(), "weights snapshots past the memory budget are kept on disk for validators");
+            Some(spill)
+        }
+        _ => None,
+    };
     let slowdown = opts.slowdown.max(1);
     let min_frame = Duration::from_millis(opts.min_frame_ms);
     let (gemm, cpu_bf16_gemm, recompute) = (opts.gemm, opts.cpu_bf16_gemm, opts.recompute);
@@ -433,6 +455,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             commitments: commitments_c,
             sent,
             evidence_bytes,
+            evidence_spill,
             slowdown,
             min_frame,
             metrics,

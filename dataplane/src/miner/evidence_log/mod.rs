@@ -25,11 +25,14 @@
 //!   on (an inner step may come between an attempt's forward and its
 //!   backward). The gradient frame it sent is in `SentFrames` too.
 //!
-//! Bounded: weights snapshots by `budget` bytes, received frames (inputs
-//! and gradients) by a quarter of it, attempts by `MAX_ATTEMPTS`. Past a bound the log keeps no more for
-//! the epoch and warns once: an honest miner then cannot answer for later
+//! Bounded: weights snapshots by `budget` bytes of memory and, past it, by
+//! the spill directory's budget on disk (`spill`: a miner's default keeps
+//! every state of an epoch there, as much as its disk holds); received
+//! frames (inputs and gradients) by a quarter of the memory budget;
+//! attempts by `MAX_ATTEMPTS`. Past a bound the log keeps no more for the
+//! epoch and warns once: an honest miner then cannot answer for later
 //! attempts, and a validator that samples one counts it as evidence
-//! missing. Size the budget for the stage (a snapshot is 4 bytes a weight).
+//! missing. A snapshot is 4 bytes a weight.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -42,10 +45,14 @@ use iota_protocol::{SharedStore, StoredObject, pb};
 use tracing::{info, warn};
 
 use super::events::Output;
+pub use self::spill::SpillDir;
+use self::spill::Spilled;
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
 use crate::sent_frames::{SentFrameKey, SentFrames};
 
-/// The default budget for weights snapshots (`MinerOptions::evidence_bytes`).
+mod spill;
+
+/// The default memory budget for weights snapshots (`MinerOptions::evidence_bytes`).
 pub const DEFAULT_EVIDENCE_BYTES: usize = 1 << 30;
 /// Attempts kept per epoch (as many as the orchestrator lists for a miner).
 pub const MAX_ATTEMPTS: usize = 65_536;
@@ -53,11 +60,33 @@ pub const MAX_ATTEMPTS: usize = 65_536;
 /// A micro-batch attempt: (epoch, shard, first sample, attempt).
 pub type MbKey = (u64, u32, u64, u32);
 
+/// Where a weights state's snapshot is.
+enum Snapshot {
+    Memory(Vec<f32>),
+    Disk(Spilled),
+    /// Over the budgets, freed because no attempt used it, or lost.
+    None,
+}
+
 /// One weights state the miner held during the epoch.
 struct Version {
-    /// None: over the budget, or freed because no attempt used it.
-    weights: Option<Vec<f32>>,
+    weights: Snapshot,
     used: bool,
+}
+
+impl Version {
+    fn is_kept(&self) -> bool {
+        !matches!(self.weights, Snapshot::None)
+    }
+
+    /// A copy of its weights (read back from disk where it was spilled).
+    fn load(&mut self) -> Result<Vec<f32>, &'static str> {
+        match &mut self.weights {
+            Snapshot::Memory(w) => Ok(w.clone()),
+            Snapshot::Disk(s) => s.load(),
+            Snapshot::None => Err("its weights were not kept"),
+        }
+    }
 }
 
 /// What is kept of one attempt.
@@ -97,6 +126,8 @@ struct EpochEvidence {
     sealed: Option<usize>,
     attempts: HashMap<MbKey, Attempt>,
     snapshot_bytes: usize,
+    /// Bytes of snapshots in the spill directory.
+    spilled_bytes: u64,
     frame_bytes: usize,
     /// A bound was hit: nothing more of that kind is kept (warned once).
     snapshots_full: bool,
@@ -114,6 +145,7 @@ impl EpochEvidence {
             sealed: None,
             attempts: HashMap::new(),
             snapshot_bytes: 0,
+            spilled_bytes: 0,
             frame_bytes: 0,
             snapshots_full: false,
             frames_full: false,
@@ -121,38 +153,81 @@ impl EpochEvidence {
         }
     }
 
-    /// Adds a weights state and makes it the current one.
-    fn push_version(&mut self, weights: Vec<f32>, budget: usize) {
+    /// Adds a weights state and makes it the current one: in memory while
+    /// the budget lasts, then in the spill directory while its budget
+    /// lasts, then not at all.
+    fn push_version(&mut self, weights: Vec<f32>, budget: usize, spill: Option<&SpillDir>) {
         // Attempts only ever use the current state: one no attempt used is
         // never needed.
         if let Some(last) = self.versions.last_mut()
             && !last.used
-            && let Some(w) = last.weights.take()
         {
-            self.snapshot_bytes = self.snapshot_bytes.saturating_sub(4 * w.len());
+            match std::mem::replace(&mut last.weights, Snapshot::None) {
+                Snapshot::Memory(w) => self.snapshot_bytes = self.snapshot_bytes.saturating_sub(4 * w.len()),
+                Snapshot::Disk(s) => self.spilled_bytes = self.spilled_bytes.saturating_sub(s.bytes()),
+                Snapshot::None => {}
+            }
         }
+        let version = self.versions.len();
         let bytes = 4 * weights.len();
-        let fits = !self.snapshots_full && self.snapshot_bytes.saturating_add(bytes) <= budget;
-        if !fits && !self.snapshots_full {
+        let snapshot = if self.snapshots_full {
+            Snapshot::None
+        } else if self.snapshot_bytes.saturating_add(bytes) <= budget {
+            self.snapshot_bytes = self.snapshot_bytes.saturating_add(bytes);
+            Snapshot::Memory(weights)
+        } else {
+            self.spill(version, weights, spill)
+        };
+        if matches!(snapshot, Snapshot::None) && !self.snapshots_full {
             self.snapshots_full = true;
             warn!(
                 epoch = self.epoch,
-                state = self.versions.len(),
+                state = version,
                 budget,
+                spilled = self.spilled_bytes,
+                spill_dir = spill.map(|s| s.dir().display().to_string()),
                 "evidence budget reached: no more weights snapshots this epoch; later work cannot be shown to \
-                 validators"
+                 validators (give the miner more --evidence-disk-gib, or more free disk)"
             );
         }
-        if fits {
-            self.snapshot_bytes = self.snapshot_bytes.saturating_add(bytes);
+        self.versions.push(Version { weights: snapshot, used: false });
+    }
+
+    /// Writes a snapshot past the memory budget to the spill directory,
+    /// one write in flight at a time (so memory holds at most one snapshot
+    /// past its budget).
+    fn spill(&mut self, version: usize, weights: Vec<f32>, spill: Option<&SpillDir>) -> Snapshot {
+        let Some(dir) = spill else { return Snapshot::None };
+        for v in &mut self.versions {
+            if let Snapshot::Disk(s) = &mut v.weights
+                && !s.settle()
+            {
+                // Lost to a failed write: attempts on it cannot be shown.
+                self.spilled_bytes = self.spilled_bytes.saturating_sub(s.bytes());
+                v.weights = Snapshot::None;
+            }
         }
-        self.versions.push(Version { weights: fits.then_some(weights), used: false });
+        let bytes = 4 * weights.len() as u64;
+        if !dir.has_room(self.spilled_bytes, bytes) {
+            return Snapshot::None;
+        }
+        match dir.spill(self.epoch, self.stage, version, weights) {
+            Ok(s) => {
+                self.spilled_bytes = self.spilled_bytes.saturating_add(bytes);
+                Snapshot::Disk(s)
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start writing an evidence snapshot");
+                Snapshot::None
+            }
+        }
     }
 }
 
 /// The evidence of the epoch in training (or just trained).
 pub struct EvidenceLog {
     budget: usize,
+    spill: Option<SpillDir>,
     epoch: Option<EpochEvidence>,
 }
 
@@ -160,7 +235,12 @@ impl EvidenceLog {
     /// `budget`: bytes of weights snapshots kept per epoch (received
     /// frames get a quarter of it besides).
     pub fn new(budget: usize) -> Self {
-        EvidenceLog { budget, epoch: None }
+        EvidenceLog { budget, spill: None, epoch: None }
+    }
+
+    /// As `new`, with snapshots past the memory budget written to `spill`.
+    pub fn with_spill(budget: usize, spill: Option<SpillDir>) -> Self {
+        EvidenceLog { budget, spill, epoch: None }
     }
 
     fn frame_budget(&self) -> usize {
@@ -196,7 +276,7 @@ impl EvidenceLog {
             _ => self.epoch = Some(EpochEvidence::new(epoch, stage, Vec::new())),
         }
         if let Some(e) = self.epoch.as_mut() {
-            e.push_version(weights, budget);
+            e.push_version(weights, budget, self.spill.as_ref());
         }
     }
 
@@ -204,8 +284,9 @@ impl EvidenceLog {
     /// finished late).
     pub fn weights_changed(&mut self, epoch: u64, weights: Vec<f32>) {
         let budget = self.budget;
-        if let Some(e) = self.kept_mut(epoch).filter(|e| e.sealed.is_none()) {
-            e.push_version(weights, budget);
+        let spill = self.spill.as_ref();
+        if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch && e.sealed.is_none()) {
+            e.push_version(weights, budget, spill);
         }
     }
 
@@ -213,9 +294,10 @@ impl EvidenceLog {
     /// chain just took.
     pub fn stepped(&mut self, epoch: u64, hash: [u8; 32], weights: Vec<f32>) {
         let budget = self.budget;
-        if let Some(e) = self.kept_mut(epoch) {
+        let spill = self.spill.as_ref();
+        if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch) {
             e.step_hashes.push(hash);
-            e.push_version(weights, budget);
+            e.push_version(weights, budget, spill);
         }
     }
 
@@ -233,7 +315,7 @@ impl EvidenceLog {
     /// caller copies its input frame only then).
     pub fn wants_input(&self, epoch: u64) -> bool {
         self.kept(epoch).is_some_and(|e| {
-            !e.frames_full && !e.attempts_full && e.versions.last().is_some_and(|v| v.weights.is_some())
+            !e.frames_full && !e.attempts_full && e.versions.last().is_some_and(Version::is_kept)
         })
     }
 
@@ -243,7 +325,7 @@ impl EvidenceLog {
         let frame_budget = self.frame_budget();
         let Some(e) = self.kept_mut(key.0) else { return false };
         let Some(version) = e.versions.len().checked_sub(1) else { return false };
-        if e.versions.get(version).is_none_or(|v| v.weights.is_none()) {
+        if e.versions.get(version).is_none_or(|v| !v.is_kept()) {
             return false;
         }
         if e.attempts.len() >= MAX_ATTEMPTS && !e.attempts.contains_key(&key) {
@@ -285,7 +367,7 @@ impl EvidenceLog {
                 && e.attempts.get(&key).is_some_and(|a| {
                     a.input_frame.is_some()
                         && a.output == Direction::Activation
-                        && e.versions.get(a.version).is_some_and(|v| v.weights.is_some())
+                        && e.versions.get(a.version).is_some_and(Version::is_kept)
                 })
         })
     }
@@ -299,7 +381,7 @@ impl EvidenceLog {
         let frame_budget = self.frame_budget();
         let Some(e) = self.kept_mut(key.0) else { return false };
         let Some(version) = e.attempts.get(&key).map(|a| a.version) else { return false };
-        if e.versions.get(version).is_none_or(|v| v.weights.is_none()) {
+        if e.versions.get(version).is_none_or(|v| !v.is_kept()) {
             return false;
         }
         let Some(a) = e.attempts.get_mut(&key) else { return false };
@@ -342,9 +424,22 @@ impl EvidenceLog {
         self.kept(key.0)?.attempts.get(&key)?.backward.as_ref().map(|(_, v)| *v)
     }
 
-    /// The weights snapshot of state `version` of `epoch`, if kept.
-    pub fn weights(&self, epoch: u64, version: usize) -> Option<&[f32]> {
-        self.kept(epoch)?.versions.get(version)?.weights.as_deref()
+    /// A copy of the weights snapshot of state `version` of `epoch`, if
+    /// kept (and, where spilled, read back intact).
+    pub fn weights(&mut self, epoch: u64, version: usize) -> Option<Vec<f32>> {
+        self.kept_mut(epoch)?.versions.get_mut(version)?.load().ok()
+    }
+
+    /// Whether state `version` of `epoch` is in the spill directory.
+    pub fn is_spilled(&self, epoch: u64, version: usize) -> bool {
+        self.kept(epoch)
+            .and_then(|e| e.versions.get(version))
+            .is_some_and(|v| matches!(v.weights, Snapshot::Disk(_)))
+    }
+
+    /// Bytes of the epoch's snapshots in the spill directory.
+    pub fn spilled_bytes(&self) -> u64 {
+        self.epoch.as_ref().map_or(0, |e| e.spilled_bytes)
     }
 
     /// The step hashes of `epoch` as committed (all of them before `seal`).
@@ -383,22 +478,28 @@ impl EvidenceLog {
                 let weights = if bv == version {
                     None
                 } else {
-                    Some(
-                        e.versions
-                            .get(bv)
-                            .and_then(|v| v.weights.clone())
-                            .ok_or("its backward's weights were not kept")?,
-                    )
+                    let v = e.versions.get_mut(bv).ok_or("its backward's weights were not kept")?;
+                    Some(v.load().map_err(|_| "its backward's weights were not kept")?)
                 };
                 Some(BackwardFrames { received, sent, weights })
             }
         };
         let v = e.versions.get_mut(version).ok_or("no such weights state")?;
-        // Lent to the bundle for the encoding, not copied.
-        let weights = v.weights.take().ok_or("its weights were not kept")?;
+        // A snapshot in memory is lent to the bundle for the encoding, not
+        // copied; a spilled one is read back.
+        let (weights, lent) = match std::mem::replace(&mut v.weights, Snapshot::None) {
+            Snapshot::Memory(w) => (w, true),
+            Snapshot::None => return Err("its weights were not kept"),
+            disk @ Snapshot::Disk(_) => {
+                v.weights = disk;
+                (v.load()?, false)
+            }
+        };
         let b = EvidenceBundle { input_frame, output_frame, weights, step_hashes, backward };
         let bytes = b.encode();
-        v.weights = Some(b.weights);
+        if lent {
+            v.weights = Snapshot::Memory(b.weights);
+        }
         Ok(bytes)
     }
 }

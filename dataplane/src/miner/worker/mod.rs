@@ -208,10 +208,10 @@ impl<B: Backend + 'static> Worker<B> {
 
     /// Answers evidence requests from `sent` (the endpoint's record of the
     /// frames it sent), keeping at most `budget` bytes of weights snapshots
-    /// per epoch (see `evidence_log`).
-    pub fn set_evidence(&mut self, sent: Arc<SentFrames>, budget: usize) {
+    /// per epoch in memory and the rest in `spill` (see `evidence_log`).
+    pub fn set_evidence(&mut self, sent: Arc<SentFrames>, budget: usize, spill: Option<evidence_log::SpillDir>) {
         self.sent = Some(sent);
-        self.evidence = EvidenceLog::new(budget);
+        self.evidence = EvidenceLog::with_spill(budget, spill);
     }
 
     /// What this worker keeps for validators.
