@@ -29,7 +29,7 @@ use iota_protocol::{StoredObject, pb};
 use tracing::{info, warn};
 
 use crate::validation::quorum::{Accusation, Check, Consequence};
-use crate::validation::sample::beacon;
+use crate::validation::sample::{SampleRate, beacon};
 
 use super::validation_state::{
     MAX_EQUIVOCATION_RECORDS, MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round,
@@ -257,6 +257,26 @@ impl Orchestrator {
             return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
         }
         let r = self.validation.round.as_mut().expect("checked open");
+        // A validator asks for its draw and nothing more: as many of the
+        // miner's attempts as the run's sample rate draws from them. A
+        // validator asking for more (every attempt of every miner) would
+        // make miners upload for it what honest validators then wait
+        // behind.
+        let rate = SampleRate { rate: self.spec.validation.rate, min_per_miner: self.spec.validation.min_per_miner as usize };
+        let draw = rate.count(completed.len().min(MAX_WORK_ITEMS));
+        let lo = (miner, (0, 0, 0));
+        let hi = (miner, (u32::MAX, u64::MAX, u32::MAX));
+        let already: BTreeSet<WorkKey> =
+            r.asked.range(lo..=hi).filter(|(_, vs)| vs.contains(&validator)).map(|((_, k), _)| *k).collect();
+        let fresh: BTreeSet<&WorkKey> = items.iter().filter(|k| !already.contains(k)).collect();
+        if already.len().saturating_add(fresh.len()) > draw {
+            return Err(Refusal::Invalid(format!(
+                "validator {validator} asked for {} attempts of miner {miner} in epoch {epoch}; its draw is {draw} \
+                 (the run's sample rate of the miner's {} completed attempts)",
+                already.len().saturating_add(fresh.len()),
+                completed.len()
+            )));
+        }
         let mut request = Vec::new();
         for k in items {
             let stored = r.evidence.contains_key(&(miner, k));
