@@ -156,7 +156,11 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     let v = &cfg.spec.validation;
     let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };
     let timeout = opts.evidence_timeout.as_millis() as u64;
-    let mut core = ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout);
+    // A bigger stage's evidence takes longer to upload: the rounds wait
+    // for it (an honest miner's slow upload is not withheld evidence).
+    let stage_params = cfg.train.model.stage_param_counts(cfg.spec.stages as usize).unwrap_or_default();
+    let mut core =
+        ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout).with_stage_params(&stage_params);
 
     let finished = Arc::new(AtomicBool::new(false));
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);

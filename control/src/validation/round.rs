@@ -9,7 +9,8 @@
 //!
 //! A miner's vote is cast once: guilty at its first failed check, or
 //! cleared once every drawn attempt passed. A miner that has not delivered
-//! the evidence for every drawn attempt within `evidence_timeout_ms` is
+//! the evidence for every drawn attempt within `evidence_timeout_ms` (plus the time a draw of its stage
+//! takes to upload at `EVIDENCE_UPLOAD_BYTES_PER_S`) is
 //! guilty (an honest miner keeps what it may be asked for; see
 //! PROTOCOL.md, "Validation").
 //!
@@ -36,6 +37,19 @@ pub type WorkKey = (u32, u64, u32);
 
 /// Most attempts named in one ask (the field rule's bound).
 const ASK_CHUNK: usize = iota_protocol::fields::MAX_EVIDENCE_ITEMS;
+
+/// The upload rate a miner's evidence is given time for: 100 Mbit/s, a
+/// modest uplink (the store's side is rarely the slower one).
+pub const EVIDENCE_UPLOAD_BYTES_PER_S: u64 = 12_500_000;
+
+/// Time, beyond the base timeout, for a miner to build and upload `drawn`
+/// evidence bundles of a stage whose weights are `weights_bytes`: a middle
+/// stage's bundle may carry two weights states (its backward's, after an
+/// inner step), each read back from the miner's disk.
+pub fn evidence_allowance_ms(weights_bytes: u64, drawn: usize) -> u64 {
+    let bytes = weights_bytes.saturating_mul(2).saturating_mul(drawn as u64);
+    bytes.saturating_mul(1000) / EVIDENCE_UPLOAD_BYTES_PER_S
+}
 
 /// What the shell must check: one evidence object against what the
 /// validator knows of the attempt.
@@ -130,6 +144,9 @@ struct Round {
     /// Miners CLASP found significantly harmful.
     harmful: BTreeSet<PeerId>,
     done_said: bool,
+    /// This round's evidence timeout: the validator's base timeout plus
+    /// the time its largest miner's draw takes to upload.
+    timeout_ms: u64,
     /// The attempts still pending at half the evidence timeout were asked
     /// for again (a request or an announcement lost on the way, or a
     /// miner's failed upload, is not the miner's dishonesty).
@@ -143,6 +160,9 @@ pub struct ValidatorCore {
     seed: u64,
     rate: SampleRate,
     evidence_timeout_ms: u64,
+    /// Bytes of one evidence bundle's weights per stage (empty: unknown,
+    /// the base timeout alone).
+    stage_bytes: Vec<u64>,
     round: Option<Round>,
     /// Per epoch, the hash of each stage's merged weights as this
     /// validator loaded them from the store (merges it kept; the latest
@@ -193,7 +213,36 @@ fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet
 
 impl ValidatorCore {
     pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
-        ValidatorCore { run_id, stages, seed, rate, evidence_timeout_ms, round: None, merged: BTreeMap::new() }
+        ValidatorCore {
+            run_id,
+            stages,
+            seed,
+            rate,
+            evidence_timeout_ms,
+            stage_bytes: Vec::new(),
+            round: None,
+            merged: BTreeMap::new(),
+        }
+    }
+
+    /// Each stage's parameter count: a round's evidence timeout then grows
+    /// with what its drawn miners must upload (`evidence_allowance_ms`).
+    pub fn with_stage_params(mut self, params: &[usize]) -> Self {
+        self.stage_bytes = params.iter().map(|&p| (p as u64).saturating_mul(4)).collect();
+        self
+    }
+
+    /// The round's evidence timeout for `drawn` attempts per miner on its
+    /// stage.
+    fn round_timeout_ms(&self, drawn: impl Iterator<Item = (u32, usize)>) -> u64 {
+        let most = drawn
+            .map(|(stage, n)| {
+                let weights = self.stage_bytes.get(stage as usize).copied().unwrap_or(0);
+                evidence_allowance_ms(weights, n)
+            })
+            .max()
+            .unwrap_or(0);
+        self.evidence_timeout_ms.saturating_add(most)
     }
 
     /// The epoch of the round in progress.
@@ -285,6 +334,9 @@ impl ValidatorCore {
             drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
         }
         let harmful = harmful_by_clasp(self.stages, &work);
+        let timeout_ms = self.round_timeout_ms(
+            drawn.iter().map(|(p, v)| (work.get(p).map_or(0, |m| m.stage), v.pending.len())),
+        );
         self.round = Some(Round {
             epoch: w.epoch,
             started_ms: now,
@@ -295,6 +347,7 @@ impl ValidatorCore {
             order,
             harmful,
             done_said: false,
+            timeout_ms,
             reasked: false,
         });
         self.finish(&mut out);
@@ -401,7 +454,7 @@ impl ValidatorCore {
         let mut out = Vec::new();
         let Some(r) = self.round.as_mut() else { return out };
         let waited = now.saturating_sub(r.started_ms);
-        if !r.reasked && waited > self.evidence_timeout_ms / 2 && waited <= self.evidence_timeout_ms {
+        if !r.reasked && waited > r.timeout_ms / 2 && waited <= r.timeout_ms {
             r.reasked = true;
             for (miner, v) in r.drawn.iter().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
                 let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
@@ -410,7 +463,7 @@ impl ValidatorCore {
                 }
             }
         }
-        if waited <= self.evidence_timeout_ms {
+        if waited <= r.timeout_ms {
             return out;
         }
         for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
@@ -425,7 +478,7 @@ impl ValidatorCore {
                 reason: format!(
                     "no evidence for {} drawn attempts within {} ms",
                     v.pending.len(),
-                    self.evidence_timeout_ms
+                    r.timeout_ms
                 ),
             });
         }

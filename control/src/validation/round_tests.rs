@@ -287,3 +287,34 @@ fn a_forged_beacon_or_pathway_is_refused_and_a_repeat_changes_nothing() {
     let (a, b) = (asks(&core().on_work(0, &work(1, 40)).unwrap()), asks(&other.on_work(0, &work(1, 40)).unwrap()));
     assert_ne!(a, b);
 }
+
+#[test]
+fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
+    // Stage 1's weights are 25 MB: two drawn bundles of up to two states
+    // each are 100 MB, 8 s at 100 Mbit/s, on top of the 1 s base.
+    assert_eq!(evidence_allowance_ms(25_000_000, 2), 8_000);
+    let mut c = core().with_stage_params(&[10, 6_250_000, 10]);
+    let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    // Miners 1 and 3 deliver; miner 2 (the big stage) is uploading.
+    for (m, keys) in &asked {
+        if *m == p(2) {
+            continue;
+        }
+        for k in keys {
+            let jobs = c.on_evidence(0, evidence(0, *m, *k));
+            let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+            let _ = c.checked(job, Ok(()));
+        }
+    }
+    assert!(c.tick(1_001).is_empty(), "past the base timeout, within the allowance: no vote");
+    let again = c.tick(4_600);
+    assert_eq!(asks(&again).len(), 1, "half-way to 9 s: asked again ({again:?})");
+    assert!(c.tick(9_000).is_empty(), "still within 9 s");
+    let late = c.tick(9_001);
+    assert!(matches!(&late[0], Action::Vote { miner, guilty: true, reason, .. }
+        if *miner == p(2) && reason.contains("within 9000 ms")), "{late:?}");
+    // Without the stage sizes the base timeout alone holds.
+    let mut plain = core();
+    let _ = plain.on_work(0, &work(0, 5)).unwrap();
+    assert!(plain.tick(1_001).iter().any(|a| matches!(a, Action::Vote { guilty: true, .. })));
+}
