@@ -415,14 +415,17 @@ async fn run_async(cli: Cli) -> Result<()> {
             for t in page_servers {
                 t.abort();
             }
+            let mut model = None;
             if svc.with_state(|o| o.phase() == &crate::orchestrator::Phase::Done) {
                 let store_dir = if export_bucket.is_some() { None } else { Some(run.store_dir()?) };
-                match crate::final_model::export_for_run(&svc, &cfg, export_bucket, store_dir.as_deref(), &run.run_dir)
-                    .await
-                {
+                let exported =
+                    crate::final_model::export_for_run(&svc, &cfg, export_bucket, store_dir.as_deref(), &run.run_dir)
+                        .await;
+                match &exported {
                     Ok(p) => println!("model: {} (try `iota generate --model {}`)", p.display(), p.display()),
                     Err(why) => println!("model: none exported ({why})"),
                 }
+                model = Some(exported);
             }
             let (s, history, divergent) =
                 svc.with_state(|o| (o.status(), o.history().to_vec(), o.counters().divergent_merges));
@@ -443,6 +446,10 @@ async fn run_async(cli: Cli) -> Result<()> {
                     took.as_secs_f64(),
                     tokens as f64 / took.as_secs_f64().max(1e-9)
                 );
+            }
+            // A finished run that trained nothing is a failure, said so.
+            if let Some(why) = model.and_then(|m| crate::swarm_outcome::trained_nothing(&history, &m, false)) {
+                anyhow::bail!("the run trained nothing: {why}");
             }
             Ok(())
         }
@@ -585,6 +592,9 @@ async fn run_async(cli: Cli) -> Result<()> {
             swarm::print_summary(&cfg, &report);
             if report.interrupted {
                 std::process::exit(130);
+            }
+            if let Some(why) = report.trained_nothing() {
+                anyhow::bail!("the swarm trained nothing: {why}");
             }
             Ok(())
         }

@@ -32,6 +32,7 @@ pub mod settlement;
 pub mod state_db;
 pub mod status_cmd;
 pub mod swarm;
+mod swarm_outcome;
 pub mod tls_server;
 pub mod validation;
 pub mod validator;
