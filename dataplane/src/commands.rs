@@ -316,6 +316,7 @@ async fn run_miner(a: RunArgs) -> Result<()> {
     opts.corpus_cache = Some(a.corpus_cache);
     opts.evidence_dir = Some(a.evidence_dir);
     opts.evidence_bytes = usize::try_from(a.evidence_memory_mib << 20).unwrap_or(usize::MAX);
+    opts.evidence_frame_bytes = opts.evidence_bytes / 4;
     opts.evidence_disk_bytes = a.evidence_disk_gib.unwrap_or(u64::MAX);
     opts.adversary = a.adversary;
     opts.accomplices = a.accomplices;

@@ -76,15 +76,29 @@ pub async fn run_scenario_shaped(
 /// `each` first (its compute, say).
 pub async fn run_scenario_with(
     adversary: Option<(Adversary, Place)>,
+    shape: (u32, u32),
+    epochs: u64,
+    per_epoch: u64,
+    each: fn(&mut MinerOptions),
+) -> ScenarioReport {
+    run_scenario_configured(adversary, shape, epochs, per_epoch, each, |_| {}).await
+}
+
+/// `run_scenario_with`, the run's config changed by `run` first (its
+/// sample rate, say).
+pub async fn run_scenario_configured(
+    adversary: Option<(Adversary, Place)>,
     (stages, replicas): (u32, u32),
     epochs: u64,
     per_epoch: u64,
     each: fn(&mut MinerOptions),
+    run: fn(&mut iota_protocol::RunConfig),
 ) -> ScenarioReport {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
     cfg.spec.validation.min_per_miner = 3;
+    run(&mut cfg);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let vs: Vec<_> =

@@ -66,6 +66,7 @@ pub(super) struct ComputeIo {
     pub(super) commitments: Arc<parking_lot::Mutex<iota_core::commitment::Commitments>>,
     pub(super) sent: Arc<crate::sent_frames::SentFrames>,
     pub(super) evidence_bytes: usize,
+    pub(super) evidence_frame_bytes: usize,
     pub(super) evidence_spill: Option<super::evidence_log::SpillDir>,
     pub(super) slowdown: u32,
     pub(super) min_frame: Duration,
@@ -88,7 +89,9 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
     w.tokens = io.tokens.clone();
     w.in_flight = io.in_flight.clone();
     w.commitments = io.commitments.clone();
-    w.set_evidence(io.sent.clone(), io.evidence_bytes, io.evidence_spill.take());
+    let log = super::evidence_log::EvidenceLog::with_spill(io.evidence_bytes, io.evidence_spill.take())
+        .with_frame_budget(io.evidence_frame_bytes);
+    w.set_evidence(io.sent.clone(), log);
     w.set_adversary(io.adversary);
     let mut out = Vec::new();
     let mut compute = std::time::Duration::ZERO;

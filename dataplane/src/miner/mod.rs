@@ -93,10 +93,12 @@ pub struct MinerOptions {
     /// CA certificates (PEM) for an orchestrator with a CA-issued
     /// certificate (None: its identity certificate, key pinned).
     pub tls_ca: Option<PathBuf>,
-    /// Bytes of weights snapshots kept per epoch as evidence for validators
-    /// (input and output frames get a quarter of it each besides; see
-    /// `evidence_log`).
+    /// Bytes of weights snapshots kept in memory per epoch as evidence for
+    /// validators (see `evidence_log`).
     pub evidence_bytes: usize,
+    /// Bytes of received frames (inputs, gradients) kept per epoch as
+    /// evidence, and as much again of the frames sent.
+    pub evidence_frame_bytes: usize,
     /// Where weights snapshots past `evidence_bytes` are kept (in a
     /// directory of this miner's own below it) until the epoch's evidence
     /// is freed. None: in memory only, and later work of a long epoch
@@ -153,6 +155,7 @@ impl MinerOptions {
             insecure_plaintext: false,
             tls_ca: None,
             evidence_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES,
+            evidence_frame_bytes: evidence_log::DEFAULT_EVIDENCE_BYTES / 4,
             evidence_dir: None,
             evidence_disk_bytes: u64::MAX,
             slowdown: 1,
@@ -192,7 +195,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let local = ep.local_addr()?;
     // The frames this miner sends, as signed: its evidence for validators.
     let sent = ep
-        .tap_sent_frames(TapLimits { max_frames: 4 * evidence_log::MAX_ATTEMPTS, max_bytes: opts.evidence_bytes / 4 });
+        .tap_sent_frames(TapLimits { max_frames: 4 * evidence_log::MAX_ATTEMPTS, max_bytes: opts.evidence_frame_bytes });
     if opts.advertise.is_none() && local.ip().is_unspecified() {
         anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
     }
@@ -418,7 +421,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let (crash_at, adversary) = (opts.crash_at, opts.adversary);
     let fault = opts.merge_fault.or_else(|| adversary.and_then(Adversary::merge_fault));
     let accomplices = opts.accomplices.clone();
-    let evidence_bytes = opts.evidence_bytes;
+    let (evidence_bytes, evidence_frame_bytes) = (opts.evidence_bytes, opts.evidence_frame_bytes);
     // Snapshots past the memory budget go to disk, in a directory of this
     // miner's own (miners on one machine may share the parent).
     let evidence_spill = match (&opts.evidence_dir, cfg.spec.validation.validators.is_empty()) {
@@ -455,6 +458,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             commitments: commitments_c,
             sent,
             evidence_bytes,
+            evidence_frame_bytes,
             evidence_spill,
             slowdown,
             min_frame,

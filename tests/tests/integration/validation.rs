@@ -651,6 +651,8 @@ async fn two_colluding_owners_are_convicted_by_the_merge_audit_in_their_first_me
 mod cross_backend;
 // A replica reporting a false hash of its merged weights.
 mod merge_lie;
+// Evidence past the miners' memory, kept on disk.
+mod long_epochs;
 // The swarm the merge adversaries run in.
 mod merge_cheats;
 use merge_cheats::{MergeCheatRun, run_merge_cheat};

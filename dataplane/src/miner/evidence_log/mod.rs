@@ -227,6 +227,7 @@ impl EpochEvidence {
 /// The evidence of the epoch in training (or just trained).
 pub struct EvidenceLog {
     budget: usize,
+    frame_budget: usize,
     spill: Option<SpillDir>,
     epoch: Option<EpochEvidence>,
 }
@@ -235,16 +236,23 @@ impl EvidenceLog {
     /// `budget`: bytes of weights snapshots kept per epoch (received
     /// frames get a quarter of it besides).
     pub fn new(budget: usize) -> Self {
-        EvidenceLog { budget, spill: None, epoch: None }
+        EvidenceLog { budget, frame_budget: budget / 4, spill: None, epoch: None }
     }
 
     /// As `new`, with snapshots past the memory budget written to `spill`.
     pub fn with_spill(budget: usize, spill: Option<SpillDir>) -> Self {
-        EvidenceLog { budget, spill, epoch: None }
+        EvidenceLog { budget, frame_budget: budget / 4, spill, epoch: None }
+    }
+
+    /// Received frames (inputs and gradients) get `bytes` of memory
+    /// instead of a quarter of the snapshots' budget.
+    pub fn with_frame_budget(mut self, bytes: usize) -> Self {
+        self.frame_budget = bytes;
+        self
     }
 
     fn frame_budget(&self) -> usize {
-        self.budget / 4
+        self.frame_budget
     }
 
     fn kept(&self, epoch: u64) -> Option<&EpochEvidence> {

@@ -207,11 +207,10 @@ impl<B: Backend + 'static> Worker<B> {
     }
 
     /// Answers evidence requests from `sent` (the endpoint's record of the
-    /// frames it sent), keeping at most `budget` bytes of weights snapshots
-    /// per epoch in memory and the rest in `spill` (see `evidence_log`).
-    pub fn set_evidence(&mut self, sent: Arc<SentFrames>, budget: usize, spill: Option<evidence_log::SpillDir>) {
+    /// frames it sent) and what `log` keeps (see `evidence_log`).
+    pub fn set_evidence(&mut self, sent: Arc<SentFrames>, log: EvidenceLog) {
         self.sent = Some(sent);
-        self.evidence = EvidenceLog::with_spill(budget, spill);
+        self.evidence = log;
     }
 
     /// What this worker keeps for validators.
