@@ -5,8 +5,11 @@
 //! Heartbeats say a miner is alive, not that it works. What the
 //! orchestrator trusts is delivered work: every completion resets a
 //! miner's failure streak and updates its measured latency; a failure is
-//! pinned on a miner when a neighbour on the pathway could not reach it
-//! (`UNREACHABLE`, at once) or, at the route's timeout, when a neighbour
+//! pinned on a miner when neighbours on its pathways could not reach it
+//! (`UNREACHABLE`: at once, but only once two distinct neighbours said so
+//! since its last delivery; one neighbour's word re-routes the micro-batch
+//! and pins nothing, and a reporter whose target then delivers loses its
+//! standing) or, at the route's timeout, when a neighbour
 //! waited on it for its input (`NO_INPUT`) and it was not itself waiting on
 //! anyone. `bench_after_failures` failures in a row bench it for the rest of
 //! the epoch (the streak carries over epochs: only a delivery ends it);
@@ -23,6 +26,15 @@ pub const REMOVE_AFTER_BENCHED_EPOCHS: u32 = 3;
 /// Miners accused of a stall per epoch that are remembered (the rest are
 /// judged on the pathway's reports alone).
 const MAX_ACCUSED: usize = 4_096;
+
+/// Distinct neighbours that must report a miner UNREACHABLE (since its
+/// last delivery, this epoch) before a failure is pinned on it: one
+/// hostile neighbour's word alone benches nobody.
+pub const CORROBORATING_REPORTERS: usize = 2;
+
+/// A miner whose UNREACHABLE reports were contradicted this many times
+/// this epoch (their target delivered) corroborates nothing more in it.
+pub const FALSE_REPORTS_DISCOUNTED: u32 = 3;
 
 /// Routing draws among the replicas whose cost is within this factor of
 /// the cheapest one's (see `pathway`).
@@ -74,7 +86,7 @@ impl Orchestrator {
                 }
                 pb::Failure::Unreachable => {
                     self.drop_hedge(seq, out);
-                    self.blame(now, named, out);
+                    self.unreachable_reported(now, reporter, named, out);
                 }
                 pb::Failure::NoInput => self.drop_hedge(seq, out),
             }
@@ -89,7 +101,7 @@ impl Orchestrator {
         tracing::debug!(seq, attempt, reporter = %reporter, named = %named, ?failure, age_ms = age, "peer failed");
         match failure {
             pb::Failure::Unreachable => {
-                self.blame(now, named, out);
+                self.unreachable_reported(now, reporter, named, out);
                 // Unless benching just re-routed it, this micro-batch goes
                 // to another replica now rather than at its timeout.
                 if self.in_flight_through(named).contains(&seq) {
@@ -105,6 +117,24 @@ impl Orchestrator {
             pb::Failure::Unspecified => return Err(Refusal::Invalid("a peer failure says what failed".into())),
         }
         Ok(())
+    }
+
+    /// `reporter` could not reach `named`: a failure is pinned on `named`
+    /// once `CORROBORATING_REPORTERS` distinct neighbours in good standing
+    /// have said so since its last delivery. Until then the report only
+    /// moves the micro-batch (the caller re-routes it).
+    pub(super) fn unreachable_reported(&mut self, now: Ms, reporter: PeerId, named: PeerId, out: &mut Vec<Out>) {
+        let standing = self.miners.get(&reporter).is_some_and(|m| m.false_reports < FALSE_REPORTS_DISCOUNTED);
+        let Some(m) = self.miners.get_mut(&named) else { return };
+        if standing && !m.unreachable_by.contains(&reporter) && m.unreachable_by.len() < CORROBORATING_REPORTERS {
+            m.unreachable_by.push(reporter);
+        }
+        if standing && m.unreachable_by.len() >= CORROBORATING_REPORTERS {
+            self.blame(now, named, out);
+        } else {
+            self.counters.uncorroborated_reports += 1;
+            tracing::debug!(reporter = %reporter, named = %named, standing, "an UNREACHABLE report not (yet) borne out");
+        }
     }
 
     /// Whom a timed-out attempt is pinned on: the first miner (from the
@@ -240,6 +270,17 @@ impl Orchestrator {
     /// A micro-batch completed through `pathway`, `latency_ms` after issue.
     pub(super) fn delivered(&mut self, pathway: &[PeerId], latency_ms: f64) {
         for p in pathway {
+            // It was reachable after all: whoever reported it UNREACHABLE
+            // since its last delivery was not borne out.
+            // (Reports a second miner bore out are not held against theirs.)
+            let reporters = self.miners.get_mut(p).map(|m| std::mem::take(&mut m.unreachable_by)).unwrap_or_default();
+            let lone = reporters.len() < CORROBORATING_REPORTERS;
+            for r in reporters.into_iter().filter(|_| lone) {
+                if let Some(rm) = self.miners.get_mut(&r) {
+                    rm.false_reports = rm.false_reports.saturating_add(1);
+                    self.counters.false_reports += 1;
+                }
+            }
             if let Some(m) = self.miners.get_mut(p) {
                 m.failures_in_a_row = 0;
                 m.probation = false;
@@ -275,6 +316,8 @@ impl Orchestrator {
                 }
             }
             m.failures = 0;
+            m.unreachable_by.clear();
+            m.false_reports = 0;
         }
         self.accusations.clear();
     }

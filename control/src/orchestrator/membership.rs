@@ -174,6 +174,8 @@ impl Orchestrator {
                 ejected: false,
                 commitments: std::collections::BTreeMap::new(),
                 memory,
+                unreachable_by: Vec::new(),
+                false_reports: 0,
             },
         );
         Ok(true)

@@ -179,6 +179,20 @@ pub struct MinerState {
     /// The memory it stated when it registered.
     #[serde(default)]
     pub memory: MemoryStated,
+    /// Neighbours that reported it UNREACHABLE since its last delivery this
+    /// epoch (at most `liveness::CORROBORATING_REPORTERS`): a failure is
+    /// pinned on it only once that many distinct miners say so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable_by: Vec<PeerId>,
+    /// This epoch's UNREACHABLE reports of its that the named miner's own
+    /// deliveries then contradicted; at `liveness::FALSE_REPORTS_DISCOUNTED`
+    /// its reports corroborate nothing for the rest of the epoch.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub false_reports: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The memory a miner states at registration: what its stage may use, and
@@ -414,6 +428,14 @@ pub struct Counters {
     /// Micro-batch failures pinned on a miner.
     #[serde(default)]
     pub failures_pinned: u64,
+    /// UNREACHABLE reports that pinned nothing: no second miner (yet) bore
+    /// them out, or their reporter's earlier reports were contradicted.
+    #[serde(default)]
+    pub uncorroborated_reports: u64,
+    /// UNREACHABLE reports whose target then delivered (the reporter's
+    /// word contradicted).
+    #[serde(default)]
+    pub false_reports: u64,
     /// Attempts issued before anything was measured (so with the ceiling
     /// overdue time) and re-issued once the measured one had passed.
     #[serde(default)]

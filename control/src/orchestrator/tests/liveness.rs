@@ -301,3 +301,61 @@ fn the_first_micro_batches_go_out_one_per_pathway() {
     sp.pipeline_warmup_micro_batches = 0;
     assert_eq!(most_in_flight_per_twelve(sp), vec![4, 4, 4, 4, 4, 4]);
 }
+
+/// `hostile-unreachable`: a head replica reports whichever stage-1 miner
+/// its pathway names UNREACHABLE, every time, and does no work. One
+/// miner's word pins nothing: the micro-batches go round it, nothing is
+/// dropped, no honest miner is benched; a genuinely unreachable miner
+/// (two neighbours say so) still is.
+#[test]
+fn one_hostile_neighbour_reporting_unreachable_benches_nobody() {
+    let mut sp = butterfly_spec(2, 2);
+    sp.epochs = 3;
+    sp.micro_batches_per_epoch = 12;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 4);
+    let hostile = sim.o.miners().find(|m| m.stage == 0).unwrap().peer;
+    sim.hostile_reporter = Some(hostile);
+    sim.run_until_done(400);
+    let c = sim.o.counters().clone();
+    assert_eq!(c.dropped, 0, "{c:?}");
+    assert!(sim.o.history().iter().all(|e| e.completed == 12), "{:?}", sim.o.history());
+    assert!(c.uncorroborated_reports > 0, "the hostile reports were made: {c:?}");
+    let honest_benched: Vec<_> = sim.o.miners().filter(|m| m.peer != hostile && m.benched_epochs > 0).collect();
+    assert!(honest_benched.is_empty(), "{honest_benched:?}");
+    assert!(sim.o.miners().filter(|m| m.stage == 1).all(|m| m.delivered > 0 && !m.removed));
+    // Its word was contradicted: the stage-1 miners it named delivered.
+    assert!(c.false_reports > 0, "{c:?}");
+}
+
+/// Two distinct neighbours reporting a miner UNREACHABLE pin a failure on
+/// it; one reporter repeating itself does not, and a reporter whose
+/// targets keep delivering loses its standing.
+#[test]
+fn unreachable_is_pinned_only_when_two_neighbours_say_so() {
+    let mut sim = Sim::new(butterfly_spec(2, 2));
+    register_all(&mut sim, 4);
+    let heads: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 0).map(|m| m.peer).collect();
+    let bodies: Vec<PeerId> = sim.o.miners().filter(|m| m.stage == 1).map(|m| m.peer).collect();
+    let pinned0 = sim.o.counters().failures_pinned;
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        sim.o.unreachable_reported(sim.now, heads[0], bodies[0], &mut out);
+    }
+    assert_eq!(sim.o.counters().failures_pinned, pinned0, "one reporter, three reports: nothing pinned");
+    sim.o.unreachable_reported(sim.now, heads[1], bodies[0], &mut out);
+    assert_eq!(sim.o.counters().failures_pinned, pinned0 + 1, "borne out by a second neighbour");
+    // Borne out, so its delivery holds nothing against the reporters.
+    sim.o.delivered(&[heads[0], bodies[0]], 10.0);
+    assert_eq!(sim.o.miner(&heads[0]).unwrap().false_reports, 0);
+    // Three lone reports its target's deliveries contradict...
+    for _ in 0..3 {
+        sim.o.unreachable_reported(sim.now, heads[0], bodies[1], &mut out);
+        sim.o.delivered(&[heads[1], bodies[1]], 10.0);
+    }
+    assert_eq!(sim.o.miner(&heads[0]).unwrap().false_reports, 3);
+    // ... and its word no longer counts toward a second one's.
+    sim.o.unreachable_reported(sim.now, heads[0], bodies[1], &mut out);
+    sim.o.unreachable_reported(sim.now, heads[1], bodies[1], &mut out);
+    assert_eq!(sim.o.counters().failures_pinned, pinned0 + 1, "the discredited reporter corroborates nothing");
+}

@@ -83,6 +83,10 @@ struct Sim {
     stall_verdicts_only: bool,
     /// Neighbours of a silent miner report it UNREACHABLE (else NO_INPUT).
     report_unreachable: bool,
+    /// A hostile miner: on every pathway it is on, it reports its
+    /// downstream neighbour (its upstream one at the tail) UNREACHABLE
+    /// and does no work.
+    hostile_reporter: Option<PeerId>,
     /// The commitment heads each miner's heartbeats carry.
     heads: std::collections::BTreeMap<PeerId, Vec<iota_core::commitment::EpochHeads>>,
     /// Validation commands (EpochWork to validators, EvidenceRequest to
@@ -145,6 +149,7 @@ impl Sim {
             stall_from: 0,
             stall_verdicts_only: false,
             report_unreachable: false,
+            hostile_reporter: None,
             heads: Default::default(),
             validation_heard: Vec::new(),
             quiet_validators: BTreeSet::new(),
@@ -220,6 +225,17 @@ impl Sim {
                     let path: Vec<PeerId> =
                         r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
                     let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+                    if path[0] == to
+                        && let Some((i, h)) =
+                            path.iter().enumerate().find(|(_, p)| Some(**p) == self.hostile_reporter)
+                    {
+                        let named = path.get(i + 1).or(i.checked_sub(1).and_then(|j| path.get(j)));
+                        if let Some(n) = named.copied() {
+                            let failure = pb::Failure::Unreachable;
+                            self.ev(Event::PeerFailed { peer: *h, mb, attempt: r.attempt, named: n, failure });
+                        }
+                        continue;
+                    }
                     // A silent miner stalls the pathway: its honest
                     // neighbours report it overdue (or unreachable).
                     if path[0] == to && path.iter().any(|p| self.silent.contains(p)) {
