@@ -175,9 +175,21 @@ impl Orchestrator {
             .filter_map(|o| if let MergeOut::Colluded(ps) = o { Some(ps.clone()) } else { None })
             .flatten()
             .collect();
+        // A referee's side the recompute confirmed: the other owner of the
+        // disputed partition was proven wrong.
+        let deviants: Vec<PeerId> = mo
+            .iter()
+            .filter_map(|o| if let MergeOut::Deviant(ps) = o { Some(ps.clone()) } else { None })
+            .flatten()
+            .collect();
         self.merge_outs(stage, mo, out);
         for p in colluders {
             self.counters.colluding_owners += 1;
+            self.convict_merge(now, p, out);
+        }
+        for p in deviants {
+            self.counters.deviant_owners += 1;
+            warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner proven wrong by its referee and the audit");
             self.convict_merge(now, p, out);
         }
     }

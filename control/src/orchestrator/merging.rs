@@ -137,7 +137,9 @@ impl Orchestrator {
                         writer: v.writer.0.to_vec(),
                     }),
                     // The caller convicts it (see `convict_equivocator`).
-                    MergeOut::Equivocated(_) | MergeOut::Flawed(_) | MergeOut::Colluded(_) => continue,
+                    MergeOut::Equivocated(_) | MergeOut::Flawed(_) | MergeOut::Colluded(_) | MergeOut::Deviant(_) => {
+                        continue;
+                    }
                     MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
@@ -187,6 +189,8 @@ impl Orchestrator {
             let params = self.spec.merge.stage_params[s as usize];
             let plan = self.spec.merge.plan(self.epoch, s, participants, params, self.spec.run_id);
             let mut sm = StageMerge::new(plan);
+            // Referees are drawn with a secret of this orchestrator's.
+            sm.draw_referees_with(rng.next_u64());
             // With validators, every owner pair's results wait for an audit
             // (merge_audit.rs); the draw's seed stays here.
             if self.validation.validators.values().any(|v| v.subscribed) {

@@ -428,6 +428,10 @@ pub struct Counters {
     /// Micro-batch failures pinned on a miner.
     #[serde(default)]
     pub failures_pinned: u64,
+    /// Owners of a disputed partition whose referee's result a validators'
+    /// recompute confirmed (the owner proven wrong, convicted).
+    #[serde(default)]
+    pub deviant_owners: u64,
     /// UNREACHABLE reports that pinned nothing: no second miner (yet) bore
     /// them out, or their reporter's earlier reports were contradicted.
     #[serde(default)]

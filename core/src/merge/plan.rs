@@ -188,15 +188,18 @@ impl MergePlan {
         next
     }
 
-    /// A participant that owns neither of `owners`' roles for partition `k`
-    /// and owns the fewest elements: who re-computes a disputed partition.
-    pub fn referee_for(&self, k: usize) -> Option<PeerId> {
-        let owners = &self.partitions.get(k)?.owners;
-        self.participants
-            .iter()
-            .filter(|p| !owners.contains(&p.peer))
-            .min_by_key(|p| (self.elements_owned(&p.peer), p.peer))
-            .map(|p| p.peer)
+    /// Who re-computes disputed partition `k`: a participant other than its
+    /// owners, drawn with `seed` (the orchestrator's secret), so no key
+    /// ground to sort first, and no load kept low on purpose, makes a
+    /// participant the referee of the disputes it would like to decide.
+    pub fn referee_for(&self, k: usize, seed: u64) -> Option<PeerId> {
+        let part = self.partitions.get(k)?;
+        let others: Vec<PeerId> =
+            self.participants.iter().map(|p| p.peer).filter(|p| !part.owners.contains(p)).collect();
+        let n = u64::try_from(others.len()).ok().filter(|n| *n > 0)?;
+        let mut rng = Rng::derived(seed, &[0x7265_6665_7265_6500, self.epoch, u64::from(self.stage), k as u64]);
+        let at = usize::try_from(rng.below(n)).ok()?;
+        others.get(at).copied()
     }
 
     /// Checks a plan received from the network before acting on it.
@@ -333,8 +336,14 @@ mod tests {
         }
         let solo = plan.without(&plan.participants[1..].iter().map(|p| p.peer).collect::<Vec<_>>());
         assert!(solo.partitions.iter().all(|p| p.owners == vec![plan.participants[0].peer]));
-        let referee = plan.referee_for(2).unwrap();
+        let referee = plan.referee_for(2, 7).unwrap();
         assert!(!plan.partitions[2].owners.contains(&referee));
+        // Drawn with the seed among every non-owner, not the least loaded
+        // or the smallest id.
+        let drawn: std::collections::BTreeSet<PeerId> = (0..64).filter_map(|s| plan.referee_for(2, s)).collect();
+        let non_owners = plan.participants.iter().filter(|p| !plan.partitions[2].owners.contains(&p.peer)).count();
+        assert_eq!(drawn.len(), non_owners, "{drawn:?}");
+        assert_eq!(plan.referee_for(2, 7), Some(referee), "the same seed, the same referee");
         let r = plan.with_referee(2, referee);
         assert_eq!(r.partitions[2].owners, vec![referee]);
         assert_eq!(r.partitions[2].generation, 1);

@@ -71,6 +71,10 @@ pub enum MergeOut {
     /// result its owners agreed on: they are planned out, and the
     /// orchestrator convicts them.
     Colluded(Vec<PeerId>),
+    /// A validator's recompute of a disputed partition matched the result
+    /// its referee and one owner gave: the other owner is proven wrong,
+    /// planned out, and the orchestrator convicts it.
+    Deviant(Vec<PeerId>),
 }
 
 /// An owner's result for one partition.
@@ -147,6 +151,13 @@ pub struct StageMerge {
     /// Audits asked for: (partition, generation).
     #[serde(default)]
     audit_asked: BTreeSet<(u32, u32)>,
+    /// The orchestrator's secret for drawing referees (`MergePlan::referee_for`).
+    #[serde(default)]
+    referee_seed: u64,
+    /// Referees' results held for an audit, by partition (the result
+    /// itself is in `held`).
+    #[serde(default)]
+    pub referee_held: BTreeMap<u32, referee::RefereeHold>,
 }
 
 /// Senders two owners flagged in a partition, waiting for the audit.
@@ -189,6 +200,8 @@ impl StageMerge {
             audited: AuditCounts::default(),
             colluded: Vec::new(),
             audit_asked: BTreeSet::new(),
+            referee_seed: 0,
+            referee_held: BTreeMap::new(),
         }
     }
 
@@ -239,6 +252,9 @@ impl StageMerge {
         recomputed: Option<[u8; 32]>,
         out: &mut Vec<MergeOut>,
     ) -> bool {
+        if self.referee_held.contains_key(&k) {
+            return self.referee_audit_result(k, generation, recomputed, out);
+        }
         let Some(v) = self.held.get(&k).filter(|v| v.generation == generation).cloned() else { return false };
         let Some(pair) = self.pair_of(k).filter(|p| self.audited_of(*p) == Some(k)) else { return false };
         match recomputed {
@@ -271,7 +287,10 @@ impl StageMerge {
     pub fn audits_waiting(&self) -> Vec<(u32, u32)> {
         self.held
             .values()
-            .filter(|v| self.pair_of(v.partition).and_then(|p| self.audited_of(p)) == Some(v.partition))
+            .filter(|v| {
+                self.referee_held.contains_key(&v.partition)
+                    || self.pair_of(v.partition).and_then(|p| self.audited_of(p)) == Some(v.partition)
+            })
             .map(|v| (v.partition, v.generation))
             .collect()
     }
@@ -403,6 +422,16 @@ impl StageMerge {
                 self.accept(k, generation, KEEP_PREVIOUS, owners[0].0, out);
                 return true;
             }
+            // With audits on, a referee's side waits for a validator's
+            // recompute like two agreeing owners' result: it names the
+            // deviant owner only if the recompute agrees (a referee
+            // colluding with the lying owner is convicted instead).
+            if self.audit_seed.is_some() {
+                let sided = m.owners.iter().find(|(_, h)| *h == hash).map(|(p, _)| *p);
+                let hold = referee::RefereeHold { referee: owners[0].0, sided, deviants: m.deviants.clone() };
+                self.hold_referee(k, generation, hash, hold, out);
+                return true;
+            }
         }
         if owners.iter().all(|(_, h)| *h == owners[0].1) {
             match self.pair_of(k).filter(|p| self.audit_seed.is_some() && !self.cleared.contains(p)) {
@@ -423,7 +452,7 @@ impl StageMerge {
             owners,
             deviants: Vec::new(),
         });
-        match self.plan.referee_for(ku) {
+        match self.plan.referee_for(ku, self.referee_seed) {
             Some(referee) => {
                 self.plan = self.plan.with_referee(ku, referee);
                 self.reports[ku].clear();
@@ -604,6 +633,7 @@ impl StageMerge {
                     self.reports[k].clear();
                     self.held.remove(&(k as u32));
                     self.flag_held.remove(&(k as u32));
+                    self.referee_held.remove(&(k as u32));
                 }
             }
         }
@@ -614,6 +644,9 @@ impl StageMerge {
         out.push(MergeOut::Plan);
     }
 }
+
+#[path = "referee.rs"]
+pub mod referee;
 
 #[cfg(test)]
 #[path = "stage_tests.rs"]

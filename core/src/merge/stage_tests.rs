@@ -350,3 +350,60 @@ fn disputing_the_audited_partition_moves_the_audit_to_another() {
     assert!(m.audit_result(audits[0].0, audits[0].1, Some([audits[0].0 as u8 + 1; 32]), &mut out));
     assert!(m.verdicts.iter().all(|v| v.is_some()), "the pair's results accepted after its audit");
 }
+
+/// Partition 1 of a 3-replica merge with audits on, disputed: its second
+/// owner reports `liar_says`; the referee, drawn with the merge's seed,
+/// reports `referee_says`. Returns the merge, the (honest owner, liar,
+/// referee) and the referee's generation.
+fn refereed(referee_says: [u8; 32]) -> (StageMerge, [PeerId; 3], u32) {
+    let mut m = StageMerge::new(plan(3));
+    m.audit_with(5);
+    m.draw_referees_with(11);
+    let part = m.plan.partitions[1].clone();
+    let (honest, liar) = (part.owners[0], part.owners[1]);
+    let mut out = Vec::new();
+    m.slice_done(honest, 1, part.generation, &SliceReport::of([2; 32]), &mut out);
+    m.slice_done(liar, 1, part.generation, &SliceReport::of([9; 32]), &mut out);
+    let refd = m.plan.partitions[1].clone();
+    let referee = refd.owners[0];
+    assert!(referee != honest && referee != liar);
+    out.clear();
+    assert!(m.slice_done(referee, 1, refd.generation, &SliceReport::of(referee_says), &mut out));
+    assert_eq!(out, vec![MergeOut::Audit { partition: 1, generation: refd.generation }], "held for its audit");
+    assert!(m.verdicts[1].is_none(), "nothing applied before the audit");
+    assert_eq!(m.audits_waiting(), vec![(1, refd.generation)]);
+    (m, [honest, liar, referee], refd.generation)
+}
+
+/// Issue 56: a referee's side names the other owner deviant only once a
+/// validator's recompute agrees; a referee siding with a lying owner is
+/// convicted with it, and the honest owner is never named.
+#[test]
+fn a_referees_side_is_audited_before_it_names_anybody() {
+    // An honest referee: the recompute agrees, the liar is proven wrong.
+    let (mut m, [honest, liar, _], g) = refereed([2; 32]);
+    let mut out = Vec::new();
+    assert!(m.audit_result(1, g, Some([2; 32]), &mut out));
+    assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
+    assert!(out.contains(&MergeOut::Deviant(vec![liar])), "{out:?}");
+    assert!(!m.plan.is_participant(&liar) && m.plan.is_participant(&honest));
+    assert_eq!(m.audited.passed, 1);
+    // A referee colluding with the liar: both convicted, the honest owner
+    // stays, and the partition is reduced again without them.
+    let (mut m, [honest, liar, referee], g) = refereed([9; 32]);
+    let mut out = Vec::new();
+    assert!(m.audit_result(1, g, Some([2; 32]), &mut out));
+    assert!(out.contains(&MergeOut::Colluded(vec![referee, liar])), "{out:?}");
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Deviant(_))), "{out:?}");
+    assert!(m.plan.is_participant(&honest) && !m.plan.is_participant(&referee) && !m.plan.is_participant(&liar));
+    assert!(m.verdicts[1].is_none(), "re-planned, not applied");
+    assert_eq!(m.plan.partitions[1].owners, vec![honest]);
+    // Nobody answered: the referee's side is applied, nobody is named.
+    let (mut m, [_, liar, _], g) = refereed([2; 32]);
+    let mut out = Vec::new();
+    assert!(m.audit_result(1, g, None, &mut out));
+    assert_eq!(m.verdicts[1].as_ref().unwrap().hash, [2; 32]);
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Deviant(_) | MergeOut::Colluded(_))), "{out:?}");
+    assert!(m.plan.is_participant(&liar));
+    assert!(!m.audit_result(1, g, Some([2; 32]), &mut out), "answered once");
+}
