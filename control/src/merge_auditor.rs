@@ -54,6 +54,17 @@ pub async fn audit(
             answer.hash = h.to_vec();
             answer.flagged = flagged.iter().map(|p| p.0.to_vec()).collect();
         }
+        Ok(AuditFinding::Contradicting(headers)) => {
+            warn!(
+                epoch,
+                stage,
+                partition = ma.partition,
+                senders = headers.len(),
+                "stored merge contributions are not the ones their owners reduced"
+            );
+            answer.reason = format!("{} stored contribution(s) differ from what the owners reduced", headers.len());
+            answer.contradicting = headers;
+        }
         Ok(AuditFinding::Missing(ps)) => {
             warn!(epoch, stage, partition = ma.partition, missing = ps.len(), "merge contributions never stored");
             answer.missing = ps.iter().map(|p| p.0.to_vec()).collect();
@@ -104,6 +115,14 @@ async fn recompute(
         r.values
     };
     *busy += t0.elapsed();
+    // What the owners reported reducing (malformed entries are skipped:
+    // without them the audit recomputes from what is stored, as before).
+    let reported: BTreeMap<PeerId, [u8; 32]> = ma
+        .reported
+        .iter()
+        .take(MAX_AUDIT_PARTICIPANTS)
+        .filter_map(|r| Some((PeerId(r.sender.as_slice().try_into().ok()?), r.payload_hash.as_slice().try_into().ok()?)))
+        .collect();
     let prefix = format!("{}{k:06}/", contrib_prefix(plan.epoch, plan.stage));
     let deadline = Instant::now() + wait;
     let mut frames: BTreeMap<PeerId, Vec<u8>> = BTreeMap::new();
@@ -131,7 +150,7 @@ async fn recompute(
         }
         let mut m = momentum.clone(); // the reduce updates it in place
         let t = Instant::now();
-        let found = recompute_partition(spec, run_id, plan, k, &frames, &mut m)?;
+        let found = recompute_partition(spec, run_id, plan, k, &frames, &reported, &mut m)?;
         *busy += t.elapsed();
         match found {
             AuditFinding::Missing(ps) if Instant::now() < deadline => {

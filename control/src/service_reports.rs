@@ -49,6 +49,7 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             hash: a.hash.as_slice().try_into().ok(),
             missing: a.missing.iter().map(|m| peer_of(m)).collect(),
             flagged: a.flagged.iter().map(|m| peer_of(m)).collect(),
+            contradicting: a.contradicting,
             reason: a.reason,
         },
         pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {

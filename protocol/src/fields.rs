@@ -329,6 +329,12 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             for m in &a.flagged {
                 hash32("merge_audit.flagged", m)?;
             }
+            if a.contradicting.len() > MAX_AUDIT_MISSING {
+                return Err(bad("merge_audit.contradicting", "names more participants than a merge can have"));
+            }
+            if a.contradicting.iter().any(|h| h.is_empty() || h.len() > MAX_ARCHIVED_HEADER) {
+                return Err(bad("merge_audit.contradicting", "a header of 1 to 4096 bytes"));
+            }
             printable("merge_audit.reason", &a.reason, MAX_REASON_LEN)?;
         }
     }
@@ -337,6 +343,8 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
 
 /// Participants a merge audit may name as missing (a stage's replicas).
 pub const MAX_AUDIT_MISSING: usize = 1024;
+/// Bytes of one archived frame header a report may carry.
+pub const MAX_ARCHIVED_HEADER: usize = 4096;
 /// Stages a merge vote may give a hash for.
 pub const MAX_VOTE_STAGES: usize = 1024;
 
@@ -431,6 +439,12 @@ mod tests {
         assert!(validator_report(&audit(vec![5; 31], Vec::new())).unwrap_err().message.contains("merge_audit.hash"));
         assert!(validator_report(&audit(Vec::new(), vec![vec![1; 3]])).unwrap_err().message.contains("missing"));
         assert!(validator_report(&audit(Vec::new(), vec![vec![1; 32]; MAX_AUDIT_MISSING + 1])).is_err());
+        let contradicting = |headers: Vec<Vec<u8>>| pb::ValidatorReport {
+            kind: Some(Kind::MergeAudit(pb::MergeAuditResult { contradicting: headers, ..Default::default() })),
+        };
+        assert!(validator_report(&contradicting(vec![vec![1; 300]])).is_ok());
+        assert!(validator_report(&contradicting(vec![Vec::new()])).is_err(), "empty");
+        assert!(validator_report(&contradicting(vec![vec![1; MAX_ARCHIVED_HEADER + 1]])).is_err(), "too long");
         let merge_vote = |merged: Vec<pb::StageStart>| pb::ValidatorReport {
             kind: Some(Kind::MergeVote(pb::MergeVote {
                 epoch: 0,

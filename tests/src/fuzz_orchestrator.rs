@@ -369,6 +369,9 @@ fn validator_event(
                 hash: (answer == 0).then(|| [b.u8() % 2; 32]),
                 missing: if answer == 1 { vec![peer] } else { Vec::new() },
                 flagged: if answer == 0 && b.u8() & 1 == 0 { vec![peer] } else { Vec::new() },
+                // Archived headers are fuzzed as bytes: almost all are no
+                // proof of anything, and must be taken as none.
+                contradicting: if answer == 2 && b.u8() & 1 == 0 { vec![vec![b.u8(); 64]] } else { Vec::new() },
                 reason: String::new(),
             }
         }

@@ -47,8 +47,17 @@ impl Orchestrator {
         for p in &bm.plan.participants {
             out.push(Out { to: p.peer, cmd: pb::command::Kind::ContributionRequest(req.clone()) });
         }
-        let audit =
-            pb::MergeAudit { plan: Some(plan_to_pb(&bm.plan)), partition, momentum: self.momentum_manifest(stage) };
+        let reported = bm
+            .reported_contributions(partition)
+            .into_iter()
+            .map(|(p, h)| pb::ReportedContribution { sender: p.0.to_vec(), payload_hash: h.to_vec() })
+            .collect();
+        let audit = pb::MergeAudit {
+            plan: Some(plan_to_pb(&bm.plan)),
+            partition,
+            momentum: self.momentum_manifest(stage),
+            reported,
+        };
         for v in &validators {
             out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
         }
@@ -98,6 +107,34 @@ impl Orchestrator {
         open.answers.insert(validator, answer);
         self.decide_merge_audit(now, stage, partition, false, out);
         Ok(())
+    }
+
+    /// A validator found stored contributions to an audited partition that
+    /// are not the ones its owners reported reducing. Each header, signed
+    /// by its sender, against the one the owners reported is a proof: no
+    /// vote is needed. The sender is planned out and convicted; the owners
+    /// reduce again without it.
+    pub(super) fn on_contradicting_contributions(
+        &mut self,
+        now: Ms,
+        (epoch, stage, partition): (u64, u32, u32),
+        headers: &[Vec<u8>],
+        out: &mut Vec<Out>,
+    ) {
+        let run_id = self.spec.run_id;
+        let current = self.merge_is_current(epoch);
+        let Some(bm) = self.butterfly.get_mut(&stage).filter(|m| current && m.plan.epoch == epoch) else { return };
+        let proven: Vec<PeerId> = headers.iter().filter_map(|h| bm.stored_contradicts(run_id, partition, h)).collect();
+        if proven.is_empty() {
+            return;
+        }
+        let mut mo: Vec<MergeOut> = proven.iter().map(|p| MergeOut::Equivocated(*p)).collect();
+        bm.drop_participants(&proven, &mut mo);
+        self.merge_outs(stage, mo, out);
+        for p in proven {
+            warn!(epoch, stage, partition, sender = %p, "a sender stored another contribution than it sent the owners");
+            self.convict_equivocator(now, stage, p, out);
+        }
     }
 
     /// Settles an audit if the stake has decided (or `force`: the audit

@@ -169,6 +169,9 @@ pub enum Event {
         missing: Vec<PeerId>,
         /// With a hash: the senders its reduce flagged.
         flagged: Vec<PeerId>,
+        /// Archived headers of stored contributions that contradict what
+        /// the owners reported reducing (proofs against their senders).
+        contradicting: Vec<Vec<u8>>,
         reason: String,
     },
     /// A validator's judgement of `epoch`'s merged model.
@@ -490,7 +493,24 @@ impl Orchestrator {
             Event::MergeVote { validator, epoch, rollback, loss, reason, merged } => {
                 self.on_merge_vote(validator, epoch, rollback, loss, reason, merged)?
             }
-            Event::MergeAudit { validator, epoch, stage, partition, generation, hash, missing, flagged, reason } => {
+            Event::MergeAudit {
+                validator,
+                epoch,
+                stage,
+                partition,
+                generation,
+                hash,
+                missing,
+                flagged,
+                contradicting,
+                reason,
+            } => {
+                if !contradicting.is_empty() {
+                    if !self.is_validator(&validator) {
+                        return Err(Refusal::Unknown(validator));
+                    }
+                    self.on_contradicting_contributions(now, (epoch, stage, partition), &contradicting, &mut out);
+                }
                 let answer = match hash {
                     Some(h) => validation_state::AuditAnswer::Hash(h, flagged),
                     None if !missing.is_empty() => validation_state::AuditAnswer::Missing(missing),

@@ -23,17 +23,27 @@ pub enum AuditFinding {
     /// These participants' contributions were absent, or not a signed
     /// contribution of theirs to this partition.
     Missing(Vec<PeerId>),
+    /// The archived headers of stored contributions, signed by their
+    /// senders, whose payload is not the one the owners reported reducing:
+    /// each, with the reported header the orchestrator holds, proves its
+    /// sender equivocated (and the owners' result cannot be recomputed
+    /// from what it stored).
+    Contradicting(Vec<Vec<u8>>),
 }
 
 /// Recomputes partition `k` of `plan` from `frames` (each participant's
 /// stored frame, by sender) with `momentum` (the stage's outer momentum
-/// slice after the previous merge; zeros in epoch 0).
+/// slice after the previous merge; zeros in epoch 0). `reported`: the
+/// payload hash of each sender's contribution as the owners reported it;
+/// a stored one with another payload is no input to recompute from, but
+/// the proof of its sender's lie.
 pub fn recompute_partition(
     spec: &MergeSpec,
     run_id: u64,
     plan: &MergePlan,
     k: u32,
     frames: &BTreeMap<PeerId, Vec<u8>>,
+    reported: &BTreeMap<PeerId, [u8; 32]>,
     momentum: &mut [f32],
 ) -> Result<AuditFinding, String> {
     let part = plan.partitions.get(k as usize).ok_or_else(|| format!("partition {k} is not in the plan"))?;
@@ -46,6 +56,7 @@ pub fn recompute_partition(
     let rows = part.len.div_ceil(BLOCK);
     let mut payloads: Vec<Option<&[u8]>> = Vec::with_capacity(plan.participants.len());
     let mut missing = Vec::new();
+    let mut contradicting = Vec::new();
     for p in &plan.participants {
         let ok = frames.get(&p.peer).and_then(|bytes| {
             let (h, payload) = decode_frame(bytes, &ctx, p.peer).ok()?;
@@ -56,12 +67,19 @@ pub fn recompute_partition(
                 && h.samples == 0
                 && h.codec == spec.codec.id()
                 && h.rows_cols() == Some((rows as usize, BLOCK as usize));
-            fits.then_some(payload)
+            fits.then_some((h.payload_hash, bytes, payload))
         });
         match ok {
-            Some(payload) => payloads.push(Some(payload)),
+            Some((hash, bytes, _)) if reported.get(&p.peer).is_some_and(|r| *r != hash) => {
+                let header = bytes.get(8..8 + iota_core::wire::header_len()).ok_or("a frame without its header")?;
+                contradicting.push(header.to_vec());
+            }
+            Some((_, _, payload)) => payloads.push(Some(payload)),
             None => missing.push(p.peer),
         }
+    }
+    if !contradicting.is_empty() {
+        return Ok(AuditFinding::Contradicting(contradicting));
     }
     if !missing.is_empty() {
         return Ok(AuditFinding::Missing(missing));
@@ -153,7 +171,7 @@ mod tests {
             .collect();
         let by_hand = *blake3::hash(&encode_slice(WireCodec::F32, &mean).unwrap()).as_bytes();
         let audit = |frames: &BTreeMap<PeerId, Vec<u8>>| {
-            recompute_partition(&spec(), RUN, &plan, k, frames, &mut vec![0.0; len]).unwrap()
+            recompute_partition(&spec(), RUN, &plan, k, frames, &BTreeMap::new(), &mut vec![0.0; len]).unwrap()
         };
         assert_eq!(audit(&frames), AuditFinding::Recomputed(by_hand, Vec::new()));
 
@@ -182,7 +200,25 @@ mod tests {
         absent.insert(ids[1].peer_id(), b"not a frame".to_vec());
         let AuditFinding::Missing(m) = audit(&absent) else { panic!("recomputed without two contributions") };
         assert_eq!(m.len(), 2);
-        assert!(recompute_partition(&spec(), RUN, &plan, 9, &frames, &mut vec![0.0; len]).is_err());
-        assert!(recompute_partition(&spec(), RUN, &plan, k, &frames, &mut vec![0.0; len + 1]).is_err());
+        let none = BTreeMap::new();
+        assert!(recompute_partition(&spec(), RUN, &plan, 9, &frames, &none, &mut vec![0.0; len]).is_err());
+        assert!(recompute_partition(&spec(), RUN, &plan, k, &frames, &none, &mut vec![0.0; len + 1]).is_err());
+
+        // `framing-sender`: the owners reported reducing another payload of
+        // participant 0's than the one it stored. Its stored header is
+        // handed back as the proof, and nothing is recomputed from it.
+        let hash_of = |bytes: &[u8]| iota_core::wire::parse_header(&bytes[8..8 + iota_core::wire::header_len()])
+            .unwrap()
+            .payload_hash;
+        let sent = frame(&ids[0], &plan, k, &other);
+        let mut reported: BTreeMap<PeerId, [u8; 32]> =
+            frames.iter().map(|(p, f)| (*p, hash_of(f))).collect();
+        let full = |reported: &BTreeMap<PeerId, [u8; 32]>| {
+            recompute_partition(&spec(), RUN, &plan, k, &frames, reported, &mut vec![0.0; len]).unwrap()
+        };
+        assert_eq!(full(&reported), AuditFinding::Recomputed(by_hand, Vec::new()), "what was reported is stored");
+        reported.insert(ids[0].peer_id(), hash_of(&sent));
+        let stored_header = frames[&ids[0].peer_id()][8..8 + iota_core::wire::header_len()].to_vec();
+        assert_eq!(full(&reported), AuditFinding::Contradicting(vec![stored_header]));
     }
 }

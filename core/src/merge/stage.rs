@@ -647,6 +647,8 @@ impl StageMerge {
 
 #[path = "referee.rs"]
 pub mod referee;
+#[path = "stored_contribution.rs"]
+mod stored_contribution;
 
 #[cfg(test)]
 #[path = "stage_tests.rs"]

@@ -407,3 +407,42 @@ fn a_referees_side_is_audited_before_it_names_anybody() {
     assert!(m.plan.is_participant(&liar));
     assert!(!m.audit_result(1, g, Some([2; 32]), &mut out), "answered once");
 }
+
+/// `framing-sender`: a sender gives both owners one contribution and
+/// stores another, signed too, for the audit. The stored header against
+/// the reported one is the proof: the sender is named, never the owners.
+#[test]
+fn a_sender_storing_another_contribution_than_it_sent_is_proven() {
+    use crate::identity::Identity;
+    use crate::merge::equivocation::tests::signed;
+    use crate::merge::{PartitionOf, SignedContribution};
+
+    let ids: Vec<Identity> = (0..4).map(|_| Identity::generate()).collect();
+    let ps = ids.iter().map(|i| Participant { peer: i.peer_id(), work: 5 }).collect();
+    let mut m = StageMerge::new(MergePlan::new(2, 1, ps, 10_000, 9, 1));
+    m.audit_with(3);
+    let part = m.plan.partitions[1].clone();
+    let senders: Vec<&Identity> = ids.iter().filter(|i| !part.owners.contains(&i.peer_id())).collect();
+    let framer = senders[0];
+    let to = PartitionOf::of(&m.plan, 9, 1).unwrap();
+    let sent: Vec<SignedContribution> =
+        senders.iter().map(|i| SignedContribution::check(&signed(i, 1, part.offset, 1), &to).unwrap()).collect();
+    let mut out = Vec::new();
+    for o in &part.owners {
+        let report = SliceReport { hash: [5; 32], contributions: sent.clone(), flagged: Vec::new() };
+        assert!(m.slice_done(*o, 1, part.generation, &report, &mut out));
+    }
+    assert!(m.reported_contributions(1).contains(&(framer.peer_id(), [1; 32])));
+    // What it sent, stored: nothing proven.
+    assert_eq!(m.stored_contradicts(9, 1, &signed(framer, 1, part.offset, 1)), None);
+    // Another payload under its signature: proven.
+    assert_eq!(m.stored_contradicts(9, 1, &signed(framer, 1, part.offset, 2)), Some(framer.peer_id()));
+    assert_eq!(m.equivocations.last().unwrap().verify(9), Ok(()));
+    // Not a contribution to this partition, not signed by a participant
+    // the owners reported, or another run's: nothing proven.
+    assert_eq!(m.stored_contradicts(9, 2, &signed(framer, 1, part.offset, 2)), None);
+    assert_eq!(m.stored_contradicts(9, 1, &signed(&Identity::generate(), 1, part.offset, 2)), None);
+    assert_eq!(m.stored_contradicts(8, 1, &signed(framer, 1, part.offset, 2)), None);
+    assert_eq!(m.stored_contradicts(9, 1, b"not a header"), None);
+    assert_eq!(m.equivocations.len(), 1);
+}

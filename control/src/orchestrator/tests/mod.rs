@@ -418,6 +418,7 @@ impl Sim {
                             hash: Some(if self.audit_liars.contains(&to) { [0xdd; 32] } else { [k as u8 + 1; 32] }),
                             missing: Vec::new(),
                             flagged: Vec::new(),
+                            contradicting: Vec::new(),
                             reason: String::new(),
                         });
                     }
