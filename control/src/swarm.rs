@@ -269,8 +269,12 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .args(o.adversaries.iter().filter(|(k, _)| *k == i).flat_map(|(_, m)| ["--adversary", m.as_str()]))
         .args(o.store.iter().flat_map(|d| [std::ffi::OsStr::new("--store"), d.as_os_str()]))
         .args(o.data.iter().flat_map(|d| [std::ffi::OsStr::new("--data"), d.as_os_str()]))
+        // Every miner of a local swarm shares this machine's memory: its
+        // evidence keeps a few weights snapshots in memory, the rest in the
+        // run directory.
         .arg("--evidence-dir")
         .arg(o.run_dir.join("evidence"))
+        .args(["--evidence-memory-mib", "256"])
         .args(&o.extra_miner_args)
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::null())

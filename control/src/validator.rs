@@ -162,6 +162,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     let mut core =
         ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout).with_stage_params(&stage_params);
 
+    let reads = Arc::new(tokio::sync::Semaphore::new(EVIDENCE_IN_MEMORY));
     let finished = Arc::new(AtomicBool::new(false));
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
     let cmd_task = iota_protocol::client::follow_commands(
@@ -324,7 +325,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                 *guilty = true;
                 *reason = "accused regardless (a dishonest validator, test tool)".into();
             }
-            if let Err(e) = act(a, &mut client, &store, &checker, &in_tx, &mut summary).await {
+            if let Err(e) = act(a, &mut client, &store, (&checker, &reads), &in_tx, &mut summary).await {
                 warn!(error = %e, "validator action failed");
             }
         }
@@ -407,11 +408,17 @@ async fn read_retrying(store: &SharedStore, key: &str) -> Result<Vec<u8>> {
     Ok(store.get(key).await?)
 }
 
+/// Evidence objects a validator holds in memory at once (one being
+/// checked, one read ahead): a bundle carries a stage's whole weights,
+/// 230 MB for a `125m` head and 2 GB for a `1.5b` stage, and a round's
+/// announcements arrive together; the checks run one at a time anyway.
+const EVIDENCE_IN_MEMORY: usize = 2;
+
 async fn act(
     a: Action,
     client: &mut ControlClient,
     store: &SharedStore,
-    checker: &Arc<parking_lot::Mutex<Checker>>,
+    (checker, reads): (&Arc<parking_lot::Mutex<Checker>>, &Arc<tokio::sync::Semaphore>),
     in_tx: &mpsc::Sender<Input>,
     summary: &mut ValidatorSummary,
 ) -> Result<()> {
@@ -427,8 +434,10 @@ async fn act(
         Action::Check(job) => {
             // Read and recompute off the loop: a recompute is a stage's
             // forward on the CPU.
-            let (store, checker, in_tx) = (store.clone(), checker.clone(), in_tx.clone());
+            let (store, checker, in_tx, reads) = (store.clone(), checker.clone(), in_tx.clone(), reads.clone());
             tokio::spawn(async move {
+                // Held until the check is done (the semaphore is never closed).
+                let Ok(_room) = reads.acquire_owned().await else { return };
                 let bytes = match read_retrying(&store, &job.object.key).await {
                     Ok(bytes) => bytes,
                     Err(e) => {

@@ -15,7 +15,11 @@ use std::collections::BTreeMap;
 use iota_core::PeerId;
 use serde::{Deserialize, Serialize};
 
-/// Open (undecided) accusations kept at once.
+/// Open (undecided) accusations one validator may hold votes in at once:
+/// each validator has its own room, so one that votes on everything (or
+/// on work nobody else drew) fills only its own, never the honest
+/// validators'. Room for a draw over 2,000 miners in each of the two live
+/// epochs.
 pub const MAX_OPEN: usize = 4096;
 /// Decided accusations remembered (so late votes are recognised).
 pub const MAX_DECIDED: usize = 16_384;
@@ -62,7 +66,7 @@ pub enum VoteError {
     NotAValidator(PeerId),
     #[error("validator {0} already voted the other way on this accusation")]
     Equivocation(PeerId),
-    #[error("{MAX_OPEN} accusations are open; decide some first")]
+    #[error("this validator has votes in {MAX_OPEN} open accusations; decide some first")]
     TooMany,
 }
 
@@ -141,7 +145,11 @@ impl Quorum {
             }
             return Ok(Vec::new());
         }
-        if !self.open.contains_key(&acc) && self.open.len() >= MAX_OPEN {
+        // A vote that would open another accusation for this validator
+        // (counted over those it has a vote in; the whole map is bounded by
+        // MAX_OPEN times the run's validators).
+        let new_for_it = self.open.get(&acc).is_none_or(|votes| !votes.contains_key(&validator));
+        if new_for_it && self.open.values().filter(|votes| votes.contains_key(&validator)).count() >= MAX_OPEN {
             return Err(VoteError::TooMany);
         }
         let votes = self.open.entry(acc).or_default();
@@ -306,7 +314,15 @@ mod tests {
             q.vote(v(0), acc(1 + i, 1), true).unwrap();
         }
         assert_eq!(q.vote(v(0), acc(0, 2), true), Err(VoteError::TooMany));
-        // Deciding one frees room.
+        // Its flood fills its own room only: the others still vote, on
+        // new accusations too, and their votes decide.
+        assert_eq!(q.vote(v(2), acc(0, 3), false), Ok(vec![]), "another validator opens one");
+        assert_eq!(q.vote(v(1), acc(0, 3), false), Ok(vec![]));
+        assert_eq!(q.outcome(&acc(0, 3)), Some(Outcome::Cleared));
+        // Its vote on an accusation another validator opened is refused
+        // too (it would be one more for it), and deciding one frees room.
+        q.vote(v(2), acc(0, 4), true).unwrap();
+        assert_eq!(q.vote(v(0), acc(0, 4), true), Err(VoteError::TooMany));
         q.vote(v(1), acc(1, 1), true).unwrap();
         assert_eq!(q.outcome(&acc(1, 1)), Some(Outcome::Guilty));
         assert_eq!(q.vote(v(0), acc(0, 2), true), Ok(vec![]));
@@ -320,21 +336,22 @@ mod tests {
             q.vote(v(0), acc(i / 16, i as u8), true).unwrap();
         }
         assert_eq!(q.vote(v(0), acc(300, 1), true), Err(VoteError::TooMany));
+        assert_eq!(q.vote(v(1), acc(300, 2), true), Ok(vec![]), "the others' room is their own");
         // Decided before the cut, a conviction's strike stays.
         q.vote(v(1), acc(0, 0), true).unwrap();
         assert_eq!(q.strikes(&PeerId([0; 32])), 1);
         q.forget_before(255);
-        assert_eq!((q.open.len(), q.decided.len()), (16, 0), "only epoch 255's accusations are left");
+        assert_eq!((q.open.len(), q.decided.len()), (17, 0), "only epoch 255's and 300's accusations are left");
         assert_eq!(q.strikes(&PeerId([0; 32])), 1);
         assert_eq!(q.vote(v(0), acc(300, 1), true), Ok(vec![]), "room again");
         // A vote on a forgotten epoch changes nothing, and opens nothing.
         assert_eq!(q.vote(v(1), acc(3, 3), true), Ok(vec![]));
         assert_eq!(q.vote(v(2), acc(3, 3), true), Ok(vec![]));
         assert_eq!(q.outcome(&acc(3, 3)), None);
-        assert_eq!(q.open.len(), 17);
+        assert_eq!(q.open.len(), 18);
         // The cut never moves back.
         q.forget_before(10);
         assert_eq!(q.vote(v(1), acc(100, 4), true), Ok(vec![]));
-        assert_eq!(q.open.len(), 17);
+        assert_eq!(q.open.len(), 18);
     }
 }
