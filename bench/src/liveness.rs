@@ -1,6 +1,7 @@
 //! liveness: `tiny` 2 stages x 2 replicas in process on loopback (four
-//! honest miners), with one `silent`, `closed`, `slow` or `flaky` miner in
-//! the head stage, the tail stage, or joining mid-run. Baseline from the
+//! honest miners), with one `silent`, `closed`, `slow`, `flaky` or
+//! `hostile-unreachable` miner in the head stage, the tail stage, or
+//! joining mid-run. Baseline from the
 //! same run: the same swarm with the honest miners only. Prints each
 //! scenario's wall time as a ratio to it, micro-batches dropped, the epoch
 //! the bad miner was first benched in, its recorded work, and (slow) its
@@ -32,7 +33,8 @@ pub struct Args {
     /// time swings by 10-20% on a loaded 2-core VM).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Only these adversaries (silent, closed, slow, flaky; default all).
+    /// Only these adversaries (silent, closed, slow, flaky,
+    /// hostile-unreachable; default all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -43,18 +45,20 @@ fn parse(s: &str) -> Option<Adversary> {
         "closed" => Adversary::Closed,
         "slow" => Adversary::Slow,
         "flaky" => Adversary::Flaky,
+        "hostile-unreachable" => Adversary::HostileUnreachable,
         _ => return None,
     })
 }
 
 pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
-    let mut kinds = vec![Adversary::Silent, Adversary::Closed, Adversary::Slow, Adversary::Flaky];
+    let mut kinds =
+        vec![Adversary::Silent, Adversary::Closed, Adversary::Slow, Adversary::Flaky, Adversary::HostileUnreachable];
     if !a.only.is_empty() {
         kinds = a
             .only
             .iter()
-            .map(|s| parse(s).ok_or_else(|| anyhow::anyhow!("unknown adversary '{s}' (silent, closed, slow, flaky)")))
+            .map(|s| parse(s).ok_or_else(|| anyhow::anyhow!("unknown adversary '{s}' (silent, closed, slow, flaky, hostile-unreachable)")))
             .collect::<Result<_>>()?;
     }
     println!(
@@ -87,8 +91,8 @@ pub fn run(a: Args) -> Result<()> {
 
 fn print_header() {
     println!(
-        "{:<20} {:>8} {:>7} {:>8} {:>8} {:>9} {:>10} {:>11}",
-        "scenario", "wall s", "ratio", "dropped", "benched", "its work", "its routes", "its speed"
+        "{:<26} {:>8} {:>7} {:>8} {:>8} {:>9} {:>10} {:>11} {:>14}",
+        "scenario", "wall s", "ratio", "dropped", "benched", "its work", "its routes", "its speed", "honest benched"
     );
 }
 
@@ -103,7 +107,7 @@ fn print_row(name: &str, r: &ScenarioReport, base: Duration) {
         None => ("-".into(), "-".into(), "-".into()),
     };
     println!(
-        "{:<20} {:>8.1} {:>6.2}x {:>8} {:>8} {:>9} {:>10} {:>11}",
+        "{:<26} {:>8.1} {:>6.2}x {:>8} {:>8} {:>9} {:>10} {:>11} {:>14}",
         name,
         r.wall.as_secs_f64(),
         r.wall.as_secs_f64() / base.as_secs_f64(),
@@ -111,6 +115,7 @@ fn print_row(name: &str, r: &ScenarioReport, base: Duration) {
         benched,
         work,
         routes,
-        speed
+        speed,
+        r.honest_benched
     );
 }

@@ -35,6 +35,8 @@ pub struct ScenarioReport {
     /// speed (1 / latency), at the end.
     pub route_share: f64,
     pub speed_share: f64,
+    /// Honest miners benched at some point of the run.
+    pub honest_benched: usize,
 }
 
 async fn wait_for(swarm: &Swarm, what: &str, f: impl Fn(&Orchestrator) -> bool) {
@@ -129,6 +131,9 @@ pub async fn run_scenario(
         });
         (o.history().to_vec(), o.counters().clone(), m, shares.unwrap_or((0.0, 0.0)))
     });
+    let honest_benched = swarm.service.with_state(|o| {
+        o.miners().filter(|m| honest_peers.contains(&m.peer) && (m.benched || m.benched_epochs > 0)).count()
+    });
     ScenarioReport {
         wall,
         history,
@@ -138,5 +143,6 @@ pub async fn run_scenario(
         benched_in,
         route_share: shares.0,
         speed_share: shares.1,
+        honest_benched,
     }
 }

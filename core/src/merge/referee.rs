@@ -16,20 +16,8 @@
 //! Without audits (no validators) the referee's side is applied and
 //! nobody is named.
 
-use serde::{Deserialize, Serialize};
-
-use super::{MergeOut, StageMerge, Verdict};
+use super::{MergeOut, RefereeHold, StageMerge, Verdict};
 use crate::identity::PeerId;
-
-/// A referee's result waiting for its audit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefereeHold {
-    pub referee: PeerId,
-    /// The owner whose result the referee's matched.
-    pub sided: Option<PeerId>,
-    /// The owners whose result it did not match.
-    pub deviants: Vec<PeerId>,
-}
 
 impl StageMerge {
     /// Draws the referees of this merge's disputes with `seed` (the

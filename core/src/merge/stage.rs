@@ -157,7 +157,18 @@ pub struct StageMerge {
     /// Referees' results held for an audit, by partition (the result
     /// itself is in `held`).
     #[serde(default)]
-    pub referee_held: BTreeMap<u32, referee::RefereeHold>,
+    pub referee_held: BTreeMap<u32, RefereeHold>,
+}
+
+/// A disputed partition's referee result waiting for its audit (see
+/// `referee.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefereeHold {
+    pub referee: PeerId,
+    /// The owner whose result the referee's matched.
+    pub sided: Option<PeerId>,
+    /// The owners whose result it did not match.
+    pub deviants: Vec<PeerId>,
 }
 
 /// Senders two owners flagged in a partition, waiting for the audit.
@@ -428,7 +439,7 @@ impl StageMerge {
             // colluding with the lying owner is convicted instead).
             if self.audit_seed.is_some() {
                 let sided = m.owners.iter().find(|(_, h)| *h == hash).map(|(p, _)| *p);
-                let hold = referee::RefereeHold { referee: owners[0].0, sided, deviants: m.deviants.clone() };
+                let hold = RefereeHold { referee: owners[0].0, sided, deviants: m.deviants.clone() };
                 self.hold_referee(k, generation, hash, hold, out);
                 return true;
             }
@@ -646,7 +657,7 @@ impl StageMerge {
 }
 
 #[path = "referee.rs"]
-pub mod referee;
+mod referee;
 #[path = "stored_contribution.rs"]
 mod stored_contribution;
 

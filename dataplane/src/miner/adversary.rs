@@ -82,11 +82,17 @@ pub enum Adversary {
     /// trains honestly. What it attacks is its honest replicas' next
     /// epoch: their true starting weights no longer match the record.
     MergeLie,
+    /// Computes honestly but never sends a pipeline frame on: it reports
+    /// the neighbour it would send to (downstream, or at the tail upstream)
+    /// UNREACHABLE instead, every time (one hostile miner's word against
+    /// every honest neighbour's: without corroboration it benches nobody).
+    /// It merges honestly.
+    HostileUnreachable,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 16] = [
+    pub const NAMES: [(&'static str, Adversary); 17] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -103,6 +109,7 @@ impl Adversary {
         ("merge-garbage", Adversary::MergeGarbage),
         ("collude", Adversary::Collude),
         ("merge-lie", Adversary::MergeLie),
+        ("hostile-unreachable", Adversary::HostileUnreachable),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -195,7 +202,8 @@ impl Tamper {
             | Adversary::MergeEquivocate
             | Adversary::Nan
             | Adversary::MergeGarbage
-            | Adversary::MergeLie => {}
+            | Adversary::MergeLie
+            | Adversary::HostileUnreachable => {}
         }
     }
 

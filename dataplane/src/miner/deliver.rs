@@ -142,7 +142,7 @@ async fn peer_task(
 
 /// A pipeline frame that did not reach `to`: the orchestrator re-routes
 /// its micro-batch (merge frames have the store fallback instead).
-fn report_unreachable(reports: &mpsc::UnboundedSender<pb::report::Kind>, to: PeerId, meta: &FrameMeta) {
+pub(crate) fn report_unreachable(reports: &mpsc::UnboundedSender<pb::report::Kind>, to: PeerId, meta: &FrameMeta) {
     if !matches!(meta.direction, Direction::Activation | Direction::ActivationGrad) {
         return;
     }

@@ -337,12 +337,19 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     // reports out in the order they were made, retried while the
     // orchestrator restarts.
     let (report_tx, mut report_rx) = mpsc::unbounded_channel::<iota_protocol::pb::report::Kind>();
+    let hostile_reporter = opts.adversary == Some(Adversary::HostileUnreachable);
     let pump = {
         let (ep, store, report_tx) = (ep.clone(), store.clone(), report_tx.clone());
         tokio::spawn(async move {
             let mut senders = PeerSenders::new(ep.clone(), store.clone(), report_tx.clone());
             while let Some(o) = out_rx.recv().await {
                 match o {
+                    // The `hostile-unreachable` test tool: its pipeline
+                    // frames never leave; it blames the neighbour instead
+                    // (`report_unreachable` skips merge frames).
+                    Output::Frame { to, meta, .. } if hostile_reporter => {
+                        deliver::report_unreachable(&report_tx, to, &meta);
+                    }
                     Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback),
                     Output::Report(k) => {
                         let _ = report_tx.send(k);
