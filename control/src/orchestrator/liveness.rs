@@ -134,6 +134,17 @@ impl Orchestrator {
         } else {
             self.counters.uncorroborated_reports += 1;
             tracing::debug!(reporter = %reporter, named = %named, standing, "an UNREACHABLE report not (yet) borne out");
+            // One word against another's: the micro-batch failed on the
+            // link between them, and routing steers away from both (the
+            // re-route penalises the named one). The reporter's failure
+            // counts for routing this epoch, not toward benching: a miner
+            // that reports every neighbour it is routed to stops being
+            // routed to, and so stops costing the swarm its attempts.
+            let penalty = self.spec.route_timeout_ms as f64;
+            if let Some(r) = self.miners.get_mut(&reporter) {
+                r.failures = r.failures.saturating_add(1);
+                r.latency_ms = if r.latency_ms > 0.0 { 0.7 * r.latency_ms + 0.3 * penalty } else { penalty };
+            }
         }
     }
 

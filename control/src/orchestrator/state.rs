@@ -125,7 +125,9 @@ pub struct MinerState {
     pub reported_in_flight: u32,
     /// Micro-batches it helped complete this epoch (weights the merge).
     pub work: u64,
-    /// Micro-batches whose failure was pinned on it this epoch.
+    /// Micro-batches whose failure was pinned on it this epoch, and those
+    /// it reported a neighbour UNREACHABLE on that nobody bore out (for
+    /// routing only: they do not bench it).
     #[serde(default)]
     pub failures: u32,
     /// Failures pinned on it since its last delivery.

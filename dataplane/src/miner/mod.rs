@@ -345,9 +345,15 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
             while let Some(o) = out_rx.recv().await {
                 match o {
                     // The `hostile-unreachable` test tool: its pipeline
-                    // frames never leave; it blames the neighbour instead
-                    // (`report_unreachable` skips merge frames).
-                    Output::Frame { to, meta, .. } if hostile_reporter => {
+                    // frames never leave; it blames the neighbour instead.
+                    // Its merge frames go out: it merges honestly.
+                    Output::Frame { to, meta, .. }
+                        if hostile_reporter
+                            && matches!(
+                                meta.direction,
+                                iota_core::wire::Direction::Activation | iota_core::wire::Direction::ActivationGrad
+                            ) =>
+                    {
                         deliver::report_unreachable(&report_tx, to, &meta);
                     }
                     Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback),
