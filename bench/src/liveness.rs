@@ -58,7 +58,11 @@ pub fn run(a: Args) -> Result<()> {
         kinds = a
             .only
             .iter()
-            .map(|s| parse(s).ok_or_else(|| anyhow::anyhow!("unknown adversary '{s}' (silent, closed, slow, flaky, hostile-unreachable)")))
+            .map(|s| {
+                parse(s).ok_or_else(|| {
+                    anyhow::anyhow!("unknown adversary '{s}' (silent, closed, slow, flaky, hostile-unreachable)")
+                })
+            })
             .collect::<Result<_>>()?;
     }
     println!(

@@ -121,7 +121,9 @@ async fn recompute(
         .reported
         .iter()
         .take(MAX_AUDIT_PARTICIPANTS)
-        .filter_map(|r| Some((PeerId(r.sender.as_slice().try_into().ok()?), r.payload_hash.as_slice().try_into().ok()?)))
+        .filter_map(|r| {
+            Some((PeerId(r.sender.as_slice().try_into().ok()?), r.payload_hash.as_slice().try_into().ok()?))
+        })
         .collect();
     let prefix = format!("{}{k:06}/", contrib_prefix(plan.epoch, plan.stage));
     let deadline = Instant::now() + wait;

@@ -120,15 +120,6 @@ pub struct SwarmReport {
     pub miner_totals: Vec<Option<iota_dataplane::stats::WireTotals>>,
 }
 
-impl SwarmReport {
-    /// Why the swarm trained nothing, if it did not: no model came out of
-    /// a run that was not interrupted, or every epoch's merge was rolled
-    /// back (the model is the weights it started from).
-    pub fn trained_nothing(&self) -> Option<String> {
-        crate::swarm_outcome::trained_nothing(&self.history, &self.model, self.interrupted)
-    }
-}
-
 /// Starts the orchestrator's gRPC server; returns its URL: `https://` with
 /// the orchestrator's identity certificate, or `http://` when `plaintext`
 /// (`--insecure-plaintext`, local tests).

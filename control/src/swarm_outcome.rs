@@ -9,6 +9,15 @@ use iota_core::PeerId;
 
 use crate::orchestrator::EpochSummary;
 
+impl crate::swarm::SwarmReport {
+    /// Why the swarm trained nothing, if it did not: no model came out of
+    /// a run that was not interrupted, or every epoch's merge was rolled
+    /// back (the model is the weights it started from).
+    pub fn trained_nothing(&self) -> Option<String> {
+        trained_nothing(&self.history, &self.model, self.interrupted)
+    }
+}
+
 /// Why the swarm trained nothing, if it did not (None for a run the
 /// operator interrupted: it resumes).
 pub(crate) fn trained_nothing(

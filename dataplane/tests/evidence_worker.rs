@@ -158,7 +158,10 @@ impl Swarm {
             )
             .unwrap();
             let mut w = Worker::new(be.clone(), me, cfg.clone(), None, store.clone(), rt.handle().clone(), peers, ctx);
-            w.set_evidence(ep.tap_sent_frames(TapLimits::default()), iota_dataplane::miner::evidence_log::EvidenceLog::new(64 << 20));
+            w.set_evidence(
+                ep.tap_sent_frames(TapLimits::default()),
+                iota_dataplane::miner::evidence_log::EvidenceLog::new(64 << 20),
+            );
             w.set_adversary(bad.filter(|(s, _)| *s == stage as usize).map(|(_, a)| a));
             miners.push(Miner { w, ep, id: me, start: Vec::new() });
         }

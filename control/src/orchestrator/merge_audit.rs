@@ -78,19 +78,24 @@ impl Orchestrator {
         });
     }
 
-    /// A validator's answer to an audit.
+    /// A validator's answer to an audit; `contradicting`: stored
+    /// contributions it found that are not the ones the owners reported
+    /// (proofs, taken whatever the audit's state).
     #[allow(clippy::too_many_arguments, reason = "one report's fields")]
     pub(super) fn on_merge_audit(
         &mut self,
         now: Ms,
         validator: PeerId,
         (epoch, stage, partition, generation): (u64, u32, u32, u32),
-        answer: AuditAnswer,
+        (answer, contradicting): (AuditAnswer, &[Vec<u8>]),
         reason: &str,
         out: &mut Vec<Out>,
     ) -> Result<(), Refusal> {
         if !self.is_validator(&validator) {
             return Err(Refusal::Unknown(validator));
+        }
+        if !contradicting.is_empty() {
+            self.on_contradicting_contributions(now, (epoch, stage, partition), contradicting, out);
         }
         let current = self.merge_is_current(epoch);
         let open =
@@ -114,7 +119,7 @@ impl Orchestrator {
     /// by its sender, against the one the owners reported is a proof: no
     /// vote is needed. The sender is planned out and convicted; the owners
     /// reduce again without it.
-    pub(super) fn on_contradicting_contributions(
+    fn on_contradicting_contributions(
         &mut self,
         now: Ms,
         (epoch, stage, partition): (u64, u32, u32),

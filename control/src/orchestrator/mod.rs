@@ -13,6 +13,7 @@
 
 mod commitments;
 mod epochs;
+mod evidence_asks;
 mod hedging;
 mod liveness;
 mod membership;
@@ -505,18 +506,13 @@ impl Orchestrator {
                 contradicting,
                 reason,
             } => {
-                if !contradicting.is_empty() {
-                    if !self.is_validator(&validator) {
-                        return Err(Refusal::Unknown(validator));
-                    }
-                    self.on_contradicting_contributions(now, (epoch, stage, partition), &contradicting, &mut out);
-                }
                 let answer = match hash {
                     Some(h) => validation_state::AuditAnswer::Hash(h, flagged),
                     None if !missing.is_empty() => validation_state::AuditAnswer::Missing(missing),
                     None => validation_state::AuditAnswer::Unable,
                 };
-                self.on_merge_audit(now, validator, (epoch, stage, partition, generation), answer, &reason, &mut out)?
+                let key = (epoch, stage, partition, generation);
+                self.on_merge_audit(now, validator, key, (answer, &contradicting), &reason, &mut out)?
             }
             Event::BadObject { peer, epoch, stage, object, reason } => {
                 self.known(&peer)?;

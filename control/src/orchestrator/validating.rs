@@ -29,7 +29,7 @@ use iota_protocol::{StoredObject, pb};
 use tracing::{info, warn};
 
 use crate::validation::quorum::{Accusation, Check, Consequence};
-use crate::validation::sample::{SampleRate, beacon};
+use crate::validation::sample::beacon;
 
 use super::validation_state::{
     MAX_EQUIVOCATION_RECORDS, MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round,
@@ -220,7 +220,7 @@ impl Orchestrator {
         waiting
     }
 
-    fn open_round(&self, validator: &PeerId, epoch: u64) -> Result<(), Refusal> {
+    pub(super) fn open_round(&self, validator: &PeerId, epoch: u64) -> Result<(), Refusal> {
         if !self.is_validator(validator) {
             return Err(Refusal::Unknown(*validator));
         }
@@ -228,78 +228,6 @@ impl Orchestrator {
             Some(r) if r.epoch == epoch && r.sent_to.contains(validator) => Ok(()),
             _ => Err(Refusal::Invalid(format!("no validation round of epoch {epoch} is open for {validator}"))),
         }
-    }
-
-    /// A validator asks for the evidence of attempts of one miner.
-    pub(super) fn on_evidence_ask(
-        &mut self,
-        validator: PeerId,
-        epoch: u64,
-        miner: PeerId,
-        items: Vec<WorkKey>,
-        out: &mut Vec<Out>,
-    ) -> Result<(), Refusal> {
-        self.open_round(&validator, epoch)?;
-        let stage = self.miners.get(&miner).map(|m| m.stage).ok_or(Refusal::Unknown(miner))?;
-        // Only attempts the miner completed this epoch: a validator cannot
-        // make a miner upload arbitrary objects.
-        let completed: BTreeSet<WorkKey> = self
-            .mbs
-            .values()
-            .filter_map(|r| match &r.status {
-                MbStatus::Done { attempt, pathway, .. } if pathway.get(stage as usize) == Some(&miner) => {
-                    Some((r.mb.shard, r.mb.first_sample, *attempt))
-                }
-                _ => None,
-            })
-            .collect();
-        if let Some(bad) = items.iter().find(|k| !completed.contains(k)) {
-            return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
-        }
-        let r = self.validation.round.as_mut().expect("checked open");
-        // A validator asks for its draw and nothing more: as many of the
-        // miner's attempts as the run's sample rate draws from them. A
-        // validator asking for more (every attempt of every miner) would
-        // make miners upload for it what honest validators then wait
-        // behind.
-        let rate = SampleRate { rate: self.spec.validation.rate, min_per_miner: self.spec.validation.min_per_miner as usize };
-        let draw = rate.count(completed.len().min(MAX_WORK_ITEMS));
-        let lo = (miner, (0, 0, 0));
-        let hi = (miner, (u32::MAX, u64::MAX, u32::MAX));
-        let already: BTreeSet<WorkKey> =
-            r.asked.range(lo..=hi).filter(|(_, vs)| vs.contains(&validator)).map(|((_, k), _)| *k).collect();
-        let fresh: BTreeSet<&WorkKey> = items.iter().filter(|k| !already.contains(k)).collect();
-        if already.len().saturating_add(fresh.len()) > draw {
-            return Err(Refusal::Invalid(format!(
-                "validator {validator} asked for {} attempts of miner {miner} in epoch {epoch}; its draw is {draw} \
-                 (the run's sample rate of the miner's {} completed attempts)",
-                already.len().saturating_add(fresh.len()),
-                completed.len()
-            )));
-        }
-        let mut request = Vec::new();
-        for k in items {
-            let stored = r.evidence.contains_key(&(miner, k));
-            let askers = r.asked.entry((miner, k)).or_default();
-            // The first ask goes to the miner; so does a validator's second
-            // ask for evidence not yet stored (the request, or the miner's
-            // upload, was lost: a validator asks again once, half-way to
-            // its evidence timeout).
-            if askers.is_empty() || (!stored && askers.contains(&validator)) {
-                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2 });
-            }
-            askers.insert(validator);
-            if let Some(o) = r.evidence.get(&(miner, k)) {
-                out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
-            }
-        }
-        if !request.is_empty() {
-            out.push(Out {
-                to: miner,
-                cmd: pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch, items: request }),
-            });
-        }
-        Ok(())
     }
 
     pub(super) fn is_evidence_key(&self, key: &str) -> bool {
@@ -686,7 +614,7 @@ impl Orchestrator {
     }
 }
 
-fn stored_cmd(epoch: u64, stage: u32, o: &StoredObject) -> pb::Stored {
+pub(super) fn stored_cmd(epoch: u64, stage: u32, o: &StoredObject) -> pb::Stored {
     pb::Stored { epoch, stage, object: Some(o.to_pb()) }
 }
 

@@ -207,12 +207,11 @@ mod tests {
         // `framing-sender`: the owners reported reducing another payload of
         // participant 0's than the one it stored. Its stored header is
         // handed back as the proof, and nothing is recomputed from it.
-        let hash_of = |bytes: &[u8]| iota_core::wire::parse_header(&bytes[8..8 + iota_core::wire::header_len()])
-            .unwrap()
-            .payload_hash;
+        let hash_of = |bytes: &[u8]| {
+            iota_core::wire::parse_header(&bytes[8..8 + iota_core::wire::header_len()]).unwrap().payload_hash
+        };
         let sent = frame(&ids[0], &plan, k, &other);
-        let mut reported: BTreeMap<PeerId, [u8; 32]> =
-            frames.iter().map(|(p, f)| (*p, hash_of(f))).collect();
+        let mut reported: BTreeMap<PeerId, [u8; 32]> = frames.iter().map(|(p, f)| (*p, hash_of(f))).collect();
         let full = |reported: &BTreeMap<PeerId, [u8; 32]>| {
             recompute_partition(&spec(), RUN, &plan, k, &frames, reported, &mut vec![0.0; len]).unwrap()
         };

@@ -334,9 +334,8 @@ impl ValidatorCore {
             drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
         }
         let harmful = harmful_by_clasp(self.stages, &work);
-        let timeout_ms = self.round_timeout_ms(
-            drawn.iter().map(|(p, v)| (work.get(p).map_or(0, |m| m.stage), v.pending.len())),
-        );
+        let timeout_ms =
+            self.round_timeout_ms(drawn.iter().map(|(p, v)| (work.get(p).map_or(0, |m| m.stage), v.pending.len())));
         self.round = Some(Round {
             epoch: w.epoch,
             started_ms: now,
@@ -475,11 +474,7 @@ impl ValidatorCore {
                 guilty: true,
                 samples: v.passed,
                 evidence_hash: evidence_hash(&v.hashes),
-                reason: format!(
-                    "no evidence for {} drawn attempts within {} ms",
-                    v.pending.len(),
-                    r.timeout_ms
-                ),
+                reason: format!("no evidence for {} drawn attempts within {} ms", v.pending.len(), r.timeout_ms),
             });
         }
         self.finish(&mut out);

@@ -311,8 +311,11 @@ fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
     assert_eq!(asks(&again).len(), 1, "half-way to 9 s: asked again ({again:?})");
     assert!(c.tick(9_000).is_empty(), "still within 9 s");
     let late = c.tick(9_001);
-    assert!(matches!(&late[0], Action::Vote { miner, guilty: true, reason, .. }
-        if *miner == p(2) && reason.contains("within 9000 ms")), "{late:?}");
+    assert!(
+        matches!(&late[0], Action::Vote { miner, guilty: true, reason, .. }
+        if *miner == p(2) && reason.contains("within 9000 ms")),
+        "{late:?}"
+    );
     // Without the stage sizes the base timeout alone holds.
     let mut plain = core();
     let _ = plain.on_work(0, &work(0, 5)).unwrap();

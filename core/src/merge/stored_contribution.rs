@@ -10,8 +10,8 @@
 //! owners reduce again without it.
 
 use super::{Equivocation, SignedContribution, StageMerge};
-use crate::merge::PartitionOf;
 use crate::identity::PeerId;
+use crate::merge::PartitionOf;
 
 impl StageMerge {
     /// The payload hash each sender's contribution to partition `k` had as

@@ -194,8 +194,10 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     )?);
     let local = ep.local_addr()?;
     // The frames this miner sends, as signed: its evidence for validators.
-    let sent = ep
-        .tap_sent_frames(TapLimits { max_frames: 4 * evidence_log::MAX_ATTEMPTS, max_bytes: opts.evidence_frame_bytes });
+    let sent = ep.tap_sent_frames(TapLimits {
+        max_frames: 4 * evidence_log::MAX_ATTEMPTS,
+        max_bytes: opts.evidence_frame_bytes,
+    });
     if opts.advertise.is_none() && local.ip().is_unspecified() {
         anyhow::bail!("listening on {local}: give --advertise HOST:PORT so other miners can reach this one");
     }

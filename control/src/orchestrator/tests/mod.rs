@@ -226,8 +226,7 @@ impl Sim {
                         r.pathway.iter().map(|b| PeerId(b.as_slice().try_into().unwrap())).collect();
                     let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
                     if path[0] == to
-                        && let Some((i, h)) =
-                            path.iter().enumerate().find(|(_, p)| Some(**p) == self.hostile_reporter)
+                        && let Some((i, h)) = path.iter().enumerate().find(|(_, p)| Some(**p) == self.hostile_reporter)
                     {
                         let named = path.get(i + 1).or(i.checked_sub(1).and_then(|j| path.get(j)));
                         if let Some(n) = named.copied() {
@@ -636,6 +635,7 @@ fn phase_timeouts_follow_measured_durations_not_the_ceiling() {
 }
 
 mod butterfly;
+mod evidence_asks;
 mod hedging;
 mod liveness;
 mod membership;

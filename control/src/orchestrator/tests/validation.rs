@@ -8,14 +8,13 @@ use iota_protocol::{ValidatorStake, pb};
 
 use super::*;
 use crate::validation::quorum::Check;
-use crate::validation::sample::SampleRate;
 
 pub(super) fn validator(i: u8) -> PeerId {
     peer(200 + i)
 }
 
 /// Butterfly, 2 stages x 2 replicas, 2 epochs; validators 0 (60) and 1 (40).
-fn validated_spec() -> RunSpec {
+pub(super) fn validated_spec() -> RunSpec {
     let mut s = butterfly_spec(2, 2);
     s.micro_batches_per_epoch = 8;
     s.validation.validators =
@@ -35,7 +34,7 @@ pub(super) fn commit_all(s: &mut Sim, epoch: u64) {
     }
 }
 
-fn start(spec: RunSpec) -> Sim {
+pub(super) fn start(spec: RunSpec) -> Sim {
     let mut s = Sim::new(spec);
     for v in [validator(0), validator(1)] {
         s.ev(Event::RegisterValidator { peer: v, device: "cpu".into() });
@@ -99,7 +98,7 @@ pub(super) fn done(s: &mut Sim, v: u8, epoch: u64) {
     s.inbox.extend(out);
 }
 
-fn completed_by(w: &pb::EpochWork, miner: PeerId) -> Vec<WorkKey> {
+pub(super) fn completed_by(w: &pb::EpochWork, miner: PeerId) -> Vec<WorkKey> {
     let m = w.miners.iter().find(|m| m.peer == miner.0.to_vec()).expect("the miner's work");
     m.items.iter().map(|i| i.mb.map(|r| (r.shard, r.first_sample, r.attempt)).unwrap()).collect()
 }
@@ -683,48 +682,4 @@ fn signed_done(s: &Sim, v: u8, epoch: u64, weights: &[f32], miners_hash: [u8; 32
         signature: id.sign(&signing).to_vec(),
     };
     env.encode_to_vec()
-}
-
-#[test]
-fn a_validator_may_ask_for_its_draw_and_no_more() {
-    let mut spec = validated_spec();
-    spec.micro_batches_per_epoch = 64;
-    let mut s = start(spec);
-    let w = until_held(&mut s);
-    let m0 = peer(0);
-    let completed = completed_by(&w, m0);
-    // The run's rate draws max(4, 3% of n) of a miner's n attempts.
-    let draw = SampleRate { rate: 0.03, min_per_miner: 4 }.count(completed.len());
-    assert!(completed.len() > draw, "more completed ({}) than a draw ({draw})", completed.len());
-    let requests = |s: &Sim| {
-        s.validation_heard
-            .iter()
-            .filter_map(|o| match &o.cmd {
-                pb::command::Kind::EvidenceRequest(r) if o.to == m0 => Some(r.items.len()),
-                _ => None,
-            })
-            .sum::<usize>()
-    };
-    // A hostile validator asking for every attempt is refused whole: the
-    // miner is asked for nothing.
-    let all = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: completed.clone() };
-    let refused = s.o.step(s.now, all, &mut s.rng);
-    assert!(matches!(&refused, Err(Refusal::Invalid(why)) if why.contains("its draw is")), "{refused:?}");
-    s.drain();
-    assert_eq!(requests(&s), 0);
-    // Its draw, asked in two parts and then again (a re-ask), is fine.
-    let (first, second) = completed[..draw].split_at(1);
-    for items in [first.to_vec(), second.to_vec(), completed[..draw].to_vec()] {
-        let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items };
-        s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
-    }
-    s.drain();
-    assert_eq!(requests(&s), draw + draw, "asked of the miner once each, and again on the re-ask");
-    // One attempt more is refused, alone too.
-    let more = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![completed[draw]] };
-    assert!(matches!(s.o.step(s.now, more, &mut s.rng), Err(Refusal::Invalid(_))));
-    // The other validator's own draw is its own: not counted against it.
-    let other: Vec<WorkKey> = completed[completed.len() - draw..].to_vec();
-    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other };
-    assert!(s.o.step(s.now, ask, &mut s.rng).is_ok());
 }

@@ -44,9 +44,9 @@ use iota_protocol::store_keys::evidence_key;
 use iota_protocol::{SharedStore, StoredObject, pb};
 use tracing::{info, warn};
 
-use super::events::Output;
 pub use self::spill::SpillDir;
 use self::spill::Spilled;
+use super::events::Output;
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
 use crate::sent_frames::{SentFrameKey, SentFrames};
 
@@ -322,9 +322,8 @@ impl EvidenceLog {
     /// Whether a forward of `epoch` computed now would be kept (so the
     /// caller copies its input frame only then).
     pub fn wants_input(&self, epoch: u64) -> bool {
-        self.kept(epoch).is_some_and(|e| {
-            !e.frames_full && !e.attempts_full && e.versions.last().is_some_and(Version::is_kept)
-        })
+        self.kept(epoch)
+            .is_some_and(|e| !e.frames_full && !e.attempts_full && e.versions.last().is_some_and(Version::is_kept))
     }
 
     /// This miner computed a forward for `key` with its current weights and
@@ -440,9 +439,7 @@ impl EvidenceLog {
 
     /// Whether state `version` of `epoch` is in the spill directory.
     pub fn is_spilled(&self, epoch: u64, version: usize) -> bool {
-        self.kept(epoch)
-            .and_then(|e| e.versions.get(version))
-            .is_some_and(|v| matches!(v.weights, Snapshot::Disk(_)))
+        self.kept(epoch).and_then(|e| e.versions.get(version)).is_some_and(|v| matches!(v.weights, Snapshot::Disk(_)))
     }
 
     /// Bytes of the epoch's snapshots in the spill directory.

@@ -280,7 +280,8 @@ pub async fn run_local_butterfly_with_limits(
                 MergeOut::Equivocated(liar) => warn!(%liar, "a replica equivocated; it is planned out"),
                 MergeOut::Flawed(bad) => warn!(%bad, "two owners flagged a replica's contribution; it is planned out"),
                 // The local harness turns no audits on.
-                MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } | MergeOut::Colluded(_) | MergeOut::Deviant(_) => {}
+                MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } | MergeOut::Colluded(_) | MergeOut::Deviant(_) => {
+                }
                 MergeOut::Verdict(v) => {
                     for p in &sm.plan.participants {
                         let _ = to_replica[index[&p.peer]].send(ToReplica::Verdict(pb::SliceVerdict {

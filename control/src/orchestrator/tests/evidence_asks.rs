@@ -1,0 +1,49 @@
+//! Evidence asks: a validator may ask for its draw and no more.
+
+use super::validation::{completed_by, start, until_held, validated_spec, validator};
+use super::*;
+use crate::validation::sample::SampleRate;
+
+#[test]
+fn a_validator_may_ask_for_its_draw_and_no_more() {
+    let mut spec = validated_spec();
+    spec.micro_batches_per_epoch = 64;
+    let mut s = start(spec);
+    let w = until_held(&mut s);
+    let m0 = peer(0);
+    let completed = completed_by(&w, m0);
+    // The run's rate draws max(4, 3% of n) of a miner's n attempts.
+    let draw = SampleRate { rate: 0.03, min_per_miner: 4 }.count(completed.len());
+    assert!(completed.len() > draw, "more completed ({}) than a draw ({draw})", completed.len());
+    let requests = |s: &Sim| {
+        s.validation_heard
+            .iter()
+            .filter_map(|o| match &o.cmd {
+                pb::command::Kind::EvidenceRequest(r) if o.to == m0 => Some(r.items.len()),
+                _ => None,
+            })
+            .sum::<usize>()
+    };
+    // A hostile validator asking for every attempt is refused whole: the
+    // miner is asked for nothing.
+    let all = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: completed.clone() };
+    let refused = s.o.step(s.now, all, &mut s.rng);
+    assert!(matches!(&refused, Err(Refusal::Invalid(why)) if why.contains("its draw is")), "{refused:?}");
+    s.drain();
+    assert_eq!(requests(&s), 0);
+    // Its draw, asked in two parts and then again (a re-ask), is fine.
+    let (first, second) = completed[..draw].split_at(1);
+    for items in [first.to_vec(), second.to_vec(), completed[..draw].to_vec()] {
+        let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items };
+        s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
+    }
+    s.drain();
+    assert_eq!(requests(&s), draw + draw, "asked of the miner once each, and again on the re-ask");
+    // One attempt more is refused, alone too.
+    let more = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![completed[draw]] };
+    assert!(matches!(s.o.step(s.now, more, &mut s.rng), Err(Refusal::Invalid(_))));
+    // The other validator's own draw is its own: not counted against it.
+    let other: Vec<WorkKey> = completed[completed.len() - draw..].to_vec();
+    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other };
+    assert!(s.o.step(s.now, ask, &mut s.rng).is_ok());
+}
