@@ -22,6 +22,19 @@ use crate::validation::merge_audit::{AuditFinding, recompute_partition};
 /// How long a validator waits for the participants to store their
 /// contributions before it names the missing ones.
 pub const CONTRIBUTION_WAIT: Duration = Duration::from_secs(10);
+/// The wait for one partition's contributions: `CONTRIBUTION_WAIT`, plus
+/// the time every participant's slice takes to reach the store at the
+/// rate evidence is allowed (`EVIDENCE_UPLOAD_BYTES_PER_S`): an honest
+/// sender of a large stage is not named missing for its size.
+pub fn contribution_wait(spec: &MergeSpec, plan: &iota_core::merge::MergePlan, partition: u32) -> Duration {
+    let len = plan.partitions.get(partition as usize).map_or(0, |p| p.len);
+    let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK as u64)).unwrap_or(usize::MAX);
+    let slice = spec.codec.payload_bytes(blocks, iota_core::merge::BLOCK as usize).map_or(u64::MAX, |b| b as u64);
+    let bytes = slice.saturating_mul(plan.participants.len() as u64);
+    let ms = bytes.saturating_mul(1000) / crate::validation::round::EVIDENCE_UPLOAD_BYTES_PER_S;
+    CONTRIBUTION_WAIT + Duration::from_millis(ms.min(3_600_000))
+}
+
 /// Participants an audit reads at most (a stage's replicas).
 const MAX_AUDIT_PARTICIPANTS: usize = 1024;
 /// Between two looks in the store.
@@ -43,7 +56,10 @@ pub async fn audit(
         _ => (0, 0, 0),
     };
     let result = match plan {
-        Some(Ok(plan)) => recompute(&ma, &plan, &spec, run_id, &store, CONTRIBUTION_WAIT, &mut busy).await,
+        Some(Ok(plan)) => {
+            let wait = contribution_wait(&spec, &plan, ma.partition);
+            recompute(&ma, &plan, &spec, run_id, &store, wait, &mut busy).await
+        }
         Some(Err(e)) => Err(format!("the audit's plan: {e}")),
         None => Err("an audit without a plan".into()),
     };
@@ -68,7 +84,7 @@ pub async fn audit(
         Ok(AuditFinding::Missing(ps)) => {
             warn!(epoch, stage, partition = ma.partition, missing = ps.len(), "merge contributions never stored");
             answer.missing = ps.iter().map(|p| p.0.to_vec()).collect();
-            answer.reason = format!("{} contribution(s) not stored in {} s", ps.len(), CONTRIBUTION_WAIT.as_secs());
+            answer.reason = format!("{} contribution(s) not stored in time", ps.len());
         }
         Err(why) => {
             warn!(epoch, stage, partition = ma.partition, why = %why, "merge audit not possible");
@@ -231,4 +247,21 @@ mod tests {
             assert!(matches!(&r, Err(why) if why.contains("store failed")), "{kind:?}: {r:?}");
         }
     }
+}
+
+/// The wait for stored contributions grows with what must be stored.
+#[test]
+fn the_wait_for_contributions_follows_the_partition_size() {
+    use iota_core::merge::{MergePlan, Participant};
+    let ps = |n: u8| (0..n).map(|i| Participant { peer: PeerId([i + 1; 32]), work: 1 }).collect::<Vec<_>>();
+    let spec = MergeSpec { codec: iota_core::WireCodec::F32, ..MergeSpec::default() };
+    let small = MergePlan::new(0, 0, ps(2), 4096, 1, 1);
+    assert!(contribution_wait(&spec, &small, 0) < CONTRIBUTION_WAIT + Duration::from_millis(10));
+    // Two slices of 12.5 M f32 values (50 MB each) at 12.5 MB/s: 8 s more.
+    let big = MergePlan::new(0, 0, ps(2), 25_000_000, 1, 1);
+    let len = big.partitions[0].len;
+    let want = Duration::from_millis(2 * len.div_ceil(256) * 256 * 4 * 1000 / 12_500_000);
+    assert_eq!(contribution_wait(&spec, &big, 0), CONTRIBUTION_WAIT + want);
+    assert!(want >= Duration::from_secs(7), "{want:?}");
+    assert_eq!(contribution_wait(&spec, &big, 99), CONTRIBUTION_WAIT, "no such partition: no allowance");
 }

@@ -271,7 +271,11 @@ impl OrchestratorService {
         // for it forever. They are saved before the acknowledgement.
         let sent_once = matches!(
             ev,
-            Event::UploadDone { .. } | Event::MergeDone { .. } | Event::Stored { .. } | Event::SliceDone { .. }
+            Event::UploadDone { .. }
+                | Event::MergeDone { .. }
+                | Event::Stored { .. }
+                | Event::SliceDone { .. }
+                | Event::ContributionsMissing { .. }
         );
         let mut core = self.core.lock();
         if core.halted {
@@ -574,6 +578,15 @@ impl OrchestratorRpc for OrchestratorService {
                 contributions: d.contributions,
                 // 32 bytes each: `fields::report` checked.
                 flagged: d.flagged.iter().filter_map(|f| <[u8; 32]>::try_from(f.as_slice()).ok().map(PeerId)).collect(),
+            },
+            pb::report::Kind::ContributionsMissing(m) => Event::ContributionsMissing {
+                peer,
+                epoch: m.epoch,
+                stage: m.stage,
+                partition: m.partition,
+                generation: m.generation,
+                // 32 bytes each: `fields::report` checked.
+                senders: m.senders.iter().filter_map(|s| <[u8; 32]>::try_from(s.as_slice()).ok().map(PeerId)).collect(),
             },
         };
         self.apply_for(REPORT, peer, ev)?;

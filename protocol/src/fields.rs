@@ -219,6 +219,14 @@ pub fn report(r: &pb::Report) -> Result<(), Rejected> {
                 hash32("slice_done.flagged", f)?;
             }
         }
+        Kind::ContributionsMissing(m) => {
+            if m.senders.is_empty() || m.senders.len() > MAX_CONTRIBUTIONS {
+                return Err(bad("contributions_missing.senders", format!("1 to {MAX_CONTRIBUTIONS}")));
+            }
+            for s in &m.senders {
+                hash32("contributions_missing.senders", s)?;
+            }
+        }
         Kind::PeerFailed(f) => {
             hash32("peer_failed.peer", &f.peer)?;
             if !matches!(pb::Failure::try_from(f.failure), Ok(pb::Failure::Unreachable | pb::Failure::NoInput)) {
@@ -534,6 +542,16 @@ mod tests {
         };
         assert!(report(&flagging(vec![vec![3; 32]])).is_ok());
         assert!(report(&flagging(vec![vec![3; 31]])).unwrap_err().message.contains("slice_done.flagged"));
+        let missing = |senders: Vec<Vec<u8>>| pb::Report {
+            kind: Some(pb::report::Kind::ContributionsMissing(pb::ContributionsMissing {
+                senders,
+                ..Default::default()
+            })),
+        };
+        assert!(report(&missing(vec![vec![4; 32]])).is_ok());
+        for bad in [Vec::new(), vec![vec![4; 33]], vec![vec![4; 32]; MAX_CONTRIBUTIONS + 1]] {
+            assert!(report(&missing(bad)).unwrap_err().message.contains("contributions_missing.senders"));
+        }
     }
 
     #[test]

@@ -170,21 +170,36 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
                             let k = pick % p.partitions.len();
                             let q = &p.partitions[k];
                             let by = if b.u8() & 1 == 0 { q.owners.first().copied().unwrap_or(peer) } else { peer };
-                            Event::SliceDone {
-                                peer: by,
-                                epoch: p.epoch,
-                                stage,
-                                partition: k as u32,
-                                generation: q.generation,
-                                hash: vec![b.u8() % 2; 32],
-                                // Headers that are not signed contributions
-                                // (refused), sometimes.
-                                contributions: (0..b.u8() % 4 / 3)
-                                    .map(|_| vec![b.u8(); iota_core::wire::header_len()])
-                                    .collect(),
-                                flagged: (0..b.u8() % 4 / 3)
-                                    .map(|_| q.owners.last().copied().unwrap_or(peer))
-                                    .collect(),
+                            // An owner claiming a sender's contribution
+                            // missing, sometimes (the sender a participant
+                            // or not, the claim current or stale).
+                            if b.u8() % 4 == 0 {
+                                let sender = p.participants.get(b.u8() as usize % p.participants.len().max(1));
+                                Event::ContributionsMissing {
+                                    peer: by,
+                                    epoch: p.epoch,
+                                    stage,
+                                    partition: k as u32,
+                                    generation: q.generation + u32::from(b.u8() % 8 == 0),
+                                    senders: vec![sender.map_or(peer, |s| s.peer)],
+                                }
+                            } else {
+                                Event::SliceDone {
+                                    peer: by,
+                                    epoch: p.epoch,
+                                    stage,
+                                    partition: k as u32,
+                                    generation: q.generation,
+                                    hash: vec![b.u8() % 2; 32],
+                                    // Headers that are not signed contributions
+                                    // (refused), sometimes.
+                                    contributions: (0..b.u8() % 4 / 3)
+                                        .map(|_| vec![b.u8(); iota_core::wire::header_len()])
+                                        .collect(),
+                                    flagged: (0..b.u8() % 4 / 3)
+                                        .map(|_| q.owners.last().copied().unwrap_or(peer))
+                                        .collect(),
+                                }
                             }
                         }
                         None => Event::Tick,

@@ -37,7 +37,7 @@ impl Orchestrator {
         stage: u32,
         partition: u32,
         generation: u32,
-        flags: bool,
+        (flags, withheld): (bool, Vec<PeerId>),
         out: &mut Vec<Out>,
     ) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
@@ -72,6 +72,7 @@ impl Orchestrator {
             partition,
             generation,
             flags,
+            withheld,
             since: None,
             sent_to: validators,
             answers: BTreeMap::new(),
@@ -151,6 +152,10 @@ impl Orchestrator {
         };
         if self.validation.merge_audits[i].flags {
             self.decide_flag_audit(now, i, force, out);
+            return;
+        }
+        if !self.validation.merge_audits[i].withheld.is_empty() {
+            self.decide_withholding_audit(now, i, force, out);
             return;
         }
         let a = &self.validation.merge_audits[i];

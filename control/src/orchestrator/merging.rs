@@ -113,7 +113,12 @@ impl Orchestrator {
         let Some(bm) = self.butterfly.get(&stage) else { return };
         let mut to_record = Vec::new();
         let mut audits = Vec::new();
+        let mut missing = Vec::new();
         for o in mo {
+            if let MergeOut::Missing { partition, generation, sender } = o {
+                missing.push((partition, generation, sender));
+                continue;
+            }
             if let MergeOut::Audit { partition, generation } = o {
                 audits.push((partition, generation, false));
                 continue;
@@ -140,7 +145,7 @@ impl Orchestrator {
                     MergeOut::Equivocated(_) | MergeOut::Flawed(_) | MergeOut::Colluded(_) | MergeOut::Deviant(_) => {
                         continue;
                     }
-                    MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } => continue,
+                    MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } | MergeOut::Missing { .. } => continue,
                 };
                 out.push(Out { to: p.peer, cmd });
             }
@@ -161,7 +166,10 @@ impl Orchestrator {
         self.counters.hash_mismatches += to_record.len() as u64;
         self.mismatches.extend(to_record);
         for (partition, generation, flags) in audits {
-            self.open_merge_audit(stage, partition, generation, flags, out);
+            self.open_merge_audit(stage, partition, generation, (flags, Vec::new()), out);
+        }
+        for (partition, generation, sender) in missing {
+            self.ask_withheld(stage, (partition, generation), sender, out);
         }
     }
 
@@ -213,8 +221,13 @@ impl Orchestrator {
     /// and its replicas would go on from different weights; at each
     /// timeout they are sent the verdicts and stored slices again, in case
     /// what they wait for was lost on the way.
-    pub(super) fn tend_butterfly(&mut self, timed_out: bool, out: &mut Vec<Out>) {
+    pub(super) fn tend_butterfly(&mut self, now: Ms, timed_out: bool, out: &mut Vec<Out>) {
         for s in 0..self.spec.stages {
+            // First the senders an owner still misses a contribution from:
+            // they, not the owners waiting on them, are planned out.
+            if timed_out {
+                self.plan_out_withheld(now, s, out);
+            }
             let Some(bm) = self.butterfly.get(&s) else { continue };
             let someone_done = !bm.done.is_empty();
             let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));

@@ -13,6 +13,7 @@
 
 mod commitments;
 mod epochs;
+mod event;
 mod evidence_asks;
 mod hedging;
 mod liveness;
@@ -28,15 +29,16 @@ mod settling;
 mod state;
 mod validating;
 mod validation_state;
+mod withholding;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use iota_core::commitment::EpochHeads;
 use iota_core::merge::{Mismatch, StageMerge};
 use iota_core::{PeerId, Rng};
 use iota_protocol::store_keys::{merged_key, weights_parts_prefix};
-use iota_protocol::{MbRef, MergeMethod, RunSpec, StoredObject, pb};
+use iota_protocol::{MbRef, MergeMethod, RunSpec, pb};
 
+pub use self::event::Event;
 pub use self::observe::MergeProgress;
 pub use self::state::{
     BadObjectRecord, CommitmentBreak, Counters, EpochSummary, MAX_BAD_OBJECTS, MAX_COMMITMENT_BREAKS, MbStatus,
@@ -49,157 +51,6 @@ pub use self::validation_state::{
 };
 
 pub type Ms = u64;
-
-/// Something that happened, as the orchestrator sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    Register {
-        peer: PeerId,
-        addr: String,
-        tokens_per_s: f64,
-        device: String,
-        /// The memory it states and what it computes with (0: not stated).
-        memory: MemoryStated,
-    },
-    /// `in_flight`: micro-batches the miner says it holds (its own count).
-    Heartbeat {
-        peer: PeerId,
-        tokens_per_s: f64,
-        in_flight: u32,
-        /// Its commitment heads (checked by `fields::heartbeat`).
-        commitments: Vec<EpochHeads>,
-    },
-    /// The miner opened its command stream (the service delivers what this
-    /// returns on it).
-    Subscribed {
-        peer: PeerId,
-    },
-    Loss {
-        peer: PeerId,
-        mb: MbRef,
-        attempt: u32,
-        loss: f32,
-        tokens: u32,
-    },
-    BackwardDone {
-        peer: PeerId,
-        mb: MbRef,
-        attempt: u32,
-    },
-    /// `peer` names its neighbour `named` on `mb`'s pathway as the one
-    /// that failed this attempt.
-    PeerFailed {
-        peer: PeerId,
-        mb: MbRef,
-        attempt: u32,
-        named: PeerId,
-        failure: pb::Failure,
-    },
-    UploadDone {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        key: String,
-        work: u64,
-        /// Parameter server: the uploaded object.
-        object: Option<StoredObject>,
-        /// Its commitment heads, final for the epoch's training.
-        commitments: Vec<EpochHeads>,
-    },
-    MergeDone {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        key: String,
-        weights_hash: Vec<u8>,
-        /// Parameter server: the merged object.
-        object: Option<StoredObject>,
-        /// Butterfly: slices it read from the store (contributions,
-        /// merged updates) instead of over the data plane.
-        from_store: (u32, u32),
-    },
-    /// A butterfly writer stored a merged slice or its momentum.
-    Stored {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        object: StoredObject,
-    },
-    /// A reader found an object that does not match its announcement.
-    BadObject {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        object: StoredObject,
-        reason: String,
-    },
-    SliceDone {
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        partition: u32,
-        generation: u32,
-        hash: Vec<u8>,
-        /// Archived signed headers of the contributions the owner reduced.
-        contributions: Vec<Vec<u8>>,
-        /// Participants whose contribution it flagged.
-        flagged: Vec<PeerId>,
-    },
-    /// One of the run's validators registered.
-    RegisterValidator {
-        peer: PeerId,
-        device: String,
-    },
-    /// A validator asks for the evidence of a miner's attempts.
-    EvidenceAsk {
-        validator: PeerId,
-        epoch: u64,
-        miner: PeerId,
-        items: Vec<WorkKey>,
-    },
-    Verdict(VerdictIn),
-    /// A validator's recompute of an audited merge partition: the hash of
-    /// its update (None: it could not), and who withheld a contribution.
-    MergeAudit {
-        validator: PeerId,
-        epoch: u64,
-        stage: u32,
-        partition: u32,
-        generation: u32,
-        hash: Option<[u8; 32]>,
-        missing: Vec<PeerId>,
-        /// With a hash: the senders its reduce flagged.
-        flagged: Vec<PeerId>,
-        /// Archived headers of stored contributions that contradict what
-        /// the owners reported reducing (proofs against their senders).
-        contradicting: Vec<Vec<u8>>,
-        reason: String,
-    },
-    /// A validator's judgement of `epoch`'s merged model.
-    MergeVote {
-        validator: PeerId,
-        epoch: u64,
-        rollback: bool,
-        loss: f32,
-        reason: String,
-        /// Each stage's hash of the merged weights as the validator loaded
-        /// them (none if it could not).
-        merged: Vec<(u32, [u8; 32])>,
-    },
-    /// A validator voted on everything it drew for `epoch`; `weights` (one
-    /// per miner of the epoch's work, or none) rate them for settlement.
-    ValidationDone {
-        validator: PeerId,
-        epoch: u64,
-        weights: Vec<f32>,
-        /// The signed request's `miners_hash` (with weights: required).
-        miners_hash: Option<[u8; 32]>,
-        /// The validator's whole signed request (kept in the ledger with
-        /// its weights).
-        signed: Vec<u8>,
-    },
-    Tick,
-}
 
 /// A command for one miner.
 #[derive(Clone, Debug, PartialEq)]
@@ -471,6 +322,10 @@ impl Orchestrator {
                     &mut out,
                 )?;
             }
+            Event::ContributionsMissing { peer, epoch, stage, partition, generation, senders } => {
+                self.known(&peer)?;
+                self.on_contributions_missing(peer, (epoch, stage), (partition, generation), &senders, &mut out);
+            }
             Event::Stored { peer, epoch, stage, object } => {
                 self.known(&peer)?;
                 if self.is_evidence_key(&object.key) {
@@ -605,7 +460,7 @@ impl Orchestrator {
             Phase::Merging if self.spec.merge.method == MergeMethod::Butterfly => {
                 self.expire_merge_audits(now, out);
                 let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
-                self.tend_butterfly(timed_out, out);
+                self.tend_butterfly(now, timed_out, out);
                 if timed_out {
                     self.phase_since = now;
                 }

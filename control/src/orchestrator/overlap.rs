@@ -33,7 +33,7 @@ impl Orchestrator {
         let Some(epoch) = self.overlapped else { return };
         let timeout = self.merge_timeout_ms();
         let timed_out = now.saturating_sub(self.overlapped_since) > timeout;
-        self.tend_butterfly(timed_out, out);
+        self.tend_butterfly(now, timed_out, out);
         if !self.butterfly_complete(timed_out) {
             if timed_out {
                 // The next round of planning out waits another timeout.

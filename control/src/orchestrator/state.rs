@@ -479,9 +479,18 @@ pub struct Counters {
     /// Partition owners a merge audit convicted of agreeing on a wrong result.
     #[serde(default)]
     pub colluding_owners: u64,
-    /// Merge participants convicted of withholding a contribution from an audit.
+    /// Merge participants convicted of withholding a contribution from an
+    /// audit, or from a partition's owners (two owners' claims, or the
+    /// validators' recompute found it not stored).
     #[serde(default)]
     pub withheld_contributions: u64,
+    /// Merge participants planned out, unconvicted, on one owner's claim of
+    /// a contribution missing (R = 2: one word against another).
+    #[serde(default)]
+    pub withheld_planned_out: u64,
+    /// Claims of a missing contribution the validators found stored.
+    #[serde(default)]
+    pub missing_claims_refuted: u64,
     /// Epochs merged with no validator live to check them.
     #[serde(default)]
     pub unvalidated_epochs: u64,

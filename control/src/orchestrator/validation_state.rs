@@ -185,6 +185,11 @@ pub(super) struct OpenAudit {
     /// of an owner pair's agreed result.
     #[serde(default)]
     pub(super) flags: bool,
+    /// An audit of owners' claims that these senders withheld their
+    /// contribution (`withholding.rs`): the recompute says whether each
+    /// one's is stored.
+    #[serde(default)]
+    pub(super) withheld: Vec<PeerId>,
     /// When it was opened (set by the first `advance` after it).
     pub(super) since: Option<Ms>,
     pub(super) sent_to: Vec<PeerId>,

@@ -75,6 +75,11 @@ pub enum MergeOut {
     /// its referee and one owner gave: the other owner is proven wrong,
     /// planned out, and the orchestrator convicts it.
     Deviant(Vec<PeerId>),
+    /// An owner reported `sender`'s contribution to this partition
+    /// missing (the first claim on it this generation): the orchestrator
+    /// asks the sender to store it, and the validators whether it did
+    /// (see `withheld.rs`).
+    Missing { partition: u32, generation: u32, sender: PeerId },
 }
 
 /// An owner's result for one partition.
@@ -158,6 +163,21 @@ pub struct StageMerge {
     /// itself is in `held`).
     #[serde(default)]
     pub referee_held: BTreeMap<u32, RefereeHold>,
+    /// Per partition (its current generation), each sender an owner
+    /// reported missing, with the owners that did (see `withheld.rs`).
+    #[serde(default)]
+    missing: Vec<BTreeMap<PeerId, BTreeSet<PeerId>>>,
+    /// Claims of a missing contribution the validators found stored:
+    /// (partition, sender). They shield the claimant no longer.
+    #[serde(default)]
+    missing_refuted: BTreeSet<(u32, PeerId)>,
+    /// Claims passed on (`MergeOut::Missing`): (partition, generation, sender).
+    #[serde(default)]
+    missing_asked: BTreeSet<(u32, u32, PeerId)>,
+    /// Senders planned out for a withheld contribution: (partition, who,
+    /// whether two owners corroborated it).
+    #[serde(default)]
+    pub withheld: Vec<(u32, PeerId, bool)>,
 }
 
 /// A disputed partition's referee result waiting for its audit (see
@@ -213,6 +233,10 @@ impl StageMerge {
             audit_asked: BTreeSet::new(),
             referee_seed: 0,
             referee_held: BTreeMap::new(),
+            missing: vec![BTreeMap::new(); k],
+            missing_refuted: BTreeSet::new(),
+            missing_asked: BTreeSet::new(),
+            withheld: Vec::new(),
         }
     }
 
@@ -309,19 +333,25 @@ impl StageMerge {
     /// `peer` has reported anything in this merge: a slice hash (for the
     /// partitions' current generations) or its finished merge.
     pub fn reported(&self, peer: &PeerId) -> bool {
-        self.done.contains_key(peer) || self.reports.iter().any(|r| r.contains_key(peer))
+        self.done.contains_key(peer)
+            || self.reports.iter().any(|r| r.contains_key(peer))
+            || self.missing.iter().any(|m| m.values().any(|by| by.contains(peer)))
     }
 
     /// Owners of a partition with no result yet (no verdict, none held
     /// for an audit) that have not reported it while another of its owners
     /// has: a participant that reports one partition and sits on another
     /// holds the whole stage hostage, and `reported` alone cannot tell.
+    /// An owner waiting on a contribution it reported missing is no
+    /// laggard (the sender is named instead, see `withheld_senders`),
+    /// unless the validators found that contribution stored.
     pub fn laggard_owners(&self) -> BTreeSet<PeerId> {
         let mut out = BTreeSet::new();
         for (k, part) in self.plan.partitions.iter().enumerate() {
             let settled = self.verdicts.get(k).is_some_and(|v| v.is_some()) || self.held.contains_key(&(k as u32));
             let Some(r) = self.reports.get(k).filter(|r| !settled && !r.is_empty()) else { continue };
-            out.extend(part.owners.iter().filter(|o| !r.contains_key(o)));
+            let waiting = self.claimants(k as u32);
+            out.extend(part.owners.iter().filter(|o| !r.contains_key(o) && !waiting.contains(o)));
         }
         out
     }
@@ -642,6 +672,9 @@ impl StageMerge {
                 }
                 None => {
                     self.reports[k].clear();
+                    if let Some(m) = self.missing.get_mut(k) {
+                        m.clear();
+                    }
                     self.held.remove(&(k as u32));
                     self.flag_held.remove(&(k as u32));
                     self.referee_held.remove(&(k as u32));
@@ -660,6 +693,8 @@ impl StageMerge {
 mod referee;
 #[path = "stored_contribution.rs"]
 mod stored_contribution;
+#[path = "withheld.rs"]
+mod withheld;
 
 #[cfg(test)]
 #[path = "stage_tests.rs"]

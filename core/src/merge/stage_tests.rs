@@ -446,3 +446,99 @@ fn a_sender_storing_another_contribution_than_it_sent_is_proven() {
     assert_eq!(m.stored_contradicts(9, 1, b"not a header"), None);
     assert_eq!(m.equivocations.len(), 1);
 }
+
+/// A partition and a participant that is a third party to it (R >= 3).
+fn third_party(m: &StageMerge) -> (u32, PeerId) {
+    for (k, part) in m.plan.partitions.iter().enumerate() {
+        if let Some(p) = m.plan.participants.iter().find(|p| !part.owners.contains(&p.peer)) {
+            return (k as u32, p.peer);
+        }
+    }
+    panic!("every participant owns every partition");
+}
+
+/// Every owner reports every partition but `k`; `k`'s owners other than
+/// `skip` report it too.
+fn report_all_but(m: &mut StageMerge, k: u32, skip: &[PeerId], out: &mut Vec<MergeOut>) {
+    for j in 0..m.plan.partitions.len() {
+        let part = m.plan.partitions[j].clone();
+        for o in part.owners.iter().filter(|o| j as u32 != k || !skip.contains(o)) {
+            m.slice_done(*o, j as u32, part.generation, &SliceReport::of([j as u8 + 1; 32]), out);
+        }
+    }
+}
+
+#[test]
+fn a_contribution_both_owners_miss_names_its_sender_and_not_them() {
+    let mut m = StageMerge::new(plan(3));
+    let (k, withholder) = third_party(&m);
+    let owners = m.plan.partitions[k as usize].owners.clone();
+    let generation = m.plan.partitions[k as usize].generation;
+    let mut out = Vec::new();
+    // Everything else is reported; k's owners wait for the withholder.
+    report_all_but(&mut m, k, &owners, &mut out);
+    out.clear();
+    assert!(m.contributions_missing(owners[0], k, generation, &[withholder], &mut out));
+    assert_eq!(out, vec![MergeOut::Missing { partition: k, generation, sender: withholder }]);
+    assert_eq!(m.withheld_senders(), vec![(k, withholder, false)], "one owner's word");
+    out.clear();
+    assert!(m.contributions_missing(owners[1], k, generation, &[withholder], &mut out));
+    assert!(out.is_empty(), "the claim was passed on once");
+    assert_eq!(m.withheld_senders(), vec![(k, withholder, true)], "two owners corroborate");
+    assert!(m.laggard_owners().is_empty(), "owners waiting on a missing contribution are no laggards");
+    assert!(owners.iter().all(|o| m.reported(o)));
+    // The merge times out: the withholder is planned out and k reduced again.
+    let named = m.withheld_senders();
+    m.plan_out_withheld(&named, &mut out);
+    assert!(!m.plan.is_participant(&withholder));
+    assert_eq!(m.withheld, vec![(k, withholder, true)]);
+    let part = m.plan.partitions[k as usize].clone();
+    assert!(part.generation > generation && !part.owners.contains(&withholder));
+    for o in &part.owners {
+        m.slice_done(*o, k, part.generation, &SliceReport::of([7; 32]), &mut out);
+    }
+    assert!(m.verdicts.iter().all(|v| v.is_some()), "the stage merges without it");
+    assert!(m.withheld_senders().is_empty());
+}
+
+#[test]
+fn a_co_owner_withholding_at_two_replicas_no_longer_gets_the_honest_owner_planned_out() {
+    let mut m = StageMerge::new(plan(2));
+    let k = 0u32;
+    let part = m.plan.partitions[0].clone();
+    let (withholder, honest) = (part.owners[0], part.owners[1]);
+    let mut out = Vec::new();
+    // The withholder reports k (it has the honest owner's contribution);
+    // the honest owner never gets the withholder's.
+    report_all_but(&mut m, k, &[honest], &mut out);
+    assert_eq!(m.laggard_owners(), [honest].into(), "before a claim, the honest owner looks the laggard");
+    assert!(m.contributions_missing(honest, k, part.generation, &[withholder], &mut out));
+    assert!(m.laggard_owners().is_empty());
+    assert_eq!(m.withheld_senders(), vec![(k, withholder, false)]);
+
+    // The validators find the contribution stored after all: the claim
+    // shields its owner no longer, and nobody is named withholding.
+    let mut refuted = m.clone();
+    refuted.refute_missing(k, withholder);
+    assert_eq!(refuted.laggard_owners(), [honest].into());
+    assert!(refuted.withheld_senders().is_empty());
+    out.clear();
+    assert!(!refuted.contributions_missing(honest, k, part.generation, &[withholder], &mut out) && out.is_empty());
+}
+
+#[test]
+fn claims_that_cannot_be_true_are_ignored() {
+    let mut m = StageMerge::new(plan(3));
+    let (k, sender) = third_party(&m);
+    let part = m.plan.partitions[k as usize].clone();
+    let mut out = Vec::new();
+    let stranger = PeerId([99; 32]);
+    assert!(!m.contributions_missing(sender, k, part.generation, &[part.owners[0]], &mut out), "not an owner");
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation + 1, &[sender], &mut out), "stale");
+    assert!(!m.contributions_missing(part.owners[0], 999, 0, &[sender], &mut out), "no such partition");
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[stranger, part.owners[0]], &mut out));
+    m.slice_done(part.owners[0], k, part.generation, &SliceReport::of([1; 32]), &mut out);
+    out.clear();
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[sender], &mut out), "it reduced already");
+    assert!(out.is_empty() && m.withheld_senders().is_empty());
+}

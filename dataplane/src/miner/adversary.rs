@@ -58,6 +58,14 @@ pub enum Adversary {
     /// done). A lazy head computes honestly: it sends no gradient, and what
     /// it skips only the weight-gradient checks would see.
     Lazy,
+    /// In the butterfly merge, keeps its contribution to one partition from
+    /// that partition's other owners and never stores it, while it reports
+    /// everything else (`MergeFault::Withhold`); it trains honestly.
+    Withholder,
+    /// In the butterfly merge, publishes a wrong update for every partition
+    /// it owns (`MergeFault::CorruptUpdates`); it trains honestly. At
+    /// R = 2 no third replica can referee it.
+    LyingOwner,
     /// In the butterfly merge, sends each partition's first owner its true
     /// slice of the pseudo-gradient and the other owner the slice tripled
     /// (`MergeFault::Equivocate`); it trains honestly.
@@ -92,7 +100,7 @@ pub enum Adversary {
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 17] = [
+    pub const NAMES: [(&'static str, Adversary); 19] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -110,6 +118,8 @@ impl Adversary {
         ("collude", Adversary::Collude),
         ("merge-lie", Adversary::MergeLie),
         ("hostile-unreachable", Adversary::HostileUnreachable),
+        ("withholder", Adversary::Withholder),
+        ("lying-owner", Adversary::LyingOwner),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -125,6 +135,8 @@ impl Adversary {
             Adversary::MergeGarbage => Some(MergeFault::HugeDelta),
             Adversary::Collude => Some(MergeFault::Collude),
             Adversary::MergeLie => Some(MergeFault::LieDone),
+            Adversary::Withholder => Some(MergeFault::Withhold),
+            Adversary::LyingOwner => Some(MergeFault::CorruptUpdates),
             _ => None,
         }
     }
@@ -203,6 +215,8 @@ impl Tamper {
             | Adversary::Nan
             | Adversary::MergeGarbage
             | Adversary::MergeLie
+            | Adversary::Withholder
+            | Adversary::LyingOwner
             | Adversary::HostileUnreachable => {}
         }
     }

@@ -555,6 +555,18 @@ async fn a_replica_equivocating_in_the_merge_is_proven_and_convicted_in_its_firs
     let _ = r.history;
 }
 
+/// `withholder`: a replica that keeps its contribution to one partition
+/// from that partition's two owners, and never stores it, while it
+/// reports everything else. The owners report it missing, the validators
+/// find it not stored, and it is convicted in its first merge; the stage
+/// merges without it instead of stalling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_withholding_its_contribution_is_convicted_in_its_first_merge_and_the_stage_does_not_stall() {
+    let r = a_merge_cheat_is_convicted_in_its_first_merge(Adversary::Withholder).await;
+    assert!(r.counters.withheld_contributions >= 1, "{:?}", r.counters);
+    assert_eq!((r.counters.equivocations, r.counters.missing_claims_refuted), (0, 0), "{:?}", r.counters);
+}
+
 /// `nan`: a replica whose pseudo-gradient holds a NaN is flagged by the two
 /// other owners of a partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,8 +6,8 @@ use iota_core::merge::MergePlan;
 use iota_core::{Identity, PeerId, Rng};
 
 use super::*;
-use iota_protocol::plan_from_pb;
 use iota_protocol::store_keys::{merged_key, momentum_parts_prefix, part_name, weights_parts_prefix};
+use iota_protocol::{StoredObject, plan_from_pb};
 
 fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32) -> RunSpec {
     RunSpec {
@@ -121,6 +121,20 @@ struct Sim {
     /// worked (a test completes or fails them itself).
     hold: BTreeSet<(u64, u32)>,
     held_routes: Vec<(PeerId, pb::Route)>,
+    /// Butterfly: participants whose contribution to one partition (one
+    /// they are a third party to, else the first) never reaches its other
+    /// owners, who report it missing instead of reducing; they never store
+    /// it, and the validators' audit names them missing.
+    withholders: BTreeSet<PeerId>,
+    /// Butterfly: owners that claim every other participant's contribution
+    /// to their first partition missing though it came (and is stored).
+    false_claimants: BTreeSet<PeerId>,
+}
+
+/// The partition a withholder keeps its contribution from (see
+/// `Sim::withholders`, and `MergeFault::Withhold`, which does the same).
+fn withheld_partition(plan: &MergePlan, w: &PeerId) -> usize {
+    (0..plan.partitions.len()).find(|k| !plan.partitions[*k].owners.contains(w)).unwrap_or(0)
 }
 
 impl Sim {
@@ -163,6 +177,8 @@ impl Sim {
             sit_on: BTreeSet::new(),
             hold: BTreeSet::new(),
             held_routes: Vec::new(),
+            withholders: BTreeSet::new(),
+            false_claimants: BTreeSet::new(),
         }
     }
 
@@ -309,6 +325,28 @@ impl Sim {
                             if self.sit_on.contains(&to) && plan.owned_by(&to).max() == Some(k) {
                                 continue;
                             }
+                            let missing: Vec<PeerId> =
+                                if self.false_claimants.contains(&to) && plan.owned_by(&to).min() == Some(k) {
+                                    plan.participants.iter().map(|q| q.peer).filter(|q| *q != to).collect()
+                                } else {
+                                    plan.participants
+                                        .iter()
+                                        .map(|q| q.peer)
+                                        .filter(|w| *w != to && self.withholders.contains(w))
+                                        .filter(|w| withheld_partition(&plan, w) == k)
+                                        .collect()
+                                };
+                            if !missing.is_empty() {
+                                self.ev(Event::ContributionsMissing {
+                                    peer: to,
+                                    epoch: plan.epoch,
+                                    stage: m.stage,
+                                    partition: k as u32,
+                                    generation: plan.partitions[k].generation,
+                                    senders: missing,
+                                });
+                                continue;
+                            }
                             let honest = [k as u8 + 1; 32];
                             let lied_to = plan.partitions[k].owners.first() != Some(&to);
                             let others: Vec<PeerId> =
@@ -408,14 +446,21 @@ impl Sim {
                     if !self.quiet_validators.contains(&to) {
                         let plan = plan_from_pb(a.plan.as_ref().unwrap()).unwrap();
                         let k = a.partition;
+                        let missing: Vec<PeerId> = plan
+                            .participants
+                            .iter()
+                            .map(|q| q.peer)
+                            .filter(|w| self.withholders.contains(w) && withheld_partition(&plan, w) == k as usize)
+                            .collect();
+                        let honest = if self.audit_liars.contains(&to) { [0xdd; 32] } else { [k as u8 + 1; 32] };
                         self.ev(Event::MergeAudit {
                             validator: to,
                             epoch: plan.epoch,
                             stage: plan.stage,
                             partition: k,
                             generation: plan.partitions[k as usize].generation,
-                            hash: Some(if self.audit_liars.contains(&to) { [0xdd; 32] } else { [k as u8 + 1; 32] }),
-                            missing: Vec::new(),
+                            hash: missing.is_empty().then_some(honest),
+                            missing,
                             flagged: Vec::new(),
                             contradicting: Vec::new(),
                             reason: String::new(),
@@ -646,6 +691,7 @@ mod overlap;
 mod restarts;
 mod settlements;
 mod validation;
+mod withholding;
 
 /// Commitment heads are kept per miner for the current and previous epoch;
 /// a report that shrinks or forks a chain it reported before is kept as

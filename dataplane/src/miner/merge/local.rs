@@ -279,6 +279,9 @@ pub async fn run_local_butterfly_with_limits(
                 MergeOut::Plan => send_plan(sm),
                 MergeOut::Equivocated(liar) => warn!(%liar, "a replica equivocated; it is planned out"),
                 MergeOut::Flawed(bad) => warn!(%bad, "two owners flagged a replica's contribution; it is planned out"),
+                MergeOut::Missing { partition, sender, .. } => {
+                    warn!(partition, %sender, "an owner misses a replica's contribution")
+                }
                 // The local harness turns no audits on.
                 MergeOut::Audit { .. } | MergeOut::AuditFlags { .. } | MergeOut::Colluded(_) | MergeOut::Deviant(_) => {
                 }

@@ -38,4 +38,10 @@ pub enum MergeFault {
     /// honest replica's, which the orchestrator's record of the stage's
     /// start then took (the `merge-lie` adversary).
     LieDone,
+    /// Keeps its contribution to one partition from that partition's other
+    /// owners, and does not store it when asked, while it reports
+    /// everything else: a partition it is a third party to if there is
+    /// one, else (R = 2) the first, which it reports itself (the
+    /// `withholder` adversary).
+    Withhold,
 }

@@ -47,6 +47,7 @@ impl Butterfly {
                 {
                     e.insert(m.payload);
                     self.contrib_headers.entry(m.k).or_default().insert(m.from, m.header);
+                    self.latest_contribution = self.latest_contribution.max(self.plan_at.elapsed());
                 }
             }
             // Perhaps for a plan (a referee's) that has not reached us yet.

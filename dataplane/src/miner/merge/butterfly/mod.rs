@@ -42,6 +42,7 @@ use tracing::{info, warn};
 
 mod fault;
 mod intake;
+mod missing;
 mod slices;
 mod stats;
 mod store_io;
@@ -128,6 +129,11 @@ pub struct Butterfly {
     /// `MergeDone`).
     contributions_from_store: u32,
     updates_from_store: u32,
+    /// Partitions (and generations) whose missing contributions this
+    /// owner has reported (`missing.rs`).
+    claimed: HashSet<(usize, u32)>,
+    /// The latest a contribution arrived after its plan, this merge.
+    latest_contribution: Duration,
 }
 
 impl Butterfly {
@@ -172,6 +178,8 @@ impl Butterfly {
             finished: false,
             contributions_from_store: 0,
             updates_from_store: 0,
+            claimed: HashSet::new(),
+            latest_contribution: Duration::ZERO,
         }
     }
 
@@ -198,6 +206,8 @@ impl Butterfly {
         self.finished = false;
         self.contributions_from_store = 0;
         self.updates_from_store = 0;
+        self.claimed.clear();
+        self.latest_contribution = Duration::ZERO;
     }
 
     fn codec(&self) -> WireCodec {
@@ -252,7 +262,11 @@ impl Butterfly {
                 self.encoded.insert(k, Bytes::from(bytes));
             }
             let enc = self.encoded[&k].clone();
+            let withheld = self.withholds(&plan, k);
             for o in &part.owners {
+                if *o != self.me && withheld {
+                    continue;
+                }
                 if *o == self.me {
                     self.contribs.entry(k).or_default().entry(self.me).or_insert_with(|| enc.clone());
                 } else if self.sent.insert((k, *o)) {
@@ -503,6 +517,9 @@ impl Merge for Butterfly {
         for &k in r.partitions.iter().take(4096) {
             let k = k as usize;
             let (Some(part), Some(payload)) = (plan.partitions.get(k), self.encoded.get(&k)) else { continue };
+            if self.withholds(plan, k) {
+                continue;
+            }
             let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
             out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload: payload.clone() });
         }
@@ -648,6 +665,7 @@ impl Merge for Butterfly {
         if self.plan_at.elapsed() >= STORE_FALLBACK_AFTER && self.last_store_poll.elapsed() >= Duration::from_secs(1) {
             self.last_store_poll = Instant::now();
             self.poll_store()?;
+            self.claim_missing(out);
         }
         self.pump(out)
     }
