@@ -158,6 +158,10 @@ impl Orchestrator {
             self.decide_withholding_audit(now, i, force, out);
             return;
         }
+        if self.butterfly.get(&stage).is_some_and(|bm| bm.disputed.contains_key(&partition)) {
+            self.decide_dispute_audit(now, i, force, out);
+            return;
+        }
         let a = &self.validation.merge_audits[i];
         let Some(held) = self.butterfly.get(&stage).and_then(|bm| bm.held.get(&partition)).cloned() else {
             // Re-planned meanwhile (a participant dropped): a new generation
@@ -237,6 +241,48 @@ impl Orchestrator {
         for p in deviants {
             self.counters.deviant_owners += 1;
             warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner proven wrong by its referee and the audit");
+            self.convict_merge(now, p, out);
+        }
+    }
+
+    /// A dispute with no referee (R = 2), held for the recompute: a hash
+    /// more than half of all validator stake recomputed settles it (the
+    /// owner that published another is convicted); undecided at the
+    /// deadline, the slice keeps its previous weights.
+    fn decide_dispute_audit(&mut self, now: Ms, i: usize, force: bool, out: &mut Vec<Out>) {
+        let a = &self.validation.merge_audits[i];
+        let (stage, partition, generation) = (a.stage, a.partition, a.generation);
+        let stake = |p: &PeerId| self.validation.validators.get(p).map_or(0, |v| v.stake);
+        let total = self.total_stake();
+        let mut by_hash: BTreeMap<[u8; 32], u64> = BTreeMap::new();
+        for (v, ans) in &a.answers {
+            if let AuditAnswer::Hash(h, _) = ans {
+                *by_hash.entry(*h).or_default() += stake(v);
+            }
+        }
+        let decided = by_hash.into_iter().find(|(_, s)| 2 * u128::from(*s) > total).map(|(h, _)| h);
+        let all_answered = a.sent_to.iter().all(|v| a.answers.contains_key(v));
+        if decided.is_none() && !force && !all_answered {
+            return;
+        }
+        self.validation.merge_audits.remove(i);
+        let mut mo = Vec::new();
+        let Some(bm) = self.butterfly.get_mut(&stage) else { return };
+        bm.audit_result(partition, generation, decided, &mut mo);
+        if decided.is_some() {
+            self.counters.merge_audits_passed += 1;
+        } else {
+            self.counters.merge_audits_released += 1;
+        }
+        let deviants: Vec<PeerId> = mo
+            .iter()
+            .filter_map(|o| if let MergeOut::Deviant(ps) = o { Some(ps.clone()) } else { None })
+            .flatten()
+            .collect();
+        self.merge_outs(stage, mo, out);
+        for p in deviants {
+            self.counters.deviant_owners += 1;
+            warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner's result disputed by its co-owner is not what the validators recomputed");
             self.convict_merge(now, p, out);
         }
     }

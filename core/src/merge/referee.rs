@@ -15,8 +15,13 @@
 //! - no answer in time: the result is applied and nobody is named.
 //! Without audits (no validators) the referee's side is applied and
 //! nobody is named.
+//!
+//! With two replicas there is no third participant to referee: with
+//! audits on, the dispute itself is held for the validators' recompute
+//! (`hold_dispute`), which names the owner that is wrong; without, the
+//! slice keeps its previous weights.
 
-use super::{MergeOut, RefereeHold, StageMerge, Verdict};
+use super::{KEEP_PREVIOUS, MergeOut, RefereeHold, StageMerge, Verdict};
 use crate::identity::PeerId;
 
 impl StageMerge {
@@ -67,9 +72,13 @@ impl StageMerge {
             Some(_) => {
                 self.audited.passed += 1;
                 self.accept(v.partition, v.generation, v.hash, v.writer, out);
-                if !hold.deviants.is_empty() {
-                    out.push(MergeOut::Deviant(hold.deviants.clone()));
-                    self.drop_participants(&hold.deviants, out);
+                // Named once: one already planned out (by another of its
+                // disputes) is not convicted again.
+                let deviants: Vec<PeerId> =
+                    hold.deviants.iter().copied().filter(|d| self.plan.is_participant(d)).collect();
+                if !deviants.is_empty() {
+                    out.push(MergeOut::Deviant(deviants.clone()));
+                    self.drop_participants(&deviants, out);
                 }
             }
             None => {
@@ -77,6 +86,71 @@ impl StageMerge {
                 self.accept(v.partition, v.generation, v.hash, v.writer, out);
             }
         }
+        true
+    }
+
+    /// Holds a dispute no referee can settle (R = 2: no third participant)
+    /// for the validators' recompute, and asks for it.
+    pub(super) fn hold_dispute(&mut self, k: u32, generation: u32, out: &mut Vec<MergeOut>) {
+        let owners = self
+            .mismatches
+            .iter()
+            .rev()
+            .find(|m| m.partition == k && m.generation == generation)
+            .map(|m| m.owners.clone())
+            .unwrap_or_default();
+        self.disputed.insert(k, (generation, owners));
+        if self.audit_asked.insert((k, generation)) {
+            out.push(MergeOut::Audit { partition: k, generation });
+        }
+    }
+
+    /// The validators' recompute of a dispute held by `hold_dispute`. The
+    /// owner whose hash it matches is right: its result is applied, and
+    /// the other is proven wrong (`MergeOut::Deviant`: planned out,
+    /// convicted; its other disputes in this merge are settled with it).
+    /// No owner matching, or no answer: the slice keeps its previous
+    /// weights and nobody is named.
+    pub(super) fn dispute_audit_result(
+        &mut self,
+        k: u32,
+        generation: u32,
+        recomputed: Option<[u8; 32]>,
+        out: &mut Vec<MergeOut>,
+    ) -> bool {
+        let Some((g, owners)) = self.disputed.get(&k).cloned() else { return false };
+        if g != generation {
+            return false;
+        }
+        self.disputed.remove(&k);
+        let first = owners.first().map(|(p, _)| *p);
+        let right = recomputed.and_then(|h| owners.iter().find(|(_, x)| *x == h).map(|(p, _)| (*p, h)));
+        let Some((writer, h)) = right else {
+            self.audited.released += 1;
+            if let Some(w) = first.or_else(|| self.plan.participants.first().map(|p| p.peer)) {
+                self.accept(k, generation, KEEP_PREVIOUS, w, out);
+            }
+            // If it was its owner pair's audited partition, the audit
+            // passes on to another they agreed on.
+            self.ask_audits(out);
+            return true;
+        };
+        self.audited.passed += 1;
+        self.accept(k, generation, h, writer, out);
+        let wrong: Vec<PeerId> =
+            owners.iter().filter(|(_, x)| *x != h).map(|(p, _)| *p).filter(|p| self.plan.is_participant(p)).collect();
+        if wrong.is_empty() {
+            return true;
+        }
+        // Every open dispute of this merge that a proven-wrong owner was in
+        // names it: a later single owner's result there is no referee's.
+        for m in self.mismatches.iter_mut().filter(|m| m.epoch == self.plan.epoch && m.deviants.is_empty()) {
+            if m.owners.iter().any(|(p, _)| wrong.contains(p)) {
+                m.deviants = wrong.iter().copied().filter(|w| m.owners.iter().any(|(p, _)| p == w)).collect();
+            }
+        }
+        out.push(MergeOut::Deviant(wrong.clone()));
+        self.drop_participants(&wrong, out);
         true
     }
 }

@@ -178,6 +178,11 @@ pub struct StageMerge {
     /// whether two owners corroborated it).
     #[serde(default)]
     pub withheld: Vec<(u32, PeerId, bool)>,
+    /// Disputes with no referee to draw (R = 2) held for the validators'
+    /// recompute, by partition: (generation, each owner's hash). See
+    /// `referee.rs`.
+    #[serde(default)]
+    pub disputed: BTreeMap<u32, (u32, Vec<(PeerId, [u8; 32])>)>,
 }
 
 /// A disputed partition's referee result waiting for its audit (see
@@ -237,6 +242,7 @@ impl StageMerge {
             missing_refuted: BTreeSet::new(),
             missing_asked: BTreeSet::new(),
             withheld: Vec::new(),
+            disputed: BTreeMap::new(),
         }
     }
 
@@ -290,6 +296,9 @@ impl StageMerge {
         if self.referee_held.contains_key(&k) {
             return self.referee_audit_result(k, generation, recomputed, out);
         }
+        if self.disputed.contains_key(&k) {
+            return self.dispute_audit_result(k, generation, recomputed, out);
+        }
         let Some(v) = self.held.get(&k).filter(|v| v.generation == generation).cloned() else { return false };
         let Some(pair) = self.pair_of(k).filter(|p| self.audited_of(*p) == Some(k)) else { return false };
         match recomputed {
@@ -320,14 +329,25 @@ impl StageMerge {
 
     /// The audits waiting on a validator: (partition, generation).
     pub fn audits_waiting(&self) -> Vec<(u32, u32)> {
-        self.held
+        let held = self
+            .held
             .values()
             .filter(|v| {
                 self.referee_held.contains_key(&v.partition)
                     || self.pair_of(v.partition).and_then(|p| self.audited_of(p)) == Some(v.partition)
             })
-            .map(|v| (v.partition, v.generation))
-            .collect()
+            .map(|v| (v.partition, v.generation));
+        let disputed = self.disputed.iter().map(|(k, (g, _))| (*k, *g));
+        let mut all: Vec<(u32, u32)> = held.chain(disputed).collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Whether partition `k` has no result yet that is not waiting on
+    /// something: no verdict, not held for an audit, not disputed.
+    pub(super) fn open(&self, k: usize) -> bool {
+        let settled = self.verdicts.get(k).is_some_and(|v| v.is_some());
+        !settled && !self.held.contains_key(&(k as u32)) && !self.disputed.contains_key(&(k as u32))
     }
 
     /// `peer` has reported anything in this merge: a slice hash (for the
@@ -348,8 +368,7 @@ impl StageMerge {
     pub fn laggard_owners(&self) -> BTreeSet<PeerId> {
         let mut out = BTreeSet::new();
         for (k, part) in self.plan.partitions.iter().enumerate() {
-            let settled = self.verdicts.get(k).is_some_and(|v| v.is_some()) || self.held.contains_key(&(k as u32));
-            let Some(r) = self.reports.get(k).filter(|r| !settled && !r.is_empty()) else { continue };
+            let Some(r) = self.reports.get(k).filter(|r| self.open(k) && !r.is_empty()) else { continue };
             let waiting = self.claimants(k as u32);
             out.extend(part.owners.iter().filter(|o| !r.contains_key(o) && !waiting.contains(o)));
         }
@@ -499,6 +518,9 @@ impl StageMerge {
                 self.reports[ku].clear();
                 out.push(MergeOut::Plan);
             }
+            // No participant is left to referee (R = 2). With audits on,
+            // the validators' recompute tells which owner is right.
+            None if self.audit_seed.is_some() => self.hold_dispute(k, generation, out),
             // Nobody else can tell which owner is right: keep this slice's
             // previous weights for this epoch.
             None => self.accept(k, generation, KEEP_PREVIOUS, part.owners[0], out),
@@ -676,6 +698,7 @@ impl StageMerge {
                         m.clear();
                     }
                     self.held.remove(&(k as u32));
+                    self.disputed.remove(&(k as u32));
                     self.flag_held.remove(&(k as u32));
                     self.referee_held.remove(&(k as u32));
                 }

@@ -315,10 +315,12 @@ fn flags_wait_for_their_audit_and_owners_that_frame_a_sender_are_convicted() {
 }
 
 /// Two replicas with audits on: one disputes only the partition drawn for
-/// its pair's audit (no referee at R = 2: it keeps its previous weights).
-/// The audit passes to another of the pair's partitions, so the results
-/// the pair agreed on are still audited, not held for good (a stalled
-/// merge) nor accepted unaudited (a colluding pair's way around it).
+/// its pair's audit. There is no referee at R = 2, so the dispute waits
+/// for the audit, and so do the results the pair agreed on. An audit
+/// that settles nothing (no answer) keeps the disputed slice's previous
+/// weights and passes the pair's audit on to another of its partitions:
+/// the pair's results are neither held for good (a stalled merge) nor
+/// accepted unaudited (a colluding pair's way around it).
 #[test]
 fn disputing_the_audited_partition_moves_the_audit_to_another() {
     let ps = (0..2).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 5 }).collect();
@@ -336,18 +338,26 @@ fn disputing_the_audited_partition_moves_the_audit_to_another() {
             m.slice_done(*o, k, part.generation, &SliceReport::of(h), &mut out);
         }
     }
-    assert_eq!(m.verdicts[drawn as usize].as_ref().unwrap().hash, KEEP_PREVIOUS, "disputed");
-    let audits: Vec<(u32, u32)> = out
-        .iter()
-        .filter_map(|o| match o {
-            MergeOut::Audit { partition, generation } => Some((*partition, *generation)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(audits.len(), 1, "{out:?}");
-    assert_ne!(audits[0].0, drawn);
-    assert_eq!(m.audits_waiting(), audits);
-    assert!(m.audit_result(audits[0].0, audits[0].1, Some([audits[0].0 as u8 + 1; 32]), &mut out));
+    let audits = |out: &[MergeOut]| -> Vec<(u32, u32)> {
+        out.iter()
+            .filter_map(|o| match o {
+                MergeOut::Audit { partition, generation } => Some((*partition, *generation)),
+                _ => None,
+            })
+            .collect()
+    };
+    let g = m.plan.partitions[drawn as usize].generation;
+    assert_eq!(audits(&out), vec![(drawn, g)], "{out:?}");
+    assert_eq!(m.audits_waiting(), vec![(drawn, g)]);
+    assert!(m.verdicts.iter().all(|v| v.is_none()), "nothing applied before the audit");
+    out.clear();
+    assert!(m.audit_result(drawn, g, None, &mut out));
+    assert_eq!(m.verdicts[drawn as usize].as_ref().unwrap().hash, KEEP_PREVIOUS);
+    let next = audits(&out);
+    assert_eq!(next.len(), 1, "{out:?}");
+    assert_ne!(next[0].0, drawn);
+    assert_eq!(m.audits_waiting(), next);
+    assert!(m.audit_result(next[0].0, next[0].1, Some([next[0].0 as u8 + 1; 32]), &mut out));
     assert!(m.verdicts.iter().all(|v| v.is_some()), "the pair's results accepted after its audit");
 }
 
@@ -541,4 +551,70 @@ fn claims_that_cannot_be_true_are_ignored() {
     out.clear();
     assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[sender], &mut out), "it reduced already");
     assert!(out.is_empty() && m.withheld_senders().is_empty());
+}
+
+/// R = 2 with audits on: a dispute has no referee to go to, so the
+/// validators' recompute settles it and names the owner that is wrong.
+#[test]
+fn at_two_replicas_a_dispute_is_settled_by_the_audit_and_names_the_lying_owner() {
+    let setup = || {
+        let mut m = StageMerge::new(plan(2));
+        m.audit_with(11);
+        let liar = m.plan.participants[1].peer;
+        let mut out = Vec::new();
+        for k in 0..m.plan.partitions.len() {
+            let part = m.plan.partitions[k].clone();
+            for o in &part.owners {
+                let h = if *o == liar { [9; 32] } else { [k as u8 + 1; 32] };
+                m.slice_done(*o, k as u32, part.generation, &SliceReport::of(h), &mut out);
+            }
+        }
+        (m, liar, out)
+    };
+    let (mut m, liar, out) = setup();
+    let n = m.plan.partitions.len();
+    assert!(n >= 2, "the test wants two disputes");
+    assert_eq!(m.mismatches.len(), n);
+    assert_eq!(m.audits_waiting().len(), n, "every dispute waits for its audit");
+    assert!(out.iter().filter(|o| matches!(o, MergeOut::Audit { .. })).count() == n);
+    assert!(m.verdicts.iter().all(|v| v.is_none()), "nothing applied before the audit");
+    assert!(m.laggard_owners().is_empty(), "owners of a held dispute are no laggards");
+
+    // The first audit answers: the honest owner's result stands, the liar
+    // is named and planned out, and the rest settle with the honest one.
+    let mut out = Vec::new();
+    let g = m.plan.partitions[0].generation;
+    assert!(m.audit_result(0, g, Some([1; 32]), &mut out));
+    assert_eq!(m.verdicts[0].as_ref().map(|v| v.hash), Some([1; 32]));
+    assert!(out.contains(&MergeOut::Deviant(vec![liar])));
+    assert!(!m.plan.is_participant(&liar));
+    assert!(m.mismatches.iter().all(|x| x.deviants == vec![liar]), "{:?}", m.mismatches);
+    let honest = m.plan.participants[0].peer;
+    out.clear();
+    for k in 1..n {
+        let part = m.plan.partitions[k].clone();
+        assert_eq!(part.owners, vec![honest]);
+        assert!(m.slice_done(honest, k as u32, part.generation, &SliceReport::of([k as u8 + 1; 32]), &mut out));
+    }
+    assert!(m.verdicts.iter().all(|v| v.is_some()), "the stage merges with its honest replica");
+    assert!(!out.iter().any(|o| matches!(o, MergeOut::Audit { .. } | MergeOut::Deviant(_))), "named once: {out:?}");
+
+    // No answer in time, or one that matches neither owner: the slice
+    // keeps its previous weights and nobody is named.
+    for answer in [None, Some([0x55; 32])] {
+        let (mut m, _, _) = setup();
+        let mut out = Vec::new();
+        let g = m.plan.partitions[0].generation;
+        assert!(m.audit_result(0, g, answer, &mut out));
+        assert_eq!(m.verdicts[0].as_ref().map(|v| v.hash), Some(KEEP_PREVIOUS));
+        assert!(!out.iter().any(|o| matches!(o, MergeOut::Deviant(_) | MergeOut::Colluded(_))));
+        assert_eq!(m.plan.participants.len(), 2);
+    }
+
+    // Without audits (no validators) nobody can tell: previous weights.
+    let mut m = StageMerge::new(plan(2));
+    let mut out = Vec::new();
+    let second = m.plan.partitions[0].owners[1];
+    report_all(&mut m, Some((0, second)), &mut out);
+    assert_eq!(m.verdicts[0].as_ref().map(|v| v.hash), Some(KEEP_PREVIOUS));
 }

@@ -42,8 +42,7 @@ impl StageMerge {
     ) -> bool {
         let ku = k as usize;
         let Some(part) = self.plan.partitions.get(ku) else { return false };
-        let settled = self.verdicts.get(ku).is_some_and(|v| v.is_some()) || self.held.contains_key(&k);
-        if part.generation != generation || !part.owners.contains(&owner) || settled {
+        if part.generation != generation || !part.owners.contains(&owner) || !self.open(ku) {
             return false;
         }
         // It reduced the partition: it lacks nothing.
@@ -90,8 +89,7 @@ impl StageMerge {
     pub fn withheld_senders(&self) -> Vec<(u32, PeerId, bool)> {
         let mut out: Vec<(u32, PeerId, bool)> = Vec::new();
         for (k, m) in self.missing.iter().enumerate() {
-            let settled = self.verdicts.get(k).is_some_and(|v| v.is_some()) || self.held.contains_key(&(k as u32));
-            if settled {
+            if !self.open(k) {
                 continue;
             }
             for (s, by) in m {

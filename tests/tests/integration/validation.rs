@@ -518,7 +518,15 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
 /// a disagreement and no honest miner is accused, every merge leaves the
 /// replicas with the same weights, and the run completes and learns.
 async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> MergeCheatRun {
-    let r = run_merge_cheat(mode, (2, 3), (2, 16), 5, |_| {}).await;
+    a_merge_cheat_among(mode, 3).await
+}
+
+/// `a_merge_cheat_is_convicted_in_its_first_merge` with `replicas` a stage
+/// (at 2, every partition is owned by the cheat and one honest replica,
+/// and no third can referee).
+async fn a_merge_cheat_among(mode: Adversary, replicas: u32) -> MergeCheatRun {
+    let honest = 2 * replicas as usize - 1;
+    let r = run_merge_cheat(mode, (2, replicas), (2, 16), honest, |_| {}).await;
     let (bad_peer, history, counters, mismatches, verdicts) =
         (r.bad, &r.history, &r.counters, &r.mismatches, &r.verdicts);
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, &e.convicted)).collect::<Vec<_>>());
@@ -565,6 +573,28 @@ async fn a_replica_withholding_its_contribution_is_convicted_in_its_first_merge_
     let r = a_merge_cheat_is_convicted_in_its_first_merge(Adversary::Withholder).await;
     assert!(r.counters.withheld_contributions >= 1, "{:?}", r.counters);
     assert_eq!((r.counters.equivocations, r.counters.missing_claims_refuted), (0, 0), "{:?}", r.counters);
+}
+
+/// `withholder` at two replicas: it withholds from its honest co-owner and
+/// reports the partition itself. The honest owner's claim, and the
+/// validators' finding, name it; before, the honest owner was planned
+/// out as the laggard and the withholder merged alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_two_replicas_a_withholder_is_convicted_not_its_honest_co_owner() {
+    let r = a_merge_cheat_among(Adversary::Withholder, 2).await;
+    assert!(r.counters.withheld_contributions >= 1, "{:?}", r.counters);
+}
+
+/// `lying-owner` at two replicas: it publishes a wrong update for every
+/// partition it owns with the honest replica, and there is no third to
+/// referee. The validators' recompute of the dispute names it in its
+/// first merge (before, every slice kept its previous weights, every
+/// epoch, and nobody was named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_two_replicas_a_lying_owner_is_named_by_the_audit_of_its_disputes() {
+    let r = a_merge_cheat_among(Adversary::LyingOwner, 2).await;
+    assert!(r.counters.deviant_owners >= 1, "{:?}", r.counters);
+    assert!(r.counters.hash_mismatches >= 1);
 }
 
 /// `nan`: a replica whose pseudo-gradient holds a NaN is flagged by the two

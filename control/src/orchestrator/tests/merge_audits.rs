@@ -141,3 +141,29 @@ fn owners_that_frame_an_honest_sender_with_flags_are_convicted_and_it_is_not() {
     assert_eq!((c.colluding_owners, c.flawed_contributions), (2, 0), "{c:?}");
     assert_eq!(s.o.history()[0].convicted, vec![peer(0), peer(1)]);
 }
+
+/// `lying-owner` at R = 2: an owner publishing a wrong result for every
+/// partition disputes each with its honest co-owner, and no third replica
+/// can referee. The validators' recompute of the dispute names it in the
+/// first merge; the honest owner's results stand (before, every slice
+/// kept its previous weights, every epoch). Without validators nobody can
+/// tell, and nobody is named.
+#[test]
+fn at_two_replicas_a_lying_owner_is_named_by_the_audit_of_its_dispute() {
+    let mut s = super::withholding::one_stage(2, true);
+    s.liars.insert(peer(0));
+    s.run_until_done(400);
+    assert_eq!(*s.o.phase(), Phase::Done);
+    let c = s.o.counters().clone();
+    assert_eq!(c.deviant_owners, 1, "{c:?}");
+    assert_eq!(s.o.history()[0].convicted, vec![peer(0)]);
+    assert!(s.o.history()[1].convicted.is_empty(), "named once");
+    assert!(s.verdict_hashes.iter().any(|h| h[..] != [0; 32]), "the honest results were applied");
+    assert!(s.verdict_hashes.iter().all(|h| h[..] != [0xee; 32]), "a lie was applied");
+
+    let mut s = super::withholding::one_stage(2, false);
+    s.liars.insert(peer(0));
+    s.run_until_done(400);
+    assert!(s.o.history().iter().all(|e| e.convicted.is_empty()));
+    assert!(s.verdict_hashes.iter().all(|h| h[..] == [0; 32]), "previous weights kept");
+}

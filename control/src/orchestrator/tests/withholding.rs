@@ -11,7 +11,7 @@ use super::*;
 
 /// One stage of `replicas` butterfly replicas, 2 epochs of 8 micro-batches;
 /// with `validators`, validators 0 (60) and 1 (40), subscribed.
-fn one_stage(replicas: u8, validators: bool) -> Sim {
+pub(super) fn one_stage(replicas: u8, validators: bool) -> Sim {
     let mut spec = butterfly_spec(1, u32::from(replicas));
     spec.micro_batches_per_epoch = 8;
     if validators {
