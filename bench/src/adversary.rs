@@ -13,7 +13,7 @@
 
 use anyhow::Result;
 use iota_dataplane::miner::Adversary;
-use iota_tests::validation::{Place, ScenarioReport, run_scenario, run_scenario_shaped};
+use iota_tests::validation::{Place, Scenario, ScenarioReport, run_scenario, run_scenario_shaped};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +26,29 @@ pub struct Args {
     /// Honest runs whose median is the baseline.
     #[arg(long, default_value_t = 3)]
     baseline_runs: usize,
+    /// Runs of each hostile-participant mode (`--hostile`), each with its
+    /// own validator seeds and miner identities.
+    #[arg(long, default_value_t = 10)]
+    seeds: u64,
+    /// Only the hostile-participant modes (framing-sender, withholder,
+    /// lying-owner, referee-collusion, ask-flood), each over `--seeds`
+    /// runs against an honest baseline of the same shape; a comma list
+    /// runs only those.
+    #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all")]
+    hostile: Option<String>,
 }
+
+/// The hostile participants of issue 56: (name, mode, shape); `None` is
+/// the `ask-flood` validator (honest miners, the first validator asking
+/// for every attempt of every miner).
+const HOSTILE: [(&str, Option<Adversary>, (u32, u32)); 6] = [
+    ("framing-sender", Some(Adversary::FramingSender), (2, 3)),
+    ("withholder", Some(Adversary::Withholder), (2, 3)),
+    ("withholder r2", Some(Adversary::Withholder), (2, 2)),
+    ("lying-owner r2", Some(Adversary::LyingOwner), (2, 2)),
+    ("referee-collusion", Some(Adversary::RefereeCollusion), (2, 3)),
+    ("ask-flood", None, (3, 2)),
+];
 
 const SCENARIOS: [(&str, Adversary, Place); 9] = [
     ("noise head", Adversary::Noise, Place::Head),
@@ -53,6 +75,9 @@ const MERGE_SCENARIOS: [(&str, Adversary); 5] = [
 
 pub fn run(a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
+    if let Some(only) = a.hostile.as_deref() {
+        return hostile(&rt, &a, only);
+    }
     println!(
         "adversary: tiny 3 stages x 2 replicas, {} epochs x {} micro-batches, 2 validators (equal stake, >= 3 samples \
          per miner per epoch), 5 honest miners + 1 dishonest",
@@ -108,4 +133,72 @@ fn row(name: &str, r: &ScenarioReport, base: &ScenarioReport) {
         r.checked,
         share
     );
+}
+
+/// Each hostile mode over `a.seeds` runs against the median of as many
+/// honest runs of its shape (at least `a.baseline_runs`), seeds shared.
+fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
+    let wanted = |name: &str| only == "all" || only.split(',').any(|w| name.starts_with(w.trim()));
+    let picked: Vec<_> = HOSTILE.iter().filter(|(n, _, _)| wanted(n)).collect();
+    anyhow::ensure!(!picked.is_empty(), "no hostile mode matches {only:?}; the modes: {:?}", HOSTILE.map(|h| h.0));
+    println!(
+        "hostile participants: tiny, {} epochs x {} micro-batches, 2 validators (equal stake), {} runs a mode; \
+         wall ratio against the median honest run of the same shape",
+        a.epochs, a.micro_batches, a.seeds
+    );
+    println!(
+        "{:<18} {:>6} {:>9} {:>11} {:>14} {:>16} {:>9} {:>9}",
+        "mode", "shape", "named", "in epoch 0", "honest flagged", "honest convicted", "ratio p50", "ratio max"
+    );
+    let mut bases: std::collections::BTreeMap<(u32, u32), f64> = Default::default();
+    for (name, mode, shape) in picked {
+        let base = match bases.get(shape) {
+            Some(b) => *b,
+            None => {
+                let mut walls: Vec<f64> = (0..a.baseline_runs.max(1) as u64)
+                    .map(|i| {
+                        let sc = Scenario::new(None, a.epochs, a.micro_batches).shaped(*shape).seeded(7000 + 2 * i);
+                        rt.block_on(sc.run()).wall.as_secs_f64()
+                    })
+                    .collect();
+                walls.sort_by(f64::total_cmp);
+                let b = walls[walls.len() / 2];
+                println!("honest {}x{}: {:?} s (median is the baseline)", shape.0, shape.1, walls);
+                bases.insert(*shape, b);
+                b
+            }
+        };
+        let (mut named, mut first, mut flagged, mut convicted, mut ratios) = (0, 0, 0, 0, Vec::new());
+        for i in 0..a.seeds {
+            let mut sc = Scenario::new(mode.map(|m| (m, Place::Head)), a.epochs, a.micro_batches)
+                .shaped(*shape)
+                .seeded(9000 + 2 * i);
+            if mode.is_none() {
+                sc.first_validator = |v| v.ask_flood = true;
+            }
+            let r = rt.block_on(sc.run());
+            let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
+            let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)).map(|e| e.epoch));
+            named += usize::from(caught.is_some());
+            first += usize::from(caught == Some(0));
+            flagged += r.verdicts.iter().filter(|v| v.guilty && !bad(&v.miner)).count();
+            convicted += r.history.iter().flat_map(|e| &e.convicted).filter(|p| !bad(p)).count();
+            ratios.push(r.wall.as_secs_f64() / base);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = a.seeds as usize;
+        let of = |k: usize| if mode.is_some() { format!("{k}/{n}") } else { "-".to_string() };
+        println!(
+            "{:<18} {:>6} {:>9} {:>11} {:>14} {:>16} {:>9.2} {:>9.2}",
+            name,
+            format!("{}x{}", shape.0, shape.1),
+            of(named),
+            of(first),
+            flagged,
+            convicted,
+            ratios[ratios.len() / 2],
+            ratios.last().copied().unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
 }

@@ -186,9 +186,10 @@ pub enum Cmd {
         /// Test tool: make miner K an adversary, MODE@K (the modes
         /// `iota-miner run --adversary` takes: noise, zeros, replay,
         /// loss-lie, copy, grad-noise, lazy, merge-equivocate, nan,
-        /// merge-garbage, merge-lie, withholder, lying-owner, silent,
-        /// closed, slow, flaky, hostile-unreachable; not collude, which
-        /// needs its accomplices' ids); repeatable.
+        /// merge-garbage, merge-lie, withholder, lying-owner,
+        /// framing-sender, silent, closed, slow, flaky,
+        /// hostile-unreachable; not collude or referee-collusion, which
+        /// need their accomplices' ids); repeatable.
         #[arg(long, value_name = "MODE@K", hide = true)]
         adversary: Vec<String>,
         /// Read flags from a TOML file (keys are flag names; flags given

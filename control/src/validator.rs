@@ -52,6 +52,10 @@ pub struct ValidatorOptions {
     /// Test tool: a dishonest validator that votes every miner it checked
     /// guilty, whatever its checks found (never set by the command line).
     pub accuse_everyone: bool,
+    /// Test tool: a hostile validator that, besides its draw, asks for the
+    /// evidence of every attempt of every miner of each epoch (the
+    /// `ask-flood` mode; never set by the command line).
+    pub ask_flood: bool,
 }
 
 impl ValidatorOptions {
@@ -67,6 +71,7 @@ impl ValidatorOptions {
             evidence_timeout: Duration::from_secs(30),
             heartbeat: Duration::from_millis(500),
             accuse_everyone: false,
+            ask_flood: false,
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct ValidatorSummary {
     pub weights: Vec<(u64, Vec<f32>)>,
     /// Merge partitions it audited (answered).
     pub merge_audits: u64,
+    /// Its evidence asks the orchestrator refused.
+    pub asks_refused: u64,
 }
 
 enum Input {
@@ -159,8 +166,8 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
     // A bigger stage's evidence takes longer to upload: the rounds wait
     // for it (an honest miner's slow upload is not withheld evidence).
     let stage_params = cfg.train.model.stage_param_counts(cfg.spec.stages as usize).unwrap_or_default();
-    let mut core =
-        ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout).with_stage_params(&stage_params);
+    let mut core = ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout)
+        .with_stage_params(&stage_params, cfg.spec.validation.validators.len());
 
     let reads = Arc::new(tokio::sync::Semaphore::new(EVIDENCE_IN_MEMORY));
     let finished = Arc::new(AtomicBool::new(false));
@@ -218,10 +225,14 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                     while train_tails.len() > 4 {
                         train_tails.pop_first();
                     }
-                    core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
+                    let mut actions = core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
                         warn!(epoch = w.epoch, error = %e, "epoch work refused");
                         Vec::new()
-                    })
+                    });
+                    if opts.ask_flood {
+                        actions.extend(flood_asks(&w));
+                    }
+                    actions
                 }
                 Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
                     Some(Ok(o)) => core.on_evidence(st.epoch, o),
@@ -325,7 +336,9 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
                 *guilty = true;
                 *reason = "accused regardless (a dishonest validator, test tool)".into();
             }
+            let ask = matches!(a, Action::Ask { .. });
             if let Err(e) = act(a, &mut client, &store, (&checker, &reads), &in_tx, &mut summary).await {
+                summary.asks_refused += u64::from(ask);
                 warn!(error = %e, "validator action failed");
             }
         }
@@ -391,6 +404,22 @@ fn evaluate_merge(
         let false_reports = merge_reports::false_reports(&mc.stages, &stage_hashes);
         let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took }).await;
     });
+}
+
+/// The `ask_flood` test tool: an ask for every attempt of every miner of
+/// the epoch, 256 to an ask (the orchestrator serves none past this
+/// validator's draw).
+fn flood_asks(w: &pb::EpochWork) -> Vec<Action> {
+    let mut asks = Vec::new();
+    for m in &w.miners {
+        let Ok(miner) = <[u8; 32]>::try_from(m.peer.as_slice()).map(PeerId) else { continue };
+        let items: Vec<(u32, u64, u32)> =
+            m.items.iter().filter_map(|i| i.mb.as_ref()).map(|r| (r.shard, r.first_sample, r.attempt)).collect();
+        for chunk in items.chunks(256) {
+            asks.push(Action::Ask { epoch: w.epoch, miner, items: chunk.to_vec() });
+        }
+    }
+    asks
 }
 
 /// Reads `key`, trying again after 0.1, 0.3 and 0.9 s: a store's

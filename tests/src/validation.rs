@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use iota_control::orchestrator::{EpochSummary, VerdictRecord};
+use iota_control::validator::ValidatorOptions;
 use iota_core::{Identity, PeerId, WireCodec};
 use iota_dataplane::miner::{Adversary, MinerOptions};
 
@@ -53,13 +54,63 @@ pub struct ScenarioReport {
     pub validator_compute: Duration,
     /// Evidence objects the validators checked.
     pub checked: u64,
+    /// Evidence asks the orchestrator refused the validators.
+    pub asks_refused: u64,
+}
+
+/// A validated scenario: `tiny` over `shape` for `epochs` x `per_epoch`
+/// micro-batches, two validators, at most one adversary at its place (two
+/// for the colluding modes). Built from `Scenario::new`, changed field by
+/// field, run by `run`.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    pub adversary: Option<(Adversary, Place)>,
+    pub shape: (u32, u32),
+    pub epochs: u64,
+    pub per_epoch: u64,
+    /// The validators' sampling seeds are `seed`, `seed + 1`.
+    pub seed: u64,
+    /// Sets every miner (the adversary too) up first (its compute, say).
+    pub each: fn(&mut MinerOptions),
+    /// Changes the run's config (its sample rate, say).
+    pub config: fn(&mut iota_protocol::RunConfig),
+    /// Sets the first validator up (a dishonest one, say).
+    pub first_validator: fn(&mut ValidatorOptions),
+}
+
+impl Scenario {
+    /// 3 stages x 2 replicas, the validators seeded 1000 and 1001.
+    pub fn new(adversary: Option<(Adversary, Place)>, epochs: u64, per_epoch: u64) -> Scenario {
+        Scenario {
+            adversary,
+            shape: (3, 2),
+            epochs,
+            per_epoch,
+            seed: 1000,
+            each: |_| {},
+            config: |_| {},
+            first_validator: |_| {},
+        }
+    }
+
+    pub fn shaped(self, shape: (u32, u32)) -> Scenario {
+        Scenario { shape, ..self }
+    }
+
+    pub fn seeded(self, seed: u64) -> Scenario {
+        Scenario { seed, ..self }
+    }
+
+    pub async fn run(self) -> ScenarioReport {
+        run(self).await
+    }
 }
 
 /// Runs `epochs` x `per_epoch` micro-batches of `tiny` over 3 stages x 2
 /// replicas with two validators, and `adversary` at its place (None: six
 /// honest miners).
 pub async fn run_scenario(adversary: Option<(Adversary, Place)>, epochs: u64, per_epoch: u64) -> ScenarioReport {
-    run_scenario_shaped(adversary, (3, 2), epochs, per_epoch).await
+    Scenario::new(adversary, epochs, per_epoch).run().await
 }
 
 /// `run_scenario` over `(stages, replicas)`.
@@ -69,7 +120,7 @@ pub async fn run_scenario_shaped(
     epochs: u64,
     per_epoch: u64,
 ) -> ScenarioReport {
-    run_scenario_with(adversary, shape, epochs, per_epoch, |_| {}).await
+    Scenario::new(adversary, epochs, per_epoch).shaped(shape).run().await
 }
 
 /// `run_scenario_shaped`, every miner (the adversary too) set up by
@@ -81,28 +132,32 @@ pub async fn run_scenario_with(
     per_epoch: u64,
     each: fn(&mut MinerOptions),
 ) -> ScenarioReport {
-    run_scenario_configured(adversary, shape, epochs, per_epoch, each, |_| {}).await
+    Scenario { each, ..Scenario::new(adversary, epochs, per_epoch).shaped(shape) }.run().await
 }
 
-/// `run_scenario_with`, the run's config changed by `run` first (its
-/// sample rate, say).
-pub async fn run_scenario_configured(
-    adversary: Option<(Adversary, Place)>,
-    (stages, replicas): (u32, u32),
-    epochs: u64,
-    per_epoch: u64,
-    each: fn(&mut MinerOptions),
-    run: fn(&mut iota_protocol::RunConfig),
-) -> ScenarioReport {
+/// Whether a mode takes two miners of one stage, each the other's
+/// accomplice.
+fn colluding(mode: Adversary) -> bool {
+    matches!(mode, Adversary::Collude | Adversary::RefereeCollusion)
+}
+
+async fn run(sc: Scenario) -> ScenarioReport {
+    let Scenario { adversary, shape: (stages, replicas), epochs, per_epoch, seed, each, config, first_validator } = sc;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
     cfg.spec.validation.min_per_miner = 3;
-    run(&mut cfg);
+    config(&mut cfg);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let vs: Vec<_> =
-        validators.into_iter().enumerate().map(|(i, id)| swarm.validator(id, 1000 + i as u64, stop.clone())).collect();
+    let vs: Vec<_> = validators
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let change = if i == 0 { first_validator } else { |_: &mut ValidatorOptions| {} };
+            swarm.validator_with(id, seed + i as u64, change, stop.clone())
+        })
+        .collect();
     let registered = |n: usize| swarm.service.with_state(|o| o.miners().count() >= n);
     let wait_for = |n: usize| async move {
         for _ in 0..200 {
@@ -117,7 +172,7 @@ pub async fn run_scenario_configured(
     let (mut honest, mut bad) = (Vec::new(), Vec::new());
     // `collude` takes two: the adversary's slot and the next one in its
     // stage (stages fill in registration order), each knowing the other.
-    let colluders = adversary.filter(|(m, _)| *m == Adversary::Collude).map(|(_, place)| {
+    let colluders = adversary.filter(|(m, _)| colluding(*m)).map(|(_, place)| {
         let first = place.slot(stages, replicas).0;
         let ids = [Identity::from_seed([0xc0; 32]), Identity::from_seed([0xc1; 32])];
         ([first, first + stages as usize], ids)
@@ -176,13 +231,24 @@ pub async fn run_scenario_configured(
     for b in bad {
         let _ = tokio::time::timeout(Duration::from_secs(10), b).await;
     }
-    let (mut validator_compute, mut checked) = (Duration::ZERO, 0);
+    let (mut validator_compute, mut checked, mut asks_refused) = (Duration::ZERO, 0, 0);
     for v in vs {
         let s = tokio::time::timeout(Duration::from_secs(10), v).await.expect("validator ended").unwrap().unwrap();
         assert!(s.rounds >= 1, "{s:?}");
         validator_compute += s.check_time;
         checked += s.checked;
+        asks_refused += s.asks_refused;
     }
     let (verdicts, history) = swarm.service.with_state(|o| (o.verdicts().to_vec(), o.history().to_vec()));
-    ScenarioReport { bad: bad_peer, accomplice, verdicts, history, wall, miner_compute, validator_compute, checked }
+    ScenarioReport {
+        bad: bad_peer,
+        accomplice,
+        verdicts,
+        history,
+        wall,
+        miner_compute,
+        validator_compute,
+        checked,
+        asks_refused,
+    }
 }

@@ -29,7 +29,8 @@ use iota_protocol::{StoredObject, pb};
 use tracing::{info, warn};
 
 use crate::validation::quorum::{Accusation, Check, Consequence};
-use crate::validation::sample::beacon;
+use crate::validation::round::evidence_allowance_ms;
+use crate::validation::sample::{SampleRate, beacon};
 
 use super::validation_state::{
     MAX_EQUIVOCATION_RECORDS, MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round,
@@ -191,7 +192,14 @@ impl Orchestrator {
                 self.validation.round = Some(round);
                 return false;
             }
-            info!(epoch, validators = live.len(), miners = work.miners.len(), "validation round opened");
+            round.timeout_ms = self.round_timeout_ms(&work);
+            info!(
+                epoch,
+                validators = live.len(),
+                miners = work.miners.len(),
+                timeout_ms = round.timeout_ms,
+                "validation round opened"
+            );
             for v in &live {
                 out.push(Out { to: *v, cmd: pb::command::Kind::EpochWork(work.clone()) });
             }
@@ -209,7 +217,7 @@ impl Orchestrator {
             .iter()
             .filter(|v| !r.done.contains(v))
             .any(|v| self.validation.validators.get(v).is_some_and(|s| self.validator_live(s, now)));
-        if waiting && now.saturating_sub(r.started_ms) > self.spec.validation.timeout_ms {
+        if waiting && now.saturating_sub(r.started_ms) > r.timeout_ms.max(self.spec.validation.timeout_ms) {
             self.counters.validation_timeouts += 1;
             warn!(epoch, "validation timed out; the merge goes on with the verdicts in");
             if let Some(r) = self.validation.round.as_mut() {
@@ -218,6 +226,30 @@ impl Orchestrator {
             return false;
         }
         waiting
+    }
+
+    /// A validation round's deadline: `validation.timeout_ms` plus what
+    /// the largest draw takes to upload: each validator's draw of a miner
+    /// (the run's sample rate of its completed attempts), as bundles of up
+    /// to two weights states of its stage, at 100 Mbit/s (as the
+    /// validators allow, `evidence_allowance_ms`). A `1.5b` stage's
+    /// evidence takes minutes to upload: a fixed deadline would move the
+    /// merge on before the verdicts.
+    fn round_timeout_ms(&self, work: &pb::EpochWork) -> Ms {
+        let v = &self.spec.validation;
+        let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };
+        let validators = v.validators.len().max(1);
+        let most = work
+            .miners
+            .iter()
+            .map(|m| {
+                let params = self.spec.merge.stage_params.get(m.stage as usize).copied().unwrap_or(0);
+                let drawn = rate.count(m.items.len().min(MAX_WORK_ITEMS)).saturating_mul(validators);
+                evidence_allowance_ms(params.saturating_mul(4), drawn)
+            })
+            .max()
+            .unwrap_or(0);
+        v.timeout_ms.saturating_add(most)
     }
 
     pub(super) fn open_round(&self, validator: &PeerId, epoch: u64) -> Result<(), Refusal> {

@@ -101,6 +101,11 @@ pub(super) struct Round {
     #[serde(with = "crate::serde_pairs")]
     pub(super) evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
     pub(super) timed_out: bool,
+    /// How long the round may take: `validation.timeout_ms` plus the time
+    /// the largest draw takes to upload (0: a round saved before it
+    /// existed, `validation.timeout_ms`).
+    #[serde(default)]
+    pub(super) timeout_ms: Ms,
     /// The miners of the round's `EpochWork`, in its order.
     #[serde(default)]
     pub(super) miners: Vec<PeerId>,

@@ -163,6 +163,8 @@ pub struct ValidatorCore {
     /// Bytes of one evidence bundle's weights per stage (empty: unknown,
     /// the base timeout alone).
     stage_bytes: Vec<u64>,
+    /// Validators drawing from each miner (its uploads are all of theirs).
+    validators: usize,
     round: Option<Round>,
     /// Per epoch, the hash of each stage's merged weights as this
     /// validator loaded them from the store (merges it kept; the latest
@@ -220,15 +222,19 @@ impl ValidatorCore {
             rate,
             evidence_timeout_ms,
             stage_bytes: Vec::new(),
+            validators: 1,
             round: None,
             merged: BTreeMap::new(),
         }
     }
 
-    /// Each stage's parameter count: a round's evidence timeout then grows
-    /// with what its drawn miners must upload (`evidence_allowance_ms`).
-    pub fn with_stage_params(mut self, params: &[usize]) -> Self {
+    /// Each stage's parameter count, and how many validators draw: a
+    /// round's evidence timeout then grows with what its drawn miners must
+    /// upload (`evidence_allowance_ms`), for every validator's draw (a
+    /// miner uploads them one after another, this one's perhaps last).
+    pub fn with_stage_params(mut self, params: &[usize], validators: usize) -> Self {
         self.stage_bytes = params.iter().map(|&p| (p as u64).saturating_mul(4)).collect();
+        self.validators = validators.max(1);
         self
     }
 
@@ -238,7 +244,7 @@ impl ValidatorCore {
         let most = drawn
             .map(|(stage, n)| {
                 let weights = self.stage_bytes.get(stage as usize).copied().unwrap_or(0);
-                evidence_allowance_ms(weights, n)
+                evidence_allowance_ms(weights, n.saturating_mul(self.validators))
             })
             .max()
             .unwrap_or(0);

@@ -293,7 +293,9 @@ fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
     // Stage 1's weights are 25 MB: two drawn bundles of up to two states
     // each are 100 MB, 8 s at 100 Mbit/s, on top of the 1 s base.
     assert_eq!(evidence_allowance_ms(25_000_000, 2), 8_000);
-    let mut c = core().with_stage_params(&[10, 6_250_000, 10]);
+    // Two validators draw from each miner: its uploads are both draws, so
+    // a stage half that size takes as long (12.5 MB, 2 x 2 bundles).
+    let mut c = core().with_stage_params(&[10, 3_125_000, 10], 2);
     let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
     // Miners 1 and 3 deliver; miner 2 (the big stage) is uploading.
     for (m, keys) in &asked {

@@ -66,6 +66,16 @@ pub enum Adversary {
     /// it owns (`MergeFault::CorruptUpdates`); it trains honestly. At
     /// R = 2 no third replica can referee it.
     LyingOwner,
+    /// Two replicas of a stage (each the other's accomplice) that publish
+    /// the same wrong update for every partition they own or referee
+    /// (`MergeFault::CorruptUpdates`): at R = 3 the one that is not an
+    /// owner of a partition the other disputes with an honest owner is its
+    /// only possible referee, and sides with its accomplice.
+    RefereeCollusion,
+    /// Sends the owners its true contribution and, asked to store it for
+    /// an audit, stores a different one, signed (`MergeFault::FramingSender`):
+    /// the recompute from the store would then name the honest owners.
+    FramingSender,
     /// In the butterfly merge, sends each partition's first owner its true
     /// slice of the pseudo-gradient and the other owner the slice tripled
     /// (`MergeFault::Equivocate`); it trains honestly.
@@ -100,7 +110,7 @@ pub enum Adversary {
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 19] = [
+    pub const NAMES: [(&'static str, Adversary); 21] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -120,6 +130,8 @@ impl Adversary {
         ("hostile-unreachable", Adversary::HostileUnreachable),
         ("withholder", Adversary::Withholder),
         ("lying-owner", Adversary::LyingOwner),
+        ("referee-collusion", Adversary::RefereeCollusion),
+        ("framing-sender", Adversary::FramingSender),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -136,7 +148,8 @@ impl Adversary {
             Adversary::Collude => Some(MergeFault::Collude),
             Adversary::MergeLie => Some(MergeFault::LieDone),
             Adversary::Withholder => Some(MergeFault::Withhold),
-            Adversary::LyingOwner => Some(MergeFault::CorruptUpdates),
+            Adversary::LyingOwner | Adversary::RefereeCollusion => Some(MergeFault::CorruptUpdates),
+            Adversary::FramingSender => Some(MergeFault::FramingSender),
             _ => None,
         }
     }
@@ -217,6 +230,8 @@ impl Tamper {
             | Adversary::MergeLie
             | Adversary::Withholder
             | Adversary::LyingOwner
+            | Adversary::RefereeCollusion
+            | Adversary::FramingSender
             | Adversary::HostileUnreachable => {}
         }
     }

@@ -597,6 +597,18 @@ async fn at_two_replicas_a_lying_owner_is_named_by_the_audit_of_its_disputes() {
     assert!(r.counters.hash_mismatches >= 1);
 }
 
+/// `framing-sender`: a replica that sends the owners its true contribution
+/// and stores another, signed, when asked to for the audit, so that the
+/// recompute from the store would name the honest owners. The stored
+/// frame against the header the owners reported proves it: it is
+/// convicted in its first merge and no owner is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sender_storing_another_contribution_than_it_sent_is_convicted_and_no_owner_named() {
+    let r = a_merge_cheat_is_convicted_in_its_first_merge(Adversary::FramingSender).await;
+    assert!(r.counters.equivocations >= 1, "the stored frame proved it: {:?}", r.counters);
+    assert_eq!(r.counters.colluding_owners, 0, "{:?}", r.counters);
+}
+
 /// `nan`: a replica whose pseudo-gradient holds a NaN is flagged by the two
 /// other owners of a partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -695,6 +707,8 @@ mod cross_backend;
 mod merge_lie;
 // Evidence past the miners' memory, kept on disk.
 mod long_epochs;
+// A referee colluding with a lying owner; a validator flooding asks.
+mod hostile;
 // The swarm the merge adversaries run in.
 mod merge_cheats;
 use merge_cheats::{MergeCheatRun, run_merge_cheat};

@@ -303,6 +303,30 @@ fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
     assert!(matches!(r, Err(Refusal::NotYours(_))));
 }
 
+/// The round's deadline grows with what the draws must upload: stages of
+/// 12.5 MB, every miner's draw at least one bundle of up to two states for
+/// each of the two validators (50 MB, 4 s at 100 Mbit/s) on top of the
+/// 5 s base. A `1.5b` stage's draws take minutes; a fixed deadline moved
+/// the merge on before the verdicts.
+#[test]
+fn the_validation_deadline_follows_the_size_of_the_evidence() {
+    let mut spec = validated_spec();
+    spec.validation.timeout_ms = 5_000;
+    spec.merge.stage_params = vec![3_125_000; 2];
+    spec.epochs = 1;
+    let mut s = start(spec);
+    s.quiet_validators.insert(validator(1));
+    until_held(&mut s);
+    let held_at = s.now;
+    while *s.o.phase() == Phase::Uploading {
+        s.tick(500);
+        s.drain();
+        assert!(s.now - held_at < 60_000, "the validation timeout did not free the merge");
+    }
+    assert!(s.now - held_at >= 9_000, "freed after {} ms", s.now - held_at);
+    assert_eq!(s.o.counters().validation_timeouts, 1);
+}
+
 #[test]
 fn a_stage_whose_replicas_are_all_suspended_does_not_stall_the_run() {
     let mut spec = validated_spec();

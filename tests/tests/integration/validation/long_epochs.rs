@@ -4,7 +4,7 @@
 //! stages above `small` got honest miners convicted for evidence they had
 //! not kept).
 
-use iota_tests::validation::run_scenario_configured;
+use iota_tests::validation::Scenario;
 
 /// Where the scenario's miners spill (one directory per miner below it).
 fn spill_dir() -> std::path::PathBuf {
@@ -18,17 +18,15 @@ fn spill_dir() -> std::path::PathBuf {
 /// spill directory each of these attempts would have no evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn honest_miners_show_every_drawn_attempt_from_snapshots_spilled_to_disk() {
-    let r = run_scenario_configured(
-        None,
-        (3, 2),
-        2,
-        24,
-        |o| {
+    let r = Scenario {
+        each: |o| {
             o.evidence_bytes = 0;
             o.evidence_dir = Some(spill_dir());
         },
-        |c| c.spec.validation.min_per_miner = 64,
-    )
+        config: |c| c.spec.validation.min_per_miner = 64,
+        ..Scenario::new(None, 2, 24)
+    }
+    .run()
     .await;
     let _ = std::fs::remove_dir_all(spill_dir());
     assert_eq!(r.history.len(), 2, "the run completes");

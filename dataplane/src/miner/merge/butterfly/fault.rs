@@ -44,4 +44,9 @@ pub enum MergeFault {
     /// one, else (R = 2) the first, which it reports itself (the
     /// `withholder` adversary).
     Withhold,
+    /// Sends the owners its true contribution and, asked to store it for
+    /// an audit, stores another (tripled), signed: a stored frame that
+    /// contradicts what the owners reduced, so that the audit's recompute
+    /// would name the honest owners (the `framing-sender` adversary).
+    FramingSender,
 }

@@ -521,7 +521,15 @@ impl Merge for Butterfly {
                 continue;
             }
             let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
-            out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload: payload.clone() });
+            let payload = match (self.fault, self.delta.as_ref()) {
+                (Some(MergeFault::FramingSender), Some(delta)) => {
+                    let range = part.offset as usize..(part.offset + part.len) as usize;
+                    let tripled: Vec<f32> = delta[range].iter().map(|d| 3.0 * d).collect();
+                    Bytes::from(encode_slice(self.codec(), &tripled)?)
+                }
+                _ => payload.clone(),
+            };
+            out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload });
         }
         Ok(())
     }
