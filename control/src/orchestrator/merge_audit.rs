@@ -62,7 +62,13 @@ impl Orchestrator {
             out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
         }
         let audits = &mut self.validation.merge_audits;
-        audits.retain(|a| !(a.stage == stage && a.partition == partition));
+        // A new audit of a partition replaces the one before it, except a
+        // withholding audit of an earlier generation: the sender it names
+        // is judged whatever became of the partition since. (One of the
+        // same generation is moot: its owners got every contribution.)
+        audits.retain(|a| {
+            !(a.stage == stage && a.partition == partition && (a.withheld.is_empty() || a.generation == generation))
+        });
         if audits.len() >= MAX_OPEN_AUDITS {
             audits.remove(0);
         }
@@ -111,7 +117,7 @@ impl Orchestrator {
             info!(epoch, stage, partition, validator = %validator, reason, "merge audit answer");
         }
         open.answers.insert(validator, answer);
-        self.decide_merge_audit(now, stage, partition, false, out);
+        self.decide_merge_audit(now, (stage, partition, generation), false, out);
         Ok(())
     }
 
@@ -145,8 +151,18 @@ impl Orchestrator {
 
     /// Settles an audit if the stake has decided (or `force`: the audit
     /// ran out of time, and is released if undecided).
-    fn decide_merge_audit(&mut self, now: Ms, stage: u32, partition: u32, force: bool, out: &mut Vec<Out>) {
-        let Some(i) = self.validation.merge_audits.iter().position(|a| a.stage == stage && a.partition == partition)
+    fn decide_merge_audit(
+        &mut self,
+        now: Ms,
+        (stage, partition, generation): (u32, u32, u32),
+        force: bool,
+        out: &mut Vec<Out>,
+    ) {
+        let Some(i) = self
+            .validation
+            .merge_audits
+            .iter()
+            .position(|a| a.stage == stage && a.partition == partition && a.generation == generation)
         else {
             return;
         };
@@ -358,12 +374,12 @@ impl Orchestrator {
         for a in &mut self.validation.merge_audits {
             let since = *a.since.get_or_insert(now);
             if a.epoch != self.epoch || now.saturating_sub(since) > timeout {
-                due.push((a.stage, a.partition));
+                due.push((a.stage, a.partition, a.generation));
             }
         }
-        for (stage, partition) in due {
+        for (stage, partition, generation) in due {
             warn!(epoch = self.epoch, stage, partition, "a merge audit ran out of time; its owners' result stands");
-            self.decide_merge_audit(now, stage, partition, true, out);
+            self.decide_merge_audit(now, (stage, partition, generation), true, out);
         }
     }
 }

@@ -226,7 +226,7 @@ impl Orchestrator {
             // First the senders an owner still misses a contribution from:
             // they, not the owners waiting on them, are planned out.
             if timed_out {
-                self.plan_out_withheld(now, s, out);
+                self.plan_out_withheld(now, s, true, out);
             }
             let Some(bm) = self.butterfly.get(&s) else { continue };
             let someone_done = !bm.done.is_empty();

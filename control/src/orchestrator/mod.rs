@@ -324,7 +324,7 @@ impl Orchestrator {
             }
             Event::ContributionsMissing { peer, epoch, stage, partition, generation, senders } => {
                 self.known(&peer)?;
-                self.on_contributions_missing(peer, (epoch, stage), (partition, generation), &senders, &mut out);
+                self.on_contributions_missing(now, peer, (epoch, stage), (partition, generation), &senders, &mut out);
             }
             Event::Stored { peer, epoch, stage, object } => {
                 self.known(&peer)?;

@@ -7,12 +7,12 @@
 use std::collections::HashMap;
 
 use iota_core::PeerId;
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::state::{MAX_RECENT_SETTLEMENTS, MAX_SETTLED_MINERS, MAX_UNWRITTEN_SETTLEMENTS, MinerEpoch, PayoutRow};
+use super::state::{MAX_RECENT_SETTLEMENTS, MAX_UNWRITTEN_SETTLEMENTS, MinerEpoch, PayoutRow};
 use super::{MbStatus, Orchestrator};
 use crate::settlement::clasp::Clasp;
-use crate::settlement::ledger::{ClaspLine, Settlement, to_hex, widen};
+use crate::settlement::ledger::{ClaspLine, NO_INCENTIVE, Settlement, to_hex, widen};
 use crate::settlement::scores::clasp_params;
 use crate::settlement::yuma::{self, YumaInput, YumaParams};
 
@@ -87,6 +87,23 @@ impl Orchestrator {
         rows
     }
 
+    /// A settlement column a newcomer may take: the first whose miner did
+    /// no work this epoch (`miners`), is no longer registered, and earned
+    /// nothing in the last settlement (`NO_INCENTIVE`: its bonds paid no
+    /// validator anything); not one already handed on (`taken`).
+    fn reusable_column(&self, miners: &[MinerEpoch], taken: &[usize]) -> Option<usize> {
+        let working: std::collections::HashSet<PeerId> = miners.iter().map(|m| m.peer).collect();
+        let last = self.settlement.recent.last()?;
+        (0..self.settlement.miners.len()).find(|c| {
+            let p = &self.settlement.miners[*c];
+            !taken.contains(c)
+                && !working.contains(p)
+                && !self.miners.contains_key(p)
+                && last.miners.get(*c) == Some(p)
+                && last.output.incentive.get(*c).is_some_and(|x| *x <= NO_INCENTIVE)
+        })
+    }
+
     /// CLASP over the epoch's completed micro-batches (issue order, pathway,
     /// the tail's loss), with the parameters validators judge by.
     fn clasp_lines(&self, mean_loss: f64) -> Vec<ClaspLine> {
@@ -120,15 +137,27 @@ impl Orchestrator {
     pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId], mean_loss: f64) {
         // Columns: every miner seen so far keeps its place; this epoch's
         // newcomers are appended (and their stale bonds, none, dropped).
+        // Once every column is taken, a newcomer gets a departed miner's
+        // column that earned nothing in the last settlement (flagged newly
+        // registered, so Yuma starts its bonds from zero), as a uid is
+        // recycled on chain.
         let before = self.settlement.miners.len();
         let mut known: std::collections::HashSet<PeerId> = self.settlement.miners.iter().copied().collect();
+        let mut reused: Vec<usize> = Vec::new();
         for m in miners {
             if known.insert(m.peer) {
-                if self.settlement.miners.len() >= MAX_SETTLED_MINERS {
-                    warn!(miner = %m.peer, "settlement tracks no more miners: this one is not paid");
+                if self.settlement.miners.len() < self.settlement.column_cap() {
+                    self.settlement.miners.push(m.peer);
                     continue;
                 }
-                self.settlement.miners.push(m.peer);
+                match self.reusable_column(miners, &reused) {
+                    Some(c) => {
+                        info!(miner = %m.peer, column = c, departed = %self.settlement.miners[c], "a departed miner's settlement column goes to a newcomer");
+                        self.settlement.miners[c] = m.peer;
+                        reused.push(c);
+                    }
+                    None => warn!(miner = %m.peer, "settlement tracks no more miners: this one is not paid"),
+                }
             }
         }
         let cols = self.settlement.miners.len();
@@ -177,7 +206,7 @@ impl Orchestrator {
             bonds: self.settlement.bonds.as_ref().map(|b| widen(b, cols)),
             validator_permits: None,
             active: Some(active),
-            recently_registered: Some((0..cols).map(|c| c >= before).collect()),
+            recently_registered: Some((0..cols).map(|c| c >= before || reused.contains(&c)).collect()),
             params: YumaParams::default(),
         };
         match yuma::run(&input) {

@@ -358,6 +358,16 @@ pub struct SettlementBook {
     /// `MAX_UNWRITTEN_SETTLEMENTS` epochs): the ledger has a gap there.
     #[serde(default)]
     pub lost: u64,
+    /// Miner columns at most (None: `MAX_SETTLED_MINERS`; tests set fewer).
+    #[serde(default)]
+    pub max_columns: Option<usize>,
+}
+
+impl SettlementBook {
+    /// Miner columns settlement tracks at most.
+    pub fn column_cap(&self) -> usize {
+        self.max_columns.unwrap_or(MAX_SETTLED_MINERS).min(MAX_SETTLED_MINERS)
+    }
 }
 
 /// One miner's line in the payout table.
@@ -484,8 +494,9 @@ pub struct Counters {
     /// validators' recompute found it not stored).
     #[serde(default)]
     pub withheld_contributions: u64,
-    /// Merge participants planned out, unconvicted, on one owner's claim of
-    /// a contribution missing (R = 2: one word against another).
+    /// Merge participants planned out for a contribution an owner missed,
+    /// not convicted then: on one owner's claim (R = 2: one word against
+    /// another), or on two while the validators' finding is awaited.
     #[serde(default)]
     pub withheld_planned_out: u64,
     /// Claims of a missing contribution the validators found stored.

@@ -14,11 +14,13 @@
 //!   owner from the laggard rule no longer;
 //! - undecided at `validation.timeout_ms`: the claim stands as it is.
 //!
-//! When the merge times out, a sender whose contribution an owner still
-//! misses on an unsettled partition (and whose audit is not pending) is
-//! planned out: the stage merges without it rather than stall. Two
-//! distinct owners' claims convict it; one owner's claim (R = 2, where
-//! the claimant may be the liar) does not.
+//! Two distinct owners' claims against a sender (R >= 3, the sender a
+//! third party to the partition) plan it out at once: the stage merges
+//! without it rather than wait. Without validators they convict it; with
+//! validators the conviction waits for their finding. One owner's claim
+//! (R = 2, where the claimant may be the liar) waits for the merge's
+//! timeout, and for the audit if one is pending; then the sender is
+//! planned out, and convicted of nothing.
 
 use iota_core::PeerId;
 use iota_core::merge::MergeOut;
@@ -32,6 +34,7 @@ impl Orchestrator {
     /// Owner `peer` misses `senders`' contributions to a partition.
     pub(super) fn on_contributions_missing(
         &mut self,
+        now: Ms,
         peer: PeerId,
         (epoch, stage): (u64, u32),
         (partition, generation): (u32, u32),
@@ -54,6 +57,7 @@ impl Orchestrator {
             }
         }
         self.merge_outs(stage, mo, out);
+        self.plan_out_withheld(now, stage, false, out);
     }
 
     /// A sender's contribution to a partition was first claimed missing:
@@ -98,22 +102,31 @@ impl Orchestrator {
             .any(|a| a.stage == stage && a.partition == partition && a.withheld.contains(sender))
     }
 
-    /// The merge timed out: plans out the senders an owner still misses a
-    /// contribution from (see the module's text).
-    pub(super) fn plan_out_withheld(&mut self, now: Ms, stage: u32, out: &mut Vec<Out>) {
+    /// Plans out the senders an owner misses a contribution from (see the
+    /// module's text): those two owners claimed at once, the others once
+    /// the merge `timed_out` with no audit of them pending.
+    pub(super) fn plan_out_withheld(&mut self, now: Ms, stage: u32, timed_out: bool, out: &mut Vec<Out>) {
         let Some(bm) = self.butterfly.get(&stage) else { return };
-        let named: Vec<(u32, PeerId, bool)> =
-            bm.withheld_senders().into_iter().filter(|(k, s, _)| !self.withholding_audit_open(stage, *k, s)).collect();
+        let named: Vec<(u32, PeerId, bool, bool)> = bm
+            .withheld_senders()
+            .into_iter()
+            .map(|(k, s, corroborated)| (k, s, corroborated, self.withholding_audit_open(stage, k, &s)))
+            .filter(|(_, _, corroborated, audited)| *corroborated || (timed_out && !audited))
+            .collect();
         if named.is_empty() {
             return;
         }
         let mut mo = Vec::new();
         if let Some(bm) = self.butterfly.get_mut(&stage) {
-            bm.plan_out_withheld(&named, &mut mo);
+            let senders: Vec<(u32, PeerId, bool)> = named.iter().map(|(k, s, c, _)| (*k, *s, *c)).collect();
+            bm.plan_out_withheld(&senders, &mut mo);
         }
         self.merge_outs(stage, mo, out);
-        for (partition, sender, corroborated) in named {
-            if corroborated {
+        for (partition, sender, corroborated, audited) in named {
+            if corroborated && audited {
+                warn!(epoch = self.epoch, stage, partition, %sender, "two owners never got a sender's merge contribution: it is planned out; the validators' finding decides its conviction");
+                self.counters.withheld_planned_out += 1;
+            } else if corroborated {
                 warn!(epoch = self.epoch, stage, partition, %sender, "two owners never got a sender's merge contribution: it is planned out and convicted");
                 self.counters.withheld_contributions += 1;
                 self.convict_merge(now, sender, out);

@@ -26,6 +26,13 @@ const ENTRY_DOMAIN: &[u8] = b"iota-rs ledger entry v1\0";
 /// (relative; sums of f64 shares).
 const EMISSION_TOLERANCE: f64 = 1e-9;
 
+/// A miner column whose incentive in a settlement is at most this earned
+/// nothing there: its bonds paid no validator any dividend (dividends are
+/// bonds times incentive), so once its miner has departed the column may
+/// go to a newcomer when the columns are all taken. (Bonds themselves do
+/// not decay in the classic mode: each column is max-upscaled.)
+pub const NO_INCENTIVE: f64 = 1e-12;
+
 /// One epoch's settlement: who was paid what, and everything needed to
 /// recompute it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,7 +44,9 @@ pub struct Settlement {
     pub validators: Vec<PeerId>,
     /// The Yuma columns: every miner the run has paid or rated so far, in
     /// order of first appearance (a column keeps its place across epochs,
-    /// as a uid does on chain).
+    /// as a uid does on chain; once every column is taken, a departed
+    /// miner's column that earned nothing in the settlement before goes to
+    /// a newcomer, flagged newly registered, as a uid is recycled on chain).
     pub miners: Vec<PeerId>,
     pub input: YumaInput,
     pub output: YumaOutput,
@@ -173,19 +182,22 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
             if s.epoch <= l.epoch || s.run_id != ls.run_id {
                 return Err(fail(format!("follows epoch {} of run {}", l.epoch, ls.run_id)));
             }
-            if s.validators != ls.validators || !s.miners.starts_with(&ls.miners) {
-                return Err(fail("its validators or miner columns do not extend the entry before it".into()));
+            if s.validators != ls.validators {
+                return Err(fail("its validators differ from the entry before it".into()));
             }
+            let reused = reused_columns(&s, ls).map_err(fail)?;
             if s.input.bonds.as_ref() != Some(&widen(&ls.output.bonds, s.miners.len())) {
                 return Err(fail("its bonds are not the ones the entry before it produced".into()));
             }
             if s.input.stakes != ls.input.stakes {
                 return Err(fail("its validators' stakes differ from the entry before it".into()));
             }
-            // Established columns are not newcomers: flagging one would
-            // wipe its bonds.
+            // Established columns are not newcomers (flagging one would wipe
+            // its bonds); a reused one is.
             let wiped =
-                s.input.recently_registered.as_ref().is_some_and(|r| r.iter().take(ls.miners.len()).any(|x| *x));
+                s.input.recently_registered.as_ref().is_some_and(|r| {
+                    r.iter().take(ls.miners.len()).enumerate().any(|(c, x)| *x && !reused.contains(&c))
+                });
             if wiped {
                 return Err(fail("it marks a miner of the entry before it as newly registered".into()));
             }
@@ -224,6 +236,43 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
 /// permits are set, and a validator is active exactly when its signed
 /// request is in the entry (so a signing validator cannot be switched off
 /// to hand a minority the consensus).
+/// The columns of `prev` that `s` hands to another miner: each must go to
+/// a miner new to the columns, be flagged newly registered in `s` (its
+/// bonds start from zero), and have earned nothing in `prev`
+/// (`NO_INCENTIVE`). Every other column keeps its miner, and new columns
+/// come after `prev`'s.
+fn reused_columns(s: &Settlement, prev: &Settlement) -> Result<Vec<usize>, String> {
+    if s.miners.len() < prev.miners.len() {
+        return Err("it has fewer miner columns than the entry before it".into());
+    }
+    let before: std::collections::HashSet<&PeerId> = prev.miners.iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(p) = s.miners.iter().find(|p| !seen.insert(*p)) {
+        return Err(format!("miner {p} has two columns"));
+    }
+    let mut reused = Vec::new();
+    for (c, (now, was)) in s.miners.iter().zip(&prev.miners).enumerate() {
+        if now == was {
+            continue;
+        }
+        if before.contains(now) {
+            return Err(format!(
+                "miner {now} moved to column {c}: the miner columns do not extend the entry before it"
+            ));
+        }
+        let flagged = s.input.recently_registered.as_ref().is_some_and(|r| r.get(c) == Some(&true));
+        if !flagged {
+            return Err(format!("column {c} went from {was} to {now} without being flagged newly registered"));
+        }
+        let earned = prev.output.incentive.get(c).copied().unwrap_or(0.0);
+        if earned > NO_INCENTIVE {
+            return Err(format!("column {c} went from {was} to {now} though it earned {earned} in the entry before"));
+        }
+        reused.push(c);
+    }
+    Ok(reused)
+}
+
 fn check_yuma_settings(s: &Settlement) -> Result<(), String> {
     if s.input.params != YumaParams::default() {
         return Err("its Yuma parameters are not the orchestrator's".into());
@@ -371,13 +420,25 @@ mod tests {
 
     /// Two validators (stakes 60 and 40) rating `weights[v]` (f32, as sent).
     fn settlement(epoch: u64, bonds: Option<Vec<Vec<f64>>>, weights: Vec<Vec<f32>>) -> Settlement {
-        let validators = [Identity::from_seed([1; 32]), Identity::from_seed([2; 32])];
         let miners: Vec<PeerId> = (0..weights[0].len() as u8).map(|i| PeerId([10 + i; 32])).collect();
+        settlement_of(epoch, bonds, weights, miners, None)
+    }
+
+    /// `settlement` over these miner columns, these flagged newly registered.
+    fn settlement_of(
+        epoch: u64,
+        bonds: Option<Vec<Vec<f64>>>,
+        weights: Vec<Vec<f32>>,
+        miners: Vec<PeerId>,
+        recently_registered: Option<Vec<bool>>,
+    ) -> Settlement {
+        let validators = [Identity::from_seed([1; 32]), Identity::from_seed([2; 32])];
         let orch = Identity::from_seed(ORCHESTRATOR).peer_id();
         let signed_weights =
             validators.iter().zip(&weights).map(|(v, w)| to_hex(&signed_done(v, 7, epoch, w, &miners, orch))).collect();
         let rows = weights.iter().map(|r| r.iter().map(|x| f64::from(*x)).collect()).collect();
-        let input = YumaInput { stakes: vec![60.0, 40.0], weights: rows, bonds, ..YumaInput::default() };
+        let input =
+            YumaInput { stakes: vec![60.0, 40.0], weights: rows, bonds, recently_registered, ..YumaInput::default() };
         let output = yuma::run(&input).unwrap();
         Settlement {
             run_id: 7,
@@ -494,5 +555,34 @@ mod tests {
         assert!(tamper(&|s| s.input.params.miner_share = 0.0).contains("parameters"));
         assert!(tamper(&|s| s.input.validator_permits = Some(vec![true, false])).contains("permits"));
         assert!(tamper(&|s| s.input.recently_registered = Some(vec![true; 4])).contains("newly registered"));
+    }
+
+    /// Once the columns are all taken, a departed miner's column that earned
+    /// nothing may go to a newcomer, flagged newly registered; any other
+    /// change of a column's miner is refused and named.
+    #[test]
+    fn a_column_that_earned_nothing_may_go_to_a_newcomer_and_nothing_else_may_change_hands() {
+        let id = Identity::from_seed(ORCHESTRATOR);
+        let m = |i: u8| PeerId([10 + i; 32]);
+        // Miner 2 is rated zero by everyone: its column earns nothing.
+        let s0 = settlement(0, None, vec![vec![0.5, 0.5, 0.0], vec![0.4, 0.6, 0.0]]);
+        assert!(s0.output.incentive[2] <= NO_INCENTIVE && s0.output.incentive[0] > 0.0, "{:?}", s0.output);
+        let e0 = seal(None, &s0, &id);
+        let next = |miners: Vec<PeerId>, flagged: Option<Vec<bool>>| {
+            let b0 = widen(&s0.output.bonds, 3);
+            let s1 = settlement_of(1, Some(b0), vec![vec![0.3, 0.3, 0.4], vec![0.2, 0.4, 0.4]], miners, flagged);
+            verify(&[e0.clone(), seal(Some(&e0), &s1, &id)], None)
+        };
+        let newcomer = PeerId([77; 32]);
+        let v = next(vec![m(0), m(1), newcomer], Some(vec![false, false, true])).unwrap();
+        assert!(v.balances[&newcomer] > 0.0, "the newcomer in the reused column is paid");
+        let refused = |miners, flagged| next(miners, flagged).unwrap_err().what;
+        assert!(refused(vec![m(0), m(1), newcomer], None).contains("flagged newly registered"));
+        // Column 0 earned: it is not the newcomer's to take.
+        assert!(refused(vec![newcomer, m(1), m(2)], Some(vec![true, false, false])).contains("earned"));
+        // An established miner moved onto another's column.
+        assert!(refused(vec![m(0), m(1), m(0)], Some(vec![false, false, true])).contains("two columns"));
+        assert!(refused(vec![m(0), m(2), newcomer], Some(vec![false, true, true])).contains("moved"));
+        assert!(refused(vec![m(0), m(1)], None).contains("fewer miner columns"));
     }
 }

@@ -57,3 +57,55 @@ fn settlements_wait_in_the_state_until_the_ledger_has_them() {
         }
     }
 }
+
+/// Once every settlement column is taken, a newcomer gets the column of a
+/// departed miner that earned nothing in the last settlement (flagged
+/// newly registered, its bonds from zero), not before; and the ledger of
+/// it verifies.
+#[test]
+fn a_departed_miners_column_goes_to_a_newcomer_once_it_earns_nothing() {
+    use crate::settlement::ledger::{seal, verify};
+    let mut o = Orchestrator::new(butterfly_spec(1, 2)).unwrap();
+    let operator = Identity::from_seed([99; 32]);
+    o.set_operator(operator.peer_id());
+    o.settlement.max_columns = Some(3);
+    let worked = |ps: &[u8]| -> Vec<MinerEpoch> {
+        ps.iter()
+            .map(|i| MinerEpoch { peer: peer(*i), stage: 0, completed: 4, credited: 4, merged: true, convicted: false })
+            .collect()
+    };
+    let mut entries = Vec::new();
+    let mut settle = |o: &mut Orchestrator, ps: &[u8]| {
+        o.settle(&worked(ps), false, &[], 2.0);
+        let s = o.settlements().last().unwrap().clone();
+        assert_eq!(s.epoch, o.epoch, "settled");
+        entries.push(seal(entries.last(), &s, &operator));
+        o.epoch += 1;
+        s
+    };
+    let paid =
+        |s: &crate::settlement::ledger::Settlement, i: u8| s.payouts().iter().any(|(p, x)| *p == peer(i) && *x > 0.0);
+    // Epoch 0: miners 1, 2, 3 take the three columns. Miner 3 leaves (none
+    // is registered with this orchestrator) and does no more work;
+    // newcomer 4 works from epoch 1. Miner 3 earned in epoch 0: its column
+    // is not free yet, and miner 4 is not paid.
+    let s = settle(&mut o, &[1, 2, 3]);
+    assert!(paid(&s, 3));
+    let s = settle(&mut o, &[1, 2, 4]);
+    assert_eq!(o.settlement.miners, vec![peer(1), peer(2), peer(3)]);
+    assert!(!paid(&s, 4), "no column, no pay");
+    // Miner 3 earned nothing in epoch 1, but it is registered again (a
+    // spare, say): it keeps its column.
+    o.step(0, register(3, "a3".into()), &mut Rng::new(1)).unwrap();
+    let s = settle(&mut o, &[1, 2, 4]);
+    assert_eq!(o.settlement.miners[2], peer(3));
+    assert!(!paid(&s, 4));
+    // Gone for good: its column goes to miner 4.
+    o.miners.remove(&peer(3));
+    let s = settle(&mut o, &[1, 2, 4]);
+    assert_eq!(o.settlement.miners, vec![peer(1), peer(2), peer(4)]);
+    assert_eq!(s.input.recently_registered, Some(vec![false, false, true]));
+    assert!(paid(&s, 4), "the newcomer is paid");
+    let v = verify(&entries, Some(operator.peer_id())).unwrap();
+    assert_eq!(v.entries as usize, entries.len());
+}

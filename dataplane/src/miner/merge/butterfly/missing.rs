@@ -17,7 +17,7 @@ use crate::miner::events::Output;
 
 /// The least an owner waits for a contribution before claiming it missing
 /// (the store has been polled a few times by then).
-const MISSING_AFTER: Duration = Duration::from_secs(5);
+const MISSING_AFTER: Duration = Duration::from_secs(2);
 /// The rate a slice is assumed to travel at when the patience is set (as
 /// evidence uploads: 100 Mbit/s).
 const SLICE_BYTES_PER_S: u64 = 12_500_000;
