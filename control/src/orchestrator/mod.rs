@@ -464,7 +464,9 @@ impl Orchestrator {
                 if timed_out {
                     self.phase_since = now;
                 }
-                if self.butterfly_complete(timed_out) {
+                // A sender planned out on two owners' claims is judged
+                // within its epoch: the epoch waits for that audit.
+                if self.butterfly_complete(timed_out) && !self.withholding_audits_pending() {
                     // The validators judge the merged model first.
                     if let Some(rollback) = self.merge_verdict(now, out) {
                         self.counters.divergent_merges +=

@@ -20,7 +20,8 @@
 //! validators the conviction waits for their finding. One owner's claim
 //! (R = 2, where the claimant may be the liar) waits for the merge's
 //! timeout, and for the audit if one is pending; then the sender is
-//! planned out, and convicted of nothing.
+//! planned out, and convicted of nothing. The merge is not over while a
+//! withholding audit is pending: a conviction lands in its epoch.
 
 use iota_core::PeerId;
 use iota_core::merge::MergeOut;
@@ -91,6 +92,13 @@ impl Orchestrator {
             }
             None => self.open_merge_audit(stage, partition, generation, (false, vec![sender]), out),
         }
+    }
+
+    /// Whether a withholding audit waits on the validators: the merge is
+    /// not over until it is decided (or expires, at `validation.timeout_ms`),
+    /// so a sender planned out before it is convicted in its epoch.
+    pub(super) fn withholding_audits_pending(&self) -> bool {
+        self.validation.merge_audits.iter().any(|a| !a.withheld.is_empty())
     }
 
     /// Whether a withholding audit of `sender` on this partition waits on

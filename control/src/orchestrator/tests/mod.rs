@@ -129,6 +129,10 @@ struct Sim {
     /// Butterfly: owners that claim every other participant's contribution
     /// to their first partition missing though it came (and is stored).
     false_claimants: BTreeSet<PeerId>,
+    /// Validators answer an audit that finds a contribution missing only at
+    /// the next tick (as real ones, which wait seconds for it), not at once.
+    slow_audits: bool,
+    late_audits: Vec<Out>,
 }
 
 /// The partition a withholder keeps its contribution from (see
@@ -179,6 +183,8 @@ impl Sim {
             held_routes: Vec::new(),
             withholders: BTreeSet::new(),
             false_claimants: BTreeSet::new(),
+            slow_audits: false,
+            late_audits: Vec::new(),
         }
     }
 
@@ -197,6 +203,14 @@ impl Sim {
     /// Lets time pass: alive miners heartbeat, then a tick.
     fn tick(&mut self, ms: Ms) {
         self.now += ms;
+        // Audits held back answer now.
+        let late = std::mem::take(&mut self.late_audits);
+        if !late.is_empty() {
+            let slow = std::mem::replace(&mut self.slow_audits, false);
+            self.inbox.extend(late);
+            self.drain();
+            self.slow_audits = slow;
+        }
         let alive: Vec<PeerId> = self.o.miners().map(|m| m.peer).filter(|p| !self.dead.contains(p)).collect();
         for p in alive {
             let commitments = self.heads.get(&p).cloned().unwrap_or_default();
@@ -452,6 +466,12 @@ impl Sim {
                             .map(|q| q.peer)
                             .filter(|w| self.withholders.contains(w) && withheld_partition(&plan, w) == k as usize)
                             .collect();
+                        if self.slow_audits && !missing.is_empty() {
+                            // A real validator waits seconds for a
+                            // contribution that is never stored.
+                            self.late_audits.push(Out { to, cmd: pb::command::Kind::MergeAudit(a) });
+                            continue;
+                        }
                         let honest = if self.audit_liars.contains(&to) { [0xdd; 32] } else { [k as u8 + 1; 32] };
                         self.ev(Event::MergeAudit {
                             validator: to,

@@ -57,16 +57,23 @@ fn a_sender_both_owners_miss_is_planned_out_and_convicted_without_validators() {
     assert_eq!(convicted_in(&s, peer(0)), vec![0], "named in the epoch it withheld");
 }
 
+/// With validators, two owners' claims plan the withholder out at once
+/// and the validators' finding convicts it, within its epoch even when
+/// the finding comes after the rest of the merge is done.
 #[test]
 fn the_validators_convict_a_withholder_before_the_merge_times_out() {
-    let mut s = one_stage(3, true);
-    s.withholders.insert(peer(0));
-    s.run_until_done(400);
-    only_convicted(&s, Some(peer(0)));
-    let c = s.o.counters();
-    assert_eq!(c.withheld_contributions, 1, "{c:?}");
-    assert_eq!(convicted_in(&s, peer(0)), vec![0]);
-    assert_eq!(c.missing_claims_refuted, 0);
+    for slow in [false, true] {
+        let mut s = one_stage(3, true);
+        s.withholders.insert(peer(0));
+        s.slow_audits = slow;
+        s.run_until_done(400);
+        only_convicted(&s, Some(peer(0)));
+        let c = s.o.counters();
+        assert_eq!(c.withheld_contributions, 1, "slow {slow}: {c:?}");
+        assert_eq!(c.withheld_planned_out, 1, "planned out at the second claim, before the finding: {c:?}");
+        assert_eq!(convicted_in(&s, peer(0)), vec![0], "slow {slow}");
+        assert_eq!(c.missing_claims_refuted, 0);
+    }
 }
 
 /// R = 2: the withholder owns the partition with the honest replica and
