@@ -237,28 +237,16 @@ impl Orchestrator {
             return;
         }
         self.validation.merge_audits.remove(i);
-        let colluders: Vec<PeerId> = mo
-            .iter()
-            .filter_map(|o| if let MergeOut::Colluded(ps) = o { Some(ps.clone()) } else { None })
-            .flatten()
-            .collect();
+        let colluders = named(&mo, |o| if let MergeOut::Colluded(ps) = o { Some(ps) } else { None });
         // A referee's side the recompute confirmed: the other owner of the
         // disputed partition was proven wrong.
-        let deviants: Vec<PeerId> = mo
-            .iter()
-            .filter_map(|o| if let MergeOut::Deviant(ps) = o { Some(ps.clone()) } else { None })
-            .flatten()
-            .collect();
+        let deviants = named(&mo, |o| if let MergeOut::Deviant(ps) = o { Some(ps) } else { None });
         self.merge_outs(stage, mo, out);
         for p in colluders {
             self.counters.colluding_owners += 1;
             self.convict_merge(now, p, out);
         }
-        for p in deviants {
-            self.counters.deviant_owners += 1;
-            warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner proven wrong by its referee and the audit");
-            self.convict_merge(now, p, out);
-        }
+        self.convict_deviants(now, (stage, partition), deviants, out);
     }
 
     /// A dispute with no referee (R = 2), held for the recompute: a hash
@@ -290,15 +278,17 @@ impl Orchestrator {
         } else {
             self.counters.merge_audits_released += 1;
         }
-        let deviants: Vec<PeerId> = mo
-            .iter()
-            .filter_map(|o| if let MergeOut::Deviant(ps) = o { Some(ps.clone()) } else { None })
-            .flatten()
-            .collect();
+        let deviants = named(&mo, |o| if let MergeOut::Deviant(ps) = o { Some(ps) } else { None });
         self.merge_outs(stage, mo, out);
+        self.convict_deviants(now, (stage, partition), deviants, out);
+    }
+
+    /// Owners a recompute proved wrong in a dispute (against their
+    /// referee's side, or their co-owner's at R = 2): convicted.
+    fn convict_deviants(&mut self, now: Ms, (stage, partition): (u32, u32), deviants: Vec<PeerId>, out: &mut Vec<Out>) {
         for p in deviants {
             self.counters.deviant_owners += 1;
-            warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner's result disputed by its co-owner is not what the validators recomputed");
+            warn!(epoch = self.epoch, stage, partition, miner = %p, "a merge owner's disputed result is not what the validators recomputed");
             self.convict_merge(now, p, out);
         }
     }
@@ -382,4 +372,9 @@ impl Orchestrator {
             self.decide_merge_audit(now, (stage, partition, generation), true, out);
         }
     }
+}
+
+/// The miners the stage merge's outputs name through `pick`.
+fn named(mo: &[MergeOut], pick: impl Fn(&MergeOut) -> Option<&Vec<PeerId>>) -> Vec<PeerId> {
+    mo.iter().filter_map(pick).flatten().copied().collect()
 }

@@ -43,6 +43,11 @@ impl StageMerge {
     ) {
         self.held.insert(k, Verdict { partition: k, generation, hash, writer: hold.referee });
         self.referee_held.insert(k, hold);
+        self.ask_audit_once(k, generation, out);
+    }
+
+    /// Asks for the audit of partition `k`'s `generation`, once.
+    fn ask_audit_once(&mut self, k: u32, generation: u32, out: &mut Vec<MergeOut>) {
         if self.audit_asked.insert((k, generation)) {
             out.push(MergeOut::Audit { partition: k, generation });
         }
@@ -100,9 +105,7 @@ impl StageMerge {
             .map(|m| m.owners.clone())
             .unwrap_or_default();
         self.disputed.insert(k, (generation, owners));
-        if self.audit_asked.insert((k, generation)) {
-            out.push(MergeOut::Audit { partition: k, generation });
-        }
+        self.ask_audit_once(k, generation, out);
     }
 
     /// The validators' recompute of a dispute held by `hold_dispute`. The

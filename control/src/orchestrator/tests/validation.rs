@@ -271,19 +271,8 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
 fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
     // Validator 1 stops heartbeating: only validator 0 is waited for, and
     // it never says done: the merge goes on at the validation timeout.
-    let mut spec = validated_spec();
-    spec.validation.timeout_ms = 5_000;
-    spec.epochs = 1;
-    let mut s = start(spec);
-    s.quiet_validators.insert(validator(1));
-    until_held(&mut s);
-    let held_at = s.now;
-    while *s.o.phase() == Phase::Uploading {
-        s.tick(500);
-        s.drain();
-        assert!(s.now - held_at < 30_000, "the validation timeout did not free the merge");
-    }
-    assert!(s.now - held_at >= 5_000);
+    let (mut s, held) = held_by_a_silent_validator(|_| {});
+    assert!((5_000..30_000).contains(&held), "freed after {held} ms");
     assert_eq!(s.o.counters().validation_timeouts, 1);
     s.run_until_done(200);
 
@@ -310,10 +299,20 @@ fn validators_that_go_quiet_or_never_finish_do_not_stall_the_run() {
 /// the merge on before the verdicts.
 #[test]
 fn the_validation_deadline_follows_the_size_of_the_evidence() {
+    let (s, held) = held_by_a_silent_validator(|spec| spec.merge.stage_params = vec![3_125_000; 2]);
+    assert!((9_000..60_000).contains(&held), "freed after {held} ms");
+    assert_eq!(s.o.counters().validation_timeouts, 1);
+}
+
+/// One epoch validated with a 5 s base timeout (`change` changes the spec
+/// further): validator 1 goes quiet and validator 0 never says done.
+/// Returns the run once the validation round let the merge go, and how
+/// long the round held it.
+fn held_by_a_silent_validator(change: impl FnOnce(&mut RunSpec)) -> (Sim, Ms) {
     let mut spec = validated_spec();
     spec.validation.timeout_ms = 5_000;
-    spec.merge.stage_params = vec![3_125_000; 2];
     spec.epochs = 1;
+    change(&mut spec);
     let mut s = start(spec);
     s.quiet_validators.insert(validator(1));
     until_held(&mut s);
@@ -321,10 +320,10 @@ fn the_validation_deadline_follows_the_size_of_the_evidence() {
     while *s.o.phase() == Phase::Uploading {
         s.tick(500);
         s.drain();
-        assert!(s.now - held_at < 60_000, "the validation timeout did not free the merge");
+        assert!(s.now - held_at < 120_000, "the validation timeout did not free the merge");
     }
-    assert!(s.now - held_at >= 9_000, "freed after {} ms", s.now - held_at);
-    assert_eq!(s.o.counters().validation_timeouts, 1);
+    let held = s.now - held_at;
+    (s, held)
 }
 
 #[test]
