@@ -148,7 +148,7 @@ fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
     );
     println!(
         "{:<18} {:>6} {:>9} {:>11} {:>14} {:>16} {:>9} {:>9}",
-        "mode", "shape", "named", "in epoch 0", "honest flagged", "honest convicted", "ratio p50", "ratio max"
+        "mode", "shape", "named", "by epoch 1", "honest flagged", "honest convicted", "ratio p50", "ratio max"
     );
     let mut bases: std::collections::BTreeMap<(u32, u32), f64> = Default::default();
     for (name, mode, shape) in picked {
@@ -180,7 +180,9 @@ fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
             let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
             let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)).map(|e| e.epoch));
             named += usize::from(caught.is_some());
-            first += usize::from(caught == Some(0));
+            // Every mode cheats from epoch 0; a finding that outlives its
+            // merge (withholding) convicts in the epoch after.
+            first += usize::from(caught.is_some_and(|e| e <= 1));
             flagged += r.verdicts.iter().filter(|v| v.guilty && !bad(&v.miner)).count();
             convicted += r.history.iter().flat_map(|e| &e.convicted).filter(|p| !bad(p)).count();
             ratios.push(r.wall.as_secs_f64() / base);

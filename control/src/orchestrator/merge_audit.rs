@@ -43,7 +43,10 @@ impl Orchestrator {
         let Some(bm) = self.butterfly.get(&stage) else { return };
         let validators: Vec<PeerId> =
             self.validation.validators.values().filter(|v| v.subscribed).map(|v| v.peer).collect();
-        let req = pb::ContributionRequest { epoch: self.epoch, stage, partitions: vec![partition] };
+        // The merge's epoch (behind compute, the epoch before the one
+        // training).
+        let epoch = bm.plan.epoch;
+        let req = pb::ContributionRequest { epoch, stage, partitions: vec![partition] };
         for p in &bm.plan.participants {
             out.push(Out { to: p.peer, cmd: pb::command::Kind::ContributionRequest(req.clone()) });
         }
@@ -67,13 +70,16 @@ impl Orchestrator {
         // is judged whatever became of the partition since. (One of the
         // same generation is moot: its owners got every contribution.)
         audits.retain(|a| {
-            !(a.stage == stage && a.partition == partition && (a.withheld.is_empty() || a.generation == generation))
+            !(a.epoch == epoch
+                && a.stage == stage
+                && a.partition == partition
+                && (a.withheld.is_empty() || a.generation == generation))
         });
         if audits.len() >= MAX_OPEN_AUDITS {
             audits.remove(0);
         }
         audits.push(OpenAudit {
-            epoch: self.epoch,
+            epoch,
             stage,
             partition,
             generation,
@@ -109,7 +115,8 @@ impl Orchestrator {
             self.validation.merge_audits.iter_mut().find(|a| {
                 a.epoch == epoch && a.stage == stage && a.partition == partition && a.generation == generation
             });
-        let Some(open) = open.filter(|_| current) else {
+        // A withholding audit outlives its merge (see withholding.rs).
+        let Some(open) = open.filter(|a| current || !a.withheld.is_empty()) else {
             self.counters.stale_reports += 1;
             return Ok(());
         };
@@ -117,7 +124,7 @@ impl Orchestrator {
             info!(epoch, stage, partition, validator = %validator, reason, "merge audit answer");
         }
         open.answers.insert(validator, answer);
-        self.decide_merge_audit(now, (stage, partition, generation), false, out);
+        self.decide_merge_audit(now, (epoch, stage, partition, generation), false, out);
         Ok(())
     }
 
@@ -154,16 +161,13 @@ impl Orchestrator {
     fn decide_merge_audit(
         &mut self,
         now: Ms,
-        (stage, partition, generation): (u32, u32, u32),
+        (epoch, stage, partition, generation): (u64, u32, u32, u32),
         force: bool,
         out: &mut Vec<Out>,
     ) {
-        let Some(i) = self
-            .validation
-            .merge_audits
-            .iter()
-            .position(|a| a.stage == stage && a.partition == partition && a.generation == generation)
-        else {
+        let Some(i) = self.validation.merge_audits.iter().position(|a| {
+            a.epoch == epoch && a.stage == stage && a.partition == partition && a.generation == generation
+        }) else {
             return;
         };
         if self.validation.merge_audits[i].flags {
@@ -357,19 +361,28 @@ impl Orchestrator {
         }
     }
 
-    /// Dates new audits and releases the ones past `validation.timeout_ms`.
-    pub(super) fn expire_merge_audits(&mut self, now: Ms, out: &mut Vec<Out>) {
+    /// Dates new audits and releases the ones past `validation.timeout_ms`
+    /// or (except withholding audits, which outlive their merge) whose
+    /// merge is over; `withholding_only`: between merges, only those.
+    pub(super) fn expire_merge_audits(&mut self, now: Ms, withholding_only: bool, out: &mut Vec<Out>) {
         let timeout = self.spec.validation.timeout_ms;
         let mut due = Vec::new();
-        for a in &mut self.validation.merge_audits {
-            let since = *a.since.get_or_insert(now);
-            if a.epoch != self.epoch || now.saturating_sub(since) > timeout {
-                due.push((a.stage, a.partition, a.generation));
+        for a in &self.validation.merge_audits {
+            let withholding = !a.withheld.is_empty();
+            if withholding_only && !withholding {
+                continue;
+            }
+            let over = !withholding && !self.merge_is_current(a.epoch);
+            if over || a.since.is_some_and(|since| now.saturating_sub(since) > timeout) {
+                due.push((a.epoch, a.stage, a.partition, a.generation));
             }
         }
-        for (stage, partition, generation) in due {
-            warn!(epoch = self.epoch, stage, partition, "a merge audit ran out of time; its owners' result stands");
-            self.decide_merge_audit(now, (stage, partition, generation), true, out);
+        for a in &mut self.validation.merge_audits {
+            a.since.get_or_insert(now);
+        }
+        for (epoch, stage, partition, generation) in due {
+            warn!(epoch, stage, partition, "a merge audit ran out of time; its owners' result stands");
+            self.decide_merge_audit(now, (epoch, stage, partition, generation), true, out);
         }
     }
 }

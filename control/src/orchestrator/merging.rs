@@ -223,11 +223,10 @@ impl Orchestrator {
     /// what they wait for was lost on the way.
     pub(super) fn tend_butterfly(&mut self, now: Ms, timed_out: bool, out: &mut Vec<Out>) {
         for s in 0..self.spec.stages {
-            // First the senders an owner still misses a contribution from:
-            // they, not the owners waiting on them, are planned out.
-            if timed_out {
-                self.plan_out_withheld(now, s, true, out);
-            }
+            // First the senders an owner still misses a contribution from
+            // (past the store's patience, or at the timeout): they, not the
+            // owners waiting on them, are planned out.
+            self.plan_out_withheld(now, s, timed_out, out);
             let Some(bm) = self.butterfly.get(&s) else { continue };
             let someone_done = !bm.done.is_empty();
             let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));

@@ -429,10 +429,14 @@ impl Orchestrator {
                 }
             }
             Phase::Training => {
+                // Between merges only withholding audits are live (they
+                // outlive their merge); behind compute, the merge's own.
+                self.expire_merge_audits(now, self.overlapped.is_none(), out);
                 self.tend_overlapped(now, out);
                 self.advance_training(now, rng, out);
             }
             Phase::Uploading => {
+                self.expire_merge_audits(now, self.overlapped.is_none(), out);
                 // Only miners that worked this epoch and are not benched are
                 // waited for: a silent one must not hold every epoch to the
                 // phase timeout.
@@ -458,15 +462,16 @@ impl Orchestrator {
                 }
             }
             Phase::Merging if self.spec.merge.method == MergeMethod::Butterfly => {
-                self.expire_merge_audits(now, out);
+                self.expire_merge_audits(now, false, out);
                 let timed_out = now.saturating_sub(self.phase_since) > self.phase_timeout_ms();
                 self.tend_butterfly(now, timed_out, out);
                 if timed_out {
                     self.phase_since = now;
                 }
-                // A sender planned out on two owners' claims is judged
-                // within its epoch: the epoch waits for that audit.
-                if self.butterfly_complete(timed_out) && !self.withholding_audits_pending() {
+                // The run's last merge waits for the withholding audits
+                // still out (they outlive their merge, not the run).
+                let last = self.epoch + 1 >= self.spec.epoch_count();
+                if self.butterfly_complete(timed_out) && !(last && self.withholding_audits_pending()) {
                     // The validators judge the merged model first.
                     if let Some(rollback) = self.merge_verdict(now, out) {
                         self.counters.divergent_merges +=

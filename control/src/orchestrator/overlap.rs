@@ -34,7 +34,7 @@ impl Orchestrator {
         let timeout = self.merge_timeout_ms();
         let timed_out = now.saturating_sub(self.overlapped_since) > timeout;
         self.tend_butterfly(now, timed_out, out);
-        if !self.butterfly_complete(timed_out) || self.withholding_audits_pending() {
+        if !self.butterfly_complete(timed_out) {
             if timed_out {
                 // The next round of planning out waits another timeout.
                 self.overlapped_since = now;

@@ -426,17 +426,22 @@ impl Orchestrator {
                     let current = epoch == self.epoch
                         && (matches!(self.phase, Phase::Training | Phase::Uploading)
                             || (check == Check::Merge && self.phase == Phase::Merging));
+                    // A merge cheat found after its epoch was settled (a
+                    // withholding audit outlives its merge) costs the epoch
+                    // it is found in instead: the same two epochs out.
+                    let late = check == Check::Merge && epoch < self.epoch && self.phase != Phase::Done;
+                    let served_from = if late { self.epoch } else { epoch };
                     if let Some(m) = self.miners.get_mut(&miner) {
                         m.convicted_epochs += 1;
-                        if current {
+                        if current || late {
                             // Out of this epoch's merge, and paid nothing for it.
                             m.convicted = true;
                             m.work = 0;
                         }
                         // No routes until the epoch after next.
-                        m.suspended_through = Some(m.suspended_through.unwrap_or(0).max(epoch + 1));
+                        m.suspended_through = Some(m.suspended_through.unwrap_or(0).max(served_from + 1));
                     }
-                    warn!(epoch, miner = %miner, ?check, excluded = current, "a miner's work is convicted");
+                    warn!(epoch, miner = %miner, ?check, excluded = current || late, late, "a miner's work is convicted");
                 }
                 Consequence::Eject { miner } => {
                     self.counters.ejected += 1;
@@ -480,11 +485,17 @@ impl Orchestrator {
     }
 
     pub(super) fn convict_merge(&mut self, now: Ms, miner: PeerId, out: &mut Vec<Out>) {
-        let acc = Accusation { epoch: self.epoch, miner, check: Check::Merge };
+        self.convict_merge_of(now, self.epoch, miner, out);
+    }
+
+    /// As `convict_merge`, for a merge cheat of `epoch` (a finding may come
+    /// after its epoch was settled).
+    pub(super) fn convict_merge_of(&mut self, now: Ms, epoch: u64, miner: PeerId, out: &mut Vec<Out>) {
+        let acc = Accusation { epoch, miner, check: Check::Merge };
         let consequences = match self.validation.quorum.as_mut() {
             Some(q) => q.proven(acc),
             // No validators: no strikes to count, the epoch's work is out.
-            None => vec![Consequence::Exclude { epoch: self.epoch, miner, check: Check::Merge }],
+            None => vec![Consequence::Exclude { epoch, miner, check: Check::Merge }],
         };
         self.apply_consequences(now, consequences, out);
     }

@@ -35,4 +35,6 @@ pub use equivocation::{Equivocation, PartitionOf, SignedContribution};
 pub use flaws::{Flaw, flaws};
 pub use plan::{BLOCK, MergePlan, Participant, Partition};
 pub use reduce::{OuterOpt, ReduceRule, ReduceStats, reduce_slice};
-pub use stage::{AuditCounts, FlagHold, KEEP_PREVIOUS, MergeOut, Mismatch, SliceReport, StageMerge, Verdict};
+pub use stage::{
+    AuditCounts, FlagHold, KEEP_PREVIOUS, MergeOut, Mismatch, SliceReport, StageMerge, Verdict, WithheldClaim,
+};

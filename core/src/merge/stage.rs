@@ -174,6 +174,11 @@ pub struct StageMerge {
     /// Claims passed on (`MergeOut::Missing`): (partition, generation, sender).
     #[serde(default)]
     missing_asked: BTreeSet<(u32, u32, PeerId)>,
+    /// When each open claim (partition, sender) was first made, in the
+    /// orchestrator's milliseconds: past its store patience the sender is
+    /// planned out (see `withheld.rs`).
+    #[serde(default)]
+    missing_since: BTreeMap<(u32, PeerId), u64>,
     /// Senders planned out for a withheld contribution: (partition, who,
     /// whether two owners corroborated it).
     #[serde(default)]
@@ -241,6 +246,7 @@ impl StageMerge {
             missing: vec![BTreeMap::new(); k],
             missing_refuted: BTreeSet::new(),
             missing_asked: BTreeSet::new(),
+            missing_since: BTreeMap::new(),
             withheld: Vec::new(),
             disputed: BTreeMap::new(),
         }
@@ -637,6 +643,7 @@ impl StageMerge {
                     if let Some(m) = self.missing.get_mut(k) {
                         m.clear();
                     }
+                    self.missing_since.retain(|(p, _), _| *p as usize != k);
                     self.held.remove(&(k as u32));
                     self.disputed.remove(&(k as u32));
                     self.flag_held.remove(&(k as u32));
@@ -660,6 +667,7 @@ mod referee;
 mod stored_contribution;
 #[path = "withheld.rs"]
 mod withheld;
+pub use withheld::WithheldClaim;
 
 #[cfg(test)]
 #[path = "stage_tests.rs"]

@@ -478,6 +478,11 @@ fn report_all_but(m: &mut StageMerge, k: u32, skip: &[PeerId], out: &mut Vec<Mer
     }
 }
 
+/// The open claims as (partition, sender, corroborated).
+fn claims(m: &StageMerge) -> Vec<(u32, PeerId, bool)> {
+    m.withheld_senders().iter().map(|c| (c.partition, c.sender, c.corroborated)).collect()
+}
+
 #[test]
 fn a_contribution_both_owners_miss_names_its_sender_and_not_them() {
     let mut m = StageMerge::new(plan(3));
@@ -488,17 +493,18 @@ fn a_contribution_both_owners_miss_names_its_sender_and_not_them() {
     // Everything else is reported; k's owners wait for the withholder.
     report_all_but(&mut m, k, &owners, &mut out);
     out.clear();
-    assert!(m.contributions_missing(owners[0], k, generation, &[withholder], &mut out));
+    assert!(m.contributions_missing(owners[0], k, generation, &[withholder], 100, &mut out));
     assert_eq!(out, vec![MergeOut::Missing { partition: k, generation, sender: withholder }]);
-    assert_eq!(m.withheld_senders(), vec![(k, withholder, false)], "one owner's word");
+    assert_eq!(claims(&m), vec![(k, withholder, false)], "one owner's word");
     out.clear();
-    assert!(m.contributions_missing(owners[1], k, generation, &[withholder], &mut out));
+    assert!(m.contributions_missing(owners[1], k, generation, &[withholder], 500, &mut out));
     assert!(out.is_empty(), "the claim was passed on once");
-    assert_eq!(m.withheld_senders(), vec![(k, withholder, true)], "two owners corroborate");
+    assert_eq!(m.withheld_senders()[0].since_ms, 100, "the store's patience counts from the first claim");
+    assert_eq!(claims(&m), vec![(k, withholder, true)], "two owners corroborate");
     assert!(m.laggard_owners().is_empty(), "owners waiting on a missing contribution are no laggards");
     assert!(owners.iter().all(|o| m.reported(o)));
     // The merge times out: the withholder is planned out and k reduced again.
-    let named = m.withheld_senders();
+    let named = claims(&m);
     m.plan_out_withheld(&named, &mut out);
     assert!(!m.plan.is_participant(&withholder));
     assert_eq!(m.withheld, vec![(k, withholder, true)]);
@@ -522,9 +528,9 @@ fn a_co_owner_withholding_at_two_replicas_no_longer_gets_the_honest_owner_planne
     // the honest owner never gets the withholder's.
     report_all_but(&mut m, k, &[honest], &mut out);
     assert_eq!(m.laggard_owners(), [honest].into(), "before a claim, the honest owner looks the laggard");
-    assert!(m.contributions_missing(honest, k, part.generation, &[withholder], &mut out));
+    assert!(m.contributions_missing(honest, k, part.generation, &[withholder], 0, &mut out));
     assert!(m.laggard_owners().is_empty());
-    assert_eq!(m.withheld_senders(), vec![(k, withholder, false)]);
+    assert_eq!(claims(&m), vec![(k, withholder, false)]);
 
     // The validators find the contribution stored after all: the claim
     // shields its owner no longer, and nobody is named withholding.
@@ -533,7 +539,7 @@ fn a_co_owner_withholding_at_two_replicas_no_longer_gets_the_honest_owner_planne
     assert_eq!(refuted.laggard_owners(), [honest].into());
     assert!(refuted.withheld_senders().is_empty());
     out.clear();
-    assert!(!refuted.contributions_missing(honest, k, part.generation, &[withholder], &mut out) && out.is_empty());
+    assert!(!refuted.contributions_missing(honest, k, part.generation, &[withholder], 0, &mut out) && out.is_empty());
 }
 
 #[test]
@@ -543,13 +549,13 @@ fn claims_that_cannot_be_true_are_ignored() {
     let part = m.plan.partitions[k as usize].clone();
     let mut out = Vec::new();
     let stranger = PeerId([99; 32]);
-    assert!(!m.contributions_missing(sender, k, part.generation, &[part.owners[0]], &mut out), "not an owner");
-    assert!(!m.contributions_missing(part.owners[0], k, part.generation + 1, &[sender], &mut out), "stale");
-    assert!(!m.contributions_missing(part.owners[0], 999, 0, &[sender], &mut out), "no such partition");
-    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[stranger, part.owners[0]], &mut out));
+    assert!(!m.contributions_missing(sender, k, part.generation, &[part.owners[0]], 0, &mut out), "not an owner");
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation + 1, &[sender], 0, &mut out), "stale");
+    assert!(!m.contributions_missing(part.owners[0], 999, 0, &[sender], 0, &mut out), "no such partition");
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[stranger, part.owners[0]], 0, &mut out));
     m.slice_done(part.owners[0], k, part.generation, &SliceReport::of([1; 32]), &mut out);
     out.clear();
-    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[sender], &mut out), "it reduced already");
+    assert!(!m.contributions_missing(part.owners[0], k, part.generation, &[sender], 0, &mut out), "it reduced already");
     assert!(out.is_empty() && m.withheld_senders().is_empty());
 }
 

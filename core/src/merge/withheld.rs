@@ -9,9 +9,10 @@
 //! store its contribution (an honest sender whose frames were lost does,
 //! and the owners read it from the store), and, with validators, asks
 //! them whether it did. A claim keeps its owner from being counted a
-//! laggard on that partition. When the merge times out with a claim
-//! still open on an unsettled partition, the sender is planned out
-//! (`withheld_senders`): its work leaves the merge and the stage goes on.
+//! laggard on that partition. A claim still open on an unsettled
+//! partition past the store's patience (the orchestrator's, counted from
+//! the first claim: `withheld_senders` says when that was) plans the
+//! sender out: its work leaves the merge and the stage goes on.
 //!
 //! A claim is one owner's word: at R = 2 the claimant may be the liar.
 //! So planning a sender out is not yet a conviction. The orchestrator
@@ -26,18 +27,30 @@ use std::collections::BTreeSet;
 use super::{MergeOut, StageMerge};
 use crate::identity::PeerId;
 
+/// A sender claimed missing on a partition still unsettled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WithheldClaim {
+    pub partition: u32,
+    pub sender: PeerId,
+    /// Two distinct owners claimed it.
+    pub corroborated: bool,
+    /// The first claim's time (the orchestrator's milliseconds).
+    pub since_ms: u64,
+}
+
 impl StageMerge {
     /// Owner `owner` of partition `k` (generation `generation`) misses
-    /// these senders' contributions. Stale or foreign claims, and claims
-    /// on a partition the owner has already reported or that is settled,
-    /// are ignored (false). Each sender's first claim on a generation is
-    /// passed on as `MergeOut::Missing`.
+    /// these senders' contributions (claimed at `now_ms`). Stale or
+    /// foreign claims, and claims on a partition the owner has already
+    /// reported or that is settled, are ignored (false). Each sender's
+    /// first claim on a generation is passed on as `MergeOut::Missing`.
     pub fn contributions_missing(
         &mut self,
         owner: PeerId,
         k: u32,
         generation: u32,
         senders: &[PeerId],
+        now_ms: u64,
         out: &mut Vec<MergeOut>,
     ) -> bool {
         let ku = k as usize;
@@ -59,6 +72,7 @@ impl StageMerge {
                 continue;
             }
             self.missing[ku].entry(*s).or_default().insert(owner);
+            self.missing_since.entry((k, *s)).or_insert(now_ms);
             taken = true;
             if self.missing_asked.insert((k, generation, *s)) {
                 out.push(MergeOut::Missing { partition: k, generation, sender: *s });
@@ -75,6 +89,7 @@ impl StageMerge {
         if let Some(m) = self.missing.get_mut(k as usize) {
             m.remove(&sender);
         }
+        self.missing_since.remove(&(k, sender));
     }
 
     /// The owners of partition `k` waiting on a contribution they claimed
@@ -84,10 +99,10 @@ impl StageMerge {
     }
 
     /// Senders claimed missing on a partition that is still unsettled,
-    /// each once: (partition, sender, whether two distinct owners claimed
-    /// it). The orchestrator plans them out when the merge times out.
-    pub fn withheld_senders(&self) -> Vec<(u32, PeerId, bool)> {
-        let mut out: Vec<(u32, PeerId, bool)> = Vec::new();
+    /// each once (its first such partition, corroborated if any of its
+    /// partitions is, since its earliest claim).
+    pub fn withheld_senders(&self) -> Vec<WithheldClaim> {
+        let mut out: Vec<WithheldClaim> = Vec::new();
         for (k, m) in self.missing.iter().enumerate() {
             if !self.open(k) {
                 continue;
@@ -97,9 +112,13 @@ impl StageMerge {
                     continue;
                 }
                 let corroborated = by.len() >= 2;
-                match out.iter_mut().find(|(_, p, _)| p == s) {
-                    Some(e) => e.2 |= corroborated,
-                    None => out.push((k as u32, *s, corroborated)),
+                let since_ms = self.missing_since.get(&(k as u32, *s)).copied().unwrap_or(0);
+                match out.iter_mut().find(|c| c.sender == *s) {
+                    Some(c) => {
+                        c.corroborated |= corroborated;
+                        c.since_ms = c.since_ms.min(since_ms);
+                    }
+                    None => out.push(WithheldClaim { partition: k as u32, sender: *s, corroborated, since_ms }),
                 }
             }
         }

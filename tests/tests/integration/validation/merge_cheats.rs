@@ -71,6 +71,13 @@ async fn a_merge_cheat_is_convicted_in_its_first_merge(mode: Adversary) -> Merge
 /// (at 2, every partition is owned by the cheat and one honest replica,
 /// and no third can referee).
 async fn a_merge_cheat_among(mode: Adversary, replicas: u32) -> MergeCheatRun {
+    a_merge_cheat_named_within(mode, replicas, 0).await
+}
+
+/// `a_merge_cheat_among`, the cheat convicted in its first merge or up to
+/// `within` epochs after it (a withholding finding waits seconds for the
+/// store and outlives its merge: it convicts in the epoch it lands in).
+async fn a_merge_cheat_named_within(mode: Adversary, replicas: u32, within: usize) -> MergeCheatRun {
     let honest = 2 * replicas as usize - 1;
     let r = run_merge_cheat(mode, (2, replicas), (2, 16), honest, |_| {}).await;
     let (bad_peer, history, counters, mismatches, verdicts) =
@@ -86,8 +93,9 @@ async fn a_merge_cheat_among(mode: Adversary, replicas: u32) -> MergeCheatRun {
         .iter()
         .position(|e| e.miners.iter().any(|m| m.peer == bad_peer && ((m.merged && m.completed > 0) || m.convicted)));
     let first = joined.expect("the cheat joined a merge");
-    assert_eq!(history[first].convicted, vec![bad_peer], "convicted in its first merge: {history:?}");
-    assert!(history[..first].iter().all(|e| e.convicted.is_empty()));
+    let named = history.iter().position(|e| !e.convicted.is_empty()).expect("the cheat was convicted");
+    assert!((first..=first + within).contains(&named), "convicted in merge {first} or {within} after: {history:?}");
+    assert_eq!(history[named].convicted, vec![bad_peer], "only the cheat: {history:?}");
     for m in mismatches {
         assert!(m.deviants.iter().all(|d| *d == bad_peer), "an honest owner was named: {m:?}");
     }
@@ -111,12 +119,13 @@ async fn a_replica_equivocating_in_the_merge_is_proven_and_convicted_in_its_firs
 
 /// `withholder`: a replica that keeps its contribution to one partition
 /// from that partition's two owners, and never stores it, while it
-/// reports everything else. The owners report it missing, the validators
-/// find it not stored, and it is convicted in its first merge; the stage
-/// merges without it instead of stalling.
+/// reports everything else. The owners report it missing and the stage
+/// merges without it instead of stalling or waiting; the validators find
+/// it not stored and it is convicted in that epoch or, the finding coming
+/// after the merge, the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_withholding_its_contribution_is_convicted_in_its_first_merge_and_the_stage_does_not_stall() {
-    let r = a_merge_cheat_is_convicted_in_its_first_merge(Adversary::Withholder).await;
+async fn a_replica_withholding_its_contribution_is_convicted_by_the_next_epoch_and_the_stage_does_not_stall() {
+    let r = a_merge_cheat_named_within(Adversary::Withholder, 3, 1).await;
     assert!(r.counters.withheld_contributions >= 1, "{:?}", r.counters);
     assert_eq!((r.counters.equivocations, r.counters.missing_claims_refuted), (0, 0), "{:?}", r.counters);
 }
@@ -127,7 +136,7 @@ async fn a_replica_withholding_its_contribution_is_convicted_in_its_first_merge_
 /// out as the laggard and the withholder merged alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_two_replicas_a_withholder_is_convicted_not_its_honest_co_owner() {
-    let r = a_merge_cheat_among(Adversary::Withholder, 2).await;
+    let r = a_merge_cheat_named_within(Adversary::Withholder, 2, 1).await;
     assert!(r.counters.withheld_contributions >= 1, "{:?}", r.counters);
 }
 
