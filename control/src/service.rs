@@ -193,9 +193,11 @@ impl OrchestratorService {
         id: Arc<Identity>,
     ) -> anyhow::Result<Self> {
         let mut catch_up = HashSet::new();
+        let mut resumed = false;
         let orch = match store.as_ref().map(|s| s.load()).transpose()?.flatten() {
             Some(mut saved) if saved.spec().run_id == orch.spec().run_id => {
                 info!(epoch = saved.epoch(), phase = ?saved.phase(), "resuming run from saved state");
+                resumed = true;
                 catch_up = saved.miners().map(|m| m.peer).collect();
                 saved.resumed(now_ms());
                 saved
@@ -225,6 +227,10 @@ impl OrchestratorService {
             }
         }
         let started = now_ms();
+        // Resuming, the process before this one may have taken envelopes
+        // dated up to `max_ahead` past its last moment; their nonces died
+        // with it, so until then nothing is taken (clients sign again).
+        let not_before = if resumed { started.saturating_add(policy.max_ahead.as_millis() as u64) } else { started };
         let rng = Rng::derived(orch.spec().run_id, &[orch.epoch(), started]);
         let aud = Audience { run_id: orch.spec().run_id, orchestrator: id.peer_id() };
         let core = Core {
@@ -241,7 +247,7 @@ impl OrchestratorService {
         };
         Ok(OrchestratorService {
             core: Arc::new(Mutex::new(core)),
-            verifier: Arc::new(Verifier::new(policy, aud, started)),
+            verifier: Arc::new(Verifier::new(policy, aud, not_before)),
             limits: Arc::new(SourceLimits::new(SourcePolicy::default())),
             audit: Arc::new(Audit::default()),
             id,
@@ -449,6 +455,8 @@ impl OrchestratorRpc for OrchestratorService {
         let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
         let (peer, body): (PeerId, pb::HeartbeatRequest) = self.verify(HEARTBEAT, source, &env)?;
         fields::heartbeat(&body).map_err(|r| self.refuse(HEARTBEAT, r.from(peer)))?;
+        let current = self.with_state(|o| o.epoch());
+        fields::heartbeat_epoch(body.epoch, current).map_err(|r| self.refuse(HEARTBEAT, r.from(peer)))?;
         // `fields::heartbeat` checked the heads: this cannot fail.
         let commitments = iota_protocol::commitments_pb::from_pb(&body.commitments).unwrap_or_default();
         let ev = Event::Heartbeat { peer, tokens_per_s: body.tokens_per_s, in_flight: body.in_flight, commitments };

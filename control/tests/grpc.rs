@@ -162,9 +162,17 @@ async fn restarted_orchestrator_resumes_from_sqlite() {
     let svc2 = service(Some(db.as_path()));
     let after = svc2.with_state(|o| (o.epoch(), o.phase().clone(), o.miners().count()));
     assert_eq!(after, before, "the run resumes where it was");
-    // Its miners are still known: they heartbeat without registering again.
+    // Its miners are still known: they heartbeat without registering again,
+    // once the resumed server's first 5 s are over (until then it takes no
+    // envelope: the process before it may have taken one dated that late).
     let (url2, _server2) = serve(svc2).await;
-    client(&url2, 1).await.heartbeat(0, 0, 1.0, &[]).await.unwrap();
+    let mut c = client(&url2, 1).await;
+    let t0 = std::time::Instant::now();
+    while let Err(e) = c.heartbeat(0, 0, 1.0, &[]).await {
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(8), "still refused: {e}");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
     // A database holding another run is refused.
     let mut other = spec();
     other.run_id = 7;

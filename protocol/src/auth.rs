@@ -202,8 +202,13 @@ pub fn open_hello(h: &pb::HelloReply, pinned: Option<PeerId>) -> Result<Audience
 /// Server-side policy for signed requests.
 #[derive(Clone, Debug)]
 pub struct AuthPolicy {
-    /// Accept timestamps within this much of the server's clock.
+    /// Accept timestamps at most this much behind the server's clock.
     pub max_skew: Duration,
+    /// Accept timestamps at most this much ahead of the server's clock. A
+    /// restarted server refuses envelopes dated before its start plus this
+    /// (the process before it may have seen them: its nonces are gone), so
+    /// it is kept short; clients sign with a synchronized clock.
+    pub max_ahead: Duration,
     /// Requests per second per identity (token bucket refill rate).
     pub rate_per_s: f64,
     /// Bucket size (burst).
@@ -220,6 +225,7 @@ impl Default for AuthPolicy {
     fn default() -> Self {
         AuthPolicy {
             max_skew: Duration::from_secs(30),
+            max_ahead: Duration::from_secs(5),
             rate_per_s: 200.0,
             burst: 400.0,
             max_body: 1 << 20,
@@ -274,7 +280,8 @@ struct Seen {
 
 impl Verifier {
     /// A verifier for requests to `aud`, refusing any signed before `not_before_ms`
-    /// (the server's start).
+    /// (the server's start; a restarted server's start plus `max_ahead`,
+    /// see `AuthPolicy::max_ahead`).
     pub fn new(policy: AuthPolicy, aud: Audience, not_before_ms: u64) -> Self {
         let buckets = Mutex::new(TokenBuckets::new(policy.rate_per_s, policy.burst, MAX_BUCKETS));
         Verifier { policy, aud, not_before_ms, seen: Mutex::new(Seen::default()), buckets }
@@ -314,11 +321,13 @@ impl Verifier {
         }
         // From here on the caller is who it says it is.
         let skew = self.policy.max_skew.as_millis() as u64;
-        if s.timestamp_ms.saturating_add(skew) < now_ms || s.timestamp_ms > now_ms.saturating_add(skew) {
+        let ahead = self.policy.max_ahead.as_millis() as u64;
+        if s.timestamp_ms.saturating_add(skew) < now_ms || s.timestamp_ms > now_ms.saturating_add(ahead) {
             let m = format!(
-                "stale timestamp: {} ms from server time (window {} ms)",
+                "stale timestamp: {} ms from server time (window {} ms behind, {} ms ahead)",
                 (s.timestamp_ms as i128).saturating_sub(now_ms as i128),
-                skew
+                skew,
+                ahead
             );
             return Err(Rejected::new(Reason::StaleTimestamp, m).from(peer));
         }
@@ -414,7 +423,7 @@ mod tests {
         // stale and future timestamps
         let old = sign(&id, M, &body(), now - 31_000);
         assert_eq!(v.verify::<HeartbeatRequest>(M, &old, now).unwrap_err().reason.code(), Code::Unauthenticated);
-        let future = sign(&id, M, &body(), now + 31_000);
+        let future = sign(&id, M, &body(), now + 6_000);
         assert_eq!(v.verify::<HeartbeatRequest>(M, &future, now).unwrap_err().reason.code(), Code::Unauthenticated);
         // malformed envelope
         let mut short = sign(&id, M, &body(), now);

@@ -120,6 +120,16 @@ pub fn register(r: &pb::RegisterRequest) -> Result<(), Rejected> {
     printable("device", &r.device, MAX_DEVICE_LEN)
 }
 
+/// A heartbeat's `epoch` against the run's current one: a miner is in
+/// the current epoch, or (its clock ahead of the orchestrator's news) the
+/// next; anything later is a bad field, not a hint.
+pub fn heartbeat_epoch(epoch: u64, current: u64) -> Result<(), Rejected> {
+    if epoch > current.saturating_add(1) {
+        return Err(bad("epoch", format!("{epoch} is past the run's epoch {current} + 1")));
+    }
+    Ok(())
+}
+
 pub fn heartbeat(h: &pb::HeartbeatRequest) -> Result<(), Rejected> {
     tokens_per_s("tokens_per_s", h.tokens_per_s)?;
     if h.in_flight > MAX_IN_FLIGHT {
@@ -507,6 +517,11 @@ mod tests {
         assert!(heartbeat(&hb(5.0, 3)).is_ok());
         for h in [hb(f64::NAN, 0), hb(-1.0, 0), hb(f64::INFINITY, 0), hb(1.0, u32::MAX)] {
             assert_eq!(heartbeat(&h).unwrap_err().reason, Reason::InvalidField);
+        }
+        assert!(heartbeat_epoch(0, 0).is_ok() && heartbeat_epoch(4, 3).is_ok() && heartbeat_epoch(2, 7).is_ok());
+        for (epoch, current) in [(2, 0), (u64::MAX, 3), (u64::MAX, u64::MAX - 2)] {
+            let e = heartbeat_epoch(epoch, current).unwrap_err();
+            assert!(e.reason == Reason::InvalidField && e.message.contains("epoch"), "{epoch} {current}: {e:?}");
         }
         let loss = |l: f32, t: u32| pb::Report {
             kind: Some(pb::report::Kind::Loss(pb::LossReport { loss: l, tokens: t, ..Default::default() })),

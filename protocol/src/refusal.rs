@@ -91,9 +91,10 @@ impl Reason {
             Reason::MalformedEnvelope | Reason::BodyTooLarge | Reason::BadBody | Reason::InvalidField => {
                 Code::InvalidArgument
             }
-            Reason::WeakKey | Reason::BadSignature | Reason::StaleTimestamp | Reason::BeforeStart => {
-                Code::Unauthenticated
-            }
+            Reason::WeakKey | Reason::BadSignature | Reason::StaleTimestamp => Code::Unauthenticated,
+            // The server just (re)started: the same request signed again
+            // goes through, so clients retry it as they do a restart.
+            Reason::BeforeStart => Code::Unavailable,
             Reason::ReplayedNonce => Code::AlreadyExists,
             Reason::RateLimited | Reason::TooManyIdentities | Reason::RunFull | Reason::DoesNotFit => {
                 Code::ResourceExhausted

@@ -191,17 +191,38 @@ async fn envelopes_do_not_replay_across_restarts_or_runs() {
     let env = c.sign(srv, REGISTER, &register_body("127.0.0.1:9000", 1.0, "cpu"));
     rpc.register(env.clone()).await.unwrap();
     assert_eq!(rpc.register(env.clone()).await.unwrap_err().code(), Code::AlreadyExists);
+    // Dated ahead of the server's clock: 3 s is taken, 10 s is not.
+    let hb = pb::HeartbeatRequest { tokens_per_s: 1.0, ..Default::default() };
+    let ahead = c.sign_at(srv, HEARTBEAT, &hb, now_ms() + 3_000, rand_bytes());
+    rpc.heartbeat(ahead.clone()).await.unwrap();
+    let far = c.sign_at(srv, HEARTBEAT, &hb, now_ms() + 10_000, rand_bytes());
+    assert_eq!(rpc.heartbeat(far).await.unwrap_err().code(), Code::Unauthenticated);
     // The orchestrator restarts from its state (same key, same run); its
-    // nonce memory is gone, but the envelope predates it.
+    // nonce memory is gone, but the envelopes predate it: the one signed
+    // before the restart, and (issue 61) the one dated ahead, signed
+    // before it and dated after it, which the first process took.
     task.abort();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let (mut rpc2, srv2, _t2) = serve(service(spec(1, 2, 1), Some(&db), 1)).await;
     assert_eq!((srv2.run_id, srv2.orchestrator), (srv.run_id, srv.orchestrator));
     let e = rpc2.register(env.clone()).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
     assert!(e.message().contains("before this orchestrator started"), "{}", e.message());
-    // Freshly signed, it is fine.
-    rpc2.register(c.sign(srv2, REGISTER, &register_body("127.0.0.1:9000", 1.0, "cpu"))).await.unwrap();
+    let e = rpc2.heartbeat(ahead).await.unwrap_err();
+    assert!(e.message().contains("before this orchestrator started"), "the replay dated ahead: {e}");
+    // Freshly signed, it goes through once the restart's window (5 s,
+    // `AuthPolicy::max_ahead`) has passed; until then it is asked again.
+    let t0 = std::time::Instant::now();
+    loop {
+        match rpc2.register(c.sign(srv2, REGISTER, &register_body("127.0.0.1:9000", 1.0, "cpu"))).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                assert!(t0.elapsed() < Duration::from_secs(8), "still refused: {e}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
     // Another run's orchestrator (another key, another run id) refuses an
     // envelope signed for this one, even fresh.
     let (mut other, _srv3, _t3) = serve(service(spec(2, 2, 1), None, 2)).await;
@@ -226,13 +247,16 @@ async fn every_field_is_checked_and_every_refusal_counted() {
         assert!(e.message().contains(field), "{field}: {}", e.message());
     }
     rpc.register(c.sign(srv, REGISTER, &register_body("127.0.0.1:9000", 1.0, "cpu"))).await.unwrap();
-    for (tps, in_flight, field) in [
-        (f64::NAN, 0, "tokens_per_s"),
-        (-1.0, 0, "tokens_per_s"),
-        (f64::INFINITY, 0, "tokens_per_s"),
-        (1.0, u32::MAX, "in_flight"),
+    for (epoch, tps, in_flight, field) in [
+        (0, f64::NAN, 0, "tokens_per_s"),
+        (0, -1.0, 0, "tokens_per_s"),
+        (0, f64::INFINITY, 0, "tokens_per_s"),
+        (0, 1.0, u32::MAX, "in_flight"),
+        // Past the run's epoch (0) + 1 (issue 61: it was accepted).
+        (u64::MAX, 1.0, 0, "epoch"),
+        (2, 1.0, 0, "epoch"),
     ] {
-        let body = pb::HeartbeatRequest { epoch: 0, in_flight, tokens_per_s: tps, ..Default::default() };
+        let body = pb::HeartbeatRequest { epoch, in_flight, tokens_per_s: tps, ..Default::default() };
         let e = rpc.heartbeat(c.sign(srv, HEARTBEAT, &body)).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e}");
         assert!(e.message().contains(field), "{field}: {}", e.message());
@@ -254,7 +278,7 @@ async fn every_field_is_checked_and_every_refusal_counted() {
     rpc.heartbeat(once.clone()).await.unwrap();
     assert_eq!(rpc.heartbeat(once).await.unwrap_err().code(), Code::AlreadyExists);
     let st = rpc.status(c.sign(srv, STATUS, &pb::StatusRequest {})).await.unwrap().into_inner();
-    assert_eq!(st.refusals.get("invalid_field"), Some(&9), "{:?}", st.refusals);
+    assert_eq!(st.refusals.get("invalid_field"), Some(&11), "{:?}", st.refusals);
     assert_eq!(st.refusals.get("bad_signature"), Some(&1), "{:?}", st.refusals);
     assert_eq!(st.refusals.get("replayed_nonce"), Some(&1), "{:?}", st.refusals);
     assert_eq!(st.refusals.get("body_too_large"), Some(&1), "{:?}", st.refusals);
