@@ -18,7 +18,7 @@
 use iota_core::{PeerId, Rng};
 use iota_protocol::{MbRef, pb};
 
-use super::{MbStatus, MinerState, Ms, Orchestrator, Out, Refusal};
+use super::{MbStatus, MinerState, Ms, Orchestrator, Out, Phase, Refusal};
 
 /// Epochs benched before a miner is removed from the run.
 pub const REMOVE_AFTER_BENCHED_EPOCHS: u32 = 3;
@@ -432,5 +432,29 @@ impl Orchestrator {
                 drawn.last().map(|(m, _)| m.peer)
             })
             .collect()
+    }
+}
+
+impl Orchestrator {
+    /// A miner's heartbeat: it is heard from now, at this throughput.
+    pub(super) fn on_heartbeat(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        tokens_per_s: f64,
+        in_flight: u32,
+    ) -> Result<(), Refusal> {
+        let phase_waiting = self.phase == Phase::Waiting;
+        let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
+        m.last_seen_ms = now;
+        m.tokens_per_s = tokens_per_s;
+        m.reported_in_flight = in_flight;
+        if !m.healthy {
+            // Back from a silence: it lost its in-flight work; it
+            // rejoins by download at the next epoch.
+            m.healthy = true;
+            m.joining = !phase_waiting;
+        }
+        Ok(())
     }
 }

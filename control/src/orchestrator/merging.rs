@@ -2,10 +2,11 @@
 //! Merging starts, and turning a stage merge's outputs into commands.
 
 use iota_core::merge::{MergeOut, MergePlan, Participant, PartitionOf, SignedContribution, SliceReport, StageMerge};
-use iota_protocol::{MergeMethod, pb};
+use iota_protocol::{MergeMethod, StoredObject, pb};
 
 use iota_core::PeerId;
 
+use super::state::Upload;
 use super::{Ms, Orchestrator, Out, Phase, Refusal};
 
 /// Checks the contribution headers an owner reported with its result for
@@ -302,5 +303,75 @@ impl Orchestrator {
             self.counters.merge_updates_from_store += u;
         }
         accepted
+    }
+}
+
+impl Orchestrator {
+    /// A miner uploaded its epoch's work for the merge (parameter server:
+    /// the object it stored, checked to be its own).
+    pub(super) fn on_upload_done(
+        &mut self,
+        peer: PeerId,
+        (epoch, stage): (u64, u32),
+        key: String,
+        work: u64,
+        object: Option<StoredObject>,
+    ) -> Result<(), Refusal> {
+        let current = epoch == self.epoch && matches!(self.phase, Phase::Uploading);
+        if !current || self.miners.get(&peer).is_none_or(|m| m.stage != stage) {
+            self.counters.stale_reports += 1;
+            return Ok(());
+        }
+        match (self.spec.merge.method, object) {
+            (MergeMethod::ParameterServer, Some(o)) => {
+                self.check_upload(peer, epoch, stage, &o).inspect_err(|_| self.counters.foreign_objects += 1)?;
+                self.record_upload(peer, epoch, stage, o);
+            }
+            (MergeMethod::ParameterServer, None) => {
+                return Err(Refusal::Invalid("a parameter-server upload must announce its object".into()));
+            }
+            (MergeMethod::Butterfly, _) => {}
+        }
+        self.uploads.entry(stage).or_default().insert(peer, Upload { key, work });
+        Ok(())
+    }
+
+    /// A miner finished its part of the merge: the parameter server's
+    /// aggregator stored the merged weights, or a butterfly participant
+    /// holds merged weights with this hash.
+    pub(super) fn on_merge_done(
+        &mut self,
+        peer: PeerId,
+        (epoch, stage): (u64, u32),
+        key: String,
+        weights_hash: &[u8],
+        object: Option<StoredObject>,
+        from_store: (u32, u32),
+    ) -> Result<(), Refusal> {
+        let current = self.merge_is_current(epoch);
+        let accepted = match self.spec.merge.method {
+            MergeMethod::ParameterServer if current && self.aggregator(stage) == Some(peer) => {
+                self.record_merged(epoch, stage, object).inspect_err(|e| {
+                    if matches!(e, Refusal::NotYours(_)) {
+                        self.counters.foreign_objects += 1;
+                    }
+                })?;
+                self.merged.insert(stage, key);
+                if let Ok(h) = <[u8; 32]>::try_from(weights_hash) {
+                    self.merged_hash.insert(stage, h);
+                }
+                true
+            }
+            MergeMethod::Butterfly if current => {
+                let h = <[u8; 32]>::try_from(weights_hash)
+                    .map_err(|_| Refusal::Invalid("weights hash must be 32 bytes".into()))?;
+                self.butterfly_done(peer, (epoch, stage), h, from_store)
+            }
+            _ => false,
+        };
+        if !accepted {
+            self.counters.stale_reports += 1;
+        }
+        Ok(())
     }
 }

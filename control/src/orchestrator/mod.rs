@@ -238,16 +238,7 @@ impl Orchestrator {
             Event::Heartbeat { peer, .. } if self.validator_heartbeat(now, &peer) => {}
             Event::Heartbeat { peer, tokens_per_s, in_flight, commitments } => {
                 self.on_commitments(peer, commitments)?;
-                let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
-                m.last_seen_ms = now;
-                m.tokens_per_s = tokens_per_s;
-                m.reported_in_flight = in_flight;
-                if !m.healthy {
-                    // Back from a silence: it lost its in-flight work; it
-                    // rejoins by download at the next epoch.
-                    m.healthy = true;
-                    m.joining = self.phase != Phase::Waiting;
-                }
+                self.on_heartbeat(now, peer, tokens_per_s, in_flight)?;
             }
             Event::Loss { peer, mb, attempt, loss, tokens } => {
                 self.known(&peer)?;
@@ -264,49 +255,11 @@ impl Orchestrator {
             Event::UploadDone { peer, epoch, stage, key, work, object, commitments } => {
                 self.known(&peer)?;
                 self.on_commitments(peer, commitments)?;
-                if epoch == self.epoch && matches!(self.phase, Phase::Uploading) && self.miners[&peer].stage == stage {
-                    match (self.spec.merge.method, object) {
-                        (MergeMethod::ParameterServer, Some(o)) => {
-                            self.check_upload(peer, epoch, stage, &o)
-                                .inspect_err(|_| self.counters.foreign_objects += 1)?;
-                            self.record_upload(peer, epoch, stage, o);
-                        }
-                        (MergeMethod::ParameterServer, None) => {
-                            return Err(Refusal::Invalid("a parameter-server upload must announce its object".into()));
-                        }
-                        (MergeMethod::Butterfly, _) => {}
-                    }
-                    self.uploads.entry(stage).or_default().insert(peer, Upload { key, work });
-                } else {
-                    self.counters.stale_reports += 1;
-                }
+                self.on_upload_done(peer, (epoch, stage), key, work, object)?;
             }
             Event::MergeDone { peer, epoch, stage, key, weights_hash, object, from_store } => {
                 self.known(&peer)?;
-                let current = self.merge_is_current(epoch);
-                let accepted = match self.spec.merge.method {
-                    MergeMethod::ParameterServer if current && self.aggregator(stage) == Some(peer) => {
-                        self.record_merged(epoch, stage, object).inspect_err(|e| {
-                            if matches!(e, Refusal::NotYours(_)) {
-                                self.counters.foreign_objects += 1;
-                            }
-                        })?;
-                        self.merged.insert(stage, key);
-                        if let Ok(h) = <[u8; 32]>::try_from(weights_hash.as_slice()) {
-                            self.merged_hash.insert(stage, h);
-                        }
-                        true
-                    }
-                    MergeMethod::Butterfly if current => {
-                        let h = <[u8; 32]>::try_from(weights_hash.as_slice())
-                            .map_err(|_| Refusal::Invalid("weights hash must be 32 bytes".into()))?;
-                        self.butterfly_done(peer, (epoch, stage), h, from_store)
-                    }
-                    _ => false,
-                };
-                if !accepted {
-                    self.counters.stale_reports += 1;
-                }
+                self.on_merge_done(peer, (epoch, stage), key, &weights_hash, object, from_store)?;
             }
             Event::SliceDone { peer, epoch, stage, partition, generation, hash, contributions, flagged } => {
                 self.known(&peer)?;
