@@ -28,13 +28,14 @@ if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
     } || echo "note: postgresql could not be installed; the PostgreSQL state test will skip" >&2
 fi
 python3 scripts/check-graph.py
-# The code is as rustfmt (rustfmt.toml) lays it out.
-if rustup component list --installed 2>/dev/null | grep -q rustfmt || command -v rustfmt >/dev/null; then
-    cargo fmt --all -- --check
-else
-    rustup component add rustfmt >/dev/null 2>&1 && cargo fmt --all -- --check \
-        || echo "note: rustfmt could not be installed; the formatting check is skipped" >&2
-fi
+# The code is as rustfmt (rustfmt.toml) lays it out, and clippy has
+# nothing to say (its default lints, warnings as errors).
+for tool in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$tool" || rustup component add "$tool" >/dev/null 2>&1 \
+        || echo "note: $tool could not be installed; its check is skipped" >&2
+done
+if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; fi
+if cargo clippy --version >/dev/null 2>&1; then cargo clippy --workspace --all-targets -- -D warnings; fi
 cargo test --workspace --all-targets --exclude iota-tests "$@"
 # The integration binary runs whole swarms (4 to 6 miners, each with its
 # own threads, on timeouts of seconds): one at a time, so a 2-core machine

@@ -121,7 +121,7 @@ impl Orchestrator {
     /// Mbit/s, on top of `STORE_PATIENCE_MS`.
     fn store_patience_ms(&self, stage: u32, k: u32) -> Ms {
         let len = self.butterfly.get(&stage).and_then(|bm| bm.plan.partitions.get(k as usize)).map_or(0, |p| p.len);
-        let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK as u64)).unwrap_or(usize::MAX);
+        let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK)).unwrap_or(usize::MAX);
         let slice = self.spec.merge.codec.payload_bytes(blocks, iota_core::merge::BLOCK as usize);
         let bytes = slice.map_or(u64::MAX, |b| b as u64);
         STORE_PATIENCE_MS + (bytes.saturating_mul(2000) / STORE_BYTES_PER_S).min(3_600_000)

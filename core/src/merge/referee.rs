@@ -13,6 +13,7 @@
 //! - it differs: the referee and the owner it sided with agreed on a
 //!   wrong result (`MergeOut::Colluded`: both planned out, convicted);
 //! - no answer in time: the result is applied and nobody is named.
+//!
 //! Without audits (no validators) the referee's side is applied and
 //! nobody is named.
 //!

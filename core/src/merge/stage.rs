@@ -187,8 +187,11 @@ pub struct StageMerge {
     /// recompute, by partition: (generation, each owner's hash). See
     /// `referee.rs`.
     #[serde(default)]
-    pub disputed: BTreeMap<u32, (u32, Vec<(PeerId, [u8; 32])>)>,
+    pub disputed: BTreeMap<u32, (u32, OwnerHashes)>,
 }
+
+/// Each owner of a partition with the hash it reported.
+pub type OwnerHashes = Vec<(PeerId, [u8; 32])>;
 
 /// A disputed partition's referee result waiting for its audit (see
 /// `referee.rs`).

@@ -96,7 +96,10 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     // SAFETY: `path` is NUL-terminated and outlives the call; `s` is a
     // valid place for the result.
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut s) };
-    (rc == 0).then(|| u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
+    // The fields are u64 on 64-bit Linux, narrower elsewhere.
+    #[allow(clippy::useless_conversion, reason = "the statvfs field types differ across platforms")]
+    let (avail, frsize) = (u64::from(s.f_bavail), u64::from(s.f_frsize));
+    (rc == 0).then(|| avail.saturating_mul(frsize))
 }
 
 /// One snapshot on disk (or being written there).
