@@ -65,46 +65,72 @@ impl Orchestrator {
         (addr, tokens_per_s, device, memory): (String, f64, String, MemoryStated),
         out: &mut Vec<Out>,
     ) -> Result<bool, Refusal> {
-        if self.is_validator(&peer) {
+        self.may_register(&peer)?;
+        if let Some(stage) = self.miners.get(&peer).map(|m| m.stage) {
+            // It keeps its stage: which must still fit what it states now.
+            self.fits(stage, &memory)?;
+            self.registered_again(now, peer, (addr, tokens_per_s, device, memory), out);
+            return Ok(false);
+        }
+        let stage = self.stage_for_newcomer(&memory)?;
+        let index = self.next_index;
+        self.next_index += 1;
+        let joining = self.joins_late();
+        let m = MinerState::newcomer(peer, index, (addr, stage), now, joining, (tokens_per_s, device, memory));
+        self.miners.insert(peer, m);
+        Ok(true)
+    }
+
+    /// Refuses a validator's identity, and miners its validators ejected or
+    /// the run removed.
+    fn may_register(&self, peer: &PeerId) -> Result<(), Refusal> {
+        if self.is_validator(peer) {
             return Err(Refusal::Invalid(format!("peer {peer} is registered as a validator")));
         }
-        if self.miners.get(&peer).is_some_and(|m| m.ejected) {
+        if self.miners.get(peer).is_some_and(|m| m.ejected) {
             return Err(Refusal::Invalid(format!("peer {peer} was ejected from the run by its validators")));
         }
-        if self.miners.get(&peer).is_some_and(|m| m.removed) {
+        if self.miners.get(peer).is_some_and(|m| m.removed) {
             return Err(Refusal::Invalid(format!(
                 "peer {peer} was removed from the run (benched in {} epochs)",
                 super::liveness::REMOVE_AFTER_BENCHED_EPOCHS
             )));
         }
-        if let Some(stage) = self.miners.get(&peer).map(|m| m.stage) {
-            // It keeps its stage: which must still fit what it states now.
-            self.fits(stage, &memory)?;
+        Ok(())
+    }
+
+    /// A restart of a known miner: same stage; its in-flight work is lost
+    /// (re-routed) and it reloads weights; a new address is announced.
+    fn registered_again(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        (addr, tokens_per_s, device, memory): (String, f64, String, MemoryStated),
+        out: &mut Vec<Out>,
+    ) {
+        let lost: Vec<u64> = self.in_flight_through(peer);
+        let late = self.joins_late();
+        let Some(m) = self.miners.get_mut(&peer) else { return };
+        let moved = m.addr != addr;
+        m.memory = memory;
+        m.addr = addr;
+        m.device = device;
+        m.tokens_per_s = tokens_per_s;
+        m.last_seen_ms = now;
+        m.healthy = true;
+        m.joining = late;
+        let announce = moved && m.subscribed;
+        self.reroute_all(now, lost, Some(peer), true, out);
+        if announce {
+            self.announce(peer, out);
         }
-        if let Some(m) = self.miners.get_mut(&peer) {
-            // A restart of a known miner: same stage; its in-flight work is
-            // lost (re-routed by the health check) and it reloads weights.
-            let moved = m.addr != addr;
-            m.memory = memory;
-            m.addr = addr;
-            m.device = device;
-            m.tokens_per_s = tokens_per_s;
-            m.last_seen_ms = now;
-            let lost: Vec<u64> = self.in_flight_through(peer);
-            let late = self.joins_late();
-            let m = self.miners.get_mut(&peer).unwrap();
-            m.healthy = true;
-            m.joining = late;
-            let announce = moved && m.subscribed;
-            self.reroute_all(now, lost, Some(peer), true, out);
-            if announce {
-                self.announce(peer, out);
-            }
-            return Ok(false);
-        }
-        // One pass over the miners: per stage, how many are registered,
-        // how many count (live, or a claim not yet subscribed, so a burst
-        // of registrations spreads), and their throughput.
+    }
+
+    /// The stage a newcomer stating `memory` joins: among the stages with
+    /// room and that its memory holds, the fewest counted miners (live, or
+    /// a claim not yet subscribed, so a burst of registrations spreads),
+    /// then the least throughput.
+    fn stage_for_newcomer(&self, memory: &MemoryStated) -> Result<u32, Refusal> {
         let stages = self.spec.stages as usize;
         let (mut registered, mut counted, mut tps) = (vec![0usize; stages], vec![0usize; stages], vec![0f64; stages]);
         for m in self.miners.values() {
@@ -117,14 +143,12 @@ impl Orchestrator {
                 tps[s] += m.tokens_per_s;
             }
         }
-        // Fewest counted first, then the least throughput; only stages its
-        // memory holds.
         let per_stage = self.spec.max_miners_per_stage() as usize;
         let open: Vec<usize> = (0..stages).filter(|&s| registered[s] < per_stage).collect();
         if open.is_empty() {
             return Err(Refusal::Full(self.miners.len()));
         }
-        let fitting: Vec<usize> = open.iter().copied().filter(|&s| self.fits(s as u32, &memory).is_ok()).collect();
+        let fitting: Vec<usize> = open.iter().copied().filter(|&s| self.fits(s as u32, memory).is_ok()).collect();
         let Some(stage) = fitting
             .into_iter()
             .min_by(|&a, &b| counted[a].cmp(&counted[b]).then(tps[a].total_cmp(&tps[b])).then(a.cmp(&b)))
@@ -134,51 +158,9 @@ impl Orchestrator {
                 .iter()
                 .copied()
                 .min_by_key(|&s| self.memory_needs.as_ref().map_or(0, |n| n.least(memory.compute, s)));
-            return Err(self
-                .fits(least.unwrap_or(0) as u32, &memory)
-                .err()
-                .unwrap_or(Refusal::Full(self.miners.len())));
+            return Err(self.fits(least.unwrap_or(0) as u32, memory).err().unwrap_or(Refusal::Full(self.miners.len())));
         };
-        let stage = stage as u32;
-        let index = self.next_index;
-        self.next_index += 1;
-        self.miners.insert(
-            peer,
-            MinerState {
-                peer,
-                index,
-                addr,
-                stage,
-                healthy: true,
-                subscribed: false,
-                registered_ms: now,
-                joining: self.joins_late(),
-                last_seen_ms: now,
-                tokens_per_s,
-                device,
-                in_flight: 0,
-                reported_in_flight: 0,
-                work: 0,
-                failures: 0,
-                failures_in_a_row: 0,
-                benched: false,
-                benched_epochs: 0,
-                removed: false,
-                probation: true,
-                delivered: 0,
-                latency_ms: 0.0,
-                delivery_ms: 0.0,
-                convicted: false,
-                convicted_epochs: 0,
-                suspended_through: None,
-                ejected: false,
-                commitments: std::collections::BTreeMap::new(),
-                memory,
-                unreachable_by: Vec::new(),
-                false_reports: 0,
-            },
-        );
-        Ok(true)
+        Ok(stage as u32)
     }
 
     /// A miner opened its command stream: it gets its assignment (the whole

@@ -212,6 +212,51 @@ fn yes() -> bool {
 }
 
 impl MinerState {
+    /// A miner registering for the first time: on probation, healthy, not
+    /// yet listening (a claim until it subscribes).
+    pub(crate) fn newcomer(
+        peer: PeerId,
+        index: u32,
+        (addr, stage): (String, u32),
+        now: u64,
+        joining: bool,
+        (tokens_per_s, device, memory): (f64, String, MemoryStated),
+    ) -> MinerState {
+        MinerState {
+            peer,
+            index,
+            addr,
+            stage,
+            healthy: true,
+            subscribed: false,
+            registered_ms: now,
+            joining,
+            last_seen_ms: now,
+            tokens_per_s,
+            device,
+            in_flight: 0,
+            reported_in_flight: 0,
+            work: 0,
+            failures: 0,
+            failures_in_a_row: 0,
+            benched: false,
+            benched_epochs: 0,
+            removed: false,
+            probation: true,
+            delivered: 0,
+            latency_ms: 0.0,
+            delivery_ms: 0.0,
+            convicted: false,
+            convicted_epochs: 0,
+            suspended_through: None,
+            ejected: false,
+            commitments: BTreeMap::new(),
+            memory,
+            unreachable_by: Vec::new(),
+            false_reports: 0,
+        }
+    }
+
     /// Takes part in the run: subscribed and heard from recently.
     pub fn live(&self) -> bool {
         self.healthy && self.subscribed && !self.removed
