@@ -58,55 +58,10 @@ pub fn state(o: &Orchestrator, now: Ms) -> Value {
     let spec = o.spec();
     let c = o.counters();
     let history = o.history();
-    // The training curve: every epoch's micro-batches in issue order, then
-    // the current epoch's completed ones; x counts micro-batches.
-    let mut losses: Vec<f32> = history.iter().flat_map(|e| e.losses.iter().copied()).collect();
-    let mut held_out = Vec::new();
-    let mut at = 0usize;
-    for e in history {
-        at += e.losses.len();
-        if let Some(l) = e.held_out_loss.filter(|l| l.is_finite()) {
-            held_out.push(json!([at, l, e.epoch]));
-        }
-    }
-    losses.extend(o.current_losses());
-    let train: Vec<Value> = downsample(&losses, MAX_CURVE_POINTS).into_iter().map(|(x, y)| json!([x, y])).collect();
+    let (losses, train, held_out) = curves(o);
     let training_s = o.training_ms(now) as f64 / 1e3;
     let per_mb = o.tokens_per_micro_batch();
-    let mut miners: Vec<Value> = o
-        .miners()
-        .filter(|m| m.subscribed)
-        .take(MAX_MINERS)
-        .map(|m| {
-            let health = if m.ejected {
-                "ejected"
-            } else if m.removed {
-                "removed"
-            } else if m.benched {
-                "benched"
-            } else if !m.healthy {
-                "silent"
-            } else if m.joining {
-                "joining"
-            } else {
-                "healthy"
-            };
-            json!({
-                "peer": short(&m.peer),
-                "stage": m.stage,
-                "device": if m.device.is_empty() { "?" } else { m.device.as_str() },
-                "health": health,
-                "convicted": m.convicted,
-                "in_flight": m.in_flight,
-                "delivered": m.delivered,
-                "reported_tokens_per_s": num(m.tokens_per_s),
-                "mean_tokens_per_s": num(if training_s > 0.0 { m.delivered as f64 * per_mb / training_s } else { 0.0 }),
-                "latency_ms": num(m.latency_ms),
-                "last_seen_s": now.saturating_sub(m.last_seen_ms) as f64 / 1e3,
-            })
-        })
-        .collect();
-    miners.sort_by_key(|m| (m["stage"].as_u64(), m["peer"].as_str().map(String::from)));
+    let miners = miners_json(o, now, training_s, per_mb);
     let stages: Vec<Value> = (0..spec.stages)
         .map(|s| {
             let of: Vec<_> = o.miners().filter(|m| m.stage == s && m.subscribed).collect();
@@ -124,41 +79,9 @@ pub fn state(o: &Orchestrator, now: Ms) -> Value {
         .into_iter()
         .map(|(p, n)| json!({"miners": p.iter().map(short).collect::<Vec<_>>(), "in_flight": n}))
         .collect();
-    let epochs: Vec<Value> = history
-        .iter()
-        .rev()
-        .take(MAX_EPOCHS)
-        .map(|e| {
-            json!({
-                "epoch": e.epoch,
-                "mean_loss": num(f64::from(e.mean_loss)),
-                "held_out_loss": e.held_out_loss.map(|l| num(f64::from(l))),
-                "completed": e.completed,
-                "dropped": e.dropped,
-                "convicted": e.convicted.len(),
-                "rolled_back": e.rolled_back,
-            })
-        })
-        .collect();
+    let epochs = epochs_json(history);
     let verdicts = o.verdicts();
-    let payouts: Vec<Value> = o
-        .payout_table()
-        .into_iter()
-        .take(MAX_PAYOUTS)
-        .map(|p| {
-            json!({
-                "peer": short(&p.peer),
-                "stage": p.stage,
-                "completed": p.completed,
-                "guilty_votes": p.guilty_votes,
-                "convictions": p.convictions,
-                "clasp_effect": p.clasp_effect.map(num),
-                "weight": num(p.weight),
-                "incentive": num(p.incentive),
-                "emission": num(p.emission),
-            })
-        })
-        .collect();
+    let payouts = payouts_json(o);
     let phase = format!("{:?}", o.phase()).to_lowercase();
     json!({
         "run_id": spec.run_id,
@@ -200,6 +123,105 @@ pub fn state(o: &Orchestrator, now: Ms) -> Value {
         "payouts": payouts,
         "settled_epochs": o.settlements().last().map_or(0, |s| s.epoch + 1),
     })
+}
+
+/// The training curve (every epoch's micro-batches in issue order, then
+/// the current epoch's completed ones; x counts micro-batches), downsampled,
+/// and the held-out losses placed on it.
+fn curves(o: &Orchestrator) -> (Vec<f32>, Vec<Value>, Vec<Value>) {
+    let history = o.history();
+    let mut losses: Vec<f32> = history.iter().flat_map(|e| e.losses.iter().copied()).collect();
+    let mut held_out = Vec::new();
+    let mut at = 0usize;
+    for e in history {
+        at += e.losses.len();
+        if let Some(l) = e.held_out_loss.filter(|l| l.is_finite()) {
+            held_out.push(json!([at, l, e.epoch]));
+        }
+    }
+    losses.extend(o.current_losses());
+    let train: Vec<Value> = downsample(&losses, MAX_CURVE_POINTS).into_iter().map(|(x, y)| json!([x, y])).collect();
+    (losses, train, held_out)
+}
+
+/// The subscribed miners (at most `MAX_MINERS`), by stage then peer.
+fn miners_json(o: &Orchestrator, now: Ms, training_s: f64, per_mb: f64) -> Vec<Value> {
+    let mut miners: Vec<Value> = o
+        .miners()
+        .filter(|m| m.subscribed)
+        .take(MAX_MINERS)
+        .map(|m| {
+            let health = if m.ejected {
+                "ejected"
+            } else if m.removed {
+                "removed"
+            } else if m.benched {
+                "benched"
+            } else if !m.healthy {
+                "silent"
+            } else if m.joining {
+                "joining"
+            } else {
+                "healthy"
+            };
+            json!({
+                "peer": short(&m.peer),
+                "stage": m.stage,
+                "device": if m.device.is_empty() { "?" } else { m.device.as_str() },
+                "health": health,
+                "convicted": m.convicted,
+                "in_flight": m.in_flight,
+                "delivered": m.delivered,
+                "reported_tokens_per_s": num(m.tokens_per_s),
+                "mean_tokens_per_s": num(if training_s > 0.0 { m.delivered as f64 * per_mb / training_s } else { 0.0 }),
+                "latency_ms": num(m.latency_ms),
+                "last_seen_s": now.saturating_sub(m.last_seen_ms) as f64 / 1e3,
+            })
+        })
+        .collect();
+    miners.sort_by_key(|m| (m["stage"].as_u64(), m["peer"].as_str().map(String::from)));
+    miners
+}
+
+/// The latest epochs (at most `MAX_EPOCHS`), newest first.
+fn epochs_json(history: &[crate::orchestrator::EpochSummary]) -> Vec<Value> {
+    history
+        .iter()
+        .rev()
+        .take(MAX_EPOCHS)
+        .map(|e| {
+            json!({
+                "epoch": e.epoch,
+                "mean_loss": num(f64::from(e.mean_loss)),
+                "held_out_loss": e.held_out_loss.map(|l| num(f64::from(l))),
+                "completed": e.completed,
+                "dropped": e.dropped,
+                "convicted": e.convicted.len(),
+                "rolled_back": e.rolled_back,
+            })
+        })
+        .collect()
+}
+
+/// The payout table (at most `MAX_PAYOUTS` rows).
+fn payouts_json(o: &Orchestrator) -> Vec<Value> {
+    o.payout_table()
+        .into_iter()
+        .take(MAX_PAYOUTS)
+        .map(|p| {
+            json!({
+                "peer": short(&p.peer),
+                "stage": p.stage,
+                "completed": p.completed,
+                "guilty_votes": p.guilty_votes,
+                "convictions": p.convictions,
+                "clasp_effect": p.clasp_effect.map(num),
+                "weight": num(p.weight),
+                "incentive": num(p.incentive),
+                "emission": num(p.emission),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
