@@ -199,7 +199,10 @@ impl OrchestratorService {
                 info!(epoch = saved.epoch(), phase = ?saved.phase(), "resuming run from saved state");
                 resumed = true;
                 catch_up = saved.miners().map(|m| m.peer).collect();
-                saved.resumed(now_ms());
+                // Its clocks (heartbeats, rounds, phase) start again when it
+                // takes envelopes again: after `max_ahead` (see below), so
+                // no miner looks silent for the refusals of that window.
+                saved.resumed(now_ms().saturating_add(policy.max_ahead.as_millis() as u64));
                 saved
             }
             Some(saved) => {
