@@ -347,7 +347,7 @@ impl OrchestratorService {
     /// Counts and logs a refusal; the status the caller gets.
     fn refuse(&self, method: &str, r: Rejected) -> Status {
         self.audit.refused(method, &r, now_ms());
-        r.status()
+        iota_protocol::refusal_status(&r)
     }
 
     /// Admits a request from `source` within its address's budget and the

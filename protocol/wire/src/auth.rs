@@ -379,10 +379,9 @@ pub fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use tonic::Code;
-
     use super::*;
     use crate::pb::HeartbeatRequest;
+    use crate::refusal::Code;
 
     const M: &str = "/iota.v1.Orchestrator/Heartbeat";
 

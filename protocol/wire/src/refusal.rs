@@ -3,7 +3,6 @@
 //! gRPC status a client sees and a stable name the server counts it under.
 
 use iota_core::PeerId;
-use tonic::{Code, Status};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
@@ -86,6 +85,8 @@ impl Reason {
         }
     }
 
+    /// The gRPC status code a client sees for this reason (the networked
+    /// shell turns it into its transport's status).
     pub fn code(self) -> Code {
         match self {
             Reason::MalformedEnvelope | Reason::BodyTooLarge | Reason::BadBody | Reason::InvalidField => {
@@ -103,6 +104,19 @@ impl Reason {
             Reason::WrongRole | Reason::NotYours | Reason::NotAdmitted => Code::PermissionDenied,
         }
     }
+}
+
+/// The gRPC status codes refusals map to, numbered as the gRPC
+/// specification numbers them (`Code as i32` is the wire value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    InvalidArgument = 3,
+    AlreadyExists = 6,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// A refused request: the reason, a message for the caller, and who sent
@@ -123,10 +137,6 @@ impl Rejected {
     pub fn from(mut self, peer: PeerId) -> Rejected {
         self.peer = Some(peer);
         self
-    }
-
-    pub fn status(&self) -> Status {
-        Status::new(self.reason.code(), self.message.clone())
     }
 }
 
