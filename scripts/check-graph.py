@@ -39,6 +39,7 @@ CRATE_RULES = {
     "iota-dataplane": ["iota-control"],
     "iota-protocol": ["iota-model", "iota-cuda", "iota-dataplane", "iota-control"],
     "iota-core": ["*"],
+    "iota-checks": ["iota-cuda", "iota-protocol", "iota-dataplane", "iota-control"],
     "iota-wire": ["iota-model", "iota-cuda", "iota-protocol", "iota-dataplane", "iota-control"],
     "iota-model": ["iota-protocol", "iota-dataplane", "iota-control", "iota-cuda"],
 }

@@ -1,16 +1,17 @@
 //! iota-dataplane: how miners move tensors between each other.
 //!
-//! - [`frame`]: building frames and validating hostile ones;
+//! - [`frame`], [`evidence`], [`recompute`]: `iota-checks`' pure checks;
 //! - [`tls`]: certificates bound to node identities, peer verification;
 //! - [`transport`]: the QUIC endpoint (lanes, reconnects, backpressure);
 //! - [`pool`]: bounded receive pools (`HostPool`; CUDA pinned memory later).
 
+// The pure checks (frames, evidence, recompute) are `iota-checks`',
+// re-exported under their old paths.
+pub use iota_checks::{evidence, evidence_bundle, frame, recompute};
+
 pub mod commands;
 pub mod corpus;
-pub mod evidence;
-pub mod evidence_bundle;
 pub mod fileio;
-pub mod frame;
 pub mod granted_store;
 pub mod identity_file;
 pub mod local_store;
@@ -19,7 +20,6 @@ pub mod miner_metrics;
 pub mod pool;
 pub mod prepared_corpus;
 pub mod probe;
-pub mod recompute;
 pub mod sent_frames;
 pub mod stats;
 pub mod tls;

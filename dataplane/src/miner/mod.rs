@@ -11,7 +11,7 @@ mod compute_loop;
 mod deliver;
 pub mod events;
 pub mod evidence_log;
-mod hashes;
+use iota_checks::hashes;
 pub mod merge;
 mod waits;
 pub mod worker;

@@ -43,7 +43,7 @@ use tracing::{info, warn};
 mod fault;
 mod intake;
 mod missing;
-mod slices;
+use iota_checks::slices;
 mod stats;
 mod store_io;
 #[cfg(test)]

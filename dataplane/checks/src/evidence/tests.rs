@@ -9,7 +9,7 @@ use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 use iota_model::{CpuBackend, Stage, codec};
-use iota_protocol::{MergeSpec, RunSpec};
+use iota_wire::{MergeSpec, RunSpec};
 
 use super::*;
 use crate::frame::{FrameLimits, FrameMeta, build_header, prefix_bytes};
@@ -19,7 +19,7 @@ const BATCH: usize = 2;
 const SEQ: usize = 16;
 const CODEC: WireCodec = WireCodec::Int8Row;
 
-fn run_config() -> iota_protocol::RunConfig {
+fn run_config() -> iota_wire::RunConfig {
     let train = TrainConfig {
         model: ModelConfig::preset("tiny").unwrap(),
         tokenizer: TokenizerKind::Byte,
@@ -33,7 +33,7 @@ fn run_config() -> iota_protocol::RunConfig {
         codec: CODEC,
         seed: 11,
     };
-    iota_protocol::RunConfig {
+    iota_wire::RunConfig {
         spec: RunSpec {
             run_id: RUN,
             stages: 3,

@@ -9,14 +9,14 @@ use iota_core::WireCodec;
 use iota_core::merge::{BLOCK, flaws, reduce_slice};
 use iota_core::wire::{Direction, header_bytes};
 use iota_model::codec;
-use iota_protocol::MergeSpec;
+use iota_wire::MergeSpec;
 use rayon::prelude::*;
 
 /// `WeightSlice` frame kinds (the header's `samples`).
-pub(super) const KIND_CONTRIBUTION: u32 = 0;
-pub(super) const KIND_UPDATE: u32 = 1;
+pub const KIND_CONTRIBUTION: u32 = 0;
+pub const KIND_UPDATE: u32 = 1;
 
-pub(super) fn blocks(len: u64) -> usize {
+pub fn blocks(len: u64) -> usize {
     len.div_ceil(BLOCK) as usize
 }
 
@@ -131,7 +131,7 @@ pub fn update_hash(c: WireCodec, u: &[f32]) -> Result<(Bytes, [u8; 32])> {
 
 /// blake3 of `bytes`, large inputs hashed on the rayon pool (the same hash:
 /// blake3's tree does not depend on how it is computed).
-pub(super) fn hash_bytes(bytes: &[u8]) -> [u8; 32] {
+pub fn hash_bytes(bytes: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     if bytes.len() >= 1 << 20 {
         h.update_rayon(bytes);
@@ -143,25 +143,25 @@ pub(super) fn hash_bytes(bytes: &[u8]) -> [u8; 32] {
 
 /// A `WeightSlice` frame, checked and copied out of the receive pool.
 #[derive(Clone, Debug)]
-pub(super) struct SliceMsg {
-    pub(super) from: PeerId,
-    pub(super) epoch: u64,
-    pub(super) k: usize,
-    pub(super) kind: u32,
-    pub(super) generation: u32,
-    pub(super) offset: u64,
-    pub(super) rows: usize,
-    pub(super) cols: usize,
-    pub(super) codec: u8,
-    pub(super) hash: [u8; 32],
+pub struct SliceMsg {
+    pub from: PeerId,
+    pub epoch: u64,
+    pub k: usize,
+    pub kind: u32,
+    pub generation: u32,
+    pub offset: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub codec: u8,
+    pub hash: [u8; 32],
     /// The archived signed header, handed on as evidence (`SliceDone`).
-    pub(super) header: Vec<u8>,
-    pub(super) payload: Bytes,
+    pub header: Vec<u8>,
+    pub payload: Bytes,
 }
 
 // A peer's frame: no unchecked arithmetic or indexing.
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-pub(super) fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
+pub fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8]) -> Option<SliceMsg> {
     let (rows, cols) = h.rows_cols()?;
     if h.direction != Direction::WeightSlice || h.ndim != 2 {
         return None;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail, ensure};
 use iota_core::{ParamLayout, StageSpec};
 use iota_model::{Backend, Stage, StageInput, codec};
-use iota_protocol::RunConfig;
+use iota_wire::RunConfig;
 
 /// What enters a recomputed stage.
 #[derive(Clone, Copy, Debug)]

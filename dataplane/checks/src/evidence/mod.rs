@@ -40,7 +40,7 @@ use iota_core::{PeerId, WireCodec};
 use iota_model::Backend;
 
 use crate::frame::{RunContext, decode_frame};
-use crate::miner::worker::{tokens_hash, weights_hash};
+use crate::hashes::{tokens_hash, weights_hash};
 use crate::recompute::{ForwardInput, Recompute, compare};
 
 /// The micro-batch attempt a sample names.

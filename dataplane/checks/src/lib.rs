@@ -1,0 +1,21 @@
+//! iota-checks: the pure checks, shared by the miner (which builds what is
+//! checked), its peers and the validators (which check it). No async
+//! runtime, network, store or database dependency
+//! (`scripts/check-graph.py` enforces it).
+//!
+//! - [`frame`]: a frame's header, signature and limits, built and decoded;
+//! - [`hashes`]: the token and weight hashes commitments are made of;
+//! - [`recompute`]: a stage's forward and backward recomputed from evidence;
+//! - [`evidence`], [`evidence_bundle`]: what a miner shows for a drawn
+//!   attempt, and the checks a validator runs on it;
+//! - [`slices`]: a merge partition's slice on the wire and the reduce an
+//!   honest owner (and an auditing validator) runs.
+
+pub mod evidence;
+pub mod evidence_bundle;
+pub mod frame;
+pub mod hashes;
+pub mod recompute;
+pub mod slices;
+
+pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};
