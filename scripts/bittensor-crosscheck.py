@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs the installed Bittensor SDK on inputs from the subtensor adapter's
-test (control/src/settlement/chain/tests.rs), so the Rust side can be
+test (control/roles/src/settlement/chain/tests.rs), so the Rust side can be
 compared with the real package, not with a copy of its logic.
 
 stdin, JSON:

@@ -3,7 +3,10 @@
 
 1. Crate graph: the workspace crates' normal `[dependencies]` (not dev/build)
    must respect CRATE_RULES below, directly or transitively through other
-   workspace crates.
+   workspace crates; and the PURE_CRATES (the role state machines, the pure
+   checks and what they build on) must not reach an async runtime, network,
+   store or database crate (BANNED_IN_PURE) through any normal dependency,
+   external ones included.
 2. File import cycles: inside each workspace crate, the source files under
    `src/` must not import each other in a cycle. Edges come from
    `crate::`/`super::`/`self::` paths (and paths through child modules or
@@ -39,13 +42,75 @@ CRATE_RULES = {
     "iota-dataplane": ["iota-control"],
     "iota-protocol": ["iota-model", "iota-cuda", "iota-dataplane", "iota-control"],
     "iota-core": ["*"],
+    "iota-roles": ["iota-cuda", "iota-protocol", "iota-dataplane", "iota-control"],
     "iota-checks": ["iota-cuda", "iota-protocol", "iota-dataplane", "iota-control"],
     "iota-wire": ["iota-model", "iota-cuda", "iota-protocol", "iota-dataplane", "iota-control"],
     "iota-model": ["iota-protocol", "iota-dataplane", "iota-control", "iota-cuda"],
 }
+
+# Pure crates: no async runtime, network, store or database anywhere in their
+# normal dependency tree (external crates included, transitively), so the
+# role state machines and the checks are pure by construction, not by
+# convention (issue 54). A crate matches a banned name exactly or, for a
+# name ending in "*", by prefix.
+PURE_CRATES = ["iota-core", "iota-wire", "iota-checks", "iota-roles"]
+BANNED_IN_PURE = ["tokio", "tokio-*", "tonic", "tonic-*", "quinn", "quinn-*", "hyper", "hyper-*",
+                  "h2", "mio", "socket2", "aws-*", "rusqlite", "libsqlite3-sys", "postgres",
+                  "postgres-*", "reqwest", "rustls", "tokio-uring"]
 # ---------------------------------------------------------------------------
 
 MAX_LINES_PER_EDGE = 12
+
+
+def banned_name(name):
+    return any(name == b or (b.endswith("*") and name.startswith(b[:-1])) for b in BANNED_IN_PURE)
+
+
+def check_pure_crates(root):
+    """The PURE_CRATES rule over the resolved graph (external crates too)."""
+    base = ["cargo", "metadata", "--format-version", "1", "--manifest-path", os.path.join(root, "Cargo.toml")]
+    res = None
+    # Offline first (no network needed once dependencies are fetched), then
+    # online: a fresh clone has not fetched them yet.
+    for cmd in (base + ["--offline"], base):
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            raise CheckError("cargo not found on PATH (needed for the crate graph check)")
+        if res.returncode == 0:
+            break
+    if res.returncode != 0:
+        raise CheckError(f"`{' '.join(base)}` failed:\n{res.stderr.strip()}")
+    meta = json.loads(res.stdout)
+    names = {p["id"]: p["name"] for p in meta["packages"]}
+    members = {names[i]: i for i in meta["workspace_members"]}
+    unknown = [c for c in PURE_CRATES if c not in members]
+    if unknown:
+        raise CheckError(f"PURE_CRATES in {__file__} names crate(s) not in the workspace: {', '.join(unknown)}")
+    normal = {}
+    for node in meta["resolve"]["nodes"]:
+        normal[node["id"]] = [d["pkg"] for d in node["deps"]
+                              if any(k["kind"] is None for k in d.get("dep_kinds", []))]
+    problems = []
+    for crate in PURE_CRATES:
+        start = members[crate]
+        parent = {start: None}
+        queue = collections.deque([start])
+        while queue:
+            c = queue.popleft()
+            for d in normal.get(c, []):
+                if d not in parent:
+                    parent[d] = c
+                    queue.append(d)
+        for pkg in sorted(parent, key=lambda i: names[i]):
+            if pkg != start and banned_name(names[pkg]):
+                chain, c = [], pkg
+                while c is not None:
+                    chain.append(names[c])
+                    c = parent[c]
+                problems.append(f"{crate} must stay pure (no async runtime, network, store or database), "
+                                f"but depends on {names[pkg]} via {' -> '.join(reversed(chain))}")
+    return problems
 
 
 class CheckError(Exception):
@@ -849,6 +914,7 @@ def main():
     try:
         if not args.skip_crate_graph:
             problems, n = check_crate_graph(root)
+            problems += check_pure_crates(root)
             if problems:
                 failed = True
                 print("crate graph rule broken (CRATE_RULES in scripts/check-graph.py):", file=sys.stderr)

@@ -41,7 +41,7 @@ ensure_s3s_fs() {
 }
 
 # The Bittensor SDK (a venv under ~/.cache), for the subtensor adapter's
-# cross-check (control/src/settlement/chain): pinned, and never fatal: the
+# cross-check (control/roles/src/settlement/chain): pinned, and never fatal: the
 # test skips, saying why, when it cannot be had.
 ensure_bittensor() {
     local venv="$HOME/.cache/iota-rs/bittensor-11.3.0"

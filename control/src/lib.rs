@@ -13,6 +13,9 @@
 //! The wire schema, signed envelopes, the client and the run configuration
 //! are shared with the data plane and live in `iota-protocol`.
 
+// The role state machines are `iota-roles`', re-exported under their old paths.
+pub use iota_roles::{orchestrator, settlement, validation};
+
 pub mod audit;
 pub mod cli;
 pub mod commands;
@@ -24,15 +27,11 @@ pub mod http_endpoint;
 pub mod ledger_cmd;
 pub mod merge_auditor;
 pub mod metrics;
-pub mod orchestrator;
 pub mod s3_store;
-mod serde_pairs;
 pub mod service;
-pub mod settlement;
 pub mod state_db;
 pub mod status_cmd;
 pub mod swarm;
 mod swarm_outcome;
 pub mod tls_server;
-pub mod validation;
 pub mod validator;

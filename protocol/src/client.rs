@@ -16,14 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::auth::{Audience, now_ms, open_hello, open_server, sign};
 use crate::pb::{self, orchestrator_client::OrchestratorClient};
 
-pub const HELLO: &str = "/iota.v1.Orchestrator/Hello";
-pub const REGISTER: &str = "/iota.v1.Orchestrator/Register";
-pub const HEARTBEAT: &str = "/iota.v1.Orchestrator/Heartbeat";
-pub const SUBSCRIBE: &str = "/iota.v1.Orchestrator/Subscribe";
-pub const REPORT: &str = "/iota.v1.Orchestrator/Report";
-pub const STATUS: &str = "/iota.v1.Orchestrator/Status";
-pub const GRANT: &str = "/iota.v1.Orchestrator/Grant";
-pub const VALIDATE: &str = "/iota.v1.Orchestrator/Validate";
+pub use iota_wire::methods::{GRANT, HEARTBEAT, HELLO, REGISTER, REPORT, STATUS, SUBSCRIBE, VALIDATE};
 
 /// How long a connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -10,6 +10,7 @@
 //!   fields must meet; [`source_limits`]: request budgets per source
 //!   address and for the whole server;
 //! - [`join_token`]: an orchestrator's address and key in one string;
+//!   [`methods`]: the gRPC method paths envelopes are signed for;
 //! - [`run_spec`], [`run_config`]: what a run is, as the orchestrator plans
 //!   it and as a miner receives it;
 //! - [`store_keys`], [`object_store`]: where a run's objects live and the
@@ -22,6 +23,7 @@ pub mod commitments_pb;
 pub mod fields;
 pub mod join_token;
 pub mod manifest;
+pub mod methods;
 pub mod object_store;
 pub mod plan_pb;
 pub mod refusal;

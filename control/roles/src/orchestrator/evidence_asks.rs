@@ -1,0 +1,88 @@
+//! Evidence asks: a validator names attempts of one miner it drew; the
+//! orchestrator relays the first ask of each to the miner and hands stored
+//! evidence to every validator that asked (PROTOCOL.md, "Validation").
+
+use std::collections::BTreeSet;
+
+use iota_core::PeerId;
+use iota_wire::pb;
+
+use super::validating::stored_cmd;
+use super::validation_state::{MAX_WORK_ITEMS, WorkKey};
+use super::{MbStatus, Orchestrator, Out, Refusal};
+use crate::validation::sample::SampleRate;
+
+impl Orchestrator {
+    /// A validator asks for the evidence of attempts of one miner.
+    pub(super) fn on_evidence_ask(
+        &mut self,
+        validator: PeerId,
+        epoch: u64,
+        miner: PeerId,
+        items: Vec<WorkKey>,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        self.open_round(&validator, epoch)?;
+        let stage = self.miners.get(&miner).map(|m| m.stage).ok_or(Refusal::Unknown(miner))?;
+        // Only attempts the miner completed this epoch: a validator cannot
+        // make a miner upload arbitrary objects.
+        let completed: BTreeSet<WorkKey> = self
+            .mbs
+            .values()
+            .filter_map(|r| match &r.status {
+                MbStatus::Done { attempt, pathway, .. } if pathway.get(stage as usize) == Some(&miner) => {
+                    Some((r.mb.shard, r.mb.first_sample, *attempt))
+                }
+                _ => None,
+            })
+            .collect();
+        if let Some(bad) = items.iter().find(|k| !completed.contains(k)) {
+            return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
+        }
+        let r = self.validation.round.as_mut().expect("checked open");
+        // A validator asks for its draw and nothing more: as many of the
+        // miner's attempts as the run's sample rate draws from them. A
+        // validator asking for more (every attempt of every miner) would
+        // make miners upload for it what honest validators then wait
+        // behind.
+        let rate =
+            SampleRate { rate: self.spec.validation.rate, min_per_miner: self.spec.validation.min_per_miner as usize };
+        let draw = rate.count(completed.len().min(MAX_WORK_ITEMS));
+        let lo = (miner, (0, 0, 0));
+        let hi = (miner, (u32::MAX, u64::MAX, u32::MAX));
+        let already: BTreeSet<WorkKey> =
+            r.asked.range(lo..=hi).filter(|(_, vs)| vs.contains(&validator)).map(|((_, k), _)| *k).collect();
+        let fresh: BTreeSet<&WorkKey> = items.iter().filter(|k| !already.contains(k)).collect();
+        if already.len().saturating_add(fresh.len()) > draw {
+            return Err(Refusal::Invalid(format!(
+                "validator {validator} asked for {} attempts of miner {miner} in epoch {epoch}; its draw is {draw} \
+                 (the run's sample rate of the miner's {} completed attempts)",
+                already.len().saturating_add(fresh.len()),
+                completed.len()
+            )));
+        }
+        let mut request = Vec::new();
+        for k in items {
+            let stored = r.evidence.contains_key(&(miner, k));
+            let askers = r.asked.entry((miner, k)).or_default();
+            // The first ask goes to the miner; so does a validator's second
+            // ask for evidence not yet stored (the request, or the miner's
+            // upload, was lost: a validator asks again once, half-way to
+            // its evidence timeout).
+            if askers.is_empty() || (!stored && askers.contains(&validator)) {
+                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2 });
+            }
+            askers.insert(validator);
+            if let Some(o) = r.evidence.get(&(miner, k)) {
+                out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
+            }
+        }
+        if !request.is_empty() {
+            out.push(Out {
+                to: miner,
+                cmd: pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch, items: request }),
+            });
+        }
+        Ok(())
+    }
+}

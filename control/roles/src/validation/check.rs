@@ -1,0 +1,185 @@
+//! A validator's check of one evidence object (a [`CheckJob`] from the
+//! round): the bytes against the miner's signed announcement, the bundle's
+//! bounds, then `evidence::check_forward`'s links and the recompute on the
+//! CPU reference (at the tail `check_tail`; a middle stage is judged on its
+//! forward and then on its backward, `check_backward`). Everything here
+//! fails as `Err(why)`, and every why is the miner's doing: it announced
+//! the object and chose its bytes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use iota_checks::evidence::{
+    CROSS_BACKEND_TOLERANCE, Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_tail,
+};
+use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
+use iota_checks::frame::{FrameLimits, RunContext};
+use iota_checks::hashes::weights_hash;
+use iota_checks::recompute::Recompute;
+use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
+use iota_model::data::Corpus;
+use iota_model::{CpuBackend, Stage};
+use iota_wire::RunConfig;
+
+use super::round::CheckJob;
+
+/// The device label a validator recomputes on: the CPU reference, fp32.
+pub const VALIDATOR_DEVICE: &str = "cpu";
+
+/// How far a miner's tensors may sit from the validator's recompute, by the
+/// device the miner registered with. On the validator's own device the
+/// arithmetic is the same, so the bytes must be (tolerance 0); on another
+/// (a GPU's bf16 or TF32 GEMMs, or reductions in another order) they are
+/// held to the calibrated cross-backend bound. The label is the miner's own
+/// claim, so a cheat can claim a GPU: the bound is set so that claiming one
+/// buys no room for the cheats we know of (see `CROSS_BACKEND_TOLERANCE`).
+pub fn tolerance_for(device: &str) -> f64 {
+    if device == VALIDATOR_DEVICE { 0.0 } else { CROSS_BACKEND_TOLERANCE }
+}
+
+/// What a validator checks with: the run, its corpus (for the head's
+/// tokens) and the recompute, plus the seed's initial weights per stage.
+pub struct Checker {
+    cfg: RunConfig,
+    run_id: u64,
+    corpus: Option<Arc<Corpus>>,
+    recompute: Recompute<CpuBackend>,
+    be: Arc<CpuBackend>,
+    initial: BTreeMap<u32, [u8; 32]>,
+}
+
+impl Checker {
+    pub fn new(cfg: RunConfig, run_id: u64, corpus: Option<Arc<Corpus>>) -> anyhow::Result<Checker> {
+        let be = Arc::new(CpuBackend::new());
+        let recompute = Recompute::new(be.clone(), cfg.clone())?;
+        Ok(Checker { cfg, run_id, corpus, recompute, be, initial: BTreeMap::new() })
+    }
+
+    /// The hash of the weights the run seed gives `stage` (what every
+    /// miner of it starts epoch 0 from).
+    fn initial_hash(&mut self, stage: u32) -> Result<[u8; 32], String> {
+        if let Some(h) = self.initial.get(&stage) {
+            return Ok(*h);
+        }
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        let spec = specs.get(stage as usize).ok_or_else(|| format!("the run has no stage {stage}"))?.clone();
+        let st = Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed);
+        let h = weights_hash(&st.params_host());
+        self.initial.insert(stage, h);
+        Ok(h)
+    }
+
+    /// The run seed's initial weights of every stage (the model before any
+    /// merge: the first baseline of the held-out loss).
+    pub fn initial_weights(&self) -> Result<Vec<Vec<f32>>, String> {
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        Ok(specs
+            .into_iter()
+            .map(|spec| Stage::new(self.be.clone(), &self.cfg.train.model, spec, self.cfg.train.seed).params_host())
+            .collect())
+    }
+
+    /// The mean per-token loss of the whole model (`weights`, one vector
+    /// per stage) on `batches` held-out micro-batches, through the wire
+    /// codec between stages as the swarm computes it. An error when it
+    /// cannot be computed (a stage's values overflow the codec, say).
+    pub fn held_out_loss(&self, weights: &[Vec<f32>], batches: u32) -> Result<f32, String> {
+        use iota_checks::recompute::ForwardInput;
+        let corpus = self.corpus.as_ref().ok_or("no corpus for the held-out batches")?;
+        let (batch, seq) = (self.cfg.train.batch, self.cfg.train.seq);
+        let last = weights.len().checked_sub(1).ok_or("no stages")?;
+        let r = &self.recompute;
+        let (mut sum, mut n) = (0f64, 0usize);
+        for b in 0..u64::from(batches.max(1)) {
+            let (x, y) = corpus.val_batch(self.cfg.train.seed, b, batch, seq);
+            let t = if last == 0 {
+                r.tail(0, &weights[0], ForwardInput::Tokens(&x), &y, batch)
+            } else {
+                let mut a = r.forward(0, &weights[0], ForwardInput::Tokens(&x), batch).map_err(|e| format!("{e:#}"))?;
+                for (s, w) in weights.iter().enumerate().take(last).skip(1) {
+                    a = r.forward(s as u32, w, ForwardInput::Wire(&a), batch).map_err(|e| format!("{e:#}"))?;
+                }
+                r.tail(last as u32, &weights[last], ForwardInput::Wire(&a), &y, batch)
+            }
+            .map_err(|e| format!("{e:#}"))?;
+            sum += t.losses.iter().map(|&l| f64::from(l)).sum::<f64>();
+            n += t.losses.len();
+        }
+        Ok((sum / n.max(1) as f64) as f32)
+    }
+
+    fn stage_weights(&self, stage: u32) -> Result<u64, String> {
+        let specs = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        let spec = specs.get(stage as usize).ok_or_else(|| format!("the run has no stage {stage}"))?;
+        Ok(ParamLayout::for_stage(&self.cfg.train.model, spec).total() as u64)
+    }
+
+    /// Checks `bytes`, read from the store for `job`.
+    pub fn check(&mut self, job: &CheckJob, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() as u64 != job.object.size || *blake3::hash(bytes).as_bytes() != job.object.hash {
+            return Err("the evidence object is not what its miner announced".into());
+        }
+        let limits = BundleLimits {
+            max_frame: FrameLimits::default().max_payload.saturating_add(4096),
+            weights: self.stage_weights(job.stage)?,
+            max_steps: self.cfg.spec.micro_batches_per_epoch.saturating_add(1),
+        };
+        let bundle = EvidenceBundle::decode(bytes, limits).map_err(|e| format!("evidence bundle: {e}"))?;
+        let mut epoch_starts = vec![match job.epoch_start {
+            Some(h) => h,
+            None => self.initial_hash(job.stage)?,
+        }];
+        epoch_starts.extend(job.merged_start);
+        // The head's tokens and the tail's targets, from the corpus as the
+        // miners read them.
+        let data = if job.stage == 0 || job.reported_loss.is_some() {
+            let corpus = self.corpus.as_ref().ok_or("no corpus to take the micro-batch from")?;
+            let mb =
+                MicroBatchId { first: SampleId { epoch: 0, shard: job.key.0, index: job.key.1 }, len: job.samples };
+            Some(corpus.micro_batch(self.cfg.train.seed, mb, self.cfg.train.seq))
+        } else {
+            None
+        };
+        let tokens = data.as_ref().filter(|_| job.stage == 0).map(|(x, _)| x.as_slice());
+        let ctx = RunContext::new(self.run_id, FrameLimits::default());
+        let e = u32::try_from(job.epoch).map_err(|_| "an epoch past the frame's range")?;
+        ctx.set_epoch_window(e, e);
+        let known = Known {
+            ctx: &ctx,
+            miner: job.miner,
+            stage: job.stage,
+            upstream: job.upstream,
+            downstream: job.downstream,
+            tokens,
+            committed: &job.heads,
+            epoch_starts: &epoch_starts,
+            codec: self.cfg.train.codec,
+            tolerance: tolerance_for(&job.device),
+        };
+        let mb = SampledMb {
+            epoch: job.epoch,
+            shard: job.key.0,
+            first_sample: job.key.1,
+            samples: job.samples,
+            attempt: job.key.2,
+        };
+        let middle = job.stage > 0 && job.reported_loss.is_none();
+        let finding = match (job.reported_loss, &data) {
+            (Some(reported_loss), Some((_, targets))) => {
+                let claim = TailClaim { targets, reported_loss };
+                check_tail(&self.recompute, &known, mb, bundle.as_forward(), claim)
+            }
+            _ => match check_forward(&self.recompute, &known, mb, bundle.as_forward()) {
+                Finding::Honest if middle => match bundle.as_backward() {
+                    Some(ev) => check_backward(&self.recompute, &known, mb, ev),
+                    None => Finding::Cheated("a middle stage's evidence without its backward".into()),
+                },
+                f => f,
+            },
+        };
+        match finding {
+            Finding::Honest => Ok(()),
+            Finding::Cheated(why) => Err(why),
+        }
+    }
+}

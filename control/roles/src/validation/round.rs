@@ -1,0 +1,515 @@
+//! One validator's side of an epoch's validation round, free of I/O.
+//!
+//! Fed the epoch's work (`EpochWork`), the evidence objects miners
+//! announce, the results of the checks the shell ran, and the time, it
+//! says what to do: ask for evidence, check an object, vote, and say the
+//! round is done. The draw is [`sample::draw`] over the beacon this
+//! validator recomputes from the miners' heads (it does not take the
+//! orchestrator's word for it) and its own secret seed.
+//!
+//! A miner's vote is cast once: guilty at its first failed check, or
+//! cleared once every drawn attempt passed. A miner that has not delivered
+//! the evidence for every drawn attempt within `evidence_timeout_ms` (plus the time a draw of its stage
+//! takes to upload at `EVIDENCE_UPLOAD_BYTES_PER_S`) is
+//! guilty (an honest miner keeps what it may be asked for; see
+//! PROTOCOL.md, "Validation").
+//!
+//! Every stage is drawn: a head or middle miner's activation is checked by
+//! `evidence::check_forward`, the tail's gradient and reported loss by
+//! `evidence::check_tail`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iota_core::PeerId;
+use iota_core::commitment::EpochHeads;
+use iota_wire::store_keys::parse_evidence_key;
+use iota_wire::{MbRef, StoredObject, pb};
+
+use super::sample::{SampleRate, beacon, draw};
+use crate::settlement::clasp::Clasp;
+use crate::settlement::scores::{Rated, clasp_params, weight_vector};
+
+/// Longest device label kept per miner.
+const MAX_DEVICE_CHARS: usize = 64;
+
+/// An attempt: (shard, first sample, attempt).
+pub type WorkKey = (u32, u64, u32);
+
+/// Most attempts named in one ask (the field rule's bound).
+const ASK_CHUNK: usize = iota_wire::fields::MAX_EVIDENCE_ITEMS;
+
+/// The upload rate a miner's evidence is given time for: 100 Mbit/s, a
+/// modest uplink (the store's side is rarely the slower one).
+pub const EVIDENCE_UPLOAD_BYTES_PER_S: u64 = 12_500_000;
+
+/// Time, beyond the base timeout, for a miner to build and upload `drawn`
+/// evidence bundles of a stage whose weights are `weights_bytes`: a middle
+/// stage's bundle may carry two weights states (its backward's, after an
+/// inner step), each read back from the miner's disk.
+pub fn evidence_allowance_ms(weights_bytes: u64, drawn: usize) -> u64 {
+    let bytes = weights_bytes.saturating_mul(2).saturating_mul(drawn as u64);
+    bytes.saturating_mul(1000) / EVIDENCE_UPLOAD_BYTES_PER_S
+}
+
+/// What the shell must check: one evidence object against what the
+/// validator knows of the attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckJob {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub stage: u32,
+    pub key: WorkKey,
+    pub samples: u32,
+    /// The upstream neighbour on the attempt's pathway (None at the head).
+    pub upstream: Option<PeerId>,
+    /// The downstream neighbour on it (None at the tail).
+    pub downstream: Option<PeerId>,
+    pub heads: EpochHeads,
+    /// The device the miner registered with.
+    pub device: String,
+    /// The merged weights the stage started the epoch from (None: the run
+    /// seed's initial weights, epoch 0), as the orchestrator recorded them
+    /// from the merge's participants.
+    pub epoch_start: Option<[u8; 32]>,
+    /// The same, as this validator computed them from the stored merge it
+    /// evaluated (None where it did not): a start too, whatever the
+    /// participants reported.
+    pub merged_start: Option<[u8; 32]>,
+    /// The tail: the mean loss it reported for the attempt (None for the
+    /// other stages).
+    pub reported_loss: Option<f32>,
+    pub object: StoredObject,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Ask {
+        epoch: u64,
+        miner: PeerId,
+        items: Vec<WorkKey>,
+    },
+    Check(Box<CheckJob>),
+    Vote {
+        epoch: u64,
+        miner: PeerId,
+        guilty: bool,
+        samples: u32,
+        evidence_hash: Option<[u8; 32]>,
+        reason: String,
+    },
+    /// The round is over; `weights` rate the epoch's miners in the order
+    /// of its work (empty: abstaining), `miners_hash` names that order
+    /// (`sample::work_miners_hash`).
+    Done {
+        epoch: u64,
+        weights: Vec<f32>,
+        miners_hash: [u8; 32],
+    },
+}
+
+struct MinerWork {
+    stage: u32,
+    /// The device it registered with (bounded: a label, not data).
+    device: String,
+    heads: EpochHeads,
+    /// Attempt -> (samples, pathway, the tail's reported loss).
+    items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
+    /// Each attempt's micro-batch issue order in the epoch.
+    order: BTreeMap<WorkKey, u64>,
+}
+
+#[derive(Default)]
+struct Verdicts {
+    /// Drawn attempts not yet judged.
+    pending: BTreeSet<WorkKey>,
+    /// Drawn attempts whose evidence is being checked.
+    checking: BTreeSet<WorkKey>,
+    passed: u32,
+    hashes: Vec<[u8; 32]>,
+    voted: bool,
+    guilty: bool,
+}
+
+struct Round {
+    epoch: u64,
+    started_ms: u64,
+    work: BTreeMap<PeerId, MinerWork>,
+    starts: BTreeMap<u32, [u8; 32]>,
+    /// Each stage's `weights_from`: 1 + the epoch whose merge it started
+    /// from (0: the seed's; older than the last after a rollback).
+    from: BTreeMap<u32, u64>,
+    drawn: BTreeMap<PeerId, Verdicts>,
+    /// The work's miners in its order (that of the weights).
+    order: Vec<PeerId>,
+    /// Miners CLASP found significantly harmful.
+    harmful: BTreeSet<PeerId>,
+    done_said: bool,
+    /// This round's evidence timeout: the validator's base timeout plus
+    /// the time its largest miner's draw takes to upload.
+    timeout_ms: u64,
+    /// The attempts still pending at half the evidence timeout were asked
+    /// for again (a request or an announcement lost on the way, or a
+    /// miner's failed upload, is not the miner's dishonesty).
+    reasked: bool,
+}
+
+/// One validator's rounds (one at a time: a new epoch's work ends the last).
+pub struct ValidatorCore {
+    run_id: u64,
+    stages: u32,
+    seed: u64,
+    rate: SampleRate,
+    evidence_timeout_ms: u64,
+    /// Bytes of one evidence bundle's weights per stage (empty: unknown,
+    /// the base timeout alone).
+    stage_bytes: Vec<u64>,
+    /// Validators drawing from each miner (its uploads are all of theirs).
+    validators: usize,
+    round: Option<Round>,
+    /// Per epoch, the hash of each stage's merged weights as this
+    /// validator loaded them from the store (merges it kept; the latest
+    /// few).
+    merged: BTreeMap<u64, BTreeMap<u32, [u8; 32]>>,
+}
+
+/// Epochs of merged hashes a validator keeps.
+const MERGED_KEPT: usize = 4;
+
+fn peer(b: &[u8]) -> Result<PeerId, String> {
+    Ok(PeerId(b.try_into().map_err(|_| format!("a peer id of {} bytes", b.len()))?))
+}
+
+fn evidence_hash(hashes: &[[u8; 32]]) -> Option<[u8; 32]> {
+    if hashes.is_empty() {
+        return None;
+    }
+    let mut h = blake3::Hasher::new();
+    for x in hashes {
+        h.update(x);
+    }
+    Some(*h.finalize().as_bytes())
+}
+
+/// The miners whose effect on the epoch's loss CLASP finds significantly
+/// harmful, from the pathways and losses of the epoch's work (each attempt
+/// once: the tail's listing holds every completed one).
+fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet<PeerId> {
+    let tail = stages.saturating_sub(1);
+    let tails = || work.values().filter(|m| m.stage == tail);
+    let horizon = tails().flat_map(|m| m.order.values()).max().map_or(0, |o| o + 1);
+    let mut clasp = Clasp::new(stages as usize, horizon);
+    let (mut sum, mut n) = (0.0f64, 0u64);
+    for m in tails() {
+        for (key, (_, pathway, loss)) in &m.items {
+            // Refused records (a non-finite loss, say) are counted by CLASP
+            // and left out; the recompute judges the report itself.
+            if clasp.record(m.order.get(key).copied().unwrap_or(0), pathway, *loss).is_ok() {
+                sum += f64::from(*loss);
+                n += 1;
+            }
+        }
+    }
+    let mean = if n > 0 { sum / n as f64 } else { 0.0 };
+    clasp.estimate(&clasp_params(mean)).harmful().map(|m| m.key).collect()
+}
+
+impl ValidatorCore {
+    pub fn new(run_id: u64, stages: u32, seed: u64, rate: SampleRate, evidence_timeout_ms: u64) -> ValidatorCore {
+        ValidatorCore {
+            run_id,
+            stages,
+            seed,
+            rate,
+            evidence_timeout_ms,
+            stage_bytes: Vec::new(),
+            validators: 1,
+            round: None,
+            merged: BTreeMap::new(),
+        }
+    }
+
+    /// Each stage's parameter count, and how many validators draw: a
+    /// round's evidence timeout then grows with what its drawn miners must
+    /// upload (`evidence_allowance_ms`), for every validator's draw (a
+    /// miner uploads them one after another, this one's perhaps last).
+    pub fn with_stage_params(mut self, params: &[usize], validators: usize) -> Self {
+        self.stage_bytes = params.iter().map(|&p| (p as u64).saturating_mul(4)).collect();
+        self.validators = validators.max(1);
+        self
+    }
+
+    /// The round's evidence timeout for `drawn` attempts per miner on its
+    /// stage.
+    fn round_timeout_ms(&self, drawn: impl Iterator<Item = (u32, usize)>) -> u64 {
+        let most = drawn
+            .map(|(stage, n)| {
+                let weights = self.stage_bytes.get(stage as usize).copied().unwrap_or(0);
+                evidence_allowance_ms(weights, n.saturating_mul(self.validators))
+            })
+            .max()
+            .unwrap_or(0);
+        self.evidence_timeout_ms.saturating_add(most)
+    }
+
+    /// The epoch of the round in progress.
+    pub fn epoch(&self) -> Option<u64> {
+        self.round.as_ref().map(|r| r.epoch)
+    }
+
+    /// This validator loaded `epoch`'s merged model from the store and kept
+    /// it (voted not to roll it back): each stage's weights hash. The next
+    /// epoch's attempts may start from them, whatever hash the merge's
+    /// participants reported to the orchestrator.
+    pub fn merge_kept(&mut self, epoch: u64, stage_hashes: BTreeMap<u32, [u8; 32]>) {
+        self.merged.insert(epoch, stage_hashes);
+        while self.merged.len() > MERGED_KEPT {
+            self.merged.pop_first();
+        }
+    }
+
+    /// The miners this validator voted guilty in `epoch`'s round (none
+    /// once a later round has begun).
+    pub fn found_guilty(&self, epoch: u64) -> BTreeSet<PeerId> {
+        let Some(r) = self.round.as_ref().filter(|r| r.epoch == epoch) else { return BTreeSet::new() };
+        r.drawn.iter().filter(|(_, v)| v.voted && v.guilty).map(|(p, _)| *p).collect()
+    }
+
+    /// The epoch's work arrived: draw, and ask for the evidence.
+    pub fn on_work(&mut self, now: u64, w: &pb::EpochWork) -> Result<Vec<Action>, String> {
+        if self.round.as_ref().is_some_and(|r| r.epoch == w.epoch) {
+            return Ok(Vec::new()); // sent again (a re-subscription): the round goes on
+        }
+        let mut work = BTreeMap::new();
+        let mut order = Vec::with_capacity(w.miners.len());
+        for m in &w.miners {
+            let p = peer(&m.peer)?;
+            if work.contains_key(&p) {
+                return Err(format!("miner {p} is listed twice"));
+            }
+            order.push(p);
+            let heads = iota_wire::commitments_pb::from_pb(m.commitments.as_slice())
+                .map_err(|e| format!("miner {p}'s heads: {e}"))?
+                .into_iter()
+                .find(|h| h.epoch == w.epoch)
+                .ok_or_else(|| format!("miner {p} has no heads for epoch {}", w.epoch))?;
+            let mut items = BTreeMap::new();
+            let mut issued = BTreeMap::new();
+            for it in &m.items {
+                let r = it.mb.as_ref().ok_or("a work item without its attempt")?;
+                let pathway = it.pathway.iter().map(|b| peer(b)).collect::<Result<Vec<_>, _>>()?;
+                if pathway.len() != self.stages as usize || pathway.get(m.stage as usize) != Some(&p) {
+                    return Err(format!("miner {p}'s work item has a pathway that does not hold it"));
+                }
+                items.insert((r.shard, r.first_sample, r.attempt), (it.samples, pathway, it.loss));
+                issued.insert((r.shard, r.first_sample, r.attempt), it.order);
+            }
+            let device: String = m.device.chars().take(MAX_DEVICE_CHARS).collect();
+            work.insert(p, MinerWork { stage: m.stage, device, heads, items, order: issued });
+        }
+        let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
+        let b = beacon(self.run_id, w.epoch, &heads);
+        if w.beacon.as_slice() != b.as_slice() {
+            return Err("the beacon is not the one over the miners' heads".into());
+        }
+        let mut starts = BTreeMap::new();
+        let mut from = BTreeMap::new();
+        for s in &w.starts {
+            from.insert(s.stage, s.weights_from);
+            if !s.weights_hash.is_empty() {
+                let h: [u8; 32] = s.weights_hash.as_slice().try_into().map_err(|_| "a start hash of the wrong size")?;
+                starts.insert(s.stage, h);
+            }
+        }
+        let eligible: BTreeMap<PeerId, Vec<(MbRef, u32)>> = work
+            .iter()
+            .map(|(p, m)| {
+                let mbs = m.items.keys().map(|k| (MbRef { epoch: w.epoch, shard: k.0, first_sample: k.1 }, k.2));
+                (*p, mbs.collect())
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut drawn = BTreeMap::new();
+        for (p, picks) in draw(&b, self.seed, self.rate, &eligible) {
+            let keys: Vec<WorkKey> = picks.iter().map(|(mb, a)| (mb.shard, mb.first_sample, *a)).collect();
+            if keys.is_empty() {
+                continue;
+            }
+            for chunk in keys.chunks(ASK_CHUNK) {
+                out.push(Action::Ask { epoch: w.epoch, miner: p, items: chunk.to_vec() });
+            }
+            drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
+        }
+        let harmful = harmful_by_clasp(self.stages, &work);
+        let timeout_ms =
+            self.round_timeout_ms(drawn.iter().map(|(p, v)| (work.get(p).map_or(0, |m| m.stage), v.pending.len())));
+        self.round = Some(Round {
+            epoch: w.epoch,
+            started_ms: now,
+            work,
+            starts,
+            from,
+            drawn,
+            order,
+            harmful,
+            done_said: false,
+            timeout_ms,
+            reasked: false,
+        });
+        self.finish(&mut out);
+        Ok(out)
+    }
+
+    /// A miner announced evidence (handed on by the orchestrator, writer
+    /// named): check it if it is for an attempt this validator drew.
+    pub fn on_evidence(&mut self, epoch: u64, obj: StoredObject) -> Vec<Action> {
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == epoch) else { return Vec::new() };
+        let miner = obj.writer;
+        let Some(key) = parse_evidence_key(&obj.key, epoch, &miner) else { return Vec::new() };
+        let (Some(v), Some(m)) = (r.drawn.get_mut(&miner), r.work.get(&miner)) else { return Vec::new() };
+        if v.voted || !v.pending.remove(&key) {
+            return Vec::new();
+        }
+        let Some((samples, pathway, loss)) = m.items.get(&key) else { return Vec::new() };
+        v.checking.insert(key);
+        let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
+        let downstream = m.stage.checked_add(1).and_then(|s| pathway.get(s as usize)).copied();
+        let reported_loss = (m.stage + 1 == self.stages).then_some(*loss);
+        vec![Action::Check(Box::new(CheckJob {
+            epoch,
+            miner,
+            stage: m.stage,
+            key,
+            samples: *samples,
+            upstream,
+            downstream,
+            heads: m.heads.clone(),
+            device: m.device.clone(),
+            epoch_start: r.starts.get(&m.stage).copied(),
+            // The merge this validator kept, if it is the one the stage
+            // started from: not one the stake rolled back.
+            merged_start: r
+                .from
+                .get(&m.stage)
+                .and_then(|f| f.checked_sub(1))
+                .and_then(|e| self.merged.get(&e))
+                .and_then(|h| h.get(&m.stage))
+                .copied(),
+            reported_loss,
+            object: obj,
+        }))]
+    }
+
+    /// The result of a check the shell ran: `Err(why)` when the evidence
+    /// failed a link.
+    pub fn checked(&mut self, job: &CheckJob, result: Result<(), String>) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return out };
+        let Some(v) = r.drawn.get_mut(&job.miner) else { return out };
+        if !v.checking.remove(&job.key) || v.voted {
+            return out;
+        }
+        v.hashes.push(job.object.hash);
+        match result {
+            Ok(()) => v.passed += 1,
+            Err(why) => {
+                v.voted = true;
+                v.guilty = true;
+                out.push(Action::Vote {
+                    epoch: job.epoch,
+                    miner: job.miner,
+                    guilty: true,
+                    samples: v.passed + 1,
+                    evidence_hash: evidence_hash(&v.hashes),
+                    reason: format!("attempt {:?}: {why}", job.key),
+                });
+            }
+        }
+        if !v.voted && v.pending.is_empty() && v.checking.is_empty() {
+            v.voted = true;
+            out.push(Action::Vote {
+                epoch: job.epoch,
+                miner: job.miner,
+                guilty: false,
+                samples: v.passed,
+                evidence_hash: evidence_hash(&v.hashes),
+                reason: String::new(),
+            });
+        }
+        self.finish(&mut out);
+        out
+    }
+
+    /// The shell could not read the object of `job` from the store (after
+    /// its retries): no judgement of the miner, whose evidence may be
+    /// sound behind a failing read. The attempt is pending again and asked
+    /// for once more; if it is never read, the evidence timeout decides
+    /// (a miner must keep what it announces readable).
+    pub fn unreadable(&mut self, job: &CheckJob) -> Vec<Action> {
+        let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return Vec::new() };
+        let Some(v) = r.drawn.get_mut(&job.miner) else { return Vec::new() };
+        if v.voted || !v.checking.remove(&job.key) {
+            return Vec::new();
+        }
+        v.pending.insert(job.key);
+        vec![Action::Ask { epoch: job.epoch, miner: job.miner, items: vec![job.key] }]
+    }
+
+    /// Time passes: miners whose evidence is overdue are voted guilty.
+    pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut() else { return out };
+        let waited = now.saturating_sub(r.started_ms);
+        if !r.reasked && waited > r.timeout_ms / 2 && waited <= r.timeout_ms {
+            r.reasked = true;
+            for (miner, v) in r.drawn.iter().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
+                let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
+                for chunk in keys.chunks(ASK_CHUNK) {
+                    out.push(Action::Ask { epoch: r.epoch, miner: *miner, items: chunk.to_vec() });
+                }
+            }
+        }
+        if waited <= r.timeout_ms {
+            return out;
+        }
+        for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
+            v.voted = true;
+            v.guilty = true;
+            out.push(Action::Vote {
+                epoch: r.epoch,
+                miner: *miner,
+                guilty: true,
+                samples: v.passed,
+                evidence_hash: evidence_hash(&v.hashes),
+                reason: format!("no evidence for {} drawn attempts within {} ms", v.pending.len(), r.timeout_ms),
+            });
+        }
+        self.finish(&mut out);
+        out
+    }
+
+    /// Says the round is done once every drawn miner has its vote.
+    fn finish(&mut self, out: &mut Vec<Action>) {
+        if let Some(r) = self.round.as_mut()
+            && !r.done_said
+            && r.drawn.values().all(|v| v.voted)
+        {
+            r.done_said = true;
+            let rated: Vec<Rated> = r
+                .order
+                .iter()
+                .map(|p| Rated {
+                    peer: *p,
+                    completed: r.work.get(p).map_or(0, |m| m.items.len() as u64),
+                    guilty: r.drawn.get(p).is_some_and(|v| v.guilty),
+                    harmful: r.harmful.contains(p),
+                })
+                .collect();
+            let miners_hash = super::sample::work_miners_hash(r.epoch, &r.order);
+            out.push(Action::Done { epoch: r.epoch, weights: weight_vector(&rated), miners_hash });
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "round_tests.rs"]
+mod tests;

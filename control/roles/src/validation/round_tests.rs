@@ -1,0 +1,325 @@
+//! `ValidatorCore`'s rounds, driven by hand-made epoch work.
+
+use iota_core::commitment::Commitments;
+
+use super::*;
+
+const STAGES: u32 = 3;
+
+fn p(i: u8) -> PeerId {
+    PeerId([i; 32])
+}
+
+/// Miners 1..=3 in stages 0, 1, 2; `n` attempts each, on one pathway.
+fn work(epoch: u64, n: u64) -> pb::EpochWork {
+    let mut heads = BTreeMap::new();
+    let mut miners = Vec::new();
+    for s in 0..STAGES {
+        let me = p(s as u8 + 1);
+        let mut c = Commitments::default();
+        c.weights(epoch, &[s as u8; 32]);
+        let h = c.heads().into_iter().find(|h| h.epoch == epoch).unwrap();
+        heads.insert(me, h.clone());
+        let items = (0..n)
+            .map(|i| pb::WorkItem {
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                samples: 8,
+                pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
+                loss: 2.5,
+                order: i,
+            })
+            .collect();
+        let commitments = iota_wire::commitments_pb::to_pb(&[h]).into_iter().next();
+        miners.push(pb::MinerWork { peer: me.0.to_vec(), stage: s, commitments, items, device: "cpu".into() });
+    }
+    pb::EpochWork {
+        epoch,
+        beacon: beacon(9, epoch, &heads).to_vec(),
+        miners,
+        // Started from the previous epoch's merge (no rollback).
+        starts: vec![pb::StageStart { stage: 1, weights_hash: vec![4; 32], weights_from: epoch }],
+    }
+}
+
+/// Two head replicas (p(1), p(4)) taking turns, then p(2) and the
+/// tail p(3); each attempt's reported loss is `loss(order, head)`.
+fn work_two_heads(epoch: u64, n: u64, loss: impl Fn(u64, PeerId) -> f32) -> pb::EpochWork {
+    let mut heads = BTreeMap::new();
+    let mut miners = Vec::new();
+    let head_of = |i: u64| if i.is_multiple_of(2) { p(1) } else { p(4) };
+    for (me, stage) in [(p(1), 0), (p(4), 0), (p(2), 1), (p(3), 2)] {
+        let mut c = Commitments::default();
+        c.weights(epoch, &[me.0[0]; 32]);
+        let h = c.heads().into_iter().find(|h| h.epoch == epoch).unwrap();
+        heads.insert(me, h.clone());
+        let items = (0..n)
+            .filter(|i| stage > 0 || head_of(*i) == me)
+            .map(|i| pb::WorkItem {
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                samples: 8,
+                pathway: [head_of(i), p(2), p(3)].iter().map(|q| q.0.to_vec()).collect(),
+                loss: loss(i, head_of(i)),
+                order: i,
+            })
+            .collect();
+        let commitments = iota_wire::commitments_pb::to_pb(&[h]).into_iter().next();
+        miners.push(pb::MinerWork { peer: me.0.to_vec(), stage, commitments, items, device: "cpu".into() });
+    }
+    pb::EpochWork {
+        epoch,
+        beacon: beacon(9, epoch, &heads).to_vec(),
+        miners,
+        starts: (0..STAGES).map(|s| pb::StageStart { stage: s, weights_hash: Vec::new(), weights_from: 0 }).collect(),
+    }
+}
+
+/// Runs a round in which every drawn attempt passes its recompute;
+/// returns the weights sent with Done.
+fn weights_after_clean_round(w: &pb::EpochWork) -> Vec<f32> {
+    let mut c = core();
+    let mut out = Vec::new();
+    for (m, keys) in asks(&c.on_work(0, w).unwrap()) {
+        for k in keys {
+            for a in c.on_evidence(w.epoch, evidence(w.epoch, m, k)) {
+                let Action::Check(job) = a else { panic!("{a:?}") };
+                out.extend(c.checked(&job, Ok(())));
+            }
+        }
+    }
+    let Some(Action::Done { weights, .. }) = out.last() else { panic!("{out:?}") };
+    assert!(out.iter().all(|a| !matches!(a, Action::Vote { guilty: true, .. })), "every recompute passed");
+    weights.clone()
+}
+
+/// CLASP: a head replica whose pathways lose 0.4 nats more than its
+/// peer's (over a falling trend, with noise) passes every sampled
+/// recompute (its evidence is consistent) yet gets weight 0; with the
+/// same noise and no harm it is paid by its work.
+#[test]
+fn a_miner_clasp_finds_harmful_is_weighted_zero_though_its_sample_passed() {
+    let noise = |i: u64| ((i.wrapping_mul(2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.1;
+    let trend = |i: u64| 4.0 - 0.002 * i as f32;
+    let harmful = work_two_heads(0, 400, |i, head| trend(i) + noise(i) + if head == p(4) { 0.4 } else { 0.0 });
+    let w = weights_after_clean_round(&harmful);
+    let order: Vec<PeerId> = harmful.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+    let at = |p: PeerId| w[order.iter().position(|q| *q == p).unwrap()];
+    assert_eq!(at(p(4)), 0.0, "{w:?}");
+    assert!(at(p(1)) > 0.0 && at(p(2)) > 0.0 && at(p(3)) > 0.0, "{w:?}");
+    let honest = work_two_heads(0, 400, |i, _| trend(i) + noise(i));
+    let w = weights_after_clean_round(&honest);
+    assert!((at_of(&honest, &w, p(4)) - at_of(&honest, &w, p(1))).abs() < 1e-6, "equal work, equal weight: {w:?}");
+}
+
+fn at_of(work: &pb::EpochWork, w: &[f32], who: PeerId) -> f32 {
+    w[work.miners.iter().position(|m| m.peer == who.0.to_vec()).unwrap()]
+}
+
+fn core() -> ValidatorCore {
+    ValidatorCore::new(9, STAGES, 77, SampleRate { rate: 0.0, min_per_miner: 2 }, 1_000)
+}
+
+fn evidence(epoch: u64, miner: PeerId, k: WorkKey) -> StoredObject {
+    let key = iota_wire::store_keys::evidence_key(epoch, &miner, k.0, k.1, k.2);
+    StoredObject { key, size: 10, hash: [k.1 as u8; 32], offset: 0, values: 0, writer: miner, work: 0 }
+}
+
+fn asks(a: &[Action]) -> Vec<(PeerId, Vec<WorkKey>)> {
+    a.iter()
+        .filter_map(|x| match x {
+            Action::Ask { miner, items, .. } => Some((*miner, items.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn draws_every_stage_checks_what_it_drew_and_votes_once_per_miner() {
+    let mut c = core();
+    let a = c.on_work(0, &work(2, 10)).unwrap();
+    let asked = asks(&a);
+    assert_eq!(asked.iter().map(|(m, i)| (*m, i.len())).collect::<Vec<_>>(), vec![(p(1), 2), (p(2), 2), (p(3), 2)]);
+    // Evidence nobody drew, or from another epoch, is ignored.
+    let undrawn = (0..10).map(|i| (0, i * 8, 0)).find(|k| !asked[0].1.contains(k)).unwrap();
+    assert!(c.on_evidence(2, evidence(2, p(1), undrawn)).is_empty());
+    assert!(c.on_evidence(3, evidence(3, p(1), asked[0].1[0])).is_empty());
+    // Miner 1 passes both; miner 2 fails its second.
+    let mut votes = Vec::new();
+    for (m, keys) in &asked {
+        for (i, k) in keys.iter().enumerate() {
+            let jobs = c.on_evidence(2, evidence(2, *m, *k));
+            let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+            let upstream = [None, Some(p(1)), Some(p(2))][m.0[0] as usize - 1];
+            assert_eq!(job.upstream, upstream);
+            let downstream = [Some(p(2)), Some(p(3)), None][m.0[0] as usize - 1];
+            assert_eq!(job.downstream, downstream);
+            assert_eq!(job.epoch_start, if *m == p(2) { Some([4; 32]) } else { None });
+            assert_eq!(job.reported_loss, (*m == p(3)).then_some(2.5), "the tail's claimed loss");
+            assert!(c.on_evidence(2, evidence(2, *m, *k)).is_empty(), "announced twice: checked once");
+            let res = if *m == p(2) && i == 1 { Err("recomputed output differs".into()) } else { Ok(()) };
+            votes.extend(c.checked(job, res));
+        }
+    }
+    let summary: Vec<_> = votes
+        .iter()
+        .map(|v| match v {
+            Action::Vote { miner, guilty, samples, .. } => format!("{miner:?} {guilty} {samples}"),
+            Action::Done { .. } => "done".into(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    let want = vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), format!("{:?} false 2", p(3))];
+    assert_eq!(summary, [want, vec!["done".into()]].concat());
+    // Its weights: by work, in the work's order, the guilty miner's zero.
+    let Some(Action::Done { weights, .. }) = votes.last() else { panic!("{votes:?}") };
+    assert_eq!(weights, &vec![0.5, 0.0, 0.5]);
+    assert!(c.tick(10_000).is_empty(), "everyone has a vote");
+}
+
+#[test]
+fn missing_evidence_is_voted_guilty_after_the_timeout() {
+    let mut c = core();
+    let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
+    let [Action::Check(job)] = jobs.as_slice() else { panic!() };
+    assert!(c.checked(job, Ok(())).is_empty(), "one of two");
+    assert!(c.tick(500).is_empty(), "not yet half the timeout");
+    // Half-way, whatever is still pending is asked for once more (a lost
+    // request or announcement, a failed upload, is not the miner's doing).
+    let again = c.tick(501);
+    assert_eq!(again.len(), 3, "{again:?}");
+    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![asked[0].1[1]] }), "{again:?}");
+    assert!(c.tick(1_000).is_empty(), "asked again once; not yet overdue");
+    let a = c.tick(1_001);
+    assert_eq!(a.len(), 4, "{a:?}");
+    assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples: 1, reason, .. }
+        if *miner == p(1) && reason.contains("no evidence for 1")));
+    assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
+    assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
+    let order = [p(1), p(2), p(3)];
+    let miners_hash = super::super::sample::work_miners_hash(0, &order);
+    assert_eq!(a[3], Action::Done { epoch: 0, weights: Vec::new(), miners_hash }, "nobody left to pay: it abstains");
+    assert_eq!(c.found_guilty(0), BTreeSet::from([p(1), p(2), p(3)]));
+    assert!(c.found_guilty(1).is_empty(), "another epoch's round");
+}
+
+#[test]
+fn the_merge_this_validator_kept_is_offered_as_a_start_beside_the_recorded_one() {
+    let mut c = core();
+    c.merge_kept(0, BTreeMap::from([(1, [8; 32])]));
+    c.merge_kept(1, BTreeMap::from([(1, [9; 32])]));
+    let asked = asks(&c.on_work(0, &work(2, 10)).unwrap());
+    let start_of = |c: &mut ValidatorCore, m: PeerId| {
+        let keys = &asked.iter().find(|(p, _)| *p == m).unwrap().1;
+        let jobs = c.on_evidence(2, evidence(2, m, keys[0]));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        (job.epoch_start, job.merged_start)
+    };
+    // Epoch 2's attempts start from epoch 1's merge: the orchestrator's
+    // record and this validator's own, not epoch 0's.
+    assert_eq!(start_of(&mut c, p(2)), (Some([4; 32]), Some([9; 32])));
+    assert_eq!(start_of(&mut c, p(1)), (None, None), "stage 0's merge was not loaded");
+
+    // Epoch 1's merge rolled back: epoch 2 starts from epoch 0's, and
+    // the merge of epoch 1 this validator kept is no start.
+    for (weights_from, kept) in [(1, Some([8; 32])), (0, None)] {
+        let mut c = core();
+        c.merge_kept(0, BTreeMap::from([(1, [8; 32])]));
+        c.merge_kept(1, BTreeMap::from([(1, [9; 32])]));
+        let mut w = work(2, 10);
+        w.starts[0].weights_from = weights_from;
+        let asked = asks(&c.on_work(0, &w).unwrap());
+        let keys = &asked.iter().find(|(q, _)| *q == p(2)).unwrap().1;
+        let jobs = c.on_evidence(2, evidence(2, p(2), keys[0]));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        assert_eq!(job.merged_start, kept, "weights from {weights_from}");
+    }
+    for e in 2..10 {
+        c.merge_kept(e, BTreeMap::new());
+    }
+    assert_eq!(c.merged.len(), MERGED_KEPT, "bounded");
+}
+
+#[test]
+fn an_unreadable_object_is_asked_for_again_and_judges_nobody() {
+    let mut c = core();
+    let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    let key = asked[0].1[0];
+    let jobs = c.on_evidence(0, evidence(0, p(1), key));
+    let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+    let again = c.unreadable(job);
+    assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key] }]);
+    assert!(c.unreadable(job).is_empty(), "reported twice: asked once");
+    // Announced again, it is checked again and counts.
+    let jobs = c.on_evidence(0, evidence(0, p(1), key));
+    let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+    assert!(c.checked(job, Ok(())).is_empty());
+    let second = c.on_evidence(0, evidence(0, p(1), asked[0].1[1]));
+    let [Action::Check(job)] = second.as_slice() else { panic!("{second:?}") };
+    let votes = c.checked(job, Ok(()));
+    assert!(matches!(&votes[0], Action::Vote { miner, guilty: false, samples: 2, .. } if *miner == p(1)), "{votes:?}");
+    // Never readable: the timeout, not the read, votes.
+    let mut c = core();
+    let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
+    let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+    c.unreadable(job);
+    let a = c.tick(1_001);
+    assert!(
+        matches!(&a[0], Action::Vote { miner, guilty: true, samples: 0, reason, .. }
+        if *miner == p(1) && reason.contains("no evidence for 2")),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_forged_beacon_or_pathway_is_refused_and_a_repeat_changes_nothing() {
+    let mut w = work(1, 4);
+    w.beacon[0] ^= 1;
+    assert!(core().on_work(0, &w).unwrap_err().contains("beacon"));
+    let mut w = work(1, 4);
+    w.miners[1].items[0].pathway.swap(0, 1);
+    assert!(core().on_work(0, &w).unwrap_err().contains("pathway"));
+    let mut c = core();
+    assert!(!c.on_work(0, &work(1, 4)).unwrap().is_empty());
+    assert!(c.on_work(5, &work(1, 4)).unwrap().is_empty(), "the same round again");
+    // The draw depends on the validator's seed.
+    let mut other = ValidatorCore::new(9, STAGES, 78, SampleRate { rate: 0.0, min_per_miner: 2 }, 1_000);
+    let (a, b) = (asks(&core().on_work(0, &work(1, 40)).unwrap()), asks(&other.on_work(0, &work(1, 40)).unwrap()));
+    assert_ne!(a, b);
+}
+
+#[test]
+fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
+    // Stage 1's weights are 25 MB: two drawn bundles of up to two states
+    // each are 100 MB, 8 s at 100 Mbit/s, on top of the 1 s base.
+    assert_eq!(evidence_allowance_ms(25_000_000, 2), 8_000);
+    // Two validators draw from each miner: its uploads are both draws, so
+    // a stage half that size takes as long (12.5 MB, 2 x 2 bundles).
+    let mut c = core().with_stage_params(&[10, 3_125_000, 10], 2);
+    let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    // Miners 1 and 3 deliver; miner 2 (the big stage) is uploading.
+    for (m, keys) in &asked {
+        if *m == p(2) {
+            continue;
+        }
+        for k in keys {
+            let jobs = c.on_evidence(0, evidence(0, *m, *k));
+            let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+            let _ = c.checked(job, Ok(()));
+        }
+    }
+    assert!(c.tick(1_001).is_empty(), "past the base timeout, within the allowance: no vote");
+    let again = c.tick(4_600);
+    assert_eq!(asks(&again).len(), 1, "half-way to 9 s: asked again ({again:?})");
+    assert!(c.tick(9_000).is_empty(), "still within 9 s");
+    let late = c.tick(9_001);
+    assert!(
+        matches!(&late[0], Action::Vote { miner, guilty: true, reason, .. }
+        if *miner == p(2) && reason.contains("within 9000 ms")),
+        "{late:?}"
+    );
+    // Without the stage sizes the base timeout alone holds.
+    let mut plain = core();
+    let _ = plain.on_work(0, &work(0, 5)).unwrap();
+    assert!(plain.tick(1_001).iter().any(|a| matches!(a, Action::Vote { guilty: true, .. })));
+}
