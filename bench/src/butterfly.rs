@@ -105,17 +105,7 @@ pub fn run(a: Args) -> Result<()> {
         c => anyhow::bail!("unknown codec {c}"),
     };
     let rule = ReduceRule::parse(&a.rule).context("unknown rule")?;
-    let spec = MergeSpec {
-        method: MergeMethod::Butterfly,
-        slices_per_replica: 1,
-        codec,
-        rule,
-        outer: OuterOpt::AVERAGE,
-        outer_momentum_warmup: 0,
-        stage_params: Vec::new(),
-        max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-        overlap: false,
-    };
+    let spec = MergeSpec { method: MergeMethod::Butterfly, codec, rule, ..MergeSpec::default() };
     compare_rules();
     if a.rules_only {
         return Ok(());

@@ -36,22 +36,16 @@ fn spec(miners: u32) -> RunSpec {
         run_id: 1,
         stages: 4,
         replicas: 2,
-        epochs: 1,
         micro_batches_per_epoch: 4,
         batch: 2,
         n_shards: 2,
-        max_in_flight: 1,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
         route_timeout_ms: 60_000,
         heartbeat_timeout_ms: 600_000,
-        max_attempts: 3,
         phase_timeout_ms: 60_000,
         merge: Default::default(),
         miners_per_stage_cap: miners.div_ceil(4).max(2),
         registration_timeout_ms: 600_000,
-        bench_after_failures: 2,
-        validation: Default::default(),
+        ..RunSpec::default()
     }
 }
 

@@ -201,20 +201,20 @@ pub struct RunArgs {
     #[arg(long)]
     pub pipeline_warmup_steps: Option<u64>,
     /// Seconds before an unfinished micro-batch is re-routed.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = spec_default().route_timeout_ms / 1000)]
     pub route_timeout_s: u64,
     /// Seconds of silence before a miner counts as unhealthy.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = spec_default().heartbeat_timeout_ms / 1000)]
     pub heartbeat_timeout_s: u64,
     /// Issues of a micro-batch that fail with nobody to blame before it is
     /// counted as dropped (failures pinned on a miner do not count: the
     /// micro-batch goes to another replica).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = spec_default().max_attempts)]
     pub max_attempts: u32,
     /// A miner that fails this many micro-batches in a row (no delivery in
     /// between) is benched for the rest of the epoch: no routes, out of the
     /// merge; benched in 3 epochs, it is removed from the run.
-    #[arg(long, default_value_t = iota_protocol::run_spec::default_bench_after_failures())]
+    #[arg(long, default_value_t = spec_default().bench_after_failures)]
     pub bench_after_failures: u32,
     /// Miners a stage takes at most (replicas plus spares; default four
     /// times --replicas). Registrations past it are refused, so a flood of
@@ -224,7 +224,7 @@ pub struct RunArgs {
     /// Seconds a registered miner has to open its command stream; until it
     /// does it is not counted, routed or announced, and after this it is
     /// forgotten.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = spec_default().registration_timeout_ms / 1000)]
     pub registration_timeout_s: u64,
     /// A validator of the run and its stake, as PEER_HEX:STAKE (repeat
     /// for each; `iota-control validator` prints its key). Validators
@@ -233,28 +233,28 @@ pub struct RunArgs {
     #[arg(long = "validator", value_name = "PEER_HEX:STAKE")]
     pub validator_stakes: Vec<String>,
     /// Fraction of each miner's micro-batches each validator recomputes.
-    #[arg(long, default_value_t = 0.03)]
+    #[arg(long, default_value_t = spec_default().validation.rate)]
     pub validation_rate: f64,
     /// ... and at least this many per miner per epoch.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = spec_default().validation.min_per_miner)]
     pub validation_min_samples: u32,
     /// Convictions after which a miner is ejected (its identity refused).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = spec_default().validation.strikes_to_eject)]
     pub strikes_to_eject: u32,
     /// Seconds the validators may hold an epoch's merge (and the next
     /// epoch's start, while they judge the merged model).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = spec_default().validation.timeout_ms / 1000)]
     pub validation_timeout_s: u64,
     /// Validators roll a merge back when the merged model's held-out loss
     /// exceeds the last kept model's, or the epoch's late training loss,
     /// by more than this fraction (or is not finite).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = spec_default().validation.rollback_loss_jump)]
     pub rollback_loss_jump: f64,
     /// Held-out micro-batches a validator evaluates each merged model on.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = spec_default().validation.eval_batches)]
     pub eval_batches: u32,
     /// Seconds the upload or merge phase may take before moving on without laggards.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = spec_default().phase_timeout_ms / 1000)]
     pub phase_timeout_s: u64,
     /// How replicas merge each epoch: butterfly (all-reduce over the data
     /// plane, two owners per slice) or parameter-server (upload, one
@@ -278,19 +278,25 @@ pub struct RunArgs {
     pub outer_momentum: f32,
     /// Merges over which the outer momentum rises linearly from 0.5 to
     /// --outer-momentum (IOTA warms it from 0.5 to 0.9); 0 = no warm-up.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = spec_default().merge.outer_momentum_warmup)]
     pub outer_momentum_warmup: u64,
     /// Butterfly partitions per replica, at least (more: smaller messages,
     /// finer re-plans). A large stage gets more, so that every slice fits
     /// --max-slice-mib.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = spec_default().merge.slices_per_replica)]
     pub slices_per_replica: u32,
     /// Largest butterfly slice on the wire, in MiB (4 KiB to 128 MiB as a
     /// fraction): the merge plan cuts each stage into partitions whose encoded
     /// slices fit one frame, so none is refused for its size or goes through
     /// the object store for it.
-    #[arg(long, default_value_t = 64.0)]
+    #[arg(long, default_value_t = spec_default().merge.max_slice_bytes as f64 / (1u64 << 20) as f64)]
     pub max_slice_mib: f64,
+    /// Mbit/s each way a miner is assumed to have to the object store: a
+    /// contribution one owner claims missing is waited for this long before
+    /// its sender is planned out of the merge (3 s plus one slice up and
+    /// down at this rate). Lower it for miners on slow uplinks.
+    #[arg(long, default_value_t = spec_default().merge.store_mbit)]
+    pub store_mbit: u32,
     /// Merge behind compute: each epoch's butterfly merge runs while the
     /// next epoch trains, and replicas land it (merged weights plus what
     /// they trained since) when that epoch ends, so GPUs do not idle during
@@ -465,7 +471,11 @@ impl RunArgs {
                 .collect(),
             max_slice_bytes: (self.max_slice_mib * (1u64 << 20) as f64).round() as u64,
             overlap: self.merge_overlap,
+            store_mbit: self.store_mbit,
         };
+        if self.store_mbit == 0 {
+            bail!("--store-mbit must be positive (Mbit/s a miner has to the store)");
+        }
         if !(self.outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
             bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");
         }
@@ -494,15 +504,7 @@ impl RunArgs {
             validation: self.validation()?,
         };
         let store = if self.bucket.is_some() { StoreAccess::Granted } else { StoreAccess::Directory };
-        let cfg = RunConfig {
-            spec,
-            train,
-            max_shards: 64,
-            val_fraction: 0.02,
-            corpus: None,
-            store,
-            corpus_in_store: self.prepared_data,
-        };
+        let cfg = RunConfig { store, corpus_in_store: self.prepared_data, ..RunConfig::new(spec, train) };
         Ok(cfg)
     }
 
@@ -608,6 +610,12 @@ const RUN_FILES: &[&str] = &["state.sqlite*", "store", "logs"];
 /// derived from them (the run id), where the corpus was read from, and the
 /// bucket its objects live in (when not the run directory's store: a run
 /// resumed on another bucket would find none of its weights).
+/// The run's defaults, which the flags take theirs from (one place defines
+/// them: `RunSpec::default()`).
+fn spec_default() -> RunSpec {
+    RunSpec::default()
+}
+
 fn settings(cfg: &RunConfig, data: Option<&std::path::Path>, bucket: Option<&str>) -> Result<serde_json::Value> {
     let mut v = serde_json::to_value(cfg)?;
     if let Some(m) = v.as_object_mut() {

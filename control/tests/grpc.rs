@@ -17,23 +17,15 @@ fn spec() -> RunSpec {
     RunSpec {
         run_id: 42,
         stages: 2,
-        replicas: 1,
         epochs: 2,
         micro_batches_per_epoch: 4,
         batch: 2,
         n_shards: 2,
-        max_in_flight: 1,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
         route_timeout_ms: 60_000,
         heartbeat_timeout_ms: 60_000,
-        max_attempts: 3,
         phase_timeout_ms: 60_000,
         merge: Default::default(),
-        miners_per_stage_cap: 0,
-        registration_timeout_ms: 30_000,
-        bench_after_failures: 2,
-        validation: Default::default(),
+        ..RunSpec::default()
     }
 }
 

@@ -16,17 +16,7 @@ use iota_dataplane::miner::merge::{MergeFault, load_weights};
 use iota_protocol::{MergeMethod, MergeSpec};
 
 fn spec(rule: ReduceRule, codec: WireCodec, slices: u32) -> MergeSpec {
-    MergeSpec {
-        method: MergeMethod::Butterfly,
-        slices_per_replica: slices,
-        codec,
-        rule,
-        outer: OuterOpt::AVERAGE,
-        outer_momentum_warmup: 0,
-        stage_params: Vec::new(),
-        max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-        overlap: false,
-    }
+    MergeSpec { method: MergeMethod::Butterfly, slices_per_replica: slices, codec, rule, ..MergeSpec::default() }
 }
 
 /// theta_prev and R trained replicas near it.

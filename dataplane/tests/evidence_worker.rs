@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iota_core::merge::{OuterOpt, ReduceRule};
+use iota_core::merge::ReduceRule;
 use iota_core::wire::Direction;
 use iota_core::{Identity, MicroBatchId, ModelConfig, ParamLayout, PeerId, SampleId, StageSpec, WireCodec};
 use iota_dataplane::evidence::{Finding, ForwardEvidence, Known, SampledMb, check_backward, check_forward};
@@ -56,33 +56,20 @@ fn run_config() -> RunConfig {
         spec: RunSpec {
             run_id: RUN,
             stages,
-            replicas: 1,
-            epochs: 1,
             micro_batches_per_epoch: MICRO_BATCHES,
             batch: BATCH as u32,
             n_shards: 0,
             max_in_flight: 2,
-            pipeline_warmup_micro_batches: 0,
-            ramp_first_epoch: 0,
             route_timeout_ms: 5_000,
             heartbeat_timeout_ms: 3_000,
             max_attempts: 4,
             phase_timeout_ms: 20_000,
             merge: MergeSpec {
                 method: MergeMethod::Butterfly,
-                slices_per_replica: 1,
-                codec: WireCodec::Bf16,
                 rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
-                outer: OuterOpt::AVERAGE,
-                outer_momentum_warmup: 0,
-                stage_params: Vec::new(),
-                max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-                overlap: false,
+                ..MergeSpec::default()
             },
-            miners_per_stage_cap: 0,
-            registration_timeout_ms: 30_000,
-            bench_after_failures: 2,
-            validation: Default::default(),
+            ..RunSpec::default()
         },
         train,
         max_shards: 16,

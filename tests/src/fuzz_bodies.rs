@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Identity, PeerId, WireCodec};
 use iota_dataplane::frame::{FrameLimits, RunContext, decode_frame, parse_header};
 use iota_dataplane::miner::merge::local::flat_layout;
@@ -386,12 +385,8 @@ pub fn signed_frame_run(data: &[u8]) -> bool {
                 method: MergeMethod::Butterfly,
                 slices_per_replica: plan.partitions.len() as u32 / 2,
                 codec: WireCodec::F32,
-                rule: ReduceRule::Mean,
-                outer: OuterOpt::AVERAGE,
-                outer_momentum_warmup: 0,
                 stage_params: vec![PARAMS],
-                max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-                overlap: false,
+                ..MergeSpec::default()
             };
             let store: SharedStore = std::sync::Arc::new(MemStore::default());
             let ctx = std::sync::Arc::new(RunContext::new(7, FrameLimits::default()));

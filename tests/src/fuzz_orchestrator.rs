@@ -4,7 +4,6 @@
 use iota_control::orchestrator::{Event, Orchestrator, Phase, VerdictIn};
 use iota_control::validation::quorum::Check;
 use iota_core::commitment::Commitments;
-use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{PeerId, Rng, WireCodec};
 use iota_protocol::{MbRef, MergeMethod, MergeSpec, RunSpec, StoredObject, ValidationSpec, ValidatorStake, pb};
 
@@ -56,26 +55,18 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
         batch: 2,
         n_shards: 2,
         max_in_flight: 2,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
         route_timeout_ms: 1_000,
         heartbeat_timeout_ms: 3_000,
         max_attempts: 2,
         phase_timeout_ms: 5_000,
         merge: MergeSpec {
             method: if butterfly { MergeMethod::Butterfly } else { MergeMethod::ParameterServer },
-            slices_per_replica: 1,
             codec: WireCodec::F32,
-            rule: ReduceRule::Mean,
-            outer: OuterOpt::AVERAGE,
-            outer_momentum_warmup: 0,
             stage_params: vec![1_000, 1_000],
-            max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-            overlap: false,
+            ..MergeSpec::default()
         },
         miners_per_stage_cap: 3,
         registration_timeout_ms: 10_000,
-        bench_after_failures: 2,
         validation: if validated {
             ValidationSpec {
                 validators: vec![
@@ -88,6 +79,7 @@ pub fn orchestrator_run(data: &[u8]) -> Reached {
         } else {
             ValidationSpec::default()
         },
+        ..RunSpec::default()
     };
     let mut o = Orchestrator::new(spec).unwrap();
     let mut rng = Rng::new(9);

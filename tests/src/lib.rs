@@ -20,7 +20,6 @@ use std::sync::atomic::AtomicBool;
 use iota_control::orchestrator::Orchestrator;
 use iota_control::service::OrchestratorService;
 use iota_control::state_db::{StateDb, StateLocation};
-use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{Identity, ModelConfig, ParamLayout, StageSpec, WireCodec};
 use iota_dataplane::miner::{self, MinerOptions, MinerSummary};
 use iota_model::data::TokenizerKind;
@@ -28,7 +27,7 @@ use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
 use iota_protocol::auth::AuthPolicy;
 use iota_protocol::pb::orchestrator_server::OrchestratorServer;
-use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec};
+use iota_protocol::{MergeSpec, RunConfig, RunSpec};
 
 /// A `tiny` run on the generated corpus.
 pub fn tiny_run(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, codec: WireCodec) -> RunConfig {
@@ -63,46 +62,24 @@ pub fn tiny_run_batch(
         codec,
         seed: 11,
     };
-    let mut cfg = RunConfig {
-        spec: RunSpec {
-            run_id: 99,
-            stages,
-            replicas,
-            epochs,
-            micro_batches_per_epoch: per_epoch,
-            batch: batch as u32,
-            n_shards: 0,
-            max_in_flight: 2 * replicas,
-            pipeline_warmup_micro_batches: 0,
-            ramp_first_epoch: 0,
-            route_timeout_ms: 5_000,
-            heartbeat_timeout_ms: 3_000,
-            max_attempts: 4,
-            phase_timeout_ms: 20_000,
-            // The swarm's default: butterfly, bf16 slices, centered clipping, plain averaging.
-            merge: MergeSpec {
-                method: MergeMethod::Butterfly,
-                slices_per_replica: 1,
-                codec: WireCodec::Bf16,
-                rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
-                outer: OuterOpt::AVERAGE,
-                outer_momentum_warmup: 0,
-                stage_params: Vec::new(),
-                max_slice_bytes: iota_protocol::run_spec::DEFAULT_MAX_SLICE_BYTES,
-                overlap: false,
-            },
-            miners_per_stage_cap: 0,
-            registration_timeout_ms: 30_000,
-            bench_after_failures: 2,
-            validation: Default::default(),
-        },
-        train,
-        max_shards: 16,
-        val_fraction: 0.02,
-        corpus: None,
-        store: Default::default(),
-        corpus_in_store: false,
+    let spec = RunSpec {
+        run_id: 99,
+        stages,
+        replicas,
+        epochs,
+        micro_batches_per_epoch: per_epoch,
+        batch: batch as u32,
+        n_shards: 0,
+        max_in_flight: 2 * replicas,
+        route_timeout_ms: 5_000,
+        heartbeat_timeout_ms: 3_000,
+        max_attempts: 4,
+        phase_timeout_ms: 20_000,
+        // The swarm's default: butterfly, bf16 slices, centered clipping, plain averaging.
+        merge: MergeSpec::butterfly(),
+        ..RunSpec::default()
     };
+    let mut cfg = RunConfig { max_shards: 16, ..RunConfig::new(spec, train) };
     cfg.spec.merge.stage_params = StageSpec::split(&cfg.train.model, stages as usize)
         .unwrap()
         .iter()

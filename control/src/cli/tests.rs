@@ -329,3 +329,39 @@ fn a_balanced_split_within_a_card_size_keeps_every_stage_on_that_card() {
     }
     assert!(stage_layers("balanced", &m, 17, shape).is_err(), "more stages than blocks");
 }
+
+/// The flags take their defaults from `RunSpec::default()`, the one place
+/// the run's defaults are written: a run made with no flags but its shape
+/// has the default of every setting the launcher does not derive.
+#[test]
+fn the_flags_default_to_the_run_specs_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = args(dir.path(), &[]).run_config().unwrap().spec;
+    let want = RunSpec::default();
+    let derived = RunSpec {
+        // What the launcher derives from the model, the corpus, the shape
+        // and the cadence rather than reads from a flag's default.
+        run_id: want.run_id,
+        stages: want.stages,
+        replicas: want.replicas,
+        epochs: want.epochs,
+        micro_batches_per_epoch: want.micro_batches_per_epoch,
+        batch: want.batch,
+        n_shards: want.n_shards,
+        max_in_flight: want.max_in_flight,
+        pipeline_warmup_micro_batches: want.pipeline_warmup_micro_batches,
+        merge: MergeSpec { stage_params: want.merge.stage_params.clone(), ..got.merge.clone() },
+        ..got.clone()
+    };
+    assert_eq!(derived, want);
+    // And a flag set moves its setting off the default.
+    let flags = ["--route-timeout-s", "7", "--validation-rate", "0.1", "--max-slice-mib", "1", "--store-mbit", "10"];
+    let set = args(dir.path(), &flags).run_config().unwrap().spec;
+    let got = (set.route_timeout_ms, set.validation.rate, set.merge.max_slice_bytes, set.merge.store_mbit);
+    assert_eq!(got, (7_000, 0.1, 1 << 20, 10));
+    // A setting at its default is left out of the settings, so the run ids
+    // of runs saved before it existed stand; set, it is kept.
+    assert!(!args(dir.path(), &[]).run_config().unwrap().to_json().contains("store_mbit"));
+    assert!(args(dir.path(), &["--store-mbit", "10"]).run_config().unwrap().to_json().contains("\"store_mbit\":10"));
+    assert!(args(dir.path(), &["--store-mbit", "0"]).run_config().is_err());
+}

@@ -41,6 +41,23 @@ pub struct RunConfig {
     pub corpus_in_store: bool,
 }
 
+impl RunConfig {
+    /// A run of `spec` training `train`, with the launcher's defaults for
+    /// the rest (64 shards at most, 2% held out, a store directory, the
+    /// corpus named once the launcher has loaded it).
+    pub fn new(spec: RunSpec, train: TrainConfig) -> RunConfig {
+        RunConfig {
+            spec,
+            train,
+            max_shards: 64,
+            val_fraction: 0.02,
+            corpus: None,
+            store: StoreAccess::Directory,
+            corpus_in_store: false,
+        }
+    }
+}
+
 /// How miners reach the run's object store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,4 +1,11 @@
 //! What a run is: shape of the swarm, epoch length, timeouts.
+//!
+//! One way to build a run's settings: start from the defaults and set what
+//! differs (`RunSpec { stages: 2, ..RunSpec::default() }`). The defaults
+//! live here alone: `iota-control`'s flags take theirs from
+//! `RunSpec::default()`, and tests and benches spell out only what they
+//! change, so a new setting touches its definition (here), its flag, where
+//! it acts, and its test.
 
 use iota_core::WireCodec;
 use iota_core::merge::{BLOCK, MergePlan, OuterOpt, Participant, ReduceRule};
@@ -67,6 +74,35 @@ pub struct RunSpec {
     /// validation existed: its run directory still resumes.
     #[serde(default, skip_serializing_if = "ValidationSpec::is_default")]
     pub validation: ValidationSpec,
+}
+
+impl Default for RunSpec {
+    /// The run `iota-control swarm` makes with no flags (its flags default
+    /// to these), less what the launcher derives from the model and the
+    /// corpus (`run_id`, `n_shards`, the stages' parameter counts).
+    fn default() -> Self {
+        RunSpec {
+            run_id: 0,
+            stages: 1,
+            replicas: 1,
+            epochs: 1,
+            micro_batches_per_epoch: 32,
+            batch: 8,
+            n_shards: 1,
+            max_in_flight: 1,
+            pipeline_warmup_micro_batches: 0,
+            ramp_first_epoch: 0,
+            route_timeout_ms: 30_000,
+            heartbeat_timeout_ms: 10_000,
+            max_attempts: 3,
+            phase_timeout_ms: 300_000,
+            merge: MergeSpec::butterfly(),
+            miners_per_stage_cap: 0,
+            registration_timeout_ms: default_registration_timeout_ms(),
+            bench_after_failures: default_bench_after_failures(),
+            validation: ValidationSpec::default(),
+        }
+    }
 }
 
 /// One validator of the run and its stake.
@@ -182,6 +218,25 @@ pub struct MergeSpec {
     /// keep their run id.
     #[serde(default, skip_serializing_if = "is_false")]
     pub overlap: bool,
+    /// The bandwidth (Mbit/s, each way) a miner is assumed to have to the
+    /// object store, when the orchestrator waits for the owners to read a
+    /// contribution claimed missing from the store before it plans its
+    /// sender out (PROTOCOL.md, "the store's patience"): swarms on slow
+    /// uplinks set it lower and wait longer. Left out of the settings at
+    /// its default, so runs saved before it existed keep their run id.
+    #[serde(default = "default_store_mbit", skip_serializing_if = "is_default_store_mbit")]
+    pub store_mbit: u32,
+}
+
+/// 100 Mbit/s: what evidence uploads are sized for.
+pub const DEFAULT_STORE_MBIT: u32 = 100;
+
+fn default_store_mbit() -> u32 {
+    DEFAULT_STORE_MBIT
+}
+
+fn is_default_store_mbit(v: &u32) -> bool {
+    *v == DEFAULT_STORE_MBIT
 }
 
 fn is_false(v: &bool) -> bool {
@@ -209,6 +264,17 @@ fn is_default_max_slice_bytes(v: &u64) -> bool {
 }
 
 impl MergeSpec {
+    /// The swarm's merge unless told otherwise: the butterfly, bf16 slices,
+    /// centered clipping, plain averaging (`MergeSpec::default()` is the
+    /// parameter server, what runs saved before the butterfly used).
+    pub fn butterfly() -> MergeSpec {
+        MergeSpec {
+            method: MergeMethod::Butterfly,
+            rule: ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
+            ..MergeSpec::default()
+        }
+    }
+
     /// The outer optimizer of the merge that ends epoch `epoch`.
     pub fn outer_at(&self, epoch: u64) -> OuterOpt {
         self.outer.at_merge(self.outer_momentum_warmup, epoch)
@@ -241,6 +307,7 @@ impl Default for MergeSpec {
             stage_params: Vec::new(),
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
             overlap: false,
+            store_mbit: DEFAULT_STORE_MBIT,
         }
     }
 }
@@ -419,19 +486,9 @@ mod tests {
             epochs,
             micro_batches_per_epoch: per_epoch,
             batch: 4,
-            n_shards: 1,
             max_in_flight: 4,
-            pipeline_warmup_micro_batches: 0,
             ramp_first_epoch,
-            route_timeout_ms: 1,
-            heartbeat_timeout_ms: 1,
-            max_attempts: 1,
-            phase_timeout_ms: 1,
-            merge: MergeSpec::default(),
-            miners_per_stage_cap: 0,
-            registration_timeout_ms: 1,
-            bench_after_failures: 2,
-            validation: ValidationSpec::default(),
+            ..RunSpec::default()
         }
     }
 

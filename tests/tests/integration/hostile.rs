@@ -109,22 +109,14 @@ fn spec(run_id: u64, stages: u32, replicas: u32) -> RunSpec {
         run_id,
         stages,
         replicas,
-        epochs: 1,
         micro_batches_per_epoch: 4,
         batch: 2,
         n_shards: 2,
-        max_in_flight: 1,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
         route_timeout_ms: 60_000,
         heartbeat_timeout_ms: 60_000,
-        max_attempts: 3,
         phase_timeout_ms: 60_000,
         merge: Default::default(),
-        miners_per_stage_cap: 0,
-        registration_timeout_ms: 30_000,
-        bench_after_failures: 2,
-        validation: Default::default(),
+        ..RunSpec::default()
     }
 }
 

@@ -43,9 +43,17 @@ use super::{Ms, Orchestrator, Out};
 /// reaches the sender, its worker stores the slice, the owners' next
 /// store poll (once a second) reads it.
 const STORE_PATIENCE_MS: Ms = 3_000;
-/// The rate a slice is assumed to reach the store and come back at (as
-/// evidence uploads: 100 Mbit/s).
-const STORE_BYTES_PER_S: u64 = 12_500_000;
+/// The longest store patience, whatever the slice and the bandwidth.
+const MAX_STORE_PATIENCE_MS: Ms = 3_600_000;
+
+/// How long, from the first claim, owners may take to read a contribution
+/// of `slice_bytes` from the store: `STORE_PATIENCE_MS` plus its upload
+/// and download at `store_mbit` Mbit/s (the run's `merge.store_mbit`).
+pub(super) fn store_patience(slice_bytes: u64, store_mbit: u32) -> Ms {
+    let bytes_per_s = u64::from(store_mbit.max(1)) * 125_000;
+    let transfer = slice_bytes.saturating_mul(2000) / bytes_per_s;
+    STORE_PATIENCE_MS.saturating_add(transfer).min(MAX_STORE_PATIENCE_MS)
+}
 
 impl Orchestrator {
     /// Owner `peer` misses `senders`' contributions to a partition.
@@ -116,15 +124,14 @@ impl Orchestrator {
     }
 
     /// How long, from the first claim, the owners of `stage`'s partition
-    /// `k` may take to read a claimed contribution from the store: the
-    /// sender's upload and the owner's download of one slice at 100
-    /// Mbit/s, on top of `STORE_PATIENCE_MS`.
+    /// `k` may take to read a claimed contribution from the store
+    /// (`store_patience` of one slice of it).
     fn store_patience_ms(&self, stage: u32, k: u32) -> Ms {
         let len = self.butterfly.get(&stage).and_then(|bm| bm.plan.partitions.get(k as usize)).map_or(0, |p| p.len);
         let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK)).unwrap_or(usize::MAX);
         let slice = self.spec.merge.codec.payload_bytes(blocks, iota_core::merge::BLOCK as usize);
         let bytes = slice.map_or(u64::MAX, |b| b as u64);
-        STORE_PATIENCE_MS + (bytes.saturating_mul(2000) / STORE_BYTES_PER_S).min(3_600_000)
+        store_patience(bytes, self.spec.merge.store_mbit)
     }
 
     /// Whether a withholding audit waits on the validators (the run's

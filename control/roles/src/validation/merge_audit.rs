@@ -96,7 +96,7 @@ mod tests {
     use iota_checks::slices::encode_slice;
     use iota_core::WireCodec;
     use iota_core::identity::Identity;
-    use iota_core::merge::{OuterOpt, Participant, ReduceRule};
+    use iota_core::merge::Participant;
     use iota_wire::MergeMethod;
 
     use super::*;
@@ -108,12 +108,8 @@ mod tests {
             method: MergeMethod::Butterfly,
             slices_per_replica: 2,
             codec: WireCodec::F32,
-            rule: ReduceRule::Mean,
-            outer: OuterOpt::AVERAGE,
-            outer_momentum_warmup: 0,
             stage_params: vec![3000],
-            max_slice_bytes: iota_wire::run_spec::DEFAULT_MAX_SLICE_BYTES,
-            overlap: false,
+            ..MergeSpec::default()
         }
     }
 

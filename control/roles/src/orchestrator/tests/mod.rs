@@ -19,17 +19,11 @@ fn spec(stages: u32, replicas: u32, epochs: u64, per_epoch: u64, in_flight: u32)
         batch: 4,
         n_shards: 3,
         max_in_flight: in_flight,
-        pipeline_warmup_micro_batches: 0,
-        ramp_first_epoch: 0,
         route_timeout_ms: 1_000,
         heartbeat_timeout_ms: 3_000,
-        max_attempts: 3,
         phase_timeout_ms: 10_000,
         merge: Default::default(),
-        miners_per_stage_cap: 0,
-        registration_timeout_ms: 30_000,
-        bench_after_failures: 2,
-        validation: Default::default(),
+        ..RunSpec::default()
     }
 }
 

@@ -135,3 +135,17 @@ fn a_false_claim_is_refuted_and_names_nobody() {
     assert!(c.missing_claims_refuted >= 2, "both senders it named were found stored: {c:?}");
     assert_eq!((c.withheld_contributions, c.withheld_planned_out), (0, 0), "{c:?}");
 }
+
+/// The store's patience is 3 s plus one slice up and down at the run's
+/// `--store-mbit`: a slower store waits longer, in proportion, and no
+/// slice or bandwidth makes it unbounded.
+#[test]
+fn the_stores_patience_follows_the_runs_store_bandwidth() {
+    use super::super::withholding::store_patience;
+    let slice = 25_000_000; // 25 MB: 2 s each way at 100 Mbit/s
+    assert_eq!(store_patience(slice, 100), 3_000 + 4_000);
+    assert_eq!(store_patience(slice, 10), 3_000 + 40_000);
+    assert_eq!(store_patience(0, 10), 3_000);
+    assert_eq!(store_patience(u64::MAX, 1), 3_600_000);
+    assert_eq!(store_patience(slice, 0), store_patience(slice, 1), "0 is taken as 1 Mbit/s, never a division by zero");
+}
