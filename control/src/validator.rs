@@ -115,29 +115,74 @@ enum Input {
     /// A merge audit answered, after this long (waiting for the
     /// contributions included).
     MergeAudited(Duration),
-    /// A merged model evaluated: its held-out loss (or why it could not be
-    /// had), and the seed model's when asked for.
-    MergeEvaluated {
-        epoch: u64,
-        loss: Result<f32, String>,
-        seed_loss: Option<f32>,
-        /// Each stage's weights hash, of the merged model as loaded (empty
-        /// where it could not be).
-        stage_hashes: BTreeMap<u32, [u8; 32]>,
-        /// Participants whose reported merged weights are not the merge.
-        false_reports: Vec<merge_reports::FalseReport>,
-        /// Time the evaluation took.
-        took: Duration,
-    },
+    /// A merged model evaluated.
+    MergeEvaluated(MergeEvaluation),
+}
+
+/// A merged model evaluated: its held-out loss (or why it could not be
+/// had), and the seed model's when asked for.
+struct MergeEvaluation {
+    epoch: u64,
+    loss: Result<f32, String>,
+    seed_loss: Option<f32>,
+    /// Each stage's weights hash, of the merged model as loaded (empty
+    /// where it could not be).
+    stage_hashes: BTreeMap<u32, [u8; 32]>,
+    /// Participants whose reported merged weights are not the merge.
+    false_reports: Vec<merge_reports::FalseReport>,
+    /// Time the evaluation took.
+    took: Duration,
 }
 
 /// Validates the run at `opts.orchestrator` until it is done (or `stop`).
 pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<ValidatorSummary> {
-    let id = Arc::new(id);
+    let me = id.peer_id();
+    let (client, run_id, cfg, store) = join(&opts, Arc::new(id)).await?;
+    let corpus = Arc::new(if cfg.corpus_in_store {
+        iota_dataplane::corpus::load_corpus_from_store(&cfg, &*store, None).await?
+    } else {
+        iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?
+    });
+    let checker = Arc::new(parking_lot::Mutex::new(Checker::new(cfg.clone(), run_id, Some(corpus))?));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (in_tx, in_rx) = mpsc::channel::<Input>(1024);
+    let cmd_task = iota_protocol::client::follow_commands(
+        client.clone(),
+        finished.clone(),
+        iota_protocol::client::Rejoin::Validator { device: "cpu".into() },
+        in_tx.clone(),
+        Input::Command,
+    );
+    let run_done = Arc::new(AtomicBool::new(false));
+    let hb_task = spawn_heartbeats(client.clone(), opts.heartbeat, finished.clone(), run_done.clone());
+    let mut shell = Shell {
+        core: validator_core(&opts, &cfg, run_id),
+        summary: ValidatorSummary { peer: Some(me), ..ValidatorSummary::default() },
+        last_good: None,
+        train_tails: BTreeMap::new(),
+        started: std::time::Instant::now(),
+        reads: Arc::new(tokio::sync::Semaphore::new(EVIDENCE_IN_MEMORY)),
+        opts,
+        run_id,
+        cfg,
+        client,
+        store,
+        checker,
+        in_tx,
+    };
+    let result = shell.follow(in_rx, &stop, &run_done).await;
+    finished.store(true, Ordering::SeqCst);
+    cmd_task.abort();
+    hb_task.abort();
+    result.map(|()| shell.summary)
+}
+
+/// Connects, registers as a validator, and opens the run's store.
+async fn join(opts: &ValidatorOptions, id: Arc<Identity>) -> Result<(ControlClient, u64, RunConfig, SharedStore)> {
     let me = id.peer_id();
     let mut client = iota_dataplane::miner::connect(
         &opts.orchestrator,
-        id.clone(),
+        id,
         opts.orchestrator_key,
         opts.insecure_plaintext,
         opts.tls_ca.as_deref(),
@@ -154,199 +199,243 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
             anyhow::bail!("this run keeps its objects in a directory: give --store DIR")
         }
     };
-    let corpus = Arc::new(if cfg.corpus_in_store {
-        iota_dataplane::corpus::load_corpus_from_store(&cfg, &*store, None).await?
-    } else {
-        iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?
-    });
-    let checker = Arc::new(parking_lot::Mutex::new(Checker::new(cfg.clone(), reply.run_id, Some(corpus))?));
+    Ok((client, reply.run_id, cfg, store))
+}
+
+/// The sans-IO round for this run: its sampling rate, evidence timeout and
+/// stage sizes (a bigger stage's evidence takes longer to upload: the
+/// rounds wait for it, as an honest miner's slow upload is not withheld
+/// evidence).
+fn validator_core(opts: &ValidatorOptions, cfg: &RunConfig, run_id: u64) -> ValidatorCore {
     let v = &cfg.spec.validation;
     let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };
     let timeout = opts.evidence_timeout.as_millis() as u64;
-    // A bigger stage's evidence takes longer to upload: the rounds wait
-    // for it (an honest miner's slow upload is not withheld evidence).
     let stage_params = cfg.train.model.stage_param_counts(cfg.spec.stages as usize).unwrap_or_default();
-    let mut core = ValidatorCore::new(reply.run_id, cfg.spec.stages, opts.seed, rate, timeout)
-        .with_stage_params(&stage_params, cfg.spec.validation.validators.len());
+    ValidatorCore::new(run_id, cfg.spec.stages, opts.seed, rate, timeout)
+        .with_stage_params(&stage_params, cfg.spec.validation.validators.len())
+}
 
-    let reads = Arc::new(tokio::sync::Semaphore::new(EVIDENCE_IN_MEMORY));
-    let finished = Arc::new(AtomicBool::new(false));
-    let (in_tx, mut in_rx) = mpsc::channel::<Input>(1024);
-    let cmd_task = iota_protocol::client::follow_commands(
-        client.clone(),
-        finished.clone(),
-        iota_protocol::client::Rejoin::Validator { device: "cpu".into() },
-        in_tx.clone(),
-        Input::Command,
-    );
-    // Heartbeats keep it counted as live (the merge waits only for live
-    // validators); the reply says when the run is over.
-    let run_done = Arc::new(AtomicBool::new(false));
-    let hb_task = {
-        let (mut client, every, finished, run_done) =
-            (client.clone(), opts.heartbeat, finished.clone(), run_done.clone());
-        tokio::spawn(async move {
-            let mut iv = tokio::time::interval(every);
-            while !finished.load(Ordering::SeqCst) {
-                iv.tick().await;
-                if let Ok(r) = client.heartbeat(0, 0, 0.0, &[]).await
-                    && r.phase == pb::Phase::Done as i32
-                {
-                    run_done.store(true, Ordering::SeqCst);
+/// Heartbeats keep the validator counted as live (the merge waits only for
+/// live validators); a reply saying the run is over sets `run_done`.
+fn spawn_heartbeats(
+    mut client: ControlClient,
+    every: Duration,
+    finished: Arc<AtomicBool>,
+    run_done: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(every);
+        while !finished.load(Ordering::SeqCst) {
+            iv.tick().await;
+            if let Ok(r) = client.heartbeat(0, 0, 0.0, &[]).await
+                && r.phase == pb::Phase::Done as i32
+            {
+                run_done.store(true, Ordering::SeqCst);
+            }
+        }
+    })
+}
+
+/// The validator's loop state around its sans-IO round.
+struct Shell {
+    opts: ValidatorOptions,
+    run_id: u64,
+    cfg: RunConfig,
+    client: ControlClient,
+    store: SharedStore,
+    checker: Arc<parking_lot::Mutex<Checker>>,
+    /// Evidence objects held in memory at once, at most.
+    reads: Arc<tokio::sync::Semaphore>,
+    in_tx: mpsc::Sender<Input>,
+    core: ValidatorCore,
+    summary: ValidatorSummary,
+    /// The held-out loss of the last merged model it kept (first: the seed
+    /// model's, measured with the first check).
+    last_good: Option<f32>,
+    /// Each epoch's tails' losses near its end, as they reported them (in
+    /// the epoch's work; the round re-checks a sample of the reports).
+    train_tails: BTreeMap<u64, Vec<(PeerId, f32)>>,
+    /// The round's evidence timeout runs on a monotonic clock: a wall clock
+    /// stepped forward (NTP on a fresh machine) must not make every miner's
+    /// evidence overdue at once.
+    started: std::time::Instant,
+}
+
+impl Shell {
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Feeds the round its inputs and ticks, and carries out its actions,
+    /// until the run is done or `stop` is set.
+    async fn follow(
+        &mut self,
+        mut in_rx: mpsc::Receiver<Input>,
+        stop: &AtomicBool,
+        run_done: &AtomicBool,
+    ) -> Result<()> {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            if stop.load(Ordering::SeqCst) || run_done.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let actions = tokio::select! {
+                Some(input) = in_rx.recv() => self.on_input(input).await,
+                _ = tick.tick() => self.core.tick(self.elapsed_ms()),
+            };
+            self.act_all(actions).await;
+        }
+    }
+
+    async fn on_input(&mut self, input: Input) -> Vec<Action> {
+        match input {
+            Input::Command(pb::command::Kind::EpochWork(w)) => self.on_epoch_work(&w),
+            Input::Command(pb::command::Kind::Stored(st)) => {
+                match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
+                    Some(Ok(o)) => self.core.on_evidence(st.epoch, o),
+                    _ => Vec::new(),
                 }
             }
-        })
-    };
-
-    let mut summary = ValidatorSummary { peer: Some(me), ..ValidatorSummary::default() };
-    // The held-out loss of the last merged model it kept (first: the seed
-    // model's, measured with the first check).
-    let mut last_good: Option<f32> = None;
-    let jump = cfg.spec.validation.rollback_loss_jump;
-    // Each epoch's tails' losses near its end, as they reported them (in
-    // the epoch's work; the round re-checks a sample of the reports).
-    let mut train_tails: BTreeMap<u64, Vec<(PeerId, f32)>> = BTreeMap::new();
-    let last_stage = cfg.spec.stages.saturating_sub(1);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    // The round's evidence timeout runs on a monotonic clock: a wall clock
-    // stepped forward (NTP on a fresh machine) must not make every miner's
-    // evidence overdue at once.
-    let started = std::time::Instant::now();
-    let elapsed_ms = || started.elapsed().as_millis() as u64;
-    let result = loop {
-        if stop.load(Ordering::SeqCst) || run_done.load(Ordering::SeqCst) {
-            break Ok(());
+            Input::Command(pb::command::Kind::MergeAudit(ma)) => {
+                let (spec, store, client, in_tx) =
+                    (self.cfg.spec.merge.clone(), self.store.clone(), self.client.clone(), self.in_tx.clone());
+                let run_id = self.run_id;
+                tokio::spawn(async move {
+                    let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
+                    let _ = in_tx.send(Input::MergeAudited(took)).await;
+                });
+                Vec::new()
+            }
+            Input::MergeAudited(took) => {
+                self.summary.merge_audits += 1;
+                self.summary.check_time += took;
+                Vec::new()
+            }
+            Input::Command(pb::command::Kind::MergeCheck(mc)) => {
+                let first = self.last_good.is_none();
+                evaluate_merge(mc, &self.cfg, &self.store, &self.checker, first, &self.in_tx);
+                Vec::new()
+            }
+            Input::Command(_) => Vec::new(),
+            Input::MergeEvaluated(e) => {
+                self.on_merge_evaluated(e).await;
+                Vec::new()
+            }
+            Input::Checked(job, res, took) => {
+                self.summary.checked += 1;
+                self.summary.check_time += took;
+                self.core.checked(&job, res)
+            }
+            Input::Unreadable(job) => self.core.unreadable(&job),
         }
-        let actions = tokio::select! {
-            Some(input) = in_rx.recv() => match input {
-                Input::Command(pb::command::Kind::EpochWork(w)) => {
-                    summary.rounds += 1;
-                    train_tails.insert(w.epoch, train_loss::late_tail_losses(&w, last_stage));
-                    while train_tails.len() > 4 {
-                        train_tails.pop_first();
-                    }
-                    let mut actions = core.on_work(elapsed_ms(), &w).unwrap_or_else(|e| {
-                        warn!(epoch = w.epoch, error = %e, "epoch work refused");
-                        Vec::new()
-                    });
-                    if opts.ask_flood {
-                        actions.extend(flood_asks(&w));
-                    }
-                    actions
-                }
-                Input::Command(pb::command::Kind::Stored(st)) => match st.object.as_ref().map(|o| StoredObject::from_pb(o, None)) {
-                    Some(Ok(o)) => core.on_evidence(st.epoch, o),
-                    _ => Vec::new(),
-                },
-                Input::Command(pb::command::Kind::MergeAudit(ma)) => {
-                    let (spec, store, client, in_tx) = (cfg.spec.merge.clone(), store.clone(), client.clone(), in_tx.clone());
-                    let run_id = reply.run_id;
-                    tokio::spawn(async move {
-                        let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
-                        let _ = in_tx.send(Input::MergeAudited(took)).await;
-                    });
-                    Vec::new()
-                }
-                Input::MergeAudited(took) => {
-                    summary.merge_audits += 1;
-                    summary.check_time += took;
-                    Vec::new()
-                }
-                Input::Command(pb::command::Kind::MergeCheck(mc)) => {
-                    evaluate_merge(mc, &cfg, &store, &checker, last_good.is_none(), &in_tx);
-                    Vec::new()
-                }
-                Input::Command(_) => Vec::new(),
-                Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took } => {
-                    for f in &false_reports {
-                        let reason = merge_reports::reason(f);
-                        warn!(epoch, miner = %f.peer, reason = %reason, "voting guilty: a false merge report");
-                        summary.guilty_votes.push((epoch, f.peer, reason.clone()));
-                        let v = pb::Verdict {
-                            epoch,
-                            miner: f.peer.0.to_vec(),
-                            check: pb::Check::Merge as i32,
-                            guilty: true,
-                            samples: 0,
-                            evidence_hash: Vec::new(),
-                            reason,
-                        };
-                        if let Err(e) = client.validate(pb::validator_report::Kind::Verdict(v)).await {
-                            warn!(error = %e, "merge report verdict failed");
-                        }
-                    }
-            summary.check_time += took;
-                    // Against the better of the last model it kept (the
-                    // seed's at first) and the epoch's own training loss: a
-                    // merge far worse than the models it merged is suspect.
-                    // Tails this validator found guilty (of lying about
-                    // their loss, say) are left out of the training loss.
-                    let trained =
-                        train_tails.get(&epoch).and_then(|t| train_loss::baseline(t, &core.found_guilty(epoch)));
-                    let base = [last_good.or(seed_loss), trained]
-                        .into_iter()
-                        .flatten()
-                        .min_by(f32::total_cmp);
-                    let (rollback, reason) = match &loss {
-                        Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
-                        Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
-                        Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
-                            (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
-                        }
-                        Ok(_) => (false, String::new()),
-                    };
-                    let l = loss.unwrap_or(f32::NAN);
-                    summary.merge_losses.push((epoch, l));
-                    // What it loaded, whatever it votes: the orchestrator
-                    // records the stake's hash as each stage's start.
-                    let merged = stage_hashes
-                        .iter()
-                        .map(|(s, h)| pb::StageStart { stage: *s, weights_hash: h.to_vec(), weights_from: 0 })
-                        .collect();
-                    if rollback {
-                        warn!(epoch, reason = %reason, "voting to roll the merge back");
-                        summary.rollback_votes.push(epoch);
-                    } else {
-                        last_good = Some(l);
-                        core.merge_kept(epoch, stage_hashes);
-                    }
-                    let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
-                    // A loss that is no number to record (an infinity) goes as NaN.
-                    let measured = if l.is_finite() && l >= 0.0 { l } else { f32::NAN };
-                    let vote = pb::MergeVote { epoch, rollback, loss: measured, reason, merged };
-                    if let Err(e) = client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
-                        warn!(error = %e, "merge vote failed");
-                    }
-                    Vec::new()
-                }
-                Input::Checked(job, res, took) => {
-                    summary.checked += 1;
-                    summary.check_time += took;
-                    core.checked(&job, res)
-                }
-                Input::Unreadable(job) => core.unreadable(&job),
-            },
-            _ = tick.tick() => core.tick(elapsed_ms()),
+    }
+
+    /// A new round: the epoch's work, its tails' late losses kept for the
+    /// merge's judgement.
+    fn on_epoch_work(&mut self, w: &pb::EpochWork) -> Vec<Action> {
+        self.summary.rounds += 1;
+        let last_stage = self.cfg.spec.stages.saturating_sub(1);
+        self.train_tails.insert(w.epoch, train_loss::late_tail_losses(w, last_stage));
+        while self.train_tails.len() > 4 {
+            self.train_tails.pop_first();
+        }
+        let mut actions = self.core.on_work(self.elapsed_ms(), w).unwrap_or_else(|e| {
+            warn!(epoch = w.epoch, error = %e, "epoch work refused");
+            Vec::new()
+        });
+        if self.opts.ask_flood {
+            actions.extend(flood_asks(w));
+        }
+        actions
+    }
+
+    /// A merged model evaluated: guilty votes for false merge reports, then
+    /// the vote to keep the merge or roll it back.
+    async fn on_merge_evaluated(&mut self, e: MergeEvaluation) {
+        let MergeEvaluation { epoch, loss, seed_loss, stage_hashes, false_reports, took } = e;
+        for f in &false_reports {
+            self.vote_false_report(epoch, f).await;
+        }
+        self.summary.check_time += took;
+        // Against the better of the last model it kept (the seed's at
+        // first) and the epoch's own training loss: a merge far worse than
+        // the models it merged is suspect. Tails this validator found
+        // guilty (of lying about their loss, say) are left out of the
+        // training loss.
+        let trained =
+            self.train_tails.get(&epoch).and_then(|t| train_loss::baseline(t, &self.core.found_guilty(epoch)));
+        let base = [self.last_good.or(seed_loss), trained].into_iter().flatten().min_by(f32::total_cmp);
+        let jump = self.cfg.spec.validation.rollback_loss_jump;
+        let (rollback, reason) = match &loss {
+            Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
+            Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
+            Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
+                (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
+            }
+            Ok(_) => (false, String::new()),
         };
+        let l = loss.unwrap_or(f32::NAN);
+        self.summary.merge_losses.push((epoch, l));
+        // What it loaded, whatever it votes: the orchestrator records the
+        // stake's hash as each stage's start.
+        let merged = stage_hashes
+            .iter()
+            .map(|(s, h)| pb::StageStart { stage: *s, weights_hash: h.to_vec(), weights_from: 0 })
+            .collect();
+        if rollback {
+            warn!(epoch, reason = %reason, "voting to roll the merge back");
+            self.summary.rollback_votes.push(epoch);
+        } else {
+            self.last_good = Some(l);
+            self.core.merge_kept(epoch, stage_hashes);
+        }
+        let reason: String = reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect();
+        // A loss that is no number to record (an infinity) goes as NaN.
+        let measured = if l.is_finite() && l >= 0.0 { l } else { f32::NAN };
+        let vote = pb::MergeVote { epoch, rollback, loss: measured, reason, merged };
+        if let Err(e) = self.client.validate(pb::validator_report::Kind::MergeVote(vote)).await {
+            warn!(error = %e, "merge vote failed");
+        }
+    }
+
+    /// A guilty vote on a participant whose merge report is false.
+    async fn vote_false_report(&mut self, epoch: u64, f: &merge_reports::FalseReport) {
+        let reason = merge_reports::reason(f);
+        warn!(epoch, miner = %f.peer, reason = %reason, "voting guilty: a false merge report");
+        self.summary.guilty_votes.push((epoch, f.peer, reason.clone()));
+        let v = pb::Verdict {
+            epoch,
+            miner: f.peer.0.to_vec(),
+            check: pb::Check::Merge as i32,
+            guilty: true,
+            samples: 0,
+            evidence_hash: Vec::new(),
+            reason,
+        };
+        if let Err(e) = self.client.validate(pb::validator_report::Kind::Verdict(v)).await {
+            warn!(error = %e, "merge report verdict failed");
+        }
+    }
+
+    /// Carries out the round's actions (a dishonest validator's test tool
+    /// turns its clearing votes into guilty ones here).
+    async fn act_all(&mut self, actions: Vec<Action>) {
         for mut a in actions {
             if let Action::Vote { guilty, reason, .. } = &mut a
-                && opts.accuse_everyone
+                && self.opts.accuse_everyone
                 && !*guilty
             {
                 *guilty = true;
                 *reason = "accused regardless (a dishonest validator, test tool)".into();
             }
             let ask = matches!(a, Action::Ask { .. });
-            if let Err(e) = act(a, &mut client, &store, (&checker, &reads), &in_tx, &mut summary).await {
-                summary.asks_refused += u64::from(ask);
+            let shared = (&self.checker, &self.reads);
+            if let Err(e) = act(a, &mut self.client, &self.store, shared, &self.in_tx, &mut self.summary).await {
+                self.summary.asks_refused += u64::from(ask);
                 warn!(error = %e, "validator action failed");
             }
         }
-    };
-    finished.store(true, Ordering::SeqCst);
-    cmd_task.abort();
-    hb_task.abort();
-    result.map(|()| summary)
+    }
 }
 
 /// Loads every stage's merged weights from the store (each object checked
@@ -402,7 +491,8 @@ fn evaluate_merge(
             (Err(format!("the evaluation failed to run: {e}")), None, BTreeMap::new(), Duration::ZERO)
         });
         let false_reports = merge_reports::false_reports(&mc.stages, &stage_hashes);
-        let _ = in_tx.send(Input::MergeEvaluated { epoch, loss, seed_loss, stage_hashes, false_reports, took }).await;
+        let evaluation = MergeEvaluation { epoch, loss, seed_loss, stage_hashes, false_reports, took };
+        let _ = in_tx.send(Input::MergeEvaluated(evaluation)).await;
     });
 }
 
