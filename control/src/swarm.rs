@@ -285,23 +285,9 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     let ticker = svc.spawn_ticker();
     let page_servers =
         crate::http_endpoint::serve_operator_pages(&svc, o.metrics, o.dashboard, |m| eprintln!("swarm: {m}")).await?;
-    let spec = o.cfg.spec.clone();
+    let spec = &o.cfg.spec;
     let n = spec.stages * spec.replicas;
-    let stop_validators = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut validators = Vec::new();
-    for (i, id) in o.validators.iter().enumerate() {
-        let mut vo = crate::validator::ValidatorOptions::local(url.clone(), crate::validator::random_seed());
-        vo.orchestrator_key = Some(svc.identity().peer_id());
-        vo.store = o.store.clone();
-        vo.data = o.data.clone();
-        let id = iota_core::Identity::from_seed(*id.seed());
-        let stop = stop_validators.clone();
-        validators.push(tokio::spawn(async move {
-            if let Err(e) = crate::validator::run(vo, id, stop).await {
-                tracing::warn!(validator = i, error = %e, "validator stopped");
-            }
-        }));
-    }
+    let (stop_validators, validators) = spawn_validators(&o, &url, &svc);
     let mut children = Vec::new();
     for i in 0..n {
         children.push(spawn_miner(&o, &url, &svc.identity().peer_id().to_hex(), i)?);
@@ -312,69 +298,9 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         spec.replicas,
         o.run_dir.join("logs").display()
     );
-    let bar = ProgressBar::new(spec.total_micro_batches());
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?
-            .progress_chars("=> "),
-    );
     let start = Instant::now();
-    let (tokens0, mut last_tokens, mut last_t) = (svc.with_state(|o| o.counters().tokens), 0u64, Instant::now());
-    let mut tps = 0.0;
-    let mut interrupted = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    loop {
-        tokio::select! {
-            _ = &mut ctrl_c => { interrupted = true; break; }
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-        }
-        let (phase, epoch, c, healthy, history_done) = svc.with_state(|o| {
-            let healthy: Vec<usize> =
-                (0..spec.stages).map(|s| o.miners().filter(|m| m.stage == s && m.healthy).count()).collect();
-            let done: u64 = o.history().iter().map(|e| e.completed + e.dropped).sum();
-            (o.phase().clone(), o.epoch(), o.counters().clone(), healthy, done)
-        });
-        let now = Instant::now();
-        let dt = now.duration_since(last_t).as_secs_f64();
-        if dt >= 1.0 {
-            tps = (c.tokens.saturating_sub(tokens0) - last_tokens) as f64 / dt;
-            last_tokens = c.tokens.saturating_sub(tokens0);
-            last_t = now;
-        }
-        let in_epoch = svc.with_state(|o| {
-            o.micro_batches().filter(|(_, s)| !matches!(s, crate::orchestrator::MbStatus::InFlight { .. })).count()
-                as u64
-        });
-        bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
-        bar.set_message(format!(
-            "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {} | convicted {}",
-            (epoch + 1).min(spec.epoch_count()),
-            spec.epoch_count(),
-            phase,
-            c.last_loss,
-            tps,
-            healthy,
-            c.rerouted,
-            c.dropped,
-            c.convictions
-        ));
-        if phase == Phase::Done {
-            break;
-        }
-        // A miner that exits early is reported; the swarm carries on without it.
-        for (i, ch) in children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = ch.try_wait()
-                && !status.success()
-            {
-                bar.println(format!("miner {i} exited with {status}; see logs/miner-{i}.log"));
-            }
-        }
-        if children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_)))) {
-            bar.abandon_with_message("every miner exited before the run finished");
-            bail!("every miner exited before the run finished; see {}", o.run_dir.join("logs").display());
-        }
-    }
-    bar.finish_and_clear();
+    let tokens0 = svc.with_state(|o| o.counters().tokens);
+    let interrupted = follow_with_progress(&o, &svc, &mut children, tokens0).await?;
     // Let miners see Done and exit; then make sure none is left behind.
     let deadline = Instant::now() + Duration::from_secs(if interrupted { 0 } else { 20 });
     for ch in children.iter_mut() {
@@ -393,12 +319,121 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     for t in page_servers {
         t.abort();
     }
-    let done = svc.with_state(|o| o.phase() == &Phase::Done);
-    let model = if done {
+    let model = if svc.with_state(|o| o.phase() == &Phase::Done) {
         crate::final_model::export_for_run(&svc, &o.cfg, o.bucket.clone(), o.store.as_deref(), &o.run_dir).await
     } else {
         Err("the run did not finish".into())
     };
+    let ran = Ran { tokens0, elapsed: start.elapsed(), interrupted, model };
+    Ok(swarm_report(&o, &svc, ran))
+}
+
+/// The swarm's validators, each a task on this runtime, stopped by the
+/// flag returned.
+fn spawn_validators(
+    o: &SwarmOptions,
+    url: &str,
+    svc: &OrchestratorService,
+) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, id) in o.validators.iter().enumerate() {
+        let mut vo = crate::validator::ValidatorOptions::local(url.to_string(), crate::validator::random_seed());
+        vo.orchestrator_key = Some(svc.identity().peer_id());
+        vo.store = o.store.clone();
+        vo.data = o.data.clone();
+        let id = iota_core::Identity::from_seed(*id.seed());
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::validator::run(vo, id, stop).await {
+                tracing::warn!(validator = i, error = %e, "validator stopped");
+            }
+        }));
+    }
+    (stop, tasks)
+}
+
+/// Follows the run with a progress bar until it is done; whether Ctrl-C
+/// ended it first. Fails when every miner has exited before the end.
+async fn follow_with_progress(
+    o: &SwarmOptions,
+    svc: &OrchestratorService,
+    children: &mut [Child],
+    tokens0: u64,
+) -> Result<bool> {
+    let spec = &o.cfg.spec;
+    let bar = ProgressBar::new(spec.total_micro_batches());
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} micro-batches | {msg}")?
+            .progress_chars("=> "),
+    );
+    let (mut last_tokens, mut last_t, mut tps) = (0u64, Instant::now(), 0.0);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => { bar.finish_and_clear(); return Ok(true); }
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        let (phase, epoch, c, healthy, history_done, in_epoch) = svc.with_state(|o| {
+            let healthy: Vec<usize> =
+                (0..spec.stages).map(|s| o.miners().filter(|m| m.stage == s && m.healthy).count()).collect();
+            let done: u64 = o.history().iter().map(|e| e.completed + e.dropped).sum();
+            let in_epoch =
+                o.micro_batches().filter(|(_, s)| !matches!(s, crate::orchestrator::MbStatus::InFlight { .. })).count()
+                    as u64;
+            (o.phase().clone(), o.epoch(), o.counters().clone(), healthy, done, in_epoch)
+        });
+        let now = Instant::now();
+        let dt = now.duration_since(last_t).as_secs_f64();
+        if dt >= 1.0 {
+            tps = (c.tokens.saturating_sub(tokens0) - last_tokens) as f64 / dt;
+            last_tokens = c.tokens.saturating_sub(tokens0);
+            last_t = now;
+        }
+        bar.set_position(history_done + if matches!(phase, Phase::Done) { 0 } else { in_epoch });
+        bar.set_message(format!(
+            "epoch {}/{} {:?} | loss {:.3} | {:.0} tok/s | miners/stage {:?} | re-routed {} dropped {} | convicted {}",
+            (epoch + 1).min(spec.epoch_count()),
+            spec.epoch_count(),
+            phase,
+            c.last_loss,
+            tps,
+            healthy,
+            c.rerouted,
+            c.dropped,
+            c.convictions
+        ));
+        if phase == Phase::Done {
+            bar.finish_and_clear();
+            return Ok(false);
+        }
+        // A miner that exits early is reported; the swarm carries on without it.
+        for (i, ch) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = ch.try_wait()
+                && !status.success()
+            {
+                bar.println(format!("miner {i} exited with {status}; see logs/miner-{i}.log"));
+            }
+        }
+        if children.iter_mut().all(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+            bar.abandon_with_message("every miner exited before the run finished");
+            bail!("every miner exited before the run finished; see {}", o.run_dir.join("logs").display());
+        }
+    }
+}
+
+/// How the swarm's run went, as its shell saw it.
+struct Ran {
+    /// Tokens counted when this process's part of the run began.
+    tokens0: u64,
+    elapsed: Duration,
+    interrupted: bool,
+    model: std::result::Result<PathBuf, String>,
+}
+
+/// The swarm's report, from the orchestrator's state and the miners' logs.
+fn swarm_report(o: &SwarmOptions, svc: &OrchestratorService, ran: Ran) -> SwarmReport {
     let (history, c) = svc.with_state(|o| (o.history().to_vec(), o.counters().clone()));
     let guilty = svc.with_state(|o| o.verdicts().iter().filter(|v| v.guilty).count() as u64);
     let (payouts, validator_pay, settled_epochs) = svc.with_state(|o| {
@@ -408,15 +443,15 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         let settled = o.settlements().last().map_or(0, |s| s.epoch + 1);
         (rows, others, settled)
     });
-    let totals = miner_totals(&o.run_dir, n);
-    Ok(SwarmReport {
+    let totals = miner_totals(&o.run_dir, o.cfg.spec.stages * o.cfg.spec.replicas);
+    SwarmReport {
         history,
         completed: c.completed,
         rerouted: c.rerouted,
         dropped: c.dropped,
-        tokens: c.tokens.saturating_sub(tokens0),
-        elapsed: start.elapsed(),
-        interrupted,
+        tokens: c.tokens.saturating_sub(ran.tokens0),
+        elapsed: ran.elapsed,
+        interrupted: ran.interrupted,
         validators: o.validators.len(),
         convictions: c.convictions,
         ejected: c.ejected,
@@ -424,26 +459,29 @@ pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
         payouts,
         validator_pay,
         settled_epochs,
-        model,
+        model: ran.model,
         boundary_bytes: measured_boundary_bytes(&totals),
         merge_from_store: (c.merge_contributions_from_store, c.merge_updates_from_store),
         counters: c.clone(),
         miner_totals: totals,
-        miners: svc.with_state(|o| {
-            let (per_mb, secs) =
-                (o.tokens_per_micro_batch(), o.training_ms(iota_protocol::auth::now_ms()) as f64 / 1e3);
-            let mut v: Vec<_> = o
-                .miners()
-                .filter(|m| m.subscribed)
-                .map(|m| {
-                    let tps = if secs > 0.0 { m.delivered as f64 * per_mb / secs } else { 0.0 };
-                    (m.peer, m.stage, m.device.clone(), m.delivered, tps)
-                })
-                .collect();
-            v.sort_by_key(|m| (m.1, m.0));
-            v
-        }),
-    })
+        miners: svc.with_state(miner_rows),
+    }
+}
+
+/// Each subscribed miner: peer, stage, device, micro-batches delivered and
+/// tokens per second over the training time, by stage.
+fn miner_rows(o: &Orchestrator) -> Vec<(PeerId, u32, String, u64, f64)> {
+    let (per_mb, secs) = (o.tokens_per_micro_batch(), o.training_ms(iota_protocol::auth::now_ms()) as f64 / 1e3);
+    let mut v: Vec<_> = o
+        .miners()
+        .filter(|m| m.subscribed)
+        .map(|m| {
+            let tps = if secs > 0.0 { m.delivered as f64 * per_mb / secs } else { 0.0 };
+            (m.peer, m.stage, m.device.clone(), m.delivered, tps)
+        })
+        .collect();
+    v.sort_by_key(|m| (m.1, m.0));
+    v
 }
 
 /// Each stage's forward + backward seconds per micro-batch, the mean of
