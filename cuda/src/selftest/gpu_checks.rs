@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use iota_core::WireCodec;
 use iota_core::rng::Rng;
+use iota_model::backend::{AdamStep, AttnDims, Backend};
 
 use super::check::{Check, max_rel};
 use super::rows::codec_input;
@@ -24,66 +25,97 @@ pub(super) fn append(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaErro
     backend_checks(gpu, out)
 }
 
+/// Both backends, and the inputs' random source.
+struct Pair {
+    cuda: crate::backend::CudaBackend,
+    cpu: iota_model::CpuBackend,
+    rng: Rng,
+}
+
+impl Pair {
+    fn rand(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.rng.normal()).collect()
+    }
+}
+
+/// One row of the table: `got` (the GPU's) against `want` (the CPU's).
+fn push(out: &mut Vec<Check>, op: &str, shape: String, got: &[f32], want: &[f32], tol: f64, t0: Instant) {
+    out.push(Check {
+        op: op.into(),
+        shape,
+        max_rel_err: max_rel(got, want),
+        tolerance: tol,
+        millis: t0.elapsed().as_secs_f64() * 1e3,
+        reference: "CpuBackend".into(),
+    });
+}
+
+/// Runs the body on both backends with the same host inputs; returns (gpu,
+/// cpu) host outputs.
+macro_rules! both {
+    ($cuda:expr, $cpu:expr, $inputs:expr, $outs:expr, |$be:ident, $ins:ident, $os:ident| $body:block) => {{
+        fn run<B: Backend>($be: &B, inputs: &[Vec<f32>], outs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+            let ins_b: Vec<B::Buf> = inputs.iter().map(|v| $be.upload(v)).collect();
+            let mut os_b: Vec<B::Buf> = outs.iter().map(|v| $be.upload(v)).collect();
+            {
+                let $ins = &ins_b;
+                let $os = &mut os_b;
+                $body
+            }
+            os_b.iter().map(|b| $be.to_host(b)).collect()
+        }
+        // Evaluated once: both backends get the very same inputs.
+        let (inputs, outs): (Vec<Vec<f32>>, Vec<Vec<f32>>) = ($inputs, $outs);
+        (run($cuda, &inputs, &outs), run($cpu, &inputs, &outs))
+    }};
+}
+
 /// Every `Backend` op on the GPU against `CpuBackend`, same inputs.
 fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> {
-    use iota_model::CpuBackend;
-    use iota_model::backend::{AdamStep, AttnDims, Backend};
-
     bf16_gemm_checks(gpu.clone(), out)?;
-    let cuda = crate::backend::CudaBackend::new(gpu)?;
-    let cpu = CpuBackend::new();
-    let mut rng = Rng::new(42);
-    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.normal()).collect() };
-    let mut push = |op: &str, shape: String, got: &[f32], want: &[f32], tol: f64, t0: Instant| {
-        out.push(Check {
-            op: op.into(),
-            shape,
-            max_rel_err: max_rel(got, want),
-            tolerance: tol,
-            millis: t0.elapsed().as_secs_f64() * 1e3,
-            reference: "CpuBackend".into(),
-        });
-    };
-    let (n, c, oc) = (96usize, 128usize, 160usize);
-    // Runs `f` on both backends with the same host inputs; returns (gpu, cpu) host outputs.
-    macro_rules! both {
-        ($inputs:expr, $outs:expr, |$be:ident, $ins:ident, $os:ident| $body:block) => {{
-            fn run<B: Backend>($be: &B, inputs: &[Vec<f32>], outs: &[Vec<f32>]) -> Vec<Vec<f32>> {
-                let ins_b: Vec<B::Buf> = inputs.iter().map(|v| $be.upload(v)).collect();
-                let mut os_b: Vec<B::Buf> = outs.iter().map(|v| $be.upload(v)).collect();
-                {
-                    let $ins = &ins_b;
-                    let $os = &mut os_b;
-                    $body
-                }
-                os_b.iter().map(|b| $be.to_host(b)).collect()
-            }
-            // Evaluated once: both backends get the very same inputs.
-            let (inputs, outs): (Vec<Vec<f32>>, Vec<Vec<f32>>) = ($inputs, $outs);
-            (run(&cuda, &inputs, &outs), run(&cpu, &inputs, &outs))
-        }};
-    }
+    let mut p =
+        Pair { cuda: crate::backend::CudaBackend::new(gpu)?, cpu: iota_model::CpuBackend::new(), rng: Rng::new(42) };
+    gemm_checks(&mut p, out);
+    norm_and_activation_checks(&mut p, out);
+    rope_and_embedding_checks(&mut p, out);
+    attention_checks(&mut p, out);
+    loss_and_optimizer_checks(&mut p, out);
+    decode_wire_check(&mut p, out)
+}
+
+const N: usize = 96;
+const C: usize = 128;
+const OC: usize = 160;
+
+fn gemm_checks(p: &mut Pair, out: &mut Vec<Check>) {
+    let (n, c, oc) = (N, C, OC);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(n * c), rand(oc * c)], vec![rand(n * oc)], |be, i, o| {
+    let (g, c_) = both!(&p.cuda, &p.cpu, vec![p.rand(n * c), p.rand(oc * c)], vec![p.rand(n * oc)], |be, i, o| {
         let (a, w) = (be.all(&i[0]), be.all(&i[1]));
         be.matmul(be.all_mut(&mut o[0]), a, w, 96, 128, 160, true);
     });
-    push("matmul (acc)", format!("{n}x{c} @ {oc}x{c}^T"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "matmul (acc)", format!("{n}x{c} @ {oc}x{c}^T"), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(n * oc), rand(oc * c)], vec![rand(n * c)], |be, i, o| {
+    let (g, c_) = both!(&p.cuda, &p.cpu, vec![p.rand(n * oc), p.rand(oc * c)], vec![p.rand(n * c)], |be, i, o| {
         let (d, w) = (be.all(&i[0]), be.all(&i[1]));
         be.matmul_bwd_input(be.all_mut(&mut o[0]), d, w, 96, 128, 160, false);
     });
-    push("matmul_bwd_input", format!("{n}x{oc} @ {oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "matmul_bwd_input", format!("{n}x{oc} @ {oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(n * oc), rand(n * c)], vec![rand(oc * c)], |be, i, o| {
+    let (g, c_) = both!(&p.cuda, &p.cpu, vec![p.rand(n * oc), p.rand(n * c)], vec![p.rand(oc * c)], |be, i, o| {
         let (d, x) = (be.all(&i[0]), be.all(&i[1]));
         be.matmul_bwd_weight(be.all_mut(&mut o[0]), d, x, 96, 128, 160);
     });
-    push("matmul_bwd_weight", format!("{oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "matmul_bwd_weight", format!("{oc}x{c}"), &g[0], &c_[0], 1e-5, t0);
+}
+
+fn norm_and_activation_checks(p: &mut Pair, out: &mut Vec<Check>) {
+    let (n, c) = (N, C);
     let t0 = Instant::now();
     let (g, c_) = both!(
-        vec![rand(n * c), rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
+        &p.cuda,
+        &p.cpu,
+        vec![p.rand(n * c), p.rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
         vec![vec![0.0; n * c], vec![0.0; n]],
         |be, i, o| {
             let (x, w) = (be.all(&i[0]), be.all(&i[1]));
@@ -91,21 +123,24 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
             be.rmsnorm(be.all_mut(&mut a[0]), be.all_mut(&mut b[0]), x, w, 96, 128, 1e-5);
         }
     );
-    push("rmsnorm", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "rmsnorm", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(n * 2 * c)], vec![vec![0.0; n * c]], |be, i, o| {
+    let (g, c_) = both!(&p.cuda, &p.cpu, vec![p.rand(n * 2 * c)], vec![vec![0.0; n * c]], |be, i, o| {
         be.swiglu(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 128);
     });
-    push("swiglu", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "swiglu", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(n * c), rand(n * 2 * c)], vec![vec![0.0; n * 2 * c]], |be, i, o| {
-        be.swiglu_bwd(be.all_mut(&mut o[0]), be.all(&i[0]), be.all(&i[1]), 96, 128);
-    });
-    push("swiglu_bwd", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    let (g, c_) =
+        both!(&p.cuda, &p.cpu, vec![p.rand(n * c), p.rand(n * 2 * c)], vec![vec![0.0; n * 2 * c]], |be, i, o| {
+            be.swiglu_bwd(be.all_mut(&mut o[0]), be.all(&i[0]), be.all(&i[1]), 96, 128);
+        });
+    push(out, "swiglu_bwd", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
     let (g, c_) = both!(
-        vec![rand(n * c), rand(n * c), rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
-        vec![rand(n * c), rand(c), vec![0.0; n * c], vec![0.0; n]],
+        &p.cuda,
+        &p.cpu,
+        vec![p.rand(n * c), p.rand(n * c), p.rand(c).iter().map(|x| 1.0 + 0.1 * x).collect()],
+        vec![p.rand(n * c), p.rand(c), vec![0.0; n * c], vec![0.0; n]],
         |be, i, o| {
             let (dx, rest) = o.split_at_mut(1);
             let (dw, rest) = rest.split_at_mut(1);
@@ -123,33 +158,49 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
             );
         }
     );
-    push("rmsnorm_bwd dx", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
-    push("rmsnorm_bwd dw", format!("{c}"), &g[1], &c_[1], 1e-5, Instant::now());
+    push(out, "rmsnorm_bwd dx", format!("{n}x{c}"), &g[0], &c_[0], 1e-5, t0);
+    push(out, "rmsnorm_bwd dw", format!("{c}"), &g[1], &c_[1], 1e-5, Instant::now());
+}
+
+fn rope_and_embedding_checks(p: &mut Pair, out: &mut Vec<Check>) {
+    let n = N;
     let t0 = Instant::now();
     let table: Vec<f32> = (0..2 * 48 * 8).map(|i| ((i % 97) as f32 * 0.37).cos()).collect();
-    let (g, c_) = both!(vec![table], vec![rand(96 * 80)], |be, i, o| {
+    let (g, c_) = both!(&p.cuda, &p.cpu, vec![table], vec![p.rand(96 * 80)], |be, i, o| {
         be.rope(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 48, 80, 4, 16, false);
         be.rope(be.all_mut(&mut o[0]), be.all(&i[0]), 96, 48, 80, 2, 16, true);
     });
-    push("rope (+ inverse)", "96 rows, 4 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
+    push(out, "rope (+ inverse)", "96 rows, 4 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
-    let (g, c_) = both!(vec![rand(300 * 64), rand(n * 64)], vec![vec![0.0; n * 64], rand(300 * 64)], |be, i, o| {
-        let tokens: Vec<u32> = (0..96u32).map(|k| (k * 7919) % 50).collect();
-        let (e, dw) = o.split_at_mut(1);
-        be.embedding(be.all_mut(&mut e[0]), &tokens, be.all(&i[0]), 64);
-        be.embedding_bwd(be.all_mut(&mut dw[0]), be.all(&i[1]), &tokens, 64);
-    });
-    push("embedding", "96 tokens x 64".into(), &g[0], &c_[0], 0.0, t0);
-    push("embedding_bwd (repeated tokens)", "96 tokens x 64".into(), &g[1], &c_[1], 1e-6, Instant::now());
-    let x = rand(100_000);
+    let (g, c_) = both!(
+        &p.cuda,
+        &p.cpu,
+        vec![p.rand(300 * 64), p.rand(n * 64)],
+        vec![vec![0.0; n * 64], p.rand(300 * 64)],
+        |be, i, o| {
+            let tokens: Vec<u32> = (0..96u32).map(|k| (k * 7919) % 50).collect();
+            let (e, dw) = o.split_at_mut(1);
+            be.embedding(be.all_mut(&mut e[0]), &tokens, be.all(&i[0]), 64);
+            be.embedding_bwd(be.all_mut(&mut dw[0]), be.all(&i[1]), &tokens, 64);
+        }
+    );
+    push(out, "embedding", "96 tokens x 64".into(), &g[0], &c_[0], 0.0, t0);
+    push(out, "embedding_bwd (repeated tokens)", "96 tokens x 64".into(), &g[1], &c_[1], 1e-6, Instant::now());
+    let x = p.rand(100_000);
     let t0 = Instant::now();
+    let (cuda, cpu) = (&p.cuda, &p.cpu);
     let xg = cuda.upload(&x);
     let (sg, sc) = (cuda.sum_squares(cuda.all(&xg)), cpu.sum_squares(cpu.all(&cpu.upload(&x))));
-    push("sum_squares", "100000".into(), &[sg as f32], &[sc as f32], 1e-6, t0);
+    push(out, "sum_squares", "100000".into(), &[sg as f32], &[sc as f32], 1e-6, t0);
+}
+
+fn attention_checks(p: &mut Pair, out: &mut Vec<Check>) {
     let dims = AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 };
     let t0 = Instant::now();
     let (g, c_) = both!(
-        vec![rand(dims.rows() * dims.qkv_dim())],
+        &p.cuda,
+        &p.cpu,
+        vec![p.rand(dims.rows() * dims.qkv_dim())],
         vec![vec![0.0; dims.rows() * dims.q_dim()], vec![0.0; dims.probs_len()]],
         |be, i, o| {
             let dims = AttnDims { batch: 2, seq: 48, n_heads: 4, n_kv_heads: 2, head_dim: 16 };
@@ -157,10 +208,12 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
             be.attention(be.all_mut(&mut a[0]), be.all_mut(&mut b[0]), be.all(&i[0]), dims);
         }
     );
-    push("attention (GQA, causal)", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
+    push(out, "attention (GQA, causal)", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-5, t0);
     let t0 = Instant::now();
     let (g, c_) = both!(
-        vec![rand(dims.rows() * dims.qkv_dim()), rand(dims.rows() * dims.q_dim())],
+        &p.cuda,
+        &p.cpu,
+        vec![p.rand(dims.rows() * dims.qkv_dim()), p.rand(dims.rows() * dims.q_dim())],
         vec![
             vec![0.0; dims.rows() * dims.qkv_dim()],
             vec![0.0; dims.rows() * dims.q_dim()],
@@ -175,24 +228,32 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
             be.attention_bwd(be.all_mut(&mut a[0]), be.all(&i[1]), be.all(&i[0]), be.all(&o), be.all(&pb[0]), dims);
         }
     );
-    push("attention_bwd", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-4, t0);
+    push(out, "attention_bwd", "2x48, 4/2 heads x 16".into(), &g[0], &c_[0], 1e-4, t0);
+}
+
+fn loss_and_optimizer_checks(p: &mut Pair, out: &mut Vec<Check>) {
+    let n = N;
     let (vocab, vreal) = (512usize, 500usize);
     let targets: Vec<u32> = (0..n).map(|i| (i * 37 % vreal) as u32).collect();
-    let logits = rand(n * vocab);
+    let logits = p.rand(n * vocab);
     let t0 = Instant::now();
+    let (cuda, cpu) = (&p.cuda, &p.cpu);
     let mut lg = cuda.upload(&logits);
     let loss_g = cuda.cross_entropy(cuda.all_mut(&mut lg), &targets, n, vocab, vreal, 0.5);
     let mut lc = cpu.upload(&logits);
     let loss_c = cpu.cross_entropy(cpu.all_mut(&mut lc), &targets, n, vocab, vreal, 0.5);
-    push("cross_entropy loss", format!("{n}x{vocab}"), &loss_g, &loss_c, 1e-5, t0);
-    push("cross_entropy grad", format!("{n}x{vocab}"), &cuda.to_host(&lg), &cpu.to_host(&lc), 1e-5, Instant::now());
+    push(out, "cross_entropy loss", format!("{n}x{vocab}"), &loss_g, &loss_c, 1e-5, t0);
+    let (got, want) = (cuda.to_host(&lg), cpu.to_host(&lc));
+    push(out, "cross_entropy grad", format!("{n}x{vocab}"), &got, &want, 1e-5, Instant::now());
     // Adam, then NAdam (the `both!` body is a fn item: the flag is a literal).
     macro_rules! optimizer_check {
         ($what:expr, $nesterov:literal) => {{
             let t0 = Instant::now();
             let (g, c_) = both!(
-                vec![rand(4096), rand(4096)],
-                vec![rand(4096), rand(4096).iter().map(|x| x.abs()).collect(), rand(4096)],
+                &p.cuda,
+                &p.cpu,
+                vec![p.rand(4096), p.rand(4096)],
+                vec![p.rand(4096), p.rand(4096).iter().map(|x| x.abs()).collect(), p.rand(4096)],
                 |be, i, o| {
                     let step = AdamStep {
                         lr: 1e-3,
@@ -209,7 +270,7 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
                     be.adamw(be.all_mut(&mut p[0]), be.all(&i[0]), be.all_mut(&mut m[0]), be.all_mut(&mut v[0]), step);
                 }
             );
-            push($what, "4096".into(), &g[2], &c_[2], 1e-5, t0);
+            push(out, $what, "4096".into(), &g[2], &c_[2], 1e-5, t0);
         }};
     }
     optimizer_check!("adamw (params)", false);
@@ -219,19 +280,22 @@ fn backend_checks(gpu: Arc<Gpu>, out: &mut Vec<Check>) -> Result<(), CudaError> 
     macro_rules! newton_schulz_check {
         ($rows:literal, $cols:literal) => {{
             let t0 = Instant::now();
-            let (g, c_) = both!(vec![], vec![rand($rows * $cols)], |be, _i, o| {
+            let (g, c_) = both!(&p.cuda, &p.cpu, vec![], vec![p.rand($rows * $cols)], |be, _i, o| {
                 iota_model::optim::newton_schulz(be, &mut o[0], $rows, $cols);
             });
-            push("muon newton-schulz", format!("{}x{}", $rows, $cols), &g[0], &c_[0], 1e-4, t0);
+            push(out, "muon newton-schulz", format!("{}x{}", $rows, $cols), &g[0], &c_[0], 1e-4, t0);
         }};
     }
     newton_schulz_check!(96, 160);
     newton_schulz_check!(160, 96);
+}
 
-    // decode_wire: valid int8 bytes decode identically; bytes the CPU
-    // rejects (a scale so large that 127 x scale overflows) are rejected.
+/// decode_wire: valid int8 bytes decode identically; bytes the CPU rejects
+/// (a scale so large that 127 x scale overflows) are rejected.
+fn decode_wire_check(p: &mut Pair, out: &mut Vec<Check>) -> Result<(), CudaError> {
     let (rows, cols) = (257usize, 96usize);
-    let x = rand(rows * cols);
+    let x = p.rand(rows * cols);
+    let (cuda, cpu) = (&p.cuda, &p.cpu);
     let bytes =
         iota_model::codec::encode(WireCodec::Int8Row, rows, cols, &x).map_err(|e| CudaError::Driver(e.to_string()))?;
     let t0 = Instant::now();
