@@ -22,18 +22,19 @@ use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
 use iota_protocol::{MergeMethod, RunConfig, SharedStore, pb};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::adversary::{Adversary, Tamper};
 use super::events::{Input, Output};
 use super::evidence_log::{self, DEFAULT_EVIDENCE_BYTES, EvidenceLog, MbKey};
 use super::merge::{Butterfly, Merge, ParameterServer};
 use super::waits::Waits;
-use crate::frame::{self, FrameMeta, RunContext};
+use crate::frame::{FrameMeta, RunContext};
 use crate::sent_frames::SentFrames;
 use crate::tls::PeerDirectory;
 use crate::transport::ReceivedFrame;
 
+mod frames;
 mod lifecycle;
 mod startup;
 
@@ -462,153 +463,5 @@ impl<B: Backend + 'static> Worker<B> {
             }
         }
         Ok(())
-    }
-
-    // A peer's frame: no unchecked arithmetic or indexing.
-    #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-    fn frame(&mut self, f: ReceivedFrame, out: &mut Vec<Output>) -> Result<()> {
-        let h = &f.header;
-        let key = mb_key(h.epoch as u64, h.shard, h.first_sample, h.attempt);
-        let Some(r) = self.routes.get(&key).cloned() else {
-            if h.epoch as u64 >= self.epoch {
-                if self.early.len() >= MAX_EARLY {
-                    self.early.pop_front();
-                    self.rejected_frames = self.rejected_frames.saturating_add(1);
-                }
-                self.early.push_back((key, f));
-            }
-            return Ok(());
-        };
-        let s = self.stage_index as usize;
-        // The neighbours on this pathway (the route's length was checked
-        // against the stage count when it arrived).
-        let prev = s.checked_sub(1).and_then(|i| r.pathway.get(i)).cloned();
-        let next = s.checked_add(1).and_then(|i| r.pathway.get(i)).cloned();
-        let from_expected = match h.direction {
-            Direction::Activation => prev.as_deref() == Some(&f.peer.0[..]),
-            Direction::ActivationGrad => next.as_deref() == Some(&f.peer.0[..]),
-            _ => false,
-        };
-        if !from_expected || h.codec != self.cfg.train.codec.id() {
-            self.rejected_frames = self.rejected_frames.saturating_add(1);
-            debug!(peer = %f.peer, "frame not from the pathway neighbour (or wrong codec); dropped");
-            return Ok(());
-        }
-        let (batch, seq) = (r.samples as usize, self.cfg.train.seq);
-        let width = self.stage.as_ref().context("frame before assignment")?.boundary_width();
-        let rows = batch.checked_mul(seq).context("micro-batch size overflows")?;
-        if h.dims() != [rows as u32, width as u32] {
-            self.rejected_frames = self.rejected_frames.saturating_add(1);
-            bail!("frame shape {:?}, expected [{rows}, {width}]", h.dims());
-        }
-        let direction = h.direction;
-        // The whole input frame, for the evidence of this forward (and a
-        // middle stage's received gradient, for that of its backward).
-        let mut input_frame = None;
-        let whole = |f: &ReceivedFrame| {
-            let mut whole = frame::prefix_bytes(&f.header);
-            whole.extend_from_slice(&f.payload);
-            whole
-        };
-        if direction == Direction::Activation {
-            self.tokens.fetch_add(rows as u64, Ordering::Relaxed);
-            self.inbound.insert(key, h.frame_id());
-            if self.evidence.wants_input(key.0) {
-                input_frame = Some(whole(&f));
-            }
-        } else if prev.is_some() && self.evidence.wants_backward(key) {
-            input_frame = Some(whole(&f));
-        }
-        // What this miner's next frame for the micro-batch answers: the
-        // forward frame it came in (a gradient answers the activation it
-        // is the gradient of).
-        let answers = self.inbound.get(&key).copied().unwrap_or([0; 32]);
-        // Straight from the pool buffer onto the backend (on a GPU: one
-        // asynchronous copy of the wire bytes, decoded on the device).
-        let data = self.be.decode_wire(self.cfg.train.codec, rows, width, &f.payload)?;
-        // A copying adversary keeps the input's values to pass on.
-        let copied = match self.tamper.as_ref() {
-            Some(t) if t.copies() => codec::decode(self.cfg.train.codec, rows, width, &f.payload).ok(),
-            _ => None,
-        };
-        drop(f); // the pool buffer goes back before the compute
-        let is_tail = next.is_none();
-        match (direction, is_tail) {
-            (Direction::Activation, true) => {
-                // Tail: loss, then the gradient goes back at once.
-                let (_, y) = self.tokens(&r)?;
-                let k = self.cfg.train.grad_accum as f32;
-                let t = self.stage.as_mut().unwrap().forward_backward_buf(data, &y, batch, seq, 1.0 / k)?;
-                self.report_loss(&r, &t.losses, out);
-                let mut g = t.din.context("tail of a split model returns an input gradient")?;
-                if let Some(t) = self.tamper.as_mut() {
-                    t.activations(key, &mut g);
-                    match t.stale_gradient(g.len()) {
-                        Some(stale) => g = stale,
-                        None => t.sent_gradient(&g),
-                    }
-                }
-                let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
-                self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
-                // With the weights it computed with (before the step below).
-                self.evidence.forward(key, input_frame, Direction::ActivationGrad);
-                self.routes.remove(&key);
-                self.finished_one()
-            }
-            (Direction::Activation, false) => {
-                let stage = self.stage.as_mut().unwrap();
-                let mut h2 = stage.forward_buf(stage_key(&key), data, batch, seq)?;
-                let w2 = stage.boundary_width();
-                if let Some(t) = self.tamper.as_mut() {
-                    t.activations(key, &mut h2);
-                }
-                if let Some(c) = copied.filter(|c| c.len() == h2.len()) {
-                    h2 = c;
-                }
-                let meta = self.frame_meta(&r, Direction::Activation, rows, w2, answers);
-                self.send(next.as_deref().context("no stage after")?, meta, &h2, out)?;
-                self.evidence.forward(key, input_frame, Direction::Activation);
-                Ok(())
-            }
-            (Direction::ActivationGrad, _) => {
-                // A lazy middle stage skips its backward and sends a stale
-                // gradient (a head has none to send: it computes).
-                let stale = self
-                    .tamper
-                    .as_ref()
-                    .filter(|_| prev.is_some())
-                    .and_then(|t| t.stale_gradient(rows.saturating_mul(width)));
-                let din = match stale {
-                    Some(g) => {
-                        self.stage.as_mut().unwrap().discard(stage_key(&key));
-                        Some(g)
-                    }
-                    None => self.stage.as_mut().unwrap().backward_buf(stage_key(&key), data)?,
-                };
-                self.routes.remove(&key);
-                match din {
-                    Some(mut g) => {
-                        if let Some(t) = self.tamper.as_mut() {
-                            t.upstream_gradient(key, &mut g);
-                            t.sent_gradient(&g);
-                        }
-                        let meta = self.frame_meta(&r, Direction::ActivationGrad, rows, width, answers);
-                        self.send(prev.as_deref().context("no stage before")?, meta, &g, out)?;
-                        // With the weights it ran on (before the step below).
-                        if let Some(received) = input_frame {
-                            self.evidence.backward(key, received);
-                        }
-                    }
-                    None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
-                        epoch: r.epoch,
-                        shard: r.shard,
-                        first_sample: r.first_sample,
-                        attempt: r.attempt,
-                    }))),
-                }
-                self.finished_one()
-            }
-            _ => Ok(()),
-        }
     }
 }
