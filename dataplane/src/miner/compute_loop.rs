@@ -7,8 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
+use iota_core::wire::Direction;
+use iota_protocol::pb::{self, command::Kind};
 use tokio::sync::mpsc;
 use tracing::warn;
+
+use crate::miner_metrics::StepKind;
 
 use super::events::{Input, Output};
 use super::worker::{self, Worker};
@@ -83,74 +87,21 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
     mut w: Worker<B>,
     mut io: ComputeIo,
 ) -> Result<MinerSummary> {
-    if let Some(m) = io.fault_merge.take() {
-        w.set_merge(m);
-    }
-    w.tokens = io.tokens.clone();
-    w.in_flight = io.in_flight.clone();
-    w.commitments = io.commitments.clone();
-    let log = super::evidence_log::EvidenceLog::with_spill(io.evidence_bytes, io.evidence_spill.take())
-        .with_frame_budget(io.evidence_frame_bytes);
-    w.set_evidence(io.sent.clone(), log);
-    w.set_adversary(io.adversary);
+    equip(&mut w, &mut io);
     let mut out = Vec::new();
-    let mut compute = std::time::Duration::ZERO;
-    let mut step_times = crate::stats::StepTimes::default();
-    let (mut merge_since, mut memory_at) = (None, None);
-    let mut device_peak = 0u64;
+    let mut meters = Meters::default();
     let mut coin = iota_core::Rng::derived(0xf1a6, &[u64::from_le_bytes(w.peer().0[..8].try_into().unwrap())]);
     while let Some(input) = io.in_rx.blocking_recv() {
-        use iota_protocol::pb::command::Kind;
-        if let (Some(at), Input::Command(Kind::Phase(p))) = (io.crash_at, &input)
-            && match at {
-                CrashPoint::MergePlan => p.merge_plan.is_some(),
-                CrashPoint::Uploading => p.phase == iota_protocol::pb::Phase::Uploading as i32,
-            }
-        {
-            warn!(?at, "crashing, as asked (fault injection)");
+        if crashes_here(io.crash_at, &input) {
+            warn!(at = ?io.crash_at, "crashing, as asked (fault injection)");
             break;
         }
+        if adversary_ignores(io.adversary, &input, &mut coin) {
+            continue;
+        }
         let work = matches!(&input, Input::Frame(_) | Input::Command(Kind::Route(_)));
-        match io.adversary {
-            // Does nothing but notice the end of the run.
-            Some(Adversary::Silent | Adversary::Closed) => {
-                let done = matches!(&input, Input::Command(Kind::Phase(p)) if p.phase == iota_protocol::pb::Phase::Done as i32);
-                if !done {
-                    continue;
-                }
-            }
-            Some(Adversary::Flaky)
-                if matches!(&input, Input::Frame(f) if f.header.direction != iota_core::wire::Direction::WeightSlice)
-                    && coin.next_f32() < 0.3 =>
-            {
-                continue;
-            }
-            _ => {}
-        }
-        use crate::miner_metrics::StepKind;
-        let kind = match &input {
-            // Only the head computes on a route; elsewhere it is bookkeeping.
-            Input::Command(Kind::Route(_)) if w.is_head() => Some(StepKind::Forward),
-            Input::Frame(f) => Some(match f.header.direction {
-                iota_core::wire::Direction::Activation => StepKind::Forward,
-                iota_core::wire::Direction::ActivationGrad => StepKind::Backward,
-                iota_core::wire::Direction::WeightSlice => StepKind::WeightSlice,
-                iota_core::wire::Direction::Control => StepKind::Command,
-            }),
-            Input::Command(_) => Some(StepKind::Command),
-            Input::Tick => None,
-        };
-        // A merge's time as this miner sees it: from its plan to the next phase.
-        if let Input::Command(Kind::Phase(p)) = &input {
-            if p.merge_plan.is_some() && merge_since.is_none() {
-                merge_since = Some(std::time::Instant::now());
-            } else if p.merge_plan.is_none()
-                && p.phase != iota_protocol::pb::Phase::Merging as i32
-                && let Some(t) = merge_since.take()
-            {
-                io.metrics.observe_merge(t.elapsed().as_secs_f64());
-            }
-        }
+        let kind = step_kind(&input, w.is_head());
+        meters.observe_merge_phase(&input, &io.metrics);
         let t0 = std::time::Instant::now();
         if let Err(e) = w.handle(input, &mut out) {
             if e.downcast_ref::<worker::StageDoesNotFit>().is_some() {
@@ -158,29 +109,8 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
             }
             warn!(error = %format!("{e:#}"), "stage worker");
         }
-        let took = t0.elapsed();
-        compute += took;
-        if let Some(kind) = kind {
-            io.metrics.observe_step(kind, took.as_secs_f64());
-            step_times.of_kind(kind).add(took);
-        }
-        if let Some(probe) = &io.device_memory
-            && memory_at.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
-        {
-            memory_at = Some(std::time::Instant::now());
-            if let Some((used, total)) = probe() {
-                io.metrics.set_device_memory(used, total);
-                device_peak = device_peak.max(used);
-            }
-        }
-        if io.adversary == Some(Adversary::Slow) && work {
-            std::thread::sleep(t0.elapsed() * 9);
-        } else if io.slowdown > 1 && work {
-            std::thread::sleep(t0.elapsed() * (io.slowdown - 1));
-        }
-        if work && let Some(rest) = io.min_frame.checked_sub(t0.elapsed()) {
-            std::thread::sleep(rest);
-        }
+        meters.observe_step(kind, t0.elapsed(), &io);
+        pace(&io, work, t0);
         for o in out.drain(..) {
             if io.out_tx.blocking_send(o).is_err() {
                 break;
@@ -197,15 +127,132 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
         optimizer_steps: w.steps,
         params: stage.map(|s| s.params_host()).unwrap_or_default(),
         rejected_frames: w.rejected_frames,
-        compute,
+        compute: meters.compute,
         // Filled in once the last frames are out.
         transport: Default::default(),
         // The memory pool's high-water mark is this process's own; the free
         // memory is the whole device's, which other processes on a shared
         // GPU fill too (six miners on one H200 each read ~83 GiB), so it is
         // only the fallback where the pool does not answer.
-        peak_device_bytes: io.device_high_water.as_ref().and_then(|f| f()).filter(|&h| h > 0).unwrap_or(device_peak),
+        peak_device_bytes: io
+            .device_high_water
+            .as_ref()
+            .and_then(|f| f())
+            .filter(|&h| h > 0)
+            .unwrap_or(meters.device_peak),
         recomputed: stage.is_some_and(|s| s.recompute()),
-        step_times,
+        step_times: meters.step_times,
     })
+}
+
+/// Hands the worker what it shares with the async side: counters,
+/// commitments, the evidence log, a fault-injecting merge, its adversary.
+fn equip<B: iota_model::Backend + 'static>(w: &mut Worker<B>, io: &mut ComputeIo) {
+    if let Some(m) = io.fault_merge.take() {
+        w.set_merge(m);
+    }
+    w.tokens = io.tokens.clone();
+    w.in_flight = io.in_flight.clone();
+    w.commitments = io.commitments.clone();
+    let log = super::evidence_log::EvidenceLog::with_spill(io.evidence_bytes, io.evidence_spill.take())
+        .with_frame_budget(io.evidence_frame_bytes);
+    w.set_evidence(io.sent.clone(), log);
+    w.set_adversary(io.adversary);
+}
+
+/// Whether a fault-injecting miner stops dead at this input.
+fn crashes_here(at: Option<CrashPoint>, input: &Input) -> bool {
+    let (Some(at), Input::Command(Kind::Phase(p))) = (at, input) else { return false };
+    match at {
+        CrashPoint::MergePlan => p.merge_plan.is_some(),
+        CrashPoint::Uploading => p.phase == pb::Phase::Uploading as i32,
+    }
+}
+
+/// Inputs an adversary test tool drops: a silent or closed miner does
+/// nothing but notice the end of the run; a flaky one loses 30% of its
+/// pipeline frames.
+fn adversary_ignores(adversary: Option<Adversary>, input: &Input, coin: &mut iota_core::Rng) -> bool {
+    match adversary {
+        Some(Adversary::Silent | Adversary::Closed) => {
+            !matches!(input, Input::Command(Kind::Phase(p)) if p.phase == pb::Phase::Done as i32)
+        }
+        Some(Adversary::Flaky) => {
+            matches!(input, Input::Frame(f) if f.header.direction != Direction::WeightSlice) && coin.next_f32() < 0.3
+        }
+        _ => false,
+    }
+}
+
+/// What an input's handling is timed as (None: a tick, not timed).
+fn step_kind(input: &Input, is_head: bool) -> Option<StepKind> {
+    match input {
+        // Only the head computes on a route; elsewhere it is bookkeeping.
+        Input::Command(Kind::Route(_)) if is_head => Some(StepKind::Forward),
+        Input::Frame(f) => Some(match f.header.direction {
+            Direction::Activation => StepKind::Forward,
+            Direction::ActivationGrad => StepKind::Backward,
+            Direction::WeightSlice => StepKind::WeightSlice,
+            Direction::Control => StepKind::Command,
+        }),
+        Input::Command(_) => Some(StepKind::Command),
+        Input::Tick => None,
+    }
+}
+
+/// The test tools' pacing after a step of work: a slow adversary takes ten
+/// times as long, `--slowdown N` N times, `--min-frame-ms` at least that.
+fn pace(io: &ComputeIo, work: bool, t0: std::time::Instant) {
+    if io.adversary == Some(Adversary::Slow) && work {
+        std::thread::sleep(t0.elapsed() * 9);
+    } else if io.slowdown > 1 && work {
+        std::thread::sleep(t0.elapsed() * (io.slowdown - 1));
+    }
+    if work && let Some(rest) = io.min_frame.checked_sub(t0.elapsed()) {
+        std::thread::sleep(rest);
+    }
+}
+
+/// What the compute thread measures as it goes.
+#[derive(Default)]
+struct Meters {
+    compute: Duration,
+    step_times: crate::stats::StepTimes,
+    /// When this miner's merge plan came (a merge's time as it sees it:
+    /// from its plan to the next phase).
+    merge_since: Option<std::time::Instant>,
+    /// When the device's memory was last read (once a second at most).
+    memory_at: Option<std::time::Instant>,
+    device_peak: u64,
+}
+
+impl Meters {
+    fn observe_merge_phase(&mut self, input: &Input, metrics: &crate::miner_metrics::MinerMetrics) {
+        let Input::Command(Kind::Phase(p)) = input else { return };
+        if p.merge_plan.is_some() && self.merge_since.is_none() {
+            self.merge_since = Some(std::time::Instant::now());
+        } else if p.merge_plan.is_none()
+            && p.phase != pb::Phase::Merging as i32
+            && let Some(t) = self.merge_since.take()
+        {
+            metrics.observe_merge(t.elapsed().as_secs_f64());
+        }
+    }
+
+    fn observe_step(&mut self, kind: Option<StepKind>, took: Duration, io: &ComputeIo) {
+        self.compute += took;
+        if let Some(kind) = kind {
+            io.metrics.observe_step(kind, took.as_secs_f64());
+            self.step_times.of_kind(kind).add(took);
+        }
+        if let Some(probe) = &io.device_memory
+            && self.memory_at.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.memory_at = Some(std::time::Instant::now());
+            if let Some((used, total)) = probe() {
+                io.metrics.set_device_memory(used, total);
+                self.device_peak = self.device_peak.max(used);
+            }
+        }
+    }
 }
