@@ -193,7 +193,33 @@ pub fn run(a: Args) -> Result<()> {
     let flops = forward_flops_per_token(&cfg, blocks, a.seq) * 3.0 * n as f64;
 
     let torch = if a.no_torch { Err("skipped (--no-torch)".to_string()) } else { run_torch(&a, &cfg, blocks) };
+    let figures = Figures { backend: be.name(), blocks, tokens: n, flops, peak, ours, with_step };
+    print_table(&a, &cfg, &figures, &torch);
+    if let Some((total, k)) = kernels {
+        print_kernel_table(total, &k);
+    }
+    Ok(())
+}
 
+/// What one run of the benchmark measured of ours.
+struct Figures {
+    backend: String,
+    blocks: usize,
+    /// Tokens per step (batch x seq).
+    tokens: usize,
+    /// Floating-point operations per step (forward and backward).
+    flops: f64,
+    /// The bf16 GEMM peak measured here (TFLOP/s; NaN: not measured).
+    peak: f64,
+    /// Median milliseconds per step.
+    ours: f64,
+    /// ... with an AdamW step per micro-batch (`--with-step`).
+    with_step: Option<f64>,
+}
+
+/// The table: ours, with the optimizer step, and PyTorch's modes, each as
+/// ms/step, tokens/s, TFLOP/s, share of peak and ratio to ours.
+fn print_table(a: &Args, cfg: &ModelConfig, f: &Figures, torch: &Result<(String, Vec<TorchRow>), String>) {
     println!(
         "stage-gpu: {} middle stage of {}: d={} heads={}/{} ffn={} blocks={} (+ bottleneck {} in/out), batch {} x seq {} = {} tokens",
         a.model,
@@ -202,32 +228,32 @@ pub fn run(a: Args) -> Result<()> {
         cfg.n_heads,
         cfg.n_kv_heads,
         cfg.ffn_hidden,
-        blocks,
+        f.blocks,
         cfg.bottleneck,
         a.batch,
         a.seq,
-        n
+        f.tokens
     );
-    println!("  ours: {}; {:.1} GFLOP per step (fwd+bwd)", be.name(), flops / 1e9);
-    println!("  bf16 GEMM peak measured here (cuBLASLt {0}^3): {peak:.0} TFLOP/s", a.peak_size);
+    println!("  ours: {}; {:.1} GFLOP per step (fwd+bwd)", f.backend, f.flops / 1e9);
+    println!("  bf16 GEMM peak measured here (cuBLASLt {0}^3): {1:.0} TFLOP/s", a.peak_size, f.peak);
     println!("  {:<40} {:>10} {:>12} {:>9} {:>8} {:>10}", "", "ms/step", "tokens/s", "TFLOP/s", "% peak", "ours / it");
     let row = |name: &str, ms: f64| {
-        let tf = flops / (ms * 1e-3) / 1e12;
+        let tf = f.flops / (ms * 1e-3) / 1e12;
         println!(
             "  {:<40} {:>10.2} {:>12.0} {:>9.1} {:>7.1}% {:>9.2}x",
             name,
             ms,
-            n as f64 / ms * 1e3,
+            f.tokens as f64 / ms * 1e3,
             tf,
-            100.0 * tf / peak,
-            ms / ours
+            100.0 * tf / f.peak,
+            ms / f.ours
         );
     };
-    row("iota-rs CudaBackend", ours);
-    if let Some(ms) = with_step {
+    row("iota-rs CudaBackend", f.ours);
+    if let Some(ms) = f.with_step {
         row("iota-rs, + AdamW step per micro-batch", ms);
     }
-    match &torch {
+    match torch {
         Ok((label, rows)) => {
             println!("  reference: {label}");
             for r in rows {
@@ -237,15 +263,11 @@ pub fn run(a: Args) -> Result<()> {
                 }
             }
             if let Some(Ok(eager)) = rows.iter().find(|r| r.mode == "eager").map(|r| &r.result) {
-                println!("  ratio ours / PyTorch eager (tokens/s): {:.2}x  (goal >= 1.0x)", eager / ours);
+                println!("  ratio ours / PyTorch eager (tokens/s): {:.2}x  (goal >= 1.0x)", eager / f.ours);
             }
         }
         Err(e) => println!("  PyTorch reference: not run: {e}"),
     }
-    if let Some((total, k)) = kernels {
-        print_kernel_table(total, &k);
-    }
-    Ok(())
 }
 
 /// One step's work by kernel: launches, stream time, share of the step.

@@ -60,6 +60,47 @@ pub fn run(mut a: Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let miner_bin = std::env::current_exe()?.parent().context("binary dir")?.join("iota-miner");
     anyhow::ensure!(miner_bin.exists(), "{} not found: build iota-dataplane in release first", miner_bin.display());
+    print_run_shape(&a, &cfg);
+    // It reads the merged weights back from the directory afterwards.
+    anyhow::ensure!(a.run.bucket.is_none(), "the swarm benchmark keeps its objects in RUN_DIR/store; drop --bucket");
+    let store_dir = a.run.store_dir()?;
+    let report = rt.block_on(swarm::run(SwarmOptions::on_this_machine(
+        cfg.clone(),
+        a.run.data_path()?,
+        store_dir.clone(),
+        a.run.run_dir.clone(),
+        miner_bin,
+        "cpu",
+    )))?;
+    anyhow::ensure!(!report.interrupted, "interrupted");
+    let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();
+    let swarm_val = merged_model(&rt, &cfg, &a.run.run_dir, &store_dir)?.eval(&corpus, a.val_batches)?;
+    println!("\n  {:<34} {:>10} {:>10} {:>16}", "", "tokens/s", "seconds", "validation loss");
+    println!("  {:<34} {:>10.0} {:>10.1} {:>16.4}", "swarm (ours)", swarm_tps, report.elapsed.as_secs_f64(), swarm_val);
+    if a.no_baseline {
+        println!("  (one-process baseline not run: --no-baseline)");
+    } else {
+        let (single_tps, single_secs, single_val) = one_process_baseline(&cfg, &corpus, a.val_batches)?;
+        println!(
+            "  {:<34} {:>10.0} {:>10.1} {:>16.4}",
+            "one process, global batch (baseline)", single_tps, single_secs, single_val
+        );
+        println!(
+            "  ratios: throughput {:.2}x (goal >= 0.7x), final loss {:.3}x ({:+.1}%, goal within 2%)",
+            swarm_tps / single_tps,
+            swarm_val / single_val,
+            (swarm_val / single_val - 1.0) * 100.0
+        );
+    }
+    print_swarm_details(&report);
+    if a.keep {
+        println!("  run folder kept: {}", work.keep().display());
+    }
+    Ok(())
+}
+
+/// The run the benchmark makes: model, shape, tokens, codec, merge ramp.
+fn print_run_shape(a: &Args, cfg: &iota_protocol::RunConfig) {
     println!(
         "swarm: {} {} stages x {} replicas, {} epochs x {} micro-batches of {} x {} tokens ({} tokens), codec {}",
         a.run.model,
@@ -76,68 +117,54 @@ pub fn run(mut a: Args) -> Result<()> {
         let lens: Vec<String> = (0..cfg.spec.epoch_count()).map(|e| cfg.spec.epoch_len(e).to_string()).collect();
         println!("swarm: the merge ramp makes {} epochs of {} micro-batches", lens.len(), lens.join(", "));
     }
-    // It reads the merged weights back from the directory afterwards.
-    anyhow::ensure!(a.run.bucket.is_none(), "the swarm benchmark keeps its objects in RUN_DIR/store; drop --bucket");
-    let store_dir = a.run.store_dir()?;
-    let report = rt.block_on(swarm::run(SwarmOptions::on_this_machine(
-        cfg.clone(),
-        a.run.data_path()?,
-        store_dir.clone(),
-        a.run.run_dir.clone(),
-        miner_bin,
-        "cpu",
-    )))?;
-    anyhow::ensure!(!report.interrupted, "interrupted");
-    let swarm_tps = report.tokens as f64 / report.elapsed.as_secs_f64();
+}
 
-    // The swarm's final weights: the last merged file of every stage.
-    let be = Arc::new(CpuBackend::new());
-    let mut merged = Pipeline::new(be.clone(), cfg.train.clone())?;
-    // Read as a newcomer would: the objects the orchestrator recorded,
-    // checked against their announcements.
-    let store = LocalDirStore::shared(&store_dir, FileIo::start(false))?;
-    let state = StateDb::open(&a.run.run_dir.join("state.sqlite"))?.load()?.context("no saved orchestrator state")?;
+/// The swarm's final weights (the last merged file of every stage), read
+/// as a newcomer would: the objects the orchestrator recorded, checked
+/// against their announcements.
+fn merged_model(
+    rt: &tokio::runtime::Runtime,
+    cfg: &iota_protocol::RunConfig,
+    run_dir: &Path,
+    store_dir: &Path,
+) -> Result<Pipeline<CpuBackend>> {
+    let mut merged = Pipeline::new(Arc::new(CpuBackend::new()), cfg.train.clone())?;
+    let store = LocalDirStore::shared(store_dir, FileIo::start(false))?;
+    let state = StateDb::open(&run_dir.join("state.sqlite"))?.load()?.context("no saved orchestrator state")?;
     for (s, stage) in merged.stages_mut().iter_mut().enumerate() {
         let objects = state.stage_weights(s as u32);
         let p = rt.block_on(load_weights(&store, &objects, stage.layout())).0?;
         stage.set_params(&p)?;
     }
-    let swarm_val = merged.eval(&corpus, a.val_batches)?;
+    Ok(merged)
+}
 
-    // Single process, same model and tokens, at the swarm's global batch:
-    // each of its optimizer steps accumulates the micro-batches the R
-    // replicas take one inner step on, so it takes as many steps as each
-    // replica, on the same schedule. (Comparing with one process at a
-    // replica's batch, R times the steps, is what made the swarm look 18%
-    // worse in docs/BENCHMARKS.md: see `iota-bench convergence`.)
-    // Same steps, so the same schedule (its warm-up included).
-    println!("\n  {:<34} {:>10} {:>10} {:>16}", "", "tokens/s", "seconds", "validation loss");
-    println!("  {:<34} {:>10.0} {:>10.1} {:>16.4}", "swarm (ours)", swarm_tps, report.elapsed.as_secs_f64(), swarm_val);
-    if a.no_baseline {
-        println!("  (one-process baseline not run: --no-baseline)");
-    } else {
-        let mut single_cfg = cfg.train.clone();
-        single_cfg.grad_accum = cfg.train.grad_accum * cfg.spec.replicas as usize;
-        let mut single = Pipeline::new(be, single_cfg.clone())?;
-        let t0 = Instant::now();
-        let mut tokens = 0usize;
-        for _ in 0..single_cfg.steps {
-            tokens += single.train_step(&corpus)?.tokens;
-        }
-        let single_secs = t0.elapsed().as_secs_f64();
-        let single_tps = tokens as f64 / single_secs;
-        let single_val = single.eval(&corpus, a.val_batches)?;
-        println!(
-            "  {:<34} {:>10.0} {:>10.1} {:>16.4}",
-            "one process, global batch (baseline)", single_tps, single_secs, single_val
-        );
-        println!(
-            "  ratios: throughput {:.2}x (goal >= 0.7x), final loss {:.3}x ({:+.1}%, goal within 2%)",
-            swarm_tps / single_tps,
-            swarm_val / single_val,
-            (swarm_val / single_val - 1.0) * 100.0
-        );
+/// One process, same model and tokens, at the swarm's global batch: each
+/// of its optimizer steps accumulates the micro-batches the R replicas
+/// take one inner step on, so it takes as many steps as each replica, on
+/// the same schedule (its warm-up included). (Comparing with one process
+/// at a replica's batch, R times the steps, is what made the swarm look
+/// 18% worse in docs/BENCHMARKS.md: see `iota-bench convergence`.)
+/// Its tokens per second, seconds and validation loss.
+fn one_process_baseline(
+    cfg: &iota_protocol::RunConfig,
+    corpus: &iota_model::data::Corpus,
+    val_batches: u64,
+) -> Result<(f64, f64, f32)> {
+    let mut single_cfg = cfg.train.clone();
+    single_cfg.grad_accum = cfg.train.grad_accum * cfg.spec.replicas as usize;
+    let mut single = Pipeline::new(Arc::new(CpuBackend::new()), single_cfg.clone())?;
+    let t0 = Instant::now();
+    let mut tokens = 0usize;
+    for _ in 0..single_cfg.steps {
+        tokens += single.train_step(corpus)?.tokens;
     }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((tokens as f64 / secs, secs, single.eval(corpus, val_batches)?))
+}
+
+/// The swarm's counts, epoch losses, loss outliers and phase times.
+fn print_swarm_details(report: &iota_control::swarm::SwarmReport) {
     println!(
         "  swarm: {} micro-batches completed, {} re-routed, {} dropped; epoch losses {:?}",
         report.completed,
@@ -164,10 +191,6 @@ pub fn run(mut a: Args) -> Result<()> {
         100.0 * (c.uploading_ms + c.merging_ms) as f64 / phases as f64,
         c.merges_behind_compute
     );
-    if a.keep {
-        println!("  run folder kept: {}", work.keep().display());
-    }
-    Ok(())
 }
 
 /// A micro-batch loss this many times its epoch's median is reported: a
