@@ -245,41 +245,13 @@ impl Gpu {
         if matches!(rule, ReduceRule::TrimmedMean { .. }) || contribs.len() > MAX_REPLICAS {
             return Ok(iota_core::merge::reduce_slice(rule, outer, contribs, weights, momentum));
         }
-
         let s = &self.stream;
-        let n = momentum.len();
-        let r = contribs.len();
-        // Pack present, right-length contributions [r][n]; absent ones are zeros, weight 0.
-        let mut packed = vec![0.0f32; r * n];
-        let mut present = vec![false; r];
+        let (n, r) = (momentum.len(), contribs.len());
         let mut stats = ReduceStats::default();
-        for (i, c) in contribs.iter().enumerate() {
-            match c {
-                Some(c) if c.len() == n => {
-                    packed[i * n..(i + 1) * n].copy_from_slice(c);
-                    present[i] = true;
-                }
-                Some(_) => stats.rejected_non_finite += 1,
-                None => {}
-            }
-        }
+        let (mut packed, present) = pack_contributions(contribs, n, &mut stats);
         let dx = s.clone_htod(&packed).map_err(drv)?;
-        let (ri, ni) = (r as i32, n as i64);
         let cfg = self.grid(n);
-        let blocks = cfg.grid_dim.0 as usize;
-        // Non-finite contributions are left out entirely.
-        let mut flags: CudaSlice<i32> = s.alloc_zeros(r * blocks).map_err(drv)?;
-        let mut b = s.launch_builder(self.function("nonfinite_partials"));
-        b.arg(&dx).arg(&ri).arg(&ni).arg(&mut flags);
-        unsafe { b.launch(cfg) }.map_err(drv)?;
-        let flags = s.clone_dtoh(&flags).map_err(drv)?;
-        let mut used = present.clone();
-        for i in 0..r {
-            if present[i] && flags[i * blocks..(i + 1) * blocks].iter().any(|&f| f != 0) {
-                used[i] = false;
-                stats.rejected_non_finite += 1;
-            }
-        }
+        let used = self.finite_rows(&dx, &present, n, &mut stats)?;
         // A weight of 0 is not enough to leave a rejected contribution out:
         // 0 x NaN (or inf) is NaN in the kernels' sums. Its row becomes zeros.
         let dx = if used == present {
@@ -290,22 +262,15 @@ impl Gpu {
             }
             s.clone_htod(&packed).map_err(drv)?
         };
-        let total: f64 = (0..r).filter(|&i| used[i]).map(|i| weights[i]).sum();
         let count = used.iter().filter(|&&u| u).count();
-        let w: Vec<f64> = (0..r)
-            .map(|i| match (used[i], total > 0.0) {
-                (false, _) => 0.0,
-                (true, true) => weights[i] / total,
-                (true, false) => 1.0 / count as f64,
-            })
-            .collect();
-        let dw = s.clone_htod(&w).map_err(drv)?;
+        let dw = s.clone_htod(&normalized_weights(weights, &used)).map_err(drv)?;
         let mut g: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;
         // As on the CPU: centered clipping that cannot clip is the mean.
         let rule = match rule {
             ReduceRule::CenteredClip { tau_factor, .. } if clip_cannot_bite(count, tau_factor) => ReduceRule::Mean,
             r => r,
         };
+        let (ri, ni) = (r as i32, n as i64);
         if count > 0 {
             match rule {
                 ReduceRule::Mean | ReduceRule::TrimmedMean { .. } => {
@@ -314,47 +279,146 @@ impl Gpu {
                     unsafe { b.launch(cfg) }.map_err(drv)?;
                 }
                 ReduceRule::CenteredClip { tau_factor, iters } => {
-                    let use_i: Vec<i32> = used.iter().map(|&u| u as i32).collect();
-                    let duse = s.clone_htod(&use_i).map_err(drv)?;
-                    let mut b = s.launch_builder(self.function("coord_median"));
-                    b.arg(&dx).arg(&duse).arg(&ri).arg(&ni).arg(&mut g);
-                    unsafe { b.launch(cfg) }.map_err(drv)?;
-                    let mut partials: CudaSlice<f64> = s.alloc_zeros(r * blocks).map_err(drv)?;
-                    for _ in 0..iters.max(1) {
-                        let mut b = s.launch_builder(self.function("sq_dist_partials"));
-                        b.arg(&dx).arg(&g).arg(&ri).arg(&ni).arg(&mut partials);
-                        unsafe { b.launch(cfg) }.map_err(drv)?;
-                        let p = s.clone_dtoh(&partials).map_err(drv)?;
-                        let dist: Vec<f64> =
-                            (0..r).map(|i| p[i * blocks..(i + 1) * blocks].iter().sum::<f64>().sqrt()).collect();
-                        // tau from the used contributions' distances, as on the CPU.
-                        let mut d32: Vec<f32> = (0..r).filter(|&i| used[i]).map(|i| dist[i] as f32).collect();
-                        d32.sort_by(f32::total_cmp);
-                        let k = d32.len();
-                        let med = if k % 2 == 1 {
-                            d32[k / 2]
-                        } else {
-                            ((d32[k / 2 - 1] as f64 + d32[k / 2] as f64) / 2.0) as f32
-                        };
-                        let tau = tau_factor as f64 * med as f64;
-                        let scale: Vec<f64> =
-                            dist.iter().map(|&d| if d > tau && d > 0.0 { tau / d } else { 1.0 }).collect();
-                        stats.clipped = (0..r).filter(|&i| used[i] && scale[i] < 1.0).count();
-                        let dscale = s.clone_htod(&scale).map_err(drv)?;
-                        let mut b = s.launch_builder(self.function("clip_step"));
-                        b.arg(&dx).arg(&dw).arg(&dscale).arg(&ri).arg(&ni).arg(&mut g);
-                        unsafe { b.launch(cfg) }.map_err(drv)?;
-                    }
+                    let rows = Rows { dx: &dx, dw: &dw, used: &used, n };
+                    stats.clipped = self.centered_clip(&rows, tau_factor, iters, &mut g)?;
                 }
             }
         }
+        Ok((self.nesterov(&g, outer, momentum)?, stats))
+    }
+
+    /// Which present rows of `dx` ([r][n]) are finite throughout; counts
+    /// the others as rejected.
+    fn finite_rows(
+        &self,
+        dx: &CudaSlice<f32>,
+        present: &[bool],
+        n: usize,
+        stats: &mut ReduceStats,
+    ) -> Result<Vec<bool>, CudaError> {
+        let s = &self.stream;
+        let r = present.len();
+        let cfg = self.grid(n);
+        let blocks = cfg.grid_dim.0 as usize;
+        let mut flags: CudaSlice<i32> = s.alloc_zeros(r * blocks).map_err(drv)?;
+        let mut b = s.launch_builder(self.function("nonfinite_partials"));
+        let (ri, ni) = (r as i32, n as i64);
+        b.arg(dx).arg(&ri).arg(&ni).arg(&mut flags);
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        let flags = s.clone_dtoh(&flags).map_err(drv)?;
+        let mut used = present.to_vec();
+        for i in 0..r {
+            if present[i] && flags[i * blocks..(i + 1) * blocks].iter().any(|&f| f != 0) {
+                used[i] = false;
+                stats.rejected_non_finite += 1;
+            }
+        }
+        Ok(used)
+    }
+
+    /// Centered clipping around the coordinate-wise median, `iters` times,
+    /// into `g`; how many used rows the last iteration clipped.
+    fn centered_clip(
+        &self,
+        rows: &Rows<'_>,
+        tau_factor: f32,
+        iters: u32,
+        g: &mut CudaSlice<f32>,
+    ) -> Result<usize, CudaError> {
+        let s = &self.stream;
+        let (r, n) = (rows.used.len(), rows.n);
+        let (ri, ni) = (r as i32, n as i64);
+        let cfg = self.grid(n);
+        let blocks = cfg.grid_dim.0 as usize;
+        let use_i: Vec<i32> = rows.used.iter().map(|&u| u as i32).collect();
+        let duse = s.clone_htod(&use_i).map_err(drv)?;
+        let mut b = s.launch_builder(self.function("coord_median"));
+        b.arg(rows.dx).arg(&duse).arg(&ri).arg(&ni).arg(&mut *g);
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        let mut partials: CudaSlice<f64> = s.alloc_zeros(r * blocks).map_err(drv)?;
+        let mut clipped = 0;
+        for _ in 0..iters.max(1) {
+            let mut b = s.launch_builder(self.function("sq_dist_partials"));
+            b.arg(rows.dx).arg(&*g).arg(&ri).arg(&ni).arg(&mut partials);
+            unsafe { b.launch(cfg) }.map_err(drv)?;
+            let p = s.clone_dtoh(&partials).map_err(drv)?;
+            let dist: Vec<f64> = (0..r).map(|i| p[i * blocks..(i + 1) * blocks].iter().sum::<f64>().sqrt()).collect();
+            let tau = tau_factor as f64 * median_used_distance(&dist, rows.used) as f64;
+            let scale: Vec<f64> = dist.iter().map(|&d| if d > tau && d > 0.0 { tau / d } else { 1.0 }).collect();
+            clipped = (0..r).filter(|&i| rows.used[i] && scale[i] < 1.0).count();
+            let dscale = s.clone_htod(&scale).map_err(drv)?;
+            let mut b = s.launch_builder(self.function("clip_step"));
+            b.arg(rows.dx).arg(rows.dw).arg(&dscale).arg(&ri).arg(&ni).arg(&mut *g);
+            unsafe { b.launch(cfg) }.map_err(drv)?;
+        }
+        Ok(clipped)
+    }
+
+    /// The outer (Nesterov) step on the reduced pseudo-gradient `g`:
+    /// `momentum` updated in place; the update returned.
+    fn nesterov(&self, g: &CudaSlice<f32>, outer: OuterOpt, momentum: &mut [f32]) -> Result<Vec<f32>, CudaError> {
+        let s = &self.stream;
+        let n = momentum.len();
         let mut dm = s.clone_htod(momentum).map_err(drv)?;
         let mut du: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;
         let mut b = s.launch_builder(self.function("nesterov"));
-        b.arg(&g).arg(&mut dm).arg(&mut du).arg(&outer.lr).arg(&outer.momentum).arg(&ni);
-        unsafe { b.launch(cfg) }.map_err(drv)?;
+        let ni = n as i64;
+        b.arg(g).arg(&mut dm).arg(&mut du).arg(&outer.lr).arg(&outer.momentum).arg(&ni);
+        unsafe { b.launch(self.grid(n)) }.map_err(drv)?;
         let m = s.clone_dtoh(&dm).map_err(drv)?;
         momentum.copy_from_slice(&m);
-        Ok((s.clone_dtoh(&du).map_err(drv)?, stats))
+        s.clone_dtoh(&du).map_err(drv)
     }
+}
+
+/// The contributions on the device, for the clipping kernels.
+struct Rows<'a> {
+    /// [r][n], rejected rows zeroed.
+    dx: &'a CudaSlice<f32>,
+    /// Each row's weight (normalized; 0 for rows not used).
+    dw: &'a CudaSlice<f64>,
+    used: &'a [bool],
+    n: usize,
+}
+
+/// Present, right-length contributions packed [r][n] (absent ones are
+/// zeros), and which are present; a wrong length counts as rejected.
+fn pack_contributions(contribs: &[Option<&[f32]>], n: usize, stats: &mut ReduceStats) -> (Vec<f32>, Vec<bool>) {
+    let r = contribs.len();
+    let mut packed = vec![0.0f32; r * n];
+    let mut present = vec![false; r];
+    for (i, c) in contribs.iter().enumerate() {
+        match c {
+            Some(c) if c.len() == n => {
+                packed[i * n..(i + 1) * n].copy_from_slice(c);
+                present[i] = true;
+            }
+            Some(_) => stats.rejected_non_finite += 1,
+            None => {}
+        }
+    }
+    (packed, present)
+}
+
+/// Each used row's weight over the used rows' total (equal weights when
+/// the total is 0); 0 for a row not used.
+fn normalized_weights(weights: &[f64], used: &[bool]) -> Vec<f64> {
+    let total: f64 = (0..used.len()).filter(|&i| used[i]).map(|i| weights[i]).sum();
+    let count = used.iter().filter(|&&u| u).count();
+    (0..used.len())
+        .map(|i| match (used[i], total > 0.0) {
+            (false, _) => 0.0,
+            (true, true) => weights[i] / total,
+            (true, false) => 1.0 / count as f64,
+        })
+        .collect()
+}
+
+/// tau's base, as on the CPU: the median of the used rows' distances (f32,
+/// the mean of the middle two for an even count).
+fn median_used_distance(dist: &[f64], used: &[bool]) -> f32 {
+    let mut d32: Vec<f32> = (0..dist.len()).filter(|&i| used[i]).map(|i| dist[i] as f32).collect();
+    d32.sort_by(f32::total_cmp);
+    let k = d32.len();
+    if k % 2 == 1 { d32[k / 2] } else { ((d32[k / 2 - 1] as f64 + d32[k / 2] as f64) / 2.0) as f32 }
 }
