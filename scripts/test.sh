@@ -28,6 +28,7 @@ if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
     } || echo "note: postgresql could not be installed; the PostgreSQL state test will skip" >&2
 fi
 python3 scripts/check-graph.py
+python3 scripts/check-fn-length.py
 # The code is as rustfmt (rustfmt.toml) lays it out, and clippy has
 # nothing to say (its default lints, warnings as errors).
 for tool in rustfmt clippy; do
