@@ -21,11 +21,10 @@ impl Orchestrator {
         self.uploads.clear();
         self.merged.clear();
         self.merged_hash.clear();
-        if self.overlapped.is_none() {
+        if self.behind.running().is_none() {
             self.butterfly.clear();
         }
-        self.overlap_wait_since = None;
-        self.overlap_waited_ms = 0;
+        self.behind.new_epoch();
         self.started_from.insert(self.epoch, self.weights_epoch());
         // Verdicts may still come for the epoch just ended; none for
         // earlier ones.

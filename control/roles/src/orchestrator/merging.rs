@@ -273,7 +273,7 @@ impl Orchestrator {
     /// is the merge of the Merging phase, or the one running behind the
     /// next epoch's training (`merge.overlap`).
     pub(super) fn merge_is_current(&self, epoch: u64) -> bool {
-        (epoch == self.epoch && matches!(self.phase, Phase::Merging)) || self.overlapped == Some(epoch)
+        (epoch == self.epoch && matches!(self.phase, Phase::Merging)) || self.behind.running() == Some(epoch)
     }
 
     /// A participant finished its butterfly merge with weights hash `h`,

@@ -11,6 +11,7 @@
 //! aggregator per stage averages them) -> next epoch. Before the first epoch
 //! the run is `Waiting` until every stage has `replicas` miners.
 
+mod behind_compute;
 mod commitments;
 mod epochs;
 mod event;
@@ -38,6 +39,7 @@ use iota_core::{PeerId, Rng};
 use iota_wire::store_keys::{merged_key, weights_parts_prefix};
 use iota_wire::{MbRef, MergeMethod, RunSpec, pb};
 
+use self::behind_compute::BehindCompute;
 pub use self::event::Event;
 pub use self::observe::MergeProgress;
 pub use self::state::{
@@ -141,19 +143,10 @@ pub struct Orchestrator {
     /// service from the run's configuration; without it nothing is checked).
     #[serde(skip)]
     memory_needs: Option<std::sync::Arc<iota_core::memory_fit::RunMemoryNeeds>>,
-    /// With `merge.overlap`: the epoch whose butterfly merge runs behind
-    /// the current epoch's training (overlap.rs).
-    #[serde(default)]
-    overlapped: Option<u64>,
-    /// When that merge started, and since when the epoch's training has
-    /// been finished and waiting for it (the merge's visible time).
-    #[serde(default)]
-    overlapped_since: Ms,
-    #[serde(default)]
-    overlap_wait_since: Option<Ms>,
-    /// This epoch's training time spent waiting for the merge behind it.
-    #[serde(default)]
-    overlap_waited_ms: Ms,
+    /// With `merge.overlap`: the merge running behind the current epoch's
+    /// training (overlap.rs).
+    #[serde(flatten)]
+    behind: BehindCompute,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -193,10 +186,7 @@ impl Orchestrator {
             settlement: SettlementBook::default(),
             accusations: BTreeMap::new(),
             memory_needs: None,
-            overlapped: None,
-            overlapped_since: 0,
-            overlap_wait_since: None,
-            overlap_waited_ms: 0,
+            behind: BehindCompute::default(),
         })
     }
 
@@ -343,7 +333,7 @@ impl Orchestrator {
     pub fn weights_epoch(&self) -> Option<u64> {
         // While the previous epoch's merge runs behind training, the latest
         // merged weights are the one before it.
-        let back = if self.overlapped.is_some() { 2 } else { 1 };
+        let back = if self.behind.running().is_some() { 2 } else { 1 };
         self.weights_override.unwrap_or(self.epoch.checked_sub(back))
     }
 
@@ -384,12 +374,12 @@ impl Orchestrator {
             Phase::Training => {
                 // Between merges only withholding audits are live (they
                 // outlive their merge); behind compute, the merge's own.
-                self.expire_merge_audits(now, self.overlapped.is_none(), out);
+                self.expire_merge_audits(now, self.behind.running().is_none(), out);
                 self.tend_overlapped(now, out);
                 self.advance_training(now, rng, out);
             }
             Phase::Uploading => {
-                self.expire_merge_audits(now, self.overlapped.is_none(), out);
+                self.expire_merge_audits(now, self.behind.running().is_none(), out);
                 // Only miners that worked this epoch and are not benched are
                 // waited for: a silent one must not hold every epoch to the
                 // phase timeout.

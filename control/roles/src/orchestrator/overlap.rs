@@ -21,8 +21,7 @@ impl Orchestrator {
     /// Training phase).
     pub(super) fn start_overlapped(&mut self, now: Ms, rng: &mut iota_core::Rng, out: &mut Vec<Out>) {
         tracing::info!(epoch = self.epoch, "merge runs behind the next epoch's training");
-        self.overlapped = Some(self.epoch);
-        self.overlapped_since = now;
+        self.behind.start(self.epoch, now);
         self.finish_epoch(now, rng, out, false);
     }
 
@@ -30,41 +29,32 @@ impl Orchestrator {
     /// cannot finish (as in the Merging phase, on the merge's own timeout)
     /// and ends it once complete.
     pub(super) fn tend_overlapped(&mut self, now: Ms, out: &mut Vec<Out>) {
-        let Some(epoch) = self.overlapped else { return };
-        let timeout = self.merge_timeout_ms();
-        let timed_out = now.saturating_sub(self.overlapped_since) > timeout;
+        if self.behind.running().is_none() {
+            return;
+        }
+        let timed_out = self.behind.timed_out(now, self.merge_timeout_ms());
         self.tend_butterfly(now, timed_out, out);
         if !self.butterfly_complete(timed_out) {
             if timed_out {
-                // The next round of planning out waits another timeout.
-                self.overlapped_since = now;
+                self.behind.rearm(now);
             }
             return;
         }
-        let took = now.saturating_sub(self.overlapped_since);
+        let Some(landed) = self.behind.land(now) else { return };
         if !timed_out {
-            self.last_merge_ms = Some(took);
+            self.last_merge_ms = Some(landed.took);
         }
         self.counters.divergent_merges += self.butterfly.values().filter(|m| !m.consistent()).count() as u64;
-        if let Some(since) = self.overlap_wait_since.take() {
-            let waited = now.saturating_sub(since);
-            self.overlap_waited_ms += waited;
-            self.counters.merging_ms += waited;
-        }
+        self.counters.merging_ms += landed.waited.unwrap_or(0);
         self.counters.merges_behind_compute += 1;
-        tracing::info!(epoch, took_ms = took, "merge behind compute complete");
-        self.overlapped = None;
+        tracing::info!(epoch = landed.epoch, took_ms = landed.took, "merge behind compute complete");
         self.butterfly.clear();
     }
 
     /// Whether the epoch's training, all of it done, must wait for the
     /// merge behind it (counted from the first time it had to).
     pub(super) fn waits_for_overlapped(&mut self, now: Ms) -> bool {
-        if self.overlapped.is_none() {
-            return false;
-        }
-        self.overlap_wait_since.get_or_insert(now);
-        true
+        self.behind.must_wait(now)
     }
 
     /// A merge's timeout: as the Merging phase's (four times the last
@@ -76,6 +66,6 @@ impl Orchestrator {
     /// Whether the phase command for a Training miner carries the merge
     /// running behind it.
     pub(super) fn overlapped_plan_in_training(&self) -> bool {
-        self.overlapped.is_some() && self.phase == Phase::Training
+        self.behind.running().is_some() && self.phase == Phase::Training
     }
 }

@@ -112,7 +112,7 @@ impl Orchestrator {
             }
             match self.phase {
                 // Waiting for the merge behind training counts as merging.
-                Phase::Training => self.counters.training_ms += took.saturating_sub(self.overlap_waited_ms),
+                Phase::Training => self.counters.training_ms += took.saturating_sub(self.behind.waited_ms()),
                 Phase::Uploading => self.counters.uploading_ms += took,
                 Phase::Merging => self.counters.merging_ms += took,
                 _ => {}
