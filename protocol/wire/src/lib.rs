@@ -39,6 +39,8 @@ pub use run_config::RunConfig;
 pub use run_spec::{MbRef, MergeMethod, MergeSpec, RunSpec, ValidationSpec, ValidatorStake};
 
 /// The message types generated from `protocol/proto/iota.proto`.
+// Generated code: its doc comments are the schema's, as prost lays them out.
+#[allow(clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/iota.v1.rs"));
 }
