@@ -64,6 +64,8 @@ pub(super) struct ComputeIo {
     pub(super) crash_at: Option<CrashPoint>,
     pub(super) tokens: Arc<AtomicU64>,
     pub(super) in_flight: Arc<AtomicU32>,
+    /// The epoch the worker is in (heartbeats and `/metrics` read it).
+    pub(super) epoch: Arc<AtomicU64>,
     /// A fault-injecting merge to use instead of the configured one.
     pub(super) fault_merge: Option<Box<dyn merge::Merge>>,
     pub(super) adversary: Option<Adversary>,
@@ -109,6 +111,7 @@ pub(super) fn compute_loop<B: iota_model::Backend + 'static>(
             }
             warn!(error = %format!("{e:#}"), "stage worker");
         }
+        io.epoch.store(w.epoch(), Ordering::Relaxed);
         meters.observe_step(kind, t0.elapsed(), &io);
         pace(&io, work, t0);
         for o in out.drain(..) {

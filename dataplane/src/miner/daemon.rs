@@ -402,6 +402,7 @@ fn compute_io(
         crash_at: opts.crash_at,
         tokens: gauges.tokens.clone(),
         in_flight: gauges.in_flight.clone(),
+        epoch: gauges.epoch.clone(),
         fault_merge: None,
         adversary: opts.adversary,
         commitments: net.ep.commitments(),

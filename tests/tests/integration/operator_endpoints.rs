@@ -332,7 +332,10 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
                 let merged = |body: &str| {
                     body.lines().any(|l| l.starts_with("iota_miner_merge_seconds_count ") && !l.ends_with(" 0"))
                 };
-                if miners.iter().all(|(_, b)| merged(b)) || std::time::Instant::now() > deadline {
+                // Past its merge, a miner works in the next epoch and says so.
+                let moved_on =
+                    |body: &str| body.lines().any(|l| l.starts_with("iota_miner_epoch ") && !l.ends_with(" 0"));
+                if miners.iter().all(|(_, b)| merged(b) && moved_on(b)) || std::time::Instant::now() > deadline {
                     let orch = http(orch_addr, "GET /metrics HTTP/1.1\r\n\r\n");
                     return (miners, orch, http(addrs[0], "GET /dashboard HTTP/1.1\r\n\r\n"));
                 }
@@ -358,6 +361,8 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
         // One merge behind it, timed (a miner sees it from plan to phase).
         assert!(get("iota_miner_merge_seconds_count") >= 1.0, "{body}");
         assert!(get("iota_miner_merge_seconds_sum") > 0.0);
+        // The epoch it works in (its heartbeats carry the same gauge).
+        assert!(get("iota_miner_epoch") >= 1.0, "{body}");
         // A stage-0 miner sends activations and receives their gradients; a
         // stage-1 miner the other way round.
         let sent = get("iota_miner_sent_bytes_total{lane=\"activations\"}")

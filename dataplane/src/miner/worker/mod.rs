@@ -190,6 +190,11 @@ impl<B: Backend + 'static> Worker<B> {
 
     /// The memory this miner's stage may use (bytes) and what it computes
     /// with: `assign` refuses a stage its plan does not hold.
+    /// The epoch this worker is in.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn with_memory(mut self, memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>) -> Self {
         self.memory = memory.filter(|(bytes, _)| *bytes > 0);
         self
