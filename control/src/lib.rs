@@ -39,6 +39,7 @@ pub mod status_cmd;
 pub mod swarm;
 pub mod swarm_cmd;
 mod swarm_outcome;
+pub mod swarm_summary;
 pub mod tls_server;
 pub mod validator;
 pub mod validator_cmd;
