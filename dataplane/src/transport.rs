@@ -298,6 +298,21 @@ impl Endpoint {
     /// The payload is `Bytes` so QUIC's send queue references it instead of
     /// copying it (cloning `Bytes` only counts a reference).
     pub async fn send(&self, to: PeerId, meta: &FrameMeta, payload: Bytes) -> Result<[u8; 32], SendError> {
+        self.send_showing(to, meta, payload, None).await
+    }
+
+    /// `send`, recording in the sent-frame tap, when `shown` is given, a
+    /// frame over `shown` signed with the same header fields instead of
+    /// the one that went out: what a miner that sends garbage and signs an
+    /// honest frame for its evidence afterwards would show. Only the
+    /// `fabricated-evidence` test tool gives `shown`.
+    pub async fn send_showing(
+        &self,
+        to: PeerId,
+        meta: &FrameMeta,
+        payload: Bytes,
+        shown: Option<Bytes>,
+    ) -> Result<[u8; 32], SendError> {
         let inner = &self.inner;
         let lane = inner.lane(to, meta.direction);
         let mut lane = lane.lock().await;
@@ -327,10 +342,16 @@ impl Endpoint {
             debug!(peer = %to, error = %err, "lane broken; re-dialling once");
             retried = true;
         }
-        lane.next_seq += 1;
         if let Some(tap) = inner.sent.get() {
-            tap.record(&header, &payload);
+            match shown {
+                Some(shown) => {
+                    let fake = frame::build_header(meta, inner.ctx.run_id(), lane.next_seq, &shown, &inner.id);
+                    tap.record(&fake, &shown);
+                }
+                None => tap.record(&header, &payload),
+            }
         }
+        lane.next_seq += 1;
         let id = header.frame_id();
         inner.commitments.lock().frame(u64::from(meta.epoch), to, meta.direction as u8, Side::Sent, &id);
         inner.stats.sent(meta.direction, (prefix.len() + payload.len()) as u64);

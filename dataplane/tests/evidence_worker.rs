@@ -13,7 +13,9 @@ use std::time::Duration;
 use iota_core::merge::ReduceRule;
 use iota_core::wire::Direction;
 use iota_core::{Identity, MicroBatchId, ModelConfig, ParamLayout, PeerId, SampleId, StageSpec, WireCodec};
-use iota_dataplane::evidence::{Finding, ForwardEvidence, Known, SampledMb, check_backward, check_forward};
+use iota_dataplane::evidence::{
+    Finding, ForwardEvidence, Known, SampledMb, check_backward, check_forward, check_head_answer,
+};
 use iota_dataplane::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_dataplane::fileio::FileIo;
 use iota_dataplane::frame::{self, FrameLimits, RunContext};
@@ -197,9 +199,18 @@ impl Swarm {
                 self.held.push((i, o));
                 continue;
             }
-            match o {
-                Output::Frame { to, meta, payload, .. } => {
-                    self.rt.block_on(self.miners[i].ep.send(to, &meta, payload)).unwrap();
+            let (to, meta, payload, shown) = match o {
+                Output::Frame { to, meta, payload, .. } => (to, meta, payload, None),
+                Output::FabricatedFrame { to, meta, wire, shown } => (to, meta, wire, Some(shown)),
+                Output::Report(k) => {
+                    self.reports.push((i, k));
+                    continue;
+                }
+                Output::Store { key, .. } => panic!("a training step stored {key}: only merge audits do"),
+            };
+            {
+                {
+                    self.rt.block_on(self.miners[i].ep.send_showing(to, &meta, payload, shown)).unwrap();
                     let j = self.miners.iter().position(|m| m.id == to).unwrap();
                     let ep = &self.miners[j].ep;
                     let recv = async { tokio::time::timeout(Duration::from_secs(10), ep.recv()).await };
@@ -208,8 +219,6 @@ impl Swarm {
                     self.miners[j].w.handle(Input::Frame(Box::new(f)), &mut out).unwrap();
                     queue.extend(out.into_iter().map(|o| (j, o)));
                 }
-                Output::Report(k) => self.reports.push((i, k)),
-                Output::Store { key, .. } => panic!("a training step stored {key}: only merge audits do"),
             }
         }
     }
@@ -294,8 +303,29 @@ impl Swarm {
     fn check(&self, i: usize, mb: SampledMb, b: &EvidenceBundle) -> Finding {
         match self.check_one(i, mb, b, false) {
             Finding::Honest if i == 1 => self.check_one(i, mb, b, true),
+            Finding::Honest if i == 0 => self.check_answer(mb, b),
             f => f,
         }
+    }
+
+    /// The head's link 5: the gradient that answered its output.
+    fn check_answer(&self, mb: SampledMb, b: &EvidenceBundle) -> Finding {
+        let Some(bw) = b.backward.as_ref() else { return Finding::Cheated("no answer".into()) };
+        let ctx = RunContext::new(RUN, FrameLimits::default());
+        let committed = Default::default();
+        let known = Known {
+            ctx: &ctx,
+            miner: self.miners[0].id,
+            stage: 0,
+            upstream: None,
+            downstream: Some(self.miners[1].id),
+            tokens: None,
+            committed: &committed,
+            epoch_starts: &[],
+            codec: self.cfg.train.codec,
+            tolerance: 0.0,
+        };
+        check_head_answer(&known, mb, b.as_forward(), &bw.received)
     }
 
     fn check_one(&self, i: usize, mb: SampledMb, b: &EvidenceBundle, backward: bool) -> Finding {
@@ -362,7 +392,8 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
     for stage in [0, 1] {
         for (n, (mb, b)) in s.evidence(stage, &mbs).into_iter().enumerate() {
             assert_eq!(b.input_frame.is_some(), stage > 0, "an input frame except at the head");
-            assert_eq!(b.backward.is_some(), stage == 1, "a backward only from the middle stage");
+            let bw = b.backward.as_ref().expect("a middle stage's backward, a head's answer");
+            assert_eq!(bw.sent.is_empty(), stage == 0, "the head sends no gradient");
             // One after the other: each backward ran on its forward's weights.
             assert!(b.backward.as_ref().is_none_or(|bw| bw.weights.is_none()));
             assert_eq!(b.step_hashes.len() as u64, MICRO_BATCHES);
@@ -427,6 +458,67 @@ fn zeros_and_replay_heads_are_caught_on_the_recompute() {
             }
         }
     }
+}
+
+/// Evidence made after the fact: a head that sends garbage on the wire
+/// (its first micro-batch's activations replayed) while it computes
+/// honestly, and uploads honest frames signed as if sent, passes the
+/// recompute of its forward but not link 5: the gradient its neighbour
+/// sent back answers the frame that really crossed the wire. A middle
+/// stage doing the same is caught on its backward's link 5 likewise. The
+/// honest miners around them still pass.
+#[test]
+fn evidence_signed_after_the_fact_does_not_answer_what_the_neighbour_received() {
+    let mut s = trained(Some((0, Adversary::FabricatedEvidence)));
+    let mbs: Vec<SampledMb> = (0..MICRO_BATCHES).map(|n| s.mb(n)).collect();
+    for (n, (mb, b)) in s.evidence(0, &mbs).into_iter().enumerate() {
+        assert_eq!(s.check_one(0, mb, &b, false), Finding::Honest, "{n}: what it shows is honest work");
+        match s.check(0, mb, &b) {
+            // The first micro-batch went out honest.
+            Finding::Honest if n == 0 => {}
+            Finding::Cheated(why) if n > 0 => {
+                assert_eq!(why, "the received gradient does not answer the output frame")
+            }
+            f => panic!("micro-batch {n}: {f:?}"),
+        }
+    }
+    for (mb, b) in s.evidence(1, &mbs) {
+        assert_eq!(s.check(1, mb, &b), Finding::Honest, "the middle stage that took the garbage is honest");
+    }
+
+    let mut s = trained(Some((1, Adversary::FabricatedEvidence)));
+    for (n, (mb, b)) in s.evidence(1, &mbs).into_iter().enumerate() {
+        assert_eq!(s.check_one(1, mb, &b, false), Finding::Honest, "{n}: its forward as shown");
+        match s.check(1, mb, &b) {
+            Finding::Honest if n == 0 => {}
+            Finding::Cheated(why) if n > 0 => assert!(why.contains("does not answer the output frame"), "{why}"),
+            f => panic!("micro-batch {n}: {f:?}"),
+        }
+    }
+    for (mb, b) in s.evidence(0, &mbs) {
+        assert_eq!(s.check(0, mb, &b), Finding::Honest, "the head upstream of it is honest");
+    }
+}
+
+/// A gradient that does not answer the activation a miner sent for the
+/// attempt is refused, not trained on (it would fail that miner's
+/// evidence: a hostile neighbour could frame it that way); the attempt
+/// does not finish, and the miner's evidence for the others still passes.
+#[test]
+fn a_gradient_answering_another_frame_is_refused() {
+    let mut s = Swarm::new(None);
+    s.hold_grads_to = Some(0);
+    s.train(0);
+    assert_eq!(s.held.len(), 1, "the gradient to the head, held");
+    let (from, o) = s.held.pop().unwrap();
+    s.hold_grads_to = None;
+    let Output::Frame { to, mut meta, payload, fallback } = o else { panic!("a frame") };
+    meta.answers = [7; 32];
+    let rejected = s.miners[0].w.rejected_frames;
+    s.pump(from, vec![Output::Frame { to, meta, payload, fallback }]);
+    assert_eq!(s.miners[0].w.rejected_frames, rejected + 1, "refused");
+    let done = s.reports.iter().filter(|(_, k)| matches!(k, pb::report::Kind::BackwardDone(_))).count();
+    assert_eq!(done, 0, "the attempt did not finish at the head");
 }
 
 /// A middle stage's backward: honest evidence passes `check_backward` bit

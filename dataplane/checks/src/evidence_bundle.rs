@@ -23,6 +23,10 @@
 //!        then (bit 2) the backward's weights (`weights` f32 values)
 //! ```
 //!
+//! A head's bundle carries bit 1 too: the gradient frame it received for
+//! its output (what shows its neighbour received that output), with an
+//! empty sent gradient (a head sends none) and never bit 2.
+//!
 //! Nothing else may follow. A bundle with flags 0 or 1 is the format as it
 //! was before backward evidence (a reader of that format refuses the new
 //! bits as unknown flags). The object is read from the store after its
@@ -59,12 +63,14 @@ pub struct EvidenceBundle {
     pub backward: Option<BackwardFrames>,
 }
 
-/// What a middle stage adds for its backward.
+/// What a middle stage adds for its backward, and a head for the answer
+/// to its output (`evidence::check_head_answer`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BackwardFrames {
     /// The whole gradient frame it received from downstream.
     pub received: Vec<u8>,
-    /// The whole gradient frame it sent upstream.
+    /// The whole gradient frame it sent upstream (empty at the head, which
+    /// sends none).
     pub sent: Vec<u8>,
     /// The weights its backward ran on, when they are not `weights` (an
     /// inner step came between the attempt's forward and its backward).

@@ -16,6 +16,9 @@
 //! Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
+//! `FabricatedEvidence` is the exception that tests the other links: it
+//! computes and trains honestly but sends cheap garbage on the wire, and
+//! uploads as evidence honest frames signed as if they had been sent.
 
 use iota_core::{PeerId, Rng};
 
@@ -106,11 +109,21 @@ pub enum Adversary {
     /// every honest neighbour's: without corroboration it benches nobody).
     /// It merges honestly.
     HostileUnreachable,
+    /// Sends on the wire, for every micro-batch after its first, the values
+    /// it sent for its first one (activations downstream, gradients
+    /// upstream: cheap, well formed, signed), while it computes and trains
+    /// honestly; its endpoint records instead, signed with the same header
+    /// fields, the honest frame it would have sent, and that is what it
+    /// uploads when a validator draws the attempt: "evidence made after
+    /// the draw". Its neighbours train on the garbage. It takes any
+    /// gradient that comes back (an honest miner refuses one that does
+    /// not answer what it sent).
+    FabricatedEvidence,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 21] = [
+    pub const NAMES: [(&'static str, Adversary); 22] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -132,6 +145,7 @@ impl Adversary {
         ("lying-owner", Adversary::LyingOwner),
         ("referee-collusion", Adversary::RefereeCollusion),
         ("framing-sender", Adversary::FramingSender),
+        ("fabricated-evidence", Adversary::FabricatedEvidence),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -166,6 +180,7 @@ impl Adversary {
                 | Adversary::Copy
                 | Adversary::GradNoise
                 | Adversary::Lazy
+                | Adversary::FabricatedEvidence
         )
     }
 }
@@ -192,6 +207,8 @@ pub(crate) struct Tamper {
     first: Option<Vec<f32>>,
     /// `Lazy`: the first gradient it sent upstream in the run.
     first_gradient: Option<Vec<f32>>,
+    /// `FabricatedEvidence`: the first values it sent in each direction.
+    first_sent: [Option<Vec<f32>>; 2],
 }
 
 impl Tamper {
@@ -199,7 +216,13 @@ impl Tamper {
     pub(crate) fn new(mode: Adversary, me: PeerId) -> Option<Tamper> {
         let mut word = [0u8; 8];
         word.copy_from_slice(&me.0[..8]);
-        mode.tampers().then(|| Tamper { mode, seed: u64::from_le_bytes(word), first: None, first_gradient: None })
+        mode.tampers().then(|| Tamper {
+            mode,
+            seed: u64::from_le_bytes(word),
+            first: None,
+            first_gradient: None,
+            first_sent: [None, None],
+        })
     }
 
     /// Changes `values`, the activations about to be sent for micro-batch
@@ -232,7 +255,8 @@ impl Tamper {
             | Adversary::LyingOwner
             | Adversary::RefereeCollusion
             | Adversary::FramingSender
-            | Adversary::HostileUnreachable => {}
+            | Adversary::HostileUnreachable
+            | Adversary::FabricatedEvidence => {}
         }
     }
 
@@ -257,6 +281,30 @@ impl Tamper {
         if self.mode == Adversary::Lazy && self.first_gradient.is_none() {
             self.first_gradient = Some(values.to_vec());
         }
+    }
+
+    /// `FabricatedEvidence`: the values to send on the wire instead of
+    /// `honest`, about to be sent as a frame of `direction` (None: send
+    /// `honest`, as the first frame of each direction and size goes).
+    pub(crate) fn wire_instead(&mut self, direction: iota_core::wire::Direction, honest: &[f32]) -> Option<Vec<f32>> {
+        if self.mode != Adversary::FabricatedEvidence {
+            return None;
+        }
+        let slot = &mut self.first_sent[usize::from(direction == iota_core::wire::Direction::ActivationGrad)];
+        match slot {
+            Some(first) if first.len() == honest.len() => Some(first.clone()),
+            Some(_) => None,
+            None => {
+                *slot = Some(honest.to_vec());
+                None
+            }
+        }
+    }
+
+    /// Whether the frames it shows as evidence are not the ones it sent
+    /// (`FabricatedEvidence`).
+    pub(crate) fn shows_other_frames(&self) -> bool {
+        self.mode == Adversary::FabricatedEvidence
     }
 
     /// Whether it passes on its input instead of its output (`Copy`).
@@ -338,6 +386,27 @@ mod tests {
         let mut noise = Tamper::new(Adversary::Noise, PeerId([3; 32])).unwrap();
         noise.sent_gradient(&[1.0; 4]);
         assert_eq!(noise.stale_gradient(4), None);
+    }
+
+    #[test]
+    fn fabricated_evidence_replays_its_first_frame_of_each_direction_on_the_wire() {
+        use iota_core::wire::Direction;
+        let mut t = Tamper::new(Adversary::FabricatedEvidence, PeerId([4; 32])).unwrap();
+        assert!(t.shows_other_frames());
+        let (a1, a2, g1) = (vec![1.0f32; 4], vec![2.0f32; 4], vec![-1.0f32; 4]);
+        assert_eq!(t.wire_instead(Direction::Activation, &a1), None, "the first goes out honest");
+        assert_eq!(t.wire_instead(Direction::Activation, &a2), Some(a1.clone()), "later ones: the first's values");
+        assert_eq!(t.wire_instead(Direction::ActivationGrad, &g1), None, "each direction has its own first");
+        assert_eq!(t.wire_instead(Direction::ActivationGrad, &a2), Some(g1));
+        assert_eq!(t.wire_instead(Direction::Activation, &[3.0; 6]), None, "another size goes out honest");
+        // What it computes is untouched; other modes never fabricate.
+        let mut a = a2.clone();
+        t.activations((0, 1, 2, 0), &mut a);
+        assert_eq!(a, a2);
+        let mut noise = Tamper::new(Adversary::Noise, PeerId([4; 32])).unwrap();
+        assert!(!noise.shows_other_frames());
+        assert_eq!(noise.wire_instead(Direction::Activation, &a1), None);
+        assert_eq!(noise.wire_instead(Direction::Activation, &a2), None);
     }
 
     #[test]

@@ -320,7 +320,8 @@ fn spawn_pump(
                 {
                     deliver::report_unreachable(&report_tx, to, &meta);
                 }
-                Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback),
+                Output::Frame { to, meta, payload, fallback } => senders.send(to, meta, payload, fallback, None),
+                Output::FabricatedFrame { to, meta, wire, shown } => senders.send(to, meta, wire, None, Some(shown)),
                 Output::Report(k) => {
                     let _ = report_tx.send(k);
                 }

@@ -40,9 +40,14 @@ pub(crate) async fn deliver(
     payload: Bytes,
     fallback: Option<String>,
 ) -> bool {
-    deliver_via(ep, store, to, meta, payload, fallback, true).await
+    deliver_via(ep, store, to, meta, payload, fallback, None, true).await
 }
 
+/// `shown`: what the endpoint records as sent instead of `payload` (the
+/// `fabricated-evidence` test tool; None for every honest frame).
+// The frame's parts as the queue holds them; a struct would only be
+// unpacked here.
+#[allow(clippy::too_many_arguments)]
 async fn deliver_via(
     ep: &Endpoint,
     store: &SharedStore,
@@ -50,11 +55,12 @@ async fn deliver_via(
     meta: &FrameMeta,
     payload: Bytes,
     fallback: Option<String>,
+    shown: Option<Bytes>,
     network: bool,
 ) -> bool {
     let copy = fallback.is_some().then(|| payload.clone());
     let err = if network {
-        match ep.send(to, meta, payload).await {
+        match ep.send_showing(to, meta, payload, shown).await {
             Ok(_) => return true,
             Err(e) => e.to_string(),
         }
@@ -77,6 +83,7 @@ struct Item {
     meta: FrameMeta,
     payload: Bytes,
     fallback: Option<String>,
+    shown: Option<Bytes>,
 }
 
 /// One send queue per peer (see the module comment).
@@ -97,8 +104,15 @@ impl PeerSenders {
         PeerSenders { ep, store, reports, queues: HashMap::new() }
     }
 
-    /// Queues a frame for `to`; never waits.
-    pub(crate) fn send(&mut self, to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String>) {
+    /// Queues a frame for `to`; never waits. `shown`: see `deliver_via`.
+    pub(crate) fn send(
+        &mut self,
+        to: PeerId,
+        meta: FrameMeta,
+        payload: Bytes,
+        fallback: Option<String>,
+        shown: Option<Bytes>,
+    ) {
         if self.queues.len() >= MAX_QUEUES {
             self.queues.retain(|_, q| q.capacity() < q.max_capacity());
         }
@@ -107,7 +121,7 @@ impl PeerSenders {
             tokio::spawn(peer_task(self.ep.clone(), self.store.clone(), self.reports.clone(), to, rx));
             tx
         });
-        if let Err(e) = q.try_send(Item { meta, payload, fallback }) {
+        if let Err(e) = q.try_send(Item { meta, payload, fallback, shown }) {
             let item = match e {
                 mpsc::error::TrySendError::Full(i) | mpsc::error::TrySendError::Closed(i) => i,
             };
@@ -125,9 +139,9 @@ async fn peer_task(
     mut rx: mpsc::Receiver<Item>,
 ) {
     let mut dead_until: Option<Instant> = None;
-    while let Some(Item { meta, payload, fallback }) = rx.recv().await {
+    while let Some(Item { meta, payload, fallback, shown }) = rx.recv().await {
         let known_dead = dead_until.is_some_and(|t| Instant::now() < t);
-        let sent = deliver_via(&ep, &store, to, &meta, payload, fallback, !known_dead).await;
+        let sent = deliver_via(&ep, &store, to, &meta, payload, fallback, shown, !known_dead).await;
         if sent {
             dead_until = None;
             continue;
@@ -217,8 +231,8 @@ mod tests {
         let (tx, mut reports) = mpsc::unbounded_channel();
         let mut senders = PeerSenders::new(a.clone(), store, tx);
         // The dead peer's frame first, then the live one's.
-        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None);
-        senders.send(b.peer_id(), meta(), Bytes::from(vec![1u8; 16]), None);
+        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None, None);
+        senders.send(b.peer_id(), meta(), Bytes::from(vec![1u8; 16]), None, None);
         let got = tokio::time::timeout(Duration::from_secs(30), b.recv()).await.unwrap().unwrap();
         assert_eq!(&got.payload[..], &[1u8; 16][..]);
         // It arrived while the dead peer's dial was still pending.
@@ -230,7 +244,7 @@ mod tests {
         assert_eq!((f.epoch, f.shard, f.first_sample, f.attempt), (5, 1, 8, 2));
         // Its next frame fails at once (no second dial): reported before a
         // frame sent after it to the live peer is even queued behind it.
-        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None);
+        senders.send(dead, meta(), Bytes::from(vec![0u8; 16]), None, None);
         let r = tokio::time::timeout(Duration::from_millis(2_500), reports.recv()).await;
         assert!(r.is_ok_and(|r| r.is_some()), "a known-dead peer's frame waited for another dial");
     }

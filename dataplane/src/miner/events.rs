@@ -30,6 +30,15 @@ pub enum Output {
         payload: Bytes,
         fallback: Option<String>,
     },
+    /// A test tool's frame (`Adversary::FabricatedEvidence`): `wire` goes
+    /// out, and the endpoint records, signed as if it had been sent,
+    /// `shown` instead: what the miner will upload as its evidence.
+    FabricatedFrame {
+        to: PeerId,
+        meta: FrameMeta,
+        wire: Bytes,
+        shown: Bytes,
+    },
     Report(pb::report::Kind),
     /// Store the frame, signed, at `key` (a merge contribution a validator
     /// audits).

@@ -314,6 +314,20 @@ async fn a_tail_sending_noisy_gradients_is_convicted_in_its_first_epoch_and_hone
     convicted_in_its_first_epoch_and_honest_ones_never(Adversary::Noise, Place::Tail, "gradient differs").await;
 }
 
+/// Issue 55, evidence made after the draw: a head that sends garbage on
+/// the wire and uploads honest frames signed afterwards is convicted in
+/// its first epoch, on the gradient its neighbour sent back (it answers
+/// the frame that really crossed the wire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_head_fabricating_its_evidence_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(
+        Adversary::FabricatedEvidence,
+        Place::Head,
+        "the received gradient does not answer the output frame",
+    )
+    .await;
+}
+
 /// Issue 13, false positives (same backend): an all-honest swarm over three
 /// epochs gets no guilty vote, and every miner is checked and cleared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

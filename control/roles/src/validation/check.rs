@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use iota_checks::evidence::{
-    CROSS_BACKEND_TOLERANCE, Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_tail,
+    CROSS_BACKEND_TOLERANCE, Finding, Known, SampledMb, TailClaim, check_backward, check_forward, check_head_answer,
+    check_tail,
 };
 use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_checks::frame::{FrameLimits, RunContext};
@@ -164,6 +165,8 @@ impl Checker {
             attempt: job.key.2,
         };
         let middle = job.stage > 0 && job.reported_loss.is_none();
+        // A head of a split model shows the answer to its output.
+        let answered_head = job.stage == 0 && job.downstream.is_some();
         let finding = match (job.reported_loss, &data) {
             (Some(reported_loss), Some((_, targets))) => {
                 let claim = TailClaim { targets, reported_loss };
@@ -173,6 +176,13 @@ impl Checker {
                 Finding::Honest if middle => match bundle.as_backward() {
                     Some(ev) => check_backward(&self.recompute, &known, mb, ev),
                     None => Finding::Cheated("a middle stage's evidence without its backward".into()),
+                },
+                Finding::Honest if answered_head => match &bundle.backward {
+                    Some(b) if b.sent.is_empty() && b.weights.is_none() => {
+                        check_head_answer(&known, mb, bundle.as_forward(), &b.received)
+                    }
+                    Some(_) => Finding::Cheated("a head's evidence with a gradient it sent".into()),
+                    None => Finding::Cheated("a head's evidence without the gradient that answered its output".into()),
                 },
                 f => f,
             },

@@ -30,6 +30,15 @@
 //! 8. Recomputed from the input, the forward's weights, the backward's
 //!    weights and the received gradient, the sent gradient is the same.
 //!
+//! A head's forward ([`check_head_answer`]) adds link 5 on its own: the
+//! gradient frame its downstream neighbour sent back for the attempt,
+//! signed by that neighbour and answering the head's output frame. It is
+//! what binds the output a head uploads to the one its neighbour received:
+//! without it a head could send cheap or garbage activations and sign an
+//! honest frame afterwards for the few attempts drawn (a middle stage's
+//! output is bound the same way by link 5 of its backward, a tail's by
+//! its upstream neighbour's record of the gradient, `lanes`).
+//!
 //! A link that fails is the miner's doing: it signed the output and chose
 //! what to upload. Evidence is hostile input: everything is bounded and
 //! nothing panics.
@@ -206,17 +215,7 @@ pub fn check_backward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev
             return Err("only a middle stage's backward is checked (the head sends no gradient upstream)".into());
         };
         // 5. The gradient it received, from downstream, for its output.
-        let (got, got_payload) =
-            decode_frame(ev.received_grad, k.ctx, down).map_err(|e| format!("received gradient frame: {e}"))?;
-        if got.direction != Direction::ActivationGrad || !same_mb(&got, mb) {
-            return Err("the received gradient frame is not the sampled micro-batch's gradient".into());
-        }
-        if got.codec != k.codec.id() || got.dims() != l.out.dims() {
-            return Err("the received gradient frame is not in the run's codec and the output's shape".into());
-        }
-        if got.answers != l.out.frame_id() {
-            return Err("the received gradient does not answer the output frame".into());
-        }
+        let (_, got_payload) = answered(k, mb, &l.out, down, ev.received_grad)?;
         // 6. The gradient it sent, for its input.
         let (sent, sent_payload) =
             decode_frame(ev.sent_grad, k.ctx, k.miner).map_err(|e| format!("sent gradient frame: {e}"))?;
@@ -244,6 +243,52 @@ pub fn check_backward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev
         Ok(()) => Finding::Honest,
         Err(why) => Finding::Cheated(why),
     }
+}
+
+/// Link 5 of a head's forward (module text): `received_grad`, the whole
+/// gradient frame it received for the sampled attempt, is signed by its
+/// downstream neighbour on the pathway and answers its output frame. The
+/// forward itself is judged by [`check_forward`]; a validator runs both.
+pub fn check_head_answer(k: &Known, mb: SampledMb, ev: ForwardEvidence, received_grad: &[u8]) -> Finding {
+    let run = || -> Result<(), String> {
+        if k.stage != 0 || ev.input_frame.is_some() {
+            return Err("only a head's forward is answered this way".into());
+        }
+        let down = k.downstream.ok_or("a head with no downstream neighbour is the whole model: it sends nothing")?;
+        let (out, _) = decode_frame(ev.output_frame, k.ctx, k.miner).map_err(|e| format!("output frame: {e}"))?;
+        if out.direction != Direction::Activation || !same_mb(&out, mb) {
+            return Err("the output frame is not the sampled micro-batch's Activation frame".into());
+        }
+        answered(k, mb, &out, down, received_grad).map(|_| ())
+    };
+    match run() {
+        Ok(()) => Finding::Honest,
+        Err(why) => Finding::Cheated(why),
+    }
+}
+
+/// Link 5: `received_grad` is the gradient `down` signed for the sampled
+/// attempt, in the run's codec and `out`'s shape, answering `out`. Its
+/// header and payload.
+fn answered<'a>(
+    k: &Known,
+    mb: SampledMb,
+    out: &FrameHeader,
+    down: PeerId,
+    received_grad: &'a [u8],
+) -> Result<(FrameHeader, &'a [u8]), String> {
+    let (got, got_payload) =
+        decode_frame(received_grad, k.ctx, down).map_err(|e| format!("received gradient frame: {e}"))?;
+    if got.direction != Direction::ActivationGrad || !same_mb(&got, mb) {
+        return Err("the received gradient frame is not the sampled micro-batch's gradient".into());
+    }
+    if got.codec != k.codec.id() || got.dims() != out.dims() {
+        return Err("the received gradient frame is not in the run's codec and the output's shape".into());
+    }
+    if got.answers != out.frame_id() {
+        return Err("the received gradient does not answer the output frame".into());
+    }
+    Ok((got, got_payload))
 }
 
 /// What links 1 to 3 establish: the output and its payload, and the

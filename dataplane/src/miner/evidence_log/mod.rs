@@ -23,7 +23,10 @@
 //! - per attempt a middle stage computed a backward for: the whole
 //!   gradient frame it received, and which weights state the backward ran
 //!   on (an inner step may come between an attempt's forward and its
-//!   backward). The gradient frame it sent is in `SentFrames` too.
+//!   backward). The gradient frame it sent is in `SentFrames` too. A
+//!   head keeps the gradient frame it received the same way: signed by
+//!   its neighbour and answering the head's output, it shows the output
+//!   the head uploads is the one that neighbour received.
 //!
 //! Bounded: weights snapshots by `budget` bytes of memory and, past it, by
 //! the spill directory's budget on disk (`spill`: a miner's default keeps
@@ -366,24 +369,24 @@ impl EvidenceLog {
 
     /// Whether the backward of attempt `key` computed now would be kept
     /// (so the caller copies the gradient frame it received only then):
-    /// its forward is kept with an input frame (a middle stage's), and
-    /// the current weights are.
+    /// its forward is kept and sent an activation (a head's or a middle
+    /// stage's), and the current weights are.
     pub fn wants_backward(&self, key: MbKey) -> bool {
         self.kept(key.0).is_some_and(|e| {
             !e.frames_full
                 && e.attempts.get(&key).is_some_and(|a| {
-                    a.input_frame.is_some()
-                        && a.output == Direction::Activation
-                        && e.versions.get(a.version).is_some_and(Version::is_kept)
+                    a.output == Direction::Activation && e.versions.get(a.version).is_some_and(Version::is_kept)
                 })
         })
     }
 
-    /// This miner (a middle stage) computed the backward of `key` on
-    /// `received`, the whole gradient frame it got from downstream, with
-    /// the weights its forward ran on (the stage stashes them across inner
-    /// steps: `Stage::before_update`), and sent a gradient upstream. False
-    /// if it is not kept.
+    /// This miner (a head or a middle stage) computed the backward of
+    /// `key` on `received`, the whole gradient frame it got from
+    /// downstream, with the weights its forward ran on (the stage stashes
+    /// them across inner steps: `Stage::before_update`), and (a middle
+    /// stage) sent a gradient upstream. At the head the frame is the
+    /// answer that shows its output reached its neighbour as it uploads
+    /// it. False if it is not kept.
     pub fn backward(&mut self, key: MbKey, received: Vec<u8>) -> bool {
         let frame_budget = self.frame_budget();
         let Some(e) = self.kept_mut(key.0) else { return false };
@@ -392,7 +395,7 @@ impl EvidenceLog {
             return false;
         }
         let Some(a) = e.attempts.get_mut(&key) else { return false };
-        if a.input_frame.is_none() || a.output != Direction::Activation {
+        if a.output != Direction::Activation {
             return false;
         }
         let old = a.backward.as_ref().map_or(0, |(f, _)| f.len());
@@ -461,7 +464,8 @@ impl EvidenceLog {
     /// The encoded evidence bundle for `key`, around the output frame this
     /// miner sent for it and, for a middle stage, the gradient frame it
     /// sent upstream (`sent_grad`). A middle stage's attempt whose
-    /// backward is not kept has no bundle: its evidence would be short.
+    /// backward is not kept, or a head's whose answer is not, has no
+    /// bundle: its evidence would be short.
     pub fn bundle(
         &mut self,
         key: MbKey,
@@ -473,13 +477,17 @@ impl EvidenceLog {
         let steps = e.sealed.unwrap_or(e.step_hashes.len());
         let step_hashes = e.step_hashes.get(..steps).ok_or("step hashes")?.to_vec();
         let input_frame = a.input_frame.clone();
-        let middle = a.input_frame.is_some() && a.output == Direction::Activation;
+        let sends_activation = a.output == Direction::Activation;
+        let middle = a.input_frame.is_some() && sends_activation;
         let (version, backward) = (a.version, a.backward.clone());
-        let backward = match (middle, backward, sent_grad) {
-            (false, _, _) => None,
-            (true, None, _) => return Err("its backward is not kept"),
-            (true, Some(_), None) => return Err("the gradient frame it sent is not kept"),
-            (true, Some((received, bv)), Some(sent)) => {
+        let backward = match (sends_activation, middle, backward, sent_grad) {
+            (false, _, _, _) => None,
+            // The head: the gradient that answered its output, and none sent.
+            (true, false, Some((received, _)), _) => Some(BackwardFrames { received, sent: Vec::new(), weights: None }),
+            (true, false, None, _) => return Err("the gradient that answered its output is not kept"),
+            (true, true, None, _) => return Err("its backward is not kept"),
+            (true, true, Some(_), None) => return Err("the gradient frame it sent is not kept"),
+            (true, true, Some((received, bv)), Some(sent)) => {
                 let weights = if bv == version {
                     None
                 } else {

@@ -54,10 +54,16 @@ fn each_attempt_gets_the_weights_it_was_computed_with() {
     assert_eq!((bw.received, bw.sent, bw.weights), (vec![8; 6], vec![6; 7], None));
     assert_eq!(log.weights(3, 1), Some(w(1.0, 8)), "lent, then put back");
     assert_eq!(log.bundle((3, 9, 9, 9), Vec::new(), None), Err("the attempt is not kept"));
-    // The head's and the tail's bundles have no backward.
-    let head = EvidenceBundle::decode(&log.bundle((3, 0, 12, 1), vec![1], None).unwrap(), limits).unwrap();
+    // The tail's bundle has no backward; the head's none until the
+    // gradient that answered its output is kept, then that alone.
     let tail = EvidenceBundle::decode(&log.bundle((3, 0, 8, 0), vec![1], None).unwrap(), limits).unwrap();
-    assert!(head.backward.is_none() && tail.backward.is_none());
+    assert!(tail.backward.is_none());
+    let head = (3, 0, 12, 1);
+    assert_eq!(log.bundle(head, vec![1], None), Err("the gradient that answered its output is not kept"));
+    assert!(log.backward(head, vec![5; 3]));
+    let d = EvidenceBundle::decode(&log.bundle(head, vec![1], Some(vec![7])).unwrap(), limits).unwrap();
+    let bw = d.backward.unwrap();
+    assert_eq!((bw.received, bw.sent, bw.weights), (vec![5; 3], Vec::new(), None), "only what answered it");
     // The next epoch's training frees this one.
     log.begin(4, 1, w(5.0, 8));
     assert_eq!(log.epoch(), Some(4));
@@ -74,10 +80,13 @@ fn a_middle_stage_keeps_its_backward_with_the_weights_it_ran_on() {
     assert!(log.forward(a, Some(vec![1; 10]), A));
     assert!(log.forward(b, Some(vec![2; 10]), A));
     assert!(log.forward(head, None, A));
-    // Only a kept middle forward wants its backward kept.
-    assert!(log.wants_backward(a) && log.wants_backward(b));
-    assert!(!log.wants_backward(head) && !log.wants_backward((0, 9, 0, 0)) && !log.wants_backward((1, 0, 0, 0)));
-    assert!(!log.backward(head, vec![0; 4]), "a head's backward sends nothing upstream");
+    // A kept forward that sent an activation (a middle stage's, a head's)
+    // wants its backward kept; a tail's does not.
+    assert!(log.wants_backward(a) && log.wants_backward(b) && log.wants_backward(head));
+    assert!(!log.wants_backward((0, 9, 0, 0)) && !log.wants_backward((1, 0, 0, 0)));
+    assert!(log.forward((0, 0, 12, 0), Some(vec![1; 2]), Direction::ActivationGrad));
+    assert!(!log.wants_backward((0, 0, 12, 0)), "a tail's forward");
+    assert!(!log.backward((0, 0, 12, 0), vec![0; 4]), "a tail gets no gradient");
     assert!(!log.backward((0, 9, 0, 0), vec![0; 4]), "an attempt without a forward");
     // a's backward before any step, b's after one: both on state 0, the
     // weights their forwards ran on (the stage stashes them).
@@ -88,10 +97,10 @@ fn a_middle_stage_keeps_its_backward_with_the_weights_it_ran_on() {
     assert_eq!((log.backward_version(a), log.backward_version(b)), (Some(0), Some(0)));
     assert!(log.attempt(a).unwrap().has_backward && !log.attempt(head).unwrap().has_backward);
     assert_eq!(log.weights(0, 0), Some(w(0.0, 8)), "kept: the forwards and backwards ran on it");
-    assert_eq!(log.bytes().1, 10 + 10 + 12 + 12);
+    assert_eq!(log.bytes().1, 10 + 10 + 2 + 12 + 12);
     // A repeated backward replaces the frame, counted once.
     assert!(log.backward(b, vec![4; 2]));
-    assert_eq!(log.bytes().1, 10 + 10 + 12 + 2);
+    assert_eq!(log.bytes().1, 10 + 10 + 2 + 12 + 2);
     assert_eq!(log.backward_version(b), Some(0));
     let limits = crate::evidence_bundle::BundleLimits { max_frame: 1 << 20, weights: 8, max_steps: 16 };
     let d = EvidenceBundle::decode(&log.bundle(a, vec![9], Some(vec![7])).unwrap(), limits).unwrap();

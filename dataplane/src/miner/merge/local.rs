@@ -271,6 +271,8 @@ fn spawn_replica(
                     Output::Frame { to, meta, payload, fallback } => {
                         let _ = deliver(&ep, &store, to, &meta, payload, fallback).await;
                     }
+                    // Pipeline frames of a test tool: none in a merge.
+                    Output::FabricatedFrame { .. } => {}
                     Output::Report(k) => {
                         let _ = co_tx.send(ToCoordinator::Report(me, k));
                     }

@@ -9,12 +9,13 @@ use anyhow::{Context, Result, bail};
 use iota_core::wire::Direction;
 use iota_model::{Backend, codec};
 use iota_protocol::pb;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{MAX_EARLY, Worker, mb_key, stage_key};
 use crate::frame;
 use crate::miner::events::Output;
 use crate::miner::evidence_log::MbKey;
+use crate::sent_frames::SentFrameKey;
 use crate::transport::ReceivedFrame;
 
 /// A frame accepted for compute: where it stands on its pathway, its data
@@ -104,8 +105,15 @@ impl<B: Backend + 'static> Worker<B> {
             if self.evidence.wants_input(key.0) {
                 input_frame = Some(whole(&f));
             }
-        } else if prev.is_some() && self.evidence.wants_backward(key) {
-            input_frame = Some(whole(&f));
+        } else {
+            if !self.answers_what_it_sent(key, h) {
+                self.rejected_frames = self.rejected_frames.saturating_add(1);
+                warn!(peer = %f.peer, "gradient answering a frame this miner did not send; dropped");
+                return Ok(None);
+            }
+            if self.evidence.wants_backward(key) {
+                input_frame = Some(whole(&f));
+            }
         }
         let answers = self.inbound.get(&key).copied().unwrap_or([0; 32]);
         // Straight from the pool buffer onto the backend (on a GPU: one
@@ -205,13 +213,37 @@ impl<B: Backend + 'static> Worker<B> {
                     self.evidence.backward(key, received);
                 }
             }
-            None => out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
-                epoch: r.epoch,
-                shard: r.shard,
-                first_sample: r.first_sample,
-                attempt: r.attempt,
-            }))),
+            None => {
+                // The head: the gradient that answered its output.
+                if let Some(received) = a.input_frame {
+                    self.evidence.backward(key, received);
+                }
+                out.push(Output::Report(pb::report::Kind::BackwardDone(pb::BackwardDone {
+                    epoch: r.epoch,
+                    shard: r.shard,
+                    first_sample: r.first_sample,
+                    attempt: r.attempt,
+                })))
+            }
         }
         self.finished_one()
+    }
+
+    /// Whether gradient frame `h` answers the activation this miner sent
+    /// for attempt `key`, where its endpoint recorded that frame (it does
+    /// when validators may ask for evidence). A gradient that answers
+    /// anything else would fail this miner's evidence for the attempt
+    /// (link 5: the gradient it received answers its output), so a hostile
+    /// neighbour could frame it: such a gradient is refused, not trained
+    /// on, and the attempt times out and is re-routed. A miner faking its
+    /// evidence (a test tool) takes whatever comes.
+    fn answers_what_it_sent(&self, key: MbKey, h: &iota_core::wire::FrameHeader) -> bool {
+        if self.tamper.as_ref().is_some_and(|t| t.shows_other_frames()) {
+            return true;
+        }
+        let Some(sent) = self.sent.as_ref() else { return true };
+        let (epoch, shard, first_sample, attempt) = key;
+        let k = SentFrameKey { epoch, shard, first_sample, attempt, direction: Direction::Activation };
+        sent.get(&k).is_none_or(|f| f.header.frame_id() == h.answers)
     }
 }

@@ -386,10 +386,16 @@ impl<B: Backend + 'static> Worker<B> {
     /// and a validator's recompute (`recompute`) gets the same bytes.
     /// (Quantizing twice, a round trip before the encoding, changes about a
     /// third of int8 rows.)
-    fn send(&self, to: &[u8], meta: FrameMeta, data: &[f32], out: &mut Vec<Output>) -> Result<()> {
+    fn send(&mut self, to: &[u8], meta: FrameMeta, data: &[f32], out: &mut Vec<Output>) -> Result<()> {
         let to = PeerId(to.try_into().context("bad peer id in route")?);
         let (rows, cols) = (meta.shape[0] as usize, meta.shape[1] as usize);
         let bytes = codec::encode(self.cfg.train.codec, rows, cols, data)?;
+        if let Some(garbage) = self.tamper.as_mut().and_then(|t| t.wire_instead(meta.direction, data)) {
+            let wire = codec::encode(self.cfg.train.codec, rows, cols, &garbage)?;
+            let (wire, shown) = (Bytes::from(wire), Bytes::from(bytes));
+            out.push(Output::FabricatedFrame { to, meta, wire, shown });
+            return Ok(());
+        }
         out.push(Output::Frame { to, meta, payload: Bytes::from(bytes), fallback: None });
         Ok(())
     }
