@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::validation::check::Checker;
+use crate::validation::lanes::LaneRecord;
 use crate::validation::merge_reports;
 use crate::validation::round::{Action, CheckJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
@@ -109,7 +110,7 @@ pub struct ValidatorSummary {
 
 enum Input {
     Command(pb::command::Kind),
-    Checked(Box<CheckJob>, Result<(), String>, Duration),
+    Checked(Box<CheckJob>, Result<(), String>, LaneRecord, Duration),
     /// The object of a check could not be read from the store.
     Unreadable(Box<CheckJob>),
     /// A merge audit answered, after this long (waiting for the
@@ -321,10 +322,10 @@ impl Shell {
                 self.on_merge_evaluated(e).await;
                 Vec::new()
             }
-            Input::Checked(job, res, took) => {
+            Input::Checked(job, res, lanes, took) => {
                 self.summary.checked += 1;
                 self.summary.check_time += took;
-                self.core.checked(&job, res)
+                self.core.checked_lanes(&job, res, lanes)
             }
             Input::Unreadable(job) => self.core.unreadable(&job),
         }
@@ -571,12 +572,14 @@ async fn act(
                 let res = tokio::task::spawn_blocking(move || {
                     let mut checker = checker.lock();
                     let t0 = std::time::Instant::now();
-                    let r = checker.check(&job2, &bytes);
-                    (r, t0.elapsed())
+                    let (r, lanes) = checker.check_lanes(&job2, &bytes);
+                    (r, lanes, t0.elapsed())
                 })
                 .await
-                .unwrap_or_else(|e| (Err(format!("the check failed to run: {e}")), Duration::ZERO));
-                let _ = in_tx.send(Input::Checked(job, res.0, res.1)).await;
+                .unwrap_or_else(|e| {
+                    (Err(format!("the check failed to run: {e}")), LaneRecord::default(), Duration::ZERO)
+                });
+                let _ = in_tx.send(Input::Checked(job, res.0, res.1, res.2)).await;
             });
         }
         Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason } => {

@@ -328,6 +328,20 @@ async fn a_head_fabricating_its_evidence_is_convicted_in_its_first_epoch_and_hon
     .await;
 }
 
+/// Issue 55, the gradient lane: a tail that sends garbage gradients
+/// upstream and uploads honest ones signed afterwards passes its own
+/// recompute; the middle stage's record of what it received (asked with
+/// the tail's draw) contradicts it, and it is convicted in its first epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tail_fabricating_its_evidence_is_convicted_in_its_first_epoch_and_honest_miners_never() {
+    convicted_in_its_first_epoch_and_honest_ones_never(
+        Adversary::FabricatedEvidence,
+        Place::Tail,
+        "not the one its upstream neighbour received",
+    )
+    .await;
+}
+
 /// Issue 13, false positives (same backend): an all-honest swarm over three
 /// epochs gets no guilty vote, and every miner is checked and cleared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,7 +2,7 @@
 //! orchestrator relays the first ask of each to the miner and hands stored
 //! evidence to every validator that asked (PROTOCOL.md, "Validation").
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
 use iota_wire::pb;
@@ -26,17 +26,20 @@ impl Orchestrator {
         let stage = self.miners.get(&miner).map(|m| m.stage).ok_or(Refusal::Unknown(miner))?;
         // Only attempts the miner completed this epoch: a validator cannot
         // make a miner upload arbitrary objects.
-        let completed: BTreeSet<WorkKey> = self
+        // Each completed attempt with the miner downstream of it on its
+        // pathway (None at the tail).
+        let completed: BTreeMap<WorkKey, Option<PeerId>> = self
             .mbs
             .values()
             .filter_map(|r| match &r.status {
                 MbStatus::Done { attempt, pathway, .. } if pathway.get(stage as usize) == Some(&miner) => {
-                    Some((r.mb.shard, r.mb.first_sample, *attempt))
+                    let downstream = pathway.get(stage as usize + 1).copied();
+                    Some(((r.mb.shard, r.mb.first_sample, *attempt), downstream))
                 }
                 _ => None,
             })
             .collect();
-        if let Some(bad) = items.iter().find(|k| !completed.contains(k)) {
+        if let Some(bad) = items.iter().find(|k| !completed.contains_key(k)) {
             return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
         }
         let r = self.validation.round.as_mut().expect("checked open");
@@ -44,20 +47,33 @@ impl Orchestrator {
         // miner's attempts as the run's sample rate draws from them. A
         // validator asking for more (every attempt of every miner) would
         // make miners upload for it what honest validators then wait
-        // behind.
+        // behind. Beyond it, only the attempts it already asked of the
+        // miner downstream on their pathway: what that miner sent this one
+        // (its gradient) is held against what this one received (both
+        // ends of a lane, `validation::lanes`); at most one such attempt
+        // per attempt asked downstream.
         let rate =
             SampleRate { rate: self.spec.validation.rate, min_per_miner: self.spec.validation.min_per_miner as usize };
         let draw = rate.count(completed.len().min(MAX_WORK_ITEMS));
+        let asked_downstream = |k: &WorkKey| {
+            completed
+                .get(k)
+                .copied()
+                .flatten()
+                .is_some_and(|d| r.asked.get(&(d, *k)).is_some_and(|vs| vs.contains(&validator)))
+        };
         let lo = (miner, (0, 0, 0));
         let hi = (miner, (u32::MAX, u64::MAX, u32::MAX));
         let already: BTreeSet<WorkKey> =
             r.asked.range(lo..=hi).filter(|(_, vs)| vs.contains(&validator)).map(|((_, k), _)| *k).collect();
         let fresh: BTreeSet<&WorkKey> = items.iter().filter(|k| !already.contains(k)).collect();
-        if already.len().saturating_add(fresh.len()) > draw {
+        let own = |k: &&WorkKey| !asked_downstream(k);
+        let counted = already.iter().filter(own).count().saturating_add(fresh.iter().filter(|k| own(k)).count());
+        if counted > draw {
             return Err(Refusal::Invalid(format!(
-                "validator {validator} asked for {} attempts of miner {miner} in epoch {epoch}; its draw is {draw} \
-                 (the run's sample rate of the miner's {} completed attempts)",
-                already.len().saturating_add(fresh.len()),
+                "validator {validator} asked for {counted} attempts of miner {miner} in epoch {epoch} beyond those \
+                 it asked of their downstream miners; its draw is {draw} (the run's sample rate of the miner's {} \
+                 completed attempts)",
                 completed.len()
             )));
         }

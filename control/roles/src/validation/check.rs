@@ -14,14 +14,16 @@ use iota_checks::evidence::{
     check_tail,
 };
 use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
-use iota_checks::frame::{FrameLimits, RunContext};
+use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
 use iota_checks::hashes::weights_hash;
 use iota_checks::recompute::Recompute;
-use iota_core::{MicroBatchId, ParamLayout, SampleId, StageSpec};
+use iota_core::wire::Direction;
+use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
 use iota_model::data::Corpus;
 use iota_model::{CpuBackend, Stage};
 use iota_wire::RunConfig;
 
+use super::lanes::LaneRecord;
 use super::round::CheckJob;
 
 /// The device label a validator recomputes on: the CPU reference, fp32.
@@ -117,15 +119,64 @@ impl Checker {
 
     /// Checks `bytes`, read from the store for `job`.
     pub fn check(&mut self, job: &CheckJob, bytes: &[u8]) -> Result<(), String> {
+        self.check_lanes(job, bytes).0
+    }
+
+    /// `check`, and the gradient frames the object shows crossing the
+    /// miner's lanes for the attempt (what the round holds a sender's
+    /// evidence against its receiver's with, `lanes`), each only where
+    /// it is signed by its sender for the attempt, whatever the check's
+    /// result (a frame its sender signed says what it sent, whoever shows
+    /// it).
+    pub fn check_lanes(&mut self, job: &CheckJob, bytes: &[u8]) -> (Result<(), String>, LaneRecord) {
         if bytes.len() as u64 != job.object.size || *blake3::hash(bytes).as_bytes() != job.object.hash {
-            return Err("the evidence object is not what its miner announced".into());
+            return (Err("the evidence object is not what its miner announced".into()), LaneRecord::default());
         }
-        let limits = BundleLimits {
+        let limits = match self.limits(job) {
+            Ok(l) => l,
+            Err(why) => return (Err(why), LaneRecord::default()),
+        };
+        let bundle = match EvidenceBundle::decode(bytes, limits) {
+            Ok(b) => b,
+            Err(e) => return (Err(format!("evidence bundle: {e}")), LaneRecord::default()),
+        };
+        let record = self.lane_record(job, &bundle);
+        (self.check_bundle(job, bundle), record)
+    }
+
+    fn limits(&self, job: &CheckJob) -> Result<BundleLimits, String> {
+        Ok(BundleLimits {
             max_frame: FrameLimits::default().max_payload.saturating_add(4096),
             weights: self.stage_weights(job.stage)?,
             max_steps: self.cfg.spec.micro_batches_per_epoch.saturating_add(1),
+        })
+    }
+
+    /// The ids of the gradient frames `bundle` shows for `job`'s attempt:
+    /// the one its miner sent upstream (the tail's output, a middle
+    /// stage's sent gradient) and the one it received from downstream (a
+    /// head's or middle stage's), each signed by its sender.
+    fn lane_record(&self, job: &CheckJob, bundle: &EvidenceBundle) -> LaneRecord {
+        let ctx = RunContext::new(self.run_id, FrameLimits::default());
+        let Ok(e) = u32::try_from(job.epoch) else { return LaneRecord::default() };
+        ctx.set_epoch_window(e, e);
+        let gradient_of = |frame: &[u8], signer: PeerId| -> Option<[u8; 32]> {
+            let (h, _) = decode_frame(frame, &ctx, signer).ok()?;
+            let of_attempt = u64::from(h.epoch) == job.epoch
+                && (h.shard, h.first_sample, h.attempt) == job.key
+                && h.samples == job.samples;
+            (h.direction == Direction::ActivationGrad && of_attempt).then(|| h.frame_id())
         };
-        let bundle = EvidenceBundle::decode(bytes, limits).map_err(|e| format!("evidence bundle: {e}"))?;
+        let tail = job.reported_loss.is_some();
+        let sent = if tail { Some(&bundle.output_frame[..]) } else { bundle.backward.as_ref().map(|b| &b.sent[..]) };
+        let received = bundle.backward.as_ref().map(|b| &b.received[..]);
+        LaneRecord {
+            sent_grad: sent.filter(|_| job.upstream.is_some()).and_then(|f| gradient_of(f, job.miner)),
+            received_grad: received.zip(job.downstream).and_then(|(f, down)| gradient_of(f, down)),
+        }
+    }
+
+    fn check_bundle(&mut self, job: &CheckJob, bundle: EvidenceBundle) -> Result<(), String> {
         let mut epoch_starts = vec![match job.epoch_start {
             Some(h) => h,
             None => self.initial_hash(job.stage)?,

@@ -25,6 +25,7 @@ use iota_core::commitment::EpochHeads;
 use iota_wire::store_keys::parse_evidence_key;
 use iota_wire::{MbRef, StoredObject, pb};
 
+use super::lanes::{LaneRecord, Lanes, Receivers, asked_with_lanes};
 use super::sample::{SampleRate, beacon, draw};
 use crate::settlement::clasp::Clasp;
 use crate::settlement::scores::{Rated, clasp_params, weight_vector};
@@ -128,6 +129,16 @@ struct Verdicts {
     hashes: Vec<[u8; 32]>,
     voted: bool,
     guilty: bool,
+    /// Drawn attempts whose gradient upstream is held against its
+    /// receiver's record (`lanes`), which is not in yet.
+    lanes_pending: BTreeSet<WorkKey>,
+}
+
+impl Verdicts {
+    /// Whether everything drawn of the miner has been judged.
+    fn complete(&self) -> bool {
+        self.pending.is_empty() && self.checking.is_empty() && self.lanes_pending.is_empty()
+    }
 }
 
 struct Round {
@@ -139,6 +150,10 @@ struct Round {
     /// from (0: the seed's; older than the last after a rollback).
     from: BTreeMap<u32, u64>,
     drawn: BTreeMap<PeerId, Verdicts>,
+    /// Per (receiver, attempt) asked of it: the miner whose gradient to it
+    /// on that attempt is held against its record.
+    receivers: Receivers,
+    lanes: Lanes,
     /// The work's miners in its order (that of the weights).
     order: Vec<PeerId>,
     /// Miners CLASP found significantly harmful.
@@ -151,6 +166,97 @@ struct Round {
     /// for again (a request or an announcement lost on the way, or a
     /// miner's failed upload, is not the miner's dishonesty).
     reasked: bool,
+}
+
+impl Round {
+    /// Votes `miner` guilty (once).
+    fn vote_guilty(&mut self, miner: PeerId, reason: String, out: &mut Vec<Action>) {
+        let Some(v) = self.drawn.get_mut(&miner).filter(|v| !v.voted) else { return };
+        v.voted = true;
+        v.guilty = true;
+        out.push(Action::Vote {
+            epoch: self.epoch,
+            miner,
+            guilty: true,
+            samples: v.passed.saturating_add(1),
+            evidence_hash: evidence_hash(&v.hashes),
+            reason,
+        });
+        self.release_lanes(miner, out);
+    }
+
+    /// `miner`'s evidence will not be checked further (it is voted):
+    /// the lanes that waited for its records are judged without them.
+    fn release_lanes(&mut self, miner: PeerId, out: &mut Vec<Action>) {
+        let lo = (miner, (0, 0, 0));
+        let hi = (miner, (u32::MAX, u64::MAX, u32::MAX));
+        let waiting: Vec<((PeerId, WorkKey), PeerId)> =
+            self.receivers.range(lo..=hi).map(|(k, sender)| (*k, *sender)).collect();
+        for (k, sender) in waiting {
+            self.receivers.remove(&k);
+            if let Some(s) = self.drawn.get_mut(&sender) {
+                s.lanes_pending.remove(&k.1);
+            }
+            self.clear_if_complete(sender, out);
+        }
+    }
+
+    /// The two ends of `sender`'s gradient lane on `key` hold different
+    /// frames it signed.
+    fn lane_contradicted(&mut self, sender: PeerId, key: WorkKey, out: &mut Vec<Action>) {
+        let why = format!(
+            "attempt {key:?}: the gradient frame it showed is not the one its upstream neighbour received (two \
+             frames it signed for the attempt)"
+        );
+        self.vote_guilty(sender, why, out);
+    }
+
+    /// Clears `miner` once everything drawn of it has been judged.
+    fn clear_if_complete(&mut self, miner: PeerId, out: &mut Vec<Action>) {
+        let Some(v) = self.drawn.get_mut(&miner).filter(|v| !v.voted && v.complete()) else { return };
+        v.voted = true;
+        out.push(Action::Vote {
+            epoch: self.epoch,
+            miner,
+            guilty: false,
+            samples: v.passed,
+            evidence_hash: evidence_hash(&v.hashes),
+            reason: String::new(),
+        });
+    }
+}
+
+/// The round's draw ([`draw`] over `eligible`), with the attempts each
+/// drawn gradient sender's upstream neighbours are asked for too
+/// (`lanes::asked_with_lanes`), and per (receiver, attempt) the sender
+/// whose lane waits for it.
+fn draw_with_lanes(
+    beacon: &[u8; 32],
+    seed: u64,
+    rate: SampleRate,
+    eligible: &BTreeMap<PeerId, Vec<(MbRef, u32)>>,
+    work: &BTreeMap<PeerId, MinerWork>,
+) -> (BTreeMap<PeerId, Verdicts>, Receivers) {
+    let own: BTreeMap<PeerId, BTreeSet<WorkKey>> = draw(beacon, seed, rate, eligible)
+        .into_iter()
+        .map(|(p, picks)| (p, picks.iter().map(|(mb, a)| (mb.shard, mb.first_sample, *a)).collect()))
+        .filter(|(_, keys): &(PeerId, BTreeSet<WorkKey>)| !keys.is_empty())
+        .collect();
+    let upstream_of = |p: PeerId, k: WorkKey| -> Option<PeerId> {
+        let m = work.get(&p)?;
+        let (_, pathway, _) = m.items.get(&k)?;
+        let up = *pathway.get(m.stage.checked_sub(1)? as usize)?;
+        work.get(&up).filter(|u| u.items.contains_key(&k)).map(|_| up)
+    };
+    let (asked, receivers) = asked_with_lanes(own, upstream_of);
+    let mut drawn: BTreeMap<PeerId, Verdicts> =
+        asked.into_iter().map(|(p, keys)| (p, Verdicts { pending: keys, ..Verdicts::default() })).collect();
+    for ((_, k), sender) in &receivers {
+        if let Some(v) = drawn.get_mut(sender) {
+            v.lanes_pending.insert(*k);
+        }
+    }
+    (drawn, receivers)
 }
 
 /// One validator's rounds (one at a time: a new epoch's work ends the last).
@@ -328,16 +434,17 @@ impl ValidatorCore {
             })
             .collect();
         let mut out = Vec::new();
-        let mut drawn = BTreeMap::new();
-        for (p, picks) in draw(&b, self.seed, self.rate, &eligible) {
-            let keys: Vec<WorkKey> = picks.iter().map(|(mb, a)| (mb.shard, mb.first_sample, *a)).collect();
-            if keys.is_empty() {
-                continue;
-            }
+        let (drawn, receivers) = draw_with_lanes(&b, self.seed, self.rate, &eligible, &work);
+        // Senders before their receivers (the tail first): the orchestrator
+        // lets an ask exceed a miner's own draw only for attempts already
+        // asked of the miner downstream of it on their pathway.
+        let mut by_stage: Vec<(&PeerId, &Verdicts)> = drawn.iter().collect();
+        by_stage.sort_by_key(|(p, _)| std::cmp::Reverse(work.get(*p).map_or(0, |m| m.stage)));
+        for (p, v) in by_stage {
+            let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
             for chunk in keys.chunks(ASK_CHUNK) {
-                out.push(Action::Ask { epoch: w.epoch, miner: p, items: chunk.to_vec() });
+                out.push(Action::Ask { epoch: w.epoch, miner: *p, items: chunk.to_vec() });
             }
-            drawn.insert(p, Verdicts { pending: keys.into_iter().collect(), ..Verdicts::default() });
         }
         let harmful = harmful_by_clasp(self.stages, &work);
         let timeout_ms =
@@ -349,6 +456,8 @@ impl ValidatorCore {
             starts,
             from,
             drawn,
+            receivers,
+            lanes: Lanes::default(),
             order,
             harmful,
             done_said: false,
@@ -402,39 +511,47 @@ impl ValidatorCore {
     /// The result of a check the shell ran: `Err(why)` when the evidence
     /// failed a link.
     pub fn checked(&mut self, job: &CheckJob, result: Result<(), String>) -> Vec<Action> {
+        self.checked_lanes(job, result, LaneRecord::default())
+    }
+
+    /// `checked`, with the gradient frames the object showed
+    /// (`Checker::check_lanes`): each is held against the other end of
+    /// its lane (`lanes`).
+    pub fn checked_lanes(&mut self, job: &CheckJob, result: Result<(), String>, rec: LaneRecord) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return out };
         let Some(v) = r.drawn.get_mut(&job.miner) else { return out };
-        if !v.checking.remove(&job.key) || v.voted {
+        if !v.checking.remove(&job.key) {
             return out;
         }
-        v.hashes.push(job.object.hash);
-        match result {
-            Ok(()) => v.passed += 1,
-            Err(why) => {
-                v.voted = true;
-                v.guilty = true;
-                out.push(Action::Vote {
-                    epoch: job.epoch,
-                    miner: job.miner,
-                    guilty: true,
-                    samples: v.passed + 1,
-                    evidence_hash: evidence_hash(&v.hashes),
-                    reason: format!("attempt {:?}: {why}", job.key),
-                });
+        // The lanes first: the frames its sender signed count whatever
+        // this miner's own evidence is worth.
+        // What it sent upstream, against what its receiver holds.
+        if let Some(id) = rec.sent_grad
+            && r.lanes.shown(job.miner, job.key, id)
+        {
+            r.lane_contradicted(job.miner, job.key, &mut out);
+        }
+        // What it received, against what its sender showed.
+        if let Some(sender) = r.receivers.remove(&(job.miner, job.key)) {
+            if let Some(id) = rec.received_grad
+                && r.lanes.received(sender, job.key, id)
+            {
+                r.lane_contradicted(sender, job.key, &mut out);
+            }
+            if let Some(s) = r.drawn.get_mut(&sender) {
+                s.lanes_pending.remove(&job.key);
+            }
+            r.clear_if_complete(sender, &mut out);
+        }
+        if let Some(v) = r.drawn.get_mut(&job.miner).filter(|v| !v.voted) {
+            v.hashes.push(job.object.hash);
+            match &result {
+                Ok(()) => v.passed += 1,
+                Err(why) => r.vote_guilty(job.miner, format!("attempt {:?}: {why}", job.key), &mut out),
             }
         }
-        if !v.voted && v.pending.is_empty() && v.checking.is_empty() {
-            v.voted = true;
-            out.push(Action::Vote {
-                epoch: job.epoch,
-                miner: job.miner,
-                guilty: false,
-                samples: v.passed,
-                evidence_hash: evidence_hash(&v.hashes),
-                reason: String::new(),
-            });
-        }
+        r.clear_if_complete(job.miner, &mut out);
         self.finish(&mut out);
         out
     }
@@ -482,6 +599,16 @@ impl ValidatorCore {
                 evidence_hash: evidence_hash(&v.hashes),
                 reason: format!("no evidence for {} drawn attempts within {} ms", v.pending.len(), r.timeout_ms),
             });
+        }
+        // Lanes whose receiver's record never came are not judged: their
+        // senders are judged on their own evidence.
+        let waiting: Vec<PeerId> =
+            r.drawn.iter().filter(|(_, v)| !v.voted && !v.lanes_pending.is_empty()).map(|(p, _)| *p).collect();
+        for p in waiting {
+            if let Some(v) = r.drawn.get_mut(&p) {
+                v.lanes_pending.clear();
+            }
+            r.clear_if_complete(p, &mut out);
         }
         self.finish(&mut out);
         out

@@ -3,6 +3,7 @@
 use iota_core::commitment::Commitments;
 
 use super::*;
+use crate::validation::lanes::LaneRecord;
 
 const STAGES: u32 = 3;
 
@@ -132,21 +133,37 @@ fn asks(a: &[Action]) -> Vec<(PeerId, Vec<WorkKey>)> {
         .collect()
 }
 
+/// The keys asked of `m`, as a set.
+fn asked_of(asked: &[(PeerId, Vec<WorkKey>)], m: PeerId) -> BTreeSet<WorkKey> {
+    asked.iter().filter(|(q, _)| *q == m).flat_map(|(_, k)| k.iter().copied()).collect()
+}
+
 #[test]
 fn draws_every_stage_checks_what_it_drew_and_votes_once_per_miner() {
     let mut c = core();
     let a = c.on_work(0, &work(2, 10)).unwrap();
     let asked = asks(&a);
-    assert_eq!(asked.iter().map(|(m, i)| (*m, i.len())).collect::<Vec<_>>(), vec![(p(1), 2), (p(2), 2), (p(3), 2)]);
+    // Senders before their receivers: the tail, then the middle stage
+    // (its own draw and the tail's, whose gradients it received), then
+    // the head (its own and the middle stage's own).
+    assert_eq!(asked.iter().map(|(m, _)| *m).collect::<Vec<_>>(), vec![p(3), p(2), p(1)]);
+    let (tail, middle, head) = (asked_of(&asked, p(3)), asked_of(&asked, p(2)), asked_of(&asked, p(1)));
+    assert_eq!(tail.len(), 2, "the tail's own draw");
+    assert!(tail.is_subset(&middle) && (2..=4).contains(&middle.len()), "{middle:?}");
+    assert!((2..=4).contains(&head.len()) && head.len() + 2 >= middle.len(), "{head:?}");
     // Evidence nobody drew, or from another epoch, is ignored.
-    let undrawn = (0..10).map(|i| (0, i * 8, 0)).find(|k| !asked[0].1.contains(k)).unwrap();
+    let undrawn = (0..10).map(|i| (0, i * 8, 0)).find(|k| !head.contains(k)).unwrap();
     assert!(c.on_evidence(2, evidence(2, p(1), undrawn)).is_empty());
-    assert!(c.on_evidence(3, evidence(3, p(1), asked[0].1[0])).is_empty());
-    // Miner 1 passes both; miner 2 fails its second.
+    assert!(c.on_evidence(3, evidence(3, p(1), *head.first().unwrap())).is_empty());
+    // Every check passes but the middle stage's second.
     let mut votes = Vec::new();
     for (m, keys) in &asked {
         for (i, k) in keys.iter().enumerate() {
             let jobs = c.on_evidence(2, evidence(2, *m, *k));
+            if *m == p(2) && i > 1 {
+                assert!(jobs.is_empty(), "voted guilty: nothing more of it is checked");
+                continue;
+            }
             let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
             let upstream = [None, Some(p(1)), Some(p(2))][m.0[0] as usize - 1];
             assert_eq!(job.upstream, upstream);
@@ -159,16 +176,18 @@ fn draws_every_stage_checks_what_it_drew_and_votes_once_per_miner() {
             votes.extend(c.checked(job, res));
         }
     }
-    let summary: Vec<_> = votes
+    let mut summary: Vec<_> = votes
         .iter()
-        .map(|v| match v {
-            Action::Vote { miner, guilty, samples, .. } => format!("{miner:?} {guilty} {samples}"),
-            Action::Done { .. } => "done".into(),
-            other => format!("{other:?}"),
+        .filter_map(|v| match v {
+            Action::Vote { miner, guilty, samples, .. } => Some(format!("{miner:?} {guilty} {samples}")),
+            _ => None,
         })
         .collect();
-    let want = vec![format!("{:?} false 2", p(1)), format!("{:?} true 2", p(2)), format!("{:?} false 2", p(3))];
-    assert_eq!(summary, [want, vec!["done".into()]].concat());
+    summary.sort();
+    let mut want =
+        vec![format!("{:?} false {}", p(1), head.len()), format!("{:?} true 2", p(2)), format!("{:?} false 2", p(3))];
+    want.sort();
+    assert_eq!(summary, want, "one vote a miner: {votes:?}");
     // Its weights: by work, in the work's order, the guilty miner's zero.
     let Some(Action::Done { weights, .. }) = votes.last() else { panic!("{votes:?}") };
     assert_eq!(weights, &vec![0.5, 0.0, 0.5]);
@@ -179,20 +198,25 @@ fn draws_every_stage_checks_what_it_drew_and_votes_once_per_miner() {
 fn missing_evidence_is_voted_guilty_after_the_timeout() {
     let mut c = core();
     let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
-    let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
-    let [Action::Check(job)] = jobs.as_slice() else { panic!() };
-    assert!(c.checked(job, Ok(())).is_empty(), "one of two");
+    let head: Vec<WorkKey> = asked_of(&asked, p(1)).into_iter().collect();
+    let (last, rest) = head.split_last().unwrap();
+    for k in rest {
+        let jobs = c.on_evidence(0, evidence(0, p(1), *k));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!() };
+        assert!(c.checked(job, Ok(())).is_empty(), "not all of the head's");
+    }
     assert!(c.tick(500).is_empty(), "not yet half the timeout");
     // Half-way, whatever is still pending is asked for once more (a lost
     // request or announcement, a failed upload, is not the miner's doing).
     let again = c.tick(501);
     assert_eq!(again.len(), 3, "{again:?}");
-    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![asked[0].1[1]] }), "{again:?}");
+    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![*last] }), "{again:?}");
     assert!(c.tick(1_000).is_empty(), "asked again once; not yet overdue");
     let a = c.tick(1_001);
     assert_eq!(a.len(), 4, "{a:?}");
-    assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples: 1, reason, .. }
-        if *miner == p(1) && reason.contains("no evidence for 1")));
+    let checked = rest.len() as u32;
+    assert!(matches!(&a[0], Action::Vote { miner, guilty: true, samples, reason, .. }
+        if *miner == p(1) && *samples == checked && reason.contains("no evidence for 1")));
     assert!(matches!(&a[1], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(2)));
     assert!(matches!(&a[2], Action::Vote { miner, guilty: true, samples: 0, .. } if *miner == p(3)));
     let order = [p(1), p(2), p(3)];
@@ -243,30 +267,38 @@ fn the_merge_this_validator_kept_is_offered_as_a_start_beside_the_recorded_one()
 fn an_unreadable_object_is_asked_for_again_and_judges_nobody() {
     let mut c = core();
     let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
-    let key = asked[0].1[0];
+    let head: Vec<WorkKey> = asked_of(&asked, p(1)).into_iter().collect();
+    let key = head[0];
     let jobs = c.on_evidence(0, evidence(0, p(1), key));
     let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
     let again = c.unreadable(job);
     assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key] }]);
     assert!(c.unreadable(job).is_empty(), "reported twice: asked once");
     // Announced again, it is checked again and counts.
-    let jobs = c.on_evidence(0, evidence(0, p(1), key));
-    let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
-    assert!(c.checked(job, Ok(())).is_empty());
-    let second = c.on_evidence(0, evidence(0, p(1), asked[0].1[1]));
-    let [Action::Check(job)] = second.as_slice() else { panic!("{second:?}") };
-    let votes = c.checked(job, Ok(()));
-    assert!(matches!(&votes[0], Action::Vote { miner, guilty: false, samples: 2, .. } if *miner == p(1)), "{votes:?}");
+    let mut votes = Vec::new();
+    for k in &head {
+        let jobs = c.on_evidence(0, evidence(0, p(1), *k));
+        let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+        votes.extend(c.checked(job, Ok(())));
+    }
+    let n = head.len() as u32;
+    assert!(
+        matches!(&votes[..], [Action::Vote { miner, guilty: false, samples, .. }]
+        if *miner == p(1) && *samples == n),
+        "{votes:?}"
+    );
     // Never readable: the timeout, not the read, votes.
     let mut c = core();
     let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
-    let jobs = c.on_evidence(0, evidence(0, p(1), asked[0].1[0]));
+    let head: Vec<WorkKey> = asked_of(&asked, p(1)).into_iter().collect();
+    let jobs = c.on_evidence(0, evidence(0, p(1), head[0]));
     let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
     c.unreadable(job);
     let a = c.tick(1_001);
+    let missing = format!("no evidence for {}", head.len());
     assert!(
-        matches!(&a[0], Action::Vote { miner, guilty: true, samples: 0, reason, .. }
-        if *miner == p(1) && reason.contains("no evidence for 2")),
+        a.iter().any(|v| matches!(v, Action::Vote { miner, guilty: true, samples: 0, reason, .. }
+        if *miner == p(1) && reason.contains(&missing))),
         "{a:?}"
     );
 }
@@ -293,10 +325,13 @@ fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
     // Stage 1's weights are 25 MB: two drawn bundles of up to two states
     // each are 100 MB, 8 s at 100 Mbit/s, on top of the 1 s base.
     assert_eq!(evidence_allowance_ms(25_000_000, 2), 8_000);
-    // Two validators draw from each miner: its uploads are both draws, so
-    // a stage half that size takes as long (12.5 MB, 2 x 2 bundles).
+    // Two validators draw from each miner: its uploads are both draws
+    // (12.5 MB a state, 2 validators x its asked bundles).
     let mut c = core().with_stage_params(&[10, 3_125_000, 10], 2);
     let asked = asks(&c.on_work(0, &work(0, 5)).unwrap());
+    let middle = asked_of(&asked, p(2)).len();
+    let timeout = 1_000 + evidence_allowance_ms(12_500_000, middle * 2);
+    assert!(timeout >= 9_000, "at least its own two bundles: {timeout}");
     // Miners 1 and 3 deliver; miner 2 (the big stage) is uploading.
     for (m, keys) in &asked {
         if *m == p(2) {
@@ -309,17 +344,68 @@ fn the_evidence_timeout_grows_with_what_the_draw_must_upload() {
         }
     }
     assert!(c.tick(1_001).is_empty(), "past the base timeout, within the allowance: no vote");
-    let again = c.tick(4_600);
-    assert_eq!(asks(&again).len(), 1, "half-way to 9 s: asked again ({again:?})");
-    assert!(c.tick(9_000).is_empty(), "still within 9 s");
-    let late = c.tick(9_001);
+    let again = c.tick(timeout / 2 + 100);
+    assert_eq!(asks(&again).len(), 1, "half-way: asked again ({again:?})");
+    assert!(c.tick(timeout).is_empty(), "still within the allowance");
+    let late = c.tick(timeout + 1);
+    let within = format!("within {timeout} ms");
     assert!(
         matches!(&late[0], Action::Vote { miner, guilty: true, reason, .. }
-        if *miner == p(2) && reason.contains("within 9000 ms")),
+        if *miner == p(2) && reason.contains(&within)),
         "{late:?}"
     );
+    // The tail's lanes waited for the middle stage's records; without them
+    // it is judged on its own evidence.
+    assert!(late.iter().any(|v| matches!(v, Action::Vote { miner, guilty: false, .. } if *miner == p(3))), "{late:?}");
     // Without the stage sizes the base timeout alone holds.
     let mut plain = core();
     let _ = plain.on_work(0, &work(0, 5)).unwrap();
     assert!(plain.tick(1_001).iter().any(|a| matches!(a, Action::Vote { guilty: true, .. })));
+}
+
+/// Both ends of a gradient lane: the tail's drawn attempts are asked of
+/// the middle stage too; a tail whose shown gradient is not the one the
+/// middle stage received (two frames it signed for the attempt) is voted
+/// guilty, however its own recompute went; matching ends clear it; the
+/// middle stage, whose record convicted it, is cleared on its own checks.
+#[test]
+fn a_sender_whose_shown_gradient_is_not_the_received_one_is_voted_guilty() {
+    for lie in [false, true] {
+        let mut c = core();
+        let asked = asks(&c.on_work(0, &work(0, 10)).unwrap());
+        let tail = asked_of(&asked, p(3));
+        let lied_on = *tail.first().unwrap();
+        let mut votes = Vec::new();
+        for (m, keys) in &asked {
+            for k in keys {
+                let jobs = c.on_evidence(0, evidence(0, *m, *k));
+                let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
+                let id = |x: u8| Some([x ^ k.1 as u8; 32]);
+                let rec = match m.0[0] {
+                    3 => {
+                        LaneRecord { sent_grad: if lie && *k == lied_on { id(7) } else { id(1) }, received_grad: None }
+                    }
+                    2 => LaneRecord { sent_grad: id(2), received_grad: id(1) },
+                    _ => LaneRecord { sent_grad: None, received_grad: id(2) },
+                };
+                votes.extend(c.checked_lanes(job, Ok(()), rec));
+            }
+        }
+        let vote = |who: PeerId| {
+            votes.iter().find_map(|v| match v {
+                Action::Vote { miner, guilty, reason, .. } if *miner == who => Some((*guilty, reason.clone())),
+                _ => None,
+            })
+        };
+        let (guilty, reason) = vote(p(3)).expect("the tail was judged");
+        assert_eq!(guilty, lie, "{reason}");
+        if lie {
+            assert!(reason.contains("not the one its upstream neighbour received"), "{reason}");
+            assert!(reason.contains(&format!("{lied_on:?}")), "{reason}");
+        }
+        assert_eq!(vote(p(2)).map(|v| v.0), Some(false), "the middle stage's ends all match");
+        assert_eq!(vote(p(1)).map(|v| v.0), Some(false));
+        assert!(matches!(votes.last(), Some(Action::Done { .. })), "{votes:?}");
+        assert_eq!(votes.iter().filter(|v| matches!(v, Action::Vote { .. })).count(), 3, "one vote a miner");
+    }
 }

@@ -47,3 +47,42 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
     let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other };
     assert!(s.o.step(s.now, ask, &mut s.rng).is_ok());
 }
+
+/// Beyond its draw, a validator may ask a miner only for attempts it
+/// already asked of the miner downstream on their pathway (both ends of a
+/// gradient lane, `validation::lanes`): at most one more per attempt asked
+/// downstream.
+#[test]
+fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
+    let mut spec = validated_spec();
+    spec.micro_batches_per_epoch = 64;
+    let mut s = start(spec);
+    let w = until_held(&mut s);
+    let m0 = peer(0);
+    let mine = w.miners.iter().find(|m| m.peer == m0.0.to_vec()).unwrap();
+    assert_eq!(mine.stage, 0, "a head");
+    let downstream_of = |k: &WorkKey| -> PeerId {
+        let item =
+            mine.items.iter().find(|i| i.mb.is_some_and(|r| (r.shard, r.first_sample, r.attempt) == *k)).unwrap();
+        PeerId(item.pathway[1].as_slice().try_into().unwrap())
+    };
+    let completed = completed_by(&w, m0);
+    let draw = SampleRate { rate: 0.03, min_per_miner: 4 }.count(completed.len());
+    let ask = |s: &mut Sim, miner: PeerId, items: Vec<WorkKey>| {
+        let r = s.o.step(s.now, Event::EvidenceAsk { validator: validator(1), epoch: 0, miner, items }, &mut s.rng);
+        r.map(|out| s.inbox.extend(out))
+    };
+    ask(&mut s, m0, completed[..draw].to_vec()).unwrap();
+    let (extra, other) = (completed[draw], completed[draw + 1]);
+    assert!(matches!(ask(&mut s, m0, vec![extra]), Err(Refusal::Invalid(_))), "past its draw");
+    // Asked of the miner downstream of it first, the attempt may be asked
+    // of the head too (its record of the gradient it received).
+    ask(&mut s, downstream_of(&extra), vec![extra]).unwrap();
+    ask(&mut s, m0, vec![extra]).expect("asked downstream first");
+    assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "not asked downstream");
+    // Another validator's asks downstream open nothing for this one.
+    let by_other =
+        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: downstream_of(&other), items: vec![other] };
+    s.inbox.extend(s.o.step(s.now, by_other, &mut s.rng).unwrap());
+    assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "asked downstream by another");
+}
