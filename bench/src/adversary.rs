@@ -30,24 +30,34 @@ pub struct Args {
     /// own validator seeds and miner identities.
     #[arg(long, default_value_t = 10)]
     seeds: u64,
-    /// Only the hostile-participant modes (framing-sender, withholder,
-    /// lying-owner, referee-collusion, ask-flood), each over `--seeds`
-    /// runs against an honest baseline of the same shape; a comma list
-    /// runs only those.
+    /// Each mode over `--seeds` runs against an honest baseline of the
+    /// same shape: the hostile participants (framing-sender, withholder,
+    /// lying-owner, referee-collusion, ask-flood), the evidence cheats
+    /// (fabricated-evidence at the head, a middle stage and the tail), and
+    /// the dishonest-miner and merge-cheat scenarios of the default run; a
+    /// comma list of name prefixes runs only those.
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all")]
     hostile: Option<String>,
 }
 
-/// The hostile participants of issue 56: (name, mode, shape); `None` is
-/// the `ask-flood` validator (honest miners, the first validator asking
-/// for every attempt of every miner).
-const HOSTILE: [(&str, Option<Adversary>, (u32, u32)); 6] = [
-    ("framing-sender", Some(Adversary::FramingSender), (2, 3)),
-    ("withholder", Some(Adversary::Withholder), (2, 3)),
-    ("withholder r2", Some(Adversary::Withholder), (2, 2)),
-    ("lying-owner r2", Some(Adversary::LyingOwner), (2, 2)),
-    ("referee-collusion", Some(Adversary::RefereeCollusion), (2, 3)),
-    ("ask-flood", None, (3, 2)),
+/// The modes `--hostile` runs over seeds: issue 56's hostile participants
+/// and issue 55's evidence cheats (name, mode, place, shape), then every
+/// single-run scenario below; `None` is the `ask-flood` validator (honest
+/// miners, the first validator asking for every attempt of every miner).
+/// A seeded mode: (name, mode, place, shape); no mode is the `ask-flood`
+/// validator.
+type SeededMode = (&'static str, Option<Adversary>, Place, (u32, u32));
+
+const HOSTILE: [SeededMode; 9] = [
+    ("framing-sender", Some(Adversary::FramingSender), Place::Head, (2, 3)),
+    ("withholder", Some(Adversary::Withholder), Place::Head, (2, 3)),
+    ("withholder r2", Some(Adversary::Withholder), Place::Head, (2, 2)),
+    ("lying-owner r2", Some(Adversary::LyingOwner), Place::Head, (2, 2)),
+    ("referee-collusion", Some(Adversary::RefereeCollusion), Place::Head, (2, 3)),
+    ("ask-flood", None, Place::Head, (3, 2)),
+    ("fabricated-evidence head", Some(Adversary::FabricatedEvidence), Place::Head, (3, 2)),
+    ("fabricated-evidence middle", Some(Adversary::FabricatedEvidence), Place::Middle, (3, 2)),
+    ("fabricated-evidence tail", Some(Adversary::FabricatedEvidence), Place::Tail, (3, 2)),
 ];
 
 const SCENARIOS: [(&str, Adversary, Place); 9] = [
@@ -139,68 +149,114 @@ fn row(name: &str, r: &ScenarioReport, base: &ScenarioReport) {
 /// honest runs of its shape (at least `a.baseline_runs`), seeds shared.
 fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
     let wanted = |name: &str| only == "all" || only.split(',').any(|w| name.starts_with(w.trim()));
-    let picked: Vec<_> = HOSTILE.iter().filter(|(n, _, _)| wanted(n)).collect();
-    anyhow::ensure!(!picked.is_empty(), "no hostile mode matches {only:?}; the modes: {:?}", HOSTILE.map(|h| h.0));
+    let every: Vec<SeededMode> = HOSTILE
+        .iter()
+        .copied()
+        .chain(SCENARIOS.iter().map(|(n, m, p)| (*n, Some(*m), *p, (3, 2))))
+        .chain(MERGE_SCENARIOS.iter().map(|(n, m)| (*n, Some(*m), Place::Head, (2, 3))))
+        .collect();
+    let picked: Vec<_> = every.iter().filter(|(n, ..)| wanted(n)).collect();
+    anyhow::ensure!(
+        !picked.is_empty(),
+        "no mode matches {only:?}; the modes: {:?}",
+        every.iter().map(|h| h.0).collect::<Vec<_>>()
+    );
     println!(
         "hostile participants: tiny, {} epochs x {} micro-batches, 2 validators (equal stake), {} runs a mode; \
-         wall ratio against the median honest run of the same shape",
+         wall ratio against the median honest run of the same shape; paid: the most work the cheat was credited \
+         in the epoch it was convicted; validator %: the validators' compute as a share of the honest miners' \
+         (median)",
         a.epochs, a.micro_batches, a.seeds
     );
     println!(
-        "{:<18} {:>6} {:>9} {:>11} {:>14} {:>16} {:>9} {:>9}",
-        "mode", "shape", "named", "by epoch 1", "honest flagged", "honest convicted", "ratio p50", "ratio max"
+        "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11}",
+        "mode", "shape", "named", "by epoch 1", "flagged", "convict", "paid", "ratio p50", "ratio max", "validator %"
     );
     let mut bases: std::collections::BTreeMap<(u32, u32), f64> = Default::default();
-    for (name, mode, shape) in picked {
+    for (name, mode, place, shape) in picked {
         let base = match bases.get(shape) {
             Some(b) => *b,
             None => {
-                let mut walls: Vec<f64> = (0..a.baseline_runs.max(1) as u64)
-                    .map(|i| {
-                        let sc = Scenario::new(None, a.epochs, a.micro_batches).shaped(*shape).seeded(7000 + 2 * i);
-                        rt.block_on(sc.run()).wall.as_secs_f64()
-                    })
-                    .collect();
-                walls.sort_by(f64::total_cmp);
-                let b = walls[walls.len() / 2];
-                println!("honest {}x{}: {:?} s (median is the baseline)", shape.0, shape.1, walls);
+                let b = honest_baseline(rt, a, *shape);
                 bases.insert(*shape, b);
                 b
             }
         };
-        let (mut named, mut first, mut flagged, mut convicted, mut ratios) = (0, 0, 0, 0, Vec::new());
+        let mut t = Tally::default();
         for i in 0..a.seeds {
-            let mut sc = Scenario::new(mode.map(|m| (m, Place::Head)), a.epochs, a.micro_batches)
-                .shaped(*shape)
-                .seeded(9000 + 2 * i);
+            let mut sc =
+                Scenario::new(mode.map(|m| (m, *place)), a.epochs, a.micro_batches).shaped(*shape).seeded(9000 + 2 * i);
             if mode.is_none() {
                 sc.first_validator = |v| v.ask_flood = true;
             }
-            let r = rt.block_on(sc.run());
-            let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
-            let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)).map(|e| e.epoch));
-            named += usize::from(caught.is_some());
-            // Every mode cheats from epoch 0; a finding that outlives its
-            // merge (withholding) convicts in the epoch after.
-            first += usize::from(caught.is_some_and(|e| e <= 1));
-            flagged += r.verdicts.iter().filter(|v| v.guilty && !bad(&v.miner)).count();
-            convicted += r.history.iter().flat_map(|e| &e.convicted).filter(|p| !bad(p)).count();
-            ratios.push(r.wall.as_secs_f64() / base);
+            t.add(&rt.block_on(sc.run()), base);
         }
-        ratios.sort_by(f64::total_cmp);
-        let n = a.seeds as usize;
-        let of = |k: usize| if mode.is_some() { format!("{k}/{n}") } else { "-".to_string() };
-        println!(
-            "{:<18} {:>6} {:>9} {:>11} {:>14} {:>16} {:>9.2} {:>9.2}",
-            name,
-            format!("{}x{}", shape.0, shape.1),
-            of(named),
-            of(first),
-            flagged,
-            convicted,
-            ratios[ratios.len() / 2],
-            ratios.last().copied().unwrap_or(f64::NAN)
-        );
+        t.print(name, mode.is_some(), *shape, a.seeds as usize);
     }
     Ok(())
+}
+
+/// The median wall time of `a.baseline_runs` honest runs of `shape`.
+fn honest_baseline(rt: &tokio::runtime::Runtime, a: &Args, shape: (u32, u32)) -> f64 {
+    let mut walls: Vec<f64> = (0..a.baseline_runs.max(1) as u64)
+        .map(|i| {
+            let sc = Scenario::new(None, a.epochs, a.micro_batches).shaped(shape).seeded(7000 + 2 * i);
+            rt.block_on(sc.run()).wall.as_secs_f64()
+        })
+        .collect();
+    walls.sort_by(f64::total_cmp);
+    println!("honest {}x{}: {:?} s (median is the baseline)", shape.0, shape.1, walls);
+    walls[walls.len() / 2]
+}
+
+/// One mode's runs, added up.
+#[derive(Default)]
+struct Tally {
+    named: usize,
+    first: usize,
+    flagged: usize,
+    convicted: usize,
+    /// The most work a cheat was credited in the epoch it was convicted.
+    paid: u64,
+    ratios: Vec<f64>,
+    validator_shares: Vec<f64>,
+}
+
+impl Tally {
+    fn add(&mut self, r: &ScenarioReport, base: f64) {
+        let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
+        let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)));
+        self.named += usize::from(caught.is_some());
+        // Every mode cheats from epoch 0; a finding that outlives its
+        // merge (withholding) convicts in the epoch after.
+        self.first += usize::from(caught.is_some_and(|e| e.epoch <= 1));
+        if let Some(e) = caught {
+            let credited = e.miners.iter().filter(|m| bad(&m.peer)).map(|m| m.credited).max().unwrap_or(0);
+            self.paid = self.paid.max(credited);
+        }
+        self.flagged += r.verdicts.iter().filter(|v| v.guilty && !bad(&v.miner)).count();
+        self.convicted += r.history.iter().flat_map(|e| &e.convicted).filter(|p| !bad(p)).count();
+        self.ratios.push(r.wall.as_secs_f64() / base);
+        self.validator_shares.push(100.0 * r.validator_compute.as_secs_f64() / r.miner_compute.as_secs_f64().max(1e-9));
+    }
+
+    fn print(mut self, name: &str, cheat: bool, shape: (u32, u32), n: usize) {
+        self.ratios.sort_by(f64::total_cmp);
+        self.validator_shares.sort_by(f64::total_cmp);
+        let of = |k: usize| if cheat { format!("{k}/{n}") } else { "-".to_string() };
+        let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+        println!(
+            "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9.2} {:>9.2} {:>10.1}%",
+            name,
+            format!("{}x{}", shape.0, shape.1),
+            of(self.named),
+            of(self.first),
+            self.flagged,
+            self.convicted,
+            if cheat { self.paid.to_string() } else { "-".to_string() },
+            median(&self.ratios),
+            self.ratios.last().copied().unwrap_or(f64::NAN),
+            median(&self.validator_shares)
+        );
+    }
 }

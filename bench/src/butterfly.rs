@@ -35,6 +35,9 @@ pub struct Args {
     /// Only compare the reduce rules (no merges).
     #[arg(long)]
     rules_only: bool,
+    /// Only the reduce alone against the memory copy (no merges).
+    #[arg(long)]
+    reduce_only: bool,
 }
 
 /// The reduce rules on synthetic pseudo-gradients: R = 8 replicas around a
@@ -108,6 +111,12 @@ pub fn run(a: Args) -> Result<()> {
     let spec = MergeSpec { method: MergeMethod::Butterfly, codec, rule, ..MergeSpec::default() };
     compare_rules();
     if a.rules_only {
+        return Ok(());
+    }
+    for &r in &a.replicas {
+        reduce_alone(&spec, a.params, r)?;
+    }
+    if a.reduce_only {
         return Ok(());
     }
     let p = a.params;
@@ -192,6 +201,92 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!(
         "  aggr MB: bytes through the aggregator; PS/rep: through every other replica; speed: PS time / butterfly time"
+    );
+    Ok(())
+}
+
+/// GB/s of moving `bytes` in `secs`.
+fn gbps(bytes: f64, secs: f64) -> f64 {
+    bytes / secs.max(1e-12) / 1e9
+}
+
+/// The fastest of 3 timed runs of `f`, in seconds.
+fn best_of_3(mut f: impl FnMut()) -> f64 {
+    (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The reduce one owner runs for its share of an R-replica merge of P
+/// parameters (each partition has two owners: 2P/R values, R encoded
+/// contributions of each), timed alone: the streamed reduce the miners
+/// run (`reduce_partition`) and the decode-first reference
+/// (`reduce_partition_decoded`), as GB/s of contribution bytes read,
+/// beside a memory copy of the same bytes in the same run (the faster of
+/// one `copy_from_slice` and one split over the rayon pool).
+fn reduce_alone(spec: &MergeSpec, p: usize, r: usize) -> Result<()> {
+    use iota_dataplane::miner::merge::{encode_slice, reduce_partition};
+    let len = (2 * p / r.max(1)).max(1);
+    let mut rng = Rng::new(9);
+    let base: Vec<f32> = (0..len).map(|_| rng.normal() * 0.01).collect();
+    let contribs: Vec<Vec<u8>> = (0..r)
+        .map(|i| {
+            let mut rr = Rng::new(50 + i as u64);
+            let x: Vec<f32> = base.iter().map(|b| b + rr.normal() * 0.002).collect();
+            encode_slice(spec.codec, &x)
+        })
+        .collect::<Result<_>>()?;
+    drop(base);
+    let payloads: Vec<Option<&[u8]>> = contribs.iter().map(|c| Some(c.as_slice())).collect();
+    let weights = vec![1.0; r];
+    let bytes: usize = contribs.iter().map(Vec::len).sum();
+    let src: Vec<u8> = contribs.concat();
+    let mut dst = vec![1u8; bytes];
+    let copy_one = best_of_3(|| dst.copy_from_slice(&src));
+    let copy_par = best_of_3(|| {
+        use rayon::prelude::*;
+        dst.par_chunks_mut(1 << 22).zip(src.par_chunks(1 << 22)).for_each(|(d, s)| d.copy_from_slice(s));
+    });
+    drop((src, dst));
+    let copy = copy_one.min(copy_par);
+    let mut momentum = vec![0.0f32; len];
+    let streamed = best_of_3(|| {
+        std::hint::black_box(reduce_partition(spec, 3, len as u64, &payloads, &weights, &mut momentum));
+    });
+    let reference = best_of_3(|| {
+        std::hint::black_box(iota_dataplane::slices::reduce_partition_decoded(
+            spec,
+            3,
+            len as u64,
+            &payloads,
+            &weights,
+            &mut momentum,
+        ));
+    });
+    let b = bytes as f64;
+    println!(
+        "reduce alone: R = {r}, {len} values an owner ({:.0} MB of {} contributions); memory copy of the same bytes \
+         {:.2} GB/s (one thread {:.2}, rayon {:.2})",
+        b / 1e6,
+        spec.codec.name(),
+        gbps(b, copy),
+        gbps(b, copy_one),
+        gbps(b, copy_par)
+    );
+    println!(
+        "  streamed (ours) {:.3} s, {:.2} GB/s, {:.2}x the copy | decode-first reference {:.3} s, {:.2} GB/s, {:.2}x \
+         | {:.2}x faster",
+        streamed,
+        gbps(b, streamed),
+        copy / streamed,
+        reference,
+        gbps(b, reference),
+        copy / reference,
+        reference / streamed
     );
     Ok(())
 }

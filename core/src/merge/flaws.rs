@@ -38,21 +38,31 @@ pub enum Flaw {
 /// decode. Deterministic: the order and the arithmetic depend only on the
 /// inputs.
 pub fn flaws(contribs: &[Option<&[f32]>]) -> Vec<(usize, Flaw)> {
-    let norms: Vec<Option<f64>> = contribs.iter().map(|c| finite_norm((*c)?)).collect();
+    let norms: Vec<Option<Option<f64>>> = contribs.iter().map(|c| c.map(finite_norm)).collect();
+    flaws_of_norms(&norms)
+}
+
+/// `flaws`, from each contribution's L2 norm: None where it did not
+/// decode, Some(None) where it holds a non-finite value (`finite_norm`'s
+/// arithmetic: [`chunk_sq_sum`] over `REDUCE_CHUNK` chunks, added by
+/// [`norm_of_partials`]). A reduce that measures the norms in its own
+/// pass over the contributions flags exactly as `flaws` does.
+pub fn flaws_of_norms(norms: &[Option<Option<f64>>]) -> Vec<(usize, Flaw)> {
+    let finite = |n: &Option<Option<f64>>| n.flatten();
     let mut out = Vec::new();
-    for (i, c) in contribs.iter().enumerate() {
-        match (c, norms[i]) {
-            (None, _) => out.push((i, Flaw::Undecodable)),
-            (Some(_), None) => out.push((i, Flaw::NonFinite)),
-            (Some(_), Some(norm)) => {
+    for (i, n) in norms.iter().enumerate() {
+        match n {
+            None => out.push((i, Flaw::Undecodable)),
+            Some(None) => out.push((i, Flaw::NonFinite)),
+            Some(Some(norm)) => {
                 let mut others: Vec<f64> =
-                    norms.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, n)| *n).collect();
+                    norms.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, n)| finite(n)).collect();
                 if others.is_empty() {
                     continue;
                 }
                 others.sort_by(f64::total_cmp);
                 let median = others[others.len() / 2];
-                if median > 0.0 && norm > OUTLIER_NORM_RATIO * median {
+                if median > 0.0 && *norm > OUTLIER_NORM_RATIO * median {
                     out.push((i, Flaw::Outlier));
                 }
             }
@@ -61,30 +71,74 @@ pub fn flaws(contribs: &[Option<&[f32]>]) -> Vec<(usize, Flaw)> {
     out
 }
 
+/// Running sums a chunk's sum of squares keeps: value j goes to lane
+/// j mod `SQ_LANES`, and the lanes are added in order at the end. One
+/// running sum waits on every add before the next (about 4 cycles a
+/// value, which made the norm pass the slowest part of a reduce); sixteen
+/// independent ones vectorise. Fixed, so the bits are the same anywhere.
+pub const SQ_LANES: usize = 16;
+
+/// The sum of squares (in f64) of one chunk of a contribution, None if it
+/// holds a non-finite value. Squares of finite f32 values cannot overflow
+/// f64 however many a chunk holds, so the sum is finite exactly when every
+/// value is: one test at the end, none in the loop.
+pub fn chunk_sq_sum(ch: &[f32]) -> Option<f64> {
+    let mut lanes = [0.0f64; SQ_LANES];
+    let (body, rest) = ch.as_chunks::<SQ_LANES>();
+    for block in body {
+        for (l, &x) in lanes.iter_mut().zip(block) {
+            *l += f64::from(x) * f64::from(x);
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(rest) {
+        *l += f64::from(x) * f64::from(x);
+    }
+    let s = lanes.iter().fold(0.0f64, |a, l| a + l);
+    s.is_finite().then_some(s)
+}
+
+/// The L2 norm from the chunks' `chunk_sq_sum`s, added in chunk order.
+pub fn norm_of_partials(partials: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    partials.into_iter().sum::<Option<f64>>().map(f64::sqrt)
+}
+
 /// The L2 norm of `c`, None if it holds a non-finite value. One pass,
 /// spread over the rayon pool in fixed chunks whose partial sums are added
 /// in chunk order, so the bits do not depend on the thread count (an owner
 /// checks stage-sized slices here before every reduce).
 fn finite_norm(c: &[f32]) -> Option<f64> {
-    let partials: Vec<Option<f64>> = c
-        .par_chunks(REDUCE_CHUNK)
-        .map(|ch| {
-            let mut s = 0.0f64;
-            for &x in ch {
-                if !x.is_finite() {
-                    return None;
-                }
-                s += f64::from(x) * f64::from(x);
-            }
-            Some(s)
-        })
-        .collect();
-    partials.into_iter().sum::<Option<f64>>().map(f64::sqrt)
+    let partials: Vec<Option<f64>> = c.par_chunks(REDUCE_CHUNK).map(chunk_sq_sum).collect();
+    norm_of_partials(partials)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lanes' sum is the sum of squares (to rounding), and any
+    /// non-finite value, wherever it sits, makes the chunk's sum None.
+    #[test]
+    fn a_chunks_sum_of_squares_is_lane_by_lane_and_refuses_non_finite_values() {
+        let mut rng = crate::rng::Rng::new(4);
+        for n in [0, 1, SQ_LANES - 1, SQ_LANES, 5 * SQ_LANES + 3] {
+            let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+            let plain: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let got = chunk_sq_sum(&x).unwrap();
+            assert!((got - plain).abs() <= 1e-12 * plain.max(1.0), "{n}: {got} vs {plain}");
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, n / 2, n.saturating_sub(1)] {
+                    if n == 0 {
+                        continue;
+                    }
+                    let mut y = x.clone();
+                    y[at] = bad;
+                    assert_eq!(chunk_sq_sum(&y), None, "{bad} at {at} of {n}");
+                }
+            }
+        }
+        // The largest finite values do not overflow the sum.
+        assert!(chunk_sq_sum(&vec![f32::MAX; crate::merge::reduce::REDUCE_CHUNK]).is_some());
+    }
 
     #[test]
     fn broken_and_outlying_contributions_are_flagged_and_honest_spreads_are_not() {

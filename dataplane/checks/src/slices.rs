@@ -6,7 +6,9 @@ use anyhow::{Result, bail};
 use bytes::Bytes;
 use iota_core::PeerId;
 use iota_core::WireCodec;
-use iota_core::merge::{BLOCK, flaws, reduce_slice};
+use iota_core::merge::flaws::{chunk_sq_sum, flaws_of_norms, norm_of_partials};
+use iota_core::merge::reduce::{REDUCE_CHUNK, clip_cannot_bite};
+use iota_core::merge::{BLOCK, ReduceRule, ReduceStats, flaws, reduce_slice};
 use iota_core::wire::{Direction, header_bytes};
 use iota_model::codec;
 use iota_wire::MergeSpec;
@@ -109,6 +111,24 @@ pub fn reduce_partition(
     weights: &[f64],
     momentum: &mut [f32],
 ) -> Reduced {
+    if let Some(r) = streamed_reduce(spec, epoch, len, payloads, weights, momentum) {
+        return r;
+    }
+    reduce_partition_decoded(spec, epoch, len, payloads, weights, momentum)
+}
+
+/// `reduce_partition` as its reference does it: every contribution decoded
+/// whole, then `flaws`, then `reduce_slice`. The rules that are not a
+/// weighted mean (trimmed mean; centered clipping of three or more) run
+/// this way.
+pub fn reduce_partition_decoded(
+    spec: &MergeSpec,
+    epoch: u64,
+    len: u64,
+    payloads: &[Option<&[u8]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+) -> Reduced {
     let decoded: Vec<Option<Vec<f32>>> =
         payloads.iter().map(|p| p.and_then(|b| decode_slice(spec.codec, len, b).ok())).collect();
     let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
@@ -119,6 +139,145 @@ pub fn reduce_partition(
     }
     let (update, stats) = reduce_slice(spec.rule, spec.outer_at(epoch), &refs, weights, momentum);
     Reduced { update, flagged, stats }
+}
+
+/// `reduce_partition` for the rules that come down to a weighted mean
+/// (`Mean`, and centered clipping where it `clip_cannot_bite`: two
+/// contributions), streamed chunk by chunk as a reduce at memory speed
+/// must be: one pass reads the encoded contributions for the norms `flaws`
+/// judges by; a second decodes each chunk again into a buffer that stays
+/// in cache, takes the weighted mean and applies the outer step at once.
+/// Nothing stage-sized is decoded or written but the update and the
+/// momentum (the reference decodes every contribution whole and passes
+/// over it four times). The sums are the reference's, in its order (norm
+/// partials per `REDUCE_CHUNK` in chunk order, the mean per coordinate in
+/// participant order from -0.0, the outer step in f32), so the bits are
+/// too. None where this does not apply (another rule, nothing left to
+/// reduce, weights that do not pair with the contributions): the reference
+/// runs.
+// A peer's payloads: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+fn streamed_reduce(
+    spec: &MergeSpec,
+    epoch: u64,
+    len: u64,
+    payloads: &[Option<&[u8]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+) -> Option<Reduced> {
+    let c = spec.codec;
+    let n = usize::try_from(len).ok()?;
+    if momentum.len() != n || n == 0 || weights.len() != payloads.len() {
+        return None;
+    }
+    let sized: Vec<Option<&[u8]>> = payloads.iter().map(|p| p.filter(|b| check_slice_len(c, len, b).is_ok())).collect();
+    // Pass 1: per chunk, each contribution's sum of squares (None: a
+    // non-finite value; Err: a value that does not decode).
+    let chunks = n.div_ceil(REDUCE_CHUNK);
+    let partials: Vec<Vec<Result<Option<f64>, ()>>> = (0..chunks)
+        .into_par_iter()
+        .map_init(
+            || vec![0.0f32; REDUCE_CHUNK],
+            |buf, ci| {
+                let at = ci.saturating_mul(REDUCE_CHUNK);
+                let m = REDUCE_CHUNK.min(n.saturating_sub(at));
+                let out = buf.get_mut(..m).unwrap_or_default();
+                sized
+                    .iter()
+                    .map(|p| {
+                        let bytes = p.ok_or(())?;
+                        decode_range(c, bytes, at, out).map_err(|_| ())?;
+                        Ok(chunk_sq_sum(out))
+                    })
+                    .collect()
+            },
+        )
+        .collect();
+    let norms: Vec<Option<Option<f64>>> = (0..payloads.len())
+        .map(|i| {
+            let of_i: Result<Vec<Option<f64>>, ()> =
+                partials.iter().map(|p| p.get(i).copied().unwrap_or(Err(()))).collect();
+            of_i.ok().map(norm_of_partials)
+        })
+        .collect();
+    let flagged = flaws_of_norms(&norms);
+    let used: Vec<(&[u8], f64)> = sized
+        .iter()
+        .zip(weights)
+        .enumerate()
+        .filter(|(i, _)| !flagged.iter().any(|(j, _)| j == i))
+        .filter_map(|(_, (p, w))| Some(((*p)?, *w)))
+        .collect();
+    let mean = match spec.rule {
+        ReduceRule::Mean => true,
+        ReduceRule::CenteredClip { tau_factor, .. } => clip_cannot_bite(used.len(), tau_factor),
+        ReduceRule::TrimmedMean { .. } => false,
+    };
+    if !mean || used.is_empty() {
+        return None;
+    }
+    // The weights as `reduce_slice` normalises them.
+    let total: f64 = used.iter().map(|u| u.1).sum();
+    let count = used.len() as f64;
+    let norm: Vec<f64> = used.iter().map(|u| if total > 0.0 { u.1 / total } else { 1.0 / count }).collect();
+    let outer = spec.outer_at(epoch);
+    let (lr, mu) = (outer.lr, outer.momentum);
+    // Pass 2: the weighted mean and the outer step, chunk by chunk.
+    let mut update = vec![0.0f32; n];
+    let decoded_twice = update
+        .par_chunks_mut(REDUCE_CHUNK)
+        .zip(momentum.par_chunks_mut(REDUCE_CHUNK))
+        .enumerate()
+        .map_init(
+            || (vec![0.0f32; REDUCE_CHUNK], vec![0.0f64; REDUCE_CHUNK]),
+            |(buf, acc), (ci, (u, m))| -> Result<()> {
+                let at = ci.saturating_mul(REDUCE_CHUNK);
+                let (x, acc) = (buf.get_mut(..u.len()).unwrap_or_default(), acc.get_mut(..u.len()).unwrap_or_default());
+                acc.fill(-0.0);
+                for ((bytes, _), w) in used.iter().zip(&norm) {
+                    decode_range(c, bytes, at, x)?;
+                    for (a, &v) in acc.iter_mut().zip(x.iter()) {
+                        *a += w * f64::from(v);
+                    }
+                }
+                for ((u, m), a) in u.iter_mut().zip(m.iter_mut()).zip(acc.iter()) {
+                    let g = *a as f32;
+                    *m = mu * *m + g;
+                    *u = lr * (g + mu * *m);
+                }
+                Ok(())
+            },
+        )
+        .collect::<Result<()>>();
+    // Every chunk of every used contribution decoded in pass 1.
+    decoded_twice.ok()?;
+    Some(Reduced { update, flagged, stats: ReduceStats::default() })
+}
+
+/// Decodes values `at .. at + out.len()` of a slice written by
+/// `encode_slice` (`at` a multiple of `BLOCK`; a last, partial block
+/// through a padded copy, as `decode_slice_into` does).
+// A peer's payload: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+fn decode_range(c: WireCodec, bytes: &[u8], at: usize, out: &mut [f32]) -> Result<()> {
+    let b = BLOCK as usize;
+    let rb = c.row_bytes(b);
+    let first = at.checked_div(b).unwrap_or(0);
+    let full = out.len().checked_div(b).unwrap_or(0);
+    let row = |r: usize, rows: usize| -> Result<&[u8]> {
+        let start = r.checked_mul(rb).ok_or_else(|| anyhow::anyhow!("slice offset overflows"))?;
+        let end = rows.checked_mul(rb).and_then(|l| start.checked_add(l));
+        end.and_then(|e| bytes.get(start..e)).ok_or_else(|| anyhow::anyhow!("slice shorter than its values"))
+    };
+    let (body, tail) = out.split_at_mut(full.saturating_mul(b));
+    codec::decode_into(c, full, b, row(first, full)?, body)?;
+    if !tail.is_empty() {
+        let mut padded = vec![0.0f32; b];
+        codec::decode_into(c, 1, b, row(first.saturating_add(full), 1)?, &mut padded)?;
+        let k = tail.len();
+        tail.copy_from_slice(padded.get(..k).unwrap_or_default());
+    }
+    Ok(())
 }
 
 /// The hash owners publish for an update (`SliceDone.hash`): blake3 of
@@ -185,6 +344,77 @@ pub fn slice_msg(h: &iota_core::wire::FrameHeader, from: PeerId, payload: &[u8])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The streamed reduce gives the reference's bits (update, momentum,
+    /// flags, stats) for every codec, rule, replica count, length (whole
+    /// chunks, a partial chunk, a partial block) and hostile contribution
+    /// (missing, truncated, NaN, a huge outlier), and leaves to the
+    /// reference what it does not stream.
+    #[test]
+    fn the_streamed_reduce_is_the_reference_bit_for_bit() {
+        use iota_core::merge::{OuterOpt, ReduceRule};
+        let b = BLOCK as usize;
+        let mut rng = iota_core::Rng::new(11);
+        let rules = [
+            ReduceRule::Mean,
+            ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
+            ReduceRule::TrimmedMean { trim: 1 },
+        ];
+        let mut streamed = 0;
+        for c in [WireCodec::Bf16, WireCodec::Int8Row, WireCodec::F32] {
+            for len in [7, b, REDUCE_CHUNK, 2 * REDUCE_CHUNK + 3 * b + 5] {
+                for r in 1..=4usize {
+                    for attack in ["none", "missing", "short", "nan", "huge"] {
+                        for rule in rules {
+                            let base: Vec<f32> = (0..len).map(|_| rng.normal() * 0.01).collect();
+                            let mut xs: Vec<Vec<f32>> =
+                                (0..r).map(|_| base.iter().map(|&v| v + rng.normal() * 0.003).collect()).collect();
+                            match attack {
+                                "nan" => xs[0][len / 2] = f32::NAN,
+                                "huge" => xs[0].iter_mut().for_each(|v| *v *= 1e5),
+                                _ => {}
+                            }
+                            // A codec that cannot carry a NaN refuses to encode it.
+                            let Ok(mut enc) = xs.iter().map(|x| encode_slice(c, x)).collect::<Result<Vec<_>>>() else {
+                                continue;
+                            };
+                            if attack == "short" {
+                                enc[0].pop();
+                            }
+                            let payloads: Vec<Option<&[u8]>> = enc
+                                .iter()
+                                .enumerate()
+                                .map(|(i, e)| (attack != "missing" || i != 0).then_some(e.as_slice()))
+                                .collect();
+                            let weights: Vec<f64> = (0..r).map(|i| 3.0 + i as f64).collect();
+                            let spec = MergeSpec {
+                                codec: c,
+                                rule,
+                                outer: OuterOpt { lr: 0.7, momentum: 0.9 },
+                                ..MergeSpec::default()
+                            };
+                            let m0: Vec<f32> = (0..len).map(|_| rng.normal() * 1e-3).collect();
+                            let (mut m_ref, mut m_got) = (m0.clone(), m0.clone());
+                            let want = reduce_partition_decoded(&spec, 5, len as u64, &payloads, &weights, &mut m_ref);
+                            let got = reduce_partition(&spec, 5, len as u64, &payloads, &weights, &mut m_got);
+                            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            let what = format!("{c:?} len {len} R {r} {attack} {rule:?}");
+                            assert_eq!(bits(&got.update), bits(&want.update), "{what}");
+                            assert_eq!(bits(&m_got), bits(&m_ref), "{what}: momentum");
+                            assert_eq!(got.flagged, want.flagged, "{what}");
+                            assert_eq!(got.stats, want.stats, "{what}");
+                            let mut m = m0.clone();
+                            streamed += usize::from(
+                                streamed_reduce(&spec, 5, len as u64, &payloads, &weights, &mut m).is_some(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Mean always, centered clipping of one or two: most cases stream.
+        assert!(streamed > 200, "{streamed} streamed");
+    }
 
     /// The slice codec (whole blocks in parallel, the tail padded on its
     /// own) gives the bytes and values of the whole padded slice coded at once.
