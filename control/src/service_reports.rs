@@ -32,6 +32,7 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             // The whole signed request: the verdict stays checkable
             // against the validator's key.
             signed,
+            proof: v.proof,
         }),
         pb::validator_report::Kind::Done(d) => Event::ValidationDone {
             validator: peer,

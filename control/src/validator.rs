@@ -412,6 +412,7 @@ impl Shell {
             samples: 0,
             evidence_hash: Vec::new(),
             reason,
+            proof: Vec::new(),
         };
         if let Err(e) = self.client.validate(pb::validator_report::Kind::Verdict(v)).await {
             warn!(error = %e, "merge report verdict failed");
@@ -582,7 +583,7 @@ async fn act(
                 let _ = in_tx.send(Input::Checked(job, res.0, res.1, res.2)).await;
             });
         }
-        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason } => {
+        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason, proof } => {
             if guilty {
                 warn!(epoch, miner = %miner, reason = %reason, "voting guilty");
                 summary.guilty_votes.push((epoch, miner, reason.clone()));
@@ -597,6 +598,7 @@ async fn act(
                 samples,
                 evidence_hash: evidence_hash.map(|h| h.to_vec()).unwrap_or_default(),
                 reason: reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect(),
+                proof,
             };
             client.validate(Kind::Verdict(v)).await?;
         }

@@ -11,6 +11,7 @@ pub mod commitment;
 pub mod compute_plan;
 pub mod config;
 pub mod error;
+pub mod frame_equivocation;
 pub mod identity;
 pub mod ids;
 pub mod layout;

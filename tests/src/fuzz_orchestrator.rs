@@ -334,6 +334,12 @@ fn validator_event(
             evidence_hash: Some([b.u8(); 32]),
             reason: "fuzz".into(),
             signed: vec![b.u8(); 4],
+            // Sometimes a proof: two byte strings (headers only by chance).
+            proof: if b.u8() & 3 == 0 {
+                (0..2).map(|_| vec![b.u8(); usize::from(b.u8()) * 2]).collect()
+            } else {
+                Vec::new()
+            },
         }),
         5 => {
             // Mostly weights that fit the work (one per miner, its hash);

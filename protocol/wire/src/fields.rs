@@ -306,6 +306,14 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
                 hash32("verdict.evidence_hash", &v.evidence_hash)?;
             }
             printable("verdict.reason", &v.reason, MAX_REASON_LEN)?;
+            if !v.proof.is_empty() {
+                if !v.guilty || v.proof.len() != 2 {
+                    return Err(bad("verdict.proof", "a guilty verdict's proof is two headers"));
+                }
+                if v.proof.iter().any(|h| h.is_empty() || h.len() > MAX_ARCHIVED_HEADER) {
+                    return Err(bad("verdict.proof", "a header is at most 4096 bytes"));
+                }
+            }
         }
         Kind::Done(d) => {
             weight_vector("done.weights", &d.weights)?;
@@ -433,12 +441,31 @@ mod tests {
                 samples: 4,
                 evidence_hash: hash,
                 reason: reason.into(),
+                proof: Vec::new(),
             })),
         };
         assert!(
             validator_report(&verdict(pb::Check::Recompute as i32, vec![3; 32], "recomputed output differs")).is_ok()
         );
         assert!(validator_report(&verdict(pb::Check::Recompute as i32, Vec::new(), "")).is_ok());
+        // A proof: two headers, on a guilty verdict only.
+        let with_proof = |guilty: bool, proof: Vec<Vec<u8>>| {
+            let mut r = verdict(pb::Check::Recompute as i32, Vec::new(), "two frames");
+            if let Some(Kind::Verdict(v)) = r.kind.as_mut() {
+                (v.guilty, v.proof) = (guilty, proof);
+            }
+            validator_report(&r)
+        };
+        assert!(with_proof(true, vec![vec![1; 300], vec![2; 300]]).is_ok());
+        for (guilty, proof) in [
+            (false, vec![vec![1; 300], vec![2; 300]]),
+            (true, vec![vec![1; 300]]),
+            (true, vec![vec![1; 300]; 3]),
+            (true, vec![vec![1; 300], Vec::new()]),
+            (true, vec![vec![1; 300], vec![2; MAX_ARCHIVED_HEADER + 1]]),
+        ] {
+            assert!(with_proof(guilty, proof).unwrap_err().message.contains("verdict.proof"));
+        }
         for (v, field) in [
             (verdict(0, Vec::new(), ""), "verdict.check"),
             (verdict(42, Vec::new(), ""), "verdict.check"),

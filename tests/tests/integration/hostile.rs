@@ -440,6 +440,7 @@ async fn validator_reports_from_strangers_or_malformed_ones_change_nothing() {
             samples: 1,
             evidence_hash: Vec::new(),
             reason: reason.into(),
+            proof: Vec::new(),
         })),
     };
     // A miner (or anyone else) voting: refused for its role.

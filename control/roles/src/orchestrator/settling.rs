@@ -132,15 +132,18 @@ impl Orchestrator {
             .collect()
     }
 
-    /// Settles the current epoch from its account of work (`miners`) and
-    /// the validators' weights of its round.
-    pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId], mean_loss: f64) {
-        // Columns: every miner seen so far keeps its place; this epoch's
-        // newcomers are appended (and their stale bonds, none, dropped).
-        // Once every column is taken, a newcomer gets a departed miner's
-        // column that earned nothing in the last settlement (flagged newly
-        // registered, so Yuma starts its bonds from zero), as a uid is
-        // recycled on chain.
+    /// The proofs of this epoch's convictions that rest on one (frames
+    /// signed twice for one attempt), for the ledger to re-check.
+    fn proofs_of(&self, convicted: &[PeerId]) -> Vec<iota_core::frame_equivocation::FrameEquivocation> {
+        let of_epoch = |p: &&iota_core::frame_equivocation::FrameEquivocation| {
+            p.epoch == self.epoch && convicted.contains(&p.miner)
+        };
+        self.validation.frame_equivocations.iter().filter(of_epoch).cloned().collect()
+    }
+
+    /// Gives this epoch's newcomers their columns (see `settle`): the
+    /// column count before, and the columns handed from departed miners.
+    fn assign_columns(&mut self, miners: &[MinerEpoch]) -> (usize, Vec<usize>) {
         let before = self.settlement.miners.len();
         let mut known: std::collections::HashSet<PeerId> = self.settlement.miners.iter().copied().collect();
         let mut reused: Vec<usize> = Vec::new();
@@ -160,6 +163,19 @@ impl Orchestrator {
                 }
             }
         }
+        (before, reused)
+    }
+
+    /// Settles the current epoch from its account of work (`miners`) and
+    /// the validators' weights of its round.
+    pub(super) fn settle(&mut self, miners: &[MinerEpoch], rolled_back: bool, convicted: &[PeerId], mean_loss: f64) {
+        // Columns: every miner seen so far keeps its place; this epoch's
+        // newcomers are appended (and their stale bonds, none, dropped).
+        // Once every column is taken, a newcomer gets a departed miner's
+        // column that earned nothing in the last settlement (flagged newly
+        // registered, so Yuma starts its bonds from zero), as a uid is
+        // recycled on chain.
+        let (before, reused) = self.assign_columns(miners);
         let cols = self.settlement.miners.len();
         let columns: HashMap<PeerId, usize> = self.settlement.miners.iter().enumerate().map(|(c, p)| (*p, c)).collect();
         let column = |p: &PeerId| columns.get(p).copied();
@@ -224,6 +240,7 @@ impl Orchestrator {
                     work_miners: round.map(|r| r.miners.clone()).unwrap_or_default(),
                     signed_weights: signed,
                     clasp: self.clasp_lines(mean_loss),
+                    proofs: self.proofs_of(convicted),
                 };
                 for (p, x) in settled.payouts() {
                     *self.settlement.balances.entry(p).or_default() += x;

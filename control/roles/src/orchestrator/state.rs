@@ -523,6 +523,10 @@ pub struct Counters {
     /// contributions to one partition.
     #[serde(default)]
     pub equivocations: u64,
+    /// Miners convicted on a validator's proof that they signed two
+    /// different pipeline frames for one attempt and direction.
+    #[serde(default)]
+    pub frame_equivocations: u64,
     /// Merge participants whose contribution two other owners flagged.
     #[serde(default)]
     pub flawed_contributions: u64,

@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
+use iota_core::frame_equivocation::FrameEquivocation;
 use iota_core::merge::Equivocation;
 use iota_wire::store_keys::upload_prefix;
 use iota_wire::{StoredObject, pb};
@@ -376,10 +377,35 @@ impl Orchestrator {
                 v.signed.len()
             )));
         }
+        // A proof is checked before anything of the verdict counts: a
+        // forged or altered one refuses the whole verdict.
+        let proof = match v.proof.as_slice() {
+            [] => None,
+            [a, b] if v.guilty && v.check == Check::Recompute => Some(
+                FrameEquivocation::check(self.spec.run_id, v.miner, a, b)
+                    .map_err(|why| Refusal::Invalid(format!("the verdict's proof does not hold: {why}")))?,
+            ),
+            _ => return Err(Refusal::Invalid("a proof is two headers on a guilty recompute verdict".into())),
+        };
+        if proof.as_ref().is_some_and(|p| p.epoch != v.epoch) {
+            return Err(Refusal::Invalid("the verdict's proof is of another epoch".into()));
+        }
         let q = self.validation.quorum.as_mut().ok_or_else(|| Refusal::Invalid("this run has no validators".into()))?;
         let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
         let forgotten = v.epoch < q.forgotten_before();
-        let consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let mut consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        // Two signatures decide it, whatever the stake voted or will vote.
+        if let Some(p) = proof.filter(|_| !forgotten) {
+            consequences.extend(q.proven(acc));
+            if !self.validation.frame_equivocations.contains(&p) {
+                self.counters.frame_equivocations += 1;
+                warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: two frames signed for one attempt");
+                if self.validation.frame_equivocations.len() >= MAX_EQUIVOCATION_RECORDS {
+                    self.validation.frame_equivocations.remove(0);
+                }
+                self.validation.frame_equivocations.push(p);
+            }
+        }
         if v.guilty {
             warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, reason = %v.reason, "verdict: guilty");
         }
@@ -503,6 +529,12 @@ impl Orchestrator {
     /// The proofs of merge equivocation this run kept (the latest).
     pub fn equivocations(&self) -> &[Equivocation] {
         &self.validation.equivocations
+    }
+
+    /// The proofs of frames signed twice for one attempt that validators
+    /// handed in (the latest).
+    pub fn frame_equivocations(&self) -> &[FrameEquivocation] {
+        &self.validation.frame_equivocations
     }
 }
 

@@ -85,6 +85,9 @@ pub struct VerdictIn {
     pub evidence_hash: Option<[u8; 32]>,
     pub reason: String,
     pub signed: Vec<u8>,
+    /// Guilty on a proof: two archived headers (`FrameEquivocation`), or
+    /// empty.
+    pub proof: Vec<Vec<u8>>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -148,6 +151,10 @@ pub struct Validation {
     /// Proofs of merge equivocation, the latest `MAX_EQUIVOCATION_RECORDS`.
     #[serde(default)]
     pub(super) equivocations: Vec<iota_core::merge::Equivocation>,
+    /// Proofs validators handed in of pipeline frames a miner signed twice
+    /// for one attempt and direction, the latest `MAX_EQUIVOCATION_RECORDS`.
+    #[serde(default)]
+    pub(super) frame_equivocations: Vec<iota_core::frame_equivocation::FrameEquivocation>,
     /// The hash of the merged weights each stage started the current epoch
     /// from (none in epoch 0: the run seed's).
     pub(super) starts: BTreeMap<u32, [u8; 32]>,

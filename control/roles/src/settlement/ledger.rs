@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use iota_core::frame_equivocation::FrameEquivocation;
 use iota_core::{Identity, PeerId};
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +69,11 @@ pub struct Settlement {
     /// does not recompute it; validators run their own).
     #[serde(default)]
     pub clasp: Vec<ClaspLine>,
+    /// The proofs a conviction of this epoch rests on where one does
+    /// (frames a miner signed twice for one attempt: `FrameEquivocation`);
+    /// `verify` re-checks each, with no trust in the orchestrator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proofs: Vec<FrameEquivocation>,
 }
 
 /// One miner's CLASP estimate: effect on loss in nats per sample against
@@ -147,6 +153,24 @@ pub struct Verified {
 }
 
 /// Re-checks every entry (in `seq` order) and recomputes every Yuma step.
+/// Each proof of `s` holds on its own (two different frames its miner
+/// signed for one attempt and direction of this run and epoch) and names
+/// a miner the entry convicts.
+fn check_proofs(s: &Settlement) -> Result<(), String> {
+    for p in &s.proofs {
+        let [a, b] = &p.headers;
+        let again = FrameEquivocation::check(s.run_id, p.miner, a, b)
+            .map_err(|why| format!("the proof against {} does not hold: {why}", p.miner))?;
+        if again != *p || p.epoch != s.epoch {
+            return Err(format!("the proof against {} is not what its headers say, or of another epoch", p.miner));
+        }
+        if !s.convicted.contains(&p.miner) {
+            return Err(format!("a proof against {}, whom the entry does not convict", p.miner));
+        }
+    }
+    Ok(())
+}
+
 /// `signer`: the orchestrator key the entries must carry (None: the first
 /// entry's, which every other must match).
 pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, LedgerError> {
@@ -178,6 +202,7 @@ pub fn verify(entries: &[Entry], signer: Option<PeerId>) -> Result<Verified, Led
         if s.epoch != e.epoch {
             return Err(fail(format!("records epoch {} inside", s.epoch)));
         }
+        check_proofs(&s).map_err(fail)?;
         if let Some((l, ls)) = &last {
             if s.epoch <= l.epoch || s.run_id != ls.run_id {
                 return Err(fail(format!("follows epoch {} of run {}", l.epoch, ls.run_id)));
@@ -447,7 +472,69 @@ mod tests {
             convicted: Vec::new(),
             signed_weights,
             clasp: Vec::new(),
+            proofs: Vec::new(),
         }
+    }
+
+    /// The archived header of a gradient frame `id` signed for run 7,
+    /// epoch `epoch`'s attempt (0, 8, 0), payload hash `payload`.
+    fn frame_header(id: &Identity, epoch: u32, payload: u8) -> Vec<u8> {
+        use iota_core::wire::{Direction, FrameHeader, MAX_DIMS, header_bytes};
+        let mut shape = [0u32; MAX_DIMS];
+        (shape[0], shape[1]) = (32, 8);
+        let mut h = FrameHeader {
+            version: 1,
+            direction: Direction::ActivationGrad,
+            codec: 1,
+            ndim: 2,
+            stage: 1,
+            run_id: 7,
+            epoch,
+            shard: 0,
+            first_sample: 8,
+            samples: 2,
+            attempt: 0,
+            seq_no: 1,
+            shape,
+            payload_len: 256,
+            payload_hash: [payload; 32],
+            answers: [0; 32],
+            sender: [0; 32],
+            signature: [0; 64],
+        };
+        h.sign(id);
+        header_bytes(&h)
+    }
+
+    /// An entry convicting a miner on a proof verifies, and `verify`
+    /// re-checks the proof: an altered header, a proof of another epoch
+    /// or against a miner the entry does not convict fails it.
+    #[test]
+    fn a_conviction_on_a_proof_verifies_and_a_forged_proof_does_not() {
+        let id = Identity::from_seed(ORCHESTRATOR);
+        let cheat = Identity::from_seed([42; 32]);
+        let miners = vec![PeerId([10; 32]), PeerId([11; 32]), cheat.peer_id()];
+        let weights = vec![vec![0.5, 0.5, 0.0], vec![0.4, 0.6, 0.0]];
+        let with = |proofs: Vec<FrameEquivocation>, convicted: Vec<PeerId>| {
+            let mut s = settlement_of(0, None, weights.clone(), miners.clone(), None);
+            (s.proofs, s.convicted) = (proofs, convicted);
+            verify(&[seal(None, &s, &id)], Some(id.peer_id()))
+        };
+        let (a, b) = (frame_header(&cheat, 0, 1), frame_header(&cheat, 0, 2));
+        let proof = FrameEquivocation::check(7, cheat.peer_id(), &a, &b).unwrap();
+        assert!(with(vec![proof.clone()], vec![cheat.peer_id()]).is_ok());
+        let err = |r: Result<Verified, LedgerError>| r.unwrap_err().what;
+        assert!(err(with(vec![proof.clone()], Vec::new())).contains("does not convict"));
+        let mut altered = proof.clone();
+        let n = altered.headers[1].len();
+        altered.headers[1][n - 10] ^= 1;
+        assert!(err(with(vec![altered], vec![cheat.peer_id()])).contains("does not hold"));
+        let mut renamed = proof.clone();
+        renamed.attempt = 5;
+        assert!(err(with(vec![renamed], vec![cheat.peer_id()])).contains("not what its headers say"));
+        let (c, d) = (frame_header(&cheat, 1, 1), frame_header(&cheat, 1, 2));
+        let later = FrameEquivocation::check(7, cheat.peer_id(), &c, &d).unwrap();
+        assert!(err(with(vec![later], vec![cheat.peer_id()])).contains("another epoch"));
     }
 
     fn chain(id: &Identity) -> Vec<Entry> {

@@ -17,13 +17,13 @@ use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
 use iota_checks::hashes::weights_hash;
 use iota_checks::recompute::Recompute;
-use iota_core::wire::Direction;
+use iota_core::wire::{Direction, header_bytes};
 use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
 use iota_model::data::Corpus;
 use iota_model::{CpuBackend, Stage};
 use iota_wire::RunConfig;
 
-use super::lanes::LaneRecord;
+use super::lanes::{LaneRecord, ShownFrame};
 use super::round::CheckJob;
 
 /// The device label a validator recomputes on: the CPU reference, fp32.
@@ -160,12 +160,13 @@ impl Checker {
         let ctx = RunContext::new(self.run_id, FrameLimits::default());
         let Ok(e) = u32::try_from(job.epoch) else { return LaneRecord::default() };
         ctx.set_epoch_window(e, e);
-        let gradient_of = |frame: &[u8], signer: PeerId| -> Option<[u8; 32]> {
+        let gradient_of = |frame: &[u8], signer: PeerId| -> Option<ShownFrame> {
             let (h, _) = decode_frame(frame, &ctx, signer).ok()?;
             let of_attempt = u64::from(h.epoch) == job.epoch
                 && (h.shard, h.first_sample, h.attempt) == job.key
                 && h.samples == job.samples;
-            (h.direction == Direction::ActivationGrad && of_attempt).then(|| h.frame_id())
+            (h.direction == Direction::ActivationGrad && of_attempt)
+                .then(|| ShownFrame { id: h.frame_id(), header: header_bytes(&h) })
         };
         let tail = job.reported_loss.is_some();
         let sent = if tail { Some(&bundle.output_frame[..]) } else { bundle.backward.as_ref().map(|b| &b.sent[..]) };

@@ -29,28 +29,41 @@ pub(super) type Asked = BTreeMap<PeerId, BTreeSet<WorkKey>>;
 /// receiver's record.
 pub(super) type Receivers = BTreeMap<(PeerId, WorkKey), PeerId>;
 
-/// The gradient frames an evidence object shows for its attempt, by frame
-/// id, each only where its sender signed it for that attempt.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A gradient frame an evidence object shows: its id and its archived
+/// header (what a proof is made of).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShownFrame {
+    pub id: [u8; 32],
+    pub header: Vec<u8>,
+}
+
+/// The gradient frames an evidence object shows for its attempt, each
+/// only where its sender signed it for that attempt.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LaneRecord {
     /// The gradient the miner sent upstream (a tail's or middle stage's).
-    pub sent_grad: Option<[u8; 32]>,
+    pub sent_grad: Option<ShownFrame>,
     /// The gradient it received from downstream (a head's or middle
     /// stage's), signed by its downstream neighbour.
-    pub received_grad: Option<[u8; 32]>,
+    pub received_grad: Option<ShownFrame>,
 }
 
 /// One gradient lane of one attempt: what its sender showed and what its
 /// receiver holds.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Ends {
-    shown: Option<[u8; 32]>,
-    received: Option<[u8; 32]>,
+    shown: Option<ShownFrame>,
+    received: Option<ShownFrame>,
 }
 
 impl Ends {
-    fn contradict(&self) -> bool {
-        matches!((self.shown, self.received), (Some(a), Some(b)) if a != b)
+    /// The proof, where the two ends are two different frames: the
+    /// headers the sender showed and its receiver holds.
+    fn proof(&self) -> Option<[Vec<u8>; 2]> {
+        match (&self.shown, &self.received) {
+            (Some(a), Some(b)) if a.id != b.id => Some([a.header.clone(), b.header.clone()]),
+            _ => None,
+        }
     }
 }
 
@@ -62,20 +75,20 @@ pub(super) struct Lanes {
 }
 
 impl Lanes {
-    /// `sender` showed gradient frame `id` for `key`: whether that
+    /// `sender` showed gradient frame `f` for `key`: the proof, where that
     /// contradicts what its receiver holds.
-    pub(super) fn shown(&mut self, sender: PeerId, key: WorkKey, id: [u8; 32]) -> bool {
+    pub(super) fn shown(&mut self, sender: PeerId, key: WorkKey, f: ShownFrame) -> Option<[Vec<u8>; 2]> {
         let e = self.ends.entry((sender, key)).or_default();
-        e.shown = Some(id);
-        e.contradict()
+        e.shown = Some(f);
+        e.proof()
     }
 
-    /// The receiver of `sender`'s gradient for `key` holds frame `id`:
-    /// whether that contradicts what the sender showed.
-    pub(super) fn received(&mut self, sender: PeerId, key: WorkKey, id: [u8; 32]) -> bool {
+    /// The receiver of `sender`'s gradient for `key` holds frame `f`: the
+    /// proof, where that contradicts what the sender showed.
+    pub(super) fn received(&mut self, sender: PeerId, key: WorkKey, f: ShownFrame) -> Option<[Vec<u8>; 2]> {
         let e = self.ends.entry((sender, key)).or_default();
-        e.received = Some(id);
-        e.contradict()
+        e.received = Some(f);
+        e.proof()
     }
 }
 
@@ -127,18 +140,23 @@ pub(super) fn asked_with_lanes(
 mod tests {
     use super::*;
 
+    fn frame(i: u8) -> ShownFrame {
+        ShownFrame { id: [i; 32], header: vec![i; 8] }
+    }
+
     #[test]
     fn a_lane_contradicts_only_when_both_ends_are_in_and_differ() {
         let (p, k) = (PeerId([1; 32]), (0, 8, 0));
         let mut l = Lanes::default();
-        assert!(!l.shown(p, k, [1; 32]), "one end alone");
-        assert!(!l.received(p, k, [1; 32]), "the same frame");
-        assert!(!l.received(PeerId([2; 32]), k, [9; 32]), "another sender's lane");
-        assert!(!l.received(p, (0, 16, 0), [9; 32]), "another attempt's");
-        assert!(l.received(p, k, [2; 32]), "two frames of one sender for one attempt");
+        assert_eq!(l.shown(p, k, frame(1)), None, "one end alone");
+        assert_eq!(l.received(p, k, frame(1)), None, "the same frame");
+        assert_eq!(l.received(PeerId([2; 32]), k, frame(9)), None, "another sender's lane");
+        assert_eq!(l.received(p, (0, 16, 0), frame(9)), None, "another attempt's");
+        let proof = l.received(p, k, frame(2)).expect("two frames of one sender for one attempt");
+        assert_eq!(proof, [vec![1; 8], vec![2; 8]], "the shown header, then the received one");
         let mut l = Lanes::default();
-        assert!(!l.received(p, k, [3; 32]));
-        assert!(l.shown(p, k, [4; 32]), "in either order");
+        assert_eq!(l.received(p, k, frame(3)), None);
+        assert_eq!(l.shown(p, k, frame(4)), Some([vec![4; 8], vec![3; 8]]), "in either order");
     }
 
     #[test]

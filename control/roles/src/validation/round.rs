@@ -97,6 +97,9 @@ pub enum Action {
         samples: u32,
         evidence_hash: Option<[u8; 32]>,
         reason: String,
+        /// Guilty on a proof (`iota_core::frame_equivocation`): the two
+        /// headers; empty otherwise.
+        proof: Vec<Vec<u8>>,
     },
     /// The round is over; `weights` rate the epoch's miners in the order
     /// of its work (empty: abstaining), `miners_hash` names that order
@@ -170,7 +173,7 @@ struct Round {
 
 impl Round {
     /// Votes `miner` guilty (once).
-    fn vote_guilty(&mut self, miner: PeerId, reason: String, out: &mut Vec<Action>) {
+    fn vote_guilty(&mut self, miner: PeerId, reason: String, proof: Vec<Vec<u8>>, out: &mut Vec<Action>) {
         let Some(v) = self.drawn.get_mut(&miner).filter(|v| !v.voted) else { return };
         v.voted = true;
         v.guilty = true;
@@ -181,6 +184,7 @@ impl Round {
             samples: v.passed.saturating_add(1),
             evidence_hash: evidence_hash(&v.hashes),
             reason,
+            proof,
         });
         self.release_lanes(miner, out);
     }
@@ -202,13 +206,13 @@ impl Round {
     }
 
     /// The two ends of `sender`'s gradient lane on `key` hold different
-    /// frames it signed.
-    fn lane_contradicted(&mut self, sender: PeerId, key: WorkKey, out: &mut Vec<Action>) {
+    /// frames it signed: `proof`, the two headers, goes with the vote.
+    fn lane_contradicted(&mut self, sender: PeerId, key: WorkKey, proof: [Vec<u8>; 2], out: &mut Vec<Action>) {
         let why = format!(
             "attempt {key:?}: the gradient frame it showed is not the one its upstream neighbour received (two \
              frames it signed for the attempt)"
         );
-        self.vote_guilty(sender, why, out);
+        self.vote_guilty(sender, why, proof.into(), out);
     }
 
     /// Clears `miner` once everything drawn of it has been judged.
@@ -222,6 +226,7 @@ impl Round {
             samples: v.passed,
             evidence_hash: evidence_hash(&v.hashes),
             reason: String::new(),
+            proof: Vec::new(),
         });
     }
 }
@@ -527,17 +532,17 @@ impl ValidatorCore {
         // The lanes first: the frames its sender signed count whatever
         // this miner's own evidence is worth.
         // What it sent upstream, against what its receiver holds.
-        if let Some(id) = rec.sent_grad
-            && r.lanes.shown(job.miner, job.key, id)
+        if let Some(f) = rec.sent_grad
+            && let Some(proof) = r.lanes.shown(job.miner, job.key, f)
         {
-            r.lane_contradicted(job.miner, job.key, &mut out);
+            r.lane_contradicted(job.miner, job.key, proof, &mut out);
         }
         // What it received, against what its sender showed.
         if let Some(sender) = r.receivers.remove(&(job.miner, job.key)) {
-            if let Some(id) = rec.received_grad
-                && r.lanes.received(sender, job.key, id)
+            if let Some(f) = rec.received_grad
+                && let Some(proof) = r.lanes.received(sender, job.key, f)
             {
-                r.lane_contradicted(sender, job.key, &mut out);
+                r.lane_contradicted(sender, job.key, proof, &mut out);
             }
             if let Some(s) = r.drawn.get_mut(&sender) {
                 s.lanes_pending.remove(&job.key);
@@ -548,7 +553,7 @@ impl ValidatorCore {
             v.hashes.push(job.object.hash);
             match &result {
                 Ok(()) => v.passed += 1,
-                Err(why) => r.vote_guilty(job.miner, format!("attempt {:?}: {why}", job.key), &mut out),
+                Err(why) => r.vote_guilty(job.miner, format!("attempt {:?}: {why}", job.key), Vec::new(), &mut out),
             }
         }
         r.clear_if_complete(job.miner, &mut out);
@@ -598,6 +603,7 @@ impl ValidatorCore {
                 samples: v.passed,
                 evidence_hash: evidence_hash(&v.hashes),
                 reason: format!("no evidence for {} drawn attempts within {} ms", v.pending.len(), r.timeout_ms),
+                proof: Vec::new(),
             });
         }
         // Lanes whose receiver's record never came are not judged: their

@@ -3,7 +3,7 @@
 use iota_core::commitment::Commitments;
 
 use super::*;
-use crate::validation::lanes::LaneRecord;
+use crate::validation::lanes::{LaneRecord, ShownFrame};
 
 const STAGES: u32 = 3;
 
@@ -380,7 +380,7 @@ fn a_sender_whose_shown_gradient_is_not_the_received_one_is_voted_guilty() {
             for k in keys {
                 let jobs = c.on_evidence(0, evidence(0, *m, *k));
                 let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
-                let id = |x: u8| Some([x ^ k.1 as u8; 32]);
+                let id = |x: u8| Some(ShownFrame { id: [x ^ k.1 as u8; 32], header: vec![x; 4] });
                 let rec = match m.0[0] {
                     3 => {
                         LaneRecord { sent_grad: if lie && *k == lied_on { id(7) } else { id(1) }, received_grad: None }
@@ -399,9 +399,16 @@ fn a_sender_whose_shown_gradient_is_not_the_received_one_is_voted_guilty() {
         };
         let (guilty, reason) = vote(p(3)).expect("the tail was judged");
         assert_eq!(guilty, lie, "{reason}");
+        let proof = votes.iter().find_map(|v| match v {
+            Action::Vote { miner, proof, .. } if *miner == p(3) => Some(proof.clone()),
+            _ => None,
+        });
         if lie {
             assert!(reason.contains("not the one its upstream neighbour received"), "{reason}");
             assert!(reason.contains(&format!("{lied_on:?}")), "{reason}");
+            assert_eq!(proof, Some(vec![vec![7; 4], vec![1; 4]]), "the shown header, then the received one");
+        } else {
+            assert_eq!(proof, Some(Vec::new()), "no proof with a clearing vote");
         }
         assert_eq!(vote(p(2)).map(|v| v.0), Some(false), "the middle stage's ends all match");
         assert_eq!(vote(p(1)).map(|v| v.0), Some(false));

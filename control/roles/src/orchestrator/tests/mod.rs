@@ -572,6 +572,7 @@ mod butterfly;
 mod deadlines;
 mod epochs;
 mod evidence_asks;
+mod frame_proofs;
 mod hedging;
 mod liveness;
 mod membership;

@@ -75,6 +75,7 @@ fn vote(s: &mut Sim, v: u8, epoch: u64, miner: PeerId, guilty: bool) -> Result<(
         evidence_hash: Some([9; 32]),
         reason: if guilty { "recomputed output differs".into() } else { String::new() },
         signed: vec![v; 8],
+        proof: Vec::new(),
     });
     let out = s.o.step(s.now, ev, &mut s.rng)?;
     s.inbox.extend(out);
@@ -320,6 +321,7 @@ fn repeated_or_oversized_verdicts_are_not_kept() {
         evidence_hash: None,
         reason: String::new(),
         signed: vec![0; MAX_SIGNED_VERDICT + 1],
+        proof: Vec::new(),
     });
     assert!(matches!(s.o.step(s.now, big, &mut s.rng), Err(Refusal::Invalid(ref r)) if r.contains("signed")));
     assert_eq!((s.o.verdicts().len(), s.o.counters().convictions), (2, 0), "refused whole: no vote counted");
