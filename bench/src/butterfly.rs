@@ -223,13 +223,15 @@ fn best_of_3(mut f: impl FnMut()) -> f64 {
 
 /// The reduce one owner runs for its share of an R-replica merge of P
 /// parameters (each partition has two owners: 2P/R values, R encoded
-/// contributions of each), timed alone: the streamed reduce the miners
-/// run (`reduce_partition`) and the decode-first reference
-/// (`reduce_partition_decoded`), as GB/s of contribution bytes read,
+/// contributions of each), timed alone to what the owner publishes (the
+/// update encoded, and its hash): the streamed reduce the miners run
+/// (`reduce_partition_published`) and the decode-first reference
+/// (`reduce_partition_decoded`, then `update_hash`), as GB/s of
+/// contribution bytes read,
 /// beside a memory copy of the same bytes in the same run (the faster of
 /// one `copy_from_slice` and one split over the rayon pool).
 fn reduce_alone(spec: &MergeSpec, p: usize, r: usize) -> Result<()> {
-    use iota_dataplane::miner::merge::{encode_slice, reduce_partition};
+    use iota_dataplane::miner::merge::{encode_slice, reduce_partition_published};
     let len = (2 * p / r.max(1)).max(1);
     let mut rng = Rng::new(9);
     let base: Vec<f32> = (0..len).map(|_| rng.normal() * 0.01).collect();
@@ -253,19 +255,16 @@ fn reduce_alone(spec: &MergeSpec, p: usize, r: usize) -> Result<()> {
     });
     drop((src, dst));
     let copy = copy_one.min(copy_par);
+    // Both to what an owner publishes: the update encoded, and its hash.
     let mut momentum = vec![0.0f32; len];
     let streamed = best_of_3(|| {
-        std::hint::black_box(reduce_partition(spec, 3, len as u64, &payloads, &weights, &mut momentum));
+        let p = reduce_partition_published(spec, 3, len as u64, &payloads, &weights, &mut momentum);
+        std::hint::black_box(p.map(|p| p.hash).ok());
     });
     let reference = best_of_3(|| {
-        std::hint::black_box(iota_dataplane::slices::reduce_partition_decoded(
-            spec,
-            3,
-            len as u64,
-            &payloads,
-            &weights,
-            &mut momentum,
-        ));
+        use iota_dataplane::slices::{reduce_partition_decoded, update_hash};
+        let r = reduce_partition_decoded(spec, 3, len as u64, &payloads, &weights, &mut momentum);
+        std::hint::black_box(update_hash(spec.codec, &r.update).map(|p| p.1).ok());
     });
     let b = bytes as f64;
     println!(

@@ -324,23 +324,26 @@ fn validator_event(
         0 => Event::RegisterValidator { peer: v, device: "cpu".into() },
         1 => Event::Subscribed { peer: v },
         2 => Event::EvidenceAsk { validator: v, epoch, miner: peer, items: vec![attempt(b); 1 + b.u8() as usize % 2] },
-        3 | 4 => Event::Verdict(VerdictIn {
-            validator: v,
-            epoch,
-            miner: peer,
-            check: if b.u8() & 1 == 0 { Check::Recompute } else { Check::Merge },
-            guilty: b.u8() & 1 == 0,
-            samples: u32::from(b.u8() % 4),
-            evidence_hash: Some([b.u8(); 32]),
-            reason: "fuzz".into(),
-            signed: vec![b.u8(); 4],
-            // Sometimes a proof: two byte strings (headers only by chance).
-            proof: if b.u8() & 3 == 0 {
-                (0..2).map(|_| vec![b.u8(); usize::from(b.u8()) * 2]).collect()
-            } else {
-                Vec::new()
-            },
-        }),
+        3 | 4 => {
+            let check = if b.u8() & 1 == 0 { Check::Recompute } else { Check::Merge };
+            let guilty = b.u8() & 1 == 0;
+            let samples = b.u8();
+            Event::Verdict(VerdictIn {
+                validator: v,
+                epoch,
+                miner: peer,
+                check,
+                guilty,
+                samples: u32::from(samples % 4),
+                evidence_hash: Some([b.u8(); 32]),
+                reason: "fuzz".into(),
+                signed: vec![b.u8(); 4],
+                // A proof (two byte strings, headers only by chance) on a
+                // samples byte of 255: no byte more is read, so the seeds
+                // recorded before proofs existed drive the runs they did.
+                proof: if samples == u8::MAX { vec![vec![samples; 300], vec![!samples; 300]] } else { Vec::new() },
+            })
+        }
         5 => {
             // Mostly weights that fit the work (one per miner, its hash);
             // sometimes any count, or a hash of nothing.

@@ -155,8 +155,6 @@ pub fn reduce_partition_decoded(
 /// too. None where this does not apply (another rule, nothing left to
 /// reduce, weights that do not pair with the contributions): the reference
 /// runs.
-// A peer's payloads: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 fn streamed_reduce(
     spec: &MergeSpec,
     epoch: u64,
@@ -165,15 +163,103 @@ fn streamed_reduce(
     weights: &[f64],
     momentum: &mut [f32],
 ) -> Option<Reduced> {
+    let mut update = vec![0.0f32; momentum.len()];
+    let write = |u: &[f32], out: &mut [f32]| -> Result<()> {
+        out.copy_from_slice(u);
+        Ok(())
+    };
+    let (flagged, written) =
+        streamed(spec, epoch, len, payloads, weights, momentum, (&mut update, REDUCE_CHUNK, write))?;
+    written.ok()?;
+    Some(Reduced { update, flagged, stats: ReduceStats::default() })
+}
+
+/// An owner's reduce of one partition to what it publishes: the update
+/// encoded with the merge codec (what `update_hash` encodes), its hash,
+/// and the contributions flagged. For the weighted-mean rules each chunk's
+/// update is encoded as the reduce computes it (`streamed`: the f32
+/// update is never written out); the other rules run the reference and
+/// encode its update. The same bytes either way, and as
+/// `update_hash(reduce_partition(..).update)`.
+pub struct Published {
+    pub payload: Bytes,
+    pub hash: [u8; 32],
+    pub flagged: Vec<(usize, iota_core::merge::Flaw)>,
+    pub stats: iota_core::merge::ReduceStats,
+}
+
+pub fn reduce_partition_published(
+    spec: &MergeSpec,
+    epoch: u64,
+    len: u64,
+    payloads: &[Option<&[u8]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+) -> Result<Published> {
+    let c = spec.codec;
+    let b = BLOCK as usize;
+    let rb = c.row_bytes(b);
+    let bytes = c.payload_bytes(blocks(len), b).ok_or_else(|| anyhow::anyhow!("a partition too large to encode"))?;
+    let mut out = vec![0u8; bytes];
+    // Each chunk's rows encoded on their own (as `encode_slice` does), a
+    // last, partial block through a zero-padded copy.
+    let write = |u: &[f32], o: &mut [u8]| -> Result<()> {
+        let full = u.len() / b;
+        let (body, tail) = o.split_at_mut(full * rb);
+        codec::encode_into(c, full, b, &u[..full * b], body)?;
+        if !tail.is_empty() {
+            let mut padded = vec![0.0f32; b];
+            padded[..u.len() - full * b].copy_from_slice(&u[full * b..]);
+            codec::encode_into(c, 1, b, &padded, tail)?;
+        }
+        Ok(())
+    };
+    if let Some((flagged, written)) =
+        streamed(spec, epoch, len, payloads, weights, momentum, (&mut out, REDUCE_CHUNK / b * rb, write))
+    {
+        written?;
+        let payload = Bytes::from(out);
+        let hash = hash_bytes(&payload);
+        return Ok(Published { payload, hash, flagged, stats: ReduceStats::default() });
+    }
+    let r = reduce_partition_decoded(spec, epoch, len, payloads, weights, momentum);
+    let (payload, hash) = update_hash(c, &r.update)?;
+    Ok(Published { payload, hash, flagged: r.flagged, stats: r.stats })
+}
+
+/// The contributions an owner flags: index (plan order), why.
+type Flagged = Vec<(usize, iota_core::merge::Flaw)>;
+
+/// The output of `streamed`'s second pass: `out`, cut in `per_chunk`
+/// pieces, one for each `REDUCE_CHUNK` of the update, and how a chunk of
+/// the update is written into its piece.
+type Sink<'a, T, W> = (&'a mut [T], usize, W);
+
+/// The two passes of the streamed reduce (see `streamed_reduce`): None
+/// where it does not apply; else the flags and whether every chunk was
+/// decoded and written (an error where not: a payload pass 1 read, or an
+/// update the codec refuses).
+// A peer's payloads: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+fn streamed<T: Send, W: Fn(&[f32], &mut [T]) -> Result<()> + Sync>(
+    spec: &MergeSpec,
+    epoch: u64,
+    len: u64,
+    payloads: &[Option<&[u8]>],
+    weights: &[f64],
+    momentum: &mut [f32],
+    (out, per_chunk, write): Sink<'_, T, W>,
+) -> Option<(Flagged, Result<()>)> {
     let c = spec.codec;
     let n = usize::try_from(len).ok()?;
-    if momentum.len() != n || n == 0 || weights.len() != payloads.len() {
+    let chunks = n.div_ceil(REDUCE_CHUNK);
+    let fits = out.len().div_ceil(per_chunk.max(1)) == chunks;
+    if momentum.len() != n || n == 0 || weights.len() != payloads.len() || per_chunk == 0 || !fits {
         return None;
     }
     let sized: Vec<Option<&[u8]>> = payloads.iter().map(|p| p.filter(|b| check_slice_len(c, len, b).is_ok())).collect();
     // Pass 1: per chunk, each contribution's sum of squares (None: a
     // non-finite value; Err: a value that does not decode).
-    let chunks = n.div_ceil(REDUCE_CHUNK);
     let partials: Vec<Vec<Result<Option<f64>, ()>>> = (0..chunks)
         .into_par_iter()
         .map_init(
@@ -181,13 +267,13 @@ fn streamed_reduce(
             |buf, ci| {
                 let at = ci.saturating_mul(REDUCE_CHUNK);
                 let m = REDUCE_CHUNK.min(n.saturating_sub(at));
-                let out = buf.get_mut(..m).unwrap_or_default();
+                let x = buf.get_mut(..m).unwrap_or_default();
                 sized
                     .iter()
                     .map(|p| {
                         let bytes = p.ok_or(())?;
-                        decode_range(c, bytes, at, out).map_err(|_| ())?;
-                        Ok(chunk_sq_sum(out))
+                        decode_range(c, bytes, at, x).map_err(|_| ())?;
+                        Ok(chunk_sq_sum(x))
                     })
                     .collect()
             },
@@ -222,36 +308,87 @@ fn streamed_reduce(
     let norm: Vec<f64> = used.iter().map(|u| if total > 0.0 { u.1 / total } else { 1.0 / count }).collect();
     let outer = spec.outer_at(epoch);
     let (lr, mu) = (outer.lr, outer.momentum);
-    // Pass 2: the weighted mean and the outer step, chunk by chunk.
-    let mut update = vec![0.0f32; n];
-    let decoded_twice = update
-        .par_chunks_mut(REDUCE_CHUNK)
+    // Pass 2: the weighted mean and the outer step, chunk by chunk, each
+    // chunk's update written into its piece of `out` while in cache.
+    let written = out
+        .par_chunks_mut(per_chunk)
         .zip(momentum.par_chunks_mut(REDUCE_CHUNK))
         .enumerate()
         .map_init(
-            || (vec![0.0f32; REDUCE_CHUNK], vec![0.0f64; REDUCE_CHUNK]),
-            |(buf, acc), (ci, (u, m))| -> Result<()> {
+            || (vec![0.0f32; REDUCE_CHUNK], vec![0.0f64; REDUCE_CHUNK], vec![0.0f32; REDUCE_CHUNK]),
+            |(buf, acc, upd), (ci, (o, m))| -> Result<()> {
                 let at = ci.saturating_mul(REDUCE_CHUNK);
-                let (x, acc) = (buf.get_mut(..u.len()).unwrap_or_default(), acc.get_mut(..u.len()).unwrap_or_default());
+                let k = m.len();
+                let x = buf.get_mut(..k).unwrap_or_default();
+                let acc = acc.get_mut(..k).unwrap_or_default();
+                let u = upd.get_mut(..k).unwrap_or_default();
                 acc.fill(-0.0);
                 for ((bytes, _), w) in used.iter().zip(&norm) {
                     decode_range(c, bytes, at, x)?;
-                    for (a, &v) in acc.iter_mut().zip(x.iter()) {
-                        *a += w * f64::from(v);
-                    }
+                    add_weighted(acc, x, *w);
                 }
-                for ((u, m), a) in u.iter_mut().zip(m.iter_mut()).zip(acc.iter()) {
-                    let g = *a as f32;
-                    *m = mu * *m + g;
-                    *u = lr * (g + mu * *m);
-                }
-                Ok(())
+                outer_step(acc, m, u, lr, mu);
+                write(u, o)
             },
         )
         .collect::<Result<()>>();
-    // Every chunk of every used contribution decoded in pass 1.
-    decoded_twice.ok()?;
-    Some(Reduced { update, flagged, stats: ReduceStats::default() })
+    Some((flagged, written))
+}
+
+/// `acc[j] += w x[j]` in f64: one contribution's share of a chunk's
+/// weighted mean. The loops of the streamed reduce run in AVX2 where the
+/// CPU has it (four f64 lanes where baseline x86-64 has two): the same
+/// operations on each value, no fused multiply-add (Rust never contracts
+/// one), so the same bits on any x86-64.
+fn add_weighted(acc: &mut [f64], x: &[f32], w: f64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above (std caches it).
+        unsafe { add_weighted_avx2(acc, x, w) };
+        return;
+    }
+    add_weighted_body(acc, x, w);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_weighted_avx2(acc: &mut [f64], x: &[f32], w: f64) {
+    add_weighted_body(acc, x, w)
+}
+
+#[inline(always)]
+fn add_weighted_body(acc: &mut [f64], x: &[f32], w: f64) {
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += w * f64::from(v);
+    }
+}
+
+/// The outer step on one chunk from its weighted mean `acc` (in f64):
+/// m <- mu m + g, u = lr (g + mu m), with g the mean as f32 (in AVX2
+/// where the CPU has it, as `add_weighted`).
+fn outer_step(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above (std caches it).
+        unsafe { outer_step_avx2(acc, m, u, lr, mu) };
+        return;
+    }
+    outer_step_body(acc, m, u, lr, mu);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn outer_step_avx2(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
+    outer_step_body(acc, m, u, lr, mu)
+}
+
+#[inline(always)]
+fn outer_step_body(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
+    for ((u, m), a) in u.iter_mut().zip(m.iter_mut()).zip(acc) {
+        let g = *a as f32;
+        *m = mu * *m + g;
+        *u = lr * (g + mu * *m);
+    }
 }
 
 /// Decodes values `at .. at + out.len()` of a slice written by
@@ -407,6 +544,20 @@ mod tests {
                             streamed += usize::from(
                                 streamed_reduce(&spec, 5, len as u64, &payloads, &weights, &mut m).is_some(),
                             );
+                            // Reduced straight to the published bytes: the
+                            // reference's update, encoded.
+                            let mut m_pub = m0.clone();
+                            let published =
+                                reduce_partition_published(&spec, 5, len as u64, &payloads, &weights, &mut m_pub);
+                            match (update_hash(c, &want.update), published) {
+                                (Ok((payload, hash)), Ok(p)) => {
+                                    assert_eq!((&p.payload[..], p.hash), (&payload[..], hash), "{what}: published");
+                                    assert_eq!((p.flagged, p.stats), (want.flagged.clone(), want.stats.clone()));
+                                    assert_eq!(bits(&m_pub), bits(&m_ref), "{what}: momentum (published)");
+                                }
+                                (Err(_), Err(_)) => {}
+                                (a, b) => panic!("{what}: {:?} vs {:?}", a.map(|x| x.1), b.map(|x| x.hash)),
+                            }
                         }
                     }
                 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
-use iota_checks::slices::{reduce_partition, update_hash};
+use iota_checks::slices::reduce_partition_published;
 use iota_core::PeerId;
 use iota_core::merge::{BLOCK, MergePlan};
 use iota_core::wire::Direction;
@@ -84,10 +84,10 @@ pub fn recompute_partition(
     if !missing.is_empty() {
         return Ok(AuditFinding::Missing(missing));
     }
-    let reduced = reduce_partition(spec, plan.epoch, part.len, &payloads, &plan.weights(), momentum);
-    let (_, hash) = update_hash(spec.codec, &reduced.update).map_err(|e| format!("encoding the update: {e}"))?;
+    let reduced = reduce_partition_published(spec, plan.epoch, part.len, &payloads, &plan.weights(), momentum)
+        .map_err(|e| format!("encoding the update: {e}"))?;
     let flagged = reduced.flagged.iter().map(|(i, _)| plan.participants[*i].peer).collect();
-    Ok(AuditFinding::Recomputed(hash, flagged))
+    Ok(AuditFinding::Recomputed(reduced.hash, flagged))
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ use iota_protocol::{SharedStore, pb};
 use tracing::warn;
 
 pub use self::butterfly::{
-    Butterfly, MergeFault, MergeStats, Reduced, decode_slice, encode_slice, reduce_partition, update_hash,
+    Butterfly, MergeFault, MergeStats, Published, Reduced, decode_slice, encode_slice, reduce_partition,
+    reduce_partition_published, update_hash,
 };
 pub use self::parameter_server::ParameterServer;
 pub use self::parts::{BadRead, PartsRead, f32_bytes, get_verified, load_weights, read_parts};

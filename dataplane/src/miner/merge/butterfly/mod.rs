@@ -52,7 +52,10 @@ mod tests;
 pub use self::fault::MergeFault;
 use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
-pub use self::slices::{Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, update_hash};
+pub use self::slices::{
+    Published, Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, reduce_partition_published,
+    update_hash,
+};
 pub use self::stats::MergeStats;
 use super::Merge;
 use super::parts::f32_le;
@@ -350,6 +353,13 @@ impl Butterfly {
         Ok(m)
     }
 
+    /// A dishonest owner's (test tool) update: the honest one decoded,
+    /// changed value by value, encoded again.
+    fn republished(&self, len: u64, payload: &[u8], f: impl Fn(f32) -> f32) -> Result<(Bytes, [u8; 32])> {
+        let u: Vec<f32> = decode_slice(self.codec(), len, payload)?.into_iter().map(f).collect();
+        update_hash(self.codec(), &u)
+    }
+
     fn try_reduce(&mut self, k: usize, out: &mut Vec<Output>) -> Result<()> {
         let plan = self.plan.clone().expect("pump checked");
         let part = &plan.partitions[k];
@@ -367,8 +377,8 @@ impl Butterfly {
         // What every honest owner flags, with the same inputs, and leaves
         // out of its reduce (so it agrees with the other honest owner
         // whatever the rule, and an owner that keeps it in disagrees).
-        let Reduced { update: mut u, flagged: flagged_at, stats: st } =
-            reduce_partition(&self.spec, self.epoch, part.len, &payloads, &plan.weights(), &mut momentum);
+        let Published { payload, hash, flagged: flagged_at, stats: st } =
+            reduce_partition_published(&self.spec, self.epoch, part.len, &payloads, &plan.weights(), &mut momentum)?;
         let mut flagged: Vec<Vec<u8>> = Vec::new();
         for (i, why) in flagged_at {
             let from = plan.participants[i].peer;
@@ -380,16 +390,14 @@ impl Butterfly {
         if st.rejected_non_finite > 0 || st.clipped > 0 {
             warn!(k, rejected = st.rejected_non_finite, clipped = st.clipped, "robust reduce held back contributions");
         }
-        if self.fault == Some(MergeFault::CorruptUpdates) {
-            u.iter_mut().for_each(|x| *x += 0.5);
-        }
         let among_accomplices =
             part.owners.len() >= 2 && part.owners.iter().all(|o| *o == self.me || self.accomplices.contains(o));
-        if self.fault == Some(MergeFault::Collude) && among_accomplices {
-            u.iter_mut().for_each(|x| *x = -*x);
-        }
-        let (payload, hash) = update_hash(self.codec(), &u)?;
-        drop(u);
+        let (payload, hash) = match self.fault {
+            // Test tools: the update changed before it is published.
+            Some(MergeFault::CorruptUpdates) => self.republished(part.len, &payload, |x| x + 0.5)?,
+            Some(MergeFault::Collude) if among_accomplices => self.republished(part.len, &payload, |x| -x)?,
+            _ => (payload, hash),
+        };
         // Without outer momentum nothing reads it again (it is never stored).
         if self.spec.outer.momentum == 0.0 {
             momentum = Vec::new();
