@@ -55,7 +55,7 @@ pub struct SwarmArgs {
     /// `iota-miner run --adversary` takes: noise, zeros, replay,
     /// loss-lie, copy, grad-noise, lazy, merge-equivocate, nan,
     /// merge-garbage, merge-lie, withholder, lying-owner,
-    /// framing-sender, silent, closed, slow, flaky,
+    /// framing-sender, fabricated-evidence, silent, closed, slow, flaky,
     /// hostile-unreachable; not collude or referee-collusion, which
     /// need their accomplices' ids); repeatable.
     #[arg(long, value_name = "MODE@K", hide = true)]
