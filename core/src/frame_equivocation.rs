@@ -74,6 +74,46 @@ impl FrameEquivocation {
     }
 }
 
+/// The archived header of a pipeline frame of `direction` that `id`
+/// signed for attempt (shard 0, first sample 8, `attempt`) of `run_id`'s
+/// `epoch`, its payload hash all `payload`: the proofs' tests here and in
+/// the crates that check them (the orchestrator, the ledger) build theirs
+/// with it.
+#[doc(hidden)]
+pub fn signed_test_header(
+    id: &crate::identity::Identity,
+    run_id: u64,
+    epoch: u32,
+    attempt: u32,
+    direction: Direction,
+    payload: u8,
+) -> Vec<u8> {
+    let mut shape = [0u32; crate::wire::MAX_DIMS];
+    (shape[0], shape[1]) = (32, 8);
+    let mut h = FrameHeader {
+        version: 1,
+        direction,
+        codec: 1,
+        ndim: 2,
+        stage: 1,
+        run_id,
+        epoch,
+        shard: 0,
+        first_sample: 8,
+        samples: 2,
+        attempt,
+        seq_no: 3,
+        shape,
+        payload_len: 256,
+        payload_hash: [payload; 32],
+        answers: [5; 32],
+        sender: [0; 32],
+        signature: [0; 64],
+    };
+    h.sign(id);
+    header_bytes(&h)
+}
+
 /// What two frames of one attempt and direction share.
 fn of_attempt(h: &FrameHeader) -> (u32, u16, u32, u64, u32, u32, Direction) {
     (h.epoch, h.stage, h.shard, h.first_sample, h.samples, h.attempt, h.direction)
@@ -83,34 +123,9 @@ fn of_attempt(h: &FrameHeader) -> (u32, u16, u32, u64, u32, u32, Direction) {
 mod tests {
     use super::*;
     use crate::identity::Identity;
-    use crate::wire::MAX_DIMS;
 
     fn header(id: &Identity, payload: u8, attempt: u32, direction: Direction) -> Vec<u8> {
-        let mut shape = [0u32; MAX_DIMS];
-        shape[0] = 4;
-        shape[1] = 8;
-        let mut h = FrameHeader {
-            version: 1,
-            direction,
-            codec: 1,
-            ndim: 2,
-            stage: 2,
-            run_id: 7,
-            epoch: 3,
-            shard: 1,
-            first_sample: 16,
-            samples: 2,
-            attempt,
-            seq_no: 5,
-            shape,
-            payload_len: 64,
-            payload_hash: [payload; 32],
-            answers: [9; 32],
-            sender: [0; 32],
-            signature: [0; 64],
-        };
-        h.sign(id);
-        header_bytes(&h)
+        signed_test_header(id, 7, 3, attempt, direction, payload)
     }
 
     #[test]
@@ -119,7 +134,7 @@ mod tests {
         let g = Direction::ActivationGrad;
         let (a, b) = (header(&m, 1, 0, g), header(&m, 2, 0, g));
         let p = FrameEquivocation::check(7, m.peer_id(), &a, &b).unwrap();
-        assert_eq!((p.epoch, p.shard, p.first_sample, p.attempt, p.direction), (3, 1, 16, 0, g as u8));
+        assert_eq!((p.epoch, p.shard, p.first_sample, p.attempt, p.direction), (3, 0, 8, 0, g as u8));
         assert!(FrameEquivocation::check(7, m.peer_id(), &b, &a).is_ok(), "in either order");
         let refused = |x: &[u8], y: &[u8], who: PeerId, run: u64, why: &str| {
             let e = FrameEquivocation::check(run, who, x, y).unwrap_err();

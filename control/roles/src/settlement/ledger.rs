@@ -479,31 +479,8 @@ mod tests {
     /// The archived header of a gradient frame `id` signed for run 7,
     /// epoch `epoch`'s attempt (0, 8, 0), payload hash `payload`.
     fn frame_header(id: &Identity, epoch: u32, payload: u8) -> Vec<u8> {
-        use iota_core::wire::{Direction, FrameHeader, MAX_DIMS, header_bytes};
-        let mut shape = [0u32; MAX_DIMS];
-        (shape[0], shape[1]) = (32, 8);
-        let mut h = FrameHeader {
-            version: 1,
-            direction: Direction::ActivationGrad,
-            codec: 1,
-            ndim: 2,
-            stage: 1,
-            run_id: 7,
-            epoch,
-            shard: 0,
-            first_sample: 8,
-            samples: 2,
-            attempt: 0,
-            seq_no: 1,
-            shape,
-            payload_len: 256,
-            payload_hash: [payload; 32],
-            answers: [0; 32],
-            sender: [0; 32],
-            signature: [0; 64],
-        };
-        h.sign(id);
-        header_bytes(&h)
+        let grad = iota_core::wire::Direction::ActivationGrad;
+        iota_core::frame_equivocation::signed_test_header(id, 7, epoch, 0, grad, payload)
     }
 
     /// An entry convicting a miner on a proof verifies, and `verify`

@@ -3,40 +3,19 @@
 //! validator's word, whatever the stake voted; a proof that does not hold
 //! refuses the verdict whole.
 
-use iota_core::wire::{Direction, FrameHeader, MAX_DIMS, header_bytes};
+use iota_core::frame_equivocation::signed_test_header;
+use iota_core::wire::Direction;
 use iota_core::{Identity, PeerId};
 
 use super::validation::{start, until_held, validated_spec, validator};
 use super::*;
 use crate::validation::quorum::Check;
 
-/// The archived header of a gradient frame miner `i` signed for epoch 0's
-/// attempt (shard 0, sample 8, attempt `attempt`) with payload hash `payload`.
+/// The archived header of a gradient frame miner `i` signed for `epoch`'s
+/// attempt (0, 8, `attempt`) with payload hash `payload`.
 fn signed_header(i: u8, run_id: u64, epoch: u32, attempt: u32, payload: u8) -> Vec<u8> {
-    let mut shape = [0u32; MAX_DIMS];
-    (shape[0], shape[1]) = (32, 8);
-    let mut h = FrameHeader {
-        version: 1,
-        direction: Direction::ActivationGrad,
-        codec: 1,
-        ndim: 2,
-        stage: 1,
-        run_id,
-        epoch,
-        shard: 0,
-        first_sample: 8,
-        samples: 2,
-        attempt,
-        seq_no: 3,
-        shape,
-        payload_len: 256,
-        payload_hash: [payload; 32],
-        answers: [5; 32],
-        sender: [0; 32],
-        signature: [0; 64],
-    };
-    h.sign(&Identity::from_seed([i; 32]));
-    header_bytes(&h)
+    let id = Identity::from_seed([i; 32]);
+    signed_test_header(&id, run_id, epoch, attempt, Direction::ActivationGrad, payload)
 }
 
 fn verdict(v: u8, miner: PeerId, guilty: bool, proof: Vec<Vec<u8>>) -> Event {
