@@ -13,6 +13,7 @@
 
 mod behind_compute;
 mod commitments;
+mod convictions;
 mod epochs;
 mod event;
 mod evidence_asks;
