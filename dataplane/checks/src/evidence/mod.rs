@@ -217,17 +217,7 @@ pub fn check_backward<B: Backend>(r: &Recompute<B>, k: &Known, mb: SampledMb, ev
         // 5. The gradient it received, from downstream, for its output.
         let (_, got_payload) = answered(k, mb, &l.out, down, ev.received_grad)?;
         // 6. The gradient it sent, for its input.
-        let (sent, sent_payload) =
-            decode_frame(ev.sent_grad, k.ctx, k.miner).map_err(|e| format!("sent gradient frame: {e}"))?;
-        if sent.direction != Direction::ActivationGrad || !same_mb(&sent, mb) {
-            return Err("the sent gradient frame is not the sampled micro-batch's gradient".into());
-        }
-        if sent.codec != k.codec.id() || sent.dims() != inp.dims() {
-            return Err("the sent gradient frame is not in the run's codec and the input's shape".into());
-        }
-        if sent.answers != inp.frame_id() {
-            return Err("the sent gradient does not answer the input frame".into());
-        }
+        let (sent, sent_payload) = gradient_answering(k, mb, ev.sent_grad, k.miner, inp, ("sent", "input"))?;
         // 7. Committed weights for the backward too.
         if !committed(k, ev.forward.step_hashes, ev.weights) {
             return Err("the backward's weights are not ones it committed to".into());
@@ -277,18 +267,32 @@ fn answered<'a>(
     down: PeerId,
     received_grad: &'a [u8],
 ) -> Result<(FrameHeader, &'a [u8]), String> {
-    let (got, got_payload) =
-        decode_frame(received_grad, k.ctx, down).map_err(|e| format!("received gradient frame: {e}"))?;
-    if got.direction != Direction::ActivationGrad || !same_mb(&got, mb) {
-        return Err("the received gradient frame is not the sampled micro-batch's gradient".into());
+    gradient_answering(k, mb, received_grad, down, out, ("received", "output"))
+}
+
+/// Links 5 and 6: `frame` is a gradient `signer` signed for the sampled
+/// attempt, in the run's codec and the shape of `of`, the frame it
+/// answers. `(side, what)` name them in the reasons ("received",
+/// "output"; "sent", "input").
+fn gradient_answering<'a>(
+    k: &Known,
+    mb: SampledMb,
+    frame: &'a [u8],
+    signer: PeerId,
+    of: &FrameHeader,
+    (side, what): (&str, &str),
+) -> Result<(FrameHeader, &'a [u8]), String> {
+    let (g, payload) = decode_frame(frame, k.ctx, signer).map_err(|e| format!("{side} gradient frame: {e}"))?;
+    if g.direction != Direction::ActivationGrad || !same_mb(&g, mb) {
+        return Err(format!("the {side} gradient frame is not the sampled micro-batch's gradient"));
     }
-    if got.codec != k.codec.id() || got.dims() != out.dims() {
-        return Err("the received gradient frame is not in the run's codec and the output's shape".into());
+    if g.codec != k.codec.id() || g.dims() != of.dims() {
+        return Err(format!("the {side} gradient frame is not in the run's codec and the {what}'s shape"));
     }
-    if got.answers != out.frame_id() {
-        return Err("the received gradient does not answer the output frame".into());
+    if g.answers != of.frame_id() {
+        return Err(format!("the {side} gradient does not answer the {what} frame"));
     }
-    Ok((got, got_payload))
+    Ok((g, payload))
 }
 
 /// What links 1 to 3 establish: the output and its payload, and the
