@@ -4,7 +4,9 @@
 //! Every miner keeps a BLAKE3 hash chain per lane — per (epoch, peer, frame
 //! direction, sent or received) — over the ids of the frames on it, and
 //! one chain per epoch over the hashes of its weights after every inner
-//! optimizer step. It reports the chains' heads with its heartbeat. A
+//! optimizer step, and one over the records of those steps (what each
+//! stepped from, with which micro-batches, to what: `iota_checks::
+//! inner_step`), so a validator can recompute any one of them. It reports the chains' heads with its heartbeat. A
 //! validator that is later shown the frames of a lane (or the weights of a
 //! step) recomputes the chain with [`Chain::of`] and compares it with the
 //! reported head; the two ends of a lane commit to the same frames, so a
@@ -86,6 +88,12 @@ pub struct EpochHeads {
     pub lanes: BTreeMap<Lane, Chain>,
     /// Over the BLAKE3 hash of the weights after each inner step.
     pub weights: Chain,
+    /// Over the hash of each inner step's record (`iota_checks::
+    /// inner_step::StepHeader`), led by the record of the last step the
+    /// miner took on its stage before the epoch (the optimizer state it
+    /// carries in), when it took one.
+    #[serde(default)]
+    pub steps: Chain,
     /// Frames not committed because the lane table was full.
     pub overflow: u64,
 }
@@ -97,6 +105,9 @@ impl EpochHeads {
     pub fn rewritten_by(&self, later: &EpochHeads) -> Option<String> {
         if !self.weights.may_precede(&later.weights) {
             return Some(format!("weights chain {} -> {} steps", self.weights.len, later.weights.len));
+        }
+        if !self.steps.may_precede(&later.steps) {
+            return Some(format!("steps chain {} -> {} records", self.steps.len, later.steps.len));
         }
         for (lane, c) in &self.lanes {
             match later.lanes.get(lane) {
@@ -164,6 +175,19 @@ impl Commitments {
         if let Some(e) = self.epoch(epoch) {
             e.weights.push(hash);
         }
+    }
+
+    /// The record of an inner step (or, first in an epoch, of the step the
+    /// epoch's optimizer state comes from), as its hash.
+    pub fn step(&mut self, epoch: u64, record: &[u8; 32]) {
+        if let Some(e) = self.epoch(epoch) {
+            e.steps.push(record);
+        }
+    }
+
+    /// The steps chain of `epoch` as it stands (empty if none is kept).
+    pub fn steps_of(&self, epoch: u64) -> Chain {
+        self.epochs.get(&epoch).map(|e| e.steps).unwrap_or_default()
     }
 
     /// What to report now: every kept epoch, oldest first.
@@ -251,5 +275,11 @@ mod tests {
         let mut rewound = later.clone();
         rewound.weights = Chain::of([&id(5)]);
         assert!(later.rewritten_by(&rewound).unwrap().contains("weights"));
+        c.step(1, &id(8));
+        let stepped = c.heads().remove(0);
+        assert_eq!(later.rewritten_by(&stepped), None);
+        let mut unstepped = stepped.clone();
+        unstepped.steps = Chain::default();
+        assert!(stepped.rewritten_by(&unstepped).unwrap().contains("steps chain"));
     }
 }

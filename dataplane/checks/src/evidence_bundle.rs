@@ -12,6 +12,7 @@
 //! u32    flags            bit 0: an input frame follows
 //!                         bit 1: a backward follows (two gradient frames)
 //!                         bit 2: the backward's own weights follow (bit 1 set)
+//!                         bit 3: an inner step follows (below)
 //! u64    input_len        (0 when absent)
 //! u64    output_len
 //! u64    weights          count of f32 values
@@ -26,6 +27,10 @@
 //! A head's bundle carries bit 1 too: the gradient frame it received for
 //! its output (what shows its neighbour received that output), with an
 //! empty sent gradient (a head sends none) and never bit 2.
+//!
+//! With bit 3 set, the inner step the attempt's backward went into follows
+//! last: a u64 length, then that many bytes of an
+//! `inner_step::StepEvidence` (decoded and bounded by its own reader).
 //!
 //! Nothing else may follow. A bundle with flags 0 or 1 is the format as it
 //! was before backward evidence (a reader of that format refuses the new
@@ -46,7 +51,8 @@ const BACKWARD_HEADER_LEN: usize = 8 * 2;
 const HAS_INPUT: u32 = 1;
 const HAS_BACKWARD: u32 = 1 << 1;
 const HAS_BACKWARD_WEIGHTS: u32 = 1 << 2;
-const KNOWN_FLAGS: u32 = HAS_INPUT | HAS_BACKWARD | HAS_BACKWARD_WEIGHTS;
+const HAS_STEP: u32 = 1 << 3;
+const KNOWN_FLAGS: u32 = HAS_INPUT | HAS_BACKWARD | HAS_BACKWARD_WEIGHTS | HAS_STEP;
 
 /// What the bundle holds.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -61,6 +67,9 @@ pub struct EvidenceBundle {
     pub step_hashes: Vec<[u8; 32]>,
     /// A middle stage's backward for the attempt (None elsewhere).
     pub backward: Option<BackwardFrames>,
+    /// The encoded `inner_step::StepEvidence` of the step the attempt's
+    /// backward went into (None: the miner keeps no steps chain).
+    pub step: Option<Vec<u8>>,
 }
 
 /// What a middle stage adds for its backward, and a head for the answer
@@ -133,7 +142,8 @@ impl EvidenceBundle {
         b.extend_from_slice(MAGIC);
         let flags = if self.input_frame.is_some() { HAS_INPUT } else { 0 }
             | if bw.is_some() { HAS_BACKWARD } else { 0 }
-            | if bw_weights.is_some() { HAS_BACKWARD_WEIGHTS } else { 0 };
+            | if bw_weights.is_some() { HAS_BACKWARD_WEIGHTS } else { 0 }
+            | if self.step.is_some() { HAS_STEP } else { 0 };
         b.extend_from_slice(&flags.to_le_bytes());
         for n in [input.len(), self.output_frame.len(), self.weights.len(), self.step_hashes.len()] {
             b.extend_from_slice(&(n as u64).to_le_bytes());
@@ -157,6 +167,10 @@ impl EvidenceBundle {
         }
         for w in bw_weights.unwrap_or(&[]) {
             b.extend_from_slice(&w.to_le_bytes());
+        }
+        if let Some(step) = &self.step {
+            b.extend_from_slice(&(step.len() as u64).to_le_bytes());
+            b.extend_from_slice(step);
         }
         b
     }
@@ -205,6 +219,15 @@ impl EvidenceBundle {
         .iter()
         .try_fold(header as u64, |acc, n| acc.checked_add(*n))
         .ok_or(BundleError::Truncated)?;
+        let step_len = if flags & HAS_STEP != 0 {
+            Some(u64_at(b, usize::try_from(total).map_err(|_| BundleError::Truncated)?)?)
+        } else {
+            None
+        };
+        let total = match step_len {
+            Some(n) => total.checked_add(8).and_then(|t| t.checked_add(n)).ok_or(BundleError::Truncated)?,
+            None => total,
+        };
         let have = b.len() as u64;
         if have < total {
             return Err(BundleError::Truncated);
@@ -220,6 +243,13 @@ impl EvidenceBundle {
         let grad_in = take(b, &mut at, grad_in_len)?;
         let grad_out = take(b, &mut at, grad_out_len)?;
         let bw_w = take(b, &mut at, bw_weights_len)?;
+        let step = match step_len {
+            Some(n) => {
+                take(b, &mut at, 8)?;
+                Some(take(b, &mut at, n)?.to_vec())
+            }
+            None => None,
+        };
         Ok(EvidenceBundle {
             input_frame: has_input.then(|| input.to_vec()),
             output_frame: output.to_vec(),
@@ -230,6 +260,7 @@ impl EvidenceBundle {
                 sent: grad_out.to_vec(),
                 weights: has_bw_weights.then(|| f32s(bw_w)),
             }),
+            step,
         })
     }
 
@@ -267,6 +298,7 @@ mod tests {
             weights: (0..10).map(|i| i as f32 * 0.5 - 1.0).collect(),
             step_hashes: vec![[1; 32], [2; 32]],
             backward: None,
+            step: None,
         }
     }
 
@@ -289,6 +321,26 @@ mod tests {
         for input in [true, false] {
             let b = bundle(input);
             assert_eq!(EvidenceBundle::decode(&b.encode(), LIM).unwrap(), b);
+        }
+    }
+
+    #[test]
+    fn round_trips_with_a_step_and_refuses_a_step_section_cut_or_overlong() {
+        let b = EvidenceBundle { step: Some(vec![3; 17]), ..middle(true) };
+        let bytes = b.encode();
+        assert_eq!(EvidenceBundle::decode(&bytes, LIM).unwrap(), b);
+        let empty = EvidenceBundle { step: Some(Vec::new()), ..bundle(false) };
+        assert_eq!(EvidenceBundle::decode(&empty.encode(), LIM).unwrap(), empty);
+        assert_eq!(EvidenceBundle::decode(&bytes[..bytes.len() - 1], LIM), Err(BundleError::Truncated));
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(EvidenceBundle::decode(&long, LIM), Err(BundleError::Trailing(1)));
+        // A length past the end, or one that overflows, is refused whole.
+        let at = bytes.len() - 17 - 8;
+        for n in [18u64, u64::MAX] {
+            let mut lie = bytes.clone();
+            lie[at..at + 8].copy_from_slice(&n.to_le_bytes());
+            assert_eq!(EvidenceBundle::decode(&lie, LIM), Err(BundleError::Truncated), "{n}");
         }
     }
 

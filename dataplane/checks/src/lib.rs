@@ -8,6 +8,8 @@
 //! - [`recompute`]: a stage's forward and backward recomputed from evidence;
 //! - [`evidence`], [`evidence_bundle`]: what a miner shows for a drawn
 //!   attempt, and the checks a validator runs on it;
+//! - [`inner_step`]: an inner step's record, what a miner shows of one,
+//!   and its recompute;
 //! - [`slices`]: a merge partition's slice on the wire and the reduce an
 //!   honest owner (and an auditing validator) runs.
 
@@ -15,6 +17,7 @@ pub mod evidence;
 pub mod evidence_bundle;
 pub mod frame;
 pub mod hashes;
+pub mod inner_step;
 pub mod recompute;
 pub mod slices;
 

@@ -16,6 +16,9 @@
 //! Each does everything else honestly (it trains,
 //! commits, and uploads as evidence the frames it really sent), so the
 //! only link a validator can catch it on is the recompute.
+//! `SkipWeightGrad`, `SkipOptimizer` and `SkipBackward` are lazy where only
+//! the recompute of an inner step (`iota_checks::inner_step`) looks: what
+//! they send is honest, what they commit is what they did.
 //! `FabricatedEvidence` is the exception that tests the other links: it
 //! computes and trains honestly but sends cheap garbage on the wire, and
 //! uploads as evidence honest frames signed as if they had been sent.
@@ -119,11 +122,29 @@ pub enum Adversary {
     /// gradient that comes back (an honest miner refuses one that does
     /// not answer what it sent).
     FabricatedEvidence,
+    /// Computes every backward's input gradient (what its upstream
+    /// neighbour needs, so no neighbour sees anything wrong) but not its
+    /// weight gradients: about a third of its compute saved. It steps its
+    /// optimizer on what it accumulated (nothing) and commits honestly to
+    /// the weights and the optimizer state that gives, and shows its
+    /// frames as they were (acted out by dropping each micro-batch's
+    /// weight gradient after its backward).
+    SkipWeightGrad,
+    /// Computes its weight gradients but never steps its optimizer: its
+    /// weights stay where the epoch started. It commits honestly to the
+    /// unchanged weights and optimizer state.
+    SkipOptimizer,
+    /// A head that skips its whole backward (about two thirds of its
+    /// compute): it takes the gradient that comes back, reports the
+    /// micro-batch done and steps on nothing. Elsewhere it is
+    /// `SkipWeightGrad` (a middle stage's or a tail's backward gives the
+    /// gradient its upstream neighbour needs).
+    SkipBackward,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 22] = [
+    pub const NAMES: [(&'static str, Adversary); 25] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -146,6 +167,9 @@ impl Adversary {
         ("referee-collusion", Adversary::RefereeCollusion),
         ("framing-sender", Adversary::FramingSender),
         ("fabricated-evidence", Adversary::FabricatedEvidence),
+        ("skip-weight-grad", Adversary::SkipWeightGrad),
+        ("skip-optimizer", Adversary::SkipOptimizer),
+        ("skip-backward", Adversary::SkipBackward),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -181,6 +205,9 @@ impl Adversary {
                 | Adversary::GradNoise
                 | Adversary::Lazy
                 | Adversary::FabricatedEvidence
+                | Adversary::SkipWeightGrad
+                | Adversary::SkipOptimizer
+                | Adversary::SkipBackward
         )
     }
 }
@@ -256,7 +283,10 @@ impl Tamper {
             | Adversary::RefereeCollusion
             | Adversary::FramingSender
             | Adversary::HostileUnreachable
-            | Adversary::FabricatedEvidence => {}
+            | Adversary::FabricatedEvidence
+            | Adversary::SkipWeightGrad
+            | Adversary::SkipOptimizer
+            | Adversary::SkipBackward => {}
         }
     }
 
@@ -305,6 +335,22 @@ impl Tamper {
     /// (`FabricatedEvidence`).
     pub(crate) fn shows_other_frames(&self) -> bool {
         self.mode == Adversary::FabricatedEvidence
+    }
+
+    /// Whether it drops the weight gradient of every backward it runs
+    /// (`SkipWeightGrad`; `SkipBackward` where a backward must run).
+    pub(crate) fn skips_weight_grads(&self) -> bool {
+        matches!(self.mode, Adversary::SkipWeightGrad | Adversary::SkipBackward)
+    }
+
+    /// Whether it never steps its optimizer (`SkipOptimizer`).
+    pub(crate) fn skips_optimizer(&self) -> bool {
+        self.mode == Adversary::SkipOptimizer
+    }
+
+    /// Whether a head skips its whole backward (`SkipBackward`).
+    pub(crate) fn skips_head_backward(&self) -> bool {
+        self.mode == Adversary::SkipBackward
     }
 
     /// Whether it passes on its input instead of its output (`Copy`).

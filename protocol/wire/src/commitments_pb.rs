@@ -42,6 +42,7 @@ pub fn to_pb(heads: &[EpochHeads]) -> Vec<pb::EpochCommitments> {
                 .collect(),
             weights: Some(chain_to_pb(&e.weights)),
             overflow: e.overflow,
+            steps: Some(chain_to_pb(&e.steps)),
         })
         .collect()
 }
@@ -64,6 +65,7 @@ pub fn from_pb(list: &[pb::EpochCommitments]) -> Result<Vec<EpochHeads>, String>
         let mut heads = EpochHeads {
             epoch: e.epoch,
             weights: chain_from_pb("weights", e.weights.as_ref())?,
+            steps: chain_from_pb("steps", e.steps.as_ref())?,
             overflow: e.overflow,
             ..Default::default()
         };

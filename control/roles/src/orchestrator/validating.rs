@@ -151,12 +151,18 @@ impl Orchestrator {
             }
             heads.insert(m.peer, h.clone());
             let commitments = iota_wire::commitments_pb::to_pb(std::slice::from_ref(h)).into_iter().next();
+            let previous = self
+                .epoch
+                .checked_sub(1)
+                .and_then(|e| m.commitments.get(&e))
+                .and_then(|h| iota_wire::commitments_pb::to_pb(std::slice::from_ref(h)).into_iter().next());
             miners.push(pb::MinerWork {
                 peer: m.peer.0.to_vec(),
                 stage: m.stage,
                 commitments,
                 items,
                 device: m.device.clone(),
+                previous,
             });
         }
         pb::EpochWork {

@@ -16,6 +16,7 @@ use iota_checks::evidence::{
 use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
 use iota_checks::hashes::weights_hash;
+use iota_checks::inner_step::{StepEvidence, StepKnown, StepLimits, check_step};
 use iota_checks::recompute::Recompute;
 use iota_core::wire::{Direction, header_bytes};
 use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
@@ -240,6 +241,58 @@ impl Checker {
             },
         };
         match finding {
+            Finding::Honest => self.check_inner_step(job, &bundle, &ctx, &epoch_starts),
+            Finding::Cheated(why) => Err(why),
+        }
+    }
+
+    /// The inner step the attempt's backward went into (`inner_step`):
+    /// shown whenever the miner committed a steps chain, and a miner that
+    /// committed inner steps commits their records too.
+    fn check_inner_step(
+        &self,
+        job: &CheckJob,
+        bundle: &EvidenceBundle,
+        ctx: &RunContext,
+        epoch_starts: &[[u8; 32]],
+    ) -> Result<(), String> {
+        let steps = &job.heads.steps;
+        if steps.len == 0 {
+            return match job.heads.weights.len {
+                0 => Ok(()),
+                n => Err(format!("{n} inner steps committed without their records")),
+            };
+        }
+        let bytes = bundle.step.as_deref().ok_or("no inner step shown for a committed steps chain")?;
+        let limits = StepLimits {
+            weights: self.stage_weights(job.stage)?,
+            max_headers: self.cfg.spec.micro_batches_per_epoch.saturating_add(2),
+            max_mbs: self.cfg.train.grad_accum.max(1) as u64,
+            max_frame: FrameLimits::default().max_payload.saturating_add(4096),
+        };
+        let ev = StepEvidence::decode(bytes, limits).map_err(|e| format!("inner step: {e:#}"))?;
+        let corpus = self.corpus.clone();
+        let (seed, seq) = (self.cfg.train.seed, self.cfg.train.seq);
+        let data = move |shard: u32, index: u64, len: u32| {
+            let mb = MicroBatchId { first: SampleId { epoch: 0, shard, index }, len };
+            corpus.as_ref().map(|c| c.micro_batch(seed, mb, seq))
+        };
+        let known = StepKnown {
+            ctx,
+            miner: job.miner,
+            stage: job.stage,
+            steps,
+            previous_steps: job.previous_steps.as_ref(),
+            step_hashes: &bundle.step_hashes,
+            epoch_starts,
+            attempt: job.key,
+            completed: &job.completed,
+            upstream_miners: &job.upstream_miners,
+            downstream_miners: &job.downstream_miners,
+            data: &data,
+            tolerance: tolerance_for(&job.device),
+        };
+        match check_step(&self.be, &self.cfg, &known, &ev) {
             Finding::Honest => Ok(()),
             Finding::Cheated(why) => Err(why),
         }

@@ -80,6 +80,15 @@ pub struct CheckJob {
     /// other stages).
     pub reported_loss: Option<f32>,
     pub object: StoredObject,
+    /// The miner's completed attempts of the epoch and their pathways, and
+    /// the miners of the stages around its (what a shown inner step's
+    /// micro-batches and their frames are held against).
+    pub completed: std::sync::Arc<BTreeMap<WorkKey, Vec<PeerId>>>,
+    pub upstream_miners: Vec<PeerId>,
+    pub downstream_miners: Vec<PeerId>,
+    /// The miner's steps chain of the epoch before, as the orchestrator
+    /// holds it (None: it holds none).
+    pub previous_steps: Option<iota_core::commitment::Chain>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +125,8 @@ struct MinerWork {
     /// The device it registered with (bounded: a label, not data).
     device: String,
     heads: EpochHeads,
+    /// Its steps chain of the epoch before (None: not held).
+    previous_steps: Option<iota_core::commitment::Chain>,
     /// Attempt -> (samples, pathway, the tail's reported loss).
     items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
     /// Each attempt's micro-batch issue order in the epoch.
@@ -403,6 +414,12 @@ impl ValidatorCore {
                 .into_iter()
                 .find(|h| h.epoch == w.epoch)
                 .ok_or_else(|| format!("miner {p} has no heads for epoch {}", w.epoch))?;
+            // The epoch before's steps chain (where it ends is checked
+            // against what a shown step carries in).
+            let previous_steps = w.epoch.checked_sub(1).and_then(|e| {
+                let list = iota_wire::commitments_pb::from_pb(m.previous.as_slice()).ok()?;
+                list.into_iter().find(|h| h.epoch == e).map(|h| h.steps)
+            });
             let mut items = BTreeMap::new();
             let mut issued = BTreeMap::new();
             for it in &m.items {
@@ -415,7 +432,7 @@ impl ValidatorCore {
                 issued.insert((r.shard, r.first_sample, r.attempt), it.order);
             }
             let device: String = m.device.chars().take(MAX_DEVICE_CHARS).collect();
-            work.insert(p, MinerWork { stage: m.stage, device, heads, items, order: issued });
+            work.insert(p, MinerWork { stage: m.stage, device, heads, previous_steps, items, order: issued });
         }
         let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
         let b = beacon(self.run_id, w.epoch, &heads);
@@ -488,6 +505,11 @@ impl ValidatorCore {
         let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
         let downstream = m.stage.checked_add(1).and_then(|s| pathway.get(s as usize)).copied();
         let reported_loss = (m.stage + 1 == self.stages).then_some(*loss);
+        let completed = std::sync::Arc::new(m.items.iter().map(|(k, (_, p, _))| (*k, p.clone())).collect());
+        let at = |stage: Option<u32>| -> Vec<PeerId> {
+            stage.map_or_else(Vec::new, |s| r.work.iter().filter(|(_, w)| w.stage == s).map(|(p, _)| *p).collect())
+        };
+        let (upstream_miners, downstream_miners) = (at(m.stage.checked_sub(1)), at(m.stage.checked_add(1)));
         vec![Action::Check(Box::new(CheckJob {
             epoch,
             miner,
@@ -510,6 +532,10 @@ impl ValidatorCore {
                 .copied(),
             reported_loss,
             object: obj,
+            completed,
+            upstream_miners,
+            downstream_miners,
+            previous_steps: m.previous_steps,
         }))]
     }
 

@@ -31,7 +31,14 @@ fn work(epoch: u64, n: u64) -> pb::EpochWork {
             })
             .collect();
         let commitments = iota_wire::commitments_pb::to_pb(&[h]).into_iter().next();
-        miners.push(pb::MinerWork { peer: me.0.to_vec(), stage: s, commitments, items, device: "cpu".into() });
+        miners.push(pb::MinerWork {
+            peer: me.0.to_vec(),
+            stage: s,
+            commitments,
+            items,
+            device: "cpu".into(),
+            previous: None,
+        });
     }
     pb::EpochWork {
         epoch,
@@ -64,7 +71,14 @@ fn work_two_heads(epoch: u64, n: u64, loss: impl Fn(u64, PeerId) -> f32) -> pb::
             })
             .collect();
         let commitments = iota_wire::commitments_pb::to_pb(&[h]).into_iter().next();
-        miners.push(pb::MinerWork { peer: me.0.to_vec(), stage, commitments, items, device: "cpu".into() });
+        miners.push(pb::MinerWork {
+            peer: me.0.to_vec(),
+            stage,
+            commitments,
+            items,
+            device: "cpu".into(),
+            previous: None,
+        });
     }
     pb::EpochWork {
         epoch,

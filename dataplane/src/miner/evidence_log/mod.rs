@@ -51,9 +51,12 @@ pub use self::spill::SpillDir;
 use self::spill::Spilled;
 use super::events::Output;
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
+use crate::inner_step::{OptimizerState, StepHeader};
 use crate::sent_frames::{SentFrameKey, SentFrames};
+use iota_checks::hashes::weights_hash;
 
 mod spill;
+mod steps;
 
 /// The default memory budget for weights snapshots (`MinerOptions::evidence_bytes`).
 pub const DEFAULT_EVIDENCE_BYTES: usize = 1 << 30;
@@ -74,6 +77,8 @@ enum Snapshot {
 /// One weights state the miner held during the epoch.
 struct Version {
     weights: Snapshot,
+    /// `weights_hash` of it (what step records name it by).
+    hash: [u8; 32],
     used: bool,
 }
 
@@ -125,6 +130,9 @@ struct EpochEvidence {
     stage: u32,
     versions: Vec<Version>,
     step_hashes: Vec<[u8; 32]>,
+    /// The records of its steps chain (the carried one first) and, per
+    /// step of the epoch, what showing it takes.
+    steps: steps::StepLog,
     /// Steps committed in the epoch's `UploadDone`, once it went out.
     sealed: Option<usize>,
     attempts: HashMap<MbKey, Attempt>,
@@ -145,6 +153,7 @@ impl EpochEvidence {
             stage,
             versions: Vec::new(),
             step_hashes,
+            steps: steps::StepLog::default(),
             sealed: None,
             attempts: HashMap::new(),
             snapshot_bytes: 0,
@@ -159,7 +168,7 @@ impl EpochEvidence {
     /// Adds a weights state and makes it the current one: in memory while
     /// the budget lasts, then in the spill directory while its budget
     /// lasts, then not at all.
-    fn push_version(&mut self, weights: Vec<f32>, budget: usize, spill: Option<&SpillDir>) {
+    fn push_version(&mut self, weights: Vec<f32>, hash: [u8; 32], budget: usize, spill: Option<&SpillDir>) {
         // Attempts only ever use the current state: one no attempt used is
         // never needed.
         if let Some(last) = self.versions.last_mut()
@@ -172,14 +181,23 @@ impl EpochEvidence {
             }
         }
         let version = self.versions.len();
-        let bytes = 4 * weights.len();
+        let snapshot = self.keep(version, weights, budget, spill);
+        self.versions.push(Version { weights: snapshot, hash, used: false });
+    }
+
+    /// A snapshot of `data` (file slot `slot`): in memory while the budget
+    /// lasts, then in the spill directory while its budget lasts, then
+    /// none (warned once).
+    fn keep(&mut self, slot: usize, data: Vec<f32>, budget: usize, spill: Option<&SpillDir>) -> Snapshot {
+        let version = slot;
+        let bytes = 4 * data.len();
         let snapshot = if self.snapshots_full {
             Snapshot::None
         } else if self.snapshot_bytes.saturating_add(bytes) <= budget {
             self.snapshot_bytes = self.snapshot_bytes.saturating_add(bytes);
-            Snapshot::Memory(weights)
+            Snapshot::Memory(data)
         } else {
-            self.spill(version, weights, spill)
+            self.spill(version, data, spill)
         };
         if matches!(snapshot, Snapshot::None) && !self.snapshots_full {
             self.snapshots_full = true;
@@ -193,7 +211,7 @@ impl EpochEvidence {
                  validators (give the miner more --evidence-disk-gib, or more free disk)"
             );
         }
-        self.versions.push(Version { weights: snapshot, used: false });
+        snapshot
     }
 
     /// Writes a snapshot past the memory budget to the spill directory,
@@ -287,7 +305,8 @@ impl EvidenceLog {
             _ => self.epoch = Some(EpochEvidence::new(epoch, stage, Vec::new())),
         }
         if let Some(e) = self.epoch.as_mut() {
-            e.push_version(weights, budget, self.spill.as_ref());
+            let hash = weights_hash(&weights);
+            e.push_version(weights, hash, budget, self.spill.as_ref());
         }
     }
 
@@ -297,7 +316,8 @@ impl EvidenceLog {
         let budget = self.budget;
         let spill = self.spill.as_ref();
         if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch && e.sealed.is_none()) {
-            e.push_version(weights, budget, spill);
+            let hash = weights_hash(&weights);
+            e.push_version(weights, hash, budget, spill);
         }
     }
 
@@ -308,7 +328,35 @@ impl EvidenceLog {
         let spill = self.spill.as_ref();
         if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch) {
             e.step_hashes.push(hash);
-            e.push_version(weights, budget, spill);
+            e.push_version(weights, hash, budget, spill);
+        }
+    }
+
+    /// The record of the last step this miner took on its stage before
+    /// `epoch` (its optimizer state is the one the epoch carries in): the
+    /// first of the epoch's steps chain; `before`: the chain it ended
+    /// (the epoch before's, just before the record).
+    pub fn carry(&mut self, epoch: u64, header: StepHeader, before: iota_core::commitment::Chain) {
+        if let Some(e) = self.kept_mut(epoch) {
+            e.steps.carry(header, before);
+        }
+    }
+
+    /// An inner step of `epoch` is about to be taken from the current
+    /// weights (call `stepped` after it): its record, the optimizer state
+    /// it steps from, and the neighbours that signed each micro-batch's
+    /// input and gradient frames (zeros where none).
+    pub fn record_step(
+        &mut self,
+        epoch: u64,
+        header: StepHeader,
+        optimizer: OptimizerState,
+        signers: Vec<([u8; 32], [u8; 32])>,
+    ) {
+        let budget = self.budget;
+        let spill = self.spill.as_ref();
+        if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch) {
+            e.record_step(header, optimizer, signers, budget, spill);
         }
     }
 
@@ -497,6 +545,11 @@ impl EvidenceLog {
                 Some(BackwardFrames { received, sent, weights })
             }
         };
+        // The inner step the attempt's backward went into, where the epoch
+        // has a steps chain (a run without validators keeps none). Read
+        // before the attempt's own weights are lent below: the step may
+        // read the same state.
+        let step = if e.steps_kept() { Some(e.step_evidence(key)?.encode()) } else { None };
         let v = e.versions.get_mut(version).ok_or("no such weights state")?;
         // A snapshot in memory is lent to the bundle for the encoding, not
         // copied; a spilled one is read back.
@@ -508,7 +561,7 @@ impl EvidenceLog {
                 (v.load()?, false)
             }
         };
-        let b = EvidenceBundle { input_frame, output_frame, weights, step_hashes, backward };
+        let b = EvidenceBundle { input_frame, output_frame, weights, step_hashes, backward, step };
         let bytes = b.encode();
         if lent {
             v.weights = Snapshot::Memory(b.weights);

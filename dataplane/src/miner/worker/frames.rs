@@ -147,6 +147,7 @@ impl<B: Backend + 'static> Worker<B> {
         let (_, y) = self.tokens(r)?;
         let k = self.cfg.train.grad_accum as f32;
         let t = self.stage.as_mut().unwrap().forward_backward_buf(a.data, &y, a.batch, a.seq, 1.0 / k)?;
+        self.drop_weight_grads_if_lazy();
         self.report_loss(r, &t.losses, out);
         let mut g = t.din.context("tail of a split model returns an input gradient")?;
         if let Some(t) = self.tamper.as_mut() {
@@ -161,7 +162,7 @@ impl<B: Backend + 'static> Worker<B> {
         // With the weights it computed with (before the step below).
         self.evidence.forward(key, a.input_frame, Direction::ActivationGrad);
         self.routes.remove(&key);
-        self.finished_one()
+        self.finished_one(key, a.route.samples, a.prev.as_deref(), None)
     }
 
     /// A forward of a stage before the tail, sent on to the next.
@@ -178,6 +179,9 @@ impl<B: Backend + 'static> Worker<B> {
         let meta = self.frame_meta(&a.route, Direction::Activation, a.rows, w2, a.answers);
         self.send(a.next.as_deref().context("no stage after")?, meta, &h2, out)?;
         self.evidence.forward(a.key, a.input_frame, Direction::Activation);
+        if self.validated() {
+            self.recorder.forwarded(a.key);
+        }
         Ok(())
     }
 
@@ -192,12 +196,22 @@ impl<B: Backend + 'static> Worker<B> {
             .as_ref()
             .filter(|_| a.prev.is_some())
             .and_then(|t| t.stale_gradient(a.rows.saturating_mul(a.width)));
+        // A head skipping its whole backward (a test tool) only drops it.
+        let skip_head = a.prev.is_none() && self.tamper.as_ref().is_some_and(|t| t.skips_head_backward());
         let din = match stale {
             Some(g) => {
                 self.stage.as_mut().unwrap().discard(stage_key(&key));
                 Some(g)
             }
-            None => self.stage.as_mut().unwrap().backward_buf(stage_key(&key), a.data)?,
+            None if skip_head => {
+                self.stage.as_mut().unwrap().discard(stage_key(&key));
+                None
+            }
+            None => {
+                let din = self.stage.as_mut().unwrap().backward_buf(stage_key(&key), a.data)?;
+                self.drop_weight_grads_if_lazy();
+                din
+            }
         };
         self.routes.remove(&key);
         match din {
@@ -226,7 +240,18 @@ impl<B: Backend + 'static> Worker<B> {
                 })))
             }
         }
-        self.finished_one()
+        self.finished_one(key, r.samples, a.prev.as_deref(), a.next.as_deref())
+    }
+
+    /// `SkipWeightGrad` (a test tool) keeps none of a backward's weight
+    /// gradient: acted out by dropping what the backward accumulated (the
+    /// adversary drops every one, so nothing else is lost with it).
+    fn drop_weight_grads_if_lazy(&mut self) {
+        if self.tamper.as_ref().is_some_and(|t| t.skips_weight_grads())
+            && let Some(s) = self.stage.as_mut()
+        {
+            s.zero_grads();
+        }
     }
 
     /// Whether gradient frame `h` answers the activation this miner sent

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use iota_core::commitment::Chain;
 use iota_core::{PeerId, StageSpec};
 use iota_model::optim::AdamW;
 use iota_model::{Backend, Stage};
@@ -147,6 +148,9 @@ impl<B: Backend + 'static> Worker<B> {
             stage.set_weight_prediction(Some(self.cfg.train.grad_accum));
         }
         self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
+        if !self.cfg.spec.validation.validators.is_empty() {
+            self.recorder.assigned(stage.layout().total());
+        }
         self.stage = Some(stage);
         self.stage_index = a.stage;
         if needs_data && self.corpus.is_none() {
@@ -198,7 +202,11 @@ impl<B: Backend + 'static> Worker<B> {
                     // The previous epoch's evidence goes: its requests came
                     // in its Uploading phase. Only validators ask for it.
                     if !self.cfg.spec.validation.validators.is_empty() {
+                        let carried = self.begin_steps(p.epoch, &params);
                         self.evidence.begin(p.epoch, self.stage_index, params);
+                        if let Some((h, before)) = carried {
+                            self.evidence.carry(p.epoch, h, before);
+                        }
                     }
                 }
                 if let Some(sent) = &self.sent {
@@ -249,6 +257,30 @@ impl<B: Backend + 'static> Worker<B> {
 }
 
 impl<B: Backend + 'static> Worker<B> {
+    /// `epoch`'s steps chain starts, on `params`: led by the record of the
+    /// last step this miner took on its stage, committed once however
+    /// often the epoch's training restarts, and returned with the chain it
+    /// ended (for the evidence log). A miner whose last record is not on
+    /// the epoch before's chain (it sat an epoch out) restarts its
+    /// optimizer: nothing it could show links that state to its record.
+    fn begin_steps(&mut self, epoch: u64, params: &[f32]) -> Option<(iota_checks::inner_step::StepHeader, Chain)> {
+        let (carried, lost) = self.recorder.epoch_started(epoch, super::weights_hash(params));
+        if lost {
+            warn!(epoch, "sat an epoch out: its optimizer state restarts");
+            self.optim = Some(AdamW::new(&*self.be, params.len()));
+            self.recorder.assigned(params.len());
+        }
+        let mut c = self.commitments.lock();
+        if c.steps_of(epoch).len > 0 {
+            return None;
+        }
+        let (header, before) = carried?;
+        c.step(epoch, &header.hash());
+        drop(c);
+        self.recorder.carried(epoch);
+        Some((header, before))
+    }
+
     /// The merge behind compute: a Training phase that carries the previous
     /// epoch's merge plan starts (or re-plans) that merge; training goes on.
     fn merge_behind(&mut self, p: &pb::PhaseChange, out: &mut Vec<Output>) -> Result<()> {

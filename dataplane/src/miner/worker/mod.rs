@@ -30,6 +30,7 @@ use super::evidence_log::{self, DEFAULT_EVIDENCE_BYTES, EvidenceLog, MbKey};
 use super::merge::{Butterfly, Merge, ParameterServer};
 use super::waits::Waits;
 use crate::frame::{FrameMeta, RunContext};
+use crate::inner_step::OptimizerState;
 use crate::sent_frames::SentFrames;
 use crate::tls::PeerDirectory;
 use crate::transport::ReceivedFrame;
@@ -37,6 +38,7 @@ use crate::transport::ReceivedFrame;
 mod frames;
 mod lifecycle;
 mod startup;
+mod steps;
 
 pub use super::hashes::{tokens_hash, weights_hash};
 
@@ -110,6 +112,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     overlap_held: Option<(u64, Vec<f32>)>,
     /// Registration to the first finished micro-batch, by part.
     startup: startup::Startup,
+    /// The records of its inner steps (kept with validators only).
+    recorder: steps::StepRecorder,
 }
 
 /// An assigned stage this miner's memory does not hold: the miner stops,
@@ -185,7 +189,14 @@ impl<B: Backend + 'static> Worker<B> {
             overlap_started: None,
             overlap_held: None,
             startup: startup::Startup::default(),
+            recorder: steps::StepRecorder::default(),
         }
+    }
+
+    /// Whether the run has validators (only they read the commitments of
+    /// inner steps and the evidence kept for them).
+    fn validated(&self) -> bool {
+        !self.cfg.spec.validation.validators.is_empty()
     }
 
     /// The memory this miner's stage may use (bytes) and what it computes
@@ -282,6 +293,9 @@ impl<B: Backend + 'static> Worker<B> {
             self.weights_after = Some(epoch);
             if let Some(e) = self.training {
                 // Merged weights that land during training are computed with.
+                if self.validated() {
+                    self.recorder.weights_replaced(weights_hash(&params));
+                }
                 self.evidence.weights_changed(e, params);
             }
         }
@@ -343,6 +357,7 @@ impl<B: Backend + 'static> Worker<B> {
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
                 self.routes.remove(&key);
+                self.recorder.dropped(&key);
                 if let Some(s) = self.stage.as_mut() {
                     s.discard(stage_key(&key));
                 }
@@ -416,7 +431,7 @@ impl<B: Backend + 'static> Worker<B> {
                 attempt: r.attempt,
             })));
             self.routes.remove(&key);
-            return self.finished_one();
+            return self.finished_one(key, r.samples, None, None);
         }
         self.tokens.fetch_add((batch * seq) as u64, Ordering::Relaxed);
         let stage = self.stage.as_mut().context("route before assignment")?;
@@ -428,6 +443,9 @@ impl<B: Backend + 'static> Worker<B> {
         let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width, tokens_hash(&x));
         self.send(&r.pathway[1], meta, &h, out)?;
         self.evidence.forward(key, None, Direction::Activation);
+        if self.validated() {
+            self.recorder.forwarded(key);
+        }
         Ok(())
     }
 
@@ -444,35 +462,62 @@ impl<B: Backend + 'static> Worker<B> {
         })));
     }
 
-    /// Counts a finished micro-batch; steps the optimizer every `grad_accum`.
-    fn finished_one(&mut self) -> Result<()> {
+    /// Counts a finished micro-batch (`key`, of `samples`, whose input
+    /// came from `prev` and gradient from `next`); steps the optimizer
+    /// every `grad_accum`.
+    fn finished_one(&mut self, key: MbKey, samples: u32, prev: Option<&[u8]>, next: Option<&[u8]>) -> Result<()> {
         if let Some(line) = self.startup.finished() {
             info!("{line}");
+        }
+        if self.validated() {
+            self.recorder.finished(key, samples, prev, next);
         }
         self.work += 1;
         self.accumulated += 1;
         if self.accumulated >= self.cfg.train.grad_accum {
             let lr = self.cfg.train.schedule.at(self.steps);
-            let (s, o) = (self.stage.as_mut().unwrap(), self.optim.as_mut().unwrap());
-            let st = o.step(s, &self.cfg.train.adamw, lr);
-            if !st.applied {
-                warn!(step = self.steps, "non-finite gradient; update skipped");
+            let lazy = self.tamper.as_ref().is_some_and(|t| t.skips_optimizer());
+            let s = self.stage.as_mut().context("no stage assigned")?;
+            let o = self.optim.as_mut().context("no optimizer: no stage assigned")?;
+            if !lazy {
+                let st = o.step(s, &self.cfg.train.adamw, lr);
+                if !st.applied {
+                    warn!(step = self.steps, "non-finite gradient; update skipped");
+                }
             }
             s.zero_grads();
             self.accumulated = 0;
+            let step = self.steps;
             self.steps += 1;
             // Committed before any frame computed with these weights leaves.
-            // Only validators read the weights chain and the versions kept
-            // for evidence; without them the copy to the host and its hash
-            // (seconds per step at 1.5b: the whole stage crosses PCIe) are
-            // skipped, and the chain stays empty, consistently.
-            if !self.cfg.spec.validation.validators.is_empty() {
-                let params = s.params_host();
-                let hash = weights_hash(&params);
-                self.commitments.lock().weights(self.epoch, &hash);
-                self.evidence.stepped(self.epoch, hash, params);
+            // Only validators read the weights chain, the step records and
+            // the versions kept for evidence; without them the copies to
+            // the host and their hashes (seconds per step at 1.5b: the
+            // whole stage and its optimizer state cross PCIe) are skipped,
+            // and the chains stay empty, consistently.
+            if self.validated() {
+                self.commit_step(step)?;
             }
         }
+        Ok(())
+    }
+
+    /// Commits inner step `step` just taken: the weights it left, its
+    /// record, and what showing it takes.
+    fn commit_step(&mut self, step: u64) -> Result<()> {
+        let s = self.stage.as_ref().context("no stage")?;
+        let params = s.params_host();
+        let hash = weights_hash(&params);
+        let o = self.optim.as_ref().context("no optimizer")?;
+        let optimizer = OptimizerState { t: o.t, m: self.be.to_host(&o.m), v: self.be.to_host(&o.v) };
+        let mut c = self.commitments.lock();
+        let chain_before = c.steps_of(self.epoch);
+        let (header, before, signers) = self.recorder.stepped((self.epoch, chain_before), step, hash, optimizer);
+        c.weights(self.epoch, &hash);
+        c.step(self.epoch, &header.hash());
+        drop(c);
+        self.evidence.record_step(self.epoch, header, before, signers);
+        self.evidence.stepped(self.epoch, hash, params);
         Ok(())
     }
 }

@@ -33,6 +33,8 @@ use iota_model::train::TrainConfig;
 use iota_protocol::store_keys::evidence_key;
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec, SharedStore, StoredObject, pb};
 
+mod steps;
+
 const RUN: u64 = 99;
 const BATCH: usize = 2;
 /// Micro-batches trained: one inner step after each (grad_accum 1).
@@ -339,7 +341,8 @@ impl Swarm {
         });
         let heads = iota_protocol::commitments_pb::from_pb(&upload.expect("an UploadDone")).unwrap();
         let committed = heads.into_iter().find(|h| h.epoch == 0).expect("epoch 0's heads");
-        assert_eq!(committed.weights.len, MICRO_BATCHES, "one inner step per micro-batch");
+        let steps = self.cfg.spec.micro_batches_per_epoch / self.cfg.train.grad_accum as u64;
+        assert_eq!(committed.weights.len, steps, "one inner step per grad_accum micro-batches");
         let ctx = RunContext::new(RUN, FrameLimits::default());
         let known = Known {
             ctx: &ctx,

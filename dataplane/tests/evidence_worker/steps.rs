@@ -1,0 +1,184 @@
+//! Inner steps shown and recomputed (`inner_step`): with two micro-batches
+//! per step, an honest pathway's bundles show the step each drawn attempt
+//! went into, and the validator's recompute reaches the committed weights
+//! and optimizer state bit for bit, also where a step's micro-batches were
+//! forwarded on different weights; miners that skip their weight
+//! gradients, their optimizer steps or (a head) their whole backward
+//! commit to what they did, and the recompute names them.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use iota_dataplane::inner_step::{StepEvidence, StepKnown, StepLimits, check_step};
+
+/// Micro-batches per inner step in these tests.
+const ACCUM: usize = 2;
+/// Micro-batches trained: two inner steps.
+const MBS: u64 = 4;
+
+fn accumulating_config() -> RunConfig {
+    let mut cfg = run_config();
+    cfg.train.grad_accum = ACCUM;
+    cfg.spec.micro_batches_per_epoch = MBS;
+    cfg
+}
+
+/// Trains `MBS` micro-batches with the head's gradients held back for the
+/// first three (so the head's second step accumulates a micro-batch
+/// forwarded before its first step and one after), and ends the epoch.
+fn trained_with_steps(bad: Option<(usize, Adversary)>) -> Swarm {
+    let mut s = Swarm::with_config(bad, accumulating_config());
+    s.hold_grads_to = Some(0);
+    for n in 0..3 {
+        s.train(n);
+    }
+    s.release();
+    s.train(3);
+    let done = s.reports.iter().filter(|(_, k)| matches!(k, pb::report::Kind::BackwardDone(_))).count();
+    assert_eq!(done as u64, MBS, "every micro-batch went forward and back");
+    s.phase(pb::Phase::Uploading);
+    s
+}
+
+impl Swarm {
+    /// The validator's check of the inner step miner `i`'s bundle for
+    /// `mb` shows.
+    fn check_step(&self, i: usize, mb: SampledMb, b: &EvidenceBundle) -> Finding {
+        let upload = self.reports.iter().find_map(|(j, k)| match k {
+            pb::report::Kind::UploadDone(u) if *j == i => Some(u.commitments.clone()),
+            _ => None,
+        });
+        let heads = iota_protocol::commitments_pb::from_pb(&upload.expect("an UploadDone")).unwrap();
+        let committed = heads.into_iter().find(|h| h.epoch == 0).expect("epoch 0's heads");
+        let Some(bytes) = b.step.as_deref() else { return Finding::Cheated("no step shown".into()) };
+        let stage = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).unwrap()[i].clone();
+        let limits = StepLimits {
+            weights: ParamLayout::for_stage(&self.cfg.train.model, &stage).total() as u64,
+            max_headers: 16,
+            max_mbs: ACCUM as u64,
+            max_frame: 1 << 24,
+        };
+        let ev = match StepEvidence::decode(bytes, limits) {
+            Ok(ev) => ev,
+            Err(e) => return Finding::Cheated(format!("{e:#}")),
+        };
+        let path: Vec<PeerId> = self.miners.iter().map(|m| m.id).collect();
+        let completed: BTreeMap<(u32, u64, u32), Vec<PeerId>> =
+            (0..MBS).map(|n| self.mb(n)).map(|m| ((m.shard, m.first_sample, m.attempt), path.clone())).collect();
+        let corpus = iota_dataplane::corpus::load_corpus(&self.cfg, None).unwrap();
+        let (seed, seq) = (self.cfg.train.seed, self.cfg.train.seq);
+        let data = move |shard: u32, index: u64, len: u32| {
+            let id = MicroBatchId { first: SampleId { epoch: 0, shard, index }, len };
+            Some(corpus.micro_batch(seed, id, seq))
+        };
+        let ctx = RunContext::new(RUN, FrameLimits::default());
+        let neighbours = |d: isize| -> Vec<PeerId> {
+            i.checked_add_signed(d).and_then(|j| self.miners.get(j)).map(|m| m.id).into_iter().collect()
+        };
+        let (up, down) = (neighbours(-1), neighbours(1));
+        let known = StepKnown {
+            ctx: &ctx,
+            miner: self.miners[i].id,
+            stage: i as u32,
+            steps: &committed.steps,
+            previous_steps: None,
+            step_hashes: &b.step_hashes,
+            epoch_starts: &[weights_hash(&self.miners[i].start)],
+            attempt: (mb.shard, mb.first_sample, mb.attempt),
+            completed: &completed,
+            upstream_miners: &up,
+            downstream_miners: &down,
+            data: &data,
+            tolerance: 0.0,
+        };
+        check_step(&Arc::new(CpuBackend::new()), &self.cfg, &known, &ev)
+    }
+
+    fn all_evidence(&mut self, i: usize) -> Vec<(SampledMb, EvidenceBundle)> {
+        let mbs: Vec<SampledMb> = (0..MBS).map(|n| self.mb(n)).collect();
+        self.evidence(i, &mbs)
+    }
+}
+
+#[test]
+fn honest_inner_steps_recompute_bit_for_bit_with_mixed_forward_weights() {
+    let mut s = trained_with_steps(None);
+    for stage in 0..3 {
+        for (n, (mb, b)) in s.all_evidence(stage).into_iter().enumerate() {
+            let ev = StepEvidence::decode(
+                b.step.as_deref().expect("a step shown"),
+                StepLimits { weights: b.weights.len() as u64, max_headers: 16, max_mbs: 2, max_frame: 1 << 24 },
+            )
+            .unwrap();
+            assert!(!ev.carried, "the first epoch on the stage carries nothing in");
+            assert_eq!(ev.headers.len(), 2, "two steps");
+            assert!(ev.index.is_some(), "stage {stage} micro-batch {n} went into a step");
+            if stage == 0 && n >= 2 {
+                // The head's second step: micro-batch 2 forwarded on the
+                // start, 3 after the first step.
+                let h = &ev.headers[1];
+                assert_ne!(h.mbs[0].weights, h.mbs[1].weights, "mixed forward weights");
+                assert_eq!(ev.weights.len(), 2, "the state before and the older one");
+            }
+            assert_eq!(s.check_step(stage, mb, &b), Finding::Honest, "stage {stage} micro-batch {n}");
+        }
+    }
+}
+
+#[test]
+fn a_step_shown_with_another_optimizer_state_or_an_unsigned_gradient_fails() {
+    let mut s = trained_with_steps(None);
+    let (mb, b) = s.all_evidence(1).remove(0);
+    let limits = StepLimits { weights: b.weights.len() as u64, max_headers: 16, max_mbs: 2, max_frame: 1 << 24 };
+    let ev = StepEvidence::decode(b.step.as_deref().unwrap(), limits).unwrap();
+    let with = |ev: StepEvidence| EvidenceBundle { step: Some(ev.encode()), ..b.clone() };
+    // Huge second moments make any gradient's update vanish: not the
+    // committed state, so refused before any recompute.
+    let mut inflated = ev.clone();
+    inflated.optimizer.v.iter_mut().for_each(|v| *v = 1e30);
+    let f = s.check_step(1, mb, &with(inflated));
+    assert!(matches!(&f, Finding::Cheated(w) if w.contains("optimizer state shown")), "{f:?}");
+    // A gradient frame signed by the miner itself, not its neighbour.
+    let mut forged = ev.clone();
+    forged.frames[0].grad_signer = s.miners[1].id.0;
+    let f = s.check_step(1, mb, &with(forged));
+    assert!(matches!(&f, Finding::Cheated(w) if w.contains("not signed by its pathway's neighbour")), "{f:?}");
+    // A record left out of the chain.
+    let mut short = ev.clone();
+    short.headers.pop();
+    let f = s.check_step(1, mb, &with(short));
+    assert!(matches!(&f, Finding::Cheated(w) if w.contains("not the committed steps chain")), "{f:?}");
+    // Claiming the attempt is in no step.
+    let none = StepEvidence { index: None, optimizer: Default::default(), weights: vec![], frames: vec![], ..ev };
+    let f = s.check_step(1, mb, &with(none));
+    assert!(matches!(&f, Finding::Cheated(w) if w.contains("in a step it did not show")), "{f:?}");
+}
+
+#[test]
+fn lazy_steps_are_named_by_the_recompute_and_their_honest_neighbours_pass() {
+    let cases = [
+        (0, Adversary::SkipBackward),
+        (0, Adversary::SkipOptimizer),
+        (1, Adversary::SkipWeightGrad),
+        (2, Adversary::SkipWeightGrad),
+    ];
+    for (stage, mode) in cases {
+        let mut s = trained_with_steps(Some((stage, mode)));
+        for (n, (mb, b)) in s.all_evidence(stage).into_iter().enumerate() {
+            // What it sent and shows of the attempt itself is honest work.
+            if stage < 2 {
+                let forward = s.check(stage, mb, &b);
+                assert_eq!(forward, Finding::Honest, "{mode:?} at {stage}, micro-batch {n}: its frames");
+            }
+            match s.check_step(stage, mb, &b) {
+                Finding::Cheated(why) => assert!(why.contains("recomputed, the step"), "{mode:?}: {why}"),
+                Finding::Honest => panic!("{mode:?} at stage {stage}, micro-batch {n}: not caught"),
+            }
+        }
+        for other in (0..3).filter(|o| *o != stage) {
+            for (mb, b) in s.all_evidence(other) {
+                assert_eq!(s.check_step(other, mb, &b), Finding::Honest, "{mode:?}: honest stage {other}");
+            }
+        }
+    }
+}
