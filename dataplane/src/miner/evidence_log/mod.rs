@@ -47,11 +47,11 @@ use iota_protocol::store_keys::evidence_key;
 use iota_protocol::{SharedStore, StoredObject, pb};
 use tracing::{info, warn};
 
+use self::spill::Snapshot;
 pub use self::spill::SpillDir;
-use self::spill::Spilled;
 use super::events::Output;
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
-use crate::inner_step::{OptimizerState, StepHeader};
+use crate::inner_step::{OptimizerState, StepEvidence, StepHeader};
 use crate::sent_frames::{SentFrameKey, SentFrames};
 use iota_checks::hashes::weights_hash;
 
@@ -65,14 +65,6 @@ pub const MAX_ATTEMPTS: usize = 65_536;
 
 /// A micro-batch attempt: (epoch, shard, first sample, attempt).
 pub type MbKey = (u64, u32, u64, u32);
-
-/// Where a weights state's snapshot is.
-enum Snapshot {
-    Memory(Vec<f32>),
-    Disk(Spilled),
-    /// Over the budgets, freed because no attempt used it, or lost.
-    None,
-}
 
 /// One weights state the miner held during the epoch.
 struct Version {
@@ -212,6 +204,55 @@ impl EpochEvidence {
             );
         }
         snapshot
+    }
+
+    /// Whether the epoch has a steps chain to show (a miner keeps one when
+    /// its run has validators).
+    fn steps_kept(&self) -> bool {
+        self.steps.has_records()
+    }
+
+    /// An inner step about to be taken from the current weights state:
+    /// its record, the optimizer state it steps from, and its
+    /// micro-batches' frames' signers.
+    fn record_step(
+        &mut self,
+        header: StepHeader,
+        optimizer: OptimizerState,
+        signers: Vec<([u8; 32], [u8; 32])>,
+        budget: usize,
+        spill: Option<&SpillDir>,
+    ) {
+        // The step reads the current state: it must stay showable.
+        if let Some(v) = self.versions.last_mut() {
+            v.used = true;
+        }
+        let slot = steps::OPTIMIZER_SLOTS.saturating_add(self.steps.len());
+        let OptimizerState { t, mut m, v } = optimizer;
+        m.extend_from_slice(&v);
+        drop(v);
+        let moments = self.keep(slot, m, budget, spill);
+        self.steps.push(header, t, moments, signers);
+    }
+
+    /// What `key`'s bundle shows of the inner step its backward went into.
+    fn step_evidence(&mut self, key: MbKey) -> Result<StepEvidence, &'static str> {
+        let sealed = self.sealed.unwrap_or(self.step_hashes.len());
+        let (versions, attempts) = (&mut self.versions, &self.attempts);
+        let load = |hash: &[u8; 32]| -> Result<Vec<f32>, &'static str> {
+            let v =
+                versions.iter_mut().rev().find(|v| v.hash == *hash).ok_or("a weights state of the step is not kept")?;
+            v.load().map_err(|_| "a weights state of the step was not kept")
+        };
+        // A whole-model stage keeps no frames (it needs none); elsewhere a
+        // frame not kept shows as none, and the step cannot be shown.
+        let frames = |shard: u32, first: u64, attempt: u32| {
+            let a = attempts.get(&(key.0, shard, first, attempt));
+            let input = a.and_then(|a| a.input_frame.clone()).unwrap_or_default();
+            let grad = a.and_then(|a| a.backward.as_ref()).map(|(f, _)| f.clone()).unwrap_or_default();
+            (input, grad)
+        };
+        self.steps.evidence(sealed, (key.1, key.2, key.3), load, frames)
     }
 
     /// Writes a snapshot past the memory budget to the spill directory,

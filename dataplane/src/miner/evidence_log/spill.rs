@@ -22,6 +22,25 @@ use std::thread::JoinHandle;
 
 use tracing::warn;
 
+/// Where a snapshot (a weights state, or an optimizer state) is.
+pub(super) enum Snapshot {
+    Memory(Vec<f32>),
+    Disk(Spilled),
+    /// Over the budgets, freed because no attempt used it, or lost.
+    None,
+}
+
+impl Snapshot {
+    /// A copy of what it holds (read back from disk where it was spilled).
+    pub(super) fn load(&mut self) -> Result<Vec<f32>, &'static str> {
+        match self {
+            Snapshot::Memory(w) => Ok(w.clone()),
+            Snapshot::Disk(s) => s.load(),
+            Snapshot::None => Err("not kept"),
+        }
+    }
+}
+
 /// Kept free on the directory's filesystem whatever the budget says.
 pub const MIN_FREE_BYTES: u64 = 1 << 30;
 

@@ -1,22 +1,23 @@
 //! What an epoch's evidence keeps of its inner steps, so that a drawn
 //! attempt's bundle can show the step its backward went into
 //! (`iota_checks::inner_step`): the steps chain's records (the carried one
-//! first), and per step of the epoch the optimizer state it stepped from
-//! (a snapshot of m and v, kept and spilled like the weights; the spill
-//! files' slots are past every weights state's) and the neighbours that
-//! signed each of its micro-batches' frames. The frames themselves and the
-//! weights states are the attempts' and versions' already kept.
+//! first, with the chain it ended), and per step of the epoch the
+//! optimizer state it stepped from (a snapshot of m and v, kept and
+//! spilled like the weights; its spill slots are past every weights
+//! state's) and the neighbours that signed each of its micro-batches'
+//! frames. The frames themselves and the weights states are the attempts'
+//! and versions' the log keeps already.
 
 use iota_core::commitment::Chain;
 
-use super::{EpochEvidence, MbKey, Snapshot};
+use super::spill::Snapshot;
 use crate::inner_step::{MbFrames, OptimizerState, StepEvidence, StepHeader};
 
 /// Spill slots of optimizer states start here (weights states count up from 0).
-const OPTIMIZER_SLOTS: usize = 1 << 24;
+pub(super) const OPTIMIZER_SLOTS: usize = 1 << 24;
 
 /// One step of the epoch.
-pub(super) struct StepState {
+struct StepState {
     t: u64,
     /// m then v.
     moments: Snapshot,
@@ -34,7 +35,8 @@ pub(super) struct StepLog {
 }
 
 impl StepLog {
-    /// The record the epoch's optimizer state comes from.
+    /// The record the epoch's optimizer state comes from, and the chain
+    /// (the epoch before's) it ended.
     pub(super) fn carry(&mut self, header: StepHeader, before: Chain) {
         if self.headers.is_empty() {
             self.headers.push(header);
@@ -43,58 +45,42 @@ impl StepLog {
         }
     }
 
-    fn own(&self) -> &[StepHeader] {
-        self.headers.get(usize::from(self.carried)..).unwrap_or(&[])
-    }
-}
-
-impl EpochEvidence {
-    /// Whether the epoch has a steps chain to show (a miner keeps one when
-    /// its run has validators).
-    pub(super) fn steps_kept(&self) -> bool {
-        !self.steps.headers.is_empty()
+    pub(super) fn has_records(&self) -> bool {
+        !self.headers.is_empty()
     }
 
-    /// An inner step about to be taken from the current weights state:
-    /// its record, the optimizer state it steps from, and its
-    /// micro-batches' frames' signers.
-    pub(super) fn record_step(
+    /// Steps of the epoch recorded.
+    pub(super) fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub(super) fn push(&mut self, header: StepHeader, t: u64, moments: Snapshot, signers: Vec<([u8; 32], [u8; 32])>) {
+        self.headers.push(header);
+        self.states.push(StepState { t, moments, signers });
+    }
+
+    /// What a bundle shows for the attempt `(shard, first sample,
+    /// attempt)`, with `sealed` steps committed: every committed record
+    /// and, where the attempt is in a step, that step's optimizer state
+    /// before, the weights states it read (`load` by hash) and its
+    /// micro-batches' frames (`frames`: the input's and the gradient's).
+    pub(super) fn evidence(
         &mut self,
-        header: StepHeader,
-        optimizer: OptimizerState,
-        signers: Vec<([u8; 32], [u8; 32])>,
-        budget: usize,
-        spill: Option<&super::SpillDir>,
-    ) {
-        // The step reads the current state: it must stay showable.
-        if let Some(v) = self.versions.last_mut() {
-            v.used = true;
-        }
-        let slot = OPTIMIZER_SLOTS.saturating_add(self.steps.states.len());
-        let OptimizerState { t, mut m, v } = optimizer;
-        m.extend_from_slice(&v);
-        drop(v);
-        let moments = self.keep(slot, m, budget, spill);
-        self.steps.headers.push(header);
-        self.steps.states.push(StepState { t, moments, signers });
-    }
-
-    /// What `key`'s bundle shows of its step: None where the attempt is
-    /// in no step (the epoch's last accumulation) and the chain is empty.
-    pub(super) fn step_evidence(&mut self, key: MbKey) -> Result<StepEvidence, &'static str> {
-        let sealed = self.sealed.unwrap_or(self.step_hashes.len());
-        let committed = sealed.saturating_add(usize::from(self.steps.carried));
-        let headers = self.steps.headers.get(..committed).ok_or("the step records are not kept")?.to_vec();
-        let carried = self.steps.carried;
-        let (_, shard, first, attempt) = key;
-        let own = self.steps.own().get(..sealed).unwrap_or(&[]);
-        let index = own
-            .iter()
-            .position(|h| h.mbs.iter().any(|m| (m.shard, m.first_sample, m.attempt) == (shard, first, attempt)));
-        let carried_before = self.steps.carried_before;
+        sealed: usize,
+        (shard, first, attempt): (u32, u64, u32),
+        mut load: impl FnMut(&[u8; 32]) -> Result<Vec<f32>, &'static str>,
+        frames: impl Fn(u32, u64, u32) -> (Vec<u8>, Vec<u8>),
+    ) -> Result<StepEvidence, &'static str> {
+        let committed = sealed.saturating_add(usize::from(self.carried));
+        let headers = self.headers.get(..committed).ok_or("the step records are not kept")?.to_vec();
+        let (carried, carried_before) = (self.carried, self.carried_before);
+        let own = headers.get(usize::from(carried)..).unwrap_or(&[]);
+        let lists =
+            |h: &StepHeader| h.mbs.iter().any(|m| (m.shard, m.first_sample, m.attempt) == (shard, first, attempt));
+        let index = own.iter().position(lists);
+        let header = index.and_then(|i| own.get(i)).cloned();
         let mut ev = StepEvidence { headers, carried, carried_before, ..Default::default() };
-        let Some(i) = index else { return Ok(ev) };
-        let header = own.get(i).ok_or("step")?.clone();
+        let (Some(i), Some(header)) = (index, header) else { return Ok(ev) };
         ev.index = Some(u32::try_from(i).map_err(|_| "step index")?);
         // The weights states the step reads, once each.
         let mut wanted = vec![header.weights_before];
@@ -104,31 +90,15 @@ impl EpochEvidence {
             }
         }
         for h in &wanted {
-            let v = self
-                .versions
-                .iter_mut()
-                .rev()
-                .find(|v| v.hash == *h)
-                .ok_or("a weights state of the step is not kept")?;
-            ev.weights.push(v.load().map_err(|_| "a weights state of the step was not kept")?);
+            ev.weights.push(load(h)?);
         }
-        let state = self.steps.states.get_mut(i).ok_or("the step's optimizer state is not kept")?;
-        let moments = match &mut state.moments {
-            Snapshot::Memory(x) => x.clone(),
-            Snapshot::Disk(s) => s.load()?,
-            Snapshot::None => return Err("the step's optimizer state was not kept"),
-        };
-        let half = moments.len() / 2;
-        let (m, v) = moments.split_at(half);
+        let state = self.states.get_mut(i).ok_or("the step's optimizer state is not kept")?;
+        let moments = state.moments.load().map_err(|_| "the step's optimizer state was not kept")?;
+        let (m, v) = moments.split_at(moments.len() / 2);
         ev.optimizer = OptimizerState { t: state.t, m: m.to_vec(), v: v.to_vec() };
-        let signers = state.signers.clone();
-        for (mb, (input_signer, grad_signer)) in header.mbs.iter().zip(signers) {
-            // A whole-model stage keeps no frames (it needs none); elsewhere
-            // a frame not kept shows as none, and the step cannot be shown.
-            let a = self.attempts.get(&(key.0, mb.shard, mb.first_sample, mb.attempt));
-            let input = a.and_then(|a| a.input_frame.clone()).unwrap_or_default();
-            let grad = a.and_then(|a| a.backward.as_ref()).map(|(f, _)| f.clone()).unwrap_or_default();
-            ev.frames.push(MbFrames { input, input_signer, grad, grad_signer });
+        for (mb, (input_signer, grad_signer)) in header.mbs.iter().zip(&state.signers) {
+            let (input, grad) = frames(mb.shard, mb.first_sample, mb.attempt);
+            ev.frames.push(MbFrames { input, input_signer: *input_signer, grad, grad_signer: *grad_signer });
         }
         Ok(ev)
     }
