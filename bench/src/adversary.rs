@@ -33,7 +33,8 @@ pub struct Args {
     /// Each mode over `--seeds` runs against an honest baseline of the
     /// same shape: the hostile participants (framing-sender, withholder,
     /// lying-owner, referee-collusion, ask-flood), the evidence cheats
-    /// (fabricated-evidence at the head, a middle stage and the tail), and
+    /// (fabricated-evidence at the head, a middle stage and the tail), the
+    /// lazy trainers (skip-weight-grad, skip-optimizer, skip-backward), and
     /// the dishonest-miner and merge-cheat scenarios of the default run; a
     /// comma list of name prefixes runs only those.
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all")]
@@ -48,7 +49,7 @@ pub struct Args {
 /// validator.
 type SeededMode = (&'static str, Option<Adversary>, Place, (u32, u32));
 
-const HOSTILE: [SeededMode; 9] = [
+const HOSTILE: [SeededMode; 12] = [
     ("framing-sender", Some(Adversary::FramingSender), Place::Head, (2, 3)),
     ("withholder", Some(Adversary::Withholder), Place::Head, (2, 3)),
     ("withholder r2", Some(Adversary::Withholder), Place::Head, (2, 2)),
@@ -58,6 +59,9 @@ const HOSTILE: [SeededMode; 9] = [
     ("fabricated-evidence head", Some(Adversary::FabricatedEvidence), Place::Head, (3, 2)),
     ("fabricated-evidence middle", Some(Adversary::FabricatedEvidence), Place::Middle, (3, 2)),
     ("fabricated-evidence tail", Some(Adversary::FabricatedEvidence), Place::Tail, (3, 2)),
+    ("skip-weight-grad middle", Some(Adversary::SkipWeightGrad), Place::Middle, (3, 2)),
+    ("skip-optimizer head", Some(Adversary::SkipOptimizer), Place::Head, (3, 2)),
+    ("skip-backward head", Some(Adversary::SkipBackward), Place::Head, (3, 2)),
 ];
 
 const SCENARIOS: [(&str, Adversary, Place); 9] = [

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use iota_core::PeerId;
+use iota_dataplane::contribution::{Bound, ContributionWitness, WitnessLimits, check_contribution};
 use iota_dataplane::miner::merge::read_parts;
 use iota_protocol::client::ControlClient;
 use iota_protocol::manifest::from_pb_list;
@@ -48,6 +49,7 @@ pub async fn audit(
     run_id: u64,
     store: SharedStore,
     mut client: ControlClient,
+    initial: Option<[u8; 32]>,
 ) -> Duration {
     let mut busy = Duration::ZERO;
     let plan = ma.plan.as_ref().map(plan_from_pb);
@@ -55,10 +57,17 @@ pub async fn audit(
         Some(Ok(p)) => (p.epoch, p.stage, p.partitions.get(ma.partition as usize).map_or(0, |x| x.generation)),
         _ => (0, 0, 0),
     };
+    let mut unbound = Vec::new();
     let result = match plan {
         Some(Ok(plan)) => {
             let wait = contribution_wait(&spec, &plan, ma.partition);
-            recompute(&ma, &plan, &spec, run_id, &store, wait, &mut busy).await
+            let deadline = Instant::now() + wait;
+            let found = recompute(&ma, &plan, &spec, run_id, &store, wait, &mut busy).await;
+            if matches!(found, Ok(AuditFinding::Recomputed(..))) && !ma.committed.is_empty() {
+                let witnessed = Witnessed { ma: &ma, plan: &plan, spec: &spec, initial, deadline };
+                unbound = witnessed.unbound(&store, &mut busy).await;
+            }
+            found
         }
         Some(Err(e)) => Err(format!("the audit's plan: {e}")),
         None => Err("an audit without a plan".into()),
@@ -69,6 +78,7 @@ pub async fn audit(
             info!(epoch, stage, partition = ma.partition, flagged = flagged.len(), "merge partition audited");
             answer.hash = h.to_vec();
             answer.flagged = flagged.iter().map(|p| p.0.to_vec()).collect();
+            answer.unbound = unbound.iter().map(|p| p.0.to_vec()).collect();
         }
         Ok(AuditFinding::Contradicting(headers)) => {
             warn!(
@@ -95,6 +105,79 @@ pub async fn audit(
         warn!(error = %e, "sending a merge audit failed");
     }
     busy
+}
+
+/// Most items of a weights chain a witness may carry.
+const MAX_WITNESS_STEPS: u64 = 1 << 20;
+
+/// What the participants' witnesses of an audited partition are held
+/// against (`iota_checks::contribution`).
+struct Witnessed<'a> {
+    ma: &'a pb::MergeAudit,
+    plan: &'a iota_core::merge::MergePlan,
+    spec: &'a MergeSpec,
+    /// The seed's weights hash, where the epoch started from them.
+    initial: Option<[u8; 32]>,
+    deadline: Instant,
+}
+
+impl Witnessed<'_> {
+    /// The participants whose stored contribution is not the slice of
+    /// their committed weights' pseudo-gradient, or whose witness never
+    /// came by the deadline (a participant stores it with its frame).
+    async fn unbound(&self, store: &SharedStore, busy: &mut Duration) -> Vec<PeerId> {
+        let k = self.ma.partition;
+        let Some(part) = self.plan.partitions.get(k as usize) else { return Vec::new() };
+        let mut starts: Vec<[u8; 32]> = self.ma.starts.iter().filter_map(|h| h.as_slice().try_into().ok()).collect();
+        starts.extend(self.initial);
+        if starts.is_empty() {
+            // No start recorded to hold them against: nobody is judged.
+            return Vec::new();
+        }
+        let reported: BTreeMap<PeerId, [u8; 32]> = self
+            .ma
+            .reported
+            .iter()
+            .filter_map(|r| {
+                Some((PeerId(r.sender.as_slice().try_into().ok()?), r.payload_hash.as_slice().try_into().ok()?))
+            })
+            .collect();
+        let limits = WitnessLimits { weights: self.plan.params, partition: part.len, max_steps: MAX_WITNESS_STEPS };
+        let prefix = format!("{}{k:06}/", contrib_prefix(self.plan.epoch, self.plan.stage));
+        let mut unbound = Vec::new();
+        for c in self.ma.committed.iter().take(MAX_AUDIT_PARTICIPANTS) {
+            let Ok(peer) = c.peer.as_slice().try_into().map(PeerId) else { continue };
+            let (Some(chain), Some(payload_hash)) = (c.weights.as_ref(), reported.get(&peer)) else { continue };
+            let Ok(head) = chain.head.as_slice().try_into() else { continue };
+            let committed = iota_core::commitment::Chain { len: chain.len, head };
+            let key = format!("{prefix}{}.witness", peer.to_hex());
+            let bytes = loop {
+                match store.get(&key).await {
+                    Ok(b) => break Some(b),
+                    Err(_) if Instant::now() < self.deadline => tokio::time::sleep(POLL).await,
+                    Err(_) => break None,
+                }
+            };
+            let t = Instant::now();
+            let bound = Bound {
+                committed: &committed,
+                starts: &starts,
+                codec: self.spec.codec,
+                range: part.offset..part.offset.saturating_add(part.len),
+                payload_hash: *payload_hash,
+            };
+            let verdict = match bytes {
+                None => Err("no witness stored".to_string()),
+                Some(b) => ContributionWitness::decode(&b, limits).and_then(|w| check_contribution(&w, &bound)),
+            };
+            *busy += t.elapsed();
+            if let Err(why) = verdict {
+                warn!(epoch = self.plan.epoch, stage = self.plan.stage, partition = k, %peer, why, "merge contribution not bound to its weights");
+                unbound.push(peer);
+            }
+        }
+        unbound
+    }
 }
 
 /// A read error that says the object is not there for this reader (never

@@ -51,6 +51,7 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             missing: a.missing.iter().map(|m| peer_of(m)).collect(),
             flagged: a.flagged.iter().map(|m| peer_of(m)).collect(),
             contradicting: a.contradicting,
+            unbound: a.unbound.iter().map(|m| peer_of(m)).collect(),
             reason: a.reason,
         },
         pb::validator_report::Kind::MergeVote(v) => Event::MergeVote {

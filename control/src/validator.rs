@@ -301,8 +301,14 @@ impl Shell {
                 let (spec, store, client, in_tx) =
                     (self.cfg.spec.merge.clone(), self.store.clone(), self.client.clone(), self.in_tx.clone());
                 let run_id = self.run_id;
+                // The seed's weights are the start of an epoch the
+                // orchestrator recorded none for (epoch 0).
+                let initial = match ma.plan.as_ref().filter(|p| ma.starts.is_empty() && p.epoch == 0) {
+                    Some(p) => self.checker.lock().initial_hash(p.stage).ok(),
+                    None => None,
+                };
                 tokio::spawn(async move {
-                    let took = crate::merge_auditor::audit(ma, spec, run_id, store, client).await;
+                    let took = crate::merge_auditor::audit(ma, spec, run_id, store, client, initial).await;
                     let _ = in_tx.send(Input::MergeAudited(took)).await;
                 });
                 Vec::new()

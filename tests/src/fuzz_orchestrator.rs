@@ -376,15 +376,20 @@ fn validator_event(
                 None => (u32::from(b.u8()), 0),
             };
             let answer = b.u8() % 3;
+            let hash = (answer == 0).then(|| [b.u8() % 2; 32]);
+            // One byte decides both lists (as many bytes read as before the
+            // unbound list: recorded seeds replay the same events).
+            let coin = if answer == 0 { b.u8() } else { 1 };
             Event::MergeAudit {
                 validator: v,
                 epoch,
                 stage,
                 partition,
                 generation,
-                hash: (answer == 0).then(|| [b.u8() % 2; 32]),
+                hash,
                 missing: if answer == 1 { vec![peer] } else { Vec::new() },
-                flagged: if answer == 0 && b.u8() & 1 == 0 { vec![peer] } else { Vec::new() },
+                flagged: if coin & 1 == 0 { vec![peer] } else { Vec::new() },
+                unbound: if answer == 0 && coin & 2 != 0 { vec![peer] } else { Vec::new() },
                 // Archived headers are fuzzed as bytes: almost all are no
                 // proof of anything, and must be taken as none.
                 contradicting: if answer == 2 && b.u8() & 1 == 0 { vec![vec![b.u8(); 64]] } else { Vec::new() },

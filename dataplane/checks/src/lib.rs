@@ -10,9 +10,12 @@
 //!   attempt, and the checks a validator runs on it;
 //! - [`inner_step`]: an inner step's record, what a miner shows of one,
 //!   and its recompute;
+//! - [`contribution`]: a merge contribution held against the weights
+//!   chain it must come from;
 //! - [`slices`]: a merge partition's slice on the wire and the reduce an
 //!   honest owner (and an auditing validator) runs.
 
+pub mod contribution;
 pub mod evidence;
 pub mod evidence_bundle;
 pub mod frame;

@@ -140,11 +140,17 @@ pub enum Adversary {
     /// `SkipWeightGrad` (a middle stage's or a tail's backward gives the
     /// gradient its upstream neighbour needs).
     SkipBackward,
+    /// In the butterfly merge, sends (and stores when asked) its
+    /// pseudo-gradient scaled by 8 (`MergeFault::ScaledPoison`): well
+    /// formed, consistent to every owner and auditor, far under what
+    /// owners flag; it trains honestly. Only holding the contribution
+    /// against the weights it committed to shows it.
+    ScaledPoison,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 25] = [
+    pub const NAMES: [(&'static str, Adversary); 26] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -170,6 +176,7 @@ impl Adversary {
         ("skip-weight-grad", Adversary::SkipWeightGrad),
         ("skip-optimizer", Adversary::SkipOptimizer),
         ("skip-backward", Adversary::SkipBackward),
+        ("scaled-poison", Adversary::ScaledPoison),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -188,6 +195,7 @@ impl Adversary {
             Adversary::Withholder => Some(MergeFault::Withhold),
             Adversary::LyingOwner | Adversary::RefereeCollusion => Some(MergeFault::CorruptUpdates),
             Adversary::FramingSender => Some(MergeFault::FramingSender),
+            Adversary::ScaledPoison => Some(MergeFault::ScaledPoison),
             _ => None,
         }
     }
@@ -286,7 +294,8 @@ impl Tamper {
             | Adversary::FabricatedEvidence
             | Adversary::SkipWeightGrad
             | Adversary::SkipOptimizer
-            | Adversary::SkipBackward => {}
+            | Adversary::SkipBackward
+            | Adversary::ScaledPoison => {}
         }
     }
 

@@ -333,6 +333,14 @@ fn spawn_pump(
                         }
                     });
                 }
+                Output::StoreRaw { key, bytes } => {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = store.put(&key, bytes.to_vec()).await {
+                            tracing::warn!(key, error = %e, "storing a merge contribution's witness failed");
+                        }
+                    });
+                }
             }
         }
     })

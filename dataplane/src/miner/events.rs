@@ -47,4 +47,11 @@ pub enum Output {
         meta: FrameMeta,
         payload: Bytes,
     },
+    /// Store `bytes` as they are at `key` (a merge contribution's witness,
+    /// `iota_checks::contribution`: it shows itself against committed
+    /// hashes, so it is not signed).
+    StoreRaw {
+        key: String,
+        bytes: Bytes,
+    },
 }

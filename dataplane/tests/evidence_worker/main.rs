@@ -208,7 +208,9 @@ impl Swarm {
                     self.reports.push((i, k));
                     continue;
                 }
-                Output::Store { key, .. } => panic!("a training step stored {key}: only merge audits do"),
+                Output::Store { key, .. } | Output::StoreRaw { key, .. } => {
+                    panic!("a training step stored {key}: only merge audits do")
+                }
             };
             {
                 {

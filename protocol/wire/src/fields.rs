@@ -355,6 +355,12 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
             for m in &a.flagged {
                 hash32("merge_audit.flagged", m)?;
             }
+            if a.unbound.len() > MAX_AUDIT_MISSING {
+                return Err(bad("merge_audit.unbound", "names more participants than a merge can have"));
+            }
+            for m in &a.unbound {
+                hash32("merge_audit.unbound", m)?;
+            }
             if a.contradicting.len() > MAX_AUDIT_MISSING {
                 return Err(bad("merge_audit.contradicting", "names more participants than a merge can have"));
             }

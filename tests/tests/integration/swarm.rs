@@ -423,7 +423,9 @@ fn frames_answer_what_they_were_computed_from() {
             .drain(..)
             .filter_map(|o| match o {
                 Output::Frame { to, meta, payload, .. } => Some((to, meta, payload)),
-                Output::Report(_) | Output::Store { .. } | Output::FabricatedFrame { .. } => None,
+                Output::Report(_) | Output::Store { .. } | Output::StoreRaw { .. } | Output::FabricatedFrame { .. } => {
+                    None
+                }
             })
             .collect();
         assert_eq!(frames.len(), 1, "one frame out");

@@ -370,6 +370,27 @@ async fn a_head_skipping_its_backward_is_convicted_in_its_first_epoch_and_honest
         .await;
 }
 
+/// Issue 55, a contribution that is not the committed weights': a
+/// replica that sends (and stores) its pseudo-gradient scaled by 8 passes
+/// every owner check (far under the flaw band) and trains honestly; the
+/// merge audit holds the stored contribution against the witness of its
+/// committed weights and convicts it at its first merge, and no honest
+/// replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_sending_a_scaled_pseudo_gradient_is_convicted_at_its_first_merge_and_honest_ones_never() {
+    for shape in [(2, 2), (2, 3)] {
+        let r = iota_tests::validation::run_scenario_shaped(Some((Adversary::ScaledPoison, Place::Head)), shape, 2, 16)
+            .await;
+        let bad = r.bad.unwrap();
+        println!("{shape:?}: {:?}", r.history.iter().map(|e| (e.mean_loss, e.convicted.clone())).collect::<Vec<_>>());
+        assert_eq!(r.history.len(), 2, "the run completes");
+        assert_eq!(r.history[0].convicted, vec![bad], "{shape:?}: convicted at its first merge, nobody else");
+        assert!(r.history.iter().all(|h| h.convicted.iter().all(|p| *p == bad)), "{shape:?}: no honest conviction");
+        let against_honest: Vec<_> = r.verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
+        assert!(against_honest.is_empty(), "{shape:?}: honest miners accused: {against_honest:?}");
+    }
+}
+
 /// Issue 13, false positives (same backend): an all-honest swarm over three
 /// epochs gets no guilty vote, and every miner is checked and cleared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -140,6 +140,9 @@ pub enum Event {
         /// Archived headers of stored contributions that contradict what
         /// the owners reported reducing (proofs against their senders).
         contradicting: Vec<Vec<u8>>,
+        /// With a hash: participants whose stored contribution is not the
+        /// slice of their committed weights (`iota_checks::contribution`).
+        unbound: Vec<PeerId>,
         reason: String,
     },
     /// A validator's judgement of `epoch`'s merged model.

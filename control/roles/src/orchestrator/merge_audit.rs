@@ -55,11 +55,32 @@ impl Orchestrator {
             .into_iter()
             .map(|(p, h)| pb::ReportedContribution { sender: p.0.to_vec(), payload_hash: h.to_vec() })
             .collect();
+        // Each participant's weights chain and the stage's start: what its
+        // stored contribution is held against (not behind compute, where a
+        // contribution is the landed weights', which no chain has).
+        let (committed, starts) = if self.spec.merge.overlap {
+            (Vec::new(), Vec::new())
+        } else {
+            let committed = bm
+                .plan
+                .participants
+                .iter()
+                .filter_map(|p| {
+                    let heads = self.miners.get(&p.peer)?.commitments.get(&epoch)?;
+                    let w = &heads.weights;
+                    let weights = Some(pb::ChainHead { len: w.len, head: w.head.to_vec() });
+                    Some(pb::ParticipantChain { peer: p.peer.0.to_vec(), weights })
+                })
+                .collect();
+            (committed, self.validation.starts.get(&stage).map(|h| vec![h.to_vec()]).unwrap_or_default())
+        };
         let audit = pb::MergeAudit {
             plan: Some(plan_to_pb(&bm.plan)),
             partition,
             momentum: self.momentum_manifest(stage),
             reported,
+            committed,
+            starts,
         };
         for v in &validators {
             out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
@@ -88,7 +109,59 @@ impl Orchestrator {
             since: None,
             sent_to: validators,
             answers: BTreeMap::new(),
+            unbound: BTreeMap::new(),
         });
+    }
+
+    /// A validator found participants of an audited partition whose stored
+    /// contribution is not the slice of their committed weights'
+    /// pseudo-gradient (a copy, a negation, a scaled one). More than half
+    /// of all validator stake naming one plans it out and convicts it
+    /// (check `Merge`, counted in `unbound_contributions`).
+    pub(super) fn on_unbound_contributions(
+        &mut self,
+        now: Ms,
+        validator: PeerId,
+        (epoch, stage, partition, generation): (u64, u32, u32, u32),
+        unbound: Vec<PeerId>,
+        out: &mut Vec<Out>,
+    ) {
+        if !self.is_validator(&validator) || !self.merge_is_current(epoch) {
+            return;
+        }
+        let Some(open) =
+            self.validation.merge_audits.iter_mut().find(|a| {
+                a.epoch == epoch && a.stage == stage && a.partition == partition && a.generation == generation
+            })
+        else {
+            return;
+        };
+        open.unbound.insert(validator, unbound);
+        let mut named: BTreeMap<PeerId, u64> = BTreeMap::new();
+        for (v, ps) in &open.unbound {
+            let stake = self.validation.validators.get(v).map_or(0, |v| v.stake);
+            for p in ps {
+                *named.entry(*p).or_default() += stake;
+            }
+        }
+        let total = self.total_stake();
+        let Some(bm) = self.butterfly.get_mut(&stage) else { return };
+        let convicted: Vec<PeerId> = named
+            .into_iter()
+            .filter(|(p, s)| 2 * u128::from(*s) > total && bm.plan.is_participant(p))
+            .map(|(p, _)| p)
+            .collect();
+        if convicted.is_empty() {
+            return;
+        }
+        let mut mo = Vec::new();
+        bm.drop_participants(&convicted, &mut mo);
+        self.merge_outs(stage, mo, out);
+        for p in convicted {
+            warn!(epoch, stage, partition, miner = %p, "a merge contribution is not the pseudo-gradient of its committed weights");
+            self.counters.unbound_contributions += 1;
+            self.convict_merge(now, p, out);
+        }
     }
 
     /// A validator's answer to an audit; `contradicting`: stored

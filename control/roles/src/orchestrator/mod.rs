@@ -303,6 +303,7 @@ impl Orchestrator {
                 missing,
                 flagged,
                 contradicting,
+                unbound,
                 reason,
             } => {
                 let answer = match hash {
@@ -311,6 +312,9 @@ impl Orchestrator {
                     None => validation_state::AuditAnswer::Unable,
                 };
                 let key = (epoch, stage, partition, generation);
+                if hash.is_some() && !unbound.is_empty() {
+                    self.on_unbound_contributions(now, validator, key, unbound, &mut out);
+                }
                 self.on_merge_audit(now, validator, key, (answer, &contradicting), &reason, &mut out)?
             }
             Event::BadObject { peer, epoch, stage, object, reason } => {

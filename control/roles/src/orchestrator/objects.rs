@@ -106,7 +106,10 @@ impl Orchestrator {
             let plan = &bm.ok_or_else(|| not_yours("no butterfly merge of this stage is in progress"))?.plan;
             let (k, name) = rest.split_once('/').ok_or_else(|| not_yours("not a contribution key"))?;
             let k_ok = k.len() == 6 && k.parse::<usize>().is_ok_and(|k| k < plan.partitions.len());
-            if !k_ok || name != format!("{}.frame", peer.to_hex()) || !plan.is_participant(&peer) {
+            // Its contribution, and the witness that binds it to its
+            // weights chain (`iota_checks::contribution`).
+            let own = name == format!("{}.frame", peer.to_hex()) || name == format!("{}.witness", peer.to_hex());
+            if !k_ok || !own || !plan.is_participant(&peer) {
                 return Err(not_yours("a participant writes its own contribution to a planned partition only"));
             }
             return Ok(());

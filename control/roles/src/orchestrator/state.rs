@@ -543,6 +543,11 @@ pub struct Counters {
     /// validators' recompute found it not stored).
     #[serde(default)]
     pub withheld_contributions: u64,
+    /// Merge participants convicted because a merge audit found their
+    /// contribution is not the pseudo-gradient of the weights they
+    /// committed to (`iota_checks::contribution`).
+    #[serde(default)]
+    pub unbound_contributions: u64,
     /// Merge participants planned out for a contribution an owner missed,
     /// not convicted then: on one owner's claim (R = 2: one word against
     /// another), or on two while the validators' finding is awaited.

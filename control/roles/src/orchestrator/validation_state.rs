@@ -206,4 +206,8 @@ pub(super) struct OpenAudit {
     pub(super) since: Option<Ms>,
     pub(super) sent_to: Vec<PeerId>,
     pub(super) answers: BTreeMap<PeerId, AuditAnswer>,
+    /// Per validator, the participants it found unbound (their stored
+    /// contribution is not the slice of their committed weights).
+    #[serde(default)]
+    pub(super) unbound: BTreeMap<PeerId, Vec<PeerId>>,
 }

@@ -61,7 +61,7 @@ impl Checker {
 
     /// The hash of the weights the run seed gives `stage` (what every
     /// miner of it starts epoch 0 from).
-    fn initial_hash(&mut self, stage: u32) -> Result<[u8; 32], String> {
+    pub fn initial_hash(&mut self, stage: u32) -> Result<[u8; 32], String> {
         if let Some(h) = self.initial.get(&stage) {
             return Ok(*h);
         }

@@ -279,6 +279,9 @@ fn spawn_replica(
                     Output::Store { key, meta, payload } => {
                         let _ = store.put(&key, ep.frame_bytes(&meta, &payload)).await;
                     }
+                    Output::StoreRaw { key, bytes } => {
+                        let _ = store.put(&key, bytes.to_vec()).await;
+                    }
                 }
             }
         });

@@ -75,6 +75,11 @@ pub trait Merge: Send {
     fn stored(&mut self, _s: pb::Stored, _out: &mut Vec<Output>) -> Result<()> {
         Ok(())
     }
+    /// The epoch's weights chain as its `UploadDone` commits it (a
+    /// validated run; called before `contribute`): the contribution a
+    /// merge sends must be the pseudo-gradient of its last weights, and an
+    /// audited one is stored with the witness that shows it.
+    fn bind(&mut self, _step_hashes: Vec<[u8; 32]>) {}
 }
 
 /// Loads a stage's weights from announced objects (see `load_weights`);

@@ -230,6 +230,12 @@ impl<B: Backend + 'static> Worker<B> {
                 let params = if self.cfg.spec.merge.overlap { self.land(&p, out)? } else { s.params_host() };
                 let Some(s) = self.stage.as_mut() else { return Ok(()) };
                 let from = out.len();
+                // The contribution is bound to the weights chain (behind
+                // compute it is the landed weights', which no chain has).
+                if !self.cfg.spec.validation.validators.is_empty() && !self.cfg.spec.merge.overlap {
+                    let items = self.evidence.step_hashes(p.epoch).map(<[_]>::to_vec).unwrap_or_default();
+                    self.merge.bind(items);
+                }
                 self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
                 // The upload carries the epoch's final heads: its training
                 // frames and inner steps are all behind it.

@@ -477,6 +477,7 @@ impl Sim {
                             missing,
                             flagged: Vec::new(),
                             contradicting: Vec::new(),
+                            unbound: Vec::new(),
                             reason: String::new(),
                         });
                     }

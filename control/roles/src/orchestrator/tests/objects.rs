@@ -23,6 +23,10 @@ fn a_put_is_granted_only_for_what_the_merge_asks_of_that_miner() {
     let not_yours = |r: Result<(), Refusal>| matches!(r, Err(Refusal::NotYours(_)));
     assert_eq!(sim.o.may_write(a, &contrib(a, 0)), Ok(()));
     assert!(not_yours(sim.o.may_write(a, &contrib(b, 0))), "another participant's contribution");
+    let witness = |p: PeerId| contrib(p, 0).replace(".frame", ".witness");
+    assert_eq!(sim.o.may_write(a, &witness(a)), Ok(()), "its witness");
+    assert!(not_yours(sim.o.may_write(a, &witness(b))), "another participant's witness");
+    assert!(not_yours(sim.o.may_write(a, &contrib(a, 0).replace(".frame", ".other"))), "another kind of object");
     assert!(not_yours(sim.o.may_write(a, &contrib(a, plan.partitions.len()))), "a partition not in the plan");
     assert!(not_yours(sim.o.may_write(other, &contrib(other, 0))), "another stage's merge");
     assert!(not_yours(sim.o.may_write(a, &format!("{}000000/../x.frame", contrib_prefix(e, 0)))));

@@ -49,4 +49,10 @@ pub enum MergeFault {
     /// contradicts what the owners reduced, so that the audit's recompute
     /// would name the honest owners (the `framing-sender` adversary).
     FramingSender,
+    /// Sends (and stores when asked) its pseudo-gradient scaled by 8:
+    /// well formed, signed, consistent everywhere, far inside the band
+    /// owners flag (1,000 times the others' median) and small enough for a
+    /// merge to absorb without a rollback, but not the pseudo-gradient of
+    /// the weights it committed to (the `scaled-poison` adversary).
+    ScaledPoison,
 }

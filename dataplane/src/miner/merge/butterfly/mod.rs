@@ -50,7 +50,6 @@ mod store_io;
 mod tests;
 
 pub use self::fault::MergeFault;
-use self::slices::hash_bytes;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
 pub use self::slices::{
     Published, Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, reduce_partition_published,
@@ -58,7 +57,6 @@ pub use self::slices::{
 };
 pub use self::stats::MergeStats;
 use super::Merge;
-use super::parts::f32_le;
 use super::parts::read_parts;
 use crate::frame::{FrameMeta, RunContext};
 use crate::miner::events::Output;
@@ -96,6 +94,10 @@ pub struct Butterfly {
     ctx: Arc<RunContext>,
     pub stats: Arc<MergeStats>,
     pub fault: Option<MergeFault>,
+    /// In a validated run: the epoch's weights chain items (`bind`) and
+    /// the last weights contributed, for the witness an audited
+    /// contribution is stored with.
+    bound: Option<(Vec<[u8; 32]>, Vec<f32>)>,
     /// The replicas a `Collude` fault conspires with.
     pub accomplices: Vec<PeerId>,
     epoch: u64,
@@ -155,6 +157,7 @@ impl Butterfly {
             ctx,
             stats: Arc::new(MergeStats::default()),
             fault: None,
+            bound: None,
             accomplices: Vec::new(),
             epoch: 0,
             stage: 0,
@@ -297,7 +300,9 @@ impl Butterfly {
         }
         if !self.finished && !self.finalized.is_empty() && self.finalized.iter().all(|&f| f) {
             self.finished = true;
-            let hash = hash_bytes(&f32_le(&self.theta_next));
+            // The weights chain's hash (a root over leaves), so a miner
+            // starting the next epoch from these weights reports the same.
+            let hash = iota_checks::hashes::weights_hash(&self.theta_next);
             let [encode_s, reduce_s, apply_s, store_s] = self.stats.phase_secs_since(self.phases_at_start);
             info!(
                 epoch = self.epoch,
@@ -538,8 +543,18 @@ impl Merge for Butterfly {
                 _ => payload.clone(),
             };
             out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload });
+            if let Some((items, last)) = self.bound.as_ref().filter(|(_, l)| l.len() == self.theta_prev.len()) {
+                let range = part.offset as usize..(part.offset + part.len) as usize;
+                let w = iota_checks::contribution::ContributionWitness::of(&self.theta_prev, last, items, range);
+                let key = self.fallback_key(k, &self.me).replace(".frame", ".witness");
+                out.push(Output::StoreRaw { key, bytes: Bytes::from(w.encode()) });
+            }
         }
         Ok(())
+    }
+
+    fn bind(&mut self, step_hashes: Vec<[u8; 32]>) {
+        self.bound = Some((step_hashes, Vec::new()));
     }
 
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
@@ -563,7 +578,14 @@ impl Merge for Butterfly {
             self.reset(epoch, stage);
             self.theta_prev = params.to_vec();
         }
+        if let Some((_, last)) = self.bound.as_mut() {
+            last.clear();
+            last.extend_from_slice(params);
+        }
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
+        if self.fault == Some(MergeFault::ScaledPoison) {
+            delta.iter_mut().for_each(|d| *d *= 8.0);
+        }
         if self.fault == Some(MergeFault::HugeDelta) {
             delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
         }
