@@ -34,7 +34,9 @@ pub struct Args {
     /// same shape: the hostile participants (framing-sender, withholder,
     /// lying-owner, referee-collusion, ask-flood), the evidence cheats
     /// (fabricated-evidence at the head, a middle stage and the tail), the
-    /// lazy trainers (skip-weight-grad, skip-optimizer, skip-backward), and
+    /// lazy trainers (skip-weight-grad, skip-optimizer, skip-backward), a
+    /// contribution not its weights' (scaled-poison, copy-partner,
+    /// negate-partner), and
     /// the dishonest-miner and merge-cheat scenarios of the default run; a
     /// comma list of name prefixes runs only those.
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all")]
@@ -49,7 +51,7 @@ pub struct Args {
 /// validator.
 type SeededMode = (&'static str, Option<Adversary>, Place, (u32, u32));
 
-const HOSTILE: [SeededMode; 12] = [
+const HOSTILE: [SeededMode; 16] = [
     ("framing-sender", Some(Adversary::FramingSender), Place::Head, (2, 3)),
     ("withholder", Some(Adversary::Withholder), Place::Head, (2, 3)),
     ("withholder r2", Some(Adversary::Withholder), Place::Head, (2, 2)),
@@ -62,6 +64,10 @@ const HOSTILE: [SeededMode; 12] = [
     ("skip-weight-grad middle", Some(Adversary::SkipWeightGrad), Place::Middle, (3, 2)),
     ("skip-optimizer head", Some(Adversary::SkipOptimizer), Place::Head, (3, 2)),
     ("skip-backward head", Some(Adversary::SkipBackward), Place::Head, (3, 2)),
+    ("scaled-poison r2", Some(Adversary::ScaledPoison), Place::Head, (2, 2)),
+    ("scaled-poison", Some(Adversary::ScaledPoison), Place::Head, (2, 3)),
+    ("copy-partner r2", Some(Adversary::CopyPartner), Place::Head, (2, 2)),
+    ("negate-partner r2", Some(Adversary::NegatePartner), Place::Head, (2, 2)),
 ];
 
 const SCENARIOS: [(&str, Adversary, Place); 9] = [

@@ -146,11 +146,18 @@ pub enum Adversary {
     /// owners flag; it trains honestly. Only holding the contribution
     /// against the weights it committed to shows it.
     ScaledPoison,
+    /// In the butterfly merge, sends as its contribution to each partition
+    /// it owns a copy of a co-owner's, as received
+    /// (`MergeFault::CopyPartner`); it trains honestly.
+    CopyPartner,
+    /// As `CopyPartner`, the co-owner's contribution negated
+    /// (`MergeFault::NegatePartner`): at R = 2 the stage stops learning.
+    NegatePartner,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 26] = [
+    pub const NAMES: [(&'static str, Adversary); 28] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -177,6 +184,8 @@ impl Adversary {
         ("skip-optimizer", Adversary::SkipOptimizer),
         ("skip-backward", Adversary::SkipBackward),
         ("scaled-poison", Adversary::ScaledPoison),
+        ("copy-partner", Adversary::CopyPartner),
+        ("negate-partner", Adversary::NegatePartner),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -196,6 +205,8 @@ impl Adversary {
             Adversary::LyingOwner | Adversary::RefereeCollusion => Some(MergeFault::CorruptUpdates),
             Adversary::FramingSender => Some(MergeFault::FramingSender),
             Adversary::ScaledPoison => Some(MergeFault::ScaledPoison),
+            Adversary::CopyPartner => Some(MergeFault::CopyPartner),
+            Adversary::NegatePartner => Some(MergeFault::NegatePartner),
             _ => None,
         }
     }
@@ -295,7 +306,9 @@ impl Tamper {
             | Adversary::SkipWeightGrad
             | Adversary::SkipOptimizer
             | Adversary::SkipBackward
-            | Adversary::ScaledPoison => {}
+            | Adversary::ScaledPoison
+            | Adversary::CopyPartner
+            | Adversary::NegatePartner => {}
         }
     }
 

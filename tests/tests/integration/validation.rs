@@ -372,22 +372,30 @@ async fn a_head_skipping_its_backward_is_convicted_in_its_first_epoch_and_honest
 
 /// Issue 55, a contribution that is not the committed weights': a
 /// replica that sends (and stores) its pseudo-gradient scaled by 8 passes
-/// every owner check (far under the flaw band) and trains honestly; the
-/// merge audit holds the stored contribution against the witness of its
-/// committed weights and convicts it at its first merge, and no honest
-/// replica.
+/// every owner check (far under the flaw band) and trains honestly; so do
+/// one that sends a copy of its co-owner's contribution, and one that
+/// sends its negation (at R = 2 the stage would stop learning). The merge
+/// audit holds each stored contribution against the witness of its
+/// committed weights and convicts the cheat at its first merge, and no
+/// honest replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_sending_a_scaled_pseudo_gradient_is_convicted_at_its_first_merge_and_honest_ones_never() {
-    for shape in [(2, 2), (2, 3)] {
-        let r = iota_tests::validation::run_scenario_shaped(Some((Adversary::ScaledPoison, Place::Head)), shape, 2, 16)
-            .await;
+async fn a_contribution_that_is_not_the_committed_weights_is_convicted_at_its_first_merge_and_honest_ones_never() {
+    let cases = [
+        (Adversary::ScaledPoison, (2, 2)),
+        (Adversary::ScaledPoison, (2, 3)),
+        (Adversary::CopyPartner, (2, 2)),
+        (Adversary::NegatePartner, (2, 2)),
+    ];
+    for (mode, shape) in cases {
+        let r = iota_tests::validation::run_scenario_shaped(Some((mode, Place::Head)), shape, 2, 16).await;
         let bad = r.bad.unwrap();
-        println!("{shape:?}: {:?}", r.history.iter().map(|e| (e.mean_loss, e.convicted.clone())).collect::<Vec<_>>());
-        assert_eq!(r.history.len(), 2, "the run completes");
-        assert_eq!(r.history[0].convicted, vec![bad], "{shape:?}: convicted at its first merge, nobody else");
-        assert!(r.history.iter().all(|h| h.convicted.iter().all(|p| *p == bad)), "{shape:?}: no honest conviction");
+        let losses: Vec<_> = r.history.iter().map(|e| (e.mean_loss, e.convicted.clone())).collect();
+        println!("{mode:?} {shape:?}: {losses:?}");
+        assert_eq!(r.history.len(), 2, "{mode:?}: the run completes");
+        assert_eq!(r.history[0].convicted, vec![bad], "{mode:?} {shape:?}: convicted at its first merge, nobody else");
+        assert!(r.history.iter().all(|h| h.convicted.iter().all(|p| *p == bad)), "{mode:?}: no honest conviction");
         let against_honest: Vec<_> = r.verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
-        assert!(against_honest.is_empty(), "{shape:?}: honest miners accused: {against_honest:?}");
+        assert!(against_honest.is_empty(), "{mode:?} {shape:?}: honest miners accused: {against_honest:?}");
     }
 }
 

@@ -55,4 +55,14 @@ pub enum MergeFault {
     /// merge to absorb without a rollback, but not the pseudo-gradient of
     /// the weights it committed to (the `scaled-poison` adversary).
     ScaledPoison,
+    /// As an owner, waits for another participant's contribution to each
+    /// partition it owns and sends (and stores when asked) a copy of it as
+    /// its own: a free rider that trained honestly but claims a
+    /// co-owner's progress (the `copy-partner` adversary; at R = 2 it owns
+    /// every partition).
+    CopyPartner,
+    /// As `CopyPartner`, the co-owner's contribution negated: the two
+    /// cancel and the stage stops learning (the `negate-partner`
+    /// adversary).
+    NegatePartner,
 }

@@ -240,6 +240,27 @@ impl Butterfly {
         out.push(Output::Frame { to, meta, payload, fallback });
     }
 
+    /// Whether a test tool's fault sends a co-owner's contribution as its own.
+    fn partner_fault(&self) -> bool {
+        matches!(self.fault, Some(MergeFault::CopyPartner | MergeFault::NegatePartner))
+    }
+
+    /// `CopyPartner`, `NegatePartner`: another participant's contribution
+    /// to partition k as received, or its negation, once one came.
+    fn partner_copy(&self, k: usize) -> Result<Option<Bytes>> {
+        let Some(theirs) = self.contribs.get(&k).and_then(|c| c.iter().find(|(p, _)| **p != self.me)) else {
+            return Ok(None);
+        };
+        let bytes = theirs.1.clone();
+        if self.fault != Some(MergeFault::NegatePartner) {
+            return Ok(Some(bytes));
+        }
+        let len = self.plan.as_ref().and_then(|p| p.partitions.get(k)).map_or(0, |p| p.len);
+        let mut x = iota_checks::slices::decode_slice(self.codec(), len, &bytes)?;
+        x.iter_mut().for_each(|v| *v = -*v);
+        Ok(Some(Bytes::from(encode_slice(self.codec(), &x)?)))
+    }
+
     /// Where a contribution to partition k is left if it cannot be delivered.
     fn fallback_key(&self, k: usize, from: &PeerId) -> String {
         format!("{}{k:06}/{}.frame", contrib_prefix(self.epoch, self.stage), from.to_hex())
@@ -252,6 +273,16 @@ impl Butterfly {
         // Contributions: to every current owner that has not had ours.
         for (k, part) in plan.partitions.iter().enumerate() {
             let range = part.offset as usize..(part.offset + part.len) as usize;
+            if !self.encoded.contains_key(&k) && self.partner_fault() {
+                // A co-owner's copy (or negation) once its contribution came.
+                match self.partner_copy(k)? {
+                    Some(bytes) => {
+                        self.encoded.insert(k, bytes);
+                    }
+                    None if part.owners.contains(&self.me) => continue,
+                    None => {}
+                }
+            }
             if !self.encoded.contains_key(&k) {
                 let t0 = Instant::now();
                 let mut bytes = encode_slice(self.codec(), &delta[range.clone()])?;
