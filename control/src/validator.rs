@@ -57,6 +57,12 @@ pub struct ValidatorOptions {
     /// evidence of every attempt of every miner of each epoch (the
     /// `ask-flood` mode; never set by the command line).
     pub ask_flood: bool,
+    /// Test tool: a lazy validator that checks nothing and, as each
+    /// epoch's work comes, sends as its weights what an honest round over
+    /// honest miners gives (every miner's completed attempts), the weights
+    /// a copier of the others' consensus would send (the `copy-weights`
+    /// mode; never set by the command line).
+    pub copy_weights: bool,
 }
 
 impl ValidatorOptions {
@@ -73,6 +79,7 @@ impl ValidatorOptions {
             heartbeat: Duration::from_millis(500),
             accuse_everyone: false,
             ask_flood: false,
+            copy_weights: false,
         }
     }
 }
@@ -346,6 +353,9 @@ impl Shell {
         while self.train_tails.len() > 4 {
             self.train_tails.pop_first();
         }
+        if self.opts.copy_weights {
+            return vec![copied_weights(w)];
+        }
         let mut actions = self.core.on_work(self.elapsed_ms(), w).unwrap_or_else(|e| {
             warn!(epoch = w.epoch, error = %e, "epoch work refused");
             Vec::new()
@@ -502,6 +512,16 @@ fn evaluate_merge(
         let evaluation = MergeEvaluation { epoch, loss, seed_loss, stage_hashes, false_reports, took };
         let _ = in_tx.send(Input::MergeEvaluated(evaluation)).await;
     });
+}
+
+/// The `copy_weights` test tool's answer to an epoch's work: no check,
+/// and the weights an honest round over honest miners would send.
+fn copied_weights(w: &pb::EpochWork) -> Action {
+    let miners: Vec<PeerId> = w.miners.iter().filter_map(|m| m.peer.as_slice().try_into().ok().map(PeerId)).collect();
+    let total: usize = w.miners.iter().map(|m| m.items.len()).sum();
+    let weights = w.miners.iter().map(|m| m.items.len() as f32 / total.max(1) as f32).collect();
+    let miners_hash = crate::validation::sample::work_miners_hash(w.epoch, &miners);
+    Action::Done { epoch: w.epoch, weights, miners_hash }
 }
 
 /// The `ask_flood` test tool: an ask for every attempt of every miner of

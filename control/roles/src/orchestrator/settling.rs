@@ -186,7 +186,15 @@ impl Orchestrator {
             let mut active = Vec::new();
             for v in &self.spec.validation.validators {
                 let mut row = vec![0.0; cols];
-                let sent = round.and_then(|r| r.weights.get(&v.peer).map(|w| (r, w)));
+                // A validator is paid for a round it verified: weights sent
+                // with verdicts on at least half of the round's miners. One
+                // that checks nothing (and copies weights, say) neither
+                // votes in consensus nor earns dividends for the epoch.
+                let verified = |r: &&super::validation_state::Round| {
+                    let n = r.verified.get(&v.peer).map_or(0, |m| m.len());
+                    2 * n >= r.miners.len()
+                };
+                let sent = round.filter(verified).and_then(|r| r.weights.get(&v.peer).map(|w| (r, w)));
                 if let Some((r, w)) = sent {
                     // A miner convicted in the epoch (by verdicts, an audit
                     // or a proof that came after a validator rated it) is
@@ -200,7 +208,9 @@ impl Orchestrator {
                 }
                 active.push(sent.is_some());
                 rows.push(row);
-                let request = round.and_then(|r| r.signed_weights.get(&v.peer));
+                // (Its signed request is left out with its weights: the
+                // entry holds the rows it counted.)
+                let request = round.filter(verified).and_then(|r| r.signed_weights.get(&v.peer));
                 signed.push(request.map(|b| to_hex(b)).unwrap_or_default());
             }
             let validators: Vec<PeerId> = self.spec.validation.validators.iter().map(|v| v.peer).collect();

@@ -426,6 +426,13 @@ impl Orchestrator {
             self.apply_consequences(now, consequences, out);
             return Ok(());
         }
+        if let Some(r) = self.validation.round.as_mut().filter(|r| r.epoch == v.epoch)
+            && v.check == Check::Recompute
+            && v.samples >= 1
+            && r.miners.contains(&v.miner)
+        {
+            r.verified.entry(v.validator).or_default().insert(v.miner);
+        }
         if self.validation.verdicts.len() >= MAX_VERDICT_RECORDS {
             self.validation.verdicts.remove(0);
         }

@@ -118,6 +118,11 @@ pub(super) struct Round {
     /// The signed requests that carried them.
     #[serde(default, with = "crate::serde_pairs")]
     pub(super) signed_weights: BTreeMap<PeerId, Vec<u8>>,
+    /// Per validator, the round's miners it voted on after judging their
+    /// sampled work (a `Recompute` verdict of at least one attempt): what
+    /// it is paid for (`settling.rs`).
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) verified: BTreeMap<PeerId, BTreeSet<PeerId>>,
 }
 
 /// The check of an epoch's merged model (see `validating.rs`).

@@ -566,6 +566,10 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
         for v in 0..2 {
             let work_miners: Vec<PeerId> =
                 w.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+            // Paid for what it verified: a verdict on every miner.
+            for m in &work_miners {
+                vote(&mut s, v, epoch, *m, *m == cheat).unwrap();
+            }
             let hash = crate::validation::sample::work_miners_hash(epoch, &work_miners);
             let signed = signed_done(&s, v, epoch, &weights, hash, orchestrator.peer_id());
             let ev = Event::ValidationDone {
@@ -626,6 +630,58 @@ fn settlement_pays_work_by_stake_weighted_consensus_and_the_ledger_verifies() {
     forged.truncate(1);
     let e = crate::settlement::ledger::verify(&seal_all(&forged), None).unwrap_err();
     assert!(e.what.contains("not the weights it signed"), "{e}");
+}
+
+/// Issue 55: a validator is paid for a round it verified. One that sends
+/// weights (the honest ones, copied) without a verdict on half of the
+/// round's miners neither votes in consensus nor earns dividends for the
+/// epoch; the entry holds no weights in its name, and the ledger verifies.
+#[test]
+fn a_validator_that_verified_nothing_earns_nothing_for_the_epoch() {
+    let mut s = start(validated_spec());
+    let orchestrator = Identity::from_seed([42; 32]);
+    for i in 0..4 {
+        let mut c = Commitments::default();
+        c.weights(0, &[i; 32]);
+        s.heads.insert(peer(i), c.heads());
+    }
+    let w = until_held(&mut s);
+    let work_miners: Vec<PeerId> = w.miners.iter().map(|m| PeerId(m.peer.as_slice().try_into().unwrap())).collect();
+    let weights: Vec<f32> = w.miners.iter().map(|m| m.items.len() as f32).collect();
+    let hash = crate::validation::sample::work_miners_hash(0, &work_miners);
+    // Validator 0 (the larger stake) checks nothing and copies; validator
+    // 1 verifies every miner.
+    for m in &work_miners {
+        vote(&mut s, 1, 0, *m, false).unwrap();
+    }
+    for v in 0..2 {
+        let signed = signed_done(&s, v, 0, &weights, hash, orchestrator.peer_id());
+        let ev = Event::ValidationDone {
+            validator: validator(v),
+            epoch: 0,
+            weights: weights.clone(),
+            miners_hash: Some(hash),
+            signed,
+        };
+        let out = s.o.step(s.now, ev, &mut s.rng).unwrap();
+        s.inbox.extend(out);
+    }
+    for _ in 0..200 {
+        if !s.o.history().is_empty() {
+            break;
+        }
+        s.drain();
+        s.tick(100);
+    }
+    let st = s.o.settlements().iter().find(|st| st.epoch == 0).expect("epoch 0 settled").clone();
+    assert_eq!(st.input.active, Some(vec![false, true]), "only the verifying validator votes");
+    assert!(st.input.weights[0].iter().all(|x| *x == 0.0), "no weights in the copier's name");
+    assert!(st.signed_weights[0].is_empty() && !st.signed_weights[1].is_empty());
+    let pay: std::collections::BTreeMap<PeerId, f64> = st.payouts().into_iter().collect();
+    assert_eq!(pay.get(&validator(0)).copied().unwrap_or(0.0), 0.0, "the copier earns nothing");
+    assert!(pay[&validator(1)] > 0.0, "the verifier earns");
+    let entry = crate::settlement::ledger::seal(None, &st, &orchestrator);
+    crate::settlement::ledger::verify(&[entry], Some(orchestrator.peer_id())).unwrap();
 }
 
 /// A validator's `Validate(ValidationDone)` request, signed as its client
