@@ -234,6 +234,10 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, r: &ScenarioReport, base: f64) {
+        if std::env::var_os("IOTA_BENCH_VERBOSE").is_some() {
+            let epochs: Vec<_> = r.history.iter().map(|e| (e.epoch, e.convicted.len(), e.rolled_back)).collect();
+            eprintln!("run: wall {:.1} s, (epoch, convicted, rolled back) {epochs:?}", r.wall.as_secs_f64());
+        }
         let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
         let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)));
         self.named += usize::from(caught.is_some());
