@@ -51,13 +51,14 @@ pub struct Args {
 /// validator.
 type SeededMode = (&'static str, Option<Adversary>, Place, (u32, u32));
 
-const HOSTILE: [SeededMode; 16] = [
+const HOSTILE: [SeededMode; 17] = [
     ("framing-sender", Some(Adversary::FramingSender), Place::Head, (2, 3)),
     ("withholder", Some(Adversary::Withholder), Place::Head, (2, 3)),
     ("withholder r2", Some(Adversary::Withholder), Place::Head, (2, 2)),
     ("lying-owner r2", Some(Adversary::LyingOwner), Place::Head, (2, 2)),
     ("referee-collusion", Some(Adversary::RefereeCollusion), Place::Head, (2, 3)),
     ("ask-flood", None, Place::Head, (3, 2)),
+    ("copy-weights", None, Place::Head, (3, 2)),
     ("fabricated-evidence head", Some(Adversary::FabricatedEvidence), Place::Head, (3, 2)),
     ("fabricated-evidence middle", Some(Adversary::FabricatedEvidence), Place::Middle, (3, 2)),
     ("fabricated-evidence tail", Some(Adversary::FabricatedEvidence), Place::Tail, (3, 2)),
@@ -193,15 +194,27 @@ fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
             }
         };
         let mut t = Tally::default();
+        let mut copier_share = 0.0f64;
         for i in 0..a.seeds {
             let mut sc =
                 Scenario::new(mode.map(|m| (m, *place)), a.epochs, a.micro_batches).shaped(*shape).seeded(9000 + 2 * i);
-            if mode.is_none() {
-                sc.first_validator = |v| v.ask_flood = true;
+            match *name {
+                "ask-flood" => sc.first_validator = |v| v.ask_flood = true,
+                "copy-weights" => sc.first_validator = |v| v.copy_weights = true,
+                _ => {}
             }
-            t.add(&rt.block_on(sc.run()), base);
+            let r = rt.block_on(sc.run());
+            let paid: f64 = r.validator_pay.iter().sum();
+            copier_share = copier_share.max(r.validator_pay.first().copied().unwrap_or(0.0) / paid.max(1e-12));
+            t.add(&r, base);
         }
         t.print(name, mode.is_some(), *shape, a.seeds as usize);
+        if *name == "copy-weights" {
+            println!(
+                "  copy-weights: the copier's share of the validators' emission, most over the runs: {copier_share:.3} \
+                 (it checks nothing and sends the honest weights; the other validator verifies)"
+            );
+        }
     }
     Ok(())
 }

@@ -531,6 +531,7 @@ impl RunArgs {
             timeout_ms: self.validation_timeout_s.saturating_mul(1000),
             rollback_loss_jump: self.rollback_loss_jump,
             eval_batches: self.eval_batches,
+            bind_contributions: true,
         })
     }
 

@@ -56,6 +56,9 @@ pub struct ScenarioReport {
     pub checked: u64,
     /// Evidence asks the orchestrator refused the validators.
     pub asks_refused: u64,
+    /// Each validator's emission over the run, in order (the first is the
+    /// one `Scenario::first_validator` sets up).
+    pub validator_pay: Vec<f64>,
 }
 
 /// A validated scenario: `tiny` over `shape` for `epochs` x `per_epoch`
@@ -146,6 +149,7 @@ async fn run(sc: Scenario) -> ScenarioReport {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
+    let validator_peers: Vec<PeerId> = validators.iter().map(|id| id.peer_id()).collect();
     cfg.spec.validation.min_per_miner = 3;
     config(&mut cfg);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
@@ -239,7 +243,10 @@ async fn run(sc: Scenario) -> ScenarioReport {
         checked += s.checked;
         asks_refused += s.asks_refused;
     }
-    let (verdicts, history) = swarm.service.with_state(|o| (o.verdicts().to_vec(), o.history().to_vec()));
+    let (verdicts, history, validator_pay) = swarm.service.with_state(|o| {
+        let pay = validator_peers.iter().map(|p| o.balances().get(p).copied().unwrap_or(0.0)).collect();
+        (o.verdicts().to_vec(), o.history().to_vec(), pay)
+    });
     ScenarioReport {
         bad: bad_peer,
         accomplice,
@@ -250,5 +257,6 @@ async fn run(sc: Scenario) -> ScenarioReport {
         validator_compute,
         checked,
         asks_refused,
+        validator_pay,
     }
 }

@@ -254,8 +254,8 @@ pub struct StepEvidence {
     /// (the epoch's last, partial accumulation).
     pub index: Option<u32>,
     /// With `index`: the optimizer state before that step, every weights
-    /// state it used (its weights before and its micro-batches'), and each
-    /// micro-batch's frames in the header's order.
+    /// state it used (its weights before and its micro-batches') and the
+    /// one it left, and each micro-batch's frames in the header's order.
     pub optimizer: OptimizerState,
     pub weights: Vec<Vec<f32>>,
     pub frames: Vec<MbFrames>,

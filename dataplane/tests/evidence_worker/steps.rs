@@ -118,7 +118,7 @@ fn honest_inner_steps_recompute_bit_for_bit_with_mixed_forward_weights() {
                 // start, 3 after the first step.
                 let h = &ev.headers[1];
                 assert_ne!(h.mbs[0].weights, h.mbs[1].weights, "mixed forward weights");
-                assert_eq!(ev.weights.len(), 2, "the state before and the older one");
+                assert_eq!(ev.weights.len(), 3, "the state before, the older one and the one after");
             }
             assert_eq!(s.check_step(stage, mb, &b), Finding::Honest, "stage {stage} micro-batch {n}");
         }

@@ -132,6 +132,20 @@ pub struct ValidationSpec {
     pub rollback_loss_jump: f64,
     /// Held-out micro-batches a validator evaluates a merged model on.
     pub eval_batches: u32,
+    /// Merge audits hold each stored contribution against the weights its
+    /// sender committed to (PROTOCOL.md, "Contributions bound to the
+    /// weights chain"). Off only where a test exercises what stands behind
+    /// it alone (the held-out loss's rollback of a poisoned merge).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub bind_contributions: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 impl Default for ValidationSpec {
@@ -144,6 +158,7 @@ impl Default for ValidationSpec {
             timeout_ms: 60_000,
             rollback_loss_jump: 0.5,
             eval_batches: 4,
+            bind_contributions: true,
         }
     }
 }

@@ -509,6 +509,12 @@ async fn a_poisoned_merge_is_rolled_back_and_the_run_goes_on() {
     // The poisoned model predicts uniformly (loss ln 256, about 5.55): 13%
     // worse than the epoch's training loss, under the 50% default.
     cfg.spec.validation.rollback_loss_jump = 0.1;
+    // The poisoner's contribution is not the pseudo-gradient of the
+    // weights it committed to, which the merge audit would name before the
+    // merge lands (`a_contribution_that_is_not_the_committed_weights_...`):
+    // off here, so that the rollback that stands behind it is what is
+    // tested.
+    cfg.spec.validation.bind_contributions = false;
     // A cold first micro-batch on a loaded machine must not bench the
     // poisoner (a newcomer on probation) before it has worked.
     cfg.spec.route_timeout_ms = 15_000;

@@ -82,11 +82,13 @@ impl StepLog {
         let mut ev = StepEvidence { headers, carried, carried_before, ..Default::default() };
         let (Some(i), Some(header)) = (index, header) else { return Ok(ev) };
         ev.index = Some(u32::try_from(i).map_err(|_| "step index")?);
-        // The weights states the step reads, once each.
+        // The weights states the step reads, once each, and the one it
+        // left (a validator on another backend compares weights within a
+        // tolerance, not hashes).
         let mut wanted = vec![header.weights_before];
-        for m in &header.mbs {
-            if !wanted.contains(&m.weights) {
-                wanted.push(m.weights);
+        for h in header.mbs.iter().map(|m| m.weights).chain([header.weights_after]) {
+            if !wanted.contains(&h) {
+                wanted.push(h);
             }
         }
         for h in &wanted {

@@ -232,7 +232,8 @@ impl<B: Backend + 'static> Worker<B> {
                 let from = out.len();
                 // The contribution is bound to the weights chain (behind
                 // compute it is the landed weights', which no chain has).
-                if !self.cfg.spec.validation.validators.is_empty() && !self.cfg.spec.merge.overlap {
+                let v = &self.cfg.spec.validation;
+                if !v.validators.is_empty() && v.bind_contributions && !self.cfg.spec.merge.overlap {
                     let items = self.evidence.step_hashes(p.epoch).map(<[_]>::to_vec).unwrap_or_default();
                     self.merge.bind(items);
                 }
