@@ -41,6 +41,7 @@ use rayon::prelude::*;
 use tracing::{info, warn};
 
 mod fault;
+mod faulted;
 mod intake;
 mod missing;
 use iota_checks::slices;
@@ -238,27 +239,6 @@ impl Butterfly {
     fn send(&self, to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String>, out: &mut Vec<Output>) {
         self.stats.sent_bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
         out.push(Output::Frame { to, meta, payload, fallback });
-    }
-
-    /// Whether a test tool's fault sends a co-owner's contribution as its own.
-    fn partner_fault(&self) -> bool {
-        matches!(self.fault, Some(MergeFault::CopyPartner | MergeFault::NegatePartner))
-    }
-
-    /// `CopyPartner`, `NegatePartner`: another participant's contribution
-    /// to partition k as received, or its negation, once one came.
-    fn partner_copy(&self, k: usize) -> Result<Option<Bytes>> {
-        let Some(theirs) = self.contribs.get(&k).and_then(|c| c.iter().find(|(p, _)| **p != self.me)) else {
-            return Ok(None);
-        };
-        let bytes = theirs.1.clone();
-        if self.fault != Some(MergeFault::NegatePartner) {
-            return Ok(Some(bytes));
-        }
-        let len = self.plan.as_ref().and_then(|p| p.partitions.get(k)).map_or(0, |p| p.len);
-        let mut x = iota_checks::slices::decode_slice(self.codec(), len, &bytes)?;
-        x.iter_mut().for_each(|v| *v = -*v);
-        Ok(Some(Bytes::from(encode_slice(self.codec(), &x)?)))
     }
 
     /// Where a contribution to partition k is left if it cannot be delivered.
@@ -554,34 +534,7 @@ impl Butterfly {
 
 impl Merge for Butterfly {
     fn contribution_request(&mut self, r: &pb::ContributionRequest, out: &mut Vec<Output>) -> Result<()> {
-        let Some(plan) = self.plan.as_ref() else { return Ok(()) };
-        if r.epoch != self.epoch || r.stage != self.stage || !plan.is_participant(&self.me) {
-            return Ok(());
-        }
-        for &k in r.partitions.iter().take(4096) {
-            let k = k as usize;
-            let (Some(part), Some(payload)) = (plan.partitions.get(k), self.encoded.get(&k)) else { continue };
-            if self.withholds(plan, k) {
-                continue;
-            }
-            let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
-            let payload = match (self.fault, self.delta.as_ref()) {
-                (Some(MergeFault::FramingSender), Some(delta)) => {
-                    let range = part.offset as usize..(part.offset + part.len) as usize;
-                    let tripled: Vec<f32> = delta[range].iter().map(|d| 3.0 * d).collect();
-                    Bytes::from(encode_slice(self.codec(), &tripled)?)
-                }
-                _ => payload.clone(),
-            };
-            out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload });
-            if let Some((items, last)) = self.bound.as_ref().filter(|(_, l)| l.len() == self.theta_prev.len()) {
-                let range = part.offset as usize..(part.offset + part.len) as usize;
-                let w = iota_checks::contribution::ContributionWitness::of(&self.theta_prev, last, items, range);
-                let key = self.fallback_key(k, &self.me).replace(".frame", ".witness");
-                out.push(Output::StoreRaw { key, bytes: Bytes::from(w.encode()) });
-            }
-        }
-        Ok(())
+        self.store_contributions(r, out)
     }
 
     fn bind(&mut self, step_hashes: Vec<[u8; 32]>) {
@@ -614,19 +567,7 @@ impl Merge for Butterfly {
             last.extend_from_slice(params);
         }
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
-        if self.fault == Some(MergeFault::ScaledPoison) {
-            delta.iter_mut().for_each(|d| *d *= 8.0);
-        }
-        if self.fault == Some(MergeFault::HugeDelta) {
-            delta.iter_mut().for_each(|d| *d = *d * 1e6 + 1.0);
-        }
-        if self.fault == Some(MergeFault::Overshoot) {
-            // Noise of 20 times the honest pseudo-gradient's RMS.
-            let rms =
-                (delta.iter().map(|d| f64::from(*d) * f64::from(*d)).sum::<f64>() / delta.len().max(1) as f64).sqrt();
-            let mut rng = iota_core::Rng::new(epoch);
-            delta.iter_mut().for_each(|d| *d = rng.normal() * 20.0 * rms as f32);
-        }
+        self.fault_delta(epoch, &mut delta);
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
         out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {

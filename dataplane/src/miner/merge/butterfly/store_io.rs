@@ -6,13 +6,15 @@
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
+use bytes::Bytes;
 use iota_core::PeerId;
 use iota_protocol::store_keys::{contrib_prefix, momentum_parts_prefix, part_name, weights_parts_prefix};
 use iota_protocol::{StoredObject, pb};
 use tracing::warn;
 
 use super::super::f32_bytes;
-use super::slices::slice_msg;
+use super::encode_slice;
+use super::slices::{KIND_CONTRIBUTION, slice_msg};
 use super::{Butterfly, MergeFault};
 use crate::frame::decode_frame;
 use crate::miner::events::Output;
@@ -163,6 +165,40 @@ impl Butterfly {
                     }
                     Err(e) => warn!(key, error = %e, "stored contribution rejected"),
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores this replica's contributions to the partitions `r` names,
+    /// signed, each with the witness that binds it to its committed
+    /// weights (a validated run), for a validator's audit.
+    pub(super) fn store_contributions(&mut self, r: &pb::ContributionRequest, out: &mut Vec<Output>) -> Result<()> {
+        let Some(plan) = self.plan.as_ref() else { return Ok(()) };
+        if r.epoch != self.epoch || r.stage != self.stage || !plan.is_participant(&self.me) {
+            return Ok(());
+        }
+        for &k in r.partitions.iter().take(4096) {
+            let k = k as usize;
+            let (Some(part), Some(payload)) = (plan.partitions.get(k), self.encoded.get(&k)) else { continue };
+            if self.withholds(plan, k) {
+                continue;
+            }
+            let meta = self.meta(k, part.offset, part.len, KIND_CONTRIBUTION, 0);
+            let payload = match (self.fault, self.delta.as_ref()) {
+                (Some(MergeFault::FramingSender), Some(delta)) => {
+                    let range = part.offset as usize..(part.offset + part.len) as usize;
+                    let tripled: Vec<f32> = delta[range].iter().map(|d| 3.0 * d).collect();
+                    Bytes::from(encode_slice(self.codec(), &tripled)?)
+                }
+                _ => payload.clone(),
+            };
+            out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload });
+            if let Some((items, last)) = self.bound.as_ref().filter(|(_, l)| l.len() == self.theta_prev.len()) {
+                let range = part.offset as usize..(part.offset + part.len) as usize;
+                let w = iota_checks::contribution::ContributionWitness::of(&self.theta_prev, last, items, range);
+                let key = self.fallback_key(k, &self.me).replace(".frame", ".witness");
+                out.push(Output::StoreRaw { key, bytes: Bytes::from(w.encode()) });
             }
         }
         Ok(())
