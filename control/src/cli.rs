@@ -253,6 +253,14 @@ pub struct RunArgs {
     /// Held-out micro-batches a validator evaluates each merged model on.
     #[arg(long, default_value_t = spec_default().validation.eval_batches)]
     pub eval_batches: u32,
+    /// Validators also recompute the inner step (weight gradients and
+    /// optimizer) each drawn attempt went into, catching miners that skip
+    /// them. Each miner then keeps three stage-sized snapshots per inner
+    /// step (weights, AdamW's m and v) for the epoch: about 130 MB a step
+    /// for a `small` head, so give miners the disk (--evidence-disk-gib)
+    /// or fewer steps an epoch (--grad-accum).
+    #[arg(long)]
+    pub check_inner_steps: bool,
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = spec_default().phase_timeout_ms / 1000)]
     pub phase_timeout_s: u64,
@@ -532,6 +540,7 @@ impl RunArgs {
             rollback_loss_jump: self.rollback_loss_jump,
             eval_batches: self.eval_batches,
             bind_contributions: true,
+            check_inner_steps: self.check_inner_steps,
         })
     }
 

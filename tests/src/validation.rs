@@ -151,6 +151,8 @@ async fn run(sc: Scenario) -> ScenarioReport {
     let validators = with_validators(&mut cfg, 2);
     let validator_peers: Vec<PeerId> = validators.iter().map(|id| id.peer_id()).collect();
     cfg.spec.validation.min_per_miner = 3;
+    // The scenarios' lazy trainers are caught by the inner steps' recompute.
+    cfg.spec.validation.check_inner_steps = true;
     config(&mut cfg);
     let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
     let stop = Arc::new(AtomicBool::new(false));

@@ -20,6 +20,7 @@ fn accumulating_config() -> RunConfig {
     let mut cfg = run_config();
     cfg.train.grad_accum = ACCUM;
     cfg.spec.micro_batches_per_epoch = MBS;
+    cfg.spec.validation.check_inner_steps = true;
     cfg
 }
 

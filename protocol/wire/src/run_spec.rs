@@ -138,6 +138,18 @@ pub struct ValidationSpec {
     /// it alone (the held-out loss's rollback of a poisoned merge).
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub bind_contributions: bool,
+    /// Miners commit every inner step and show the step a drawn attempt
+    /// went into, which validators recompute (PROTOCOL.md, "Inner steps
+    /// recomputed"). Off by default: a miner then keeps three stage-sized
+    /// snapshots per inner step (weights, AdamW's m and v), which at
+    /// `small` with ~100 steps an epoch filled a 35 GB disk and left
+    /// honest miners unable to show their work.
+    #[serde(default, skip_serializing_if = "is_no")]
+    pub check_inner_steps: bool,
+}
+
+fn is_no(b: &bool) -> bool {
+    !*b
 }
 
 fn yes() -> bool {
@@ -159,6 +171,7 @@ impl Default for ValidationSpec {
             rollback_loss_jump: 0.5,
             eval_batches: 4,
             bind_contributions: true,
+            check_inner_steps: false,
         }
     }
 }

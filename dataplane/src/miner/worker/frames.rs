@@ -179,7 +179,7 @@ impl<B: Backend + 'static> Worker<B> {
         let meta = self.frame_meta(&a.route, Direction::Activation, a.rows, w2, a.answers);
         self.send(a.next.as_deref().context("no stage after")?, meta, &h2, out)?;
         self.evidence.forward(a.key, a.input_frame, Direction::Activation);
-        if self.validated() {
+        if self.records_steps() {
             self.recorder.forwarded(a.key);
         }
         Ok(())

@@ -148,7 +148,7 @@ impl<B: Backend + 'static> Worker<B> {
             stage.set_weight_prediction(Some(self.cfg.train.grad_accum));
         }
         self.optim = Some(AdamW::new(&*self.be, stage.layout().total()));
-        if !self.cfg.spec.validation.validators.is_empty() {
+        if self.records_steps() {
             self.recorder.assigned(stage.layout().total());
         }
         self.stage = Some(stage);
@@ -202,7 +202,7 @@ impl<B: Backend + 'static> Worker<B> {
                     // The previous epoch's evidence goes: its requests came
                     // in its Uploading phase. Only validators ask for it.
                     if !self.cfg.spec.validation.validators.is_empty() {
-                        let carried = self.begin_steps(p.epoch, &params);
+                        let carried = if self.records_steps() { self.begin_steps(p.epoch, &params) } else { None };
                         self.evidence.begin(p.epoch, self.stage_index, params);
                         if let Some((h, before)) = carried {
                             self.evidence.carry(p.epoch, h, before);

@@ -199,6 +199,12 @@ impl<B: Backend + 'static> Worker<B> {
         !self.cfg.spec.validation.validators.is_empty()
     }
 
+    /// Whether validators recompute inner steps (the run's
+    /// `validation.check_inner_steps`): only then are steps recorded.
+    fn records_steps(&self) -> bool {
+        self.validated() && self.cfg.spec.validation.check_inner_steps
+    }
+
     /// The memory this miner's stage may use (bytes) and what it computes
     /// with: `assign` refuses a stage its plan does not hold.
     /// The epoch this worker is in.
@@ -443,7 +449,7 @@ impl<B: Backend + 'static> Worker<B> {
         let meta = self.frame_meta(&r, Direction::Activation, batch * seq, width, tokens_hash(&x));
         self.send(&r.pathway[1], meta, &h, out)?;
         self.evidence.forward(key, None, Direction::Activation);
-        if self.validated() {
+        if self.records_steps() {
             self.recorder.forwarded(key);
         }
         Ok(())
@@ -469,7 +475,7 @@ impl<B: Backend + 'static> Worker<B> {
         if let Some(line) = self.startup.finished() {
             info!("{line}");
         }
-        if self.validated() {
+        if self.records_steps() {
             self.recorder.finished(key, samples, prev, next);
         }
         self.work += 1;
@@ -508,6 +514,11 @@ impl<B: Backend + 'static> Worker<B> {
         let s = self.stage.as_ref().context("no stage")?;
         let params = s.params_host();
         let hash = weights_hash(&params);
+        if !self.records_steps() {
+            self.commitments.lock().weights(self.epoch, &hash);
+            self.evidence.stepped(self.epoch, hash, params);
+            return Ok(());
+        }
         let o = self.optim.as_ref().context("no optimizer")?;
         let optimizer = OptimizerState { t: o.t, m: self.be.to_host(&o.m), v: self.be.to_host(&o.v) };
         let mut c = self.commitments.lock();
