@@ -253,12 +253,10 @@ pub struct RunArgs {
     /// Held-out micro-batches a validator evaluates each merged model on.
     #[arg(long, default_value_t = spec_default().validation.eval_batches)]
     pub eval_batches: u32,
-    /// Validators also recompute the inner step (weight gradients and
-    /// optimizer) each drawn attempt went into, catching miners that skip
-    /// them. Each miner then keeps three stage-sized snapshots per inner
-    /// step (weights, AdamW's m and v) for the epoch: about 130 MB a step
-    /// for a `small` head, so give miners the disk (--evidence-disk-gib)
-    /// or fewer steps an epoch (--grad-accum).
+    /// Validators also recompute the inner step each drawn attempt went
+    /// into (catching skipped weight gradients or optimizer steps); each
+    /// miner then keeps 3 stage-sized snapshots per step (~130 MB for a
+    /// `small` head): mind --evidence-disk-gib and --grad-accum.
     #[arg(long)]
     pub check_inner_steps: bool,
     /// Seconds the upload or merge phase may take before moving on without laggards.
