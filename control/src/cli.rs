@@ -222,8 +222,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub max_miners_per_stage: Option<u32>,
     /// Seconds a registered miner has to open its command stream; until it
-    /// does it is not counted, routed or announced, and after this it is
-    /// forgotten.
+    /// does it is not counted, routed or announced, then it is forgotten.
     #[arg(long, default_value_t = spec_default().registration_timeout_ms / 1000)]
     pub registration_timeout_s: u64,
     /// A validator of the run and its stake, as PEER_HEX:STAKE (repeat
@@ -241,24 +240,25 @@ pub struct RunArgs {
     /// Convictions after which a miner is ejected (its identity refused).
     #[arg(long, default_value_t = spec_default().validation.strikes_to_eject)]
     pub strikes_to_eject: u32,
-    /// Seconds the validators may hold an epoch's merge (and the next
-    /// epoch's start, while they judge the merged model).
+    /// Seconds validators may hold an epoch's merge (and the next epoch's start, judging the merge).
     #[arg(long, default_value_t = spec_default().validation.timeout_ms / 1000)]
     pub validation_timeout_s: u64,
     /// Validators roll a merge back when the merged model's held-out loss
-    /// exceeds the last kept model's, or the epoch's late training loss,
-    /// by more than this fraction (or is not finite).
+    /// exceeds the last kept one's or the late training loss by more than
+    /// this fraction (or is not finite).
     #[arg(long, default_value_t = spec_default().validation.rollback_loss_jump)]
     pub rollback_loss_jump: f64,
     /// Held-out micro-batches a validator evaluates each merged model on.
     #[arg(long, default_value_t = spec_default().validation.eval_batches)]
     pub eval_batches: u32,
-    /// Validators also recompute the inner step each drawn attempt went
-    /// into (catching skipped weight gradients or optimizer steps); each
-    /// miner then keeps 3 stage-sized snapshots per step (~130 MB for a
-    /// `small` head): mind --evidence-disk-gib and --grad-accum.
+    /// Validators skip recomputing the inner steps drawn attempts went into
+    /// (skipped weight gradients or optimizer steps then go unseen).
     #[arg(long)]
-    pub check_inner_steps: bool,
+    pub no_inner_step_checks: bool,
+    /// Inner steps per kept optimizer state (2 stage-sized snapshots on a
+    /// miner's disk); a validator replays at most this many steps a check.
+    #[arg(long, default_value_t = spec_default().validation.step_window)]
+    pub step_window: u32,
     /// Seconds the upload or merge phase may take before moving on without laggards.
     #[arg(long, default_value_t = spec_default().phase_timeout_ms / 1000)]
     pub phase_timeout_s: u64,
@@ -538,7 +538,8 @@ impl RunArgs {
             rollback_loss_jump: self.rollback_loss_jump,
             eval_batches: self.eval_batches,
             bind_contributions: true,
-            check_inner_steps: self.check_inner_steps,
+            check_inner_steps: !self.no_inner_step_checks,
+            step_window: self.step_window,
         })
     }
 

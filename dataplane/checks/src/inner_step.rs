@@ -12,7 +12,11 @@
 //! one (the optimizer state the epoch carries in).
 //!
 //! For a drawn attempt the miner shows the step its backward went into
-//! ([`StepEvidence`]); the validator ([`check_step`]):
+//! ([`StepEvidence`]), replayed from the last optimizer state it kept: a
+//! miner keeps AdamW's m and v (two stage-sized snapshots) only at every
+//! `validation.step_window`-th step of an epoch, so a drawn step comes
+//! with the fewer than `step_window` steps before it back to such a state;
+//! the validator ([`check_step`]):
 //! 1. re-chains the headers to the committed head, and checks they follow
 //!    each other (a step's state before is its predecessor's after; the
 //!    weights may also be the epoch's merged start, which a late merge
@@ -21,14 +25,17 @@
 //! 2. finds the attempt in a step, or counts it among the fewer than
 //!    `grad_accum` completed attempts no step lists (the epoch's last,
 //!    partial accumulation, dropped);
-//! 3. recomputes the step: every listed micro-batch's forward and backward
+//! 3. recomputes each replayed step in turn (the drawn one last): every
+//!    listed micro-batch's forward and backward
 //!    from the frames its neighbours signed for it (or the corpus's tokens
 //!    and targets), on the committed weights its forward ran on,
-//!    accumulated in order, then the optimizer step from the shown state
-//!    (whose hash is the committed one) at the committed counter; the
-//!    weights and the state after must hash to the committed ones, bit
-//!    for bit on the same backend (within `Known::tolerance` of the
-//!    weights on another, where only the weights are compared).
+//!    accumulated in order, then the optimizer step from the state the
+//!    step before left (the first from the shown one, whose hash is the
+//!    committed one) at the committed counter; the weights and the state
+//!    after must hash to the committed ones, bit for bit on the same
+//!    backend (on another, only the drawn step's weights are compared,
+//!    within `Known::tolerance`). Weights states the replay does not
+//!    compute itself are shown ([`shown_states`]).
 //!
 //! So a miner that skips its weight gradients, its optimizer steps, or a
 //! head's whole backward, commits to weights no recompute reaches. The
@@ -61,299 +68,11 @@ use crate::evidence::Finding;
 use crate::frame::{RunContext, decode_frame};
 use crate::hashes::weights_hash;
 
-/// One micro-batch attempt of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepMb {
-    pub shard: u32,
-    pub first_sample: u64,
-    pub samples: u32,
-    pub attempt: u32,
-    /// The hash of the weights its forward ran on (its backward runs on
-    /// the same: the stage stashes them).
-    pub weights: [u8; 32],
-}
-
-const MB_LEN: usize = 4 + 8 + 4 + 4 + 32;
-const HEADER_FIXED: usize = 8 + 4 + 32 * 4;
-const HEADER_DOMAIN: &[u8] = b"iota-rs inner step v1";
-
-/// The record of one inner step.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StepHeader {
-    /// The miner's optimizer steps before this one: the learning rate is
-    /// the run's schedule at it.
-    pub step: u64,
-    /// In the order their backwards ran.
-    pub mbs: Vec<StepMb>,
-    pub weights_before: [u8; 32],
-    pub weights_after: [u8; 32],
-    pub optimizer_before: [u8; 32],
-    pub optimizer_after: [u8; 32],
-}
-
-/// The optimizer state a step starts from.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct OptimizerState {
-    /// Steps taken (the bias correction's counter).
-    pub t: u64,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
-}
-
-/// The hash an optimizer state is committed as.
-pub fn optimizer_hash(t: u64, m: &[f32], v: &[f32]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(b"iota-rs adamw state v1");
-    h.update(&t.to_le_bytes());
-    h.update(&weights_hash(m));
-    h.update(&weights_hash(v));
-    *h.finalize().as_bytes()
-}
-
-impl OptimizerState {
-    pub fn hash(&self) -> [u8; 32] {
-        optimizer_hash(self.t, &self.m, &self.v)
-    }
-
-    /// A fresh optimizer's state for `n` weights (what a stage starts with).
-    pub fn fresh(n: usize) -> Self {
-        OptimizerState { t: 0, m: vec![0.0; n], v: vec![0.0; n] }
-    }
-}
-
-fn put32(b: &mut Vec<u8>, x: &[u8; 32]) {
-    b.extend_from_slice(x);
-}
-
-/// A little-endian reader over hostile bytes.
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).context("truncated")?;
-        let s = self.b.get(self.at..end).context("truncated")?;
-        self.at = end;
-        Ok(s)
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into()?))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into()?))
-    }
-    fn h32(&mut self) -> Result<[u8; 32]> {
-        Ok(self.take(32)?.try_into()?)
-    }
-    /// A count of items of `item_len` bytes each, at most `max`, that the
-    /// rest of the bytes can hold (so nothing is allocated for a lie).
-    fn count(&mut self, max: u64, item_len: usize) -> Result<usize> {
-        let n = self.u64()?;
-        ensure!(n <= max, "{n} items, at most {max}");
-        let n = usize::try_from(n)?;
-        let need = n.checked_mul(item_len.max(1)).context("too many items")?;
-        ensure!(need <= self.b.len().saturating_sub(self.at), "truncated");
-        Ok(n)
-    }
-    fn bytes(&mut self, max: u64) -> Result<Vec<u8>> {
-        let n = self.count(max, 1)?;
-        Ok(self.take(n)?.to_vec())
-    }
-    fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
-        let len = n.checked_mul(4).context("too many values")?;
-        Ok(self.take(len)?.chunks_exact(4).filter_map(|c| c.try_into().ok()).map(f32::from_le_bytes).collect())
-    }
-    fn done(&self) -> Result<()> {
-        ensure!(self.at == self.b.len(), "{} bytes after the last section", self.b.len().saturating_sub(self.at));
-        Ok(())
-    }
-}
-
-impl StepHeader {
-    // Our own bytes: sizes of vectors in memory.
-    #[allow(clippy::arithmetic_side_effects)]
-    pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HEADER_FIXED + 8 + MB_LEN * self.mbs.len());
-        b.extend_from_slice(&self.step.to_le_bytes());
-        b.extend_from_slice(&(self.mbs.len() as u64).to_le_bytes());
-        for m in &self.mbs {
-            b.extend_from_slice(&m.shard.to_le_bytes());
-            b.extend_from_slice(&m.first_sample.to_le_bytes());
-            b.extend_from_slice(&m.samples.to_le_bytes());
-            b.extend_from_slice(&m.attempt.to_le_bytes());
-            put32(&mut b, &m.weights);
-        }
-        for h in [&self.weights_before, &self.weights_after, &self.optimizer_before, &self.optimizer_after] {
-            put32(&mut b, h);
-        }
-        b
-    }
-
-    fn read(r: &mut Reader, max_mbs: u64) -> Result<StepHeader> {
-        let step = r.u64()?;
-        let n = r.count(max_mbs, MB_LEN)?;
-        let mut mbs = Vec::with_capacity(n);
-        for _ in 0..n {
-            mbs.push(StepMb {
-                shard: r.u32()?,
-                first_sample: r.u64()?,
-                samples: r.u32()?,
-                attempt: r.u32()?,
-                weights: r.h32()?,
-            });
-        }
-        Ok(StepHeader {
-            step,
-            mbs,
-            weights_before: r.h32()?,
-            weights_after: r.h32()?,
-            optimizer_before: r.h32()?,
-            optimizer_after: r.h32()?,
-        })
-    }
-
-    /// What the steps chain commits to.
-    pub fn hash(&self) -> [u8; 32] {
-        let mut h = blake3::Hasher::new();
-        h.update(HEADER_DOMAIN);
-        h.update(&self.encode());
-        *h.finalize().as_bytes()
-    }
-
-    fn lists(&self, shard: u32, first_sample: u64, attempt: u32) -> bool {
-        self.mbs.iter().any(|m| (m.shard, m.first_sample, m.attempt) == (shard, first_sample, attempt))
-    }
-}
-
-/// The frames one micro-batch of a step was computed from, each with the
-/// neighbour that signed it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MbFrames {
-    /// The activation frame it received (empty at the head).
-    pub input: Vec<u8>,
-    pub input_signer: [u8; 32],
-    /// The gradient frame it received (empty at the tail).
-    pub grad: Vec<u8>,
-    pub grad_signer: [u8; 32],
-}
-
-/// What a miner shows of the step a drawn attempt's backward went into.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct StepEvidence {
-    /// Every record of the epoch's steps chain, in order.
-    pub headers: Vec<StepHeader>,
-    /// Whether `headers[0]` is the record carried in from before the
-    /// epoch (not a step of it).
-    pub carried: bool,
-    /// With `carried`: the previous epoch's steps chain before that record
-    /// (which it must end in).
-    pub carried_before: Chain,
-    /// The step the attempt's backward went into; None: it is in none
-    /// (the epoch's last, partial accumulation).
-    pub index: Option<u32>,
-    /// With `index`: the optimizer state before that step, every weights
-    /// state it used (its weights before and its micro-batches') and the
-    /// one it left, and each micro-batch's frames in the header's order.
-    pub optimizer: OptimizerState,
-    pub weights: Vec<Vec<f32>>,
-    pub frames: Vec<MbFrames>,
-}
-
-/// Bounds on a shown step (from the run's shape).
-#[derive(Clone, Copy, Debug)]
-pub struct StepLimits {
-    /// The stage's weight count.
-    pub weights: u64,
-    /// Most records (inner steps in an epoch, plus the carried one).
-    pub max_headers: u64,
-    /// Most micro-batches of a step (`grad_accum`).
-    pub max_mbs: u64,
-    pub max_frame: u64,
-}
-
-const NO_INDEX: u32 = u32::MAX;
-/// Distinct weights states one step may use: its own and those of the few
-/// steps its micro-batches' forwards may predate it by.
-const MAX_STATES: u64 = 8;
-
-impl StepEvidence {
-    // Our own bytes: sizes of vectors in memory.
-    #[allow(clippy::arithmetic_side_effects)]
-    pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&(self.headers.len() as u64).to_le_bytes());
-        for h in &self.headers {
-            b.extend_from_slice(&h.encode());
-        }
-        b.extend_from_slice(&u32::from(self.carried).to_le_bytes());
-        if self.carried {
-            b.extend_from_slice(&self.carried_before.len.to_le_bytes());
-            put32(&mut b, &self.carried_before.head);
-        }
-        b.extend_from_slice(&self.index.unwrap_or(NO_INDEX).to_le_bytes());
-        if self.index.is_none() {
-            return b;
-        }
-        b.extend_from_slice(&self.optimizer.t.to_le_bytes());
-        for x in self.optimizer.m.iter().chain(&self.optimizer.v) {
-            b.extend_from_slice(&x.to_le_bytes());
-        }
-        b.extend_from_slice(&(self.weights.len() as u64).to_le_bytes());
-        for w in &self.weights {
-            w.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-        }
-        b.extend_from_slice(&(self.frames.len() as u64).to_le_bytes());
-        for f in &self.frames {
-            for (frame, signer) in [(&f.input, &f.input_signer), (&f.grad, &f.grad_signer)] {
-                b.extend_from_slice(&(frame.len() as u64).to_le_bytes());
-                b.extend_from_slice(frame);
-                put32(&mut b, signer);
-            }
-        }
-        b
-    }
-
-    pub fn decode(bytes: &[u8], l: StepLimits) -> Result<StepEvidence> {
-        let mut r = Reader { b: bytes, at: 0 };
-        let n = r.count(l.max_headers, HEADER_FIXED)?;
-        let mut headers = Vec::with_capacity(n);
-        for _ in 0..n {
-            headers.push(StepHeader::read(&mut r, l.max_mbs)?);
-        }
-        let carried = match r.u32()? {
-            0 => false,
-            1 => true,
-            x => anyhow::bail!("carried flag {x}"),
-        };
-        let carried_before = if carried { Chain { len: r.u64()?, head: r.h32()? } } else { Chain::default() };
-        let index = Some(r.u32()?).filter(|&i| i != NO_INDEX);
-        let mut ev = StepEvidence { headers, carried, carried_before, index, ..Default::default() };
-        if index.is_none() {
-            r.done()?;
-            return Ok(ev);
-        }
-        let w = usize::try_from(l.weights)?;
-        let t = r.u64()?;
-        ensure!(w.checked_mul(8).is_some_and(|need| need <= bytes.len()), "truncated optimizer state");
-        ev.optimizer = OptimizerState { t, m: r.f32s(w)?, v: r.f32s(w)? };
-        let states = r.count(MAX_STATES, w.saturating_mul(4))?;
-        for _ in 0..states {
-            ev.weights.push(r.f32s(w)?);
-        }
-        let mbs = r.count(l.max_mbs, 2 * (8 + 32))?;
-        for _ in 0..mbs {
-            let input = r.bytes(l.max_frame)?;
-            let input_signer = r.h32()?;
-            let grad = r.bytes(l.max_frame)?;
-            let grad_signer = r.h32()?;
-            ev.frames.push(MbFrames { input, input_signer, grad, grad_signer });
-        }
-        r.done()?;
-        Ok(ev)
-    }
-}
+mod record;
+use self::record::RECENT;
+pub use self::record::{
+    MbFrames, OptimizerState, StepEvidence, StepHeader, StepLimits, StepMb, optimizer_hash, shown_states,
+};
 
 /// A micro-batch's tokens and targets by (shard, first sample, samples).
 pub type MbData<'a> = &'a dyn Fn(u32, u64, u32) -> Option<(Vec<u32>, Vec<u32>)>;
@@ -476,13 +195,8 @@ fn check_chain(grad_accum: usize, fresh: [u8; 32], k: &StepKnown, ev: &StepEvide
     Ok(())
 }
 
-/// The weights state with `hash` among those shown.
-fn state<'a>(ev: &'a StepEvidence, hashes: &[[u8; 32]], hash: &[u8; 32]) -> Result<&'a [f32]> {
-    let i = hashes.iter().position(|h| h == hash).context("a weights state the step used is not shown")?;
-    Ok(ev.weights.get(i).context("state")?.as_slice())
-}
-
-/// Link 3: the step recomputed.
+/// Link 3: the drawn step recomputed, replayed from the shown optimizer
+/// state through every step between (each checked the same way).
 fn recompute_shown<B: Backend>(
     be: &std::sync::Arc<B>,
     cfg: &RunConfig,
@@ -490,52 +204,125 @@ fn recompute_shown<B: Backend>(
     ev: &StepEvidence,
 ) -> Result<()> {
     let Some(i) = ev.index else { return Ok(()) };
-    let h = ev.headers.get(usize::from(ev.carried).saturating_add(i as usize)).context("step")?;
+    let own = ev.headers.get(usize::from(ev.carried)..).context("steps")?;
+    let window = cfg.spec.validation.step_window.max(1);
     ensure!(
-        ev.frames.len() == h.mbs.len(),
-        "inner step {i}: frames for {} of {} micro-batches",
-        ev.frames.len(),
-        h.mbs.len()
+        ev.from <= i && i.saturating_sub(ev.from) < window,
+        "inner step {i}: shown from step {}, not within the run's window of {window} steps before it",
+        ev.from
     );
+    let steps = own.get(ev.from as usize..=i as usize).context("inner steps: the replayed steps are not there")?;
+    let mbs = steps.iter().map(|h| h.mbs.len()).fold(0usize, usize::saturating_add);
     ensure!(
-        ev.optimizer.hash() == h.optimizer_before,
-        "inner step {i}: the optimizer state shown is not the committed one"
+        ev.frames.len() == mbs,
+        "inner steps {}..={i}: frames for {} of {mbs} micro-batches",
+        ev.from,
+        ev.frames.len()
     );
-    let hashes: Vec<[u8; 32]> = ev.weights.iter().map(|w| weights_hash(w)).collect();
-    let committed = |x: &[u8; 32]| k.epoch_starts.contains(x) || k.step_hashes.contains(x);
-    let before = state(ev, &hashes, &h.weights_before)?;
-    let specs = StageSpec::split(&cfg.train.model, cfg.train.stages)?;
-    let spec = specs.get(k.stage as usize).context("no such stage")?.clone();
-    let n = ParamLayout::for_stage(&cfg.train.model, &spec).total();
-    ensure!(before.len() == n && ev.optimizer.m.len() == n && ev.optimizer.v.len() == n, "inner step {i}: sizes");
-    let mut st = Stage::with_params(be.clone(), &cfg.train.model, spec, before)?;
-    st.set_weight_stashing(false);
-    let mut current = h.weights_before;
-    for (j, (mb, f)) in h.mbs.iter().zip(&ev.frames).enumerate() {
-        ensure!(committed(&mb.weights), "inner step {i}, micro-batch {j}: forwarded on uncommitted weights");
-        if mb.weights != current {
-            st.set_params(state(ev, &hashes, &mb.weights)?)?;
-            current = mb.weights;
-        }
-        accumulate(&mut st, cfg, k, mb, f).with_context(|| format!("inner step {i}, micro-batch {j}"))?;
+    let first = steps.first().context("step")?;
+    ensure!(
+        ev.optimizer.hash() == first.optimizer_before,
+        "inner step {}: the optimizer state shown is not the committed one",
+        ev.from
+    );
+    let mut replay = Replay::start(be, cfg, k, ev, first)?;
+    let mut frames = ev.frames.iter();
+    for (n, h) in steps.iter().enumerate() {
+        let j = ev.from.saturating_add(u32::try_from(n)?);
+        let mb_frames: Vec<&MbFrames> = frames.by_ref().take(h.mbs.len()).collect();
+        replay.step(j, h, &mb_frames, j == i)?;
     }
-    if current != h.weights_before {
-        st.set_params(before)?;
-    }
-    let mut opt = AdamW::<B> { m: be.upload(&ev.optimizer.m), v: be.upload(&ev.optimizer.v), t: ev.optimizer.t };
-    let lr = cfg.train.schedule.at(h.step);
-    opt.step(&mut st, &cfg.train.adamw, lr);
-    let after = st.params_host();
-    if k.tolerance > 0.0 {
-        let want = state(ev, &hashes, &h.weights_after)?;
-        let rel = rel_l2(&after, want);
-        ensure!(rel <= k.tolerance, "inner step {i}: recomputed weights differ by {rel:.3e} (relative L2)");
-        return Ok(());
-    }
-    ensure!(weights_hash(&after) == h.weights_after, "inner step {i}: recomputed, the step reaches other weights");
-    let state_after = optimizer_hash(opt.t, &be.to_host(&opt.m), &be.to_host(&opt.v));
-    ensure!(state_after == h.optimizer_after, "inner step {i}: recomputed, the step leaves another optimizer state");
     Ok(())
+}
+
+/// A replay of consecutive inner steps.
+struct Replay<'a, B: Backend> {
+    cfg: &'a RunConfig,
+    k: &'a StepKnown<'a>,
+    /// The weights states shown, with their hashes.
+    shown: Vec<([u8; 32], &'a [f32])>,
+    /// The last steps' results, computed here (what they committed, on
+    /// the same backend).
+    recent: Vec<([u8; 32], Vec<f32>)>,
+    st: Stage<B>,
+    opt: AdamW<B>,
+    /// Which state `st` holds.
+    current: [u8; 32],
+}
+
+impl<'a, B: Backend> Replay<'a, B> {
+    fn start(
+        be: &std::sync::Arc<B>,
+        cfg: &'a RunConfig,
+        k: &'a StepKnown<'a>,
+        ev: &'a StepEvidence,
+        first: &StepHeader,
+    ) -> Result<Self> {
+        let shown: Vec<([u8; 32], &[f32])> = ev.weights.iter().map(|w| (weights_hash(w), w.as_slice())).collect();
+        let specs = StageSpec::split(&cfg.train.model, cfg.train.stages)?;
+        let spec = specs.get(k.stage as usize).context("no such stage")?.clone();
+        let n = ParamLayout::for_stage(&cfg.train.model, &spec).total();
+        let before = shown.iter().find(|(h, _)| *h == first.weights_before).map(|(_, w)| *w);
+        let before = before.context("the weights state the first replayed step read is not shown")?;
+        ensure!(before.len() == n && ev.optimizer.m.len() == n && ev.optimizer.v.len() == n, "inner steps: sizes");
+        let mut st = Stage::with_params(be.clone(), &cfg.train.model, spec, before)?;
+        st.set_weight_stashing(false);
+        let opt = AdamW::<B> { m: be.upload(&ev.optimizer.m), v: be.upload(&ev.optimizer.v), t: ev.optimizer.t };
+        Ok(Replay { cfg, k, shown, recent: Vec::new(), st, opt, current: first.weights_before })
+    }
+
+    /// Puts the weights state `hash` in place.
+    fn load(&mut self, hash: &[u8; 32]) -> Result<()> {
+        if *hash == self.current {
+            return Ok(());
+        }
+        let shown = self.shown.iter().find(|(h, _)| h == hash).map(|(_, w)| *w);
+        let state = shown.or_else(|| self.recent.iter().find(|(h, _)| h == hash).map(|(_, w)| w.as_slice()));
+        self.st.set_params(state.context("a weights state the step used is not shown")?)?;
+        self.current = *hash;
+        Ok(())
+    }
+
+    /// Step `j` (`h`), whose micro-batches' frames are `frames`; `last`:
+    /// the drawn one (whose result is compared within a tolerance where
+    /// the backends differ).
+    fn step(&mut self, j: u32, h: &StepHeader, frames: &[&MbFrames], last: bool) -> Result<()> {
+        let k = self.k;
+        ensure!(frames.len() == h.mbs.len(), "inner step {j}: frames missing");
+        let committed = |x: &[u8; 32]| k.epoch_starts.contains(x) || k.step_hashes.contains(x);
+        for (n, (mb, f)) in h.mbs.iter().zip(frames).enumerate() {
+            ensure!(committed(&mb.weights), "inner step {j}, micro-batch {n}: forwarded on uncommitted weights");
+            self.load(&mb.weights).with_context(|| format!("inner step {j}, micro-batch {n}"))?;
+            accumulate(&mut self.st, self.cfg, k, mb, f).with_context(|| format!("inner step {j}, micro-batch {n}"))?;
+        }
+        self.load(&h.weights_before).with_context(|| format!("inner step {j}"))?;
+        self.opt.step(&mut self.st, &self.cfg.train.adamw, self.cfg.train.schedule.at(h.step));
+        self.st.zero_grads();
+        let after = self.st.params_host();
+        if k.tolerance > 0.0 {
+            // Another backend: only the drawn step's weights are compared
+            // (the replay carries its own, close ones, to it).
+            if last {
+                let want = self.shown.iter().find(|(x, _)| *x == h.weights_after).map(|(_, w)| *w);
+                let rel = rel_l2(&after, want.context("the drawn step's weights are not shown")?);
+                ensure!(rel <= k.tolerance, "inner step {j}: recomputed weights differ by {rel:.3e} (relative L2)");
+            }
+        } else {
+            ensure!(
+                weights_hash(&after) == h.weights_after,
+                "inner step {j}: recomputed, the step reaches other weights"
+            );
+            let be = self.st.backend().clone();
+            let state = optimizer_hash(self.opt.t, &be.to_host(&self.opt.m), &be.to_host(&self.opt.v));
+            ensure!(state == h.optimizer_after, "inner step {j}: recomputed, the step leaves another optimizer state");
+        }
+        self.current = h.weights_after;
+        if self.recent.len() >= RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push((h.weights_after, after));
+        Ok(())
+    }
 }
 
 /// How far `a` is from `b`, relative to `b`.

@@ -16,19 +16,22 @@ const ACCUM: usize = 2;
 /// Micro-batches trained: two inner steps.
 const MBS: u64 = 4;
 
-fn accumulating_config() -> RunConfig {
+fn accumulating_config(window: u32) -> RunConfig {
     let mut cfg = run_config();
     cfg.train.grad_accum = ACCUM;
     cfg.spec.micro_batches_per_epoch = MBS;
     cfg.spec.validation.check_inner_steps = true;
+    cfg.spec.validation.step_window = window;
     cfg
 }
 
 /// Trains `MBS` micro-batches with the head's gradients held back for the
 /// first three (so the head's second step accumulates a micro-batch
 /// forwarded before its first step and one after), and ends the epoch.
-fn trained_with_steps(bad: Option<(usize, Adversary)>) -> Swarm {
-    let mut s = Swarm::with_config(bad, accumulating_config());
+/// `window`: the run's `validation.step_window` (1: every step's optimizer
+/// state kept; 8: the first step's only, the second replayed from it).
+fn trained_with_steps(bad: Option<(usize, Adversary)>, window: u32) -> Swarm {
+    let mut s = Swarm::with_config(bad, accumulating_config(window));
     s.hold_grads_to = Some(0);
     for n in 0..3 {
         s.train(n);
@@ -58,6 +61,7 @@ impl Swarm {
             max_headers: 16,
             max_mbs: ACCUM as u64,
             max_frame: 1 << 24,
+            window: 8,
         };
         let ev = match StepEvidence::decode(bytes, limits) {
             Ok(ev) => ev,
@@ -103,34 +107,56 @@ impl Swarm {
 
 #[test]
 fn honest_inner_steps_recompute_bit_for_bit_with_mixed_forward_weights() {
-    let mut s = trained_with_steps(None);
-    for stage in 0..3 {
-        for (n, (mb, b)) in s.all_evidence(stage).into_iter().enumerate() {
-            let ev = StepEvidence::decode(
-                b.step.as_deref().expect("a step shown"),
-                StepLimits { weights: b.weights.len() as u64, max_headers: 16, max_mbs: 2, max_frame: 1 << 24 },
-            )
-            .unwrap();
-            assert!(!ev.carried, "the first epoch on the stage carries nothing in");
-            assert_eq!(ev.headers.len(), 2, "two steps");
-            assert!(ev.index.is_some(), "stage {stage} micro-batch {n} went into a step");
-            if stage == 0 && n >= 2 {
-                // The head's second step: micro-batch 2 forwarded on the
-                // start, 3 after the first step.
-                let h = &ev.headers[1];
-                assert_ne!(h.mbs[0].weights, h.mbs[1].weights, "mixed forward weights");
-                assert_eq!(ev.weights.len(), 3, "the state before, the older one and the one after");
+    for window in [1, 8] {
+        let mut s = trained_with_steps(None, window);
+        for stage in 0..3 {
+            for (n, (mb, b)) in s.all_evidence(stage).into_iter().enumerate() {
+                let limits = StepLimits {
+                    weights: b.weights.len() as u64,
+                    max_headers: 16,
+                    max_mbs: 2,
+                    max_frame: 1 << 24,
+                    window: 8,
+                };
+                let ev = StepEvidence::decode(b.step.as_deref().expect("a step shown"), limits).unwrap();
+                assert!(!ev.carried, "the first epoch on the stage carries nothing in");
+                assert_eq!(ev.headers.len(), 2, "two steps");
+                let index = ev.index.expect("every micro-batch went into a step");
+                let from = if window == 1 { index } else { 0 };
+                assert_eq!(ev.from, from, "window {window}: stage {stage} micro-batch {n} shown from its window");
+                assert_eq!(ev.frames.len(), 2 * (index - from + 1) as usize, "every replayed micro-batch's frames");
+                if stage == 0 && n >= 2 {
+                    // The head's second step: micro-batch 2 forwarded on the
+                    // start, 3 after the first step.
+                    let h = &ev.headers[1];
+                    assert_ne!(h.mbs[0].weights, h.mbs[1].weights, "mixed forward weights");
+                    // Alone: its state before, the older one and the one
+                    // after; replayed from the first: the start and the end.
+                    assert_eq!(ev.weights.len(), if window == 1 { 3 } else { 2 }, "states shown");
+                }
+                assert_eq!(s.check_step(stage, mb, &b), Finding::Honest, "window {window}: stage {stage} mb {n}");
             }
-            assert_eq!(s.check_step(stage, mb, &b), Finding::Honest, "stage {stage} micro-batch {n}");
         }
     }
 }
 
+/// A replay longer than the run's window is refused (a miner must keep
+/// the states it would otherwise push onto its validators' compute).
+#[test]
+fn a_step_shown_from_further_back_than_the_window_fails() {
+    let mut s = trained_with_steps(None, 8);
+    let (mb, b) = s.all_evidence(1).pop().expect("the last micro-batch");
+    s.cfg.spec.validation.step_window = 1;
+    let f = s.check_step(1, mb, &b);
+    assert!(matches!(&f, Finding::Cheated(w) if w.contains("window of 1")), "{f:?}");
+}
+
 #[test]
 fn a_step_shown_with_another_optimizer_state_or_an_unsigned_gradient_fails() {
-    let mut s = trained_with_steps(None);
-    let (mb, b) = s.all_evidence(1).remove(0);
-    let limits = StepLimits { weights: b.weights.len() as u64, max_headers: 16, max_mbs: 2, max_frame: 1 << 24 };
+    let mut s = trained_with_steps(None, 8);
+    let (mb, b) = s.all_evidence(1).pop().expect("the last micro-batch");
+    let limits =
+        StepLimits { weights: b.weights.len() as u64, max_headers: 16, max_mbs: 2, max_frame: 1 << 24, window: 8 };
     let ev = StepEvidence::decode(b.step.as_deref().unwrap(), limits).unwrap();
     let with = |ev: StepEvidence| EvidenceBundle { step: Some(ev.encode()), ..b.clone() };
     // Huge second moments make any gradient's update vanish: not the
@@ -164,7 +190,7 @@ fn lazy_steps_are_named_by_the_recompute_and_their_honest_neighbours_pass() {
         (2, Adversary::SkipWeightGrad),
     ];
     for (stage, mode) in cases {
-        let mut s = trained_with_steps(Some((stage, mode)));
+        let mut s = trained_with_steps(Some((stage, mode)), 8);
         for (n, (mb, b)) in s.all_evidence(stage).into_iter().enumerate() {
             // What it sent and shows of the attempt itself is honest work.
             if stage < 2 {

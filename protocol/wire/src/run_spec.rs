@@ -138,18 +138,31 @@ pub struct ValidationSpec {
     /// it alone (the held-out loss's rollback of a poisoned merge).
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub bind_contributions: bool,
-    /// Miners commit every inner step and show the step a drawn attempt
+    /// Miners commit every inner step and show the steps a drawn attempt
     /// went into, which validators recompute (PROTOCOL.md, "Inner steps
-    /// recomputed"). Off by default: a miner then keeps three stage-sized
-    /// snapshots per inner step (weights, AdamW's m and v), which at
-    /// `small` with ~100 steps an epoch filled a 35 GB disk and left
-    /// honest miners unable to show their work.
-    #[serde(default, skip_serializing_if = "is_no")]
+    /// recomputed"). Off only for runs that cannot afford a miner's
+    /// optimizer snapshots (see `step_window`).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub check_inner_steps: bool,
+    /// A miner keeps AdamW's state (m and v, two stage-sized snapshots)
+    /// at every `step_window`-th inner step of an epoch only; a drawn step
+    /// is shown from the last kept state before it and the validator
+    /// replays up to `step_window` steps, checking each. 1 keeps every
+    /// step's state: at `small` with ~100 steps an epoch that filled a
+    /// 35 GB disk shared by six miners.
+    #[serde(default = "default_step_window", skip_serializing_if = "is_default_step_window")]
+    pub step_window: u32,
 }
 
-fn is_no(b: &bool) -> bool {
-    !*b
+/// `ValidationSpec::step_window` unless a run sets it.
+pub const DEFAULT_STEP_WINDOW: u32 = 8;
+
+fn default_step_window() -> u32 {
+    DEFAULT_STEP_WINDOW
+}
+
+fn is_default_step_window(w: &u32) -> bool {
+    *w == DEFAULT_STEP_WINDOW
 }
 
 fn yes() -> bool {
@@ -171,7 +184,8 @@ impl Default for ValidationSpec {
             rollback_loss_jump: 0.5,
             eval_batches: 4,
             bind_contributions: true,
-            check_inner_steps: false,
+            check_inner_steps: true,
+            step_window: DEFAULT_STEP_WINDOW,
         }
     }
 }
@@ -461,8 +475,10 @@ impl RunSpec {
                 "merge: the merge behind compute (overlap) is not validated yet; run it without validators".into()
             );
         }
-        if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 {
-            return Err("validation: rate must be in [0, 1], strikes_to_eject and timeout_ms positive".into());
+        if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 || v.step_window == 0 {
+            return Err(
+                "validation: rate must be in [0, 1], strikes_to_eject, timeout_ms and step_window positive".into()
+            );
         }
         if !(v.rollback_loss_jump.is_finite() && v.rollback_loss_jump > 0.0) || v.eval_batches == 0 {
             return Err("validation: rollback_loss_jump must be positive and eval_batches at least 1".into());

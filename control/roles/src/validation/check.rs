@@ -272,6 +272,7 @@ impl Checker {
             max_headers: self.cfg.spec.micro_batches_per_epoch.saturating_add(2),
             max_mbs: self.cfg.train.grad_accum.max(1) as u64,
             max_frame: FrameLimits::default().max_payload.saturating_add(4096),
+            window: u64::from(self.cfg.spec.validation.step_window),
         };
         let ev = StepEvidence::decode(bytes, limits).map_err(|e| format!("inner step: {e:#}"))?;
         let corpus = self.corpus.clone();

@@ -20,6 +20,7 @@ fn evidence() -> StepEvidence {
         carried: false,
         carried_before: Chain::default(),
         index: Some(1),
+        from: 1,
         optimizer: OptimizerState { t: 4, m: vec![0.5; 6], v: vec![0.25; 6] },
         weights: vec![vec![1.0; 6], vec![-1.0; 6]],
         frames: vec![
@@ -32,7 +33,7 @@ fn evidence() -> StepEvidence {
 /// What these tests' records call a fresh optimizer state.
 const FRESH: [u8; 32] = [1 ^ 0x80; 32];
 
-const LIM: StepLimits = StepLimits { weights: 6, max_headers: 4, max_mbs: 2, max_frame: 64 };
+const LIM: StepLimits = StepLimits { weights: 6, max_headers: 4, max_mbs: 2, max_frame: 64, window: 2 };
 
 #[test]
 fn a_record_hashes_every_field_and_evidence_round_trips() {
@@ -60,6 +61,25 @@ fn a_record_hashes_every_field_and_evidence_round_trips() {
     assert_eq!(StepEvidence::decode(&none.encode(), LIM).unwrap(), none);
     assert_ne!(optimizer_hash(1, &[0.0], &[0.0]), optimizer_hash(2, &[0.0], &[0.0]), "the counter is committed");
     assert_ne!(optimizer_hash(1, &[0.0, 1.0], &[]), optimizer_hash(1, &[0.0], &[1.0]), "m and v apart");
+}
+
+/// What a replay is shown: what its first step reads, states older than
+/// the two steps before the one reading them, and the last step's result;
+/// not what a replayed step left for the next two.
+#[test]
+fn a_replay_is_shown_only_the_weights_it_cannot_compute() {
+    let mut steps = vec![header(0, 1, 2), header(1, 2, 3), header(2, 3, 4), header(3, 4, 5)];
+    assert_eq!(shown_states(&steps), vec![[1; 32], [5; 32]], "a replay from 1 computes 2, 3 and 4");
+    assert_eq!(shown_states(&steps[2..3]), vec![[3; 32], [4; 32]], "one step: its state before and after");
+    // A micro-batch forwarded on the state two steps back is computed; on
+    // three steps back it is shown (the replay keeps two results).
+    steps[2].mbs[0].weights = [2; 32];
+    assert_eq!(shown_states(&steps), vec![[1; 32], [5; 32]]);
+    steps[3].mbs[1].weights = [2; 32];
+    assert_eq!(shown_states(&steps), vec![[1; 32], [2; 32], [5; 32]]);
+    // A late merge's weights in the middle are nobody's result: shown.
+    steps[1].weights_before = [9; 32];
+    assert_eq!(shown_states(&steps), vec![[1; 32], [9; 32], [2; 32], [5; 32]]);
 }
 
 #[test]

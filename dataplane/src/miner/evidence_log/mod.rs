@@ -213,12 +213,12 @@ impl EpochEvidence {
     }
 
     /// An inner step about to be taken from the current weights state:
-    /// its record, the optimizer state it steps from, and its
-    /// micro-batches' frames' signers.
+    /// its record, the optimizer state it steps from (where it is one to
+    /// keep), and its micro-batches' frames' signers.
     fn record_step(
         &mut self,
         header: StepHeader,
-        optimizer: OptimizerState,
+        optimizer: Option<OptimizerState>,
         signers: Vec<([u8; 32], [u8; 32])>,
         budget: usize,
         spill: Option<&SpillDir>,
@@ -228,7 +228,10 @@ impl EpochEvidence {
             v.used = true;
         }
         let slot = steps::OPTIMIZER_SLOTS.saturating_add(self.steps.len());
-        let OptimizerState { t, mut m, v } = optimizer;
+        let Some(OptimizerState { t, mut m, v }) = optimizer else {
+            self.steps.push(header, 0, Snapshot::None, signers);
+            return;
+        };
         m.extend_from_slice(&v);
         drop(v);
         let moments = self.keep(slot, m, budget, spill);
@@ -236,7 +239,7 @@ impl EpochEvidence {
     }
 
     /// What `key`'s bundle shows of the inner step its backward went into.
-    fn step_evidence(&mut self, key: MbKey) -> Result<StepEvidence, &'static str> {
+    fn step_evidence(&mut self, key: MbKey, window: usize) -> Result<StepEvidence, &'static str> {
         let sealed = self.sealed.unwrap_or(self.step_hashes.len());
         let (versions, attempts) = (&mut self.versions, &self.attempts);
         let load = |hash: &[u8; 32]| -> Result<Vec<f32>, &'static str> {
@@ -252,7 +255,7 @@ impl EpochEvidence {
             let grad = a.and_then(|a| a.backward.as_ref()).map(|(f, _)| f.clone()).unwrap_or_default();
             (input, grad)
         };
-        self.steps.evidence(sealed, (key.1, key.2, key.3), load, frames)
+        self.steps.evidence((sealed, window), (key.1, key.2, key.3), load, frames)
     }
 
     /// Writes a snapshot past the memory budget to the spill directory,
@@ -290,6 +293,8 @@ impl EpochEvidence {
 pub struct EvidenceLog {
     budget: usize,
     frame_budget: usize,
+    /// Inner steps per kept optimizer state (`validation.step_window`).
+    step_window: usize,
     spill: Option<SpillDir>,
     epoch: Option<EpochEvidence>,
 }
@@ -298,12 +303,19 @@ impl EvidenceLog {
     /// `budget`: bytes of weights snapshots kept per epoch (received
     /// frames get a quarter of it besides).
     pub fn new(budget: usize) -> Self {
-        EvidenceLog { budget, frame_budget: budget / 4, spill: None, epoch: None }
+        EvidenceLog { budget, frame_budget: budget / 4, step_window: 1, spill: None, epoch: None }
     }
 
     /// As `new`, with snapshots past the memory budget written to `spill`.
     pub fn with_spill(budget: usize, spill: Option<SpillDir>) -> Self {
-        EvidenceLog { budget, frame_budget: budget / 4, spill, epoch: None }
+        EvidenceLog { budget, frame_budget: budget / 4, step_window: 1, spill, epoch: None }
+    }
+
+    /// Keeps the optimizer state every `steps` inner steps (the run's
+    /// `validation.step_window`) instead of at every step.
+    pub fn with_step_window(mut self, steps: u32) -> Self {
+        self.step_window = (steps as usize).max(1);
+        self
     }
 
     /// Received frames (inputs and gradients) get `bytes` of memory
@@ -394,9 +406,10 @@ impl EvidenceLog {
         optimizer: OptimizerState,
         signers: Vec<([u8; 32], [u8; 32])>,
     ) {
-        let budget = self.budget;
+        let (budget, window) = (self.budget, self.step_window);
         let spill = self.spill.as_ref();
         if let Some(e) = self.epoch.as_mut().filter(|e| e.epoch == epoch) {
+            let optimizer = e.steps.keeps_next(window).then_some(optimizer);
             e.record_step(header, optimizer, signers, budget, spill);
         }
     }
@@ -561,6 +574,7 @@ impl EvidenceLog {
         output_frame: Vec<u8>,
         sent_grad: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, &'static str> {
+        let window = self.step_window;
         let e = self.kept_mut(key.0).ok_or("the epoch is not kept")?;
         let a = e.attempts.get(&key).ok_or("the attempt is not kept")?;
         let steps = e.sealed.unwrap_or(e.step_hashes.len());
@@ -590,7 +604,7 @@ impl EvidenceLog {
         // has a steps chain (a run without validators keeps none). Read
         // before the attempt's own weights are lent below: the step may
         // read the same state.
-        let step = if e.steps_kept() { Some(e.step_evidence(key)?.encode()) } else { None };
+        let step = if e.steps_kept() { Some(e.step_evidence(key, window)?.encode()) } else { None };
         let v = e.versions.get_mut(version).ok_or("no such weights state")?;
         // A snapshot in memory is lent to the bundle for the encoding, not
         // copied; a spilled one is read back.

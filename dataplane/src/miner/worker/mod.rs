@@ -151,6 +151,7 @@ impl<B: Backend + 'static> Worker<B> {
                 Box::new(Butterfly::new(me, cfg.spec.merge.clone(), store.clone(), rt.clone(), ctx.clone()))
             }
         };
+        let step_window = cfg.spec.validation.step_window;
         Worker {
             me,
             cfg,
@@ -181,7 +182,7 @@ impl<B: Backend + 'static> Worker<B> {
             done: false,
             rejected_frames: 0,
             commitments: Arc::default(),
-            evidence: EvidenceLog::new(DEFAULT_EVIDENCE_BYTES),
+            evidence: EvidenceLog::new(DEFAULT_EVIDENCE_BYTES).with_step_window(step_window),
             sent: None,
             tamper: None,
             memory: None,
@@ -233,7 +234,7 @@ impl<B: Backend + 'static> Worker<B> {
     /// frames it sent) and what `log` keeps (see `evidence_log`).
     pub fn set_evidence(&mut self, sent: Arc<SentFrames>, log: EvidenceLog) {
         self.sent = Some(sent);
-        self.evidence = log;
+        self.evidence = log.with_step_window(self.cfg.spec.validation.step_window);
     }
 
     /// What this worker keeps for validators.
