@@ -16,6 +16,7 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             epoch: a.epoch,
             miner: peer_of(&a.miner),
             items: a.items.iter().map(|w| (w.shard, w.first_sample, w.attempt)).collect(),
+            inner_step: a.items.iter().find(|w| w.inner_step).map(|w| (w.shard, w.first_sample, w.attempt)),
         },
         pb::validator_report::Kind::Verdict(v) => Event::Verdict(VerdictIn {
             validator: peer,

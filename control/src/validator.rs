@@ -221,6 +221,7 @@ fn validator_core(opts: &ValidatorOptions, cfg: &RunConfig, run_id: u64) -> Vali
     let stage_params = cfg.train.model.stage_param_counts(cfg.spec.stages as usize).unwrap_or_default();
     ValidatorCore::new(run_id, cfg.spec.stages, opts.seed, rate, timeout)
         .with_stage_params(&stage_params, cfg.spec.validation.validators.len())
+        .with_inner_steps(v.check_inner_steps)
 }
 
 /// Heartbeats keep the validator counted as live (the merge waits only for
@@ -534,7 +535,7 @@ fn flood_asks(w: &pb::EpochWork) -> Vec<Action> {
         let items: Vec<(u32, u64, u32)> =
             m.items.iter().filter_map(|i| i.mb.as_ref()).map(|r| (r.shard, r.first_sample, r.attempt)).collect();
         for chunk in items.chunks(256) {
-            asks.push(Action::Ask { epoch: w.epoch, miner, items: chunk.to_vec() });
+            asks.push(Action::Ask { epoch: w.epoch, miner, items: chunk.to_vec(), inner_step: None });
         }
     }
     asks
@@ -571,10 +572,15 @@ async fn act(
 ) -> Result<()> {
     use pb::validator_report::Kind;
     match a {
-        Action::Ask { epoch, miner, items } => {
+        Action::Ask { epoch, miner, items, inner_step } => {
             let items = items
                 .into_iter()
-                .map(|(shard, first_sample, attempt)| pb::WorkRef { shard, first_sample, attempt })
+                .map(|k @ (shard, first_sample, attempt)| pb::WorkRef {
+                    shard,
+                    first_sample,
+                    attempt,
+                    inner_step: inner_step == Some(k),
+                })
                 .collect();
             client.validate(Kind::Ask(pb::EvidenceAsk { epoch, miner: miner.0.to_vec(), items })).await?;
         }

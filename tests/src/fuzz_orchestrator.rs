@@ -323,7 +323,15 @@ fn validator_event(
     match b.u8() % 8 {
         0 => Event::RegisterValidator { peer: v, device: "cpu".into() },
         1 => Event::Subscribed { peer: v },
-        2 => Event::EvidenceAsk { validator: v, epoch, miner: peer, items: vec![attempt(b); 1 + b.u8() as usize % 2] },
+        2 => {
+            let items = vec![attempt(b); 1 + b.u8() as usize % 2];
+            let inner_step = match b.u8() % 3 {
+                0 => items.first().copied(),
+                1 => Some(attempt(b)),
+                _ => None,
+            };
+            Event::EvidenceAsk { validator: v, epoch, miner: peer, items, inner_step }
+        }
         3 | 4 => {
             let check = if b.u8() & 1 == 0 { Check::Recompute } else { Check::Merge };
             let guilty = b.u8() & 1 == 0;

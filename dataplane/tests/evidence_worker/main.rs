@@ -30,7 +30,7 @@ use iota_model::CpuBackend;
 use iota_model::data::TokenizerKind;
 use iota_model::optim::{AdamWConfig, LrSchedule};
 use iota_model::train::TrainConfig;
-use iota_protocol::store_keys::evidence_key;
+use iota_protocol::store_keys::{evidence_key, step_evidence_key};
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec, SharedStore, StoredObject, pb};
 
 mod steps;
@@ -269,9 +269,19 @@ impl Swarm {
     /// Asks miner `i` for the evidence of `mbs`; returns what it announced
     /// and stored, checked against the announcement.
     fn evidence(&mut self, i: usize, mbs: &[SampledMb]) -> Vec<(SampledMb, EvidenceBundle)> {
+        self.evidence_showing(i, mbs, false)
+    }
+
+    /// `evidence`, each attempt asked with its inner steps where `steps`.
+    fn evidence_showing(&mut self, i: usize, mbs: &[SampledMb], steps: bool) -> Vec<(SampledMb, EvidenceBundle)> {
         let items = mbs
             .iter()
-            .map(|m| pb::WorkRef { shard: m.shard, first_sample: m.first_sample, attempt: m.attempt })
+            .map(|m| pb::WorkRef {
+                shard: m.shard,
+                first_sample: m.first_sample,
+                attempt: m.attempt,
+                inner_step: steps,
+            })
             .collect();
         let from = self.reports.len();
         self.command(i, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 0, items }));
@@ -292,7 +302,8 @@ impl Swarm {
         mbs.iter()
             .zip(stored)
             .map(|(m, o)| {
-                let key = evidence_key(0, &self.miners[i].id, m.shard, m.first_sample, m.attempt);
+                let name = if steps { step_evidence_key } else { evidence_key };
+                let key = name(0, &self.miners[i].id, m.shard, m.first_sample, m.attempt);
                 assert_eq!(o.key, key);
                 let bytes = self.rt.block_on(self.store.get(&key)).unwrap();
                 let announced = StoredObject::of(&key, &bytes, self.miners[i].id);
@@ -420,7 +431,8 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
     // Unknown attempts are skipped; another epoch is ignored.
     let unknown = SampledMb { attempt: 5, ..mbs[0] };
     let from = s.reports.len();
-    let items = vec![pb::WorkRef { shard: unknown.shard, first_sample: unknown.first_sample, attempt: 5 }];
+    let items =
+        vec![pb::WorkRef { shard: unknown.shard, first_sample: unknown.first_sample, attempt: 5, inner_step: false }];
     s.command(0, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 0, items: items.clone() }));
     s.command(0, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 7, items }));
     assert_eq!(s.reports.len(), from, "nothing announced");

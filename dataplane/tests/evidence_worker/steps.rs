@@ -99,9 +99,10 @@ impl Swarm {
         check_step(&Arc::new(CpuBackend::new()), &self.cfg, &known, &ev)
     }
 
+    /// Every attempt's evidence from miner `i`, asked with its inner steps.
     fn all_evidence(&mut self, i: usize) -> Vec<(SampledMb, EvidenceBundle)> {
         let mbs: Vec<SampledMb> = (0..MBS).map(|n| self.mb(n)).collect();
-        self.evidence(i, &mbs)
+        self.evidence_showing(i, &mbs, true)
     }
 }
 
@@ -136,6 +137,9 @@ fn honest_inner_steps_recompute_bit_for_bit_with_mixed_forward_weights() {
                 }
                 assert_eq!(s.check_step(stage, mb, &b), Finding::Honest, "window {window}: stage {stage} mb {n}");
             }
+            // Asked plainly, an attempt's object does not show its steps.
+            let plain = s.evidence(stage, &[s.mb(0)]);
+            assert!(plain[0].1.step.is_none(), "stage {stage}: steps shown unasked");
         }
     }
 }

@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn validator_report_fields() {
         use pb::validator_report::Kind;
-        let item = pb::WorkRef { shard: 1, first_sample: 8, attempt: 0 };
+        let item = pb::WorkRef { shard: 1, first_sample: 8, attempt: 0, inner_step: false };
         let ask = |miner: Vec<u8>, n: usize| pb::ValidatorReport {
             kind: Some(Kind::Ask(pb::EvidenceAsk { epoch: 0, miner, items: vec![item; n] })),
         };

@@ -50,15 +50,31 @@ pub fn evidence_key(epoch: u64, miner: &iota_core::PeerId, shard: u32, first_sam
     format!("{}{shard:06}-{first_sample:012}-{attempt:03}.evidence", evidence_prefix(epoch, miner))
 }
 
+/// Object-store key of the evidence for one attempt that also shows the
+/// inner steps its backward went into (asked with `WorkRef.inner_step`).
+pub fn step_evidence_key(epoch: u64, miner: &iota_core::PeerId, shard: u32, first_sample: u64, attempt: u32) -> String {
+    format!("{}{shard:06}-{first_sample:012}-{attempt:03}.step.evidence", evidence_prefix(epoch, miner))
+}
+
 /// The attempt (shard, first sample, attempt) an evidence key of `miner`
-/// in `epoch` names; None for any other key.
+/// in `epoch` names; None for any other key (a step evidence key too).
 pub fn parse_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<(u32, u64, u32)> {
+    parse_any_evidence_key(key, epoch, miner).filter(|(_, step)| !step).map(|(k, _)| k)
+}
+
+/// The attempt an evidence key of `miner` in `epoch` names, and whether it
+/// is the one that shows the inner steps (`step_evidence_key`).
+pub fn parse_any_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<((u32, u64, u32), bool)> {
     let stem = key.strip_prefix(&evidence_prefix(epoch, miner))?.strip_suffix(".evidence")?;
+    let (stem, step) = match stem.strip_suffix(".step") {
+        Some(s) => (s, true),
+        None => (stem, false),
+    };
     let mut parts = stem.split('-');
     let (s, f, a) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_digit());
     if parts.next().is_some() || !digits(s, 6) || !digits(f, 12) || !digits(a, 3) {
         return None;
     }
-    Some((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?))
+    Some(((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?), step))
 }

@@ -117,12 +117,14 @@ pub enum Event {
         peer: PeerId,
         device: String,
     },
-    /// A validator asks for the evidence of a miner's attempts.
+    /// A validator asks for the evidence of a miner's attempts, and of
+    /// `inner_step` (one of them) also the inner steps it went into.
     EvidenceAsk {
         validator: PeerId,
         epoch: u64,
         miner: PeerId,
         items: Vec<WorkKey>,
+        inner_step: Option<WorkKey>,
     },
     Verdict(VerdictIn),
     /// A validator's recompute of an audited merge partition: the hash of

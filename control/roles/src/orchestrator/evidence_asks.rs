@@ -1,6 +1,8 @@
 //! Evidence asks: a validator names attempts of one miner it drew; the
 //! orchestrator relays the first ask of each to the miner and hands stored
-//! evidence to every validator that asked (PROTOCOL.md, "Validation").
+//! evidence to every validator that asked (PROTOCOL.md, "Validation"). Of
+//! one attempt per miner a validator asks the inner steps too: relayed the
+//! same way, once, and its object (which shows them) goes to every asker.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,9 +19,8 @@ impl Orchestrator {
     pub(super) fn on_evidence_ask(
         &mut self,
         validator: PeerId,
-        epoch: u64,
-        miner: PeerId,
-        items: Vec<WorkKey>,
+        (epoch, miner): (u64, PeerId),
+        (items, inner_step): (Vec<WorkKey>, Option<WorkKey>),
         out: &mut Vec<Out>,
     ) -> Result<(), Refusal> {
         self.open_round(&validator, epoch)?;
@@ -41,6 +42,9 @@ impl Orchestrator {
             .collect();
         if let Some(bad) = items.iter().find(|k| !completed.contains_key(k)) {
             return Err(Refusal::Invalid(format!("miner {miner} completed no attempt {bad:?} in epoch {epoch}")));
+        }
+        if let Some(k) = inner_step.filter(|k| !items.contains(k)) {
+            return Err(Refusal::Invalid(format!("the inner steps of {k:?} asked without the attempt")));
         }
         let r = self.validation.round.as_mut().expect("checked open");
         // A validator asks for its draw and nothing more: as many of the
@@ -77,19 +81,40 @@ impl Orchestrator {
                 completed.len()
             )));
         }
+        // The inner steps of one attempt per miner: what a step's object
+        // adds (AdamW's state and a few weights states) is asked once.
+        if let Some(k) = inner_step
+            && r.step_asked.range(lo..=hi).any(|((_, other), vs)| *other != k && vs.contains(&validator))
+        {
+            return Err(Refusal::Invalid(format!(
+                "validator {validator} asked the inner steps of another attempt of miner {miner} in epoch {epoch}; \
+                 one per miner a round"
+            )));
+        }
         let mut request = Vec::new();
         for k in items {
-            let stored = r.evidence.contains_key(&(miner, k));
-            let askers = r.asked.entry((miner, k)).or_default();
+            let key = (miner, k);
+            let stored = r.evidence.contains_key(&key) || r.step_evidence.contains_key(&key);
+            let askers = r.asked.entry(key).or_default();
             // The first ask goes to the miner; so does a validator's second
             // ask for evidence not yet stored (the request, or the miner's
             // upload, was lost: a validator asks again once, half-way to
-            // its evidence timeout).
-            if askers.is_empty() || (!stored && askers.contains(&validator)) {
-                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2 });
-            }
+            // its evidence timeout). Either object answers a plain ask.
+            let plain = askers.is_empty() || (!stored && askers.contains(&validator));
             askers.insert(validator);
-            if let Some(o) = r.evidence.get(&(miner, k)) {
+            let (ask, object) = if inner_step == Some(k) {
+                let steppers = r.step_asked.entry(key).or_default();
+                let stored = r.step_evidence.get(&key);
+                let ask = steppers.is_empty() || (stored.is_none() && steppers.contains(&validator));
+                steppers.insert(validator);
+                (ask.then_some(true), stored)
+            } else {
+                (plain.then_some(false), r.step_evidence.get(&key).or_else(|| r.evidence.get(&key)))
+            };
+            if let Some(inner_step) = ask {
+                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step });
+            }
+            if let Some(o) = object {
                 out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
             }
         }

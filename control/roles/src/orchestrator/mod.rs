@@ -283,8 +283,8 @@ impl Orchestrator {
                 self.register_validator(now, peer, device)?;
                 return Ok(out);
             }
-            Event::EvidenceAsk { validator, epoch, miner, items } => {
-                self.on_evidence_ask(validator, epoch, miner, items, &mut out)?;
+            Event::EvidenceAsk { validator, epoch, miner, items, inner_step } => {
+                self.on_evidence_ask(validator, (epoch, miner), (items, inner_step), &mut out)?;
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,
             Event::ValidationDone { validator, epoch, weights, miners_hash, signed } => {

@@ -38,8 +38,10 @@ use super::validation_state::{
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
 
-fn evidence_name(key: &str, epoch: u64, miner: &PeerId) -> Option<WorkKey> {
-    iota_wire::store_keys::parse_evidence_key(key, epoch, miner)
+/// The attempt an evidence key names, and whether its object shows the
+/// inner steps.
+fn evidence_name(key: &str, epoch: u64, miner: &PeerId) -> Option<(WorkKey, bool)> {
+    iota_wire::store_keys::parse_any_evidence_key(key, epoch, miner)
 }
 
 impl Orchestrator {
@@ -135,6 +137,7 @@ impl Orchestrator {
                                 shard: r.mb.shard,
                                 first_sample: r.mb.first_sample,
                                 attempt: *attempt,
+                                inner_step: false,
                             }),
                             samples: r.samples,
                             pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
@@ -275,13 +278,20 @@ impl Orchestrator {
     /// Whether `peer` (a miner) may write `key`: evidence it was asked for.
     pub(super) fn may_write_evidence(&self, peer: &PeerId, key: &str) -> bool {
         let Some(r) = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch) else { return false };
-        evidence_name(key, r.epoch, peer).is_some_and(|k| r.asked.contains_key(&(*peer, k)))
+        evidence_name(key, r.epoch, peer).is_some_and(|(k, step)| match step {
+            true => r.step_asked.contains_key(&(*peer, k)),
+            false => r.asked.contains_key(&(*peer, k)),
+        })
     }
 
     /// Whether `peer` (a validator) may read `key`: announced evidence.
     pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
         self.is_validator(peer)
-            && self.validation.round.as_ref().is_some_and(|r| r.evidence.values().any(|o| o.key == key))
+            && self
+                .validation
+                .round
+                .as_ref()
+                .is_some_and(|r| r.evidence.values().chain(r.step_evidence.values()).any(|o| o.key == key))
     }
 
     /// A miner announced the evidence it was asked for: recorded, and
@@ -301,15 +311,25 @@ impl Orchestrator {
             .as_mut()
             .filter(|r| r.epoch == epoch && obj.key.starts_with(&upload_prefix(epoch)))
             .ok_or_else(|| not_yours("no validation round of that epoch is open"))?;
-        let k = evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
+        let (k, step) =
+            evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
         let askers = r.asked.get(&(peer, k)).ok_or_else(|| not_yours("nobody asked for that evidence"))?;
+        let steppers = r.step_asked.get(&(peer, k));
+        if step && steppers.is_none() {
+            return Err(not_yours("nobody asked for that attempt's inner steps"));
+        }
         if obj.is_part() {
             return Err(not_yours("evidence is one object, not a part"));
         }
-        for v in askers {
+        // The object that shows the inner steps answers every asker; the
+        // plain one, those that did not ask for them.
+        for v in askers.iter().filter(|v| step || !steppers.is_some_and(|s| s.contains(v))) {
             out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
         }
-        r.evidence.insert((peer, k), obj);
+        match step {
+            true => r.step_evidence.insert((peer, k), obj),
+            false => r.evidence.insert((peer, k), obj),
+        };
         Ok(())
     }
 
@@ -659,7 +679,10 @@ mod tests {
     fn evidence_keys_parse_back_to_their_attempt_only() {
         let m = PeerId([5; 32]);
         let k = iota_wire::store_keys::evidence_key(3, &m, 2, 640, 1);
-        assert_eq!(evidence_name(&k, 3, &m), Some((2, 640, 1)));
+        assert_eq!(evidence_name(&k, 3, &m), Some(((2, 640, 1), false)));
+        let step = iota_wire::store_keys::step_evidence_key(3, &m, 2, 640, 1);
+        assert_eq!(evidence_name(&step, 3, &m), Some(((2, 640, 1), true)), "the one showing the inner steps");
+        assert_eq!(iota_wire::store_keys::parse_evidence_key(&step, 3, &m), None, "not a plain evidence key");
         assert_eq!(evidence_name(&k, 4, &m), None, "another epoch");
         assert_eq!(evidence_name(&k, 3, &PeerId([6; 32])), None, "another miner's");
         for bad in [format!("{k}x"), k.replace(".evidence", ".f32"), k.replace("-001", "-1"), k.replace("000002-", "")]

@@ -103,6 +103,12 @@ pub(super) struct Round {
     /// The evidence objects miners announced.
     #[serde(with = "crate::serde_pairs")]
     pub(super) evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
+    /// Per miner and attempt: the validators that asked for it with its
+    /// inner steps (a subset of `asked`'s), and the objects that show them.
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) step_asked: BTreeMap<(PeerId, WorkKey), BTreeSet<PeerId>>,
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) step_evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
     pub(super) timed_out: bool,
     /// How long the round may take: `validation.timeout_ms` plus the time
     /// the largest draw takes to upload (0: a round saved before it

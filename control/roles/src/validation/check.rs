@@ -246,9 +246,10 @@ impl Checker {
         }
     }
 
-    /// The inner step the attempt's backward went into (`inner_step`):
-    /// shown whenever the miner committed a steps chain, and a miner that
-    /// committed inner steps commits their records too.
+    /// The inner steps the attempt's backward went into (`inner_step`), for
+    /// the attempt asked with them: shown whenever the miner committed a
+    /// steps chain, and a miner that committed inner steps commits their
+    /// records too.
     fn check_inner_step(
         &self,
         job: &CheckJob,
@@ -256,7 +257,8 @@ impl Checker {
         ctx: &RunContext,
         epoch_starts: &[[u8; 32]],
     ) -> Result<(), String> {
-        if !self.cfg.spec.validation.check_inner_steps {
+        // One drawn attempt per miner is asked with its steps.
+        if !self.cfg.spec.validation.check_inner_steps || !job.inner_step {
             return Ok(());
         }
         let steps = &job.heads.steps;

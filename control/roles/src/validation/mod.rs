@@ -12,5 +12,6 @@ pub mod merge_audit;
 pub mod merge_reports;
 pub mod quorum;
 pub mod round;
+mod round_io;
 pub mod sample;
 pub mod train_loss;

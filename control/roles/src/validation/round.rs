@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
 use iota_core::commitment::EpochHeads;
-use iota_wire::store_keys::parse_evidence_key;
+use iota_wire::store_keys::parse_any_evidence_key;
 use iota_wire::{MbRef, StoredObject, pb};
 
 use super::lanes::{LaneRecord, Lanes, Receivers, asked_with_lanes};
@@ -33,11 +33,13 @@ use crate::settlement::scores::{Rated, clasp_params, weight_vector};
 /// Longest device label kept per miner.
 const MAX_DEVICE_CHARS: usize = 64;
 
-/// An attempt: (shard, first sample, attempt).
-pub type WorkKey = (u32, u64, u32);
+pub use super::round_io::{Action, CheckJob, WorkKey};
 
 /// Most attempts named in one ask (the field rule's bound).
 const ASK_CHUNK: usize = iota_wire::fields::MAX_EVIDENCE_ITEMS;
+/// What the object showing an attempt's inner steps adds to its upload, in
+/// stage-sized states: AdamW's m and v, and about two weights states.
+const STEP_OBJECT_WEIGHTS: usize = 4;
 
 /// The upload rate a miner's evidence is given time for: 100 Mbit/s, a
 /// modest uplink (the store's side is rarely the slower one).
@@ -50,74 +52,6 @@ pub const EVIDENCE_UPLOAD_BYTES_PER_S: u64 = 12_500_000;
 pub fn evidence_allowance_ms(weights_bytes: u64, drawn: usize) -> u64 {
     let bytes = weights_bytes.saturating_mul(2).saturating_mul(drawn as u64);
     bytes.saturating_mul(1000) / EVIDENCE_UPLOAD_BYTES_PER_S
-}
-
-/// What the shell must check: one evidence object against what the
-/// validator knows of the attempt.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckJob {
-    pub epoch: u64,
-    pub miner: PeerId,
-    pub stage: u32,
-    pub key: WorkKey,
-    pub samples: u32,
-    /// The upstream neighbour on the attempt's pathway (None at the head).
-    pub upstream: Option<PeerId>,
-    /// The downstream neighbour on it (None at the tail).
-    pub downstream: Option<PeerId>,
-    pub heads: EpochHeads,
-    /// The device the miner registered with.
-    pub device: String,
-    /// The merged weights the stage started the epoch from (None: the run
-    /// seed's initial weights, epoch 0), as the orchestrator recorded them
-    /// from the merge's participants.
-    pub epoch_start: Option<[u8; 32]>,
-    /// The same, as this validator computed them from the stored merge it
-    /// evaluated (None where it did not): a start too, whatever the
-    /// participants reported.
-    pub merged_start: Option<[u8; 32]>,
-    /// The tail: the mean loss it reported for the attempt (None for the
-    /// other stages).
-    pub reported_loss: Option<f32>,
-    pub object: StoredObject,
-    /// The miner's completed attempts of the epoch and their pathways, and
-    /// the miners of the stages around its (what a shown inner step's
-    /// micro-batches and their frames are held against).
-    pub completed: std::sync::Arc<BTreeMap<WorkKey, Vec<PeerId>>>,
-    pub upstream_miners: Vec<PeerId>,
-    pub downstream_miners: Vec<PeerId>,
-    /// The miner's steps chain of the epoch before, as the orchestrator
-    /// holds it (None: it holds none).
-    pub previous_steps: Option<iota_core::commitment::Chain>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    Ask {
-        epoch: u64,
-        miner: PeerId,
-        items: Vec<WorkKey>,
-    },
-    Check(Box<CheckJob>),
-    Vote {
-        epoch: u64,
-        miner: PeerId,
-        guilty: bool,
-        samples: u32,
-        evidence_hash: Option<[u8; 32]>,
-        reason: String,
-        /// Guilty on a proof (`iota_core::frame_equivocation`): the two
-        /// headers; empty otherwise.
-        proof: Vec<Vec<u8>>,
-    },
-    /// The round is over; `weights` rate the epoch's miners in the order
-    /// of its work (empty: abstaining), `miners_hash` names that order
-    /// (`sample::work_miners_hash`).
-    Done {
-        epoch: u64,
-        weights: Vec<f32>,
-        miners_hash: [u8; 32],
-    },
 }
 
 struct MinerWork {
@@ -146,6 +80,23 @@ struct Verdicts {
     /// Drawn attempts whose gradient upstream is held against its
     /// receiver's record (`lanes`), which is not in yet.
     lanes_pending: BTreeSet<WorkKey>,
+    /// The drawn attempt whose inner steps are checked (the first of the
+    /// miner's own draw; None: the run checks none).
+    step: Option<WorkKey>,
+}
+
+impl Verdicts {
+    /// `Action::Ask`s for `keys` (in chunks), the step attempt's flagged.
+    fn asks(&self, epoch: u64, miner: PeerId, keys: &[WorkKey]) -> Vec<Action> {
+        keys.chunks(ASK_CHUNK)
+            .map(|chunk| Action::Ask {
+                epoch,
+                miner,
+                items: chunk.to_vec(),
+                inner_step: self.step.filter(|k| chunk.contains(k)),
+            })
+            .collect()
+    }
 }
 
 impl Verdicts {
@@ -246,18 +197,23 @@ impl Round {
 /// drawn gradient sender's upstream neighbours are asked for too
 /// (`lanes::asked_with_lanes`), and per (receiver, attempt) the sender
 /// whose lane waits for it.
+/// With `inner_steps`, each miner's first pick is the attempt whose inner
+/// steps are checked.
 fn draw_with_lanes(
-    beacon: &[u8; 32],
-    seed: u64,
-    rate: SampleRate,
+    (beacon, seed, rate): (&[u8; 32], u64, SampleRate),
+    inner_steps: bool,
     eligible: &BTreeMap<PeerId, Vec<(MbRef, u32)>>,
     work: &BTreeMap<PeerId, MinerWork>,
 ) -> (BTreeMap<PeerId, Verdicts>, Receivers) {
-    let own: BTreeMap<PeerId, BTreeSet<WorkKey>> = draw(beacon, seed, rate, eligible)
+    let picks: BTreeMap<PeerId, Vec<WorkKey>> = draw(beacon, seed, rate, eligible)
         .into_iter()
         .map(|(p, picks)| (p, picks.iter().map(|(mb, a)| (mb.shard, mb.first_sample, *a)).collect()))
-        .filter(|(_, keys): &(PeerId, BTreeSet<WorkKey>)| !keys.is_empty())
+        .filter(|(_, keys): &(PeerId, Vec<WorkKey>)| !keys.is_empty())
         .collect();
+    let steps: BTreeMap<PeerId, WorkKey> =
+        picks.iter().filter(|_| inner_steps).filter_map(|(p, keys)| Some((*p, *keys.first()?))).collect();
+    let own: BTreeMap<PeerId, BTreeSet<WorkKey>> =
+        picks.into_iter().map(|(p, keys)| (p, keys.into_iter().collect())).collect();
     let upstream_of = |p: PeerId, k: WorkKey| -> Option<PeerId> {
         let m = work.get(&p)?;
         let (_, pathway, _) = m.items.get(&k)?;
@@ -265,8 +221,10 @@ fn draw_with_lanes(
         work.get(&up).filter(|u| u.items.contains_key(&k)).map(|_| up)
     };
     let (asked, receivers) = asked_with_lanes(own, upstream_of);
-    let mut drawn: BTreeMap<PeerId, Verdicts> =
-        asked.into_iter().map(|(p, keys)| (p, Verdicts { pending: keys, ..Verdicts::default() })).collect();
+    let mut drawn: BTreeMap<PeerId, Verdicts> = asked
+        .into_iter()
+        .map(|(p, keys)| (p, Verdicts { pending: keys, step: steps.get(&p).copied(), ..Verdicts::default() }))
+        .collect();
     for ((_, k), sender) in &receivers {
         if let Some(v) = drawn.get_mut(sender) {
             v.lanes_pending.insert(*k);
@@ -287,6 +245,9 @@ pub struct ValidatorCore {
     stage_bytes: Vec<u64>,
     /// Validators drawing from each miner (its uploads are all of theirs).
     validators: usize,
+    /// Whether the run checks inner steps (`validation.check_inner_steps`):
+    /// one drawn attempt per miner is asked with its steps.
+    inner_steps: bool,
     round: Option<Round>,
     /// Per epoch, the hash of each stage's merged weights as this
     /// validator loaded them from the store (merges it kept; the latest
@@ -345,6 +306,7 @@ impl ValidatorCore {
             evidence_timeout_ms,
             stage_bytes: Vec::new(),
             validators: 1,
+            inner_steps: false,
             round: None,
             merged: BTreeMap::new(),
         }
@@ -360,13 +322,22 @@ impl ValidatorCore {
         self
     }
 
+    /// Asks one drawn attempt per miner with its inner steps (a run with
+    /// `validation.check_inner_steps`).
+    pub fn with_inner_steps(mut self, on: bool) -> Self {
+        self.inner_steps = on;
+        self
+    }
+
     /// The round's evidence timeout for `drawn` attempts per miner on its
-    /// stage.
+    /// stage (the step attempt's object counted as `STEP_OBJECT_WEIGHTS`
+    /// more, the states it shows).
     fn round_timeout_ms(&self, drawn: impl Iterator<Item = (u32, usize)>) -> u64 {
         let most = drawn
             .map(|(stage, n)| {
                 let weights = self.stage_bytes.get(stage as usize).copied().unwrap_or(0);
-                evidence_allowance_ms(weights, n.saturating_mul(self.validators))
+                let objects = n.saturating_add(if self.inner_steps { STEP_OBJECT_WEIGHTS } else { 0 });
+                evidence_allowance_ms(weights, objects.saturating_mul(self.validators))
             })
             .max()
             .unwrap_or(0);
@@ -456,7 +427,7 @@ impl ValidatorCore {
             })
             .collect();
         let mut out = Vec::new();
-        let (drawn, receivers) = draw_with_lanes(&b, self.seed, self.rate, &eligible, &work);
+        let (drawn, receivers) = draw_with_lanes((&b, self.seed, self.rate), self.inner_steps, &eligible, &work);
         // Senders before their receivers (the tail first): the orchestrator
         // lets an ask exceed a miner's own draw only for attempts already
         // asked of the miner downstream of it on their pathway.
@@ -464,9 +435,7 @@ impl ValidatorCore {
         by_stage.sort_by_key(|(p, _)| std::cmp::Reverse(work.get(*p).map_or(0, |m| m.stage)));
         for (p, v) in by_stage {
             let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
-            for chunk in keys.chunks(ASK_CHUNK) {
-                out.push(Action::Ask { epoch: w.epoch, miner: *p, items: chunk.to_vec() });
-            }
+            out.extend(v.asks(w.epoch, *p, &keys));
         }
         let harmful = harmful_by_clasp(self.stages, &work);
         let timeout_ms =
@@ -495,9 +464,11 @@ impl ValidatorCore {
     pub fn on_evidence(&mut self, epoch: u64, obj: StoredObject) -> Vec<Action> {
         let Some(r) = self.round.as_mut().filter(|r| r.epoch == epoch) else { return Vec::new() };
         let miner = obj.writer;
-        let Some(key) = parse_evidence_key(&obj.key, epoch, &miner) else { return Vec::new() };
+        let Some((key, shows_steps)) = parse_any_evidence_key(&obj.key, epoch, &miner) else { return Vec::new() };
         let (Some(v), Some(m)) = (r.drawn.get_mut(&miner), r.work.get(&miner)) else { return Vec::new() };
-        if v.voted || !v.pending.remove(&key) {
+        // The step attempt waits for the object that shows its steps.
+        let inner_step = v.step == Some(key);
+        if v.voted || (inner_step && !shows_steps) || !v.pending.remove(&key) {
             return Vec::new();
         }
         let Some((samples, pathway, loss)) = m.items.get(&key) else { return Vec::new() };
@@ -536,6 +507,7 @@ impl ValidatorCore {
             upstream_miners,
             downstream_miners,
             previous_steps: m.previous_steps,
+            inner_step,
         }))]
     }
 
@@ -599,7 +571,7 @@ impl ValidatorCore {
             return Vec::new();
         }
         v.pending.insert(job.key);
-        vec![Action::Ask { epoch: job.epoch, miner: job.miner, items: vec![job.key] }]
+        v.asks(job.epoch, job.miner, &[job.key])
     }
 
     /// Time passes: miners whose evidence is overdue are voted guilty.
@@ -611,9 +583,7 @@ impl ValidatorCore {
             r.reasked = true;
             for (miner, v) in r.drawn.iter().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
                 let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
-                for chunk in keys.chunks(ASK_CHUNK) {
-                    out.push(Action::Ask { epoch: r.epoch, miner: *miner, items: chunk.to_vec() });
-                }
+                out.extend(v.asks(r.epoch, *miner, &keys));
             }
         }
         if waited <= r.timeout_ms {

@@ -23,7 +23,7 @@ fn work(epoch: u64, n: u64) -> pb::EpochWork {
         heads.insert(me, h.clone());
         let items = (0..n)
             .map(|i| pb::WorkItem {
-                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false }),
                 samples: 8,
                 pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
                 loss: 2.5,
@@ -63,7 +63,7 @@ fn work_two_heads(epoch: u64, n: u64, loss: impl Fn(u64, PeerId) -> f32) -> pb::
         let items = (0..n)
             .filter(|i| stage > 0 || head_of(*i) == me)
             .map(|i| pb::WorkItem {
-                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0 }),
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false }),
                 samples: 8,
                 pathway: [head_of(i), p(2), p(3)].iter().map(|q| q.0.to_vec()).collect(),
                 loss: loss(i, head_of(i)),
@@ -224,7 +224,7 @@ fn missing_evidence_is_voted_guilty_after_the_timeout() {
     // request or announcement, a failed upload, is not the miner's doing).
     let again = c.tick(501);
     assert_eq!(again.len(), 3, "{again:?}");
-    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![*last] }), "{again:?}");
+    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![*last], inner_step: None }), "{again:?}");
     assert!(c.tick(1_000).is_empty(), "asked again once; not yet overdue");
     let a = c.tick(1_001);
     assert_eq!(a.len(), 4, "{a:?}");
@@ -286,7 +286,7 @@ fn an_unreadable_object_is_asked_for_again_and_judges_nobody() {
     let jobs = c.on_evidence(0, evidence(0, p(1), key));
     let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
     let again = c.unreadable(job);
-    assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key] }]);
+    assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key], inner_step: None }]);
     assert!(c.unreadable(job).is_empty(), "reported twice: asked once");
     // Announced again, it is checked again and counts.
     let mut votes = Vec::new();
@@ -429,4 +429,48 @@ fn a_sender_whose_shown_gradient_is_not_the_received_one_is_voted_guilty() {
         assert!(matches!(votes.last(), Some(Action::Done { .. })), "{votes:?}");
         assert_eq!(votes.iter().filter(|v| matches!(v, Action::Vote { .. })).count(), 3, "one vote a miner");
     }
+}
+
+/// With inner steps checked, one drawn attempt of each miner is asked
+/// with its steps, and only the object that shows them is checked for it
+/// (a plain one, asked by another validator, is waited past); the other
+/// attempts take either object and are checked without steps.
+#[test]
+fn one_drawn_attempt_per_miner_is_asked_and_checked_with_its_inner_steps() {
+    let mut c = core().with_inner_steps(true);
+    let a = c.on_work(0, &work(0, 10)).unwrap();
+    let mut step_of = BTreeMap::new();
+    for x in &a {
+        let Action::Ask { miner, items, inner_step, .. } = x else { continue };
+        if let Some(k) = inner_step {
+            assert!(items.contains(k), "the step attempt is among the items asked");
+            assert!(step_of.insert(*miner, *k).is_none(), "one step attempt per miner");
+        }
+    }
+    assert_eq!(step_of.len(), STAGES as usize, "every drawn miner has one: {a:?}");
+    let step_object = |m: PeerId, k: WorkKey| StoredObject {
+        key: iota_wire::store_keys::step_evidence_key(0, &m, k.0, k.1, k.2),
+        ..evidence(0, m, k)
+    };
+    let (mut checks, mut step_checks) = (0, 0);
+    for (m, keys) in asks(&a) {
+        for k in keys {
+            let jobs = match step_of.get(&m) == Some(&k) {
+                true => {
+                    assert!(c.on_evidence(0, evidence(0, m, k)).is_empty(), "the plain object does not show the steps");
+                    c.on_evidence(0, step_object(m, k))
+                }
+                false => c.on_evidence(0, step_object(m, k)),
+            };
+            let Some(Action::Check(job)) = jobs.first() else { continue };
+            assert_eq!(job.inner_step, step_of.get(&m) == Some(&k), "{m:?} {k:?}");
+            checks += 1;
+            step_checks += usize::from(job.inner_step);
+        }
+    }
+    assert_eq!(step_checks, STAGES as usize, "each step attempt checked once, with its steps");
+    assert!(checks >= 2 * STAGES as usize, "and the other drawn attempts: {checks}");
+    // Without the setting, nothing is asked with its steps.
+    let plain = core().on_work(0, &work(0, 10)).unwrap();
+    assert!(plain.iter().all(|x| !matches!(x, Action::Ask { inner_step: Some(_), .. })), "{plain:?}");
 }

@@ -37,26 +37,22 @@
 //! attempts, and a validator that samples one counts it as evidence
 //! missing. A snapshot is 4 bytes a weight.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::HashMap;
 
-use iota_core::PeerId;
 use iota_core::wire::Direction;
-use iota_protocol::fields::MAX_EVIDENCE_ITEMS;
-use iota_protocol::store_keys::evidence_key;
-use iota_protocol::{SharedStore, StoredObject, pb};
-use tracing::{info, warn};
+use tracing::warn;
 
 use self::spill::Snapshot;
 pub use self::spill::SpillDir;
-use super::events::Output;
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
 use crate::inner_step::{OptimizerState, StepEvidence, StepHeader};
-use crate::sent_frames::{SentFrameKey, SentFrames};
 use iota_checks::hashes::weights_hash;
 
+mod answer;
 mod spill;
 mod steps;
+
+pub(crate) use self::answer::answer;
 
 /// The default memory budget for weights snapshots (`MinerOptions::evidence_bytes`).
 pub const DEFAULT_EVIDENCE_BYTES: usize = 1 << 30;
@@ -574,6 +570,18 @@ impl EvidenceLog {
         output_frame: Vec<u8>,
         sent_grad: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, &'static str> {
+        self.bundle_showing(key, (output_frame, sent_grad), false)
+    }
+
+    /// `bundle`, showing the inner steps the attempt went into where
+    /// `show_steps` and the epoch keeps a steps chain (a validator asks this of
+    /// one drawn attempt per miner: `WorkRef.inner_step`).
+    pub fn bundle_showing(
+        &mut self,
+        key: MbKey,
+        (output_frame, sent_grad): (Vec<u8>, Option<Vec<u8>>),
+        show_steps: bool,
+    ) -> Result<Vec<u8>, &'static str> {
         let window = self.step_window;
         let e = self.kept_mut(key.0).ok_or("the epoch is not kept")?;
         let a = e.attempts.get(&key).ok_or("the attempt is not kept")?;
@@ -600,11 +608,11 @@ impl EvidenceLog {
                 Some(BackwardFrames { received, sent, weights })
             }
         };
-        // The inner step the attempt's backward went into, where the epoch
-        // has a steps chain (a run without validators keeps none). Read
-        // before the attempt's own weights are lent below: the step may
-        // read the same state.
-        let step = if e.steps_kept() { Some(e.step_evidence(key, window)?.encode()) } else { None };
+        // The inner steps the attempt's backward went into, where asked
+        // and the epoch has a steps chain (a run without validators keeps
+        // none). Read before the attempt's own weights are lent below: the
+        // steps may read the same state.
+        let step = if show_steps && e.steps_kept() { Some(e.step_evidence(key, window)?.encode()) } else { None };
         let v = e.versions.get_mut(version).ok_or("no such weights state")?;
         // A snapshot in memory is lent to the bundle for the encoding, not
         // copied; a spilled one is read back.
@@ -623,73 +631,6 @@ impl EvidenceLog {
         }
         Ok(bytes)
     }
-}
-
-/// Uploads the evidence for each attempt `r` names and reports each object
-/// (`Stored`). Attempts not kept are skipped with a warning; a request for
-/// an epoch no longer kept is ignored.
-pub(crate) fn answer(
-    log: &mut EvidenceLog,
-    r: &pb::EvidenceRequest,
-    sent: Option<&Arc<SentFrames>>,
-    me: PeerId,
-    store: &SharedStore,
-    rt: &tokio::runtime::Handle,
-    out: &mut Vec<Output>,
-) {
-    let Some(stage) = log.kept(r.epoch).map(|e| e.stage) else {
-        warn!(epoch = r.epoch, kept = ?log.epoch(), "evidence asked for an epoch no longer kept; ignored");
-        return;
-    };
-    let Some(sent) = sent else {
-        warn!(epoch = r.epoch, "evidence asked, but this miner does not record its sent frames");
-        return;
-    };
-    let mut seen = HashSet::new();
-    let mut uploaded = 0usize;
-    for item in r.items.iter().take(MAX_EVIDENCE_ITEMS) {
-        let key = (r.epoch, item.shard, item.first_sample, item.attempt);
-        if !seen.insert(key) {
-            continue;
-        }
-        let skip = |why: &str| warn!(shard = key.1, first = key.2, attempt = key.3, why, "evidence not uploaded");
-        let Some(info) = log.attempt(key) else {
-            skip("the attempt is not kept (not computed here, or past the evidence bounds)");
-            continue;
-        };
-        let fk =
-            SentFrameKey { epoch: key.0, shard: key.1, first_sample: key.2, attempt: key.3, direction: info.output };
-        let Some(frame) = sent.get(&fk) else {
-            skip("the frame sent for it is not kept");
-            continue;
-        };
-        // A middle stage's backward: the gradient frame it sent upstream.
-        let sent_grad = info
-            .has_backward
-            .then(|| sent.get(&SentFrameKey { direction: Direction::ActivationGrad, ..fk }))
-            .flatten()
-            .map(|f| f.whole());
-        let bytes = match log.bundle(key, frame.whole(), sent_grad) {
-            Ok(b) => b,
-            Err(why) => {
-                skip(why);
-                continue;
-            }
-        };
-        let obj_key = evidence_key(r.epoch, &me, key.1, key.2, key.3);
-        let object = StoredObject::of(&obj_key, &bytes, me);
-        if let Err(e) = rt.block_on(store.put(&obj_key, bytes)) {
-            warn!(key = obj_key, error = %e, "uploading evidence failed");
-            continue;
-        }
-        uploaded = uploaded.saturating_add(1);
-        out.push(Output::Report(pb::report::Kind::Stored(pb::Stored {
-            epoch: r.epoch,
-            stage,
-            object: Some(object.to_pb()),
-        })));
-    }
-    info!(epoch = r.epoch, asked = r.items.len(), uploaded, "evidence uploaded");
 }
 
 #[cfg(test)]

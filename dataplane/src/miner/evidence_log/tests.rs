@@ -1,5 +1,7 @@
 //! What the evidence log keeps, and its bounds.
 
+use std::sync::Arc;
+
 use super::*;
 
 const A: Direction = Direction::Activation;

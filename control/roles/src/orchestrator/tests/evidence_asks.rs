@@ -26,7 +26,8 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
     };
     // A hostile validator asking for every attempt is refused whole: the
     // miner is asked for nothing.
-    let all = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: completed.clone() };
+    let all =
+        Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: completed.clone(), inner_step: None };
     let refused = s.o.step(s.now, all, &mut s.rng);
     assert!(matches!(&refused, Err(Refusal::Invalid(why)) if why.contains("its draw is")), "{refused:?}");
     s.drain();
@@ -34,17 +35,23 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
     // Its draw, asked in two parts and then again (a re-ask), is fine.
     let (first, second) = completed[..draw].split_at(1);
     for items in [first.to_vec(), second.to_vec(), completed[..draw].to_vec()] {
-        let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items };
+        let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items, inner_step: None };
         s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     }
     s.drain();
     assert_eq!(requests(&s), draw + draw, "asked of the miner once each, and again on the re-ask");
     // One attempt more is refused, alone too.
-    let more = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![completed[draw]] };
+    let more = Event::EvidenceAsk {
+        validator: validator(1),
+        epoch: 0,
+        miner: m0,
+        items: vec![completed[draw]],
+        inner_step: None,
+    };
     assert!(matches!(s.o.step(s.now, more, &mut s.rng), Err(Refusal::Invalid(_))));
     // The other validator's own draw is its own: not counted against it.
     let other: Vec<WorkKey> = completed[completed.len() - draw..].to_vec();
-    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other };
+    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other, inner_step: None };
     assert!(s.o.step(s.now, ask, &mut s.rng).is_ok());
 }
 
@@ -69,7 +76,11 @@ fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
     let completed = completed_by(&w, m0);
     let draw = SampleRate { rate: 0.03, min_per_miner: 4 }.count(completed.len());
     let ask = |s: &mut Sim, miner: PeerId, items: Vec<WorkKey>| {
-        let r = s.o.step(s.now, Event::EvidenceAsk { validator: validator(1), epoch: 0, miner, items }, &mut s.rng);
+        let r = s.o.step(
+            s.now,
+            Event::EvidenceAsk { validator: validator(1), epoch: 0, miner, items, inner_step: None },
+            &mut s.rng,
+        );
         r.map(|out| s.inbox.extend(out))
     };
     ask(&mut s, m0, completed[..draw].to_vec()).unwrap();
@@ -81,8 +92,71 @@ fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
     ask(&mut s, m0, vec![extra]).expect("asked downstream first");
     assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "not asked downstream");
     // Another validator's asks downstream open nothing for this one.
-    let by_other =
-        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: downstream_of(&other), items: vec![other] };
+    let by_other = Event::EvidenceAsk {
+        validator: validator(0),
+        epoch: 0,
+        miner: downstream_of(&other),
+        items: vec![other],
+        inner_step: None,
+    };
     s.inbox.extend(s.o.step(s.now, by_other, &mut s.rng).unwrap());
     assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "asked downstream by another");
+}
+
+/// The inner steps of one attempt per miner: asked of the miner once,
+/// writable and announced under their own key; the plain object of the
+/// same attempt does not reach a validator waiting for the steps, the one
+/// with the steps reaches every asker; a second step attempt of the same
+/// miner, or one not among the items, is refused.
+#[test]
+fn the_inner_steps_of_one_attempt_per_miner_are_asked_once_and_reach_every_asker() {
+    use iota_wire::store_keys::{evidence_key, step_evidence_key};
+    let mut s = start(validated_spec());
+    let w = until_held(&mut s);
+    let m0 = peer(0);
+    let stage = s.o.miner(&m0).unwrap().stage;
+    let done = completed_by(&w, m0);
+    let (k0, k1) = (done[0], done[1]);
+    let ask = |v: u8, items: Vec<WorkKey>, inner_step| Event::EvidenceAsk {
+        validator: validator(v),
+        epoch: 0,
+        miner: m0,
+        items,
+        inner_step,
+    };
+    // Validator 1 asks plainly first, validator 0 then with the steps.
+    s.inbox.extend(s.o.step(s.now, ask(1, vec![k0], None), &mut s.rng).unwrap());
+    s.inbox.extend(s.o.step(s.now, ask(0, vec![k0, k1], Some(k0)), &mut s.rng).unwrap());
+    s.drain();
+    let requested: Vec<pb::WorkRef> = s
+        .validation_heard
+        .iter()
+        .filter_map(|o| match &o.cmd {
+            pb::command::Kind::EvidenceRequest(r) if o.to == m0 => Some(r.items.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let wr = |k: WorkKey, inner_step| pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step };
+    assert_eq!(requested, vec![wr(k0, false), wr(k0, true), wr(k1, false)], "each object asked once");
+    let (plain, steps) = (evidence_key(0, &m0, k0.0, k0.1, k0.2), step_evidence_key(0, &m0, k0.0, k0.1, k0.2));
+    assert!(s.o.may_write(m0, &steps).is_ok());
+    let k1_steps = step_evidence_key(0, &m0, k1.0, k1.1, k1.2);
+    assert!(s.o.may_write(m0, &k1_steps).is_err(), "nobody asked k1's steps");
+    // A second step attempt of the same miner, or one not asked, is refused.
+    let again = s.o.step(s.now, ask(0, vec![k1], Some(k1)), &mut s.rng);
+    assert!(matches!(&again, Err(Refusal::Invalid(w)) if w.contains("one per miner")), "{again:?}");
+    let outside = s.o.step(s.now, ask(1, vec![k1], Some(k0)), &mut s.rng);
+    assert!(matches!(&outside, Err(Refusal::Invalid(w)) if w.contains("without the attempt")), "{outside:?}");
+    let handed = |s: &Sim, v: u8, key: &str| {
+        s.stored_heard.iter().filter(|(to, st)| *to == validator(v) && st.object.as_ref().unwrap().key == key).count()
+    };
+    for key in [&plain, &steps] {
+        let object = StoredObject::of(key, b"bundle", m0);
+        s.inbox.extend(s.o.step(s.now, Event::Stored { peer: m0, epoch: 0, stage, object }, &mut s.rng).unwrap());
+        s.drain();
+    }
+    assert_eq!((handed(&s, 1, &plain), handed(&s, 1, &steps)), (1, 1), "the plain asker gets both");
+    assert_eq!((handed(&s, 0, &plain), handed(&s, 0, &steps)), (0, 1), "the step asker only the steps");
+    assert!(s.o.may_read(validator(0), &steps).is_ok());
 }

@@ -126,7 +126,8 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     let (m0, m1) = (peer(0), peer(1));
     let stage_of = |s: &Sim, p: PeerId| s.o.miner(&p).unwrap().stage;
     let drawn: Vec<WorkKey> = completed_by(&w, m0).into_iter().take(2).collect();
-    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: drawn.clone() };
+    let ask =
+        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: drawn.clone(), inner_step: None };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     let asked: Vec<&pb::EvidenceRequest> = s
@@ -145,7 +146,13 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     assert!(s.o.may_write(m1, &evidence_key(0, &m1, k0.0, k0.1, k0.2)).is_err(), "not asked of miner 1");
     assert!(s.o.may_read(validator(0), &key).is_err(), "not announced yet");
     // An attempt the miner did not complete cannot be asked for.
-    let bogus = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![(99, 999_999, 0)] };
+    let bogus = Event::EvidenceAsk {
+        validator: validator(0),
+        epoch: 0,
+        miner: m0,
+        items: vec![(99, 999_999, 0)],
+        inner_step: None,
+    };
     assert!(matches!(s.o.step(s.now, bogus, &mut s.rng), Err(Refusal::Invalid(_))));
     // Evidence nobody asked for is not the miner's to announce.
     let unasked = StoredObject::of(&evidence_key(0, &m0, 99, 0, 0), b"x", m0);
@@ -162,7 +169,8 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     assert!(s.o.may_read(validator(0), &key).is_ok());
     // Validator 1 asks for the same attempt later: handed at once, the
     // miner not asked again.
-    let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![k0, k1] };
+    let ask =
+        Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![k0, k1], inner_step: None };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(1)).count(), 1);
@@ -170,7 +178,8 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     // Validator 0 asks again (its re-ask half-way to its timeout): the
     // stored attempt is announced to it again, the other is asked of the
     // miner again (the request or the upload may have been lost).
-    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![k0, k1] };
+    let ask =
+        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![k0, k1], inner_step: None };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(0)).count(), 2);
@@ -183,7 +192,10 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
         })
         .collect();
     assert_eq!(requests.len(), 2);
-    assert_eq!(requests[1].items, vec![pb::WorkRef { shard: k1.0, first_sample: k1.1, attempt: k1.2 }]);
+    assert_eq!(
+        requests[1].items,
+        vec![pb::WorkRef { shard: k1.0, first_sample: k1.1, attempt: k1.2, inner_step: false }]
+    );
 
     // 40% of the stake alone decides nothing; 60% more convicts.
     vote(&mut s, 1, 0, m1, true).unwrap();
