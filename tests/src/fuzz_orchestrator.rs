@@ -324,10 +324,15 @@ fn validator_event(
         0 => Event::RegisterValidator { peer: v, device: "cpu".into() },
         1 => Event::Subscribed { peer: v },
         2 => {
-            let items = vec![attempt(b); 1 + b.u8() as usize % 2];
-            let inner_step = match b.u8() % 3 {
-                0 => items.first().copied(),
-                1 => Some(attempt(b)),
+            // One byte for the count and the step attempt (the stored seeds
+            // predate the step attempt: no byte more is read for it).
+            let a = attempt(b);
+            let c = b.u8();
+            let items = vec![a; 1 + c as usize % 2];
+            let first = items.first().copied();
+            let inner_step = match (c >> 1) % 4 {
+                1 => first,
+                2 => first.map(|k| (k.0, k.1.wrapping_add(1), k.2)),
                 _ => None,
             };
             Event::EvidenceAsk { validator: v, epoch, miner: peer, items, inner_step }

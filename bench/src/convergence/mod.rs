@@ -33,6 +33,7 @@ use iota_core::PeerId;
 use iota_core::codec::WireCodec;
 use iota_core::merge::Participant;
 use iota_dataplane::miner::merge::{encode_slice, reduce_partition};
+use iota_dataplane::sparse::{ErrorFeedback, SPARSE_BLOCK, decode_sparse};
 use iota_model::CpuBackend;
 use iota_model::data::Corpus;
 use iota_model::train::{Accumulated, Pipeline, TrainConfig};
@@ -109,6 +110,13 @@ pub struct Args {
     /// again and given the replicas' mean norm (`orth_merge.rs`).
     #[arg(long)]
     orth_merge: bool,
+    /// An experiment, for every swarm variant of the run: each replica's
+    /// pseudo-gradient goes to the merge as the sparse codec writes it
+    /// (`iota_checks::sparse`: this fraction of each block's largest values,
+    /// two bits each and a 16-bit index), what it drops kept and added to
+    /// the next (error feedback). E.g. 0.015625 (1/64).
+    #[arg(long)]
+    sparse_merge: Option<f32>,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -128,6 +136,9 @@ pub struct Setup {
     pub avg_muon_momentum_only: bool,
     /// Muon's matrices merge by their orthogonalised mean pseudo-gradient.
     pub orth_merge: bool,
+    /// Pseudo-gradients through the sparse codec at this density, with
+    /// error feedback (None: the merge codec alone).
+    pub sparse_merge: Option<f32>,
 }
 
 /// Trains one variant; its validation loss every `curve_every` global steps
@@ -155,6 +166,18 @@ pub fn train_variant(
     }
     let final_loss = trainer.eval(corpus, val_batches)?;
     curve.push((steps * tokens_per_global_step, final_loss));
+    if let Mode::Swarm { sim, .. } = &trainer.mode
+        && setup.sparse_merge.is_some()
+    {
+        let (sent, dense) = sim.sent_bytes;
+        println!(
+            "    {}: contributions {:.1} MB sparse against {:.1} MB with the merge codec alone ({:.1}x fewer)",
+            variant.name(),
+            sent as f64 / 1e6,
+            dense as f64 / 1e6,
+            dense as f64 / sent.max(1) as f64
+        );
+    }
     let cost = match variant {
         Variant::Boundary(b) => Some(b.cost(setup.train.model.d_model)),
         _ => None,
@@ -447,14 +470,24 @@ struct MergeSim {
     seed: u64,
     /// Outer momentum per stage.
     momentum: Vec<Vec<f32>>,
+    /// With `Setup::sparse_merge`: its density, and per replica and stage
+    /// what its sparse contributions have not sent yet.
+    sparse: Option<(f32, Vec<Vec<ErrorFeedback>>)>,
+    /// Bytes of contributions sent, and what the merge codec alone would
+    /// have sent.
+    pub sent_bytes: (u64, u64),
 }
 
 impl MergeSim {
     fn new(merged: &Pipeline<CpuBackend>, setup: &Setup) -> MergeSim {
+        let sizes: Vec<usize> = merged.stages().iter().map(|s| s.layout().total()).collect();
+        let feedback = || sizes.iter().map(|&n| ErrorFeedback::new(n)).collect();
         MergeSim {
             spec: setup.merge.clone(),
             seed: setup.seed,
-            momentum: merged.stages().iter().map(|s| vec![0.0; s.layout().total()]).collect(),
+            momentum: sizes.iter().map(|&n| vec![0.0; n]).collect(),
+            sparse: setup.sparse_merge.map(|d| (d, (0..setup.replicas).map(|_| feedback()).collect())),
+            sent_bytes: (0, 0),
         }
     }
 
@@ -467,7 +500,7 @@ impl MergeSim {
         k: u64,
     ) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::new();
-        let spec = &self.spec;
+        let spec = &self.spec.clone();
         let r = replicas.len();
         let participants: Vec<Participant> =
             (0..r).map(|i| Participant { peer: PeerId([i as u8 + 1; 32]), work: 1 }).collect();
@@ -480,19 +513,24 @@ impl MergeSim {
             let mut theta_next = theta_prev.clone();
             for part in &plan.partitions {
                 let range = part.offset as usize..(part.offset + part.len) as usize;
-                let payloads: Vec<Vec<u8>> = plan
-                    .participants
-                    .iter()
-                    .map(|pp| {
-                        let i = participants.iter().position(|q| q.peer == pp.peer).expect("planned participant");
-                        let delta: Vec<f32> = theta_prev[range.clone()]
-                            .iter()
-                            .zip(&locals[i][range.clone()])
-                            .map(|(g, l)| g - l)
-                            .collect();
-                        encode_slice(spec.codec, &delta)
-                    })
-                    .collect::<Result<_>>()?;
+                let mut payloads: Vec<Vec<u8>> = Vec::new();
+                for pp in &plan.participants {
+                    let i = participants.iter().position(|q| q.peer == pp.peer).expect("planned participant");
+                    let delta: Vec<f32> =
+                        theta_prev[range.clone()].iter().zip(&locals[i][range.clone()]).map(|(g, l)| g - l).collect();
+                    let dense = encode_slice(spec.codec, &delta)?;
+                    self.sent_bytes.1 += dense.len() as u64;
+                    let Some((density, feedback)) = self.sparse.as_mut() else {
+                        self.sent_bytes.0 += dense.len() as u64;
+                        payloads.push(dense);
+                        continue;
+                    };
+                    // What the sparse codec sends, as the reduce reads it.
+                    let sparse = feedback[i][s].encode(range.start, &delta, *density)?;
+                    self.sent_bytes.0 += sparse.len() as u64;
+                    let sent = decode_sparse(&sparse, delta.len(), SPARSE_BLOCK)?;
+                    payloads.push(encode_slice(spec.codec, &sent)?);
+                }
                 let refs: Vec<Option<&[u8]>> = payloads.iter().map(|p| Some(p.as_slice())).collect();
                 let reduced =
                     reduce_partition(spec, k, part.len, &refs, &weights, &mut self.momentum[s][range.clone()]);
@@ -537,6 +575,7 @@ pub fn run(a: Args) -> Result<()> {
         mix_percent: a.mix_percent,
         avg_muon_momentum_only: a.avg_muon_momentum_only,
         orth_merge: a.orth_merge,
+        sparse_merge: a.sparse_merge,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
@@ -567,6 +606,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if setup.orth_merge {
         println!("  Muon's matrices merge by their orthogonalised mean pseudo-gradient (--orth-merge)");
+    }
+    if let Some(d) = setup.sparse_merge {
+        println!("  pseudo-gradients through the sparse codec at density {d} with error feedback (--sparse-merge)");
     }
     if setup.mix_percent < 100 {
         println!("  mixed pathways on {}% of the steps (--mix-percent)", setup.mix_percent);

@@ -30,7 +30,16 @@ pub(super) fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Set
         ..MergeSpec::default()
     };
     (
-        Setup { train, replicas, merge, seed: 7, mix_percent: 100, avg_muon_momentum_only: false, orth_merge: false },
+        Setup {
+            train,
+            replicas,
+            merge,
+            seed: 7,
+            mix_percent: 100,
+            avg_muon_momentum_only: false,
+            orth_merge: false,
+            sparse_merge: None,
+        },
         corpus,
     )
 }
@@ -648,4 +657,28 @@ fn mixing_on_no_step_trains_each_replica_on_its_own_pathway() {
     setup.mix_percent = 50;
     let half = run(&setup, swarm(8, 0, false));
     assert!(max_diff(&half, &fixed) > 1e-4 && max_diff(&half, &mixed) > 1e-4);
+}
+
+/// `--sparse-merge`: contributions go through the sparse codec (far fewer
+/// bytes, and other merged weights than the merge codec alone gives), and
+/// the swarm still trains.
+#[test]
+fn the_sparse_merge_sends_a_fraction_of_the_bytes_and_still_trains() {
+    let swarm = Variant::parse("h2-fixed").unwrap();
+    let run = |sparse: Option<f32>| {
+        let (mut setup, corpus) = tiny_setup(2, 1, 6);
+        setup.sparse_merge = sparse;
+        let mut t = Trainer::new(Arc::new(CpuBackend::new()), &setup, &swarm).unwrap();
+        for _ in 0..6 {
+            t.step(&corpus).unwrap();
+        }
+        let Mode::Swarm { sim, .. } = &t.mode else { panic!("a swarm variant") };
+        (params(&t), sim.sent_bytes, t.eval(&corpus, 2).unwrap())
+    };
+    let (dense, (sent, bytes), _) = run(None);
+    assert_eq!(sent, bytes, "without the sparse codec the merge codec's bytes are sent");
+    let (sparse, (sent, bytes), loss) = run(Some(1.0 / 16.0));
+    assert!(sent > 0 && sent * 8 < bytes, "{sent} sparse bytes against {bytes}");
+    assert!(max_diff(&dense, &sparse) > 1e-6, "the sparse codec is in the merge's path");
+    assert!(loss.is_finite(), "{loss}");
 }

@@ -23,5 +23,6 @@ pub mod hashes;
 pub mod inner_step;
 pub mod recompute;
 pub mod slices;
+pub mod sparse;
 
 pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};
