@@ -117,6 +117,12 @@ pub struct Args {
     /// the next (error feedback). E.g. 0.015625 (1/64).
     #[arg(long)]
     sparse_merge: Option<f32>,
+    /// With --sparse-merge: each replica keeps what it has not sent in its
+    /// own weights (it moves onto the merged weights less its residual, so
+    /// its next pseudo-gradient carries it) instead of adding it to its next
+    /// contribution: no progress waits a whole merge to count locally.
+    #[arg(long)]
+    sparse_local: bool,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -139,6 +145,8 @@ pub struct Setup {
     /// Pseudo-gradients through the sparse codec at this density, with
     /// error feedback (None: the merge codec alone).
     pub sparse_merge: Option<f32>,
+    /// The residual stays in each replica's weights (`--sparse-local`).
+    pub sparse_local: bool,
 }
 
 /// Trains one variant; its validation loss every `curve_every` global steps
@@ -415,8 +423,8 @@ impl Trainer {
                     } else {
                         for (s, theta) in next.iter().enumerate() {
                             merged.stages_mut()[s].set_params(theta)?;
-                            for p in replicas.iter_mut() {
-                                p.stages_mut()[s].set_params(theta)?;
+                            for (i, p) in replicas.iter_mut().enumerate() {
+                                p.stages_mut()[s].set_params(&sim.replica_weights(i, s, theta))?;
                             }
                         }
                         if *average_moments {
@@ -473,6 +481,8 @@ struct MergeSim {
     /// With `Setup::sparse_merge`: its density, and per replica and stage
     /// what its sparse contributions have not sent yet.
     sparse: Option<(f32, Vec<Vec<ErrorFeedback>>)>,
+    /// `Setup::sparse_local`.
+    sparse_local: bool,
     /// Bytes of contributions sent, and what the merge codec alone would
     /// have sent.
     pub sent_bytes: (u64, u64),
@@ -487,7 +497,18 @@ impl MergeSim {
             seed: setup.seed,
             momentum: sizes.iter().map(|&n| vec![0.0; n]).collect(),
             sparse: setup.sparse_merge.map(|d| (d, (0..setup.replicas).map(|_| feedback()).collect())),
+            sparse_local: setup.sparse_local,
             sent_bytes: (0, 0),
+        }
+    }
+
+    /// What replica `i` holds of stage `s` after a merge to `theta`: the
+    /// merged weights, less what it has not sent where it keeps that in
+    /// its own weights (`--sparse-local`).
+    fn replica_weights(&self, i: usize, s: usize, theta: &[f32]) -> Vec<f32> {
+        match (&self.sparse, self.sparse_local) {
+            (Some((_, feedback)), true) => theta.iter().zip(feedback[i][s].residual()).map(|(t, r)| t - r).collect(),
+            _ => theta.to_vec(),
         }
     }
 
@@ -526,7 +547,10 @@ impl MergeSim {
                         continue;
                     };
                     // What the sparse codec sends, as the reduce reads it.
-                    let sparse = feedback[i][s].encode(range.start, &delta, *density)?;
+                    let sparse = match self.sparse_local {
+                        true => feedback[i][s].encode_kept(range.start, &delta, *density)?,
+                        false => feedback[i][s].encode(range.start, &delta, *density)?,
+                    };
                     self.sent_bytes.0 += sparse.len() as u64;
                     let sent = decode_sparse(&sparse, delta.len(), SPARSE_BLOCK)?;
                     payloads.push(encode_slice(spec.codec, &sent)?);
@@ -576,6 +600,7 @@ pub fn run(a: Args) -> Result<()> {
         avg_muon_momentum_only: a.avg_muon_momentum_only,
         orth_merge: a.orth_merge,
         sparse_merge: a.sparse_merge,
+        sparse_local: a.sparse_local,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
@@ -608,7 +633,11 @@ pub fn run(a: Args) -> Result<()> {
         println!("  Muon's matrices merge by their orthogonalised mean pseudo-gradient (--orth-merge)");
     }
     if let Some(d) = setup.sparse_merge {
-        println!("  pseudo-gradients through the sparse codec at density {d} with error feedback (--sparse-merge)");
+        let kept =
+            if setup.sparse_local { ", the residual kept in each replica's weights (--sparse-local)" } else { "" };
+        println!(
+            "  pseudo-gradients through the sparse codec at density {d} with error feedback (--sparse-merge){kept}"
+        );
     }
     if setup.mix_percent < 100 {
         println!("  mixed pathways on {}% of the steps (--mix-percent)", setup.mix_percent);

@@ -39,6 +39,7 @@ pub(super) fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Set
             avg_muon_momentum_only: false,
             orth_merge: false,
             sparse_merge: None,
+            sparse_local: false,
         },
         corpus,
     )
@@ -681,4 +682,20 @@ fn the_sparse_merge_sends_a_fraction_of_the_bytes_and_still_trains() {
     assert!(sent > 0 && sent * 8 < bytes, "{sent} sparse bytes against {bytes}");
     assert!(max_diff(&dense, &sparse) > 1e-6, "the sparse codec is in the merge's path");
     assert!(loss.is_finite(), "{loss}");
+    // With the residual kept in the replicas' weights, a replica after a
+    // merge is the merged weights less what it has not sent.
+    let (mut setup, corpus) = tiny_setup(2, 1, 4);
+    (setup.sparse_merge, setup.sparse_local) = (Some(1.0 / 16.0), true);
+    let mut t = Trainer::new(Arc::new(CpuBackend::new()), &setup, &swarm).unwrap();
+    t.step(&corpus).unwrap();
+    t.step(&corpus).unwrap();
+    let Mode::Swarm { sim, replicas, merged, .. } = &t.mode else { panic!("a swarm variant") };
+    for (i, rep) in replicas.iter().enumerate() {
+        for (s, st) in rep.stages().iter().enumerate() {
+            let theta = merged.stages()[s].params_host();
+            let want = sim.replica_weights(i, s, &theta);
+            assert_ne!(want, theta, "replica {i} stage {s} keeps a residual");
+            assert_eq!(st.params_host(), want, "replica {i} stage {s}");
+        }
+    }
 }

@@ -182,6 +182,27 @@ impl ErrorFeedback {
         Ok(bytes)
     }
 
+    /// Encodes `delta` (the values at `offset..`), which already holds
+    /// what earlier contributions left (a sender that keeps its residual in
+    /// its own weights: it moves onto the merged weights less what it has
+    /// not sent, so its next pseudo-gradient carries it); keeps what this
+    /// one leaves.
+    pub fn encode_kept(&mut self, offset: usize, delta: &[f32], density: f32) -> Result<Vec<u8>> {
+        let end = offset.checked_add(delta.len()).context("range")?;
+        let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
+        let bytes = encode_sparse(delta, density);
+        let sent = decode_sparse(&bytes, delta.len(), SPARSE_BLOCK)?;
+        for ((r, d), s) in residual.iter_mut().zip(delta).zip(&sent) {
+            *r = d - s;
+        }
+        Ok(bytes)
+    }
+
+    /// What has not been sent yet, per value.
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
     /// The magnitude still held back (for reports).
     pub fn norm(&self) -> f64 {
         self.residual.iter().map(|r| f64::from(*r) * f64::from(*r)).sum::<f64>().sqrt()
@@ -265,6 +286,14 @@ mod tests {
         }
         assert!(off_at[3] < off_at[0] / 3.0 && off_at[3] < 0.05, "missing share by round: {off_at:?}");
         assert!(ef.encode(n - 1, &delta[..2], 0.5).is_err(), "a range past the stage");
+        // Kept in the sender's weights instead: the residual is this
+        // contribution's remainder alone, not added to.
+        let mut kept = ErrorFeedback::new(n);
+        for _ in 0..3 {
+            let sent = decode_sparse(&kept.encode_kept(0, &delta, 1.0 / 32.0).unwrap(), n, SPARSE_BLOCK).unwrap();
+            let remainder: Vec<f32> = delta.iter().zip(&sent).map(|(d, s)| d - s).collect();
+            assert_eq!(kept.residual(), remainder.as_slice());
+        }
     }
 
     #[test]
