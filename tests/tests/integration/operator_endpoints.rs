@@ -274,6 +274,14 @@ async fn the_dashboard_shows_a_live_run_in_a_browser() {
                 .unwrap_or_else(|| panic!("no loss chart in the page: {}", &dom[..dom.len().min(2000)]));
             assert!(points >= 6, "the loss chart has {points} points");
             assert_eq!(attr_of(&dom, "miners", "data-rows").as_deref(), Some("4"), "miner rows");
+            // The throughput chart's time axis: in seconds, each tick its
+            // own label (not 0, 0, 0 where the ticks are under a second
+            // apart).
+            let ticks = attr_of(&dom, "tpschart", "data-xticks").expect("a throughput chart with a time axis");
+            let labels: Vec<&str> = ticks.split('|').collect();
+            assert!(labels.len() >= 2 && labels.iter().all(|l| l.ends_with(" s")), "time axis labels: {ticks}");
+            let distinct: std::collections::HashSet<&&str> = labels.iter().collect();
+            assert_eq!(distinct.len(), labels.len(), "time axis labels repeat: {ticks}");
             for p in &peers {
                 assert!(dom.contains(&format!("data-peer=\"{p}\"")), "miner {p} is not in the table");
             }
