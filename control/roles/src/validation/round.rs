@@ -38,8 +38,10 @@ pub use super::round_io::{Action, CheckJob, WorkKey};
 /// Most attempts named in one ask (the field rule's bound).
 const ASK_CHUNK: usize = iota_wire::fields::MAX_EVIDENCE_ITEMS;
 /// What the object showing an attempt's inner steps adds to its upload, in
-/// stage-sized states: AdamW's m and v, and about two weights states.
-const STEP_OBJECT_WEIGHTS: usize = 4;
+/// stage-sized states: AdamW's m and v, and the weights states a replay
+/// of up to 8 steps is shown (a `small` head's object measured 8 states in
+/// all, forwards predating their steps included).
+const STEP_OBJECT_WEIGHTS: usize = 10;
 
 /// The upload rate a miner's evidence is given time for: 100 Mbit/s, a
 /// modest uplink (the store's side is rarely the slower one).
