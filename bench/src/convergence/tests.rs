@@ -661,8 +661,7 @@ fn mixing_on_no_step_trains_each_replica_on_its_own_pathway() {
 }
 
 /// `--sparse-merge`: contributions go through the sparse codec (far fewer
-/// bytes, and other merged weights than the merge codec alone gives), and
-/// the swarm still trains.
+/// bytes, other merged weights than the merge codec's), the swarm trains.
 #[test]
 fn the_sparse_merge_sends_a_fraction_of_the_bytes_and_still_trains() {
     let swarm = Variant::parse("h2-fixed").unwrap();
