@@ -172,14 +172,9 @@ impl ErrorFeedback {
     /// contributions left there, and keeps what this one leaves.
     pub fn encode(&mut self, offset: usize, delta: &[f32], density: f32) -> Result<Vec<u8>> {
         let end = offset.checked_add(delta.len()).context("range")?;
-        let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
-        let wanted: Vec<f32> = delta.iter().zip(residual.iter()).map(|(d, r)| d + r).collect();
-        let bytes = encode_sparse(&wanted, density);
-        let sent = decode_sparse(&bytes, wanted.len(), SPARSE_BLOCK)?;
-        for ((r, w), s) in residual.iter_mut().zip(&wanted).zip(&sent) {
-            *r = w - s;
-        }
-        Ok(bytes)
+        let residual = self.residual.get(offset..end).context("a range past the stage")?;
+        let wanted: Vec<f32> = delta.iter().zip(residual).map(|(d, r)| d + r).collect();
+        self.encode_kept(offset, &wanted, density)
     }
 
     /// Encodes `delta` (the values at `offset..`), which already holds
