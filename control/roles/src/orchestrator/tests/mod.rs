@@ -583,5 +583,6 @@ mod objects;
 mod overlap;
 mod restarts;
 mod settlements;
+mod validated_pay;
 mod validation;
 mod withholding;
