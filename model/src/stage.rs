@@ -70,6 +70,10 @@ macro_rules! ctx {
     };
 }
 
+// After `ctx!`: the module uses it.
+mod trace;
+pub use self::trace::{MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, ValuesHash};
+
 struct Saved<B: Backend> {
     /// The weights version the forward ran with (`Stage::version`).
     version: u64,
