@@ -23,7 +23,9 @@ pub mod tensor;
 
 pub use backend::{AdamStep, AttnDims, Backend};
 pub use cpu::CpuBackend;
-pub use stage::{Stage, StageError, StageInput, TailOutput};
+pub use stage::{
+    MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, Stage, StageError, StageInput, TailOutput,
+};
 pub use tensor::Tensor;
 pub mod checkpoint;
 pub mod data;

@@ -68,6 +68,7 @@ use crate::evidence::Finding;
 use crate::frame::{RunContext, decode_frame};
 use crate::hashes::weights_hash;
 
+pub mod proof;
 mod record;
 use self::record::RECENT;
 pub use self::record::{
