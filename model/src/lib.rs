@@ -24,7 +24,7 @@ pub mod tensor;
 pub use backend::{AdamStep, AttnDims, Backend};
 pub use cpu::CpuBackend;
 pub use stage::{
-    MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, Stage, StageError, StageInput, TailOutput,
+    MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, Stage, StageError, StageInput, TailOutput, segments_of,
 };
 pub use tensor::Tensor;
 pub mod checkpoint;

@@ -89,43 +89,97 @@ impl<B: Backend> AdamW<B> {
     pub fn step(&mut self, stage: &mut Stage<B>, cfg: &AdamWConfig, lr: f32) -> StepStats {
         let be = stage.backend().clone();
         let layout = stage.layout().clone();
-        let beta1 = cfg.beta1_of(stage.spec().index);
-        let lr = lr * cfg.lr_scale_of(stage.spec().index);
-        let norm = be.sum_squares(be.all(stage.grads())).sqrt() as f32;
+        let index = stage.spec().index;
+        let norm = grad_norm(&segment_sum_squares(stage)) as f32;
         if !norm.is_finite() {
             return StepStats { grad_norm: norm, applied: false };
         }
         stage.before_update();
         let (params, grads) = stage.params_and_grads();
-        let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip { cfg.grad_clip / norm } else { 1.0 };
         self.t += 1;
+        let up = UpdateAt::new(cfg, index, lr, self.t, norm);
         for e in &layout.entries {
-            let r = e.range();
-            if cfg.muon && e.takes_muon() {
-                let decay = if e.decay { cfg.weight_decay } else { 0.0 };
-                let mu = cfg.muon_momentum.unwrap_or(MUON_MOMENTUM);
-                muon_update(&*be, params, grads, &mut self.m, e, (lr, decay, mu), scale);
-                continue;
-            }
-            be.adamw(
-                be.view_mut(params, r.clone()),
-                be.view(grads, r.clone()),
-                be.view_mut(&mut self.m, r.clone()),
-                be.view_mut(&mut self.v, r),
-                AdamStep {
-                    lr,
-                    beta1,
-                    beta2: cfg.beta2,
-                    eps: cfg.eps,
-                    weight_decay: if e.decay { cfg.weight_decay } else { 0.0 },
-                    t: self.t,
-                    grad_scale: scale,
-                    nesterov: cfg.nesterov,
-                },
-            );
+            update_entry(&*be, cfg, e, e.range(), (params, grads, &mut self.m, &mut self.v), up);
         }
         StepStats { grad_norm: norm, applied: true }
     }
+}
+
+/// What one optimizer step applies to every tensor of a stage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UpdateAt {
+    /// The schedule's rate times the stage's scale.
+    pub lr: f32,
+    pub beta1: f32,
+    /// The step counter after this step (bias correction).
+    pub t: u64,
+    /// The clipping scale the gradient is multiplied by.
+    pub grad_scale: f32,
+}
+
+impl UpdateAt {
+    /// For stage `index` at schedule rate `lr`, counter `t` (after the
+    /// step), with gradient norm `norm`.
+    pub fn new(cfg: &AdamWConfig, index: usize, lr: f32, t: u64, norm: f32) -> UpdateAt {
+        let grad_scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip { cfg.grad_clip / norm } else { 1.0 };
+        UpdateAt { lr: lr * cfg.lr_scale_of(index), beta1: cfg.beta1_of(index), t, grad_scale }
+    }
+}
+
+/// The update of tensor `e`, whose values lie at `at` in the four buffers
+/// (weights, gradients, first and second moments): its own range in a
+/// stage's buffers, or any place in a referee's. An AdamW tensor is
+/// updated value by value, so `at` may hold part of it; a Muon matrix
+/// needs the whole (`at` of another length leaves it untouched and says
+/// so).
+pub fn update_entry<B: Backend>(
+    be: &B,
+    cfg: &AdamWConfig,
+    e: &ParamEntry,
+    at: std::ops::Range<usize>,
+    (params, grads, m, v): (&mut B::Buf, &B::Buf, &mut B::Buf, &mut B::Buf),
+    up: UpdateAt,
+) -> bool {
+    let decay = if e.decay { cfg.weight_decay } else { 0.0 };
+    if cfg.muon && e.takes_muon() {
+        if at.len() != e.len() {
+            return false;
+        }
+        let mu = cfg.muon_momentum.unwrap_or(MUON_MOMENTUM);
+        muon_update(be, (params, grads, m), e, at, (up.lr, decay, mu), up.grad_scale);
+        return true;
+    }
+    be.adamw(
+        be.view_mut(params, at.clone()),
+        be.view(grads, at.clone()),
+        be.view_mut(m, at.clone()),
+        be.view_mut(v, at),
+        AdamStep {
+            lr: up.lr,
+            beta1: up.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.eps,
+            weight_decay: decay,
+            t: up.t,
+            grad_scale: up.grad_scale,
+            nesterov: cfg.nesterov,
+        },
+    );
+    true
+}
+
+/// The squared norm of each segment's gradients (`Stage::segments`), in
+/// segment order: what the clipping norm is summed from, so a referee
+/// holding one segment's gradients can check that segment's part of it
+/// (PROTOCOL.md, "Inner steps recomputed").
+pub fn segment_sum_squares<B: Backend>(stage: &Stage<B>) -> Vec<f64> {
+    let be = stage.backend();
+    stage.segments().iter().map(|s| be.sum_squares(be.view(stage.grads(), s.params.clone()))).collect()
+}
+
+/// The gradient norm from the segments' squared norms, added in order.
+pub fn grad_norm(segment_sum_squares: &[f64]) -> f64 {
+    segment_sum_squares.iter().sum::<f64>().sqrt()
 }
 
 /// One Muon update of the matrix `e`: momentum m = mu m + g, the Nesterov
@@ -133,15 +187,13 @@ impl<B: Backend> AdamW<B> {
 /// w = w (1 - lr decay) - lr 0.2 sqrt(max(r, c)) O.
 fn muon_update<B: Backend>(
     be: &B,
-    params: &mut B::Buf,
-    grads: &B::Buf,
-    momentum: &mut B::Buf,
+    (params, grads, momentum): (&mut B::Buf, &B::Buf, &mut B::Buf),
     e: &ParamEntry,
+    r: std::ops::Range<usize>,
     (lr, decay, mu): (f32, f32, f32),
     grad_scale: f32,
 ) {
     let (rows, cols) = (e.shape[0], e.shape[1]);
-    let r = e.range();
     let mut dir = be.zeros(r.len());
     be.copy(be.all_mut(&mut dir), be.view(grads, r.clone()));
     be.scale(be.all_mut(&mut dir), grad_scale);

@@ -72,7 +72,7 @@ macro_rules! ctx {
 
 // After `ctx!`: the module uses it.
 mod trace;
-pub use self::trace::{MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, ValuesHash};
+pub use self::trace::{MbEnd, MbTrace, MbTraced, Segment, SegmentKind, SegmentOut, ValuesHash, segments_of};
 
 struct Saved<B: Backend> {
     /// The weights version the forward ran with (`Stage::version`).

@@ -22,7 +22,7 @@ pub const WEIGHTS_LEAF: usize = 16_384;
 const ROOT_DOMAIN: &[u8] = b"iota-rs weights v2";
 
 /// The BLAKE3 hash of one leaf's weights (f32 little-endian).
-fn leaf_hash(leaf: &[f32]) -> [u8; 32] {
+pub(crate) fn leaf_hash(leaf: &[f32]) -> [u8; 32] {
     let bytes: Vec<u8> = leaf.iter().flat_map(|v| v.to_le_bytes()).collect();
     *blake3::hash(&bytes).as_bytes()
 }

@@ -70,6 +70,7 @@ use crate::hashes::weights_hash;
 
 pub mod proof;
 mod record;
+pub mod step_trace;
 use self::record::RECENT;
 pub use self::record::{
     MbFrames, OptimizerState, StepEvidence, StepHeader, StepLimits, StepMb, optimizer_hash, shown_states,

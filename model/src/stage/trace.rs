@@ -21,11 +21,15 @@
 
 use std::ops::Range;
 
+use iota_core::{ParamLayout, StageSpec};
+
 use super::{Stage, StageError, StageInput};
 use crate::backend::Backend;
-use crate::block::{BlockActs, Ctx, block_backward, block_forward};
-use crate::boundary::{DecodeActs, EncodeActs, decode_backward, decode_forward, encode_backward, encode_forward};
-use crate::lm_head::head_forward_backward;
+use crate::block::{BlockActs, Ctx, LayerIdx, block_backward, block_forward};
+use crate::boundary::{
+    DecodeActs, DecodeIdx, EncodeActs, EncodeIdx, decode_backward, decode_forward, encode_backward, encode_forward,
+};
+use crate::lm_head::{HeadIdx, head_forward_backward};
 
 /// Which piece of a stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,29 +114,9 @@ enum Flow<'a, B: Backend> {
 }
 
 impl<B: Backend> Stage<B> {
-    /// The stage's segments in forward order; their parameter ranges tile
-    /// its parameters.
+    /// The stage's segments in forward order (`segments_of`).
     pub fn segments(&self) -> Vec<Segment> {
-        use SegmentKind as K;
-        let mut s = Vec::new();
-        if let Some(e) = &self.embed {
-            s.push(Segment { kind: K::Embedding, params: e.clone() });
-        }
-        if let Some(d) = &self.decode {
-            let end = d.mlp.as_ref().map_or(d.up.end, |m| m.down.end);
-            s.push(Segment { kind: K::Decode, params: d.up.start..end });
-        }
-        for (n, li) in self.layers.iter().enumerate() {
-            s.push(Segment { kind: K::Block(n), params: li.attn_norm.start..li.down.end });
-        }
-        if let Some(e) = &self.encode {
-            let end = e.mlp.as_ref().map_or(e.down.end, |m| m.down.end);
-            s.push(Segment { kind: K::Encode, params: e.norm.start..end });
-        }
-        if let Some(h) = &self.head {
-            s.push(Segment { kind: K::LmHead, params: h.norm.start..h.lm.end });
-        }
-        s
+        segments_of(&self.layout, &self.spec)
     }
 
     /// The values of a segment's input and output per token.
@@ -379,6 +363,36 @@ impl<B: Backend> Stage<B> {
         };
         Ok(SegmentOut { output, din })
     }
+}
+
+/// The segments of the stage `spec` with parameters laid out as `layout`
+/// (`ParamLayout::for_stage`), in forward order; their parameter ranges
+/// tile its parameters. A referee needs no stage to know them.
+pub fn segments_of(layout: &ParamLayout, spec: &StageSpec) -> Vec<Segment> {
+    use SegmentKind as K;
+    let mut s = Vec::new();
+    if spec.has_embedding() {
+        s.push(Segment { kind: K::Embedding, params: layout.range("model.embed_tokens.weight") });
+    }
+    if spec.decode_in {
+        let d = DecodeIdx::new(layout, spec.layers.start);
+        let end = d.mlp.as_ref().map_or(d.up.end, |m| m.down.end);
+        s.push(Segment { kind: K::Decode, params: d.up.start..end });
+    }
+    for (n, layer) in spec.layers.clone().enumerate() {
+        let li = LayerIdx::new(layout, layer);
+        s.push(Segment { kind: K::Block(n), params: li.attn_norm.start..li.down.end });
+    }
+    if spec.encode_out {
+        let e = EncodeIdx::new(layout, spec.layers.end.saturating_sub(1));
+        let end = e.mlp.as_ref().map_or(e.down.end, |m| m.down.end);
+        s.push(Segment { kind: K::Encode, params: e.norm.start..end });
+    }
+    if spec.has_lm_head() {
+        let h = HeadIdx::new(layout);
+        s.push(Segment { kind: K::LmHead, params: h.norm.start..h.lm.end });
+    }
+    s
 }
 
 /// `n` finite values.

@@ -50,11 +50,16 @@ pub struct OptimizerState {
 
 /// The hash an optimizer state is committed as.
 pub fn optimizer_hash(t: u64, m: &[f32], v: &[f32]) -> [u8; 32] {
+    optimizer_hash_of_roots(t, &weights_hash(m), &weights_hash(v))
+}
+
+/// `optimizer_hash` from the roots (`weights_hash`) of m and v.
+pub fn optimizer_hash_of_roots(t: u64, m: &[u8; 32], v: &[u8; 32]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(b"iota-rs adamw state v1");
     h.update(&t.to_le_bytes());
-    h.update(&weights_hash(m));
-    h.update(&weights_hash(v));
+    h.update(m);
+    h.update(v);
     *h.finalize().as_bytes()
 }
 
@@ -74,30 +79,30 @@ fn put32(b: &mut Vec<u8>, x: &[u8; 32]) {
 }
 
 /// A little-endian reader over hostile bytes.
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+pub(super) struct Reader<'a> {
+    pub(super) b: &'a [u8],
+    pub(super) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.at.checked_add(n).context("truncated")?;
         let s = self.b.get(self.at..end).context("truncated")?;
         self.at = end;
         Ok(s)
     }
-    fn u32(&mut self) -> Result<u32> {
+    pub(super) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into()?))
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(super) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into()?))
     }
-    fn h32(&mut self) -> Result<[u8; 32]> {
+    pub(super) fn h32(&mut self) -> Result<[u8; 32]> {
         Ok(self.take(32)?.try_into()?)
     }
     /// A count of items of `item_len` bytes each, at most `max`, that the
     /// rest of the bytes can hold (so nothing is allocated for a lie).
-    fn count(&mut self, max: u64, item_len: usize) -> Result<usize> {
+    pub(super) fn count(&mut self, max: u64, item_len: usize) -> Result<usize> {
         let n = self.u64()?;
         ensure!(n <= max, "{n} items, at most {max}");
         let n = usize::try_from(n)?;
@@ -105,15 +110,15 @@ impl<'a> Reader<'a> {
         ensure!(need <= self.b.len().saturating_sub(self.at), "truncated");
         Ok(n)
     }
-    fn bytes(&mut self, max: u64) -> Result<Vec<u8>> {
+    pub(super) fn bytes(&mut self, max: u64) -> Result<Vec<u8>> {
         let n = self.count(max, 1)?;
         Ok(self.take(n)?.to_vec())
     }
-    fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+    pub(super) fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
         let len = n.checked_mul(4).context("too many values")?;
         Ok(self.take(len)?.chunks_exact(4).filter_map(|c| c.try_into().ok()).map(f32::from_le_bytes).collect())
     }
-    fn done(&self) -> Result<()> {
+    pub(super) fn done(&self) -> Result<()> {
         ensure!(self.at == self.b.len(), "{} bytes after the last section", self.b.len().saturating_sub(self.at));
         Ok(())
     }
