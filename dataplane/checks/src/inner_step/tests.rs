@@ -1,4 +1,9 @@
+use std::collections::BTreeMap;
+
+use iota_core::PeerId;
+
 use super::*;
+use crate::frame::RunContext;
 
 fn header(step: u64, before: u8, after: u8) -> StepHeader {
     StepHeader {
