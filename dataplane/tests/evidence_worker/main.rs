@@ -34,6 +34,7 @@ use iota_protocol::store_keys::{evidence_key, step_evidence_key};
 use iota_protocol::{MergeMethod, MergeSpec, RunConfig, RunSpec, SharedStore, StoredObject, pb};
 
 mod lifecycle;
+mod step_proofs;
 mod steps;
 
 const RUN: u64 = 99;

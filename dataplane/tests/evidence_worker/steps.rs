@@ -12,7 +12,7 @@ use super::*;
 use iota_dataplane::inner_step::{StepEvidence, StepKnown, StepLimits, check_step};
 
 /// Micro-batches per inner step in these tests.
-const ACCUM: usize = 2;
+pub(super) const ACCUM: usize = 2;
 /// Micro-batches trained: two inner steps.
 const MBS: u64 = 4;
 
@@ -30,7 +30,7 @@ fn accumulating_config(window: u32) -> RunConfig {
 /// forwarded before its first step and one after), and ends the epoch.
 /// `window`: the run's `validation.step_window` (1: every step's optimizer
 /// state kept; 8: the first step's only, the second replayed from it).
-fn trained_with_steps(bad: Option<(usize, Adversary)>, window: u32) -> Swarm {
+pub(super) fn trained_with_steps(bad: Option<(usize, Adversary)>, window: u32) -> Swarm {
     let mut s = Swarm::with_config(bad, accumulating_config(window));
     s.hold_grads_to = Some(0);
     for n in 0..3 {
@@ -48,25 +48,42 @@ impl Swarm {
     /// The validator's check of the inner step miner `i`'s bundle for
     /// `mb` shows.
     fn check_step(&self, i: usize, mb: SampledMb, b: &EvidenceBundle) -> Finding {
+        let Some(bytes) = b.step.as_deref() else { return Finding::Cheated("no step shown".into()) };
+        let ev = match StepEvidence::decode(bytes, self.step_limits(i)) {
+            Ok(ev) => ev,
+            Err(e) => return Finding::Cheated(format!("{e:#}")),
+        };
+        self.with_known(i, mb, b, |known| check_step(&Arc::new(CpuBackend::new()), &self.cfg, known, &ev))
+    }
+
+    /// Bounds on stage `i`'s shown steps in these tests.
+    pub(super) fn step_limits(&self, i: usize) -> StepLimits {
+        let stage = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).unwrap()[i].clone();
+        StepLimits {
+            weights: ParamLayout::for_stage(&self.cfg.train.model, &stage).total() as u64,
+            max_headers: 16,
+            max_mbs: ACCUM as u64,
+            max_frame: 1 << 24,
+            window: 8,
+        }
+    }
+
+    /// Runs `f` with what a validator knows of miner `i` for the drawn
+    /// `mb` whose bundle is `b` (its committed heads, the pathway, the
+    /// corpus).
+    pub(super) fn with_known<R>(
+        &self,
+        i: usize,
+        mb: SampledMb,
+        b: &EvidenceBundle,
+        f: impl FnOnce(&StepKnown) -> R,
+    ) -> R {
         let upload = self.reports.iter().find_map(|(j, k)| match k {
             pb::report::Kind::UploadDone(u) if *j == i => Some(u.commitments.clone()),
             _ => None,
         });
         let heads = iota_protocol::commitments_pb::from_pb(&upload.expect("an UploadDone")).unwrap();
         let committed = heads.into_iter().find(|h| h.epoch == 0).expect("epoch 0's heads");
-        let Some(bytes) = b.step.as_deref() else { return Finding::Cheated("no step shown".into()) };
-        let stage = StageSpec::split(&self.cfg.train.model, self.cfg.train.stages).unwrap()[i].clone();
-        let limits = StepLimits {
-            weights: ParamLayout::for_stage(&self.cfg.train.model, &stage).total() as u64,
-            max_headers: 16,
-            max_mbs: ACCUM as u64,
-            max_frame: 1 << 24,
-            window: 8,
-        };
-        let ev = match StepEvidence::decode(bytes, limits) {
-            Ok(ev) => ev,
-            Err(e) => return Finding::Cheated(format!("{e:#}")),
-        };
         let path: Vec<PeerId> = self.miners.iter().map(|m| m.id).collect();
         let completed: BTreeMap<(u32, u64, u32), Vec<PeerId>> =
             (0..MBS).map(|n| self.mb(n)).map(|m| ((m.shard, m.first_sample, m.attempt), path.clone())).collect();
@@ -96,11 +113,11 @@ impl Swarm {
             data: &data,
             tolerance: 0.0,
         };
-        check_step(&Arc::new(CpuBackend::new()), &self.cfg, &known, &ev)
+        f(&known)
     }
 
     /// Every attempt's evidence from miner `i`, asked with its inner steps.
-    fn all_evidence(&mut self, i: usize) -> Vec<(SampledMb, EvidenceBundle)> {
+    pub(super) fn all_evidence(&mut self, i: usize) -> Vec<(SampledMb, EvidenceBundle)> {
         let mbs: Vec<SampledMb> = (0..MBS).map(|n| self.mb(n)).collect();
         self.evidence_showing(i, &mbs, true)
     }

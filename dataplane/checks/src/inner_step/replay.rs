@@ -12,10 +12,11 @@ use iota_core::commitment::Chain;
 use iota_core::wire::Direction;
 use iota_core::{ParamLayout, PeerId, StageSpec};
 use iota_model::optim::AdamW;
-use iota_model::{Backend, Stage, StageInput, codec};
+use iota_model::{Backend, MbEnd, Stage, StageInput, codec};
 use iota_wire::RunConfig;
 
 use super::record::{MbFrames, RECENT, StepEvidence, StepHeader, StepMb, optimizer_hash};
+use super::step_trace::{KeptBefore, StepTrace, optimizer_traced};
 use crate::frame::{RunContext, decode_frame};
 use crate::hashes::weights_hash;
 
@@ -138,6 +139,53 @@ impl<'a, B: Backend> Replay<'a, B> {
         self.recent.push((h.weights_after, after));
         Ok(())
     }
+
+    /// Step `j` (`h`) from the state before it (which the replay holds:
+    /// the steps before it passed), traced, with what its optimizer read;
+    /// nothing is compared. The replay then holds the state after it.
+    pub(super) fn step_traced(
+        &mut self,
+        j: u32,
+        h: &StepHeader,
+        frames: &[&MbFrames],
+    ) -> Result<(StepTrace, KeptBefore)> {
+        ensure!(frames.len() == h.mbs.len(), "inner step {j}: frames missing");
+        let mut traces = Vec::with_capacity(h.mbs.len());
+        for (n, (mb, f)) in h.mbs.iter().zip(frames).enumerate() {
+            self.load(&mb.weights).with_context(|| format!("inner step {j}, micro-batch {n}"))?;
+            let x = MbInputs::of(self.st.spec(), self.cfg, self.k, mb, f)?;
+            let t = self.st.traced_mb(x.input()?, x.end()?, x.samples, x.seq, &weights_hash)?;
+            traces.push(t.trace);
+        }
+        self.load(&h.weights_before).with_context(|| format!("inner step {j}"))?;
+        let lr = self.cfg.train.schedule.at(h.step);
+        let adamw = &self.cfg.train.adamw;
+        let (trace, kept) = optimizer_traced(&mut self.st, &mut self.opt, (adamw, lr), h.step, traces, true);
+        self.st.zero_grads();
+        self.current = weights_hash(&self.st.params_host());
+        Ok((trace, kept.context("what the optimizer read")?))
+    }
+
+    /// Puts in place the state micro-batch `n` of step `h` ran in (the
+    /// gradients of the step's micro-batches before it, its forward
+    /// weights) and returns its inputs. Only the micro-batches are run:
+    /// the optimizer state is not touched.
+    pub(super) fn before_mb(&mut self, h: &StepHeader, frames: &[&MbFrames], n: usize) -> Result<MbInputs> {
+        self.st.zero_grads();
+        for (mb, f) in h.mbs.iter().zip(frames).take(n) {
+            self.load(&mb.weights)?;
+            accumulate(&mut self.st, self.cfg, self.k, mb, f)?;
+        }
+        let mb = h.mbs.get(n).context("no such micro-batch")?;
+        let f = frames.get(n).context("no such micro-batch")?;
+        self.load(&mb.weights)?;
+        MbInputs::of(self.st.spec(), self.cfg, self.k, mb, f)
+    }
+
+    /// The stage the replay runs on.
+    pub(super) fn stage_mut(&mut self) -> &mut Stage<B> {
+        &mut self.st
+    }
 }
 
 /// How far `a` is from `b`, relative to `b`.
@@ -190,43 +238,83 @@ fn frame_payload<'a>(
     Ok(payload)
 }
 
+/// A micro-batch's inputs as its worker had them: the activations it
+/// received (not at the head), the corpus's tokens and targets (head and
+/// tail), the gradient it received (not at the tail).
+pub(super) struct MbInputs {
+    pub(super) hidden: Option<Vec<f32>>,
+    pub(super) data: Option<(Vec<u32>, Vec<u32>)>,
+    pub(super) grad: Option<Vec<f32>>,
+    pub(super) samples: usize,
+    pub(super) seq: usize,
+    /// A tail's loss scale (`1 / grad_accum`, as the worker runs it).
+    pub(super) loss_scale: f32,
+}
+
+impl MbInputs {
+    /// What the stage `spec` takes in for this micro-batch, from the frames
+    /// `f` its neighbours signed for `mb` and the corpus.
+    pub(super) fn of(spec: &StageSpec, cfg: &RunConfig, k: &StepKnown, mb: &StepMb, f: &MbFrames) -> Result<Self> {
+        ensure!(
+            mb.samples <= cfg.spec.batch.max(1),
+            "a micro-batch of {} samples, the run's hold {}",
+            mb.samples,
+            cfg.spec.batch
+        );
+        let (samples, seq) = (mb.samples as usize, cfg.train.seq);
+        let rows = samples.checked_mul(seq).filter(|r| *r > 0).context("a micro-batch of no tokens")?;
+        let (head, tail) = (spec.has_embedding(), spec.has_lm_head());
+        let width = spec.boundary_width;
+        let hidden = match head {
+            true => None,
+            false => {
+                let p = frame_payload(k, mb, &f.input, f.input_signer, Direction::Activation)?;
+                Some(codec::decode(cfg.train.codec, rows, width, p)?)
+            }
+        };
+        let data = match head || tail {
+            true => Some((k.data)(mb.shard, mb.first_sample, mb.samples).context("no corpus data")?),
+            false => None,
+        };
+        let grad = match tail {
+            true => None,
+            false => {
+                let p = frame_payload(k, mb, &f.grad, f.grad_signer, Direction::ActivationGrad)?;
+                Some(codec::decode(cfg.train.codec, rows, width, p)?)
+            }
+        };
+        let loss_scale = 1.0 / cfg.train.grad_accum.max(1) as f32;
+        Ok(MbInputs { hidden, data, grad, samples, seq, loss_scale })
+    }
+
+    pub(super) fn input(&self) -> Result<StageInput<'_>> {
+        Ok(match (&self.hidden, &self.data) {
+            (Some(h), _) => StageInput::Hidden(h),
+            (None, Some((x, _))) => StageInput::Tokens(x),
+            (None, None) => anyhow::bail!("no input"),
+        })
+    }
+
+    pub(super) fn end(&self) -> Result<MbEnd<'_>> {
+        Ok(match (&self.grad, &self.data) {
+            (Some(g), _) => MbEnd::Grad(g),
+            (None, Some((_, y))) => MbEnd::Targets { targets: y, loss_scale: self.loss_scale },
+            (None, None) => anyhow::bail!("no gradient and no targets"),
+        })
+    }
+}
+
 /// One micro-batch's backward into `st`'s gradients, as its worker ran it.
 fn accumulate<B: Backend>(st: &mut Stage<B>, cfg: &RunConfig, k: &StepKnown, mb: &StepMb, f: &MbFrames) -> Result<()> {
-    ensure!(
-        mb.samples <= cfg.spec.batch.max(1),
-        "a micro-batch of {} samples, the run's hold {}",
-        mb.samples,
-        cfg.spec.batch
-    );
-    let (samples, seq) = (mb.samples as usize, cfg.train.seq);
-    let rows = samples.checked_mul(seq).filter(|r| *r > 0).context("a micro-batch of no tokens")?;
-    let (head, tail) = (st.spec().has_embedding(), st.spec().has_lm_head());
-    let width = st.spec().boundary_width;
-    let hidden = match head {
-        true => None,
-        false => {
-            let p = frame_payload(k, mb, &f.input, f.input_signer, Direction::Activation)?;
-            Some(codec::decode(cfg.train.codec, rows, width, p)?)
+    let x = MbInputs::of(st.spec(), cfg, k, mb, f)?;
+    match x.end()? {
+        MbEnd::Targets { targets, loss_scale } => {
+            st.forward_backward(x.input()?, targets, x.samples, x.seq, loss_scale)?;
         }
-    };
-    let data = match head || tail {
-        true => Some((k.data)(mb.shard, mb.first_sample, mb.samples).context("no corpus data")?),
-        false => None,
-    };
-    let input = match (&hidden, &data) {
-        (Some(h), _) => StageInput::Hidden(h),
-        (None, Some((x, _))) => StageInput::Tokens(x),
-        (None, None) => anyhow::bail!("no input"),
-    };
-    if tail {
-        let (_, y) = data.as_ref().context("targets")?;
-        let accum = cfg.train.grad_accum.max(1) as f32;
-        st.forward_backward(input, y, samples, seq, 1.0 / accum)?;
-        return Ok(());
+        MbEnd::Grad(g) => {
+            st.forward(0, x.input()?, x.samples, x.seq)?;
+            st.backward(0, g)?;
+        }
     }
-    let p = frame_payload(k, mb, &f.grad, f.grad_signer, Direction::ActivationGrad)?;
-    let g = codec::decode(cfg.train.codec, rows, width, p)?;
-    st.forward(0, input, samples, seq)?;
-    st.backward(0, &g)?;
     Ok(())
 }
