@@ -63,6 +63,7 @@ use iota_wire::RunConfig;
 use crate::evidence::Finding;
 
 pub mod proof;
+pub mod proof_bytes;
 pub mod prove;
 mod record;
 mod replay;

@@ -7,7 +7,8 @@
 use iota_core::ParamLayout;
 use iota_dataplane::hashes::weights_leaves;
 use iota_dataplane::inner_step::StepEvidence;
-use iota_dataplane::inner_step::prove::{Dispute, prove_step, trace_shown_step, verify_step_proof};
+use iota_dataplane::inner_step::proof_bytes::ProofLimits;
+use iota_dataplane::inner_step::prove::{Dispute, StepProof, prove_step, trace_shown_step, verify_step_proof};
 use iota_dataplane::inner_step::step_trace::{KeptBefore, StepTrace};
 use iota_model::Stage;
 use iota_model::optim::AdamW;
@@ -81,6 +82,16 @@ fn a_lazy_step_is_proven_and_the_proof_re_checked_by_a_referee() {
             };
             let want = if mode == Adversary::SkipOptimizer { "norm" } else { "leaf" };
             assert_eq!(kind, want, "{mode:?} at {stage}");
+            // On the wire and back, as a verdict carries it.
+            let limits = ProofLimits {
+                weights: n,
+                activations: 1 << 20,
+                max_headers: 16,
+                max_mbs: 2,
+                max_frame: 1 << 24,
+                max_trace: 1 << 20,
+            };
+            assert_eq!(StepProof::decode(&proof.encode(), limits).unwrap(), proof, "{mode:?}: its bytes");
             // The referee's side: what it holds of the miner is its
             // committed chain; the proof holds.
             assert!(verify_step_proof(&be, &s.cfg, known, &proof).unwrap(), "{mode:?} at {stage}: the proof holds");

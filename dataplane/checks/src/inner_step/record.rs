@@ -144,7 +144,7 @@ impl StepHeader {
         b
     }
 
-    fn read(r: &mut Reader, max_mbs: u64) -> Result<StepHeader> {
+    pub(super) fn read(r: &mut Reader, max_mbs: u64) -> Result<StepHeader> {
         let step = r.u64()?;
         let n = r.count(max_mbs, MB_LEN)?;
         let mut mbs = Vec::with_capacity(n);
