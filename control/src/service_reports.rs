@@ -17,6 +17,11 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             miner: peer_of(&a.miner),
             items: a.items.iter().map(|w| (w.shard, w.first_sample, w.attempt)).collect(),
             inner_step: a.items.iter().find(|w| w.inner_step).map(|w| (w.shard, w.first_sample, w.attempt)),
+            trace: a
+                .items
+                .iter()
+                .find(|w| w.trace_step > 0)
+                .map(|w| ((w.shard, w.first_sample, w.attempt), w.trace_step - 1)),
         },
         pb::validator_report::Kind::Verdict(v) => Event::Verdict(VerdictIn {
             validator: peer,

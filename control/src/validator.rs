@@ -580,6 +580,7 @@ async fn act(
                     first_sample,
                     attempt,
                     inner_step: inner_step == Some(k),
+                    trace_step: 0,
                 })
                 .collect();
             client.validate(Kind::Ask(pb::EvidenceAsk { epoch, miner: miner.0.to_vec(), items })).await?;

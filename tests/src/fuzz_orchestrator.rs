@@ -335,7 +335,7 @@ fn validator_event(
                 2 => first.map(|k| (k.0, k.1.wrapping_add(1), k.2)),
                 _ => None,
             };
-            Event::EvidenceAsk { validator: v, epoch, miner: peer, items, inner_step }
+            Event::EvidenceAsk { validator: v, epoch, miner: peer, items, inner_step, trace: None }
         }
         3 | 4 => {
             let check = if b.u8() & 1 == 0 { Check::Recompute } else { Check::Merge };

@@ -283,6 +283,7 @@ impl Swarm {
                 first_sample: m.first_sample,
                 attempt: m.attempt,
                 inner_step: steps,
+                trace_step: 0,
             })
             .collect();
         let from = self.reports.len();
@@ -433,8 +434,13 @@ fn honest_evidence_passes_the_validators_check_and_noise_fails_it() {
     // Unknown attempts are skipped; another epoch is ignored.
     let unknown = SampledMb { attempt: 5, ..mbs[0] };
     let from = s.reports.len();
-    let items =
-        vec![pb::WorkRef { shard: unknown.shard, first_sample: unknown.first_sample, attempt: 5, inner_step: false }];
+    let items = vec![pb::WorkRef {
+        shard: unknown.shard,
+        first_sample: unknown.first_sample,
+        attempt: 5,
+        inner_step: false,
+        trace_step: 0,
+    }];
     s.command(0, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 0, items: items.clone() }));
     s.command(0, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 7, items }));
     assert_eq!(s.reports.len(), from, "nothing announced");

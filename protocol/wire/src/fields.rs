@@ -263,6 +263,13 @@ fn work_refs(field: &str, items: &[pb::WorkRef]) -> Result<(), Rejected> {
     if items.is_empty() || items.len() > MAX_EVIDENCE_ITEMS {
         return Err(bad(field, format!("must name 1 to {MAX_EVIDENCE_ITEMS} attempts")));
     }
+    let traces = items.iter().filter(|w| w.trace_step > 0).count();
+    if traces > 1 || (traces == 1 && items.len() != 1) {
+        return Err(bad(field, "a trace is asked alone, of one attempt"));
+    }
+    if items.iter().any(|w| w.trace_step > 0 && !w.inner_step) {
+        return Err(bad(field, "a trace is asked of an attempt asked with its inner steps"));
+    }
     Ok(())
 }
 
@@ -430,7 +437,7 @@ mod tests {
     #[test]
     fn validator_report_fields() {
         use pb::validator_report::Kind;
-        let item = pb::WorkRef { shard: 1, first_sample: 8, attempt: 0, inner_step: false };
+        let item = pb::WorkRef { shard: 1, first_sample: 8, attempt: 0, inner_step: false, trace_step: 0 };
         let ask = |miner: Vec<u8>, n: usize| pb::ValidatorReport {
             kind: Some(Kind::Ask(pb::EvidenceAsk { epoch: 0, miner, items: vec![item; n] })),
         };
@@ -438,6 +445,14 @@ mod tests {
         assert!(validator_report(&ask(vec![1; 31], 4)).unwrap_err().message.contains("ask.miner"));
         assert!(validator_report(&ask(vec![1; 32], 0)).unwrap_err().message.contains("ask.items"));
         assert!(validator_report(&ask(vec![1; 32], MAX_EVIDENCE_ITEMS + 1)).unwrap_err().message.contains("ask.items"));
+        let traced = |items: Vec<pb::WorkRef>| pb::ValidatorReport {
+            kind: Some(Kind::Ask(pb::EvidenceAsk { epoch: 0, miner: vec![1; 32], items })),
+        };
+        let trace = pb::WorkRef { inner_step: true, trace_step: 3, ..item };
+        assert!(validator_report(&traced(vec![trace])).is_ok());
+        assert!(validator_report(&traced(vec![trace, item])).unwrap_err().message.contains("alone"));
+        let bare = pb::WorkRef { inner_step: false, ..trace };
+        assert!(validator_report(&traced(vec![bare])).unwrap_err().message.contains("inner steps"));
         let verdict = |check: i32, hash: Vec<u8>, reason: &str| pb::ValidatorReport {
             kind: Some(Kind::Verdict(pb::Verdict {
                 epoch: 0,

@@ -56,6 +56,32 @@ pub fn step_evidence_key(epoch: u64, miner: &iota_core::PeerId, shard: u32, firs
     format!("{}{shard:06}-{first_sample:012}-{attempt:03}.step.evidence", evidence_prefix(epoch, miner))
 }
 
+/// Object-store key of the signed trace of inner step `step` (among the
+/// epoch's own records) of the attempt's step object (asked with
+/// `WorkRef.trace_step`).
+pub fn trace_evidence_key(
+    epoch: u64,
+    miner: &iota_core::PeerId,
+    (shard, first_sample, attempt): (u32, u64, u32),
+    step: u32,
+) -> String {
+    format!("{}{shard:06}-{first_sample:012}-{attempt:03}.trace-{step:06}.evidence", evidence_prefix(epoch, miner))
+}
+
+/// The attempt and the step a trace key of `miner` in `epoch` names; None
+/// for any other key.
+pub fn parse_trace_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<((u32, u64, u32), u32)> {
+    let stem = key.strip_prefix(&evidence_prefix(epoch, miner))?.strip_suffix(".evidence")?;
+    let (stem, step) = stem.split_once(".trace-")?;
+    let digits = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = stem.split('-');
+    let (s, f, a) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || !digits(s, 6) || !digits(f, 12) || !digits(a, 3) || !digits(step, 6) {
+        return None;
+    }
+    Some(((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?), step.parse().ok()?))
+}
+
 /// The attempt (shard, first sample, attempt) an evidence key of `miner`
 /// in `epoch` names; None for any other key (a step evidence key too).
 pub fn parse_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<(u32, u64, u32)> {
@@ -77,4 +103,21 @@ pub fn parse_any_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) 
         return None;
     }
     Some(((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?), step))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_keys_parse_back_and_are_no_other_evidence() {
+        let m = iota_core::PeerId([7; 32]);
+        let key = trace_evidence_key(4, &m, (2, 640, 1), 17);
+        assert_eq!(parse_trace_key(&key, 4, &m), Some(((2, 640, 1), 17)));
+        assert_eq!(parse_trace_key(&key, 5, &m), None, "another epoch");
+        assert_eq!(parse_trace_key(&key, 4, &iota_core::PeerId([8; 32])), None, "another miner");
+        assert_eq!(parse_any_evidence_key(&key, 4, &m), None, "not an evidence key");
+        assert_eq!(parse_trace_key(&step_evidence_key(4, &m, 2, 640, 1), 4, &m), None, "not a trace key");
+        assert_eq!(parse_trace_key(&key.replace(".trace-", ".trace-9"), 4, &m), None, "a malformed step");
+    }
 }

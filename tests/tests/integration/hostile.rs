@@ -465,7 +465,7 @@ async fn validator_reports_from_strangers_or_malformed_ones_change_nothing() {
         kind: Some(Kind::Ask(pb::EvidenceAsk {
             epoch: 0,
             miner: miner.id.to_vec(),
-            items: vec![pb::WorkRef { shard: 0, first_sample: 0, attempt: 0, inner_step: false }],
+            items: vec![pb::WorkRef { shard: 0, first_sample: 0, attempt: 0, inner_step: false, trace_step: 0 }],
         })),
     };
     assert_eq!(rpc.validate(v.sign(srv, VALIDATE, &ask)).await.unwrap_err().code(), Code::FailedPrecondition);

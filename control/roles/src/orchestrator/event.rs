@@ -125,6 +125,9 @@ pub enum Event {
         miner: PeerId,
         items: Vec<WorkKey>,
         inner_step: Option<WorkKey>,
+        /// The attempt (asked alone) and the inner step whose signed trace
+        /// is asked (`WorkRef.trace_step`).
+        trace: Option<(WorkKey, u32)>,
     },
     Verdict(VerdictIn),
     /// A validator's recompute of an audited merge partition: the hash of

@@ -3,6 +3,9 @@
 //! evidence to every validator that asked (PROTOCOL.md, "Validation"). Of
 //! one attempt per miner a validator asks the inner steps too: relayed the
 //! same way, once, and its object (which shows them) goes to every asker.
+//! A validator whose recompute of one of those steps failed may then ask
+//! the miner's signed trace of it (once per miner a round), which turns
+//! the failure into a proof (PROTOCOL.md, "A failed step as a proof").
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -112,7 +115,7 @@ impl Orchestrator {
                 (plain.then_some(false), r.step_evidence.get(&key).or_else(|| r.evidence.get(&key)))
             };
             if let Some(inner_step) = ask {
-                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step });
+                request.push(pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step, trace_step: 0 });
             }
             if let Some(o) = object {
                 out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
@@ -122,6 +125,63 @@ impl Orchestrator {
             out.push(Out {
                 to: miner,
                 cmd: pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch, items: request }),
+            });
+        }
+        Ok(())
+    }
+
+    /// A validator asks for the miner's signed trace of inner step `step`
+    /// of attempt `key`, whose step object it asked for and which is
+    /// stored: relayed to the miner once per (attempt, step), handed to
+    /// every validator that asked once stored. One trace per miner and
+    /// validator a round.
+    pub(super) fn on_trace_ask(
+        &mut self,
+        validator: PeerId,
+        (epoch, miner): (u64, PeerId),
+        (key, step): (WorkKey, u32),
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        self.open_round(&validator, epoch)?;
+        let stage = self.miners.get(&miner).map(|m| m.stage).ok_or(Refusal::Unknown(miner))?;
+        let r = self.validation.round.as_mut().expect("checked open");
+        if !r.step_asked.get(&(miner, key)).is_some_and(|vs| vs.contains(&validator)) {
+            return Err(Refusal::Invalid(format!(
+                "a trace of attempt {key:?} of miner {miner} asked by a validator that did not ask its inner steps"
+            )));
+        }
+        if !r.step_evidence.contains_key(&(miner, key)) {
+            return Err(Refusal::Invalid(format!(
+                "a trace of attempt {key:?} asked before its inner steps are stored"
+            )));
+        }
+        let lo = (miner, (0, 0, 0), 0);
+        let hi = (miner, (u32::MAX, u64::MAX, u32::MAX), u32::MAX);
+        if r.trace_asked.range(lo..=hi).any(|(k, vs)| *k != (miner, key, step) && vs.contains(&validator)) {
+            return Err(Refusal::Invalid(format!(
+                "validator {validator} asked another trace of miner {miner} in epoch {epoch}; one per miner a round"
+            )));
+        }
+        let askers = r.trace_asked.entry((miner, key, step)).or_default();
+        // The first ask goes to the miner, and a validator's second one
+        // while nothing is stored (a request or an upload lost).
+        let stored = r.trace_evidence.get(&(miner, key, step));
+        let relay = askers.is_empty() || (stored.is_none() && askers.contains(&validator));
+        askers.insert(validator);
+        if let Some(o) = stored {
+            out.push(Out { to: validator, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, o)) });
+        }
+        if relay {
+            let item = pb::WorkRef {
+                shard: key.0,
+                first_sample: key.1,
+                attempt: key.2,
+                inner_step: true,
+                trace_step: step.saturating_add(1),
+            };
+            out.push(Out {
+                to: miner,
+                cmd: pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch, items: vec![item] }),
             });
         }
         Ok(())

@@ -283,7 +283,10 @@ impl Orchestrator {
                 self.register_validator(now, peer, device)?;
                 return Ok(out);
             }
-            Event::EvidenceAsk { validator, epoch, miner, items, inner_step } => {
+            Event::EvidenceAsk { validator, epoch, miner, trace: Some((key, step)), .. } => {
+                self.on_trace_ask(validator, (epoch, miner), (key, step), &mut out)?;
+            }
+            Event::EvidenceAsk { validator, epoch, miner, items, inner_step, trace: None } => {
                 self.on_evidence_ask(validator, (epoch, miner), (items, inner_step), &mut out)?;
             }
             Event::Verdict(v) => self.on_verdict(now, v, &mut out)?,

@@ -37,6 +37,7 @@ use super::validation_state::{
     ValidatorState, VerdictIn, VerdictRecord, WorkKey,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
+use iota_wire::store_keys::parse_trace_key;
 
 /// The attempt an evidence key names, and whether its object shows the
 /// inner steps.
@@ -138,6 +139,7 @@ impl Orchestrator {
                                 first_sample: r.mb.first_sample,
                                 attempt: *attempt,
                                 inner_step: false,
+                                trace_step: 0,
                             }),
                             samples: r.samples,
                             pathway: pathway.iter().map(|p| p.0.to_vec()).collect(),
@@ -278,6 +280,9 @@ impl Orchestrator {
     /// Whether `peer` (a miner) may write `key`: evidence it was asked for.
     pub(super) fn may_write_evidence(&self, peer: &PeerId, key: &str) -> bool {
         let Some(r) = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch) else { return false };
+        if let Some((k, step)) = parse_trace_key(key, r.epoch, peer) {
+            return r.trace_asked.contains_key(&(*peer, k, step));
+        }
         evidence_name(key, r.epoch, peer).is_some_and(|(k, step)| match step {
             true => r.step_asked.contains_key(&(*peer, k)),
             false => r.asked.contains_key(&(*peer, k)),
@@ -287,11 +292,10 @@ impl Orchestrator {
     /// Whether `peer` (a validator) may read `key`: announced evidence.
     pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
         self.is_validator(peer)
-            && self
-                .validation
-                .round
-                .as_ref()
-                .is_some_and(|r| r.evidence.values().chain(r.step_evidence.values()).any(|o| o.key == key))
+            && self.validation.round.as_ref().is_some_and(|r| {
+                let mut all = r.evidence.values().chain(r.step_evidence.values()).chain(r.trace_evidence.values());
+                all.any(|o| o.key == key)
+            })
     }
 
     /// A miner announced the evidence it was asked for: recorded, and
@@ -311,6 +315,17 @@ impl Orchestrator {
             .as_mut()
             .filter(|r| r.epoch == epoch && obj.key.starts_with(&upload_prefix(epoch)))
             .ok_or_else(|| not_yours("no validation round of that epoch is open"))?;
+        if obj.is_part() {
+            return Err(not_yours("evidence is one object, not a part"));
+        }
+        if let Some((k, step)) = parse_trace_key(&obj.key, epoch, &peer) {
+            let askers = r.trace_asked.get(&(peer, k, step)).ok_or_else(|| not_yours("nobody asked for that trace"))?;
+            for v in askers {
+                out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
+            }
+            r.trace_evidence.insert((peer, k, step), obj);
+            return Ok(());
+        }
         let (k, step) =
             evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
         let askers = r.asked.get(&(peer, k)).ok_or_else(|| not_yours("nobody asked for that evidence"))?;

@@ -109,6 +109,13 @@ pub(super) struct Round {
     pub(super) step_asked: BTreeMap<(PeerId, WorkKey), BTreeSet<PeerId>>,
     #[serde(default, with = "crate::serde_pairs")]
     pub(super) step_evidence: BTreeMap<(PeerId, WorkKey), StoredObject>,
+    /// Per miner, attempt and inner step: the validators that asked for
+    /// the miner's signed trace of that step (one per miner and validator
+    /// a round), and the objects that hold the traces.
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) trace_asked: BTreeMap<(PeerId, WorkKey, u32), BTreeSet<PeerId>>,
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) trace_evidence: BTreeMap<(PeerId, WorkKey, u32), StoredObject>,
     pub(super) timed_out: bool,
     /// How long the round may take: `validation.timeout_ms` plus the time
     /// the largest draw takes to upload (0: a round saved before it

@@ -23,7 +23,7 @@ fn work(epoch: u64, n: u64) -> pb::EpochWork {
         heads.insert(me, h.clone());
         let items = (0..n)
             .map(|i| pb::WorkItem {
-                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false }),
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false, trace_step: 0 }),
                 samples: 8,
                 pathway: (1..=STAGES as u8).map(|q| p(q).0.to_vec()).collect(),
                 loss: 2.5,
@@ -63,7 +63,7 @@ fn work_two_heads(epoch: u64, n: u64, loss: impl Fn(u64, PeerId) -> f32) -> pb::
         let items = (0..n)
             .filter(|i| stage > 0 || head_of(*i) == me)
             .map(|i| pb::WorkItem {
-                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false }),
+                mb: Some(pb::WorkRef { shard: 0, first_sample: i * 8, attempt: 0, inner_step: false, trace_step: 0 }),
                 samples: 8,
                 pathway: [head_of(i), p(2), p(3)].iter().map(|q| q.0.to_vec()).collect(),
                 loss: loss(i, head_of(i)),

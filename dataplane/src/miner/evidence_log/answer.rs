@@ -43,6 +43,10 @@ pub(crate) fn answer(
             continue;
         }
         let skip = |why: &str| warn!(shard = key.1, first = key.2, attempt = key.3, why, "evidence not uploaded");
+        if item.trace_step > 0 {
+            skip("a trace of an inner step is answered by the miner's trace path");
+            continue;
+        }
         let Some(info) = log.attempt(key) else {
             skip("the attempt is not kept (not computed here, or past the evidence bounds)");
             continue;

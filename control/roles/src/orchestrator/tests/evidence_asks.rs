@@ -26,8 +26,14 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
     };
     // A hostile validator asking for every attempt is refused whole: the
     // miner is asked for nothing.
-    let all =
-        Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: completed.clone(), inner_step: None };
+    let all = Event::EvidenceAsk {
+        validator: validator(1),
+        epoch: 0,
+        miner: m0,
+        items: completed.clone(),
+        inner_step: None,
+        trace: None,
+    };
     let refused = s.o.step(s.now, all, &mut s.rng);
     assert!(matches!(&refused, Err(Refusal::Invalid(why)) if why.contains("its draw is")), "{refused:?}");
     s.drain();
@@ -35,7 +41,8 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
     // Its draw, asked in two parts and then again (a re-ask), is fine.
     let (first, second) = completed[..draw].split_at(1);
     for items in [first.to_vec(), second.to_vec(), completed[..draw].to_vec()] {
-        let ask = Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items, inner_step: None };
+        let ask =
+            Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items, inner_step: None, trace: None };
         s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     }
     s.drain();
@@ -47,11 +54,19 @@ fn a_validator_may_ask_for_its_draw_and_no_more() {
         miner: m0,
         items: vec![completed[draw]],
         inner_step: None,
+        trace: None,
     };
     assert!(matches!(s.o.step(s.now, more, &mut s.rng), Err(Refusal::Invalid(_))));
     // The other validator's own draw is its own: not counted against it.
     let other: Vec<WorkKey> = completed[completed.len() - draw..].to_vec();
-    let ask = Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: other, inner_step: None };
+    let ask = Event::EvidenceAsk {
+        validator: validator(0),
+        epoch: 0,
+        miner: m0,
+        items: other,
+        inner_step: None,
+        trace: None,
+    };
     assert!(s.o.step(s.now, ask, &mut s.rng).is_ok());
 }
 
@@ -78,7 +93,7 @@ fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
     let ask = |s: &mut Sim, miner: PeerId, items: Vec<WorkKey>| {
         let r = s.o.step(
             s.now,
-            Event::EvidenceAsk { validator: validator(1), epoch: 0, miner, items, inner_step: None },
+            Event::EvidenceAsk { validator: validator(1), epoch: 0, miner, items, inner_step: None, trace: None },
             &mut s.rng,
         );
         r.map(|out| s.inbox.extend(out))
@@ -98,6 +113,7 @@ fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
         miner: downstream_of(&other),
         items: vec![other],
         inner_step: None,
+        trace: None,
     };
     s.inbox.extend(s.o.step(s.now, by_other, &mut s.rng).unwrap());
     assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "asked downstream by another");
@@ -123,6 +139,7 @@ fn the_inner_steps_of_one_attempt_per_miner_are_asked_once_and_reach_every_asker
         miner: m0,
         items,
         inner_step,
+        trace: None,
     };
     // Validator 1 asks plainly first, validator 0 then with the steps.
     s.inbox.extend(s.o.step(s.now, ask(1, vec![k0], None), &mut s.rng).unwrap());
@@ -137,7 +154,8 @@ fn the_inner_steps_of_one_attempt_per_miner_are_asked_once_and_reach_every_asker
         })
         .flatten()
         .collect();
-    let wr = |k: WorkKey, inner_step| pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step };
+    let wr =
+        |k: WorkKey, inner_step| pb::WorkRef { shard: k.0, first_sample: k.1, attempt: k.2, inner_step, trace_step: 0 };
     assert_eq!(requested, vec![wr(k0, false), wr(k0, true), wr(k1, false)], "each object asked once");
     let (plain, steps) = (evidence_key(0, &m0, k0.0, k0.1, k0.2), step_evidence_key(0, &m0, k0.0, k0.1, k0.2));
     assert!(s.o.may_write(m0, &steps).is_ok());
@@ -159,4 +177,77 @@ fn the_inner_steps_of_one_attempt_per_miner_are_asked_once_and_reach_every_asker
     assert_eq!((handed(&s, 1, &plain), handed(&s, 1, &steps)), (1, 1), "the plain asker gets both");
     assert_eq!((handed(&s, 0, &plain), handed(&s, 0, &steps)), (0, 1), "the step asker only the steps");
     assert!(s.o.may_read(validator(0), &steps).is_ok());
+}
+
+/// A miner's signed trace of a failed inner step: asked only by a
+/// validator that asked the attempt's steps and once they are stored,
+/// relayed to the miner once, writable under its own key, handed to every
+/// validator that asked it; one trace per miner and validator a round.
+#[test]
+fn a_trace_is_asked_after_the_steps_relayed_once_and_reaches_its_askers() {
+    use iota_wire::store_keys::{step_evidence_key, trace_evidence_key};
+    let mut s = start(validated_spec());
+    let w = until_held(&mut s);
+    let m0 = peer(0);
+    let stage = s.o.miner(&m0).unwrap().stage;
+    let done = completed_by(&w, m0);
+    let (k0, k1) = (done[0], done[1]);
+    let ask = |v: u8, items: Vec<WorkKey>, inner_step| Event::EvidenceAsk {
+        validator: validator(v),
+        epoch: 0,
+        miner: m0,
+        items,
+        inner_step,
+        trace: None,
+    };
+    let trace = |v: u8, k: WorkKey, step: u32| Event::EvidenceAsk {
+        validator: validator(v),
+        epoch: 0,
+        miner: m0,
+        items: vec![k],
+        inner_step: Some(k),
+        trace: Some((k, step)),
+    };
+    s.inbox.extend(s.o.step(s.now, ask(0, vec![k0], Some(k0)), &mut s.rng).unwrap());
+    s.inbox.extend(s.o.step(s.now, ask(1, vec![k0], Some(k0)), &mut s.rng).unwrap());
+    s.drain();
+    let early = s.o.step(s.now, trace(0, k0, 3), &mut s.rng);
+    assert!(matches!(&early, Err(Refusal::Invalid(w)) if w.contains("before its inner steps are stored")), "{early:?}");
+    let steps = step_evidence_key(0, &m0, k0.0, k0.1, k0.2);
+    let object = StoredObject::of(&steps, b"steps", m0);
+    s.inbox.extend(s.o.step(s.now, Event::Stored { peer: m0, epoch: 0, stage, object }, &mut s.rng).unwrap());
+    s.drain();
+    let stranger = s.o.step(s.now, trace(0, k1, 3), &mut s.rng);
+    assert!(matches!(&stranger, Err(Refusal::Invalid(w)) if w.contains("did not ask its inner steps")), "{stranger:?}");
+    let from = s.validation_heard.len();
+    for v in [0, 1] {
+        s.inbox.extend(s.o.step(s.now, trace(v, k0, 3), &mut s.rng).unwrap());
+    }
+    s.drain();
+    let relayed: Vec<pb::WorkRef> = s.validation_heard[from..]
+        .iter()
+        .filter_map(|o| match &o.cmd {
+            pb::command::Kind::EvidenceRequest(r) if o.to == m0 => Some(r.items.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let want = pb::WorkRef { shard: k0.0, first_sample: k0.1, attempt: k0.2, inner_step: true, trace_step: 4 };
+    assert_eq!(relayed, vec![want], "asked of the miner once");
+    let key = trace_evidence_key(0, &m0, k0, 3);
+    assert!(s.o.may_write(m0, &key).is_ok());
+    assert!(s.o.may_write(m0, &trace_evidence_key(0, &m0, k0, 4)).is_err(), "another step's trace was not asked");
+    let another = s.o.step(s.now, trace(0, k0, 5), &mut s.rng);
+    assert!(matches!(&another, Err(Refusal::Invalid(w)) if w.contains("one per miner")), "{another:?}");
+    let object = StoredObject::of(&key, b"trace", m0);
+    s.inbox.extend(s.o.step(s.now, Event::Stored { peer: m0, epoch: 0, stage, object }, &mut s.rng).unwrap());
+    s.drain();
+    let handed = |s: &Sim, v: u8| {
+        s.stored_heard.iter().filter(|(to, st)| *to == validator(v) && st.object.as_ref().unwrap().key == key).count()
+    };
+    assert_eq!((handed(&s, 0), handed(&s, 1)), (1, 1), "every asker gets the trace");
+    assert!(s.o.may_read(validator(1), &key).is_ok());
+    let unasked = StoredObject::of(&trace_evidence_key(0, &m0, k1, 0), b"trace", m0);
+    let refused = s.o.step(s.now, Event::Stored { peer: m0, epoch: 0, stage, object: unasked }, &mut s.rng);
+    assert!(refused.is_err(), "a trace nobody asked for");
 }

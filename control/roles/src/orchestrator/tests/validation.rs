@@ -126,8 +126,14 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     let (m0, m1) = (peer(0), peer(1));
     let stage_of = |s: &Sim, p: PeerId| s.o.miner(&p).unwrap().stage;
     let drawn: Vec<WorkKey> = completed_by(&w, m0).into_iter().take(2).collect();
-    let ask =
-        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: drawn.clone(), inner_step: None };
+    let ask = Event::EvidenceAsk {
+        validator: validator(0),
+        epoch: 0,
+        miner: m0,
+        items: drawn.clone(),
+        inner_step: None,
+        trace: None,
+    };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     let asked: Vec<&pb::EvidenceRequest> = s
@@ -152,6 +158,7 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
         miner: m0,
         items: vec![(99, 999_999, 0)],
         inner_step: None,
+        trace: None,
     };
     assert!(matches!(s.o.step(s.now, bogus, &mut s.rng), Err(Refusal::Invalid(_))));
     // Evidence nobody asked for is not the miner's to announce.
@@ -169,8 +176,14 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     assert!(s.o.may_read(validator(0), &key).is_ok());
     // Validator 1 asks for the same attempt later: handed at once, the
     // miner not asked again.
-    let ask =
-        Event::EvidenceAsk { validator: validator(1), epoch: 0, miner: m0, items: vec![k0, k1], inner_step: None };
+    let ask = Event::EvidenceAsk {
+        validator: validator(1),
+        epoch: 0,
+        miner: m0,
+        items: vec![k0, k1],
+        inner_step: None,
+        trace: None,
+    };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(1)).count(), 1);
@@ -178,8 +191,14 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     // Validator 0 asks again (its re-ask half-way to its timeout): the
     // stored attempt is announced to it again, the other is asked of the
     // miner again (the request or the upload may have been lost).
-    let ask =
-        Event::EvidenceAsk { validator: validator(0), epoch: 0, miner: m0, items: vec![k0, k1], inner_step: None };
+    let ask = Event::EvidenceAsk {
+        validator: validator(0),
+        epoch: 0,
+        miner: m0,
+        items: vec![k0, k1],
+        inner_step: None,
+        trace: None,
+    };
     s.inbox.extend(s.o.step(s.now, ask, &mut s.rng).unwrap());
     s.drain();
     assert_eq!(s.stored_heard.iter().filter(|(to, _)| *to == validator(0)).count(), 2);
@@ -194,7 +213,7 @@ fn the_merge_waits_for_the_validators_and_a_conviction_by_stake_excludes_the_min
     assert_eq!(requests.len(), 2);
     assert_eq!(
         requests[1].items,
-        vec![pb::WorkRef { shard: k1.0, first_sample: k1.1, attempt: k1.2, inner_step: false }]
+        vec![pb::WorkRef { shard: k1.0, first_sample: k1.1, attempt: k1.2, inner_step: false, trace_step: 0 }]
     );
 
     // 40% of the stake alone decides nothing; 60% more convicts.
