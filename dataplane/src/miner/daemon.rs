@@ -93,6 +93,9 @@ struct DataPlane {
     addr: String,
     /// The `silent` adversary's socket, held (never read) while it runs.
     black_hole: Option<std::net::UdpSocket>,
+    /// The miner's key, for what the stage worker signs (its traces of
+    /// inner steps).
+    signer: Arc<Identity>,
 }
 
 fn open_data_plane(opts: &MinerOptions, seed: [u8; 32]) -> Result<DataPlane> {
@@ -136,7 +139,7 @@ fn open_data_plane(opts: &MinerOptions, seed: [u8; 32]) -> Result<DataPlane> {
         None => opts.advertise.clone().unwrap_or(local.to_string()),
     };
     let black_hole = black_hole.filter(|_| opts.adversary == Some(Adversary::Silent));
-    Ok(DataPlane { gpu, ep, dir, ctx, sent, addr, black_hole })
+    Ok(DataPlane { gpu, ep, dir, ctx, sent, addr, black_hole, signer: Arc::new(Identity::from_seed(seed)) })
 }
 
 /// What joining the run gave.
@@ -473,6 +476,7 @@ fn spawn_compute(
         corpus_cache: opts.corpus_cache.clone(),
         memory,
         recompute: opts.recompute,
+        signer: net.signer.clone(),
     };
     Ok(std::thread::Builder::new().name("iota-stage".into()).spawn(move || -> Result<MinerSummary> {
         let Some(gpu) = gpu else {
@@ -507,14 +511,17 @@ struct WorkerParts {
     corpus_cache: Option<std::path::PathBuf>,
     memory: (u64, ComputeBackend),
     recompute: iota_core::memory_fit::Recompute,
+    signer: Arc<Identity>,
 }
 
 impl WorkerParts {
     fn worker<B: iota_model::Backend + 'static>(self, be: Arc<B>) -> Worker<B> {
-        Worker::new(be, self.me, self.cfg, self.data, self.store, self.rt, self.dir, self.ctx)
+        let mut w = Worker::new(be, self.me, self.cfg, self.data, self.store, self.rt, self.dir, self.ctx)
             .with_corpus_cache(self.corpus_cache)
             .with_memory(Some(self.memory))
-            .with_recompute(self.recompute)
+            .with_recompute(self.recompute);
+        w.set_signer(self.signer);
+        w
     }
 }
 

@@ -143,3 +143,49 @@ fn skipped_weight_gradients_traced_as_run_are_proven_at_one_segment() {
         assert!(verify_step_proof(&be, &s.cfg, known, &other).is_err(), "a gradient frame not its neighbour's");
     });
 }
+
+/// The miner answers a trace ask itself (`WorkRef.trace_step`): it replays
+/// the step, signs the trace and stores it under the trace key. A lazy
+/// miner's trace shows the optimizer step it ran (so it binds to what it
+/// committed) and the validator's proof holds; an honest miner's trace is
+/// the validator's own, and nothing is proven.
+#[test]
+fn a_miner_answers_a_trace_ask_and_a_lazy_ones_answer_proves_it() {
+    use iota_dataplane::inner_step::prove::split_trace_object;
+    use iota_protocol::store_keys::trace_evidence_key;
+    let cases = [(0, Some(Adversary::SkipOptimizer)), (1, Some(Adversary::SkipWeightGrad)), (2, None)];
+    for (stage, mode) in cases {
+        let mut s = trained_with_steps(mode.map(|m| (stage, m)), 8);
+        s.miners[stage].w.set_signer(Arc::new(Identity::from_seed([stage as u8 + 1; 32])));
+        let (mb, b) = s.all_evidence(stage).pop().expect("the last micro-batch");
+        let ev = StepEvidence::decode(b.step.as_deref().unwrap(), s.step_limits(stage)).unwrap();
+        let j = ev.from;
+        let item = pb::WorkRef {
+            shard: mb.shard,
+            first_sample: mb.first_sample,
+            attempt: mb.attempt,
+            inner_step: true,
+            trace_step: j + 1,
+        };
+        let from = s.reports.len();
+        s.command(stage, pb::command::Kind::EvidenceRequest(pb::EvidenceRequest { epoch: 0, items: vec![item] }));
+        let key = trace_evidence_key(0, &s.miners[stage].id, (mb.shard, mb.first_sample, mb.attempt), j);
+        let announced = s.reports[from..].iter().any(|(i, k)| {
+            matches!(k, pb::report::Kind::Stored(st) if *i == stage && st.object.as_ref().is_some_and(|o| o.key == key))
+        });
+        assert!(announced, "{mode:?} at {stage}: the trace is announced under its key");
+        let object = s.rt.block_on(s.store.get(&key)).unwrap();
+        let (trace, sig) = split_trace_object(&object).expect("a trace object");
+        let be = Arc::new(CpuBackend::new());
+        s.with_known(stage, mb, &b, |known| {
+            let proof = prove_step(&be, &s.cfg, (known, 0), &ev, j, (trace, sig)).unwrap();
+            match mode {
+                None => assert!(proof.is_none(), "an honest miner's trace is the validator's"),
+                Some(m) => {
+                    let p = proof.unwrap_or_else(|| panic!("{m:?}: proven"));
+                    assert!(verify_step_proof(&be, &s.cfg, known, &p).unwrap(), "{m:?}: the proof holds");
+                }
+            }
+        });
+    }
+}

@@ -102,6 +102,26 @@ fn replay_to<'a, B: Backend>(
     Ok(replay)
 }
 
+/// A trace object (what a miner stores for a trace ask): the trace's
+/// length, the trace (`StepTrace::encode`), its signature.
+// Our own bytes: a length in memory.
+#[allow(clippy::arithmetic_side_effects)]
+pub fn trace_object(trace: &[u8], signature: &[u8; 64]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(8 + trace.len() + 64);
+    b.extend_from_slice(&(trace.len() as u64).to_le_bytes());
+    b.extend_from_slice(trace);
+    b.extend_from_slice(signature);
+    b
+}
+
+/// A trace object's trace and signature; None for other bytes.
+pub fn split_trace_object(object: &[u8]) -> Option<(&[u8], [u8; 64])> {
+    let (len, rest) = object.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    let (trace, sig) = (rest.get(..len)?, rest.get(len..)?);
+    Some((trace, sig.try_into().ok()?))
+}
+
 /// The miner's trace of step `j` of the steps it showed: what it signs and
 /// answers a trace ask with (an honest miner's replay of its own work),
 /// and what the step's optimizer read.

@@ -51,6 +51,7 @@ use iota_checks::hashes::weights_hash;
 mod answer;
 mod spill;
 mod steps;
+pub(crate) mod trace_answer;
 
 pub(crate) use self::answer::answer;
 
@@ -571,6 +572,18 @@ impl EvidenceLog {
         sent_grad: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, &'static str> {
         self.bundle_showing(key, (output_frame, sent_grad), false)
+    }
+
+    /// The inner steps attempt `key` went into, as its step object shows
+    /// them, and the epoch's stage: what the miner replays to trace one
+    /// of them for a validator (`trace_answer`).
+    pub fn step_evidence_of(&mut self, key: MbKey) -> Result<(u32, StepEvidence), &'static str> {
+        let window = self.step_window;
+        let e = self.kept_mut(key.0).ok_or("the epoch is not kept")?;
+        if !e.steps_kept() {
+            return Err("no inner steps are kept");
+        }
+        Ok((e.stage, e.step_evidence(key, window)?))
     }
 
     /// `bundle`, showing the inner steps the attempt went into where

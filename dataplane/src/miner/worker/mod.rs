@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use iota_core::commitment::Commitments;
 use iota_core::wire::Direction;
-use iota_core::{MicroBatchId, PeerId, SampleId};
+use iota_core::{Identity, MicroBatchId, PeerId, SampleId};
 use iota_model::data::Corpus;
 use iota_model::optim::AdamW;
 use iota_model::{Backend, CpuBackend, Stage, StageInput, codec};
@@ -99,6 +99,8 @@ pub struct Worker<B: Backend = CpuBackend> {
     sent: Option<Arc<SentFrames>>,
     /// A dishonest test miner's change to the activations it sends.
     tamper: Option<Tamper>,
+    /// What it signs its traces of inner steps with (`set_signer`).
+    signer: Option<Arc<Identity>>,
     /// The memory this miner stated (bytes, backend): an assigned stage it
     /// does not hold is refused before anything is allocated.
     memory: Option<(u64, iota_core::memory_plan::ComputeBackend)>,
@@ -185,6 +187,7 @@ impl<B: Backend + 'static> Worker<B> {
             evidence: EvidenceLog::new(DEFAULT_EVIDENCE_BYTES).with_step_window(step_window),
             sent: None,
             tamper: None,
+            signer: None,
             memory: None,
             recompute: iota_core::memory_fit::Recompute::Auto,
             overlap_started: None,
@@ -244,6 +247,33 @@ impl<B: Backend + 'static> Worker<B> {
 
     /// Makes this worker a dishonest miner (a test tool; the modes that do
     /// not change outputs are acted out by the miner's shell).
+    /// The key this miner signs its traces of inner steps with (without
+    /// one it answers no trace ask).
+    pub fn set_signer(&mut self, signer: Arc<Identity>) {
+        self.signer = Some(signer);
+    }
+
+    /// Answers each trace ask of `r` (`trace_answer`).
+    fn answer_traces(&mut self, r: &pb::EvidenceRequest, out: &mut Vec<Output>) {
+        use evidence_log::trace_answer::{Laziness, Tracer, answer_trace};
+        let lazy = self.tamper.as_ref().and_then(|t| match (t.skips_weight_grads(), t.skips_optimizer()) {
+            (true, _) => Some(Laziness::NoWeightGrads),
+            (_, true) => Some(Laziness::NoStep),
+            _ => None,
+        });
+        for item in r.items.iter().filter(|w| w.trace_step > 0).take(1) {
+            let t = Tracer {
+                be: &self.be,
+                cfg: &self.cfg,
+                ctx: &self.ctx,
+                corpus: self.corpus.as_ref(),
+                signer: self.signer.as_deref(),
+                lazy,
+            };
+            answer_trace(&mut self.evidence, (r.epoch, item), self.me, &t, (&self.store, &self.rt), out);
+        }
+    }
+
     pub fn set_adversary(&mut self, a: Option<Adversary>) {
         self.tamper = a.and_then(|a| Tamper::new(a, self.me));
     }
@@ -354,6 +384,7 @@ impl<B: Backend + 'static> Worker<B> {
             pb::command::Kind::EvidenceRequest(r) => {
                 let sent = self.sent.as_ref();
                 evidence_log::answer(&mut self.evidence, &r, sent, self.me, &self.store, &self.rt, out);
+                self.answer_traces(&r, out);
                 Ok(())
             }
             pb::command::Kind::ContributionRequest(r) => self.merge.contribution_request(&r, out),
