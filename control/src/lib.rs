@@ -43,3 +43,4 @@ pub mod swarm_summary;
 pub mod tls_server;
 pub mod validator;
 pub mod validator_cmd;
+mod validator_prove;

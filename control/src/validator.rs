@@ -21,14 +21,15 @@ use iota_protocol::client::ControlClient;
 use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{RunConfig, SharedStore, StoredObject, pb};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::validation::check::Checker;
 use crate::validation::lanes::LaneRecord;
 use crate::validation::merge_reports;
-use crate::validation::round::{Action, CheckJob, ValidatorCore};
+use crate::validation::round::{Action, CheckJob, ProveJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
 use crate::validation::train_loss;
+use crate::validator_prove::{read_retrying, spawn_prove};
 
 #[derive(Clone, Debug)]
 pub struct ValidatorOptions {
@@ -125,6 +126,8 @@ enum Input {
     MergeAudited(Duration),
     /// A merged model evaluated.
     MergeEvaluated(MergeEvaluation),
+    /// A failed inner step's proof built (or why not).
+    Proved(Box<ProveJob>, Result<Vec<u8>, String>),
 }
 
 /// A merged model evaluated: its held-out loss (or why it could not be
@@ -342,6 +345,7 @@ impl Shell {
                 self.core.checked_lanes(&job, res, lanes)
             }
             Input::Unreadable(job) => self.core.unreadable(&job),
+            Input::Proved(p, result) => self.core.proved(&p, result),
         }
     }
 
@@ -535,25 +539,10 @@ fn flood_asks(w: &pb::EpochWork) -> Vec<Action> {
         let items: Vec<(u32, u64, u32)> =
             m.items.iter().filter_map(|i| i.mb.as_ref()).map(|r| (r.shard, r.first_sample, r.attempt)).collect();
         for chunk in items.chunks(256) {
-            asks.push(Action::Ask { epoch: w.epoch, miner, items: chunk.to_vec(), inner_step: None });
+            asks.push(Action::Ask { epoch: w.epoch, miner, items: chunk.to_vec(), inner_step: None, trace: None });
         }
     }
     asks
-}
-
-/// Reads `key`, trying again after 0.1, 0.3 and 0.9 s: a store's
-/// transient failure is not the miner's.
-async fn read_retrying(store: &SharedStore, key: &str) -> Result<Vec<u8>> {
-    let mut wait = Duration::from_millis(100);
-    for _ in 0..3 {
-        match store.get(key).await {
-            Ok(bytes) => return Ok(bytes),
-            Err(e) => debug!(key, error = %e, "evidence read failed; retrying"),
-        }
-        tokio::time::sleep(wait).await;
-        wait *= 3;
-    }
-    Ok(store.get(key).await?)
 }
 
 /// Evidence objects a validator holds in memory at once (one being
@@ -572,7 +561,7 @@ async fn act(
 ) -> Result<()> {
     use pb::validator_report::Kind;
     match a {
-        Action::Ask { epoch, miner, items, inner_step } => {
+        Action::Ask { epoch, miner, items, inner_step, trace } => {
             let items = items
                 .into_iter()
                 .map(|k @ (shard, first_sample, attempt)| pb::WorkRef {
@@ -580,7 +569,7 @@ async fn act(
                     first_sample,
                     attempt,
                     inner_step: inner_step == Some(k),
-                    trace_step: 0,
+                    trace_step: trace.filter(|_| inner_step == Some(k)).map_or(0, |s| s.saturating_add(1)),
                 })
                 .collect();
             client.validate(Kind::Ask(pb::EvidenceAsk { epoch, miner: miner.0.to_vec(), items })).await?;
@@ -616,7 +605,15 @@ async fn act(
                 let _ = in_tx.send(Input::Checked(job, res.0, res.1, res.2)).await;
             });
         }
-        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason, proof } => {
+        Action::Prove(p) => {
+            let in_tx = in_tx.clone();
+            spawn_prove(*p, store, checker, move |p, result| {
+                tokio::spawn(async move {
+                    let _ = in_tx.send(Input::Proved(Box::new(p), result)).await;
+                });
+            });
+        }
+        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason, proof, step_proof: _ } => {
             if guilty {
                 warn!(epoch, miner = %miner, reason = %reason, "voting guilty");
                 summary.guilty_votes.push((epoch, miner, reason.clone()));

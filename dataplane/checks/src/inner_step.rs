@@ -76,13 +76,29 @@ pub use self::replay::{MbData, StepKnown};
 
 /// Runs the checks of the module text on `ev`.
 pub fn check_step<B: Backend>(be: &std::sync::Arc<B>, cfg: &RunConfig, k: &StepKnown, ev: &StepEvidence) -> Finding {
+    check_step_at(be, cfg, k, ev).0
+}
+
+/// `check_step`, and where it failed because a step's recompute on the
+/// miner's own backend reached other weights or another optimizer state
+/// than the miner committed: that step (among the epoch's own records),
+/// whose signed trace turns the failure into a proof (`prove`).
+pub fn check_step_at<B: Backend>(
+    be: &std::sync::Arc<B>,
+    cfg: &RunConfig,
+    k: &StepKnown,
+    ev: &StepEvidence,
+) -> (Finding, Option<u32>) {
     let fresh = match stage_weights(cfg, k.stage) {
         Ok(n) => OptimizerState::fresh(n).hash(),
-        Err(e) => return Finding::Cheated(format!("{e:#}")),
+        Err(e) => return (Finding::Cheated(format!("{e:#}")), None),
     };
     match check_chain(cfg.train.grad_accum, fresh, k, ev).and_then(|()| recompute_shown(be, cfg, k, ev)) {
-        Ok(()) => Finding::Honest,
-        Err(e) => Finding::Cheated(format!("{e:#}")),
+        Ok(()) => (Finding::Honest, None),
+        Err(e) => {
+            let at = e.downcast_ref::<replay::Differs>().map(|d| d.step);
+            (Finding::Cheated(format!("{e:#}")), at)
+        }
     }
 }
 

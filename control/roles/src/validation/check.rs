@@ -16,7 +16,8 @@ use iota_checks::evidence::{
 use iota_checks::evidence_bundle::{BundleLimits, EvidenceBundle};
 use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
 use iota_checks::hashes::weights_hash;
-use iota_checks::inner_step::{StepEvidence, StepKnown, StepLimits, check_step};
+use iota_checks::inner_step::prove::{prove_step, split_trace_object};
+use iota_checks::inner_step::{StepEvidence, StepKnown, StepLimits, check_step_at};
 use iota_checks::recompute::Recompute;
 use iota_core::wire::{Direction, header_bytes};
 use iota_core::{MicroBatchId, ParamLayout, PeerId, SampleId, StageSpec};
@@ -25,7 +26,7 @@ use iota_model::{CpuBackend, Stage};
 use iota_wire::RunConfig;
 
 use super::lanes::{LaneRecord, ShownFrame};
-use super::round::CheckJob;
+use super::round::{CheckJob, ProveJob};
 
 /// The device label a validator recomputes on: the CPU reference, fp32.
 pub const VALIDATOR_DEVICE: &str = "cpu";
@@ -50,13 +51,15 @@ pub struct Checker {
     recompute: Recompute<CpuBackend>,
     be: Arc<CpuBackend>,
     initial: BTreeMap<u32, [u8; 32]>,
+    /// The inner step the last check's recompute failed at (`check_lanes`).
+    failed_step: Option<u32>,
 }
 
 impl Checker {
     pub fn new(cfg: RunConfig, run_id: u64, corpus: Option<Arc<Corpus>>) -> anyhow::Result<Checker> {
         let be = Arc::new(CpuBackend::new());
         let recompute = Recompute::new(be.clone(), cfg.clone())?;
-        Ok(Checker { cfg, run_id, corpus, recompute, be, initial: BTreeMap::new() })
+        Ok(Checker { cfg, run_id, corpus, recompute, be, initial: BTreeMap::new(), failed_step: None })
     }
 
     /// The hash of the weights the run seed gives `stage` (what every
@@ -142,7 +145,9 @@ impl Checker {
             Err(e) => return (Err(format!("evidence bundle: {e}")), LaneRecord::default()),
         };
         let record = self.lane_record(job, &bundle);
-        (self.check_bundle(job, bundle), record)
+        self.failed_step = None;
+        let result = self.check_bundle(job, bundle);
+        (result, LaneRecord { failed_step: self.failed_step.take(), ..record })
     }
 
     fn limits(&self, job: &CheckJob) -> Result<BundleLimits, String> {
@@ -175,6 +180,7 @@ impl Checker {
         LaneRecord {
             sent_grad: sent.filter(|_| job.upstream.is_some()).and_then(|f| gradient_of(f, job.miner)),
             received_grad: received.zip(job.downstream).and_then(|(f, down)| gradient_of(f, down)),
+            failed_step: None,
         }
     }
 
@@ -251,7 +257,7 @@ impl Checker {
     /// steps chain, and a miner that committed inner steps commits their
     /// records too.
     fn check_inner_step(
-        &self,
+        &mut self,
         job: &CheckJob,
         bundle: &EvidenceBundle,
         ctx: &RunContext,
@@ -268,6 +274,23 @@ impl Checker {
                 n => Err(format!("{n} inner steps committed without their records")),
             };
         }
+        let ev = self.step_evidence(job, bundle)?;
+        let tolerance = tolerance_for(&job.device);
+        let (finding, at) = self.with_step_known(job, &bundle.step_hashes, (ctx, epoch_starts), |known| {
+            check_step_at(&self.be, &self.cfg, known, &ev)
+        });
+        match finding {
+            Finding::Honest => Ok(()),
+            Finding::Cheated(why) => {
+                // A proof needs the miner's backend (`prove_step`).
+                self.failed_step = at.filter(|_| tolerance == 0.0);
+                Err(why)
+            }
+        }
+    }
+
+    /// The inner steps `bundle` shows, within the run's bounds.
+    fn step_evidence(&self, job: &CheckJob, bundle: &EvidenceBundle) -> Result<StepEvidence, String> {
         let bytes = bundle.step.as_deref().ok_or("no inner step shown for a committed steps chain")?;
         let limits = StepLimits {
             weights: self.stage_weights(job.stage)?,
@@ -276,7 +299,18 @@ impl Checker {
             max_frame: FrameLimits::default().max_payload.saturating_add(4096),
             window: u64::from(self.cfg.spec.validation.step_window),
         };
-        let ev = StepEvidence::decode(bytes, limits).map_err(|e| format!("inner step: {e:#}"))?;
+        StepEvidence::decode(bytes, limits).map_err(|e| format!("inner step: {e:#}"))
+    }
+
+    /// Runs `f` with what this validator knows of `job`'s miner for its
+    /// inner steps.
+    fn with_step_known<R>(
+        &self,
+        job: &CheckJob,
+        step_hashes: &[[u8; 32]],
+        (ctx, epoch_starts): (&RunContext, &[[u8; 32]]),
+        f: impl FnOnce(&StepKnown) -> R,
+    ) -> R {
         let corpus = self.corpus.clone();
         let (seed, seq) = (self.cfg.train.seed, self.cfg.train.seq);
         let data = move |shard: u32, index: u64, len: u32| {
@@ -287,9 +321,9 @@ impl Checker {
             ctx,
             miner: job.miner,
             stage: job.stage,
-            steps,
+            steps: &job.heads.steps,
             previous_steps: job.previous_steps.as_ref(),
-            step_hashes: &bundle.step_hashes,
+            step_hashes,
             epoch_starts,
             attempt: job.key,
             completed: &job.completed,
@@ -298,9 +332,41 @@ impl Checker {
             data: &data,
             tolerance: tolerance_for(&job.device),
         };
-        match check_step(&self.be, &self.cfg, &known, &ev) {
-            Finding::Honest => Ok(()),
-            Finding::Cheated(why) => Err(why),
+        f(&known)
+    }
+
+    /// The proof that step `p.step` of the step object `step_bytes` (the
+    /// one `p.job` checked, whose recompute failed there) is not what the
+    /// miner's signed trace of it (`trace_bytes`) says: the encoded
+    /// `StepProof`, or why there is none (objects not the announced ones,
+    /// a trace not signed, not bound to the step's record, or agreeing
+    /// with this validator's own).
+    pub fn prove(&mut self, p: &ProveJob, step_bytes: &[u8], trace_bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let job = &p.job;
+        for (bytes, o) in [(step_bytes, &job.object), (trace_bytes, &p.trace)] {
+            if bytes.len() as u64 != o.size || *blake3::hash(bytes).as_bytes() != o.hash {
+                return Err(format!("the object {} is not what its miner announced", o.key));
+            }
+        }
+        let bundle =
+            EvidenceBundle::decode(step_bytes, self.limits(job)?).map_err(|e| format!("evidence bundle: {e}"))?;
+        let ev = self.step_evidence(job, &bundle)?;
+        let (trace, signature) = split_trace_object(trace_bytes).ok_or("not a trace object")?;
+        let mut epoch_starts = vec![match job.epoch_start {
+            Some(h) => h,
+            None => self.initial_hash(job.stage)?,
+        }];
+        epoch_starts.extend(job.merged_start);
+        let ctx = RunContext::new(self.run_id, FrameLimits::default());
+        let e = u32::try_from(job.epoch).map_err(|_| "an epoch past the frame's range")?;
+        ctx.set_epoch_window(e, e);
+        let proven = self.with_step_known(job, &bundle.step_hashes, (&ctx, &epoch_starts), |known| {
+            prove_step(&self.be, &self.cfg, (known, job.epoch), &ev, p.step, (trace, signature))
+        });
+        match proven {
+            Ok(Some(proof)) => Ok(proof.encode()),
+            Ok(None) => Err("its trace agrees with this validator's recompute".into()),
+            Err(e) => Err(format!("{e:#}")),
         }
     }
 }

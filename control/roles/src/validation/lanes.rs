@@ -46,6 +46,11 @@ pub struct LaneRecord {
     /// The gradient it received from downstream (a head's or middle
     /// stage's), signed by its downstream neighbour.
     pub received_grad: Option<ShownFrame>,
+    /// Where the check failed because an inner step's recompute, on the
+    /// miner's own backend, is not what it committed: that step (among the
+    /// epoch's own records), whose signed trace the round asks for to
+    /// prove it (PROTOCOL.md, "A failed step as a proof").
+    pub failed_step: Option<u32>,
 }
 
 /// One gradient lane of one attempt: what its sender showed and what its

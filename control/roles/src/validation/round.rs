@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
 use iota_core::commitment::EpochHeads;
-use iota_wire::store_keys::parse_any_evidence_key;
+use iota_wire::store_keys::{parse_any_evidence_key, parse_trace_key};
 use iota_wire::{MbRef, StoredObject, pb};
 
 use super::lanes::{LaneRecord, Lanes, Receivers, asked_with_lanes};
@@ -33,7 +33,8 @@ use crate::settlement::scores::{Rated, clasp_params, weight_vector};
 /// Longest device label kept per miner.
 const MAX_DEVICE_CHARS: usize = 64;
 
-pub use super::round_io::{Action, CheckJob, WorkKey};
+use super::round_io::TraceWait;
+pub use super::round_io::{Action, CheckJob, ProveJob, WorkKey};
 
 /// Most attempts named in one ask (the field rule's bound).
 const ASK_CHUNK: usize = iota_wire::fields::MAX_EVIDENCE_ITEMS;
@@ -85,6 +86,9 @@ struct Verdicts {
     /// The drawn attempt whose inner steps are checked (the first of the
     /// miner's own draw; None: the run checks none).
     step: Option<WorkKey>,
+    /// Its recompute failed, and the miner's trace of the failed step is
+    /// asked for to prove it (`traces`).
+    trace: Option<TraceWait>,
 }
 
 impl Verdicts {
@@ -96,6 +100,7 @@ impl Verdicts {
                 miner,
                 items: chunk.to_vec(),
                 inner_step: self.step.filter(|k| chunk.contains(k)),
+                trace: None,
             })
             .collect()
     }
@@ -104,7 +109,7 @@ impl Verdicts {
 impl Verdicts {
     /// Whether everything drawn of the miner has been judged.
     fn complete(&self) -> bool {
-        self.pending.is_empty() && self.checking.is_empty() && self.lanes_pending.is_empty()
+        self.pending.is_empty() && self.checking.is_empty() && self.lanes_pending.is_empty() && self.trace.is_none()
     }
 }
 
@@ -138,9 +143,21 @@ struct Round {
 impl Round {
     /// Votes `miner` guilty (once).
     fn vote_guilty(&mut self, miner: PeerId, reason: String, proof: Vec<Vec<u8>>, out: &mut Vec<Action>) {
+        self.vote_guilty_proven(miner, reason, (proof, Vec::new()), out);
+    }
+
+    /// `vote_guilty` with its proofs: two frame headers, or a step proof.
+    fn vote_guilty_proven(
+        &mut self,
+        miner: PeerId,
+        reason: String,
+        (proof, step_proof): (Vec<Vec<u8>>, Vec<u8>),
+        out: &mut Vec<Action>,
+    ) {
         let Some(v) = self.drawn.get_mut(&miner).filter(|v| !v.voted) else { return };
         v.voted = true;
         v.guilty = true;
+        v.trace = None;
         out.push(Action::Vote {
             epoch: self.epoch,
             miner,
@@ -149,6 +166,7 @@ impl Round {
             evidence_hash: evidence_hash(&v.hashes),
             reason,
             proof,
+            step_proof,
         });
         self.release_lanes(miner, out);
     }
@@ -191,6 +209,7 @@ impl Round {
             evidence_hash: evidence_hash(&v.hashes),
             reason: String::new(),
             proof: Vec::new(),
+            step_proof: Vec::new(),
         });
     }
 }
@@ -250,6 +269,9 @@ pub struct ValidatorCore {
     /// Whether the run checks inner steps (`validation.check_inner_steps`):
     /// one drawn attempt per miner is asked with its steps.
     inner_steps: bool,
+    /// Whether a failed step is proven with the miner's trace of it before
+    /// the vote (`with_step_proofs`).
+    step_proofs: bool,
     round: Option<Round>,
     /// Per epoch, the hash of each stage's merged weights as this
     /// validator loaded them from the store (merges it kept; the latest
@@ -309,6 +331,7 @@ impl ValidatorCore {
             stage_bytes: Vec::new(),
             validators: 1,
             inner_steps: false,
+            step_proofs: false,
             round: None,
             merged: BTreeMap::new(),
         }
@@ -328,6 +351,15 @@ impl ValidatorCore {
     /// `validation.check_inner_steps`).
     pub fn with_inner_steps(mut self, on: bool) -> Self {
         self.inner_steps = on;
+        self
+    }
+
+    /// Prove a failed inner step before voting: ask the miner's signed
+    /// trace of it, and vote with the proof the shell builds from it
+    /// (`Action::Prove`, `proved`); without a trace in time, or with one
+    /// that proves nothing, the vote goes without a proof.
+    pub fn with_step_proofs(mut self, on: bool) -> Self {
+        self.step_proofs = on;
         self
     }
 
@@ -466,6 +498,9 @@ impl ValidatorCore {
     pub fn on_evidence(&mut self, epoch: u64, obj: StoredObject) -> Vec<Action> {
         let Some(r) = self.round.as_mut().filter(|r| r.epoch == epoch) else { return Vec::new() };
         let miner = obj.writer;
+        if let Some((key, step)) = parse_trace_key(&obj.key, epoch, &miner) {
+            return r.trace_arrived(miner, (key, step), obj);
+        }
         let Some((key, shows_steps)) = parse_any_evidence_key(&obj.key, epoch, &miner) else { return Vec::new() };
         let (Some(v), Some(m)) = (r.drawn.get_mut(&miner), r.work.get(&miner)) else { return Vec::new() };
         // The step attempt waits for the object that shows its steps.
@@ -524,6 +559,7 @@ impl ValidatorCore {
     /// its lane (`lanes`).
     pub fn checked_lanes(&mut self, job: &CheckJob, result: Result<(), String>, rec: LaneRecord) -> Vec<Action> {
         let mut out = Vec::new();
+        let step_proofs = self.step_proofs;
         let Some(r) = self.round.as_mut().filter(|r| r.epoch == job.epoch) else { return out };
         let Some(v) = r.drawn.get_mut(&job.miner) else { return out };
         if !v.checking.remove(&job.key) {
@@ -551,9 +587,17 @@ impl ValidatorCore {
         }
         if let Some(v) = r.drawn.get_mut(&job.miner).filter(|v| !v.voted) {
             v.hashes.push(job.object.hash);
-            match &result {
-                Ok(()) => v.passed += 1,
-                Err(why) => r.vote_guilty(job.miner, format!("attempt {:?}: {why}", job.key), Vec::new(), &mut out),
+            match (&result, rec.failed_step.filter(|_| step_proofs && job.inner_step)) {
+                (Ok(()), _) => v.passed += 1,
+                // A failed step is proven with the miner's trace of it
+                // before the vote.
+                (Err(why), Some(step)) => {
+                    let reason = format!("attempt {:?}: {why}", job.key);
+                    out.push(v.ask_trace(job, step, reason));
+                }
+                (Err(why), None) => {
+                    r.vote_guilty(job.miner, format!("attempt {:?}: {why}", job.key), Vec::new(), &mut out)
+                }
             }
         }
         r.clear_if_complete(job.miner, &mut out);
@@ -588,7 +632,11 @@ impl ValidatorCore {
                 out.extend(v.asks(r.epoch, *miner, &keys));
             }
         }
+        let overdue = r.traces_overdue(now, &mut out);
         if waited <= r.timeout_ms {
+            if overdue {
+                self.finish(&mut out);
+            }
             return out;
         }
         for (miner, v) in r.drawn.iter_mut().filter(|(_, v)| !v.voted && !v.pending.is_empty()) {
@@ -602,6 +650,7 @@ impl ValidatorCore {
                 evidence_hash: evidence_hash(&v.hashes),
                 reason: format!("no evidence for {} drawn attempts within {} ms", v.pending.len(), r.timeout_ms),
                 proof: Vec::new(),
+                step_proof: Vec::new(),
             });
         }
         // Lanes whose receiver's record never came are not judged: their
@@ -644,3 +693,5 @@ impl ValidatorCore {
 #[cfg(test)]
 #[path = "round_tests.rs"]
 mod tests;
+
+mod traces;

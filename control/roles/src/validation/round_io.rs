@@ -60,8 +60,13 @@ pub enum Action {
         items: Vec<WorkKey>,
         /// One of `items`, asked with the inner steps it went into.
         inner_step: Option<WorkKey>,
+        /// With `inner_step` (the only item): the step whose signed trace
+        /// is asked (its recompute failed).
+        trace: Option<u32>,
     },
     Check(Box<CheckJob>),
+    /// Prove the failed step of `job` with the miner's trace.
+    Prove(Box<ProveJob>),
     Vote {
         epoch: u64,
         miner: PeerId,
@@ -72,6 +77,9 @@ pub enum Action {
         /// Guilty on a proof (`iota_core::frame_equivocation`): the two
         /// headers; empty otherwise.
         proof: Vec<Vec<u8>>,
+        /// Guilty on a failed inner step proven (`StepProof::encode`);
+        /// empty otherwise.
+        step_proof: Vec<u8>,
     },
     /// The round is over; `weights` rate the epoch's miners in the order
     /// of its work (empty: abstaining), `miners_hash` names that order
@@ -81,4 +89,27 @@ pub enum Action {
         weights: Vec<f32>,
         miners_hash: [u8; 32],
     },
+}
+
+/// What the shell must prove: the step `step` of the step object `job`
+/// checked (whose recompute failed), against the miner's signed `trace`
+/// (an object the orchestrator handed on).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProveJob {
+    pub job: CheckJob,
+    pub step: u32,
+    pub trace: StoredObject,
+}
+
+/// A step object's failed step, waiting for the miner's trace of it
+/// (`round::traces`).
+pub(super) struct TraceWait {
+    pub(super) job: Box<CheckJob>,
+    pub(super) step: u32,
+    /// The check's finding (the vote's reason).
+    pub(super) reason: String,
+    /// When the round first saw the ask out (its next tick).
+    pub(super) asked_ms: Option<u64>,
+    /// The trace came and is being proven.
+    pub(super) proving: bool,
 }

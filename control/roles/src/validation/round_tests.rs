@@ -224,7 +224,10 @@ fn missing_evidence_is_voted_guilty_after_the_timeout() {
     // request or announcement, a failed upload, is not the miner's doing).
     let again = c.tick(501);
     assert_eq!(again.len(), 3, "{again:?}");
-    assert!(again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![*last], inner_step: None }), "{again:?}");
+    assert!(
+        again.contains(&Action::Ask { epoch: 0, miner: p(1), items: vec![*last], inner_step: None, trace: None }),
+        "{again:?}"
+    );
     assert!(c.tick(1_000).is_empty(), "asked again once; not yet overdue");
     let a = c.tick(1_001);
     assert_eq!(a.len(), 4, "{a:?}");
@@ -286,7 +289,7 @@ fn an_unreadable_object_is_asked_for_again_and_judges_nobody() {
     let jobs = c.on_evidence(0, evidence(0, p(1), key));
     let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
     let again = c.unreadable(job);
-    assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key], inner_step: None }]);
+    assert_eq!(again, vec![Action::Ask { epoch: 0, miner: p(1), items: vec![key], inner_step: None, trace: None }]);
     assert!(c.unreadable(job).is_empty(), "reported twice: asked once");
     // Announced again, it is checked again and counts.
     let mut votes = Vec::new();
@@ -396,11 +399,13 @@ fn a_sender_whose_shown_gradient_is_not_the_received_one_is_voted_guilty() {
                 let [Action::Check(job)] = jobs.as_slice() else { panic!("{jobs:?}") };
                 let id = |x: u8| Some(ShownFrame { id: [x ^ k.1 as u8; 32], header: vec![x; 4] });
                 let rec = match m.0[0] {
-                    3 => {
-                        LaneRecord { sent_grad: if lie && *k == lied_on { id(7) } else { id(1) }, received_grad: None }
-                    }
-                    2 => LaneRecord { sent_grad: id(2), received_grad: id(1) },
-                    _ => LaneRecord { sent_grad: None, received_grad: id(2) },
+                    3 => LaneRecord {
+                        sent_grad: if lie && *k == lied_on { id(7) } else { id(1) },
+                        received_grad: None,
+                        failed_step: None,
+                    },
+                    2 => LaneRecord { sent_grad: id(2), received_grad: id(1), failed_step: None },
+                    _ => LaneRecord { sent_grad: None, received_grad: id(2), failed_step: None },
                 };
                 votes.extend(c.checked_lanes(job, Ok(()), rec));
             }
@@ -473,4 +478,72 @@ fn one_drawn_attempt_per_miner_is_asked_and_checked_with_its_inner_steps() {
     // Without the setting, nothing is asked with its steps.
     let plain = core().on_work(0, &work(0, 10)).unwrap();
     assert!(plain.iter().all(|x| !matches!(x, Action::Ask { inner_step: Some(_), .. })), "{plain:?}");
+}
+
+/// With step proofs on, a failed step is not voted at once: the miner's
+/// trace of it is asked, handed to the shell to prove, and the vote
+/// carries the proof; a trace that proves nothing, or none in time, leaves
+/// the vote without one. Off, the vote goes at once.
+#[test]
+fn a_failed_step_is_proven_with_the_miners_trace_before_the_vote() {
+    let step_object = |m: PeerId, k: WorkKey| StoredObject {
+        key: iota_wire::store_keys::step_evidence_key(0, &m, k.0, k.1, k.2),
+        ..evidence(0, m, k)
+    };
+    let failed = LaneRecord { failed_step: Some(2), ..LaneRecord::default() };
+    let why = || Err::<(), String>("inner step 2: recomputed, the step reaches other weights".into());
+    // The check of miner p(2)'s step attempt, failed at step 2.
+    let start = |proofs: bool| {
+        let mut c = core().with_inner_steps(true).with_step_proofs(proofs);
+        let a = c.on_work(0, &work(0, 10)).unwrap();
+        let k = a
+            .iter()
+            .find_map(|x| match x {
+                Action::Ask { miner, inner_step: Some(k), .. } if *miner == p(2) => Some(*k),
+                _ => None,
+            })
+            .unwrap();
+        let Some(Action::Check(job)) = c.on_evidence(0, step_object(p(2), k)).pop() else { panic!("a check") };
+        let out = c.checked_lanes(&job, why(), failed.clone());
+        (c, k, out)
+    };
+    let vote_of = |out: &[Action]| {
+        out.iter().find_map(|x| match x {
+            Action::Vote { miner, guilty, reason, step_proof, .. } if *miner == p(2) => {
+                Some((*guilty, reason.clone(), step_proof.clone()))
+            }
+            _ => None,
+        })
+    };
+    let (_, _, out) = start(false);
+    assert_eq!(vote_of(&out).map(|v| (v.0, v.2)), Some((true, Vec::new())), "off: voted at once");
+    let (mut c, k, out) = start(true);
+    assert!(vote_of(&out).is_none(), "not voted before the trace: {out:?}");
+    let asked = out.iter().find(|x| matches!(x, Action::Ask { trace: Some(2), .. }));
+    assert!(
+        matches!(asked, Some(Action::Ask { miner, items, inner_step: Some(s), .. }) if *miner == p(2) && items == &vec![k] && *s == k),
+        "{out:?}"
+    );
+    let trace = StoredObject { key: iota_wire::store_keys::trace_evidence_key(0, &p(2), k, 2), ..evidence(0, p(2), k) };
+    let other_step = StoredObject { key: iota_wire::store_keys::trace_evidence_key(0, &p(2), k, 1), ..trace.clone() };
+    assert!(c.on_evidence(0, other_step).is_empty(), "a trace of another step proves nothing here");
+    let Some(Action::Prove(job)) = c.on_evidence(0, trace.clone()).pop() else { panic!("a proof to build") };
+    assert_eq!((job.step, job.job.key, &job.trace), (2, k, &trace));
+    assert!(c.on_evidence(0, trace).is_empty(), "proven once");
+    let out = c.proved(&job, Ok(vec![1, 2, 3]));
+    let (guilty, reason, proof) = vote_of(&out).expect("the vote");
+    assert!(guilty && reason.contains("proven from its trace of inner step 2"), "{reason}");
+    assert_eq!(proof, vec![1, 2, 3], "the vote carries the proof");
+    // A trace that proves nothing.
+    let (mut c, k, _) = start(true);
+    let trace = StoredObject { key: iota_wire::store_keys::trace_evidence_key(0, &p(2), k, 2), ..evidence(0, p(2), k) };
+    let Some(Action::Prove(job)) = c.on_evidence(0, trace).pop() else { panic!("a proof to build") };
+    let (guilty, reason, proof) = vote_of(&c.proved(&job, Err("it does not bind".into()))).expect("the vote");
+    assert!(guilty && proof.is_empty() && reason.contains("proves nothing: it does not bind"), "{reason}");
+    // No trace in time: half the round's timeout (1 s here) after the ask.
+    let (mut c, _, _) = start(true);
+    assert!(vote_of(&c.tick(100)).is_none(), "the ask is seen out");
+    assert!(vote_of(&c.tick(500)).is_none(), "still within the allowance");
+    let (guilty, reason, proof) = vote_of(&c.tick(700)).expect("voted when overdue");
+    assert!(guilty && proof.is_empty() && reason.contains("no trace of inner step 2"), "{reason}");
 }

@@ -51,6 +51,22 @@ pub struct StepKnown<'a> {
     pub tolerance: f64,
 }
 
+/// A step whose recompute on the same backend is not what the miner
+/// committed (the failure a signed trace turns into a proof).
+#[derive(Debug)]
+pub(super) struct Differs {
+    pub(super) step: u32,
+    what: &'static str,
+}
+
+impl std::fmt::Display for Differs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "inner step {}: recomputed, the step {}", self.step, self.what)
+    }
+}
+
+impl std::error::Error for Differs {}
+
 /// A replay of consecutive inner steps.
 pub(super) struct Replay<'a, B: Backend> {
     cfg: &'a RunConfig,
@@ -124,13 +140,14 @@ impl<'a, B: Backend> Replay<'a, B> {
                 ensure!(rel <= k.tolerance, "inner step {j}: recomputed weights differ by {rel:.3e} (relative L2)");
             }
         } else {
-            ensure!(
-                weights_hash(&after) == h.weights_after,
-                "inner step {j}: recomputed, the step reaches other weights"
-            );
+            if weights_hash(&after) != h.weights_after {
+                return Err(Differs { step: j, what: "reaches other weights" }.into());
+            }
             let be = self.st.backend().clone();
             let state = optimizer_hash(self.opt.t, &be.to_host(&self.opt.m), &be.to_host(&self.opt.v));
-            ensure!(state == h.optimizer_after, "inner step {j}: recomputed, the step leaves another optimizer state");
+            if state != h.optimizer_after {
+                return Err(Differs { step: j, what: "leaves another optimizer state" }.into());
+            }
         }
         self.current = h.weights_after;
         if self.recent.len() >= RECENT {
