@@ -36,6 +36,7 @@ pub mod s3_store;
 pub mod service;
 pub mod state_db;
 pub mod status_cmd;
+pub mod step_referee;
 pub mod swarm;
 pub mod swarm_cmd;
 mod swarm_outcome;

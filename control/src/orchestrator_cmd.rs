@@ -107,6 +107,11 @@ pub async fn run(args: OrchestratorArgs) -> Result<()> {
     if let Some(b) = bucket.clone() {
         svc = svc.with_s3(b);
     }
+    let store_dir = if bucket.is_some() { None } else { Some(run.store_dir()?) };
+    if let Some(store) = swarm::referee_store(bucket.as_ref(), store_dir.as_deref())? {
+        let referee = crate::step_referee::StepReferee::new(store, cfg.clone(), run.data_path()?);
+        svc = svc.with_referee(referee);
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(iota_protocol::tls_identity::server_config_pem(cert, key)?),
         _ if args.insecure_plaintext => None,

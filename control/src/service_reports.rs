@@ -39,6 +39,8 @@ pub(super) fn validator_report_event(peer: PeerId, kind: pb::validator_report::K
             // against the validator's key.
             signed,
             proof: v.proof,
+            // Set by the service once it re-checked the stored proof.
+            step_proven: None,
         }),
         pb::validator_report::Kind::Done(d) => Event::ValidationDone {
             validator: peer,

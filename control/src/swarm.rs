@@ -276,11 +276,30 @@ fn spawn_miner(o: &SwarmOptions, url: &str, orchestrator_key: &str, i: u32) -> R
         .with_context(|| format!("starting {}", o.miner_bin.display()))
 }
 
+/// The run's object store as the orchestrator reads it (its bucket, or
+/// the directory the run keeps its objects in): where validators store
+/// their proofs of failed inner steps for the orchestrator to re-check.
+pub fn referee_store(
+    bucket: Option<&std::sync::Arc<crate::s3_store::S3Store>>,
+    dir: Option<&std::path::Path>,
+) -> Result<Option<iota_protocol::SharedStore>> {
+    Ok(match (bucket, dir) {
+        (Some(b), _) => Some(b.clone() as iota_protocol::SharedStore),
+        (None, Some(d)) => {
+            Some(iota_dataplane::local_store::LocalDirStore::shared(d, iota_dataplane::fileio::FileIo::start(false))?)
+        }
+        (None, None) => None,
+    })
+}
+
 /// Runs the swarm to the end of its epochs (or Ctrl-C).
 pub async fn run(o: SwarmOptions) -> Result<SwarmReport> {
     let mut svc = orchestrator(&o.cfg, &o.run_dir, AuthPolicy::default())?;
     if let Some(b) = &o.bucket {
         svc = svc.with_s3(b.clone());
+    }
+    if let Some(store) = referee_store(o.bucket.as_ref(), o.store.as_deref())? {
+        svc = svc.with_referee(crate::step_referee::StepReferee::new(store, o.cfg.clone(), o.data.clone()));
     }
     let (url, server) = serve(svc.clone(), o.listen, false).await?;
     let ticker = svc.spawn_ticker();

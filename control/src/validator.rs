@@ -29,7 +29,7 @@ use crate::validation::merge_reports;
 use crate::validation::round::{Action, CheckJob, ProveJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
 use crate::validation::train_loss;
-use crate::validator_prove::{read_retrying, spawn_prove};
+use crate::validator_prove::{read_retrying, spawn_prove, store_step_proof};
 
 #[derive(Clone, Debug)]
 pub struct ValidatorOptions {
@@ -225,6 +225,7 @@ fn validator_core(opts: &ValidatorOptions, cfg: &RunConfig, run_id: u64) -> Vali
     ValidatorCore::new(run_id, cfg.spec.stages, opts.seed, rate, timeout)
         .with_stage_params(&stage_params, cfg.spec.validation.validators.len())
         .with_inner_steps(v.check_inner_steps)
+        .with_step_proofs(v.check_inner_steps)
 }
 
 /// Heartbeats keep the validator counted as live (the merge waits only for
@@ -434,6 +435,7 @@ impl Shell {
             evidence_hash: Vec::new(),
             reason,
             proof: Vec::new(),
+            step_proof_hash: Vec::new(),
         };
         if let Err(e) = self.client.validate(pb::validator_report::Kind::Verdict(v)).await {
             warn!(error = %e, "merge report verdict failed");
@@ -613,7 +615,13 @@ async fn act(
                 });
             });
         }
-        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason, proof, step_proof: _ } => {
+        Action::Vote { epoch, miner, guilty, samples, evidence_hash, reason, proof, step_proof } => {
+            // A step proof is stored (it can be megabytes); the verdict
+            // names its hash.
+            let step_proof_hash = match (step_proof.is_empty(), summary.peer) {
+                (false, Some(me)) => store_step_proof(store, (epoch, me, miner), step_proof).await,
+                _ => Vec::new(),
+            };
             if guilty {
                 warn!(epoch, miner = %miner, reason = %reason, "voting guilty");
                 summary.guilty_votes.push((epoch, miner, reason.clone()));
@@ -629,6 +637,7 @@ async fn act(
                 evidence_hash: evidence_hash.map(|h| h.to_vec()).unwrap_or_default(),
                 reason: reason.chars().filter(|c| (' '..='~').contains(c)).take(256).collect(),
                 proof,
+                step_proof_hash,
             };
             client.validate(Kind::Verdict(v)).await?;
         }

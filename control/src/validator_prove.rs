@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
+use iota_core::PeerId;
 use iota_protocol::SharedStore;
+use iota_protocol::store_keys::step_proof_key;
 use tracing::{debug, warn};
 
 use crate::validation::check::Checker;
@@ -57,4 +59,23 @@ pub(crate) fn spawn_prove(
             .unwrap_or_else(|e| Err(format!("the proof failed to run: {e}")));
         done(p, result);
     });
+}
+
+/// Stores a step proof under this validator's key for the epoch and miner
+/// (`store_keys::step_proof_key`), and gives its hash for the verdict; on
+/// a failed write, none (the verdict then goes without a proof).
+pub(crate) async fn store_step_proof(
+    store: &SharedStore,
+    (epoch, me, miner): (u64, PeerId, PeerId),
+    proof: Vec<u8>,
+) -> Vec<u8> {
+    let key = step_proof_key(epoch, &me, &miner);
+    let hash = *blake3::hash(&proof).as_bytes();
+    match store.put(&key, proof).await {
+        Ok(()) => hash.to_vec(),
+        Err(e) => {
+            warn!(key, error = %e, "storing a step proof failed; the verdict goes without it");
+            Vec::new()
+        }
+    }
 }

@@ -355,6 +355,9 @@ fn validator_event(
                 // samples byte of 255: no byte more is read, so the seeds
                 // recorded before proofs existed drive the runs they did.
                 proof: if samples == u8::MAX { vec![vec![samples; 300], vec![!samples; 300]] } else { Vec::new() },
+                // Set only by the service once it re-checked a stored step
+                // proof (its own unit test drives it).
+                step_proven: None,
             })
         }
         5 => {

@@ -321,6 +321,15 @@ pub fn validator_report(r: &pb::ValidatorReport) -> Result<(), Rejected> {
                     return Err(bad("verdict.proof", "a header is at most 4096 bytes"));
                 }
             }
+            if !v.step_proof_hash.is_empty() {
+                hash32("verdict.step_proof_hash", &v.step_proof_hash)?;
+                if !v.guilty || !v.proof.is_empty() || v.check != pb::Check::Recompute as i32 {
+                    return Err(bad(
+                        "verdict.step_proof_hash",
+                        "a step proof goes alone with a guilty recompute verdict",
+                    ));
+                }
+            }
         }
         Kind::Done(d) => {
             weight_vector("done.weights", &d.weights)?;
@@ -463,6 +472,7 @@ mod tests {
                 evidence_hash: hash,
                 reason: reason.into(),
                 proof: Vec::new(),
+                step_proof_hash: Vec::new(),
             })),
         };
         assert!(

@@ -82,6 +82,12 @@ pub fn parse_trace_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Opti
     Some(((s.parse().ok()?, f.parse().ok()?, a.parse().ok()?), step.parse().ok()?))
 }
 
+/// Object-store key of the proof `validator` stored of a failed inner step
+/// of `miner` in `epoch` (its verdict names the proof's hash).
+pub fn step_proof_key(epoch: u64, validator: &iota_core::PeerId, miner: &iota_core::PeerId) -> String {
+    format!("{}proofs/{}/{}.step.proof", upload_prefix(epoch), validator.to_hex(), miner.to_hex())
+}
+
 /// The attempt (shard, first sample, attempt) an evidence key of `miner`
 /// in `epoch` names; None for any other key (a step evidence key too).
 pub fn parse_evidence_key(key: &str, epoch: u64, miner: &iota_core::PeerId) -> Option<(u32, u64, u32)> {

@@ -441,6 +441,7 @@ async fn validator_reports_from_strangers_or_malformed_ones_change_nothing() {
             evidence_hash: Vec::new(),
             reason: reason.into(),
             proof: Vec::new(),
+            step_proof_hash: Vec::new(),
         })),
     };
     // A miner (or anyone else) voting: refused for its role.

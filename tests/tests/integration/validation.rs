@@ -345,13 +345,15 @@ async fn a_tail_fabricating_its_evidence_is_convicted_in_its_first_epoch_and_hon
 /// Issue 55, lazy training: a middle stage that skips its weight
 /// gradients (every frame it sends is honest) commits to the inner steps
 /// it took; the recompute of the step a drawn attempt went into reaches
-/// other weights, and it is convicted in its first epoch.
+/// other weights, the miner's own signed trace of that step proves it
+/// (re-checked by the orchestrator before the verdict counts), and it is
+/// convicted in its first epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_middle_miner_skipping_its_weight_gradients_is_convicted_in_its_first_epoch_and_honest_miners_never() {
     convicted_in_its_first_epoch_and_honest_ones_never(
         Adversary::SkipWeightGrad,
         Place::Middle,
-        "recomputed, the step",
+        "recomputed, the step reaches other weights (proven from its trace",
     )
     .await;
 }
@@ -359,15 +361,15 @@ async fn a_middle_miner_skipping_its_weight_gradients_is_convicted_in_its_first_
 /// Issue 55: a head that never steps its optimizer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_head_skipping_its_optimizer_is_convicted_in_its_first_epoch_and_honest_miners_never() {
-    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::SkipOptimizer, Place::Head, "recomputed, the step")
-        .await;
+    let why = "recomputed, the step reaches other weights (proven from its trace";
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::SkipOptimizer, Place::Head, why).await;
 }
 
 /// Issue 55: a head that skips its whole backward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_head_skipping_its_backward_is_convicted_in_its_first_epoch_and_honest_miners_never() {
-    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::SkipBackward, Place::Head, "recomputed, the step")
-        .await;
+    let why = "recomputed, the step reaches other weights (proven from its trace";
+    convicted_in_its_first_epoch_and_honest_ones_never(Adversary::SkipBackward, Place::Head, why).await;
 }
 
 /// Issue 55, a contribution that is not the committed weights': a

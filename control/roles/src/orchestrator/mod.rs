@@ -48,6 +48,7 @@ pub use self::state::{
     MemoryStated, MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
 };
 use self::state::{MbRecord, Upload};
+pub use self::validating::StepRefereeInputs;
 use self::validation_state::Validation;
 pub use self::validation_state::{
     MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey,

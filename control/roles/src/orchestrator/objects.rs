@@ -91,6 +91,9 @@ impl Orchestrator {
     /// - its own upload, and the merged stage if it is the aggregator
     ///   (parameter server).
     pub fn may_write(&self, peer: PeerId, key: &str) -> Result<(), Refusal> {
+        if self.may_write_step_proof(&peer, key) {
+            return Ok(());
+        }
         let m = self.miners.get(&peer).ok_or(Refusal::Unknown(peer))?;
         let (epoch, stage) = (self.epoch, m.stage);
         // The butterfly merge's keys are its own epoch's: behind the next

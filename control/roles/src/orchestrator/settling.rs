@@ -251,6 +251,13 @@ impl Orchestrator {
                     signed_weights: signed,
                     clasp: self.clasp_lines(mean_loss),
                     proofs: self.proofs_of(convicted),
+                    step_proofs: self
+                        .validation
+                        .step_proofs
+                        .iter()
+                        .filter(|p| p.epoch == self.epoch && convicted.contains(&p.miner))
+                        .cloned()
+                        .collect(),
                 };
                 for (p, x) in settled.payouts() {
                     *self.settlement.balances.entry(p).or_default() += x;

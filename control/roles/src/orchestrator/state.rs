@@ -527,6 +527,9 @@ pub struct Counters {
     /// different pipeline frames for one attempt and direction.
     #[serde(default)]
     pub frame_equivocations: u64,
+    /// Miners convicted on a validator's proof of a failed inner step.
+    #[serde(default)]
+    pub step_proofs: u64,
     /// Merge participants whose contribution two other owners flagged.
     #[serde(default)]
     pub flawed_contributions: u64,

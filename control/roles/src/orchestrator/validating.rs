@@ -37,7 +37,8 @@ use super::validation_state::{
     ValidatorState, VerdictIn, VerdictRecord, WorkKey,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
-use iota_wire::store_keys::parse_trace_key;
+use crate::settlement::ledger::StepProofRecord;
+use iota_wire::store_keys::{parse_trace_key, step_proof_key};
 
 /// The attempt an evidence key names, and whether its object shows the
 /// inner steps.
@@ -289,6 +290,32 @@ impl Orchestrator {
         })
     }
 
+    /// Whether `peer` (a validator) may write `key`: its proof of a failed
+    /// inner step of a miner whose trace it asked this round.
+    pub(super) fn may_write_step_proof(&self, peer: &PeerId, key: &str) -> bool {
+        let Some(r) = self.validation.round.as_ref() else { return false };
+        self.is_validator(peer)
+            && r.trace_asked.iter().any(|((m, _, _), vs)| vs.contains(peer) && step_proof_key(r.epoch, peer, m) == key)
+    }
+
+    /// What a referee of a step proof against `miner` for `epoch` needs
+    /// from the run: its stage, its committed steps chain, and the miners
+    /// of the stages around its (the frames a proof shows must be signed by
+    /// one of them). None: no such miner or heads.
+    pub fn step_referee_inputs(&self, epoch: u64, miner: &PeerId) -> Option<StepRefereeInputs> {
+        let m = self.miners.get(miner)?;
+        let steps = m.commitments.get(&epoch)?.steps;
+        let at = |stage: Option<u32>| -> Vec<PeerId> {
+            stage.map_or_else(Vec::new, |s| self.miners.values().filter(|o| o.stage == s).map(|o| o.peer).collect())
+        };
+        Some(StepRefereeInputs {
+            stage: m.stage,
+            steps,
+            upstream: at(m.stage.checked_sub(1)),
+            downstream: at(m.stage.checked_add(1)),
+        })
+    }
+
     /// Whether `peer` (a validator) may read `key`: announced evidence.
     pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
         self.is_validator(peer)
@@ -434,6 +461,23 @@ impl Orchestrator {
         let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
         let forgotten = v.epoch < q.forgotten_before();
         let mut consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if v.step_proven.is_some() && !(v.guilty && v.check == Check::Recompute && v.proof.is_empty()) {
+            return Err(Refusal::Invalid("a step proof goes alone with a guilty recompute verdict".into()));
+        }
+        // A proven failed step decides it too (the shell re-checked it).
+        if let Some(hash) = v.step_proven.filter(|_| !forgotten) {
+            consequences.extend(q.proven(acc));
+            let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+            let record = StepProofRecord { epoch: v.epoch, miner: v.miner, validator: v.validator, hash: hex };
+            if !self.validation.step_proofs.contains(&record) {
+                self.counters.step_proofs += 1;
+                warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: a failed inner step");
+                if self.validation.step_proofs.len() >= MAX_EQUIVOCATION_RECORDS {
+                    self.validation.step_proofs.remove(0);
+                }
+                self.validation.step_proofs.push(record);
+            }
+        }
         // Two signatures decide it, whatever the stake voted or will vote.
         if let Some(p) = proof.filter(|_| !forgotten) {
             consequences.extend(q.proven(acc));
@@ -705,4 +749,13 @@ mod tests {
             assert_eq!(evidence_name(&bad, 3, &m), None, "{bad}");
         }
     }
+}
+
+/// What `step_referee_inputs` gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRefereeInputs {
+    pub stage: u32,
+    pub steps: iota_core::commitment::Chain,
+    pub upstream: Vec<PeerId>,
+    pub downstream: Vec<PeerId>,
 }

@@ -88,6 +88,10 @@ pub struct VerdictIn {
     /// Guilty on a proof: two archived headers (`FrameEquivocation`), or
     /// empty.
     pub proof: Vec<Vec<u8>>,
+    /// Guilty on a failed inner step proven: the hash of the validator's
+    /// stored `StepProof`, set by the shell only once it re-checked the
+    /// proof and found it holds (`verify_step_proof`).
+    pub step_proven: Option<[u8; 32]>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -173,6 +177,10 @@ pub struct Validation {
     /// for one attempt and direction, the latest `MAX_EQUIVOCATION_RECORDS`.
     #[serde(default)]
     pub(super) frame_equivocations: Vec<iota_core::frame_equivocation::FrameEquivocation>,
+    /// Proofs of failed inner steps validators stored and the shell
+    /// re-checked, the latest `MAX_EQUIVOCATION_RECORDS`.
+    #[serde(default)]
+    pub(super) step_proofs: Vec<crate::settlement::ledger::StepProofRecord>,
     /// The hash of the merged weights each stage started the current epoch
     /// from (none in epoch 0: the run seed's).
     pub(super) starts: BTreeMap<u32, [u8; 32]>,

@@ -74,6 +74,25 @@ pub struct Settlement {
     /// `verify` re-checks each, with no trust in the orchestrator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub proofs: Vec<FrameEquivocation>,
+    /// The failed inner steps a conviction of this epoch rests on, proven
+    /// (PROTOCOL.md, "A failed step as a proof"): which validator stored
+    /// which proof (its hash; the object is `store_keys::step_proof_key`),
+    /// re-checked by the orchestrator before it convicted. `verify` checks
+    /// each names a miner the entry convicts (re-checking the proof itself
+    /// needs the run's store and corpus: not yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_proofs: Vec<StepProofRecord>,
+}
+
+/// A proof of a failed inner step the orchestrator re-checked and
+/// convicted on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepProofRecord {
+    pub epoch: u64,
+    pub miner: PeerId,
+    pub validator: PeerId,
+    /// BLAKE3 of the stored `StepProof`, hex.
+    pub hash: String,
 }
 
 /// One miner's CLASP estimate: effect on loss in nats per sample against
@@ -166,6 +185,14 @@ fn check_proofs(s: &Settlement) -> Result<(), String> {
         }
         if !s.convicted.contains(&p.miner) {
             return Err(format!("a proof against {}, whom the entry does not convict", p.miner));
+        }
+    }
+    for p in &s.step_proofs {
+        if p.epoch != s.epoch || !s.convicted.contains(&p.miner) {
+            return Err(format!(
+                "a step proof against {} of another epoch, or whom the entry does not convict",
+                p.miner
+            ));
         }
     }
     Ok(())
@@ -473,6 +500,7 @@ mod tests {
             signed_weights,
             clasp: Vec::new(),
             proofs: Vec::new(),
+            step_proofs: Vec::new(),
         }
     }
 

@@ -30,6 +30,7 @@ fn verdict(v: u8, miner: PeerId, guilty: bool, proof: Vec<Vec<u8>>) -> Event {
         reason: if guilty { "two frames it signed for the attempt".into() } else { String::new() },
         signed: vec![v; 8],
         proof,
+        step_proven: None,
     })
 }
 
@@ -74,4 +75,28 @@ fn one_validator_with_a_proof_convicts_and_no_majority_clears_it_and_forgeries_a
     s.inbox.extend(s.o.step(s.now, verdict(0, m, false, Vec::new()), &mut s.rng).unwrap());
     s.inbox.extend(s.o.step(s.now, verdict(1, m, true, good.to_vec()), &mut s.rng).unwrap());
     assert_eq!((s.o.counters().convictions, s.o.frame_equivocations().len()), (1, 1));
+}
+
+/// A verdict whose stored step proof the service re-checked
+/// (`step_proven`) convicts on its own, whatever the other validator
+/// votes; it is kept once and named in the settlement's ledger entry; a
+/// step proof on a clearing verdict is refused.
+#[test]
+fn a_re_checked_step_proof_convicts_on_one_validators_word() {
+    let mut s = start(validated_spec());
+    until_held(&mut s);
+    let m0 = peer(0);
+    let proven = |v: u8, guilty: bool| {
+        let Event::Verdict(mut x) = verdict(v, m0, guilty, Vec::new()) else { unreachable!() };
+        x.step_proven = Some([7; 32]);
+        x.reason = "inner step 1: recomputed (proven)".into();
+        Event::Verdict(x)
+    };
+    let cleared = s.o.step(s.now, proven(1, false), &mut s.rng);
+    assert!(matches!(&cleared, Err(Refusal::Invalid(w)) if w.contains("step proof")), "{cleared:?}");
+    s.inbox.extend(s.o.step(s.now, verdict(1, m0, false, Vec::new()), &mut s.rng).unwrap());
+    s.inbox.extend(s.o.step(s.now, proven(0, true), &mut s.rng).unwrap());
+    s.drain();
+    assert_eq!(s.o.counters().step_proofs, 1, "kept once");
+    assert!(s.o.counters().convictions >= 1, "convicted on one validator's proof, the other's clearing vote outvoted");
 }

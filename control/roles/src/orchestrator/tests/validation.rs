@@ -76,6 +76,7 @@ pub(super) fn vote(s: &mut Sim, v: u8, epoch: u64, miner: PeerId, guilty: bool) 
         reason: if guilty { "recomputed output differs".into() } else { String::new() },
         signed: vec![v; 8],
         proof: Vec::new(),
+        step_proven: None,
     });
     let out = s.o.step(s.now, ev, &mut s.rng)?;
     s.inbox.extend(out);
@@ -353,6 +354,7 @@ fn repeated_or_oversized_verdicts_are_not_kept() {
         reason: String::new(),
         signed: vec![0; MAX_SIGNED_VERDICT + 1],
         proof: Vec::new(),
+        step_proven: None,
     });
     assert!(matches!(s.o.step(s.now, big, &mut s.rng), Err(Refusal::Invalid(ref r)) if r.contains("signed")));
     assert_eq!((s.o.verdicts().len(), s.o.counters().convictions), (2, 0), "refused whole: no vote counted");

@@ -1,0 +1,130 @@
+//! The orchestrator's re-check of a validator's proof of a failed inner
+//! step before its verdict counts (PROTOCOL.md, "A failed step as a
+//! proof"): the proof is read from the run's store under the validator's
+//! key for the epoch and miner, held to the hash the signed verdict names,
+//! and `verify_step_proof` recomputes its one piece on the CPU reference
+//! against what the run holds of the miner (its committed steps chain, the
+//! miners around its stage, the corpus). A proof that holds convicts on
+//! its own; one that does not refuses the verdict.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use iota_core::PeerId;
+use iota_dataplane::frame::{FrameLimits, RunContext};
+use iota_dataplane::inner_step::StepKnown;
+use iota_dataplane::inner_step::proof_bytes::ProofLimits;
+use iota_dataplane::inner_step::prove::{StepProof, verify_step_proof};
+use iota_model::data::Corpus;
+use iota_model::{CpuBackend, segments_of};
+use iota_protocol::store_keys::step_proof_key;
+use iota_protocol::{RunConfig, SharedStore};
+
+use crate::orchestrator::StepRefereeInputs;
+
+/// What re-checks step proofs: the run's store, its settings and corpus.
+pub struct StepReferee {
+    store: SharedStore,
+    cfg: RunConfig,
+    /// The corpus file (None: the toy corpus, or the run's store when the
+    /// run keeps its corpus there).
+    data: Option<PathBuf>,
+    corpus: tokio::sync::OnceCell<Option<Arc<Corpus>>>,
+}
+
+impl StepReferee {
+    pub fn new(store: SharedStore, cfg: RunConfig, data: Option<PathBuf>) -> StepReferee {
+        StepReferee { store, cfg, data, corpus: tokio::sync::OnceCell::new() }
+    }
+
+    /// The corpus, loaded on first use (None where it cannot be: proofs
+    /// that need a head's tokens or a tail's targets then do not hold).
+    async fn corpus(&self) -> Option<Arc<Corpus>> {
+        self.corpus
+            .get_or_init(|| async {
+                let c = if self.cfg.corpus_in_store {
+                    iota_dataplane::corpus::load_corpus_from_store(&self.cfg, &*self.store, None).await
+                } else {
+                    iota_dataplane::corpus::load_corpus(&self.cfg, self.data.as_deref())
+                };
+                c.map(Arc::new).map_err(|e| tracing::warn!(error = %e, "the referee has no corpus")).ok()
+            })
+            .await
+            .clone()
+    }
+
+    fn limits(&self, stage: u32) -> Result<ProofLimits, String> {
+        let model = &self.cfg.train.model;
+        let specs = iota_core::StageSpec::split(model, self.cfg.train.stages).map_err(|e| e.to_string())?;
+        let spec = specs.get(stage as usize).ok_or("no such stage")?;
+        let layout = iota_core::ParamLayout::for_stage(model, spec);
+        let weights = layout.total() as u64;
+        let segments = segments_of(&layout, spec).len() as u64;
+        let mbs = self.cfg.train.grad_accum.max(1) as u64;
+        let rows = (self.cfg.spec.batch.max(1) as u64).saturating_mul(self.cfg.train.seq as u64);
+        let leaves = weights.div_ceil(iota_dataplane::hashes::WEIGHTS_LEAF as u64).saturating_add(1);
+        Ok(ProofLimits {
+            weights,
+            activations: rows.saturating_mul(model.d_model.max(model.bottleneck) as u64),
+            max_headers: self.cfg.spec.micro_batches_per_epoch.saturating_add(2),
+            max_mbs: mbs,
+            max_frame: FrameLimits::default().max_payload.saturating_add(4096),
+            max_trace: (mbs * segments * 96 + segments * 8 + leaves * 96).saturating_add(4096),
+        })
+    }
+
+    /// `Ok(())` when the proof `validator` stored against `miner` for
+    /// `epoch` is the one its verdict names (`hash`) and holds; why not
+    /// otherwise.
+    pub async fn check(
+        &self,
+        (epoch, validator, miner, hash): (u64, PeerId, PeerId, [u8; 32]),
+        inputs: StepRefereeInputs,
+    ) -> Result<(), String> {
+        let key = step_proof_key(epoch, &validator, &miner);
+        let bytes = self.store.get(&key).await.map_err(|e| format!("the proof {key} cannot be read: {e}"))?;
+        if *blake3::hash(&bytes).as_bytes() != hash {
+            return Err(format!("the proof {key} is not the one the verdict names"));
+        }
+        let proof = StepProof::decode(&bytes, self.limits(inputs.stage)?).map_err(|e| format!("{e:#}"))?;
+        if proof.epoch != epoch {
+            return Err("a proof of another epoch".into());
+        }
+        let corpus = self.corpus().await;
+        let (cfg, run_id) = (self.cfg.clone(), self.cfg.spec.run_id);
+        let holds = tokio::task::spawn_blocking(move || {
+            let ctx = RunContext::new(run_id, FrameLimits::default());
+            let e = u32::try_from(epoch).map_err(|_| anyhow::anyhow!("an epoch past the frame's range"))?;
+            ctx.set_epoch_window(e, e);
+            let (seed, seq) = (cfg.train.seed, cfg.train.seq);
+            let data = move |shard: u32, index: u64, len: u32| {
+                let mb = iota_core::MicroBatchId { first: iota_core::SampleId { epoch: 0, shard, index }, len };
+                corpus.as_ref().map(|c| c.micro_batch(seed, mb, seq))
+            };
+            let completed = std::collections::BTreeMap::new();
+            let known = StepKnown {
+                ctx: &ctx,
+                miner,
+                stage: inputs.stage,
+                steps: &inputs.steps,
+                previous_steps: None,
+                step_hashes: &[],
+                epoch_starts: &[],
+                attempt: (0, 0, 0),
+                completed: &completed,
+                upstream_miners: &inputs.upstream,
+                downstream_miners: &inputs.downstream,
+                data: &data,
+                tolerance: 0.0,
+            };
+            verify_step_proof(&Arc::new(CpuBackend::new()), &cfg, &known, &proof)
+        })
+        .await
+        .map_err(|e| format!("the re-check failed to run: {e}"))?;
+        match holds {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("its piece recomputes to what the miner claimed".into()),
+            Err(e) => Err(format!("{e:#}")),
+        }
+    }
+}
