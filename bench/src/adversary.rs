@@ -176,12 +176,23 @@ fn hostile(rt: &tokio::runtime::Runtime, a: &Args, only: &str) -> Result<()> {
         "hostile participants: tiny, {} epochs x {} micro-batches, 2 validators (equal stake), {} runs a mode; \
          wall ratio against the median honest run of the same shape; paid: the most work the cheat was credited \
          in the epoch it was convicted; validator %: the validators' compute as a share of the honest miners' \
-         (median)",
+         (median); proven: runs where a verdict against the cheat carried a proof of a failed inner step the \
+         orchestrator re-checked",
         a.epochs, a.micro_batches, a.seeds
     );
     println!(
-        "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11}",
-        "mode", "shape", "named", "by epoch 1", "flagged", "convict", "paid", "ratio p50", "ratio max", "validator %"
+        "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11} {:>7}",
+        "mode",
+        "shape",
+        "named",
+        "by epoch 1",
+        "flagged",
+        "convict",
+        "paid",
+        "ratio p50",
+        "ratio max",
+        "validator %",
+        "proven"
     );
     let mut bases: std::collections::BTreeMap<(u32, u32), f64> = Default::default();
     for (name, mode, place, shape) in picked {
@@ -236,6 +247,9 @@ fn honest_baseline(rt: &tokio::runtime::Runtime, a: &Args, shape: (u32, u32)) ->
 #[derive(Default)]
 struct Tally {
     named: usize,
+    /// Runs where a verdict against the cheat carried a proof of a failed
+    /// inner step the orchestrator re-checked.
+    step_proven: usize,
     first: usize,
     flagged: usize,
     convicted: usize,
@@ -254,6 +268,10 @@ impl Tally {
         let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
         let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)));
         self.named += usize::from(caught.is_some());
+        let proven = |v: &&iota_control::orchestrator::VerdictRecord| {
+            v.guilty && bad(&v.miner) && v.reason.contains("(proven from its trace")
+        };
+        self.step_proven += usize::from(r.verdicts.iter().any(|v| proven(&v)));
         // Every mode cheats from epoch 0; a finding that outlives its
         // merge (withholding) convicts in the epoch after.
         self.first += usize::from(caught.is_some_and(|e| e.epoch <= 1));
@@ -273,7 +291,7 @@ impl Tally {
         let of = |k: usize| if cheat { format!("{k}/{n}") } else { "-".to_string() };
         let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
         println!(
-            "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9.2} {:>9.2} {:>10.1}%",
+            "{:<26} {:>6} {:>7} {:>10} {:>8} {:>8} {:>9} {:>9.2} {:>9.2} {:>10.1}% {:>7}",
             name,
             format!("{}x{}", shape.0, shape.1),
             of(self.named),
@@ -283,7 +301,8 @@ impl Tally {
             if cheat { self.paid.to_string() } else { "-".to_string() },
             median(&self.ratios),
             self.ratios.last().copied().unwrap_or(f64::NAN),
-            median(&self.validator_shares)
+            median(&self.validator_shares),
+            of(self.step_proven)
         );
     }
 }
