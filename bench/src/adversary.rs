@@ -268,10 +268,7 @@ impl Tally {
         let bad = |p: &iota_core::PeerId| Some(*p) == r.bad || Some(*p) == r.accomplice;
         let caught = r.bad.and_then(|b| r.history.iter().find(|e| e.convicted.contains(&b)));
         self.named += usize::from(caught.is_some());
-        let proven = |v: &&iota_control::orchestrator::VerdictRecord| {
-            v.guilty && bad(&v.miner) && v.reason.contains("(proven from its trace")
-        };
-        self.step_proven += usize::from(r.verdicts.iter().any(|v| proven(&v)));
+        self.step_proven += usize::from(r.step_proofs > 0);
         // Every mode cheats from epoch 0; a finding that outlives its
         // merge (withholding) convicts in the epoch after.
         self.first += usize::from(caught.is_some_and(|e| e.epoch <= 1));

@@ -106,7 +106,7 @@ async fn run_async(cli: Cli) -> Result<()> {
         Cmd::Orchestrator(args) => crate::orchestrator_cmd::run(args).await,
         Cmd::Validator(args) => crate::validator_cmd::run(args).await,
         Cmd::Swarm(args) => crate::swarm_cmd::run(args, cli.log_format).await,
-        Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd),
+        Cmd::Ledger { cmd } => crate::ledger_cmd::run(cmd).await,
         Cmd::Data { cmd } => crate::data_cmd::run(cmd).await,
         Cmd::Status(a) => crate::status_cmd::run(a).await,
         Cmd::Export { run_dir, state_db } => {

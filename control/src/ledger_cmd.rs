@@ -15,8 +15,10 @@ pub enum LedgerCmd {
     /// Re-check the whole ledger: the sequence, every link and hash, every
     /// signature (by the orchestrator's key), every epoch's Yuma step
     /// recomputed from its recorded input, the bonds carried from epoch to
-    /// epoch and the emission paid. Exits with status 1 naming the first
-    /// entry that fails.
+    /// epoch and the emission paid, and every proof of a failed inner step
+    /// a conviction rests on re-read from the run's store and re-checked
+    /// (a run whose objects are in a bucket: not re-read, and it says so).
+    /// Exits with status 1 naming the first entry that fails.
     Verify {
         /// The run directory (its state.sqlite holds the ledger).
         #[arg(long, default_value = "runs/swarm")]
@@ -62,13 +64,75 @@ pub fn verify(run_dir: &Path, key: Option<&str>) -> Result<(Verified, Vec<ledger
     Ok((v, entries))
 }
 
-pub fn run(cmd: LedgerCmd) -> Result<()> {
+/// Re-reads every step proof the entries convict on from the run's store
+/// and re-checks it as the orchestrator did (`StepReferee`): an error
+/// names the first that does not hold. Says what it did: a run whose
+/// objects are in a bucket, or whose store is gone, is not re-read.
+async fn recheck_step_proofs(run_dir: &Path, entries: &[ledger::Entry]) -> Result<String> {
+    let mut records = Vec::new();
+    for e in entries {
+        let s: Settlement = serde_json::from_str(&e.body)?;
+        records.extend(s.step_proofs);
+    }
+    if records.is_empty() {
+        return Ok("no step proofs".into());
+    }
+    let settings_path = run_dir.join(iota_model::run_dir::SETTINGS_FILE);
+    let settings: serde_json::Value = match std::fs::read(&settings_path) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("reading {}", settings_path.display()))?,
+        Err(_) => return Ok(format!("{} step proofs not re-read (no {})", records.len(), settings_path.display())),
+    };
+    let store_dir = run_dir.join("store");
+    if settings.get("bucket").is_some_and(|b| !b.is_null()) || !store_dir.is_dir() {
+        return Ok(format!(
+            "{} step proofs not re-read (the run's objects are not in {})",
+            records.len(),
+            store_dir.display()
+        ));
+    }
+    let cfg = crate::cli::config_from_settings(&settings)?;
+    let data = settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
+    let n = recheck_step_proofs_in(&store_dir, (cfg, data), &records).await?;
+    Ok(format!("{n} step proofs re-read from the store and re-checked"))
+}
+
+/// Re-reads each step proof `records` name from the run's store in
+/// `store_dir` and re-checks it on the run's settings and corpus; how many
+/// (all of them, or an error naming the first that does not hold).
+pub async fn recheck_step_proofs_in(
+    store_dir: &Path,
+    (cfg, data): (iota_protocol::RunConfig, Option<PathBuf>),
+    records: &[ledger::StepProofRecord],
+) -> Result<usize> {
+    let store =
+        iota_dataplane::local_store::LocalDirStore::shared(store_dir, iota_dataplane::fileio::FileIo::start(false))?;
+    let referee = crate::step_referee::StepReferee::new(store, cfg, data);
+    for r in records {
+        let hash: [u8; 32] = PeerId::from_hex(&r.hash).map(|p| p.0).context("a step proof's hash is not 64 hex")?;
+        let inputs = crate::orchestrator::StepRefereeInputs {
+            stage: r.stage,
+            steps: r.steps,
+            upstream: r.upstream.clone(),
+            downstream: r.downstream.clone(),
+        };
+        let fail =
+            |why: String| anyhow::anyhow!("epoch {}: the step proof against {} does not hold: {why}", r.epoch, r.miner);
+        match referee.check((r.epoch, r.validator, r.miner, hash), inputs).await.map_err(fail)? {
+            crate::step_referee::Rechecked::Held => {}
+            crate::step_referee::Rechecked::Unread(why) => return Err(fail(why)),
+        }
+    }
+    Ok(records.len())
+}
+
+pub async fn run(cmd: LedgerCmd) -> Result<()> {
     match cmd {
         LedgerCmd::Verify { run_dir, orchestrator_key } => {
-            let (v, _) = verify(&run_dir, orchestrator_key.as_deref())?;
+            let (v, entries) = verify(&run_dir, orchestrator_key.as_deref())?;
+            let proofs = recheck_step_proofs(&run_dir, &entries).await?;
             let signer = v.signer.map_or("nobody (empty ledger)".to_string(), |s| s.to_hex());
             println!(
-                "ledger OK: {} entries, signed by {signer}; every Yuma step recomputes; {} epochs rolled back",
+                "ledger OK: {} entries, signed by {signer}; every Yuma step recomputes; {} epochs rolled back; {proofs}",
                 v.entries, v.epochs_rolled_back
             );
         }

@@ -290,7 +290,13 @@ impl OrchestratorService {
         };
         let inputs = self.with_state(|o| o.step_referee_inputs(epoch, &miner));
         let inputs = inputs.ok_or_else(|| format!("the run holds no committed steps of {miner} for epoch {epoch}"))?;
-        referee.check((epoch, validator, miner, hash), inputs).await.map(|()| true)
+        match referee.check((epoch, validator, miner, hash), inputs).await? {
+            crate::step_referee::Rechecked::Held => Ok(true),
+            crate::step_referee::Rechecked::Unread(why) => {
+                warn!(epoch, miner = %miner, why, "a step proof not re-checked: counted as a vote");
+                Ok(false)
+            }
+        }
     }
 
     /// Serves presigned URLs on `store` to the run's miners (Grant).

@@ -22,6 +22,15 @@ use iota_protocol::{RunConfig, SharedStore};
 
 use crate::orchestrator::StepRefereeInputs;
 
+/// What a re-check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rechecked {
+    /// The proof holds: the verdict convicts on it.
+    Held,
+    /// It could not be read (why): the verdict counts as a vote.
+    Unread(String),
+}
+
 /// What re-checks step proofs: the run's store, its settings and corpus.
 pub struct StepReferee {
     store: SharedStore,
@@ -73,16 +82,21 @@ impl StepReferee {
         })
     }
 
-    /// `Ok(())` when the proof `validator` stored against `miner` for
-    /// `epoch` is the one its verdict names (`hash`) and holds; why not
-    /// otherwise.
+    /// `Ok(Held)` when the proof `validator` stored against `miner` for
+    /// `epoch` is the one its verdict names (`hash`) and holds;
+    /// `Ok(Unread(why))` when it cannot be read here (the verdict then
+    /// counts as a vote: a store this orchestrator does not see, or a proof
+    /// never stored, proves nothing either way); why not otherwise.
     pub async fn check(
         &self,
         (epoch, validator, miner, hash): (u64, PeerId, PeerId, [u8; 32]),
         inputs: StepRefereeInputs,
-    ) -> Result<(), String> {
+    ) -> Result<Rechecked, String> {
         let key = step_proof_key(epoch, &validator, &miner);
-        let bytes = self.store.get(&key).await.map_err(|e| format!("the proof {key} cannot be read: {e}"))?;
+        let bytes = match self.store.get(&key).await {
+            Ok(b) => b,
+            Err(e) => return Ok(Rechecked::Unread(format!("the proof {key} cannot be read: {e}"))),
+        };
         if *blake3::hash(&bytes).as_bytes() != hash {
             return Err(format!("the proof {key} is not the one the verdict names"));
         }
@@ -122,7 +136,7 @@ impl StepReferee {
         .await
         .map_err(|e| format!("the re-check failed to run: {e}"))?;
         match holds {
-            Ok(true) => Ok(()),
+            Ok(true) => Ok(Rechecked::Held),
             Ok(false) => Err("its piece recomputes to what the miner claimed".into()),
             Err(e) => Err(format!("{e:#}")),
         }

@@ -114,10 +114,22 @@ pub fn orchestrator_identity() -> Arc<Identity> {
     Arc::new(Identity::from_seed([0x0c; 32]))
 }
 
+/// What re-checks step proofs for a swarm whose store is beside its state
+/// database `db` (as the miners' and validators' is).
+fn local_referee(cfg: &RunConfig, db: &std::path::Path) -> iota_control::step_referee::StepReferee {
+    let dir = db.with_file_name("store");
+    std::fs::create_dir_all(&dir).unwrap();
+    let store =
+        iota_dataplane::local_store::LocalDirStore::shared(&dir, iota_dataplane::fileio::FileIo::start(false)).unwrap();
+    iota_control::step_referee::StepReferee::new(store, cfg.clone(), None)
+}
+
 impl Swarm {
-    /// Starts an orchestrator for `cfg` (state in `db`).
+    /// Starts an orchestrator for `cfg` (state in `db`), re-checking
+    /// validators' step proofs from the store beside it.
     pub async fn start(cfg: &RunConfig, db: PathBuf) -> Swarm {
-        Self::start_with(cfg, db, |s| s).await
+        let referee = local_referee(cfg, &db);
+        Self::start_with(cfg, db, move |s| s.with_referee(referee)).await
     }
 
     /// Starts an orchestrator that grants miners presigned URLs on `bucket`.
@@ -140,7 +152,8 @@ impl Swarm {
     /// `url` (`dir` holds the object store).
     pub async fn start_on_postgres(cfg: &RunConfig, dir: &std::path::Path, url: &str) -> Swarm {
         let state = StateLocation::Postgres(url.to_string());
-        Self::start_at(cfg, dir.join("state.sqlite"), state, |s| s).await
+        let referee = local_referee(cfg, &dir.join("state.sqlite"));
+        Self::start_at(cfg, dir.join("state.sqlite"), state, move |s| s.with_referee(referee)).await
     }
 
     async fn start_at(

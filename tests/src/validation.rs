@@ -59,6 +59,12 @@ pub struct ScenarioReport {
     /// Each validator's emission over the run, in order (the first is the
     /// one `Scenario::first_validator` sets up).
     pub validator_pay: Vec<f64>,
+    /// Convictions on a validator's proof of a failed inner step that the
+    /// orchestrator re-checked (`counters.step_proofs`).
+    pub step_proofs: u64,
+    /// The ledger's step proofs re-read from the store and re-checked as
+    /// `ledger verify` does: how many, or why one does not hold.
+    pub ledger_step_proofs: Result<usize, String>,
 }
 
 /// A validated scenario: `tiny` over `shape` for `epochs` x `per_epoch`
@@ -245,10 +251,11 @@ async fn run(sc: Scenario) -> ScenarioReport {
         checked += s.checked;
         asks_refused += s.asks_refused;
     }
-    let (verdicts, history, validator_pay) = swarm.service.with_state(|o| {
+    let (verdicts, history, validator_pay, step_proofs) = swarm.service.with_state(|o| {
         let pay = validator_peers.iter().map(|p| o.balances().get(p).copied().unwrap_or(0.0)).collect();
-        (o.verdicts().to_vec(), o.history().to_vec(), pay)
+        (o.verdicts().to_vec(), o.history().to_vec(), pay, o.counters().step_proofs)
     });
+    let ledger_step_proofs = ledger_step_proofs(&dir.path().join("state.sqlite"), &cfg).await;
     ScenarioReport {
         bad: bad_peer,
         accomplice,
@@ -260,5 +267,23 @@ async fn run(sc: Scenario) -> ScenarioReport {
         checked,
         asks_refused,
         validator_pay,
+        step_proofs,
+        ledger_step_proofs,
     }
+}
+
+/// The step proofs of the run's ledger (state in `db`, the store beside
+/// it), re-read and re-checked as `ledger verify` does.
+async fn ledger_step_proofs(db: &std::path::Path, cfg: &iota_protocol::RunConfig) -> Result<usize, String> {
+    let entries = iota_control::state_db::StateDb::open(db).and_then(|d| d.ledger()).map_err(|e| format!("{e:#}"))?;
+    let mut records = Vec::new();
+    for e in &entries {
+        let s: iota_control::settlement::ledger::Settlement =
+            serde_json::from_str(&e.body).map_err(|e| e.to_string())?;
+        records.extend(s.step_proofs);
+    }
+    let store = db.with_file_name("store");
+    iota_control::ledger_cmd::recheck_step_proofs_in(&store, (cfg.clone(), None), &records)
+        .await
+        .map_err(|e| format!("{e:#}"))
 }

@@ -230,6 +230,13 @@ async fn convicted_in_its_first_epoch_and_honest_ones_never(
     why: &str,
 ) {
     let r = run_scenario(Some((mode, place)), 2, 16).await;
+    // A lazy trainer's conviction rests on a proof the orchestrator
+    // re-checked (PROTOCOL.md, "A failed step as a proof").
+    if why.contains("(proven from its trace") {
+        assert!(r.step_proofs >= 1, "convicted on a re-checked step proof");
+        let again = r.ledger_step_proofs.as_ref().expect("the ledger's step proofs re-check");
+        assert!(*again >= 1, "the ledger names the proof, and it re-checks from the store");
+    }
     let (bad, verdicts, history) = (r.bad.unwrap(), r.verdicts, r.history);
     println!("history: {:?}", history.iter().map(|e| (e.mean_loss, e.convicted.len())).collect::<Vec<_>>());
     for v in &verdicts {

@@ -457,6 +457,8 @@ impl Orchestrator {
         if proof.as_ref().is_some_and(|p| p.epoch != v.epoch) {
             return Err(Refusal::Invalid("the verdict's proof is of another epoch".into()));
         }
+        // What a proven step is held against, for the ledger.
+        let inputs = v.step_proven.and_then(|_| self.step_referee_inputs(v.epoch, &v.miner));
         let q = self.validation.quorum.as_mut().ok_or_else(|| Refusal::Invalid("this run has no validators".into()))?;
         let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
         let forgotten = v.epoch < q.forgotten_before();
@@ -468,7 +470,10 @@ impl Orchestrator {
         if let Some(hash) = v.step_proven.filter(|_| !forgotten) {
             consequences.extend(q.proven(acc));
             let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-            let record = StepProofRecord { epoch: v.epoch, miner: v.miner, validator: v.validator, hash: hex };
+            let (stage, steps, upstream, downstream) =
+                inputs.map(|i| (i.stage, i.steps, i.upstream, i.downstream)).unwrap_or_default();
+            let (epoch, miner, validator) = (v.epoch, v.miner, v.validator);
+            let record = StepProofRecord { epoch, miner, validator, hash: hex, stage, steps, upstream, downstream };
             if !self.validation.step_proofs.contains(&record) {
                 self.counters.step_proofs += 1;
                 warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: a failed inner step");

@@ -93,6 +93,18 @@ pub struct StepProofRecord {
     pub validator: PeerId,
     /// BLAKE3 of the stored `StepProof`, hex.
     pub hash: String,
+    /// What the re-check held the proof against: the miner's stage, its
+    /// committed steps chain for the epoch, and the miners of the stages
+    /// around its (`StepRefereeInputs`), so `ledger verify` can re-check
+    /// the stored proof without the run's state.
+    #[serde(default)]
+    pub stage: u32,
+    #[serde(default)]
+    pub steps: iota_core::commitment::Chain,
+    #[serde(default)]
+    pub upstream: Vec<PeerId>,
+    #[serde(default)]
+    pub downstream: Vec<PeerId>,
 }
 
 /// One miner's CLASP estimate: effect on loss in nats per sample against
