@@ -269,34 +269,10 @@ impl OrchestratorService {
         self
     }
 
-    /// Re-checks validators' proofs of failed inner steps with `referee`
-    /// before their verdicts count.
+    /// Re-checks validators' step proofs with `referee` before their verdicts count.
     pub fn with_referee(mut self, referee: crate::step_referee::StepReferee) -> Self {
         self.referee = Some(Arc::new(referee));
         self
-    }
-
-    /// A verdict's stored step proof (`hash`), re-checked: `Ok(true)`, it
-    /// holds; `Ok(false)`, it cannot be checked here (the verdict counts
-    /// as a vote); `Err`, it does not hold (the verdict is refused).
-    async fn recheck_step_proof(
-        &self,
-        (epoch, validator, miner): (u64, PeerId, PeerId),
-        hash: [u8; 32],
-    ) -> Result<bool, String> {
-        let Some(referee) = self.referee.clone() else {
-            warn!(epoch, miner = %miner, "a step proof this orchestrator does not re-check: counted as a vote");
-            return Ok(false);
-        };
-        let inputs = self.with_state(|o| o.step_referee_inputs(epoch, &miner));
-        let inputs = inputs.ok_or_else(|| format!("the run holds no committed steps of {miner} for epoch {epoch}"))?;
-        match referee.check((epoch, validator, miner, hash), inputs).await? {
-            crate::step_referee::Rechecked::Held => Ok(true),
-            crate::step_referee::Rechecked::Unread(why) => {
-                warn!(epoch, miner = %miner, why, "a step proof not re-checked: counted as a vote");
-                Ok(false)
-            }
-        }
     }
 
     /// Serves presigned URLs on `store` to the run's miners (Grant).
@@ -691,18 +667,14 @@ impl OrchestratorRpc for OrchestratorService {
             return Err(self.refuse(VALIDATE, r.from(peer)));
         }
         let Some(kind) = body.kind else { unreachable!("fields::validator_report refuses an empty report") };
-        let step_proof = match &kind {
-            pb::validator_report::Kind::Verdict(v) => <[u8; 32]>::try_from(v.step_proof_hash.as_slice())
-                .ok()
-                .zip(<[u8; 32]>::try_from(v.miner.as_slice()).ok())
-                .map(|(hash, miner)| (v.epoch, PeerId(miner), hash)),
-            _ => None,
-        };
+        let step_proof = crate::step_referee::named_proof(&kind);
         // The whole signed request rides along: verdicts and weights stay
         // checkable against the validator's key.
         let mut ev = validator_report_event(peer, kind, prost::Message::encode_to_vec(&env));
         if let Some((epoch, miner, hash)) = step_proof {
-            let held = self.recheck_step_proof((epoch, peer, miner), hash).await.map_err(|why| {
+            let inputs = self.with_state(|o| o.step_referee_inputs(epoch, &miner));
+            let held = crate::step_referee::recheck(self.referee.clone(), inputs, (epoch, peer, miner), hash);
+            let held = held.await.map_err(|why| {
                 let r = Rejected::new(Reason::Refused, format!("the verdict's step proof does not hold: {why}"));
                 self.refuse(VALIDATE, r.from(peer))
             })?;

@@ -142,3 +142,36 @@ impl StepReferee {
         }
     }
 }
+
+/// The step proof a verdict names: (epoch, miner, proof hash).
+pub(crate) fn named_proof(kind: &iota_protocol::pb::validator_report::Kind) -> Option<(u64, PeerId, [u8; 32])> {
+    let iota_protocol::pb::validator_report::Kind::Verdict(v) = kind else { return None };
+    let hash = <[u8; 32]>::try_from(v.step_proof_hash.as_slice()).ok()?;
+    let miner = <[u8; 32]>::try_from(v.miner.as_slice()).ok()?;
+    Some((v.epoch, PeerId(miner), hash))
+}
+
+/// A verdict's stored step proof (`hash`) against `miner` for `epoch`,
+/// from `validator`, re-checked: `Ok(true)`, it holds; `Ok(false)`, it
+/// cannot be checked here (no referee, or the proof cannot be read: the
+/// verdict counts as a vote); `Err`, it does not hold (the verdict is
+/// refused).
+pub(crate) async fn recheck(
+    referee: Option<Arc<StepReferee>>,
+    inputs: Option<StepRefereeInputs>,
+    (epoch, validator, miner): (u64, PeerId, PeerId),
+    hash: [u8; 32],
+) -> Result<bool, String> {
+    let Some(referee) = referee else {
+        tracing::warn!(epoch, miner = %miner, "a step proof this orchestrator does not re-check: counted as a vote");
+        return Ok(false);
+    };
+    let inputs = inputs.ok_or_else(|| format!("the run holds no committed steps of {miner} for epoch {epoch}"))?;
+    match referee.check((epoch, validator, miner, hash), inputs).await? {
+        Rechecked::Held => Ok(true),
+        Rechecked::Unread(why) => {
+            tracing::warn!(epoch, miner = %miner, why, "a step proof not re-checked: counted as a vote");
+            Ok(false)
+        }
+    }
+}

@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
-use iota_wire::pb;
+use iota_wire::store_keys::{parse_trace_key, upload_prefix};
+use iota_wire::{StoredObject, pb};
 
 use super::validating::stored_cmd;
 use super::validation_state::{MAX_WORK_ITEMS, WorkKey};
@@ -185,5 +186,109 @@ impl Orchestrator {
             });
         }
         Ok(())
+    }
+}
+
+/// The attempt an evidence key names, and whether its object shows the
+/// inner steps.
+fn evidence_name(key: &str, epoch: u64, miner: &PeerId) -> Option<(WorkKey, bool)> {
+    iota_wire::store_keys::parse_any_evidence_key(key, epoch, miner)
+}
+
+impl Orchestrator {
+    pub(super) fn is_evidence_key(&self, key: &str) -> bool {
+        key.contains("/evidence/")
+    }
+
+    /// Whether `peer` (a miner) may write `key`: evidence it was asked for.
+    pub(super) fn may_write_evidence(&self, peer: &PeerId, key: &str) -> bool {
+        let Some(r) = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch) else { return false };
+        if let Some((k, step)) = parse_trace_key(key, r.epoch, peer) {
+            return r.trace_asked.contains_key(&(*peer, k, step));
+        }
+        evidence_name(key, r.epoch, peer).is_some_and(|(k, step)| match step {
+            true => r.step_asked.contains_key(&(*peer, k)),
+            false => r.asked.contains_key(&(*peer, k)),
+        })
+    }
+
+    /// Whether `peer` (a validator) may read `key`: announced evidence.
+    pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
+        self.is_validator(peer)
+            && self.validation.round.as_ref().is_some_and(|r| {
+                let mut all = r.evidence.values().chain(r.step_evidence.values()).chain(r.trace_evidence.values());
+                all.any(|o| o.key == key)
+            })
+    }
+
+    /// A miner announced the evidence it was asked for: recorded, and
+    /// handed to every validator that asked.
+    pub(super) fn on_evidence_stored(
+        &mut self,
+        peer: PeerId,
+        epoch: u64,
+        stage: u32,
+        obj: StoredObject,
+        out: &mut Vec<Out>,
+    ) -> Result<(), Refusal> {
+        let not_yours = |why: &str| Refusal::NotYours(format!("object {}: {why}", obj.key));
+        let r = self
+            .validation
+            .round
+            .as_mut()
+            .filter(|r| r.epoch == epoch && obj.key.starts_with(&upload_prefix(epoch)))
+            .ok_or_else(|| not_yours("no validation round of that epoch is open"))?;
+        if obj.is_part() {
+            return Err(not_yours("evidence is one object, not a part"));
+        }
+        if let Some((k, step)) = parse_trace_key(&obj.key, epoch, &peer) {
+            let askers = r.trace_asked.get(&(peer, k, step)).ok_or_else(|| not_yours("nobody asked for that trace"))?;
+            for v in askers {
+                out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
+            }
+            r.trace_evidence.insert((peer, k, step), obj);
+            return Ok(());
+        }
+        let (k, step) =
+            evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
+        let askers = r.asked.get(&(peer, k)).ok_or_else(|| not_yours("nobody asked for that evidence"))?;
+        let steppers = r.step_asked.get(&(peer, k));
+        if step && steppers.is_none() {
+            return Err(not_yours("nobody asked for that attempt's inner steps"));
+        }
+        if obj.is_part() {
+            return Err(not_yours("evidence is one object, not a part"));
+        }
+        // The object that shows the inner steps answers every asker; the
+        // plain one, those that did not ask for them.
+        for v in askers.iter().filter(|v| step || !steppers.is_some_and(|s| s.contains(v))) {
+            out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
+        }
+        match step {
+            true => r.step_evidence.insert((peer, k), obj),
+            false => r.evidence.insert((peer, k), obj),
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn evidence_keys_parse_back_to_their_attempt_only() {
+        let m = PeerId([5; 32]);
+        let k = iota_wire::store_keys::evidence_key(3, &m, 2, 640, 1);
+        assert_eq!(evidence_name(&k, 3, &m), Some(((2, 640, 1), false)));
+        let step = iota_wire::store_keys::step_evidence_key(3, &m, 2, 640, 1);
+        assert_eq!(evidence_name(&step, 3, &m), Some(((2, 640, 1), true)), "the one showing the inner steps");
+        assert_eq!(iota_wire::store_keys::parse_evidence_key(&step, 3, &m), None, "not a plain evidence key");
+        assert_eq!(evidence_name(&k, 4, &m), None, "another epoch");
+        assert_eq!(evidence_name(&k, 3, &PeerId([6; 32])), None, "another miner's");
+        for bad in [format!("{k}x"), k.replace(".evidence", ".f32"), k.replace("-001", "-1"), k.replace("000002-", "")]
+        {
+            assert_eq!(evidence_name(&bad, 3, &m), None, "{bad}");
+        }
     }
 }

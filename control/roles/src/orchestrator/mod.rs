@@ -29,6 +29,7 @@ mod phase;
 mod routing;
 mod settling;
 mod state;
+mod step_proofs;
 mod validating;
 mod validation_state;
 mod withholding;
@@ -48,7 +49,7 @@ pub use self::state::{
     MemoryStated, MinerEpoch, MinerState, PayoutRow, Phase, SettlementBook, StageObjects,
 };
 use self::state::{MbRecord, Upload};
-pub use self::validating::StepRefereeInputs;
+pub use self::step_proofs::StepRefereeInputs;
 use self::validation_state::Validation;
 pub use self::validation_state::{
     MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey,

@@ -24,7 +24,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
 use iota_core::frame_equivocation::FrameEquivocation;
-use iota_wire::store_keys::upload_prefix;
 use iota_wire::{StoredObject, pb};
 use tracing::{info, warn};
 
@@ -32,19 +31,12 @@ use crate::validation::quorum::{Accusation, Check, Consequence};
 use crate::validation::round::evidence_allowance_ms;
 use crate::validation::sample::{SampleRate, beacon};
 
+use super::step_proofs::push_latest;
 use super::validation_state::{
-    MAX_EQUIVOCATION_RECORDS, MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round,
-    ValidatorState, VerdictIn, VerdictRecord, WorkKey,
+    MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, MAX_WORK_ITEMS, MergeRound, Quorum, Round, ValidatorState, VerdictIn,
+    VerdictRecord,
 };
 use super::{MbStatus, Ms, Orchestrator, Out, Phase, Refusal};
-use crate::settlement::ledger::StepProofRecord;
-use iota_wire::store_keys::{parse_trace_key, step_proof_key};
-
-/// The attempt an evidence key names, and whether its object shows the
-/// inner steps.
-fn evidence_name(key: &str, epoch: u64, miner: &PeerId) -> Option<(WorkKey, bool)> {
-    iota_wire::store_keys::parse_any_evidence_key(key, epoch, miner)
-}
 
 impl Orchestrator {
     pub fn validators(&self) -> impl Iterator<Item = &ValidatorState> {
@@ -274,107 +266,6 @@ impl Orchestrator {
         }
     }
 
-    pub(super) fn is_evidence_key(&self, key: &str) -> bool {
-        key.contains("/evidence/")
-    }
-
-    /// Whether `peer` (a miner) may write `key`: evidence it was asked for.
-    pub(super) fn may_write_evidence(&self, peer: &PeerId, key: &str) -> bool {
-        let Some(r) = self.validation.round.as_ref().filter(|r| r.epoch == self.epoch) else { return false };
-        if let Some((k, step)) = parse_trace_key(key, r.epoch, peer) {
-            return r.trace_asked.contains_key(&(*peer, k, step));
-        }
-        evidence_name(key, r.epoch, peer).is_some_and(|(k, step)| match step {
-            true => r.step_asked.contains_key(&(*peer, k)),
-            false => r.asked.contains_key(&(*peer, k)),
-        })
-    }
-
-    /// Whether `peer` (a validator) may write `key`: its proof of a failed
-    /// inner step of a miner whose trace it asked this round.
-    pub(super) fn may_write_step_proof(&self, peer: &PeerId, key: &str) -> bool {
-        let Some(r) = self.validation.round.as_ref() else { return false };
-        self.is_validator(peer)
-            && r.trace_asked.iter().any(|((m, _, _), vs)| vs.contains(peer) && step_proof_key(r.epoch, peer, m) == key)
-    }
-
-    /// What a referee of a step proof against `miner` for `epoch` needs
-    /// from the run: its stage, its committed steps chain, and the miners
-    /// of the stages around its (the frames a proof shows must be signed by
-    /// one of them). None: no such miner or heads.
-    pub fn step_referee_inputs(&self, epoch: u64, miner: &PeerId) -> Option<StepRefereeInputs> {
-        let m = self.miners.get(miner)?;
-        let steps = m.commitments.get(&epoch)?.steps;
-        let at = |stage: Option<u32>| -> Vec<PeerId> {
-            stage.map_or_else(Vec::new, |s| self.miners.values().filter(|o| o.stage == s).map(|o| o.peer).collect())
-        };
-        Some(StepRefereeInputs {
-            stage: m.stage,
-            steps,
-            upstream: at(m.stage.checked_sub(1)),
-            downstream: at(m.stage.checked_add(1)),
-        })
-    }
-
-    /// Whether `peer` (a validator) may read `key`: announced evidence.
-    pub(super) fn may_read_evidence(&self, peer: &PeerId, key: &str) -> bool {
-        self.is_validator(peer)
-            && self.validation.round.as_ref().is_some_and(|r| {
-                let mut all = r.evidence.values().chain(r.step_evidence.values()).chain(r.trace_evidence.values());
-                all.any(|o| o.key == key)
-            })
-    }
-
-    /// A miner announced the evidence it was asked for: recorded, and
-    /// handed to every validator that asked.
-    pub(super) fn on_evidence_stored(
-        &mut self,
-        peer: PeerId,
-        epoch: u64,
-        stage: u32,
-        obj: StoredObject,
-        out: &mut Vec<Out>,
-    ) -> Result<(), Refusal> {
-        let not_yours = |why: &str| Refusal::NotYours(format!("object {}: {why}", obj.key));
-        let r = self
-            .validation
-            .round
-            .as_mut()
-            .filter(|r| r.epoch == epoch && obj.key.starts_with(&upload_prefix(epoch)))
-            .ok_or_else(|| not_yours("no validation round of that epoch is open"))?;
-        if obj.is_part() {
-            return Err(not_yours("evidence is one object, not a part"));
-        }
-        if let Some((k, step)) = parse_trace_key(&obj.key, epoch, &peer) {
-            let askers = r.trace_asked.get(&(peer, k, step)).ok_or_else(|| not_yours("nobody asked for that trace"))?;
-            for v in askers {
-                out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
-            }
-            r.trace_evidence.insert((peer, k, step), obj);
-            return Ok(());
-        }
-        let (k, step) =
-            evidence_name(&obj.key, epoch, &peer).ok_or_else(|| not_yours("not the announcer's evidence key"))?;
-        let askers = r.asked.get(&(peer, k)).ok_or_else(|| not_yours("nobody asked for that evidence"))?;
-        let steppers = r.step_asked.get(&(peer, k));
-        if step && steppers.is_none() {
-            return Err(not_yours("nobody asked for that attempt's inner steps"));
-        }
-        if obj.is_part() {
-            return Err(not_yours("evidence is one object, not a part"));
-        }
-        // The object that shows the inner steps answers every asker; the
-        // plain one, those that did not ask for them.
-        for v in askers.iter().filter(|v| step || !steppers.is_some_and(|s| s.contains(v))) {
-            out.push(Out { to: *v, cmd: pb::command::Kind::Stored(stored_cmd(epoch, stage, &obj)) });
-        }
-        match step {
-            true => r.step_evidence.insert((peer, k), obj),
-            false => r.evidence.insert((peer, k), obj),
-        };
-        Ok(())
-    }
-
     /// A validator is done with the round; its weights over the epoch's
     /// miners (in the `EpochWork` order) are kept for settlement. A vector
     /// that does not fit the epoch is refused whole: nothing is recorded,
@@ -457,43 +348,28 @@ impl Orchestrator {
         if proof.as_ref().is_some_and(|p| p.epoch != v.epoch) {
             return Err(Refusal::Invalid("the verdict's proof is of another epoch".into()));
         }
-        // What a proven step is held against, for the ledger.
-        let inputs = v.step_proven.and_then(|_| self.step_referee_inputs(v.epoch, &v.miner));
+        if v.step_proven.is_some() && !(v.guilty && v.check == Check::Recompute && v.proof.is_empty()) {
+            return Err(Refusal::Invalid("a step proof goes alone with a guilty recompute verdict".into()));
+        }
         let q = self.validation.quorum.as_mut().ok_or_else(|| Refusal::Invalid("this run has no validators".into()))?;
         let acc = Accusation { epoch: v.epoch, miner: v.miner, check: v.check };
         let forgotten = v.epoch < q.forgotten_before();
         let mut consequences = q.vote(v.validator, acc, v.guilty).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        if v.step_proven.is_some() && !(v.guilty && v.check == Check::Recompute && v.proof.is_empty()) {
-            return Err(Refusal::Invalid("a step proof goes alone with a guilty recompute verdict".into()));
-        }
-        // A proven failed step decides it too (the shell re-checked it).
-        if let Some(hash) = v.step_proven.filter(|_| !forgotten) {
+        // A proven failed step (the shell re-checked it), or two signatures,
+        // decide it, whatever the stake voted or will vote.
+        let step_proven = v.step_proven.filter(|_| !forgotten);
+        let proof = proof.filter(|_| !forgotten);
+        if step_proven.is_some() || proof.is_some() {
             consequences.extend(q.proven(acc));
-            let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-            let (stage, steps, upstream, downstream) =
-                inputs.map(|i| (i.stage, i.steps, i.upstream, i.downstream)).unwrap_or_default();
-            let (epoch, miner, validator) = (v.epoch, v.miner, v.validator);
-            let record = StepProofRecord { epoch, miner, validator, hash: hex, stage, steps, upstream, downstream };
-            if !self.validation.step_proofs.contains(&record) {
-                self.counters.step_proofs += 1;
-                warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: a failed inner step");
-                if self.validation.step_proofs.len() >= MAX_EQUIVOCATION_RECORDS {
-                    self.validation.step_proofs.remove(0);
-                }
-                self.validation.step_proofs.push(record);
-            }
         }
-        // Two signatures decide it, whatever the stake voted or will vote.
-        if let Some(p) = proof.filter(|_| !forgotten) {
-            consequences.extend(q.proven(acc));
-            if !self.validation.frame_equivocations.contains(&p) {
-                self.counters.frame_equivocations += 1;
-                warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: two frames signed for one attempt");
-                if self.validation.frame_equivocations.len() >= MAX_EQUIVOCATION_RECORDS {
-                    self.validation.frame_equivocations.remove(0);
-                }
-                self.validation.frame_equivocations.push(p);
-            }
+        if let Some(hash) = step_proven {
+            self.record_step_proof((v.epoch, v.miner, v.validator), hash);
+        }
+        if let Some(p) = proof
+            && push_latest(&mut self.validation.frame_equivocations, p)
+        {
+            self.counters.frame_equivocations += 1;
+            warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, "proven: two frames signed for one attempt");
         }
         if v.guilty {
             warn!(epoch = v.epoch, miner = %v.miner, validator = %v.validator, reason = %v.reason, "verdict: guilty");
@@ -733,34 +609,4 @@ impl Orchestrator {
 
 pub(super) fn stored_cmd(epoch: u64, stage: u32, o: &StoredObject) -> pb::Stored {
     pb::Stored { epoch, stage, object: Some(o.to_pb()) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn evidence_keys_parse_back_to_their_attempt_only() {
-        let m = PeerId([5; 32]);
-        let k = iota_wire::store_keys::evidence_key(3, &m, 2, 640, 1);
-        assert_eq!(evidence_name(&k, 3, &m), Some(((2, 640, 1), false)));
-        let step = iota_wire::store_keys::step_evidence_key(3, &m, 2, 640, 1);
-        assert_eq!(evidence_name(&step, 3, &m), Some(((2, 640, 1), true)), "the one showing the inner steps");
-        assert_eq!(iota_wire::store_keys::parse_evidence_key(&step, 3, &m), None, "not a plain evidence key");
-        assert_eq!(evidence_name(&k, 4, &m), None, "another epoch");
-        assert_eq!(evidence_name(&k, 3, &PeerId([6; 32])), None, "another miner's");
-        for bad in [format!("{k}x"), k.replace(".evidence", ".f32"), k.replace("-001", "-1"), k.replace("000002-", "")]
-        {
-            assert_eq!(evidence_name(&bad, 3, &m), None, "{bad}");
-        }
-    }
-}
-
-/// What `step_referee_inputs` gives.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepRefereeInputs {
-    pub stage: u32,
-    pub steps: iota_core::commitment::Chain,
-    pub upstream: Vec<PeerId>,
-    pub downstream: Vec<PeerId>,
 }
