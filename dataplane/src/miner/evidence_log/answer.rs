@@ -43,8 +43,8 @@ pub(crate) fn answer(
             continue;
         }
         let skip = |why: &str| warn!(shard = key.1, first = key.2, attempt = key.3, why, "evidence not uploaded");
+        // A trace of an inner step is answered apart (`trace_answer`).
         if item.trace_step > 0 {
-            skip("a trace of an inner step is answered by the miner's trace path");
             continue;
         }
         let Some(info) = log.attempt(key) else {
