@@ -119,6 +119,17 @@ fn beyond_its_draw_a_validator_may_ask_only_for_attempts_asked_downstream() {
     assert!(matches!(ask(&mut s, m0, vec![other]), Err(Refusal::Invalid(_))), "asked downstream by another");
 }
 
+/// Validator `v`'s epoch-0 ask of `miner`'s `items`, one of them with its
+/// inner steps and, with `trace`, the trace of one of its steps.
+fn step_ask(
+    v: u8,
+    miner: PeerId,
+    items: Vec<WorkKey>,
+    (inner_step, trace): (Option<WorkKey>, Option<(WorkKey, u32)>),
+) -> Event {
+    Event::EvidenceAsk { validator: validator(v), epoch: 0, miner, items, inner_step, trace }
+}
+
 /// The inner steps of one attempt per miner: asked of the miner once,
 /// writable and announced under their own key; the plain object of the
 /// same attempt does not reach a validator waiting for the steps, the one
@@ -133,14 +144,7 @@ fn the_inner_steps_of_one_attempt_per_miner_are_asked_once_and_reach_every_asker
     let stage = s.o.miner(&m0).unwrap().stage;
     let done = completed_by(&w, m0);
     let (k0, k1) = (done[0], done[1]);
-    let ask = |v: u8, items: Vec<WorkKey>, inner_step| Event::EvidenceAsk {
-        validator: validator(v),
-        epoch: 0,
-        miner: m0,
-        items,
-        inner_step,
-        trace: None,
-    };
+    let ask = |v: u8, items: Vec<WorkKey>, inner_step| step_ask(v, m0, items, (inner_step, None));
     // Validator 1 asks plainly first, validator 0 then with the steps.
     s.inbox.extend(s.o.step(s.now, ask(1, vec![k0], None), &mut s.rng).unwrap());
     s.inbox.extend(s.o.step(s.now, ask(0, vec![k0, k1], Some(k0)), &mut s.rng).unwrap());
@@ -192,22 +196,8 @@ fn a_trace_is_asked_after_the_steps_relayed_once_and_reaches_its_askers() {
     let stage = s.o.miner(&m0).unwrap().stage;
     let done = completed_by(&w, m0);
     let (k0, k1) = (done[0], done[1]);
-    let ask = |v: u8, items: Vec<WorkKey>, inner_step| Event::EvidenceAsk {
-        validator: validator(v),
-        epoch: 0,
-        miner: m0,
-        items,
-        inner_step,
-        trace: None,
-    };
-    let trace = |v: u8, k: WorkKey, step: u32| Event::EvidenceAsk {
-        validator: validator(v),
-        epoch: 0,
-        miner: m0,
-        items: vec![k],
-        inner_step: Some(k),
-        trace: Some((k, step)),
-    };
+    let ask = |v: u8, items: Vec<WorkKey>, inner_step| step_ask(v, m0, items, (inner_step, None));
+    let trace = |v: u8, k: WorkKey, step: u32| step_ask(v, m0, vec![k], (Some(k), Some((k, step))));
     s.inbox.extend(s.o.step(s.now, ask(0, vec![k0], Some(k0)), &mut s.rng).unwrap());
     s.inbox.extend(s.o.step(s.now, ask(1, vec![k0], Some(k0)), &mut s.rng).unwrap());
     s.drain();
