@@ -358,6 +358,13 @@ impl Gpu {
     /// `momentum` updated in place; the update returned.
     fn nesterov(&self, g: &CudaSlice<f32>, outer: OuterOpt, momentum: &mut [f32]) -> Result<Vec<f32>, CudaError> {
         let s = &self.stream;
+        if outer.momentum == 0.0 {
+            // No momentum: u = lr g on the host, as the CPU reference
+            // defines it (the momentum is not kept), the same bits.
+            let mut u = s.clone_dtoh(g).map_err(drv)?;
+            iota_core::merge::reduce::outer_step(outer, &mut u, momentum);
+            return Ok(u);
+        }
         let n = momentum.len();
         let mut dm = s.clone_htod(momentum).map_err(drv)?;
         let mut du: CudaSlice<f32> = s.alloc_zeros(n).map_err(drv)?;

@@ -83,25 +83,49 @@ pub const SQ_LANES: usize = 16;
 /// f64 however many a chunk holds, so the sum is finite exactly when every
 /// value is: one test at the end, none in the loop.
 pub fn chunk_sq_sum(ch: &[f32]) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: this CPU has AVX2, checked just above (std caches it).
-        return unsafe { chunk_sq_sum_avx2(ch) };
+    let mut s = SqSum::default();
+    s.add(ch);
+    s.finish()
+}
+
+/// A chunk's sum of squares fed in pieces, in order (a pass that reads a
+/// chunk a sub-block at a time measures the norm as it goes): every piece
+/// but the last a multiple of `SQ_LANES` long, so each value lands in the
+/// lane it would in one call, and `finish` gives `chunk_sq_sum`'s bits.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SqSum {
+    lanes: [f64; SQ_LANES],
+}
+
+impl SqSum {
+    /// Adds the chunk's next values.
+    pub fn add(&mut self, x: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: this CPU has AVX2, checked just above (std caches it).
+            unsafe { sq_add_avx2(&mut self.lanes, x) };
+            return;
+        }
+        sq_add_body(&mut self.lanes, x);
     }
-    chunk_sq_sum_body(ch)
+
+    /// The chunk's sum of squares, None if a value was not finite.
+    pub fn finish(&self) -> Option<f64> {
+        let s = self.lanes.iter().fold(0.0f64, |a, l| a + l);
+        s.is_finite().then_some(s)
+    }
 }
 
 /// The same code in AVX2 (four f64 lanes where baseline x86-64 has two):
 /// the same operations on each value in the same order, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn chunk_sq_sum_avx2(ch: &[f32]) -> Option<f64> {
-    chunk_sq_sum_body(ch)
+unsafe fn sq_add_avx2(lanes: &mut [f64; SQ_LANES], ch: &[f32]) {
+    sq_add_body(lanes, ch)
 }
 
 #[inline(always)]
-fn chunk_sq_sum_body(ch: &[f32]) -> Option<f64> {
-    let mut lanes = [0.0f64; SQ_LANES];
+fn sq_add_body(lanes: &mut [f64; SQ_LANES], ch: &[f32]) {
     let (body, rest) = ch.as_chunks::<SQ_LANES>();
     for block in body {
         for (l, &x) in lanes.iter_mut().zip(block) {
@@ -111,8 +135,6 @@ fn chunk_sq_sum_body(ch: &[f32]) -> Option<f64> {
     for (l, &x) in lanes.iter_mut().zip(rest) {
         *l += f64::from(x) * f64::from(x);
     }
-    let s = lanes.iter().fold(0.0f64, |a, l| a + l);
-    s.is_finite().then_some(s)
 }
 
 /// The L2 norm from the chunks' `chunk_sq_sum`s, added in chunk order.
@@ -132,6 +154,27 @@ fn finite_norm(c: &[f32]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunk fed to `SqSum` in pieces (multiples of `SQ_LANES`, the last
+    /// any length) gives `chunk_sq_sum`'s bits for the whole chunk, and a
+    /// non-finite value in any piece makes it None.
+    #[test]
+    fn a_sum_of_squares_fed_in_pieces_is_the_chunks() {
+        let mut rng = crate::Rng::new(3);
+        for len in [1usize, 15, 16, 17, 1024, 4096 + 7, REDUCE_CHUNK] {
+            let x: Vec<f32> = (0..len).map(|_| rng.normal() * 10f32.powi((rng.below(9) as i32) - 4)).collect();
+            for piece in [16usize, 48, 1024] {
+                let mut s = SqSum::default();
+                x.chunks(piece).for_each(|p| s.add(p));
+                assert_eq!(s.finish().map(f64::to_bits), chunk_sq_sum(&x).map(f64::to_bits), "len {len} piece {piece}");
+            }
+            let mut bad = x.clone();
+            bad[len - 1] = f32::INFINITY;
+            let mut s = SqSum::default();
+            bad.chunks(16).for_each(|p| s.add(p));
+            assert_eq!(s.finish(), None);
+        }
+    }
 
     /// The lanes' sum is the sum of squares (to rounding), and any
     /// non-finite value, wherever it sits, makes the chunk's sum None.

@@ -11,7 +11,8 @@
 //!   or trimmed mean, or centered clipping: start at the coordinate-wise
 //!   median, then `max(iters, 1)` times move the center v by
 //!   sum_i w_i min(1, tau / |x_i - v|) (x_i - v), tau = tau_factor times the
-//!   median of the |x_i - v|. Then Nesterov: m <- mu m + g; u = lr (g + mu m).
+//!   median of the |x_i - v|. Then Nesterov: m <- mu m + g; u = lr (g + mu m)
+//!   (with mu = 0: u = lr g, the momentum left alone).
 //! - int8 row: per row, the scale is absmax / 127 (in f32) rounded up to a
 //!   bf16 (the top 16 bits of an f32), written little-endian, then one code
 //!   per value: x * (1 / scale), both in f32, rounded half away from zero and
@@ -99,6 +100,11 @@ pub fn reduce(
     let (lr, mu) = (outer.lr as f64, outer.momentum as f64);
     let mut u = vec![0.0f32; n];
     for j in 0..n {
+        if mu == 0.0 {
+            // No momentum: not kept (`iota_core::merge::reduce::outer_step`).
+            u[j] = (lr * g[j]) as f32;
+            continue;
+        }
         let m = mu * momentum[j] as f64 + g[j];
         momentum[j] = m as f32;
         u[j] = (lr * (g[j] + mu * m)) as f32;

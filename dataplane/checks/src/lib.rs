@@ -13,7 +13,11 @@
 //! - [`contribution`]: a merge contribution held against the weights
 //!   chain it must come from;
 //! - [`slices`]: a merge partition's slice on the wire and the reduce an
-//!   honest owner (and an auditing validator) runs.
+//!   honest owner (and an auditing validator) runs; [`reduce_stream`], the
+//!   reduce streamed for the rules that are a weighted mean;
+//!   [`tree_hash`], a BLAKE3 hash put together from pieces hashed while in
+//!   cache; [`payload_pool`], published-update buffers kept for the next
+//!   merge.
 
 pub mod contribution;
 pub mod evidence;
@@ -21,8 +25,11 @@ pub mod evidence_bundle;
 pub mod frame;
 pub mod hashes;
 pub mod inner_step;
+pub mod payload_pool;
 pub mod recompute;
+pub mod reduce_stream;
 pub mod slices;
 pub mod sparse;
+pub mod tree_hash;
 
 pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};

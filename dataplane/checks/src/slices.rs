@@ -2,13 +2,14 @@
 //! sender and owner uses, a `WeightSlice` frame read into a `SliceMsg`, and
 //! the reduce an honest owner (and a validator auditing it) runs.
 
-use anyhow::{Result, bail};
+use crate::reduce_stream::{Sink, check_slice_len, streamed};
+use crate::{payload_pool, tree_hash};
+use anyhow::Result;
 use bytes::Bytes;
 use iota_core::PeerId;
 use iota_core::WireCodec;
-use iota_core::merge::flaws::{chunk_sq_sum, flaws_of_norms, norm_of_partials};
-use iota_core::merge::reduce::{REDUCE_CHUNK, clip_cannot_bite};
-use iota_core::merge::{BLOCK, ReduceRule, ReduceStats, flaws, reduce_slice};
+use iota_core::merge::reduce::REDUCE_CHUNK;
+use iota_core::merge::{BLOCK, ReduceStats, flaws, reduce_slice};
 use iota_core::wire::{Direction, header_bytes};
 use iota_model::codec;
 use iota_wire::MergeSpec;
@@ -55,14 +56,6 @@ pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
     let mut v = vec![0.0f32; usize::try_from(len)?];
     decode_slice_into(c, bytes, &mut v)?;
     Ok(v)
-}
-
-fn check_slice_len(c: WireCodec, len: u64, bytes: &[u8]) -> Result<()> {
-    let want = c.payload_bytes(blocks(len), BLOCK as usize);
-    if want != Some(bytes.len()) {
-        bail!("slice of {len} values: {} payload bytes, expected {want:?}", bytes.len());
-    }
-    Ok(())
 }
 
 /// Decodes a slice written by `encode_slice` into `out` (its `len` values,
@@ -143,18 +136,11 @@ pub fn reduce_partition_decoded(
 
 /// `reduce_partition` for the rules that come down to a weighted mean
 /// (`Mean`, and centered clipping where it `clip_cannot_bite`: two
-/// contributions), streamed chunk by chunk as a reduce at memory speed
-/// must be: one pass reads the encoded contributions for the norms `flaws`
-/// judges by; a second decodes each chunk again into a buffer that stays
-/// in cache, takes the weighted mean and applies the outer step at once.
-/// Nothing stage-sized is decoded or written but the update and the
-/// momentum (the reference decodes every contribution whole and passes
-/// over it four times). The sums are the reference's, in its order (norm
-/// partials per `REDUCE_CHUNK` in chunk order, the mean per coordinate in
-/// participant order from -0.0, the outer step in f32), so the bits are
-/// too. None where this does not apply (another rule, nothing left to
-/// reduce, weights that do not pair with the contributions): the reference
-/// runs.
+/// contributions), streamed (`reduce_stream`): nothing stage-sized is
+/// decoded or written but the update and the momentum (the reference
+/// decodes every contribution whole and passes over it four times). The
+/// same bits as the reference. None where it does not apply: the
+/// reference runs.
 fn streamed_reduce(
     spec: &MergeSpec,
     epoch: u64,
@@ -168,8 +154,8 @@ fn streamed_reduce(
         out.copy_from_slice(u);
         Ok(())
     };
-    let (flagged, written) =
-        streamed(spec, epoch, len, payloads, weights, momentum, (&mut update, REDUCE_CHUNK, write))?;
+    let sink = Sink { out: &mut update, per_row: BLOCK as usize, write, seal: |_, _: &[f32]| None };
+    let (flagged, written) = streamed(spec, epoch, len, payloads, weights, momentum, sink)?;
     written.ok()?;
     Some(Reduced { update, flagged, stats: ReduceStats::default() })
 }
@@ -200,7 +186,8 @@ pub fn reduce_partition_published(
     let b = BLOCK as usize;
     let rb = c.row_bytes(b);
     let bytes = c.payload_bytes(blocks(len), b).ok_or_else(|| anyhow::anyhow!("a partition too large to encode"))?;
-    let mut out = vec![0u8; bytes];
+    // Written whole below (every chunk's piece, padding included).
+    let mut out = payload_pool::take(bytes);
     // Each chunk's rows encoded on their own (as `encode_slice` does), a
     // last, partial block through a zero-padded copy.
     let write = |u: &[f32], o: &mut [u8]| -> Result<()> {
@@ -214,207 +201,25 @@ pub fn reduce_partition_published(
         }
         Ok(())
     };
-    if let Some((flagged, written)) =
-        streamed(spec, epoch, len, payloads, weights, momentum, (&mut out, REDUCE_CHUNK / b * rb, write))
-    {
-        written?;
-        let payload = Bytes::from(out);
-        let hash = hash_bytes(&payload);
+    // Each encoded chunk hashed as soon as it is written, while in cache,
+    // where a chunk's bytes are a whole subtree of BLAKE3's tree (bf16 and
+    // f32: 32 and 64 KiB) and the payload is more than one chunk.
+    let per_chunk = REDUCE_CHUNK / b * rb;
+    let in_pieces = tree_hash::is_subtree_len(per_chunk) && bytes > per_chunk;
+    let seal = |i: usize, o: &[u8]| in_pieces.then(|| tree_hash::piece_cv(i, per_chunk, o));
+    let sink = Sink { out: &mut out, per_row: rb, write, seal };
+    if let Some((flagged, pieces)) = streamed(spec, epoch, len, payloads, weights, momentum, sink) {
+        let pieces: Option<Vec<_>> = pieces?.into_iter().collect();
+        let payload = payload_pool::publish(out);
+        let hash = match pieces.and_then(|p| tree_hash::root_of_pieces(&p, per_chunk, bytes as u64)) {
+            Some(h) => h,
+            None => hash_bytes(&payload),
+        };
         return Ok(Published { payload, hash, flagged, stats: ReduceStats::default() });
     }
     let r = reduce_partition_decoded(spec, epoch, len, payloads, weights, momentum);
     let (payload, hash) = update_hash(c, &r.update)?;
     Ok(Published { payload, hash, flagged: r.flagged, stats: r.stats })
-}
-
-/// The contributions an owner flags: index (plan order), why.
-type Flagged = Vec<(usize, iota_core::merge::Flaw)>;
-
-/// The output of `streamed`'s second pass: `out`, cut in `per_chunk`
-/// pieces, one for each `REDUCE_CHUNK` of the update, and how a chunk of
-/// the update is written into its piece.
-type Sink<'a, T, W> = (&'a mut [T], usize, W);
-
-/// The two passes of the streamed reduce (see `streamed_reduce`): None
-/// where it does not apply; else the flags and whether every chunk was
-/// decoded and written (an error where not: a payload pass 1 read, or an
-/// update the codec refuses).
-// A peer's payloads: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-fn streamed<T: Send, W: Fn(&[f32], &mut [T]) -> Result<()> + Sync>(
-    spec: &MergeSpec,
-    epoch: u64,
-    len: u64,
-    payloads: &[Option<&[u8]>],
-    weights: &[f64],
-    momentum: &mut [f32],
-    (out, per_chunk, write): Sink<'_, T, W>,
-) -> Option<(Flagged, Result<()>)> {
-    let c = spec.codec;
-    let n = usize::try_from(len).ok()?;
-    let chunks = n.div_ceil(REDUCE_CHUNK);
-    let fits = out.len().div_ceil(per_chunk.max(1)) == chunks;
-    if momentum.len() != n || n == 0 || weights.len() != payloads.len() || per_chunk == 0 || !fits {
-        return None;
-    }
-    let sized: Vec<Option<&[u8]>> = payloads.iter().map(|p| p.filter(|b| check_slice_len(c, len, b).is_ok())).collect();
-    // Pass 1: per chunk, each contribution's sum of squares (None: a
-    // non-finite value; Err: a value that does not decode).
-    let partials: Vec<Vec<Result<Option<f64>, ()>>> = (0..chunks)
-        .into_par_iter()
-        .map_init(
-            || vec![0.0f32; REDUCE_CHUNK],
-            |buf, ci| {
-                let at = ci.saturating_mul(REDUCE_CHUNK);
-                let m = REDUCE_CHUNK.min(n.saturating_sub(at));
-                let x = buf.get_mut(..m).unwrap_or_default();
-                sized
-                    .iter()
-                    .map(|p| {
-                        let bytes = p.ok_or(())?;
-                        decode_range(c, bytes, at, x).map_err(|_| ())?;
-                        Ok(chunk_sq_sum(x))
-                    })
-                    .collect()
-            },
-        )
-        .collect();
-    let norms: Vec<Option<Option<f64>>> = (0..payloads.len())
-        .map(|i| {
-            let of_i: Result<Vec<Option<f64>>, ()> =
-                partials.iter().map(|p| p.get(i).copied().unwrap_or(Err(()))).collect();
-            of_i.ok().map(norm_of_partials)
-        })
-        .collect();
-    let flagged = flaws_of_norms(&norms);
-    let used: Vec<(&[u8], f64)> = sized
-        .iter()
-        .zip(weights)
-        .enumerate()
-        .filter(|(i, _)| !flagged.iter().any(|(j, _)| j == i))
-        .filter_map(|(_, (p, w))| Some(((*p)?, *w)))
-        .collect();
-    let mean = match spec.rule {
-        ReduceRule::Mean => true,
-        ReduceRule::CenteredClip { tau_factor, .. } => clip_cannot_bite(used.len(), tau_factor),
-        ReduceRule::TrimmedMean { .. } => false,
-    };
-    if !mean || used.is_empty() {
-        return None;
-    }
-    // The weights as `reduce_slice` normalises them.
-    let total: f64 = used.iter().map(|u| u.1).sum();
-    let count = used.len() as f64;
-    let norm: Vec<f64> = used.iter().map(|u| if total > 0.0 { u.1 / total } else { 1.0 / count }).collect();
-    let outer = spec.outer_at(epoch);
-    let (lr, mu) = (outer.lr, outer.momentum);
-    // Pass 2: the weighted mean and the outer step, chunk by chunk, each
-    // chunk's update written into its piece of `out` while in cache.
-    let written = out
-        .par_chunks_mut(per_chunk)
-        .zip(momentum.par_chunks_mut(REDUCE_CHUNK))
-        .enumerate()
-        .map_init(
-            || (vec![0.0f32; REDUCE_CHUNK], vec![0.0f64; REDUCE_CHUNK], vec![0.0f32; REDUCE_CHUNK]),
-            |(buf, acc, upd), (ci, (o, m))| -> Result<()> {
-                let at = ci.saturating_mul(REDUCE_CHUNK);
-                let k = m.len();
-                let x = buf.get_mut(..k).unwrap_or_default();
-                let acc = acc.get_mut(..k).unwrap_or_default();
-                let u = upd.get_mut(..k).unwrap_or_default();
-                acc.fill(-0.0);
-                for ((bytes, _), w) in used.iter().zip(&norm) {
-                    decode_range(c, bytes, at, x)?;
-                    add_weighted(acc, x, *w);
-                }
-                outer_step(acc, m, u, lr, mu);
-                write(u, o)
-            },
-        )
-        .collect::<Result<()>>();
-    Some((flagged, written))
-}
-
-/// `acc[j] += w x[j]` in f64: one contribution's share of a chunk's
-/// weighted mean. The loops of the streamed reduce run in AVX2 where the
-/// CPU has it (four f64 lanes where baseline x86-64 has two): the same
-/// operations on each value, no fused multiply-add (Rust never contracts
-/// one), so the same bits on any x86-64.
-fn add_weighted(acc: &mut [f64], x: &[f32], w: f64) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: this CPU has AVX2, checked just above (std caches it).
-        unsafe { add_weighted_avx2(acc, x, w) };
-        return;
-    }
-    add_weighted_body(acc, x, w);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn add_weighted_avx2(acc: &mut [f64], x: &[f32], w: f64) {
-    add_weighted_body(acc, x, w)
-}
-
-#[inline(always)]
-fn add_weighted_body(acc: &mut [f64], x: &[f32], w: f64) {
-    for (a, &v) in acc.iter_mut().zip(x) {
-        *a += w * f64::from(v);
-    }
-}
-
-/// The outer step on one chunk from its weighted mean `acc` (in f64):
-/// m <- mu m + g, u = lr (g + mu m), with g the mean as f32 (in AVX2
-/// where the CPU has it, as `add_weighted`).
-fn outer_step(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: this CPU has AVX2, checked just above (std caches it).
-        unsafe { outer_step_avx2(acc, m, u, lr, mu) };
-        return;
-    }
-    outer_step_body(acc, m, u, lr, mu);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn outer_step_avx2(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
-    outer_step_body(acc, m, u, lr, mu)
-}
-
-#[inline(always)]
-fn outer_step_body(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) {
-    for ((u, m), a) in u.iter_mut().zip(m.iter_mut()).zip(acc) {
-        let g = *a as f32;
-        *m = mu * *m + g;
-        *u = lr * (g + mu * *m);
-    }
-}
-
-/// Decodes values `at .. at + out.len()` of a slice written by
-/// `encode_slice` (`at` a multiple of `BLOCK`; a last, partial block
-/// through a padded copy, as `decode_slice_into` does).
-// A peer's payload: no unchecked arithmetic or indexing.
-#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
-fn decode_range(c: WireCodec, bytes: &[u8], at: usize, out: &mut [f32]) -> Result<()> {
-    let b = BLOCK as usize;
-    let rb = c.row_bytes(b);
-    let first = at.checked_div(b).unwrap_or(0);
-    let full = out.len().checked_div(b).unwrap_or(0);
-    let row = |r: usize, rows: usize| -> Result<&[u8]> {
-        let start = r.checked_mul(rb).ok_or_else(|| anyhow::anyhow!("slice offset overflows"))?;
-        let end = rows.checked_mul(rb).and_then(|l| start.checked_add(l));
-        end.and_then(|e| bytes.get(start..e)).ok_or_else(|| anyhow::anyhow!("slice shorter than its values"))
-    };
-    let (body, tail) = out.split_at_mut(full.saturating_mul(b));
-    codec::decode_into(c, full, b, row(first, full)?, body)?;
-    if !tail.is_empty() {
-        let mut padded = vec![0.0f32; b];
-        codec::decode_into(c, 1, b, row(first.saturating_add(full), 1)?, &mut padded)?;
-        let k = tail.len();
-        tail.copy_from_slice(padded.get(..k).unwrap_or_default());
-    }
-    Ok(())
 }
 
 /// The hash owners publish for an update (`SliceDone.hash`): blake3 of
@@ -483,10 +288,12 @@ mod tests {
     use super::*;
 
     /// The streamed reduce gives the reference's bits (update, momentum,
-    /// flags, stats) for every codec, rule, replica count, length (whole
-    /// chunks, a partial chunk, a partial block) and hostile contribution
-    /// (missing, truncated, NaN, a huge outlier), and leaves to the
-    /// reference what it does not stream.
+    /// flags, stats, the published payload and its hash, hashed in pieces
+    /// where the payload is more than one chunk) for every codec, rule,
+    /// replica count, length (whole chunks, a partial chunk, a partial
+    /// block), outer step with and without momentum, and hostile
+    /// contribution (missing, truncated, NaN, a huge outlier), and leaves
+    /// to the reference what it does not stream.
     #[test]
     fn the_streamed_reduce_is_the_reference_bit_for_bit() {
         use iota_core::merge::{OuterOpt, ReduceRule};
@@ -502,7 +309,10 @@ mod tests {
             for len in [7, b, REDUCE_CHUNK, 2 * REDUCE_CHUNK + 3 * b + 5] {
                 for r in 1..=4usize {
                     for attack in ["none", "missing", "short", "nan", "huge"] {
-                        for rule in rules {
+                        // With momentum (two passes), and without (one
+                        // pass measuring the norms, again without what it
+                        // flags).
+                        for (rule, mu) in rules.into_iter().flat_map(|r| [(r, 0.9), (r, 0.0)]) {
                             let base: Vec<f32> = (0..len).map(|_| rng.normal() * 0.01).collect();
                             let mut xs: Vec<Vec<f32>> =
                                 (0..r).map(|_| base.iter().map(|&v| v + rng.normal() * 0.003).collect()).collect();
@@ -527,7 +337,7 @@ mod tests {
                             let spec = MergeSpec {
                                 codec: c,
                                 rule,
-                                outer: OuterOpt { lr: 0.7, momentum: 0.9 },
+                                outer: OuterOpt { lr: 0.7, momentum: mu },
                                 ..MergeSpec::default()
                             };
                             let m0: Vec<f32> = (0..len).map(|_| rng.normal() * 1e-3).collect();
@@ -564,7 +374,7 @@ mod tests {
             }
         }
         // Mean always, centered clipping of one or two: most cases stream.
-        assert!(streamed > 200, "{streamed} streamed");
+        assert!(streamed > 400, "{streamed} streamed");
     }
 
     /// The slice codec (whole blocks in parallel, the tail padded on its
