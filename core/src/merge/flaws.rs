@@ -109,6 +109,13 @@ impl SqSum {
         sq_add_body(&mut self.lanes, x);
     }
 
+    /// The lanes, for a loop that adds each value's square itself (value j
+    /// of the chunk to lane j mod `SQ_LANES`, in order), fused with other
+    /// work on the same values.
+    pub fn lanes_mut(&mut self) -> &mut [f64; SQ_LANES] {
+        &mut self.lanes
+    }
+
     /// The chunk's sum of squares, None if a value was not finite.
     pub fn finish(&self) -> Option<f64> {
         let s = self.lanes.iter().fold(0.0f64, |a, l| a + l);

@@ -27,6 +27,7 @@ pub mod hashes;
 pub mod inner_step;
 pub mod payload_pool;
 pub mod recompute;
+pub mod reduce_bf16;
 pub mod reduce_stream;
 pub mod slices;
 pub mod sparse;

@@ -7,6 +7,7 @@
 //! merge codec's encoding with each chunk hashed while in cache). The sums
 //! are the reference's, in its order, so the bits are too.
 
+use crate::reduce_bf16::padding_finite;
 use anyhow::{Result, bail};
 use blake3::hazmat::ChainingValue;
 use iota_core::WireCodec;
@@ -36,7 +37,18 @@ pub struct Sink<'a, T, W, S> {
     pub per_row: usize,
     pub write: W,
     pub seal: S,
+    /// The sink's own loop for a whole sub-block where the contributions
+    /// are bf16, there is no outer momentum and the norms are measured
+    /// (`reduce_bf16::fused_bf16`, for the bf16 encoding): None, the
+    /// general loop.
+    pub fused: Option<Fused<T>>,
 }
+
+/// A sub-block's fused loop: the contributions' bytes for its values,
+/// their normalised weights, their running sums of squares, the outer
+/// learning rate, scratch, and the sub-block's piece of the output; false
+/// where an update value is not finite.
+pub type Fused<T> = fn(&[&[u8]], &[f64], &mut [SqSum], f32, &mut [f64], &mut [T]) -> bool;
 
 /// What the second pass gave: the flags, and for each piece what `seal`
 /// returned (an error where a chunk could not be decoded or written).
@@ -94,8 +106,12 @@ where
     };
     let outer = spec.outer_at(epoch);
     let step = (outer.lr, outer.momentum);
-    let Sink { out, per_row, write, seal } = sink;
-    let mut sink = Sink { out, per_row, write, seal };
+    let mut sink = sink;
+    // The fused loop reads only the values, not a last block's padding:
+    // where a padding value would not decode, the general loop runs.
+    if c != WireCodec::Bf16 || !sized.iter().flatten().all(|b| padding_finite(b, n)) {
+        sink.fused = None;
+    }
     let present = sized.iter().filter(|p| p.is_some()).count();
     let flagged = if outer.momentum == 0.0 && present > 0 && mean(present) {
         let used = used_of(&sized, weights, &[]);
@@ -180,6 +196,8 @@ where
 {
     let per_chunk = REDUCE_CHUNK / BLOCK as usize * sink.per_row;
     let (per_row, write, seal) = (sink.per_row, &sink.write, &sink.seal);
+    // The fused loop only where the norms are measured (so no momentum).
+    let fused = sink.fused.filter(|_| measure && step.1 == 0.0);
     sink.out
         .par_chunks_mut(per_chunk)
         .zip(momentum.par_chunks_mut(REDUCE_CHUNK))
@@ -188,7 +206,10 @@ where
             || (vec![0.0f32; SUB], vec![0.0f64; SUB], vec![0.0f32; SUB]),
             |bufs, (ci, (o, m))| {
                 let at = ci.saturating_mul(REDUCE_CHUNK);
-                let partials = reduce_chunk(c, used, step, (at, m), bufs, (o, per_row, write), measure)?;
+                let partials = match fused {
+                    Some(f) => fused_chunk(used, step.0, (at, m.len()), &mut bufs.1, (o, per_row), f)?,
+                    None => reduce_chunk(c, used, step, (at, m), bufs, (o, per_row, write), measure)?,
+                };
                 Ok((seal(ci, o), partials))
             },
         )
@@ -286,6 +307,50 @@ fn reduce_chunk<T, W: Fn(&[f32], &mut [T]) -> Result<()>>(
         done = end;
     }
     Ok(sums.iter().map(|s| s.map(|s| s.finish())).collect())
+}
+
+/// `reduce_chunk` measuring the norms, with a sink's fused loop for each
+/// sub-block (bf16 contributions, values `at .. at + k`, no momentum).
+/// A contribution holding a non-finite value is marked (Err), as the
+/// general loop's decode marks it.
+// A peer's payloads: no unchecked arithmetic or indexing.
+#[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
+fn fused_chunk<T>(
+    used: &[Used<'_>],
+    lr: f32,
+    (at, k): (usize, usize),
+    accb: &mut [f64],
+    (o, per_row): (&mut [T], usize),
+    fused: Fused<T>,
+) -> Result<Partials> {
+    let b = BLOCK as usize;
+    let ws: Vec<f64> = used.iter().map(|u| u.2).collect();
+    let mut sq = vec![SqSum::default(); used.len()];
+    let mut xs: Vec<&[u8]> = Vec::with_capacity(used.len());
+    let mut finite = true;
+    let mut done = 0usize;
+    while done < k {
+        let kk = SUB.min(k.saturating_sub(done));
+        let start = at.saturating_add(done).saturating_mul(2);
+        let end_byte = start.saturating_add(kk.saturating_mul(2));
+        xs.clear();
+        for (_, bytes, _) in used {
+            let Some(x) = bytes.get(start..end_byte) else { bail!("slice shorter than its values") };
+            xs.push(x);
+        }
+        let end = done.saturating_add(kk);
+        let from = done.checked_div(b).unwrap_or(0).saturating_mul(per_row);
+        let to = if end >= k { o.len() } else { end.checked_div(b).unwrap_or(0).saturating_mul(per_row) };
+        let Some(piece) = o.get_mut(from..to) else { bail!("an update piece shorter than its values") };
+        let acc = accb.get_mut(..kk).unwrap_or_default();
+        finite &= fused(&xs, &ws, &mut sq, lr, acc, piece);
+        done = end;
+    }
+    let partials: Partials = sq.iter().map(|s| s.finish().map(Some).ok_or(())).collect();
+    if !finite && partials.iter().all(Result::is_ok) {
+        bail!("the reduced update holds a non-finite value");
+    }
+    Ok(partials)
 }
 
 /// `acc[j] += w x[j]` in f64: one contribution's share of a sub-block's
