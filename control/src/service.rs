@@ -474,8 +474,8 @@ impl OrchestratorRpc for OrchestratorService {
         let commitments = iota_protocol::commitments_pb::from_pb(&body.commitments).unwrap_or_default();
         let ev = Event::Heartbeat { peer, tokens_per_s: body.tokens_per_s, in_flight: body.in_flight, commitments };
         self.apply_for(HEARTBEAT, peer, ev)?;
-        let (epoch, phase) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32));
-        Ok(Response::new(self.signed(&peer, HEARTBEAT, &env, &pb::HeartbeatReply { epoch, phase })))
+        let (epoch, phase, standing) = self.with_state(|o| (o.epoch(), o.phase().to_pb() as i32, o.standing(&peer)));
+        Ok(Response::new(self.signed(&peer, HEARTBEAT, &env, &pb::HeartbeatReply { epoch, phase, standing })))
     }
 
     type SubscribeStream = CommandStream;

@@ -43,6 +43,51 @@ pub enum Cmd {
     /// and exits non-zero on any failure. `--device cpu` checks the CPU
     /// references against plain re-computations (no GPU needed).
     Selftest(SelftestArgs),
+    /// Where a running miner stands: its state (waiting, training, merging,
+    /// benched, suspended ...), why, its stage and what it was paid, as its
+    /// `/status` page says (the miner must run with `--metrics ADDR`).
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The address the miner serves its metrics at (its `--metrics`).
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    metrics: String,
+}
+
+/// Reads the running miner's `/status` line and prints it.
+async fn status(a: StatusArgs) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(&a.metrics).await?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: miner\r\n\r\n").await?;
+        let mut body = Vec::new();
+        // Bounded: a line and its headers.
+        s.take(64 << 10).read_to_end(&mut body).await?;
+        anyhow::Ok(body)
+    };
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), ask)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from {} in 5 s", a.metrics))?
+        .with_context(|| {
+            format!("reading http://{}/status (is the miner running with --metrics {}?)", a.metrics, a.metrics)
+        })?;
+    println!("{}", status_line(&reply, &a.metrics)?);
+    Ok(())
+}
+
+/// The line a miner's `/status` reply holds (an HTTP/1 response).
+fn status_line(reply: &[u8], from: &str) -> Result<String> {
+    let text = String::from_utf8_lossy(reply);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let first = head.lines().next().unwrap_or("");
+    anyhow::ensure!(
+        first.starts_with("HTTP/1.") && first.split(' ').nth(1) == Some("200"),
+        "http://{from}/status answered: {first}"
+    );
+    let line: String = body.trim().chars().filter(|c| !c.is_control()).collect();
+    Ok(if line.is_empty() { "the miner has had no heartbeat reply yet".to_string() } else { line })
 }
 
 #[derive(Args)]
@@ -284,6 +329,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Cmd::Run(a) => run_miner(*a).await,
             Cmd::TransportProbe(a) => transport_probe(a).await,
             Cmd::Selftest(a) => selftest(a),
+            Cmd::Status(a) => status(a).await,
         }
     })
 }
@@ -415,4 +461,22 @@ async fn transport_probe(a: ProbeArgs) -> Result<()> {
     let r = tokio::time::timeout(Duration::from_secs(3600), probe::push(ep, peer, a.frames, a.size)).await??;
     print_report(&r);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_line;
+
+    #[test]
+    fn a_status_reply_is_its_line_and_anything_else_an_error() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\ntraining stage 1 of 3, epoch 2\n";
+        assert_eq!(status_line(ok, "m").unwrap(), "training stage 1 of 3, epoch 2");
+        let empty = b"HTTP/1.1 200 OK\r\n\r\n\n";
+        assert_eq!(status_line(empty, "m").unwrap(), "the miner has had no heartbeat reply yet");
+        let missing = b"HTTP/1.1 404 Not Found\r\n\r\n";
+        assert!(status_line(missing, "m").unwrap_err().to_string().contains("404"));
+        assert!(status_line(b"garbage", "m").is_err());
+        let hostile = b"HTTP/1.1 200 OK\r\n\r\nbenched\x1b[2J now\n";
+        assert!(!status_line(hostile, "m").unwrap().contains('\x1b'));
+    }
 }

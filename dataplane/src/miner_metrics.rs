@@ -90,6 +90,8 @@ pub struct Scrape<'a> {
     pub in_flight: u32,
     pub store_retries: u64,
     pub epoch: u64,
+    /// Where the miner stands (None before its first heartbeat reply).
+    pub standing: Option<crate::miner::standing::StandingMetrics>,
 }
 
 impl MinerMetrics {
@@ -153,6 +155,9 @@ impl MinerMetrics {
         counter(&mut r, "send_failures", "Frames that could not be sent.", s.transport.send_failures);
         counter(&mut r, "connects", "Data-plane connections dialled.", s.transport.connects);
         counter(&mut r, "store_retries", "Object-store operations retried after a transient failure.", s.store_retries);
+        if let Some(st) = &s.standing {
+            standing_metrics(&mut r, st);
+        }
         let (used, total) = (self.device_used.load(Ordering::Relaxed), self.device_total.load(Ordering::Relaxed));
         if used != u64::MAX {
             let g: Gauge = Gauge::default();
@@ -167,6 +172,28 @@ impl MinerMetrics {
         let _ = encode(&mut out, &r);
         out
     }
+}
+
+/// The standing as gauges: one per state (1 for the current one, as
+/// Prometheus' state sets do), the stage and the pay.
+fn standing_metrics(r: &mut Registry, st: &crate::miner::standing::StandingMetrics) {
+    use crate::miner::standing::{STATES, state_name};
+    let states = Family::<Labels, Gauge>::default();
+    let names = STATES.iter().map(|s| state_name(*s)).chain(["unreachable"]);
+    for name in names {
+        states.get_or_create(&vec![("state".into(), name.into())]).set(i64::from(name == st.state));
+    }
+    r.register("standing", "Where this miner stands (1: the current state), as the orchestrator says.", states);
+    let g: Gauge = Gauge::default();
+    g.set(i64::from(st.stage));
+    r.register("stage", "The stage this miner is assigned.", g);
+    let pay = |r: &mut Registry, name: &str, help: &str, v: f64| {
+        let g = Gauge::<f64, AtomicU64>::default();
+        g.set(v);
+        r.register(name, help, g);
+    };
+    pay(r, "paid_last_epoch", "What this miner was paid in the last settled epoch.", st.paid_last);
+    pay(r, "paid", "What this miner was paid over the run.", st.paid_total);
 }
 
 #[cfg(test)]
@@ -184,7 +211,16 @@ mod tests {
         t.lanes[0].1.bytes_sent = 1234;
         t.lanes[1].1.frames_received = 7;
         t.rejected.insert("bad_signature", 3);
-        let text = m.encode(&Scrape { transport: &t, tokens: 512, in_flight: 2, store_retries: 4, epoch: 1 });
+        let standing =
+            crate::miner::standing::StandingMetrics { state: "benched", stage: 2, paid_last: 0.25, paid_total: 1.5 };
+        let text = m.encode(&Scrape {
+            transport: &t,
+            tokens: 512,
+            in_flight: 2,
+            store_retries: 4,
+            epoch: 1,
+            standing: Some(standing),
+        });
         for line in [
             "iota_miner_step_seconds_count{kind=\"forward\"} 2",
             "iota_miner_step_seconds_count{kind=\"backward\"} 1",
@@ -195,12 +231,20 @@ mod tests {
             "iota_miner_frames_rejected_total{reason=\"bad_signature\"} 3",
             "iota_miner_store_retries_total 4",
             "iota_miner_in_flight 2",
+            "iota_miner_standing{state=\"benched\"} 1",
+            "iota_miner_standing{state=\"training\"} 0",
+            "iota_miner_standing{state=\"unreachable\"} 0",
+            "iota_miner_stage 2",
+            "iota_miner_paid 1.5",
+            "iota_miner_paid_last_epoch 0.25",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
         }
         assert!(!text.contains("device_memory"), "no device memory on the CPU");
         m.set_device_memory(3 << 30, 16 << 30);
-        let text = m.encode(&Scrape { transport: &t, tokens: 0, in_flight: 0, store_retries: 0, epoch: 0 });
+        let text =
+            m.encode(&Scrape { transport: &t, tokens: 0, in_flight: 0, store_retries: 0, epoch: 0, standing: None });
+        assert!(!text.contains("iota_miner_standing"), "no standing before the first reply");
         assert!(text.contains(&format!("iota_miner_device_memory_used_bytes {}", 3u64 << 30)), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }

@@ -214,6 +214,9 @@ struct Gauges {
     /// The last throughput measured (f64 bits), for re-registrations.
     measured_tps: Arc<AtomicU64>,
     metrics: MinerMetrics,
+    /// Where this miner stands (heartbeat replies), for its log lines,
+    /// `/status` and `/metrics`.
+    standing: Arc<parking_lot::Mutex<super::standing::StandingLog>>,
 }
 
 /// The orchestrator's commands, re-subscribing (and re-registering if it
@@ -290,8 +293,19 @@ fn spawn_heartbeats(
             gauges.measured_tps.store(tps.to_bits(), Ordering::Relaxed);
             let busy = gauges.in_flight.load(Ordering::Relaxed);
             let heads = commitments.lock().heads();
-            if let Err(e) = client.heartbeat(gauges.epoch.load(Ordering::SeqCst), busy, tps, &heads).await {
-                tracing::debug!(error = %e, "heartbeat failed");
+            match client.heartbeat(gauges.epoch.load(Ordering::SeqCst), busy, tps, &heads).await {
+                Ok(reply) => {
+                    let changed = reply.standing.and_then(|st| gauges.standing.lock().observe(&st, tps));
+                    if let Some(line) = changed {
+                        info!("standing: {line}");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "heartbeat failed");
+                    if let Some(line) = gauges.standing.lock().unreachable(e.message(), every.as_secs_f64()) {
+                        warn!("standing: {line}");
+                    }
+                }
             }
         }
     })
@@ -378,6 +392,13 @@ fn spawn_reports(mut client: ControlClient, mut report_rx: mpsc::UnboundedReceiv
 async fn serve_metrics(at: std::net::SocketAddr, net: &DataPlane, gauges: &Gauges) -> Result<JoinHandle<()>> {
     let (ep, gauges) = (net.ep.clone(), gauges.clone());
     let router: iota_protocol::http_endpoint::Router = Arc::new(move |path: &str| {
+        if path == "/status" {
+            let line = gauges.standing.lock().now().to_string();
+            return Some(iota_protocol::http_endpoint::Page {
+                content_type: "text/plain; charset=utf-8",
+                body: format!("{line}\n").into_bytes(),
+            });
+        }
         (path == "/metrics").then(|| {
             let transport = ep.stats();
             let text = gauges.metrics.encode(&crate::miner_metrics::Scrape {
@@ -386,6 +407,7 @@ async fn serve_metrics(at: std::net::SocketAddr, net: &DataPlane, gauges: &Gauge
                 in_flight: gauges.in_flight.load(Ordering::Relaxed),
                 store_retries: crate::granted_store::store_retries(),
                 epoch: gauges.epoch.load(Ordering::Relaxed),
+                standing: gauges.standing.lock().standing_metrics(),
             });
             iota_protocol::http_endpoint::Page {
                 content_type: iota_protocol::http_endpoint::OPENMETRICS,
@@ -394,7 +416,7 @@ async fn serve_metrics(at: std::net::SocketAddr, net: &DataPlane, gauges: &Gauge
         })
     });
     let (bound, task) = iota_protocol::http_endpoint::serve(at, router).await?;
-    info!(at = %format!("http://{bound}/metrics"), "metrics");
+    info!(at = %format!("http://{bound}/metrics"), status = %format!("http://{bound}/status"), "metrics");
     Ok(task)
 }
 

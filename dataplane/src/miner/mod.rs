@@ -12,6 +12,7 @@ mod daemon;
 mod deliver;
 pub mod events;
 pub mod evidence_log;
+pub mod standing;
 use iota_checks::hashes;
 pub mod merge;
 mod waits;

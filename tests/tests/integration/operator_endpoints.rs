@@ -345,7 +345,8 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
                     |body: &str| body.lines().any(|l| l.starts_with("iota_miner_epoch ") && !l.ends_with(" 0"));
                 if miners.iter().all(|(_, b)| merged(b) && moved_on(b)) || std::time::Instant::now() > deadline {
                     let orch = http(orch_addr, "GET /metrics HTTP/1.1\r\n\r\n");
-                    return (miners, orch, http(addrs[0], "GET /dashboard HTTP/1.1\r\n\r\n"));
+                    let status: Vec<_> = addrs.iter().map(|a| http(*a, "GET /status HTTP/1.1\r\n\r\n")).collect();
+                    return (miners, orch, http(addrs[0], "GET /dashboard HTTP/1.1\r\n\r\n"), status);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -353,8 +354,19 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
     })
     .await
     .unwrap();
-    let (miner_pages, orch_page, unknown) = scrapes;
-    assert_eq!(unknown.0, 404, "a miner serves /metrics only");
+    let (miner_pages, orch_page, unknown, status_pages) = scrapes;
+    assert_eq!(unknown.0, 404, "a miner serves /metrics and /status only");
+    // Where each miner stands, in one line: mid-run, past a settled epoch,
+    // on its stage of two.
+    for (code, body) in &status_pages {
+        assert_eq!(*code, 200);
+        let line = body.trim();
+        assert_eq!(line.lines().count(), 1, "{body}");
+        let working =
+            ["training stage", "merging stage", "uploading stage", "on probation on stage", "the run is over"];
+        assert!(working.iter().any(|w| line.starts_with(w)), "{line}");
+        assert!(line.contains("micro-batches delivered"), "{line}");
+    }
     assert_eq!(orch_page.0, 200);
     let orch = parse_exposition(&orch_page.1);
     assert!(orch["iota_micro_batches_completed_total"] >= 20.0);
@@ -381,6 +393,10 @@ async fn miners_serve_metrics_and_count_their_wire_bytes() {
         assert_eq!(get("iota_miner_store_retries_total"), 0.0, "a local store never retries");
         assert_eq!(get("iota_miner_send_failures_total"), 0.0);
         assert!(!m.keys().any(|k| k.starts_with("iota_miner_device_memory")), "no device memory on the CPU");
+        // Its standing: exactly one state is 1, and its stage is one of two.
+        let states: Vec<_> = m.iter().filter(|(k, v)| k.starts_with("iota_miner_standing{") && **v == 1.0).collect();
+        assert_eq!(states.len(), 1, "{body}");
+        assert!(get("iota_miner_stage") < 2.0);
     }
     assert!(forward_steps >= 20.0, "forward steps: {forward_steps}");
     let mut summaries = Vec::new();

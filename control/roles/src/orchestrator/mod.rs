@@ -28,6 +28,7 @@ mod overlap;
 mod phase;
 mod routing;
 mod settling;
+mod standing;
 mod state;
 mod step_proofs;
 mod validating;

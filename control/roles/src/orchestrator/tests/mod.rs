@@ -583,6 +583,7 @@ mod objects;
 mod overlap;
 mod restarts;
 mod settlements;
+mod standing;
 mod validated_pay;
 mod validation;
 mod withholding;
