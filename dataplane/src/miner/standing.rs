@@ -200,21 +200,18 @@ mod tests {
                 "training stage 1 of 3, epoch 2, at 1500 tokens/s; 40 micro-batches delivered; paid 0.2500 for epoch 1, 0.5000 over the run",
             ),
             (
-                st(S::Benched, 2, "benched for the rest of epoch 2: 3 failures in a row pinned on it"),
-                "benched: benched for the rest of epoch 2: 3 failures in a row",
+                st(S::Benched, 2, "out for the rest of epoch 2: 3 failures in a row pinned on it"),
+                "benched: out for the rest of epoch 2: 3 failures in a row",
             ),
             (
                 st(S::Suspended, 3, "convicted in epoch 3, suspended through epoch 4: inner step 2: recomputed"),
                 "suspended: convicted in epoch 3, suspended through epoch 4",
             ),
             (
-                st(S::Ejected, 5, "ejected: validators convicted its work in 3 epochs"),
-                "ejected: ejected: validators convicted its work in 3 epochs",
+                st(S::Ejected, 5, "validators convicted its work in 3 epochs"),
+                "ejected: validators convicted its work in 3 epochs",
             ),
-            (
-                st(S::Removed, 5, "removed: benched in 3 epochs (the limit is 3)"),
-                "removed: removed: benched in 3 epochs",
-            ),
+            (st(S::Removed, 5, "benched in 3 epochs (the limit is 3)"), "removed: benched in 3 epochs"),
             (st(S::Done, 6, ""), "the run is over; 40 micro-batches delivered; paid 0.2500 for epoch 5"),
         ];
         for (s, want) in &walk {

@@ -22,7 +22,7 @@ impl Orchestrator {
         let m = self.miners.get(peer)?;
         let epoch = self.epoch();
         let (state, until, reason) = if m.ejected {
-            let why = format!("ejected: validators convicted its work in {} epochs", m.convicted_epochs);
+            let why = format!("validators convicted its work in {} epochs", m.convicted_epochs);
             (pb::StandingState::Ejected, 0, why)
         } else if m.removed {
             let why =
@@ -33,7 +33,7 @@ impl Orchestrator {
             (pb::StandingState::Suspended, until, self.conviction_reason(peer, epoch))
         } else if m.benched {
             let why = format!(
-                "benched for the rest of epoch {epoch}: {} failures in a row pinned on it; back on probation next epoch",
+                "out for the rest of epoch {epoch}: {} failures in a row pinned on it; back on probation next epoch",
                 m.failures_in_a_row
             );
             (pb::StandingState::Benched, epoch, why)
