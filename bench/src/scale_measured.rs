@@ -69,6 +69,23 @@ pub struct Measured {
     /// Each stage's forward + backward seconds per micro-batch
     /// (`swarm::stage_compute_seconds`).
     pub stage_compute: Vec<Option<f64>>,
+    /// Merge traffic: weight-slice bytes the miners sent over the data
+    /// plane (framing included), summed; the tokens trained; the epochs.
+    pub merge_bytes_sent: u64,
+    pub tokens: u64,
+    pub epochs: u64,
+}
+
+impl Measured {
+    /// Merge bytes each miner sent per epoch, on average.
+    pub fn merge_bytes_per_miner_epoch(&self) -> f64 {
+        self.merge_bytes_sent as f64 / (self.miners.len().max(1) as f64 * self.epochs.max(1) as f64)
+    }
+
+    /// Merge bytes sent (all miners) per token trained.
+    pub fn merge_bytes_per_token(&self) -> f64 {
+        self.merge_bytes_sent as f64 / self.tokens.max(1) as f64
+    }
 }
 
 /// One miner process's figures, from the totals it leaves.
@@ -174,7 +191,7 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     // the recomputing one then.
     let plans =
         [plan_memory(&cfg.train.model, m.stages, &w)?, plan_memory(&cfg.train.model, m.stages, &w.recomputing(true))?];
-    Ok(summarise(&report, one, (m.batch * m.seq) as u64, &plans))
+    Ok(summarise(&report, one, (m.batch * m.seq) as u64, &plans, cfg.spec.epochs))
 }
 
 fn summarise(
@@ -182,6 +199,7 @@ fn summarise(
     one_process_tokens_per_s: f64,
     micro_batch_tokens: u64,
     plans: &[Vec<iota_core::memory_plan::StageMemory>; 2],
+    epochs: u64,
 ) -> Measured {
     let c = &r.counters;
     let epochs_ms = (c.training_ms + c.uploading_ms + c.merging_ms).max(1);
@@ -203,6 +221,8 @@ fn summarise(
         })
         .collect();
     let frames_refused = r.miner_totals.iter().flatten().map(|t| t.rejected.values().sum::<u64>()).sum();
+    let merge_bytes_sent =
+        r.miner_totals.iter().flatten().filter_map(|t| t.lanes.get("weight_slices")).map(|l| l.bytes_sent).sum();
     Measured {
         one_process_tokens_per_s,
         swarm_tokens_per_s: r.tokens as f64 / (epochs_ms as f64 / 1e3),
@@ -216,6 +236,9 @@ fn summarise(
         training_s: c.training_ms as f64 / 1e3,
         micro_batch_tokens,
         stage_compute: swarm::stage_compute_seconds(&r.miner_totals),
+        merge_bytes_sent,
+        tokens: r.tokens,
+        epochs,
     }
 }
 
@@ -286,6 +309,11 @@ pub fn print(m: &Measure<'_>, r: &Measured) {
     if m.merge_overlap {
         println!("  merges behind compute: {}", r.merges_behind_compute);
     }
+    println!(
+        "  merge traffic (weight slices sent over the data plane): {:.2} MB per miner per epoch, {:.1} bytes per trained token",
+        r.merge_bytes_per_miner_epoch() / 1e6,
+        r.merge_bytes_per_token()
+    );
     let one = r.one_process_seconds_per_micro_batch();
     let stages = r.stage_compute.clone();
     let ms = |s: f64| format!("{:.1}", s * 1e3);
@@ -401,5 +429,11 @@ mod tests {
         assert_eq!(stages.len(), 2);
         assert!(stages.iter().all(|s| s.is_some_and(|s| s > 0.0)), "{stages:?}");
         assert!(r.training_s > 0.0 && r.one_process_seconds_per_micro_batch() > 0.0);
+        // Every miner sent its butterfly slices over the data plane (none
+        // through the store): at least its bf16 contributions, 2P(R-1)/R
+        // values, each epoch.
+        assert_eq!(r.epochs, 2);
+        assert!(r.merge_bytes_per_miner_epoch() > 0.0 && r.merge_bytes_per_token() > 0.0, "{r:?}");
+        assert_eq!(r.tokens, 16 * 2 * 32, "tokens trained: 16 micro-batches of 2 x 32");
     }
 }
