@@ -46,9 +46,11 @@ pub fn line(st: &pb::Standing, tokens_per_s: f64) -> String {
     let stage = format!("stage {} of {}", st.stage, st.stages.max(1));
     let reason: String = st.reason.chars().filter(|c| !c.is_control()).take(256).collect();
     let what = match state {
-        pb::StandingState::Training => {
-            format!("training {stage}, epoch {}, at {:.0} tokens/s", st.epoch, tokens_per_s.max(0.0))
+        // The rate since the last heartbeat: none yet at an epoch's start.
+        pb::StandingState::Training if tokens_per_s >= 1.0 => {
+            format!("training {stage}, epoch {}, at {tokens_per_s:.0} tokens/s", st.epoch)
         }
+        pb::StandingState::Training => format!("training {stage}, epoch {}", st.epoch),
         pb::StandingState::Uploading => format!("uploading {stage}'s weights, epoch {}", st.epoch),
         pb::StandingState::Merging => format!("merging {stage}, epoch {}", st.epoch),
         pb::StandingState::Probation => format!("on probation on {stage}, epoch {}: {reason}", st.epoch),
@@ -222,6 +224,8 @@ mod tests {
             assert_eq!(log.observe(s, 10.0), None, "{printed}");
         }
         assert!(line(&walk[0].0, 1.0).ends_with("no epoch settled yet"));
+        // At an epoch's start no rate is measured yet: none is printed.
+        assert!(line(&walk[3].0, 0.0).starts_with("training stage 1 of 3, epoch 1; "), "{}", line(&walk[3].0, 0.0));
         // An outage prints once, after three failed heartbeats, and the
         // standing after it prints again.
         assert_eq!(log.unreachable("connection refused", 0.5), None, "one lost heartbeat is no outage");
