@@ -126,12 +126,6 @@ impl StandingLog {
         &self.now
     }
 
-    /// The last standing the orchestrator gave (for the metrics), and
-    /// whether the orchestrator is unreachable now.
-    pub fn standing(&self) -> (Option<&pb::Standing>, bool) {
-        (self.standing.as_ref(), self.unreachable)
-    }
-
     /// What `/metrics` shows of it.
     pub fn standing_metrics(&self) -> Option<StandingMetrics> {
         let st = self.standing.as_ref()?;
@@ -233,7 +227,6 @@ mod tests {
         let down = log.unreachable("connection refused", 0.5).expect("a line");
         assert_eq!(down, "cannot reach the orchestrator (connection refused); retrying every 0.5 s");
         assert_eq!(log.unreachable("connection refused", 0.5), None);
-        assert!(log.standing().1);
         assert_eq!(log.standing_metrics().map(|m| m.state), Some("unreachable"));
         assert!(log.observe(&walk[11].0, 1.0).is_some(), "back: printed again");
         // A hostile reason cannot break the line.
