@@ -6,6 +6,8 @@
 //!   durable state (SQLite or PostgreSQL);
 //! - [`s3_store`]: the object store on an S3-compatible service (the
 //!   orchestrator holds its credentials and presigns URLs for the others);
+//!   [`served_store`]: a run without a bucket, its store served by the
+//!   orchestrator itself over the same grants;
 //! - [`validator`]: the validator process around `validation::round`;
 //! - [`cli`], [`run_claim`]: run flags and the run directory claimed;
 //! - [`commands`]: the `iota-control` command line, each command in its own
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod orchestrator_cmd;
 pub mod run_claim;
 pub mod s3_store;
+pub mod served_store;
 pub mod service;
 pub mod state_db;
 pub mod status_cmd;

@@ -49,6 +49,17 @@ pub struct OrchestratorArgs {
     /// 0.0.0.0).
     #[arg(long, value_name = "HOST:PORT")]
     pub advertise: Option<String>,
+    /// Where the run's store is served when it has no --bucket (HTTPS
+    /// with the same certificate as the control plane; miners reach it
+    /// through grants, so no other set-up is needed). Default: the
+    /// --listen address with its port + 1.
+    #[arg(long, value_name = "ADDR")]
+    pub store_listen: Option<SocketAddr>,
+    /// The HOST:PORT miners reach the served store at, in the URLs it
+    /// grants; default: --advertise's host (else --listen's) with the
+    /// store's port.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub store_advertise: Option<String>,
     /// Serve plaintext gRPC instead of TLS with the orchestrator's
     /// identity certificate (miners then need --insecure-plaintext
     /// too). For local tests only.
@@ -95,18 +106,22 @@ pub async fn run(args: OrchestratorArgs) -> Result<()> {
     );
     let run = &args.run;
     let bucket = run.s3_store().await?;
-    let cfg = crate::run_claim::claimed_config(run, bucket.as_deref()).await?;
+    let cfg = crate::run_claim::claimed_config(run, bucket.as_deref(), true).await?;
     let state = state_location(args.state_db.clone(), run);
     let mut svc = swarm::orchestrator_at(&cfg, &run.run_dir, &state, auth_policy(&args)?)?
         .with_source_policy(source_policy(&args));
-    // Miners reach a bucket through grants: no store to share then.
-    let store_arg = match &bucket {
-        Some(_) => String::new(),
-        None => format!(" --store {}", run.store_dir()?.display()),
+    // Miners reach the store through grants, a bucket or the one served here.
+    let store_server = match bucket.clone() {
+        Some(b) => {
+            svc = svc.with_s3(b);
+            None
+        }
+        None => {
+            let (served, task) = serve_the_store(&args, &svc).await?;
+            svc = svc.with_served_store(served);
+            Some(task)
+        }
     };
-    if let Some(b) = bucket.clone() {
-        svc = svc.with_s3(b);
-    }
     let store_dir = if bucket.is_some() { None } else { Some(run.store_dir()?) };
     if let Some(store) = swarm::referee_store(bucket.as_ref(), store_dir.as_deref())? {
         let referee = crate::step_referee::StepReferee::new(store, cfg.clone(), run.data_path()?);
@@ -127,13 +142,20 @@ pub async fn run(args: OrchestratorArgs) -> Result<()> {
     let page_servers =
         crate::http_endpoint::serve_operator_pages(&svc, args.metrics, args.dashboard, |m| println!("{m}")).await?;
     println!("orchestrator key: {}", svc.identity().peer_id().to_hex());
-    let data_arg = run.data_path()?.map_or(String::new(), |d| format!(" --data {}", d.display()));
-    print_how_to_join(&args, &svc, &url, &format!("{store_arg}{data_arg}"))?;
+    // A corpus in the run's store reaches miners through it.
+    let data_arg = match run.data_path()? {
+        Some(d) if !cfg.corpus_in_store => format!(" --data {}", d.display()),
+        _ => String::new(),
+    };
+    print_how_to_join(&args, &svc, &url, &data_arg)?;
     let trained = follow_the_run(&svc).await;
     linger_while_miners_download(&svc).await;
     svc.save();
     ticker.abort();
     server.abort();
+    if let Some(t) = store_server {
+        t.abort();
+    }
     for t in page_servers {
         t.abort();
     }
@@ -144,6 +166,42 @@ pub async fn run(args: OrchestratorArgs) -> Result<()> {
         anyhow::bail!("the run trained nothing: {why}");
     }
     Ok(())
+}
+
+/// Serves RUN_DIR/store on its own port (`--store-listen`), over the
+/// control plane's TLS; says where.
+async fn serve_the_store(
+    args: &OrchestratorArgs,
+    svc: &OrchestratorService,
+) -> Result<(std::sync::Arc<crate::served_store::ServedStore>, tokio::task::JoinHandle<()>)> {
+    use crate::served_store;
+    let listener = served_store::bind(args.store_listen, args.listen).await?;
+    let bound = listener.local_addr()?;
+    let scheme = if args.insecure_plaintext { "http" } else { "https" };
+    let host_port = match (&args.store_advertise, &args.advertise) {
+        (Some(a), _) => a.clone(),
+        (None, Some(a)) => {
+            let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+            format!("{host}:{}", bound.port())
+        }
+        (None, None) => bound.to_string(),
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(iota_protocol::store_tls::server_config_pem(cert, key)?),
+        _ if args.insecure_plaintext => None,
+        _ => Some(iota_protocol::store_tls::server_config(svc.identity())?),
+    };
+    let dir = args.run.store_dir()?;
+    let store =
+        std::sync::Arc::new(served_store::ServedStore::new(&dir, svc.identity(), format!("{scheme}://{host_port}"))?);
+    let task = served_store::serve(listener, tls.map(std::sync::Arc::new), store.clone(), crate::service::GRANT_TTL);
+    println!(
+        "the run's store ({}) served at {} (miners reach it through grants; one on this machine may add --store {})",
+        dir.display(),
+        store.base(),
+        dir.display()
+    );
+    Ok((store, task))
 }
 
 /// Where the run's state is kept: --state-db, else IOTA_STATE_DB, else

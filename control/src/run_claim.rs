@@ -8,11 +8,15 @@ use crate::cli::RunArgs;
 /// The run's configuration (its corpus from the run's store with
 /// `--prepared-data`: the bucket, else RUN_DIR/store), the run directory
 /// claimed for it.
+/// `serve_store`: with no bucket, the orchestrator serves RUN_DIR/store
+/// itself (`StoreAccess::Served`), and a `--data` corpus is prepared into
+/// it, so miners elsewhere need neither a directory nor a copy.
 pub async fn claimed_config(
     run: &RunArgs,
     bucket: Option<&crate::s3_store::S3Store>,
+    serve_store: bool,
 ) -> Result<iota_protocol::RunConfig> {
-    let cfg = match bucket {
+    let mut cfg = match bucket {
         Some(b) => run.run_config_from_store(b).await?,
         None if run.prepared_data => {
             let dir = iota_dataplane::local_store::LocalDirStore::open(
@@ -23,6 +27,10 @@ pub async fn claimed_config(
         }
         None => run.run_config()?,
     };
+    if serve_store && bucket.is_none() {
+        cfg.store = iota_protocol::run_config::StoreAccess::Served;
+        cfg.corpus_in_store |= run.data.is_some();
+    }
     for note in [run.optimizer_note(&cfg), run.stage_note(&cfg)].into_iter().flatten() {
         eprintln!("{note}");
     }
@@ -38,5 +46,37 @@ pub async fn claimed_config(
             run.store_dir()?.display()
         );
     }
+    if cfg.corpus_in_store && !run.prepared_data {
+        prepare_into_run_store(run, &cfg).await?;
+    }
     Ok(cfg)
+}
+
+/// Writes the run's `--data` corpus into RUN_DIR/store as `data prepare`
+/// would, unless it is there already (a resumed run).
+async fn prepare_into_run_store(run: &RunArgs, cfg: &iota_protocol::RunConfig) -> Result<()> {
+    use iota_dataplane::prepared_corpus::{self, DEFAULT_CHUNK_TOKENS, MANIFEST_KEY, Manifest};
+    use iota_protocol::ObjectStore;
+    let Some(data) = run.data_path()? else { return Ok(()) };
+    let dir = run.store_dir()?;
+    let store = iota_dataplane::local_store::LocalDirStore::open(&dir, iota_dataplane::fileio::FileIo::start(false))?;
+    if let Ok(bytes) = store.get(MANIFEST_KEY).await
+        && Manifest::parse(&bytes).is_ok_and(|m| Some(&m.corpus) == cfg.corpus.as_ref())
+    {
+        return Ok(());
+    }
+    let tok = iota_model::data::Tokenizer::new(cfg.train.tokenizer)?;
+    let tokens = iota_model::data::load_tokens(&data, &tok)?;
+    let m = prepared_corpus::prepare(&store, &tokens, cfg.train.tokenizer, DEFAULT_CHUNK_TOKENS, |_| {}).await?;
+    anyhow::ensure!(
+        Some(&m.corpus) == cfg.corpus.as_ref(),
+        "the corpus prepared from {} is not the one the run was configured with",
+        data.display()
+    );
+    println!(
+        "the corpus ({} tokens, {} chunks) is in the run's store: miners without a copy fetch it from there",
+        m.corpus.tokens,
+        m.chunks.len()
+    );
+    Ok(())
 }

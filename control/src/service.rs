@@ -27,7 +27,6 @@ use tracing::{info, warn};
 use iota_protocol::auth::{Audience, AuthPolicy, Verifier, now_ms, sign_hello, sign_server};
 use iota_protocol::client::{GRANT, HEARTBEAT, HELLO, REGISTER, REPORT, STATUS, SUBSCRIBE, VALIDATE};
 use iota_protocol::fields;
-use iota_protocol::object_store::ObjectStore;
 use iota_protocol::pb::{self, orchestrator_server::Orchestrator as OrchestratorRpc};
 use iota_protocol::refusal::{Reason, Rejected};
 use iota_protocol::source_limits::{SourceLimits, SourcePolicy};
@@ -177,8 +176,9 @@ pub struct OrchestratorService {
     audit: Arc<Audit>,
     id: Arc<Identity>,
     run_config_json: Arc<String>,
-    /// The run's S3 store, when it has one: the Grant RPC presigns on it.
-    s3: Option<Arc<S3Store>>,
+    /// Where the Grant RPC presigns: the run's bucket, or the store the
+    /// orchestrator serves itself (None: a directory miners open).
+    presigner: Option<crate::served_store::Presigner>,
     /// What re-checks validators' proofs of failed inner steps (None: such
     /// a verdict counts as a vote without its proof).
     referee: Option<Arc<crate::step_referee::StepReferee>>,
@@ -258,7 +258,7 @@ impl OrchestratorService {
             audit: Arc::new(Audit::default()),
             id,
             run_config_json: Arc::new(run_config_json),
-            s3: None,
+            presigner: None,
             referee: None,
         })
     }
@@ -277,7 +277,13 @@ impl OrchestratorService {
 
     /// Serves presigned URLs on `store` to the run's miners (Grant).
     pub fn with_s3(mut self, store: Arc<S3Store>) -> Self {
-        self.s3 = Some(store);
+        self.presigner = Some(crate::served_store::Presigner::S3(store));
+        self
+    }
+
+    /// Serves grants on the store this orchestrator serves itself.
+    pub fn with_served_store(mut self, store: Arc<crate::served_store::ServedStore>) -> Self {
+        self.presigner = Some(crate::served_store::Presigner::Served(store));
         self
     }
 
@@ -618,7 +624,7 @@ impl OrchestratorRpc for OrchestratorService {
         let (source, env) = (req.remote_addr().map(|a| a.ip()), req.into_inner());
         let (peer, body): (PeerId, pb::GrantRequest) = self.verify(GRANT, source, &env)?;
         fields::grant(&body).map_err(|r| self.refuse(GRANT, r.from(peer)))?;
-        let Some(store) = self.s3.clone() else {
+        let Some(store) = self.presigner.clone() else {
             let r = Rejected::new(
                 Reason::Refused,
                 "this run's object store is a directory on the orchestrator's machine: miners open it with --store",
@@ -645,8 +651,8 @@ impl OrchestratorRpc for OrchestratorService {
                     g.listed = store.list(&a.key).await.map_err(unavailable)?;
                     None
                 }
-                pb::Access::Put => Some(store.presign_put(&a.key, a.size, GRANT_TTL).await.map_err(unavailable)?),
-                _ => Some(store.presign_get(&a.key, GRANT_TTL).await.map_err(unavailable)?),
+                pb::Access::Put => Some(store.presign(&a.key, Some(a.size), GRANT_TTL).await.map_err(unavailable)?),
+                _ => Some(store.presign(&a.key, None, GRANT_TTL).await.map_err(unavailable)?),
             };
             if let Some(p) = presigned {
                 g.method = p.method;

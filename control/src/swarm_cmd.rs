@@ -84,7 +84,7 @@ pub async fn run(args: SwarmArgs, log_format: iota_dataplane::LogFormat) -> Resu
     run.local_miner_device = Some(miner_device.clone());
     let validators = validator_identities(&mut run, args.validators)?;
     let adversaries = parse_adversaries(&args.adversary)?;
-    let cfg = crate::run_claim::claimed_config(&run, None).await?;
+    let cfg = crate::run_claim::claimed_config(&run, None, false).await?;
     let miner_bin = miner_binary(args.miner_bin)?;
     let miners = (cfg.spec.stages * cfg.spec.replicas) as usize;
     let report = swarm::run(SwarmOptions {

@@ -13,12 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use iota_core::{Identity, PeerId};
-use iota_dataplane::fileio::FileIo;
-use iota_dataplane::granted_store::GrantedStore;
-use iota_dataplane::local_store::LocalDirStore;
 use iota_dataplane::miner::worker::weights_hash;
 use iota_protocol::client::ControlClient;
-use iota_protocol::run_config::StoreAccess;
 use iota_protocol::{RunConfig, SharedStore, StoredObject, pb};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -149,11 +145,8 @@ struct MergeEvaluation {
 pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<ValidatorSummary> {
     let me = id.peer_id();
     let (client, run_id, cfg, store) = join(&opts, Arc::new(id)).await?;
-    let corpus = Arc::new(if cfg.corpus_in_store {
-        iota_dataplane::corpus::load_corpus_from_store(&cfg, &*store, None).await?
-    } else {
-        iota_dataplane::corpus::load_corpus(&cfg, opts.data.as_deref())?
-    });
+    let corpus =
+        Arc::new(iota_dataplane::corpus::load_run_corpus_async(&cfg, opts.data.as_deref(), &*store, None).await?);
     let checker = Arc::new(parking_lot::Mutex::new(Checker::new(cfg.clone(), run_id, Some(corpus))?));
     let finished = Arc::new(AtomicBool::new(false));
     let (in_tx, in_rx) = mpsc::channel::<Input>(1024);
@@ -202,14 +195,12 @@ async fn join(opts: &ValidatorOptions, id: Arc<Identity>) -> Result<(ControlClie
     let reply = client.register_validator("cpu".into()).await.context("registering as a validator")?;
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     info!(validator = %me, run = reply.run_id, "registered as a validator");
-    let store: SharedStore = match (cfg.store, &opts.store) {
-        (StoreAccess::Granted, _) => Arc::new(GrantedStore::new(client.clone()).context("the HTTPS client")?),
-        (StoreAccess::Directory, Some(dir)) => LocalDirStore::shared(dir, FileIo::start(false))
-            .with_context(|| format!("opening the object store {}", dir.display()))?,
-        (StoreAccess::Directory, None) => {
-            anyhow::bail!("this run keeps its objects in a directory: give --store DIR")
-        }
-    };
+    let store = iota_dataplane::granted_store::open_run_store(
+        cfg.store,
+        opts.store.as_deref(),
+        &client,
+        opts.tls_ca.as_deref(),
+    )?;
     Ok((client, reply.run_id, cfg, store))
 }
 

@@ -26,8 +26,9 @@ pub async fn load_corpus_from_store(cfg: &RunConfig, store: &dyn ObjectStore, ca
     checked(cfg, c, "the run's store")
 }
 
-/// The run's corpus wherever `cfg` says it is: its store (blocking on
-/// `rt`), or `data` on this host (None: the generated toy corpus).
+/// The run's corpus: `data` on this host when given (checked to be the
+/// run's), else its store where `cfg` says it is there (blocking on `rt`),
+/// else the generated toy corpus.
 pub fn load_run_corpus(
     cfg: &RunConfig,
     data: Option<&Path>,
@@ -35,7 +36,23 @@ pub fn load_run_corpus(
     rt: &tokio::runtime::Handle,
     cache: Option<&Path>,
 ) -> Result<Corpus> {
-    if cfg.corpus_in_store { rt.block_on(load_corpus_from_store(cfg, store, cache)) } else { load_corpus(cfg, data) }
+    match data {
+        None if cfg.corpus_in_store => rt.block_on(load_corpus_from_store(cfg, store, cache)),
+        _ => load_corpus(cfg, data),
+    }
+}
+
+/// `load_run_corpus`, awaited.
+pub async fn load_run_corpus_async(
+    cfg: &RunConfig,
+    data: Option<&Path>,
+    store: &dyn ObjectStore,
+    cache: Option<&Path>,
+) -> Result<Corpus> {
+    match data {
+        None if cfg.corpus_in_store => load_corpus_from_store(cfg, store, cache).await,
+        _ => load_corpus(cfg, data),
+    }
 }
 
 fn checked(cfg: &RunConfig, c: Corpus, from: &str) -> Result<Corpus> {

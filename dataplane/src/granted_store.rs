@@ -125,16 +125,25 @@ fn status_err(e: tonic::Status) -> io::Error {
 }
 
 impl GrantedStore {
+    /// Granted URLs over HTTPS to a bucket with a certificate from the
+    /// system's CAs, or to the store the orchestrator serves itself (its
+    /// identity certificate, the key `control` checked in `Hello`).
     pub fn new(control: ControlClient) -> io::Result<Self> {
-        let tls = rustls::ClientConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
-            .with_safe_default_protocol_versions()
-            .map_err(io::Error::other)?;
+        Self::with_roots(control, None)
+    }
+
+    /// Like `new`, also trusting `extra` (the operator's CA of `--tls-ca`).
+    pub fn with_roots(control: ControlClient, extra: Option<&rustls::RootCertStore>) -> io::Result<Self> {
         let mut roots = rustls::RootCertStore::empty();
         // The system's CAs (buckets speak HTTPS with public certificates);
         // none is fine for a loopback test bucket over plain HTTP.
         let found = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(found.certs);
-        let tls = tls.with_root_certificates(roots).with_no_client_auth();
+        if let Some(extra) = extra {
+            roots.roots.extend(extra.roots.iter().cloned());
+        }
+        let orchestrator = control.audience().orchestrator;
+        let tls = iota_protocol::store_tls::client_config(orchestrator, roots).map_err(io::Error::other)?;
         let https =
             hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().build();
         Ok(GrantedStore { control, http: Client::builder(TokioExecutor::new()).build(https) })
@@ -228,6 +237,46 @@ impl ObjectStore for GrantedStore {
             // are still only names, checked where they are used.
             Ok(g.listed.into_iter().filter(|k| k.starts_with(prefix) && check_key(k).is_ok()).collect())
         })
+    }
+}
+
+/// The run's object store as a miner or validator reaches it: through
+/// grants (a bucket, or the orchestrator's own store), or the directory it
+/// was given (`dir`: `--store`) where the run allows one.
+pub fn open_run_store(
+    access: iota_protocol::run_config::StoreAccess,
+    dir: Option<&std::path::Path>,
+    control: &ControlClient,
+    tls_ca: Option<&std::path::Path>,
+) -> anyhow::Result<iota_protocol::SharedStore> {
+    use anyhow::Context;
+    use iota_protocol::run_config::StoreAccess;
+    let granted = || -> anyhow::Result<iota_protocol::SharedStore> {
+        let roots = tls_ca.map(iota_protocol::tls_identity::load_ca_roots).transpose()?;
+        let store = GrantedStore::with_roots(control.clone(), roots.as_deref())
+            .context("the HTTPS client for the run's store")?;
+        Ok(std::sync::Arc::new(store))
+    };
+    let local = |dir: &std::path::Path| {
+        crate::local_store::LocalDirStore::shared(dir, crate::fileio::FileIo::start(false))
+            .with_context(|| format!("opening the object store {}", dir.display()))
+    };
+    match (access, dir) {
+        (StoreAccess::Granted, dir) => {
+            if let Some(dir) = dir {
+                tracing::warn!(dir = %dir.display(), "this run's store is a bucket reached through grants; --store is ignored");
+            }
+            granted()
+        }
+        // On the orchestrator's machine the directory itself is quicker
+        // than its server (and trusted alike: it is the same files).
+        (StoreAccess::Served, Some(dir)) => local(dir),
+        (StoreAccess::Served, None) => granted(),
+        (StoreAccess::Directory, Some(dir)) => local(dir),
+        (StoreAccess::Directory, None) => anyhow::bail!(
+            "no object store: this run keeps its objects in a directory on the orchestrator's machine; give \
+             --store DIR (iota-control orchestrator prints it)"
+        ),
     }
 }
 

@@ -5,6 +5,8 @@
 //! - [`client`]: the typed, signing client of the orchestrator;
 //! - [`tls_identity`]: TLS bound to the orchestrator's key;
 //!   [`http_endpoint`]: the plain-HTTP side endpoints (metrics, dashboard);
+//!   [`store_tls`]: TLS of granted store URLs (a bucket's, or the store
+//!   the orchestrator serves itself);
 //! - everything pure (envelopes, field rules, refusals, the run's spec and
 //!   configuration, store keys, manifests) is `iota-wire`'s, re-exported
 //!   here under the same paths.
@@ -13,6 +15,7 @@
 
 pub mod client;
 pub mod http_endpoint;
+pub mod store_tls;
 pub mod tls_identity;
 
 // The pure half lives in `iota-wire`; its modules are re-exported under
@@ -23,7 +26,7 @@ pub use iota_wire::{
 };
 pub use iota_wire::{
     auth, commitments_pb, fields, join_token, manifest, object_store, plan_pb, refusal, run_config, run_spec,
-    source_limits, store_keys,
+    served_grant, source_limits, store_keys,
 };
 
 /// The schema's message types (`iota-wire`) and the gRPC services over

@@ -137,6 +137,27 @@ impl Swarm {
         Self::start_with(cfg, db, move |s| s.with_s3(bucket)).await
     }
 
+    /// Starts an orchestrator that serves its store (the directory beside
+    /// `db`) itself, over TLS with its identity certificate, as
+    /// `iota-control orchestrator` does for a run with no bucket.
+    pub async fn start_served(cfg: &RunConfig, db: PathBuf) -> Swarm {
+        use iota_control::served_store::{ServedStore, serve};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let base = format!("https://{}", listener.local_addr().unwrap());
+        let id = orchestrator_identity();
+        let store = Arc::new(ServedStore::new(&db.with_file_name("store"), &id, base).unwrap());
+        let referee = local_referee(cfg, &db);
+        let served = store.clone();
+        let swarm = Self::start_with(cfg, db, move |s| s.with_referee(referee).with_served_store(served)).await;
+        let tls = Arc::new(iota_protocol::store_tls::server_config(&id).unwrap());
+        swarm.rt.as_ref().expect("a running swarm").spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            serve(listener, Some(tls), store, iota_control::service::GRANT_TTL);
+        });
+        swarm
+    }
+
     /// Starts an orchestrator whose service `change` adjusts first (an S3
     /// store for grants, say).
     pub async fn start_with(

@@ -219,7 +219,8 @@ pub struct NetSwarm {
     pub miners: Vec<Option<HostProcess>>,
     s3: Option<HostProcess>,
     s3_ns: String,
-    s3_bin: PathBuf,
+    /// None: no S3 server; the orchestrator serves the run's store itself.
+    s3_bin: Option<PathBuf>,
     /// One per miner when the links are shaped (each in its miner's host).
     relays: Vec<UdpRelay>,
 }
@@ -237,19 +238,26 @@ impl NetSwarm {
 
     /// Like `start`, every miner run with `miner_flags` too.
     pub fn start_with(miners: u8, run_flags: &[&str], miner_flags: &[&str]) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, miner_flags, None, None)
+        Self::start_inner(miners, run_flags, miner_flags, None, None, false)
+    }
+
+    /// A swarm with no S3 server at all: the orchestrator serves the run's
+    /// store itself and is given the corpus (`corpus`, a text file on its
+    /// host only) with `--data`; miners join by the token it prints.
+    pub fn start_served(miners: u8, run_flags: &[&str], corpus: &str) -> Option<NetSwarm> {
+        Self::start_inner(miners, run_flags, &[], Some(corpus), None, true)
     }
 
     /// Like `start_with`, every miner's link shaped as `wan` says.
     pub fn start_shaped(miners: u8, run_flags: &[&str], miner_flags: &[&str], wan: Wan) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, miner_flags, None, Some(wan))
+        Self::start_inner(miners, run_flags, miner_flags, None, Some(wan), false)
     }
 
     /// Like `start`, the run training on `corpus` (byte-tokenized text),
     /// which `iota-control data prepare` writes into the bucket from the
     /// orchestrator's host first (`--prepared-data`): miners hold no copy.
     pub fn start_prepared(miners: u8, run_flags: &[&str], corpus: &str) -> Option<NetSwarm> {
-        Self::start_inner(miners, run_flags, &[], Some(corpus), None)
+        Self::start_inner(miners, run_flags, &[], Some(corpus), None, false)
     }
 
     fn start_inner(
@@ -258,6 +266,7 @@ impl NetSwarm {
         miner_flags: &[&str],
         corpus: Option<&str>,
         wan: Option<Wan>,
+        served: bool,
     ) -> Option<NetSwarm> {
         if let Some(why) = unavailable() {
             println!("skipped: {why}");
@@ -268,10 +277,11 @@ impl NetSwarm {
             println!("skipped: iota-control and iota-miner are not built (cargo test --workspace --all-targets)");
             return None;
         };
-        let Some(s3s) = crate::s3::s3s_fs_binary() else {
+        let s3s = crate::s3::s3s_fs_binary();
+        if s3s.is_none() && !served {
             println!("skipped: s3s-fs not found (scripts/test.sh installs it)");
             return None;
-        };
+        }
         let root = tempfile::tempdir().unwrap();
         let mut net = Net::new();
         let (s3_ns, orch_ns) = (net.host(10), net.host(11));
@@ -303,13 +313,21 @@ impl NetSwarm {
         // the one they dial (the join token carries it).
         let advertise = format!("{}:7100", Net::addr(11));
         let endpoint = format!("http://{}:9000", Net::addr(10));
+        let store_flags = if served {
+            // The corpus is a file on the orchestrator's host only.
+            std::fs::write(orch_dir.join("corpus.txt"), corpus.unwrap_or_default()).unwrap();
+            vec!["--store-listen", "0.0.0.0:7101", "--data", "corpus.txt"]
+        } else {
+            let mut f = vec!["--bucket", BUCKET, "--s3-endpoint", &endpoint, "--s3-path-style"];
+            f.extend(corpus.map(|_| "--prepared-data"));
+            f
+        };
         let orch_args = ["orchestrator"]
             .into_iter()
             .chain(run_flags.iter().copied())
             .chain(["--listen", "0.0.0.0:7100", "--advertise", &advertise])
             .chain(["--run-dir", "run", "--admit", "admitted.txt"])
-            .chain(["--bucket", BUCKET, "--s3-endpoint", &endpoint, "--s3-path-style"])
-            .chain(corpus.map(|_| "--prepared-data"))
+            .chain(store_flags)
             .map(String::from)
             .collect();
         let mut s = NetSwarm {
@@ -329,9 +347,11 @@ impl NetSwarm {
             s3_bin: s3s,
             relays,
         };
-        s.start_store();
-        if let Some(text) = corpus {
-            s.prepare_data(text, &endpoint);
+        if !served {
+            s.start_store();
+            if let Some(text) = corpus {
+                s.prepare_data(text, &endpoint);
+            }
         }
         s.start_orchestrator();
         for i in 0..miners as usize {
@@ -382,6 +402,7 @@ impl NetSwarm {
 
     /// Starts (or starts again) the S3 server on the bucket's directory.
     pub fn start_store(&mut self) {
+        let Some(bin) = self.s3_bin.clone() else { return };
         let args = ["--host", &Net::addr(10), "--port", "9000"]
             .into_iter()
             .chain(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, "data"])
@@ -389,7 +410,7 @@ impl NetSwarm {
             .collect::<Vec<_>>();
         let n = self.s3.take().map(|p| p.generation + 1).unwrap_or(0);
         let dir = self.root.path().join("s3");
-        let mut p = HostProcess::spawn_numbered(&self.s3_ns, &dir, &self.s3_bin, &args, &[], n);
+        let mut p = HostProcess::spawn_numbered(&self.s3_ns, &dir, &bin, &args, &[], n);
         p.generation = n;
         self.s3 = Some(p);
     }

@@ -17,7 +17,6 @@ use iota_protocol::RunConfig;
 use iota_protocol::client::ControlClient;
 use iota_protocol::object_store::SharedStore;
 use iota_protocol::pb::report::Kind as ReportKind;
-use iota_protocol::run_config::StoreAccess;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -27,10 +26,7 @@ use super::deliver::{self, PeerSenders};
 use super::events::{Input, Output};
 use super::worker::Worker;
 use super::{Adversary, MinerOptions, connect, evidence_log, merge};
-use crate::fileio::FileIo;
 use crate::frame::{FrameLimits, RunContext};
-use crate::granted_store::GrantedStore;
-use crate::local_store::LocalDirStore;
 use crate::miner_metrics::MinerMetrics;
 use crate::pool::HostPool;
 use crate::sent_frames::{SentFrames, TapLimits};
@@ -182,27 +178,9 @@ async fn join_run(opts: &MinerOptions, id: Arc<Identity>, net: &DataPlane) -> Re
     let connect = Duration::from_millis((cfg.spec.route_timeout_ms / 4).clamp(200, 10_000));
     net.ep.set_connect_timeout(connect.min(TransportConfig::default().connect_timeout));
     info!(index = reply.miner_index, addr = net.addr, "registered");
-    let store = open_store(opts, &cfg, &client)?;
+    let store =
+        crate::granted_store::open_run_store(cfg.store, opts.store.as_deref(), &client, opts.tls_ca.as_deref())?;
     Ok(Joined { client, cfg, store, device, memory })
-}
-
-/// The run's object store as this miner reaches it: through grants for a
-/// bucket, or the directory it was given.
-fn open_store(opts: &MinerOptions, cfg: &RunConfig, client: &ControlClient) -> Result<SharedStore> {
-    Ok(match (cfg.store, &opts.store) {
-        (StoreAccess::Granted, dir) => {
-            if let Some(dir) = dir {
-                warn!(dir = %dir.display(), "this run's store is a bucket reached through grants; --store is ignored");
-            }
-            Arc::new(GrantedStore::new(client.clone()).context("the HTTPS client for the run's bucket")?)
-        }
-        (StoreAccess::Directory, Some(dir)) => LocalDirStore::shared(dir, FileIo::start(false))
-            .with_context(|| format!("opening the object store {}", dir.display()))?,
-        (StoreAccess::Directory, None) => anyhow::bail!(
-            "no object store: this run keeps its objects in a directory on the orchestrator's machine; give \
-             --store DIR (iota-control orchestrator prints it)"
-        ),
-    })
 }
 
 /// What the compute thread counts and the async tasks read.

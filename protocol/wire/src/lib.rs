@@ -15,6 +15,7 @@
 //!   it and as a miner receives it;
 //! - [`store_keys`], [`object_store`]: where a run's objects live and the
 //!   store interface; [`manifest`]: announced objects readers verify;
+//!   [`served_grant`]: grants on the store the orchestrator serves itself;
 //! - [`commitments_pb`], [`plan_pb`]: lane commitments and the butterfly
 //!   merge plan on the wire.
 
@@ -29,6 +30,7 @@ pub mod plan_pb;
 pub mod refusal;
 pub mod run_config;
 pub mod run_spec;
+pub mod served_grant;
 pub mod source_limits;
 pub mod store_keys;
 

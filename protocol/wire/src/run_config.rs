@@ -69,6 +69,11 @@ pub enum StoreAccess {
     /// A bucket only the orchestrator holds credentials for: miners ask it
     /// for presigned URLs (the `Grant` RPC) and need no `--store`.
     Granted,
+    /// A directory on the orchestrator's machine that the orchestrator
+    /// serves itself (`served_grant`): miners elsewhere ask for grants as
+    /// for a bucket; one on the same machine may open the directory with
+    /// `--store DIR` instead.
+    Served,
 }
 
 impl StoreAccess {

@@ -17,6 +17,7 @@ mod netns;
 mod object_store;
 mod operator_endpoints;
 mod overlap;
+mod served_store;
 mod settlement;
 mod swarm;
 mod validation;

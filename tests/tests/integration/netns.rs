@@ -71,6 +71,42 @@ fn a_swarm_of_separate_hosts_trains_on_a_bucket_over_tls() {
     }
 }
 
+/// Issue 59: no S3 server anywhere. The orchestrator serves the run's store
+/// itself and holds the only copy of the corpus (`--data` on its host);
+/// each miner on its own host joins with nothing but the token the
+/// orchestrator printed, fetches the corpus and every object through
+/// grants over TLS, and the swarm trains with outer momentum on.
+#[test]
+fn a_swarm_of_separate_hosts_trains_on_the_orchestrators_own_store() {
+    let text = iota_model::data::synthetic::grammar_text(11, 300_000);
+    let Some(mut s) = NetSwarm::start_served(4, &shape("2"), &text) else { return };
+    let out = s.wait_done(Duration::from_secs(90));
+    println!("{}", out.lines().filter(|l| l.starts_with("epoch")).collect::<Vec<_>>().join("\n"));
+    let losses = epoch_losses(&out);
+    assert_eq!(losses.len(), 2, "{out}");
+    assert!(losses[1] < losses[0], "the loss falls: {losses:?}");
+    every_epoch_accounted(&out, 2);
+    let summary = out.lines().find(|l| l.starts_with("epoch 2, ")).unwrap_or_else(|| panic!("no run summary: {out}"));
+    assert!(summary.ends_with(" 0 dropped, 0 divergent merges"), "{summary}");
+    // The join line as printed is the whole set-up: no --store, no --data.
+    let token = out.lines().find_map(|l| l.strip_prefix("join token: ")).expect("a join token");
+    let join = out.lines().find_map(|l| l.strip_prefix("miners join with: ")).expect("a join line");
+    assert_eq!(join, format!("iota-miner run --join {token}"));
+    let served_at = format!("served at https://{}:7101", iota_tests::netns::Net::addr(11));
+    assert!(out.contains(&served_at), "{out}");
+    // The objects, the corpus and the outer momentum are in the
+    // orchestrator's directory; no miner host has a store or the corpus.
+    let objects = walk(&s.orchestrator_dir().join("run/store"));
+    assert!(objects.iter().any(|p| p.contains("momentum")), "no momentum in the store: {objects:?}");
+    assert!(objects.iter().any(|p| p.ends_with("data/manifest.json")), "no corpus in the store: {objects:?}");
+    for i in 0..4 {
+        assert!(!s.miner_dir(i).join("store").exists());
+        assert!(!s.miner_dir(i).join("corpus.txt").exists());
+        let cached = std::fs::read_dir(s.miner_dir(i).join("iota-cache/corpus")).map(|d| d.count()).unwrap_or(0);
+        assert!(cached > 0, "miner {i} cached no corpus chunk");
+    }
+}
+
 /// The orchestrator is killed (SIGKILL) in the middle of the second epoch's
 /// training and started again on the same run directory: the run resumes
 /// and ends, every epoch accounted for, no committed epoch lost.
