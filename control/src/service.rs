@@ -394,6 +394,19 @@ impl OrchestratorService {
         }
     }
 
+    /// Identities that left (no miner, validator or queued newcomer) free
+    /// their address's places, once the record has grown past those there are.
+    fn prune_identities(&self) {
+        let present = self.with_state(|o| o.miners().count() + o.waitlist().len());
+        if self.limits.identities_recorded() > 2 * present + 64 {
+            self.with_state(|o| {
+                let validators: HashSet<PeerId> = o.validators().map(|v| v.peer).collect();
+                let waiting: HashSet<PeerId> = o.waitlist().peers().collect();
+                self.limits.prune_identities(|p| o.miner(p).is_some() || validators.contains(p) || waiting.contains(p))
+            });
+        }
+    }
+
     /// Signs a reply to `peer`'s request (its nonce binds the reply to it).
     fn signed<M: prost::Message>(&self, peer: &PeerId, method: &str, req: &pb::Signed, reply: &M) -> pb::ServerSigned {
         sign_server(&self.id, self.verifier.audience(), peer, method, &req.nonce, 0, reply)
@@ -408,6 +421,8 @@ fn rejected(e: Refusal) -> Rejected {
         Refusal::NotYours(m) => Rejected::new(Reason::NotYours, m),
         Refusal::Full(n) => Rejected::new(Reason::RunFull, format!("the run holds {n} miners, as many as it takes")),
         Refusal::DoesNotFit(m) => Rejected::new(Reason::DoesNotFit, m),
+        // Answered as a reply, not a refusal (see `register`).
+        q @ Refusal::Queued { .. } => Rejected::new(Reason::RunFull, q.to_string()),
     }
 }
 
@@ -451,22 +466,37 @@ impl OrchestratorRpc for OrchestratorService {
                 },
             }
         };
-        self.apply_for(REGISTER, peer, ev)?;
-        self.limits.registered(source, peer);
-        if self.limits.identities_recorded() > 2 * self.with_state(|o| o.miners().count()) + 64 {
-            // Identities that left free their address's places.
-            self.with_state(|o| {
-                let validators: HashSet<PeerId> = o.validators().map(|v| v.peer).collect();
-                self.limits.prune_identities(|p| o.miner(p).is_some() || validators.contains(p))
-            });
+        match self.apply(ev) {
+            Ok(true) => {}
+            Ok(false) => return Err(Status::unavailable("the orchestrator is stopping")),
+            Err(r) => {
+                // A full run queues the newcomer: a reply saying where, not a refusal.
+                let queued = self.with_state(|o| {
+                    let place = o.waitlist().position(&peer).filter(|_| r.reason == Reason::RunFull)?;
+                    Some((o.queued_standing(place + 1, o.waitlist().len()), o.spec().run_id))
+                });
+                let Some((standing, run_id)) = queued else { return Err(self.refuse(REGISTER, r.from(peer))) };
+                // Counted under its address's cap: one host fills no more of
+                // the queue than of the run.
+                self.limits.registered(source, peer);
+                let reply = pb::RegisterReply { run_id, queued: Some(standing), ..Default::default() };
+                return Ok(Response::new(self.signed(&peer, REGISTER, &env, &reply)));
+            }
         }
+        self.limits.registered(source, peer);
+        self.prune_identities();
         let (index, run_id) = self.with_state(|o| (o.miner(&peer).map_or(0, |m| m.index), o.spec().run_id));
         if validator {
             info!(peer = %peer, "validator registered");
         } else {
             info!(peer = %peer, index, "miner registered");
         }
-        let reply = pb::RegisterReply { miner_index: index, run_id, run_config_json: (*self.run_config_json).clone() };
+        let reply = pb::RegisterReply {
+            miner_index: index,
+            run_id,
+            run_config_json: (*self.run_config_json).clone(),
+            queued: None,
+        };
         Ok(Response::new(self.signed(&peer, REGISTER, &env, &reply)))
     }
 

@@ -37,10 +37,15 @@ use crate::transport::{Endpoint, TransportConfig};
 /// `stop` is set).
 pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Result<MinerSummary> {
     let net = open_data_plane(&opts, *id.seed())?;
-    let joined = join_run(&opts, Arc::new(id), &net).await?;
+    let gauges = Gauges::default();
+    // Served from the start: a miner queued for a place says so at /status.
+    let metrics_server = match opts.metrics {
+        Some(at) => Some(serve_metrics(at, &net, &gauges).await?),
+        None => None,
+    };
+    let joined = join_run(&opts, Arc::new(id), &net, &gauges.standing, &stop).await?;
     // `stop` is the caller's; `finished` ends this miner's own tasks.
     let finished = Arc::new(AtomicBool::new(false));
-    let gauges = Gauges::default();
     let (in_tx, in_rx) = mpsc::channel::<Input>(1024);
     let (out_tx, out_rx) = mpsc::channel::<Output>(1024);
     let (report_tx, report_rx) = mpsc::unbounded_channel::<ReportKind>();
@@ -53,9 +58,7 @@ pub async fn run(opts: MinerOptions, id: Identity, stop: Arc<AtomicBool>) -> Res
     let hostile_reporter = opts.adversary == Some(Adversary::HostileUnreachable);
     let pump = spawn_pump(net.ep.clone(), joined.store.clone(), out_rx, report_tx.clone(), hostile_reporter);
     let reports = spawn_reports(joined.client.clone(), report_rx);
-    if let Some(at) = opts.metrics {
-        background.push(serve_metrics(at, &net, &gauges).await?);
-    }
+    background.extend(metrics_server);
     let io = compute_io(&opts, &net, &joined.cfg, &gauges, (in_rx, out_tx), stop)?;
     let compute = spawn_compute(&opts, &net, joined, io)?;
     let mut summary = tokio::task::spawn_blocking(move || compute.join())
@@ -149,8 +152,15 @@ struct Joined {
     memory: (u64, ComputeBackend),
 }
 
-/// Connects to the orchestrator, registers, and opens the run's store.
-async fn join_run(opts: &MinerOptions, id: Arc<Identity>, net: &DataPlane) -> Result<Joined> {
+/// Connects to the orchestrator, registers (waiting in its queue while
+/// the run is full, saying where), and opens the run's store.
+async fn join_run(
+    opts: &MinerOptions,
+    id: Arc<Identity>,
+    net: &DataPlane,
+    standing: &parking_lot::Mutex<super::standing::StandingLog>,
+    stop: &AtomicBool,
+) -> Result<Joined> {
     if opts.orchestrator_key.is_none() {
         warn!("no --orchestrator-key given: trusting whichever orchestrator answers at {}", opts.orchestrator);
     }
@@ -164,13 +174,22 @@ async fn join_run(opts: &MinerOptions, id: Arc<Identity>, net: &DataPlane) -> Re
         info!(gib, compute = memory.1.name(), "memory stated");
     }
     let stating = (memory.0, memory.1.name().to_string());
-    let reply = client.register_stating(net.addr.clone(), 0.0, device.clone(), stating).await.map_err(|s| {
-        if s.code() == tonic::Code::ResourceExhausted {
-            anyhow::anyhow!("the orchestrator refused this miner: {}", s.message())
-        } else {
-            anyhow::Error::new(s).context("registering with the orchestrator")
+    let reply = loop {
+        let reply =
+            client.register_stating(net.addr.clone(), 0.0, device.clone(), stating.clone()).await.map_err(|s| {
+                if s.code() == tonic::Code::ResourceExhausted {
+                    anyhow::anyhow!("the orchestrator refused this miner: {}", s.message())
+                } else {
+                    anyhow::Error::new(s).context("registering with the orchestrator")
+                }
+            })?;
+        let Some(queued) = &reply.queued else { break reply };
+        if let Some(line) = standing.lock().observe(queued, 0.0) {
+            info!("standing: {line}");
         }
-    })?;
+        anyhow::ensure!(!stop.load(Ordering::SeqCst), "stopped while queued for a place in the run");
+        tokio::time::sleep(Duration::from_millis(iota_protocol::run_spec::QUEUE_RETRY_MS)).await;
+    };
     let cfg = RunConfig::from_json(&reply.run_config_json).context("the orchestrator's run config")?;
     net.ctx.set_run_id(reply.run_id);
     // A dead peer must be found (and reported) well within a route's

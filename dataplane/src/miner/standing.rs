@@ -21,11 +21,13 @@ pub fn state_name(s: pb::StandingState) -> &'static str {
         pb::StandingState::Ejected => "ejected",
         pb::StandingState::Removed => "removed",
         pb::StandingState::Done => "done",
+        pb::StandingState::Queued => "queued",
     }
 }
 
 /// Every state, for the metrics' one-hot gauge.
-pub const STATES: [pb::StandingState; 11] = [
+pub const STATES: [pb::StandingState; 12] = [
+    pb::StandingState::Queued,
     pb::StandingState::Waiting,
     pb::StandingState::Joining,
     pb::StandingState::Probation,
@@ -57,6 +59,9 @@ pub fn line(st: &pb::Standing, tokens_per_s: f64) -> String {
         pb::StandingState::Joining => format!("assigned {stage}, waiting for the next epoch: {reason}"),
         pb::StandingState::Waiting => format!("registered, assigned {stage}, waiting: {reason}"),
         pb::StandingState::Done => "the run is over".to_string(),
+        pb::StandingState::Queued => {
+            format!("queued at position {} of {}: {reason}", st.queue_position, st.queue_length)
+        }
         _ => format!("{}: {reason}", state_name(state)),
     };
     format!("{what}; {} micro-batches delivered; {}", st.delivered, pay(st))
@@ -75,13 +80,13 @@ fn pay(st: &pb::Standing) -> String {
 pub const UNREACHABLE_AFTER: u32 = 3;
 
 /// What a change of standing is judged by: the state, stage, epoch, the
-/// end of a bench or suspension, the reason's text and the last settled
-/// epoch (not the throughput or the delivered count, which move all the
+/// end of a bench or suspension, the reason's text, the last settled
+/// epoch and a queued miner's place (not the throughput or the delivered count, which move all the
 /// time).
-type Key = (i32, u32, u64, u64, String, bool, u64);
+type Key = (i32, u32, u64, u64, String, bool, u64, u32);
 
 fn key(st: &pb::Standing) -> Key {
-    (st.state, st.stage, st.epoch, st.until_epoch, st.reason.clone(), st.settled, st.paid_epoch)
+    (st.state, st.stage, st.epoch, st.until_epoch, st.reason.clone(), st.settled, st.paid_epoch, st.queue_position)
 }
 
 /// The last standing seen and the line that describes it.
@@ -165,6 +170,18 @@ mod tests {
             paid_epoch: epoch.saturating_sub(1),
             paid_last: 0.25,
             paid_total: 0.5,
+            ..Default::default()
+        }
+    }
+
+    fn queued(position: u32, length: u32) -> pb::Standing {
+        pb::Standing {
+            state: pb::StandingState::Queued as i32,
+            stages: 3,
+            reason: "every one of the run's 24 places is taken".into(),
+            queue_position: position,
+            queue_length: length,
+            ..Default::default()
         }
     }
 
@@ -176,6 +193,9 @@ mod tests {
         use pb::StandingState as S;
         let mut log = StandingLog::default();
         let walk = [
+            (queued(3, 5), "queued at position 3 of 5: every one of the run's 24 places is taken"),
+            // Moving up the queue is a change; the queue growing behind is not.
+            (queued(2, 4), "queued at position 2 of 4: every one"),
             (
                 st(S::Waiting, 0, "the run waits for enough miners to fill every stage"),
                 "registered, assigned stage 1 of 3, waiting: the run waits for enough miners",
@@ -217,9 +237,14 @@ mod tests {
             // The same standing again, at another throughput: no new line.
             assert_eq!(log.observe(s, 10.0), None, "{printed}");
         }
-        assert!(line(&walk[0].0, 1.0).ends_with("no epoch settled yet"));
+        let mut behind = queued(2, 4);
+        behind.queue_length = 9;
+        let mut q = StandingLog::default();
+        assert!(q.observe(&queued(2, 4), 0.0).is_some());
+        assert_eq!(q.observe(&behind, 0.0), None, "the queue growing behind is no change");
+        assert!(line(&walk[2].0, 1.0).ends_with("no epoch settled yet"));
         // At an epoch's start no rate is measured yet: none is printed.
-        assert!(line(&walk[3].0, 0.0).starts_with("training stage 1 of 3, epoch 1; "), "{}", line(&walk[3].0, 0.0));
+        assert!(line(&walk[5].0, 0.0).starts_with("training stage 1 of 3, epoch 1; "), "{}", line(&walk[5].0, 0.0));
         // An outage prints once, after three failed heartbeats, and the
         // standing after it prints again.
         assert_eq!(log.unreachable("connection refused", 0.5), None, "one lost heartbeat is no outage");
@@ -228,7 +253,7 @@ mod tests {
         assert_eq!(down, "cannot reach the orchestrator (connection refused); retrying every 0.5 s");
         assert_eq!(log.unreachable("connection refused", 0.5), None);
         assert_eq!(log.standing_metrics().map(|m| m.state), Some("unreachable"));
-        assert!(log.observe(&walk[11].0, 1.0).is_some(), "back: printed again");
+        assert!(log.observe(&walk[13].0, 1.0).is_some(), "back: printed again");
         // A hostile reason cannot break the line.
         let bad = st(S::Benched, 2, "a\nb\u{1b}[31mc");
         assert!(!line(&bad, 0.0).contains('\n') && !line(&bad, 0.0).contains('\u{1b}'));

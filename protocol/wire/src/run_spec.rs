@@ -208,6 +208,10 @@ pub fn default_bench_after_failures() -> u32 {
     2
 }
 
+/// How often a miner queued for a place in a full run registers again
+/// (keeping its place; the orchestrator drops one silent for 12 of these).
+pub const QUEUE_RETRY_MS: u64 = 5_000;
+
 /// Validators a run lists at most.
 pub const MAX_VALIDATORS: usize = 64;
 

@@ -319,7 +319,8 @@ async fn registered_identities_that_never_listen_do_not_start_the_run() {
 }
 
 /// 2,000 fresh identities register against a run that takes 1,200: the
-/// rest are refused, and what the orchestrator keeps grows linearly, well
+/// rest are queued in order (signed replies naming each one's place), and
+/// what the orchestrator keeps grows linearly, well
 /// under 64 KiB per registered miner (it grew super-linearly, to ~9 MiB per
 /// miner at 500). Allocated bytes are counted on this thread, where the
 /// service runs.
@@ -333,13 +334,21 @@ fn registration_cost_is_bounded_and_linear() {
         let h = svc.hello(tonic::Request::new(pb::HelloRequest {})).await.unwrap().into_inner();
         let srv = Server { run_id: h.run_id, orchestrator: h.orchestrator_id.try_into().unwrap() };
         let base = live_on_this_thread();
-        let (mut accepted, mut full, mut marks) = (0u32, 0u32, Vec::new());
+        let (mut accepted, mut queued, mut marks) = (0u32, 0u32, Vec::new());
         for i in 0..2_000u64 {
             let c = Caller::new(10_000 + i);
             let body = register_body(&format!("127.0.0.1:{}", 10_000 + i), 100.0, "cuda:0 (bf16 gemms)");
             match svc.register(tonic::Request::new(c.sign(srv, REGISTER, &body))).await {
-                Ok(_) => accepted += 1,
-                Err(e) if e.code() == Code::ResourceExhausted => full += 1,
+                Ok(r) => {
+                    let reply = <pb::RegisterReply as prost::Message>::decode(r.into_inner().body.as_slice()).unwrap();
+                    match reply.queued {
+                        Some(q) => {
+                            queued += 1;
+                            assert_eq!((q.queue_position, q.queue_length), (queued, queued), "registration {i}");
+                        }
+                        None => accepted += 1,
+                    }
+                }
                 Err(e) => panic!("registration {i}: {e}"),
             }
             if [300, 600, 1_200].contains(&accepted)
@@ -349,9 +358,8 @@ fn registration_cost_is_bounded_and_linear() {
                 marks.push((accepted, live_on_this_thread() - base));
             }
         }
-        assert_eq!((accepted, full), (1_200, 800));
-        let refusals = svc.refusals();
-        assert_eq!(refusals.get("run_full"), Some(&800));
+        assert_eq!((accepted, queued), (1_200, 800));
+        assert_eq!(svc.with_state(|o| o.waitlist().len()), 800);
         let per_miner: Vec<f64> = marks.iter().map(|&(n, b)| b as f64 / n as f64).collect();
         println!(
             "live bytes per registered miner at {:?}: {per_miner:?}",

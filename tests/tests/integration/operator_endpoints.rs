@@ -534,3 +534,61 @@ fn the_swarm_logs_json_and_reports_measured_wire_bytes() {
     assert!(!nowhere.status.success());
     assert!(String::from_utf8_lossy(&nowhere.stderr).contains("a run directory?"), "a clear error");
 }
+
+/// Issue 59: a miner that finds the run full is queued, says so (its
+/// `/status`, and `iota_miner_standing{state="queued"}`), keeps its place by
+/// asking again, and takes the place a silent miner leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_miner_queued_for_a_full_run_says_so_and_takes_a_freed_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_run(2, 1, 200, 16, WireCodec::Int8Row);
+    cfg.spec.miners_per_stage_cap = 1;
+    let swarm = Swarm::start(&cfg, dir.path().join("state.sqlite")).await;
+    let (stop_a, stop_b, stop_c) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let a = swarm.miner(stop_a.clone());
+    let b = swarm.miner(stop_b.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while swarm.service.with_state(|o| o.counters().completed < 4) {
+        assert!(std::time::Instant::now() < deadline, "the run did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at = free_loopback_addr();
+    let c = swarm.miner_with(|o| o.metrics = Some(at), stop_c.clone());
+    let status = |want: &'static str| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(40);
+        loop {
+            let line = std::net::TcpStream::connect(at).ok().map(|_| http(at, "GET /status HTTP/1.1\r\n\r\n").1);
+            if let Some(l) = line.as_ref().filter(|l| l.contains(want)) {
+                return l.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "no {want:?} at /status: {line:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let queued = status("queued at position 1 of 1: every one of the run's 2 places is taken").await;
+    assert!(queued.contains("asking again every 5 s keeps this place"), "{queued}");
+    let metrics = http(at, "GET /metrics HTTP/1.1\r\n\r\n").1;
+    assert!(metrics.lines().any(|l| l == "iota_miner_standing{state=\"queued\"} 1"), "{metrics}");
+    assert_eq!(swarm.service.with_state(|o| o.waitlist().len()), 1);
+    // Miner b stops: once its place is free (4 heartbeat timeouts), the
+    // queued miner takes it, on b's stage, and trains there.
+    stop_b.store(true, std::sync::atomic::Ordering::SeqCst);
+    let taken = status("training stage ").await;
+    let stage: u32 = taken["training stage ".len()..].split(' ').next().unwrap().parse().unwrap();
+    let on_stage: Vec<(bool, bool)> = swarm.service.with_state(|o| {
+        o.miners()
+            .filter(|m| m.stage == stage)
+            .map(|m| (m.live(), m.holds_place(iota_protocol::auth::now_ms(), 12_000)))
+            .collect()
+    });
+    assert_eq!(on_stage.len(), 2, "the silent miner and the newcomer on stage {stage}: {on_stage:?}");
+    assert!(on_stage.contains(&(false, false)), "the silent one holds no place: {on_stage:?}");
+    assert_eq!(swarm.service.with_state(|o| o.waitlist().len()), 0);
+    for s in [&stop_a, &stop_c] {
+        s.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    for m in [a, b, c] {
+        let _ = tokio::time::timeout(Duration::from_secs(30), m).await;
+    }
+}

@@ -45,7 +45,7 @@ impl Orchestrator {
 
     /// Whether `stage` fits the stated `memory` (always, when nothing is
     /// stated or the run has no needs set); the refusal says why not.
-    fn fits(&self, stage: u32, memory: &MemoryStated) -> Result<(), Refusal> {
+    pub(super) fn fits(&self, stage: u32, memory: &MemoryStated) -> Result<(), Refusal> {
         match &self.memory_needs {
             Some(n) if memory.bytes > 0 => {
                 n.check(memory.compute, stage as usize, memory.bytes).map(|_| ()).map_err(|e| {
@@ -72,7 +72,7 @@ impl Orchestrator {
             self.registered_again(now, peer, (addr, tokens_per_s, device, memory), out);
             return Ok(false);
         }
-        let stage = self.stage_for_newcomer(&memory)?;
+        let stage = self.admit_or_queue(now, peer, memory)?;
         let index = self.next_index;
         self.next_index += 1;
         let joining = self.joins_late();
@@ -126,16 +126,41 @@ impl Orchestrator {
         }
     }
 
+    /// How long a silent miner keeps its place in its stage (a restart
+    /// keeps it; a miner gone longer leaves it to the queue, and takes its
+    /// stage again if it comes back).
+    pub(super) fn place_hold_ms(&self) -> Ms {
+        self.spec.heartbeat_timeout_ms.saturating_mul(4)
+    }
+
+    /// Places taken in each stage (`MinerState::holds_place`).
+    fn places_taken(&self, now: Ms) -> Vec<usize> {
+        let mut taken = vec![0usize; self.spec.stages as usize];
+        let hold = self.place_hold_ms();
+        for m in self.miners.values().filter(|m| m.holds_place(now, hold)) {
+            taken[m.stage as usize] += 1;
+        }
+        taken
+    }
+
+    /// The stages with room, and how many places each has free.
+    pub(super) fn free_places(&self, now: Ms) -> Vec<(u32, usize)> {
+        let per_stage = self.spec.max_miners_per_stage() as usize;
+        let taken = self.places_taken(now);
+        (0..self.spec.stages)
+            .filter_map(|s| per_stage.checked_sub(taken[s as usize]).filter(|&n| n > 0).map(|n| (s, n)))
+            .collect()
+    }
+
     /// The stage a newcomer stating `memory` joins: among the stages with
     /// room and that its memory holds, the fewest counted miners (live, or
     /// a claim not yet subscribed, so a burst of registrations spreads),
     /// then the least throughput.
-    fn stage_for_newcomer(&self, memory: &MemoryStated) -> Result<u32, Refusal> {
+    pub(super) fn stage_for_newcomer(&self, now: Ms, memory: &MemoryStated) -> Result<u32, Refusal> {
         let stages = self.spec.stages as usize;
-        let (mut registered, mut counted, mut tps) = (vec![0usize; stages], vec![0usize; stages], vec![0f64; stages]);
+        let (mut counted, mut tps) = (vec![0usize; stages], vec![0f64; stages]);
         for m in self.miners.values() {
             let s = m.stage as usize;
-            registered[s] += 1;
             if m.live() || !m.subscribed {
                 counted[s] += 1;
             }
@@ -143,8 +168,7 @@ impl Orchestrator {
                 tps[s] += m.tokens_per_s;
             }
         }
-        let per_stage = self.spec.max_miners_per_stage() as usize;
-        let open: Vec<usize> = (0..stages).filter(|&s| registered[s] < per_stage).collect();
+        let open: Vec<usize> = self.free_places(now).into_iter().map(|(s, _)| s as usize).collect();
         if open.is_empty() {
             return Err(Refusal::Full(self.miners.len()));
         }
@@ -227,6 +251,7 @@ impl Orchestrator {
         for m in self.miners.values_mut() {
             m.last_seen_ms = now;
         }
+        self.waitlist.resumed(now);
         for v in self.validation.validators.values_mut() {
             v.last_seen_ms = now;
         }

@@ -33,6 +33,8 @@ mod state;
 mod step_proofs;
 mod validating;
 mod validation_state;
+mod waitlist;
+mod waitlist_state;
 mod withholding;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,6 +57,7 @@ use self::validation_state::Validation;
 pub use self::validation_state::{
     MAX_SIGNED_VERDICT, MAX_VERDICT_RECORDS, ValidatorState, VerdictIn, VerdictRecord, WorkKey,
 };
+pub use self::waitlist_state::{MAX_WAITING, QUEUE_RETRY_MS, WAITING_TIMEOUT_MS, Waitlist};
 
 pub type Ms = u64;
 
@@ -74,6 +77,9 @@ pub enum Refusal {
     Invalid(String),
     #[error("the run holds {0} miners, as many as it takes")]
     Full(usize),
+    /// The run is full: the newcomer is queued (waitlist.rs).
+    #[error("the run is full: queued at position {position} of {length}")]
+    Queued { position: usize, length: usize },
     /// The memory a miner states holds no stage it could take.
     #[error("{0}")]
     DoesNotFit(String),
@@ -151,6 +157,9 @@ pub struct Orchestrator {
     /// training (overlap.rs).
     #[serde(flatten)]
     behind: BehindCompute,
+    /// Newcomers waiting for a place in a full run (waitlist.rs).
+    #[serde(default)]
+    waitlist: waitlist_state::Waitlist,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -191,6 +200,7 @@ impl Orchestrator {
             accusations: BTreeMap::new(),
             memory_needs: None,
             behind: BehindCompute::default(),
+            waitlist: waitlist_state::Waitlist::default(),
         })
     }
 
@@ -331,6 +341,7 @@ impl Orchestrator {
             Event::Subscribed { peer } => self.subscribed(now, peer, &mut out)?,
             Event::Tick => {
                 self.expire_registrations(now);
+                self.waitlist.expire(now);
                 self.check_health(now, &mut out);
             }
         }

@@ -54,7 +54,29 @@ impl Orchestrator {
             paid_epoch: last.map_or(0, |s| s.epoch),
             paid_last,
             paid_total: self.balances().get(peer).copied().unwrap_or(0.0),
+            queue_position: 0,
+            queue_length: 0,
         })
+    }
+
+    /// The standing of a newcomer queued at `position` of `length` in a
+    /// full run (it is no miner yet: no stage, nothing delivered or paid).
+    pub fn queued_standing(&self, position: usize, length: usize) -> pb::Standing {
+        let places = u64::from(self.spec().stages) * u64::from(self.spec().max_miners_per_stage());
+        let reason = format!(
+            "every one of the run's {places} places is taken; a place goes to the queue's head first as one frees \
+             (asking again every {} s keeps this place)",
+            super::QUEUE_RETRY_MS / 1000
+        );
+        pb::Standing {
+            state: pb::StandingState::Queued as i32,
+            stages: self.spec().stages,
+            epoch: self.epoch(),
+            reason: clip(reason),
+            queue_position: u32::try_from(position).unwrap_or(u32::MAX),
+            queue_length: u32::try_from(length).unwrap_or(u32::MAX),
+            ..Default::default()
+        }
     }
 
     /// A miner in good standing: what the run's phase has it do.

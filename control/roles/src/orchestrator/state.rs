@@ -262,6 +262,15 @@ impl MinerState {
         self.healthy && self.subscribed && !self.removed
     }
 
+    /// Whether it holds one of its stage's places: live, a claim not yet
+    /// expired, or silent for at most `hold_ms`; never once ejected or
+    /// removed.
+    pub fn holds_place(&self, now: u64, hold_ms: u64) -> bool {
+        !self.ejected
+            && !self.removed
+            && (self.live() || !self.subscribed || now.saturating_sub(self.last_seen_ms) <= hold_ms)
+    }
+
     /// Takes part in this epoch's merge if it uploads: not benched, or
     /// benched after doing work. A benched miner that worked holds honest
     /// weights, and leaving it out would shrink the merge (with two
