@@ -216,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
 /// Times one Yuma epoch (256 validators x 4,096 miners, random sparse-ish
 /// weights, bonds from a previous epoch) on this thread; the baseline is a
 /// single pass normalising every row of the same matrix.
-fn yuma_step(seed: u64) {
+pub fn yuma_step(seed: u64) {
     use iota_control::settlement::yuma::{self, YumaInput};
     let (v, m) = (256usize, 4096usize);
     let mut rng = Rng::new(seed ^ 0x59_75_6d_61);

@@ -10,6 +10,7 @@ mod convergence;
 mod liveness;
 mod scale;
 mod scale_measured;
+mod sim;
 mod stage_cpu;
 mod stage_gpu;
 mod store;
@@ -102,6 +103,11 @@ enum Cmd {
     /// training, time to the first micro-batch, store fallbacks, each
     /// miner's peak memory beside its plan.
     Scale(scale::Args),
+    /// The deterministic swarm simulator (orchestrator, miners, network,
+    /// churn on a virtual clock) at 100 / 1,000 / 2,000 / 10,000 miners:
+    /// events/s, memory per miner, wall time per simulated epoch, against
+    /// real time; and one Yuma epoch at 256 validators x 4,096 miners.
+    Sim(sim::Args),
 }
 
 fn main() {
@@ -124,6 +130,7 @@ fn main() {
         Cmd::Wan(a) => wan::run(a),
         Cmd::Store(a) => store::run(a),
         Cmd::Scale(a) => scale::run(a),
+        Cmd::Sim(a) => sim::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

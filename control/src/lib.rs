@@ -19,7 +19,7 @@
 //! `iota-protocol`.
 
 // The role state machines are `iota-roles`', re-exported under their old paths.
-pub use iota_roles::{orchestrator, settlement, validation};
+pub use iota_roles::{orchestrator, settlement, sim, validation};
 
 pub mod audit;
 pub mod cli;

@@ -8,9 +8,12 @@
 //! - [`validation`]: which work validators re-check, the checks they run
 //!   and how their stake-weighted verdicts become consequences;
 //! - [`settlement`]: CLASP attribution, Yuma consensus, the signed ledger
-//!   and the weights a chain is sent.
+//!   and the weights a chain is sent;
+//! - [`sim`]: a deterministic swarm simulator over the orchestrator, on a
+//!   virtual clock (`iota-bench sim`).
 
 pub mod orchestrator;
 mod serde_pairs;
 pub mod settlement;
+pub mod sim;
 pub mod validation;

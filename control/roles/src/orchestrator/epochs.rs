@@ -52,6 +52,9 @@ impl Orchestrator {
         // overdue (after a grace for the reports of everyone waiting to
         // arrive): pinned on a miner when the waiting reports say who
         // stalled it (see liveness.rs), on nobody otherwise.
+        // Runs on every event: the live miners are scanned once, and only
+        // for a stalled attempt's grace.
+        let slowest_live = std::cell::OnceCell::new();
         let expired: Vec<Expired> = self
             .mbs
             .values()
@@ -61,8 +64,10 @@ impl Orchestrator {
                     // miner or not (two neighbours waiting on each other lost
                     // a frame between them; waiting out the timeout gains
                     // nothing).
-                    let grace = self.waiting_grace_ms(pathway);
-                    let stalled = waiting_since.is_some_and(|t| t + grace <= now);
+                    let stalled = waiting_since.is_some_and(|t| {
+                        let slowest = *slowest_live.get_or_init(|| self.slowest_live_delivery_ms());
+                        t + self.waiting_grace_ms_given(pathway, slowest) <= now
+                    });
                     (*deadline_ms <= now || stalled).then(|| (r.seq, *attempt, pathway.clone(), waiting.clone()))
                 }
                 _ => None,
@@ -78,6 +83,7 @@ impl Orchestrator {
         // measured overdue time (and the grace) passed with no report, it
         // is issued again with that time.
         let measured_any = !self.nothing_measured();
+        let slowest_live = self.slowest_live_delivery_ms();
         let unmeasured: Vec<u64> = self
             .mbs
             .values()
@@ -85,9 +91,9 @@ impl Orchestrator {
                 MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, unmeasured: true, .. }
                     if measured_any =>
                 {
-                    let measured = self.overdue_ms(pathway);
+                    let measured = self.overdue_ms_given(pathway, slowest_live);
                     let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
-                    let late = issued + measured + self.waiting_grace_ms(pathway) <= now;
+                    let late = issued + measured + self.waiting_grace_ms_given(pathway, slowest_live) <= now;
                     (late && *deadline_ms > now).then_some(r.seq)
                 }
                 _ => None,
@@ -111,11 +117,13 @@ impl Orchestrator {
         // Once per pass: it scans every miner.
         let unmeasured = room(self.issued, in_flight) && self.nothing_measured();
         let epoch_len = self.spec.epoch_len(self.epoch);
+        // Issuing changes no miner's delivery time: one scan for the loop.
+        let slowest_live = self.slowest_live_delivery_ms();
         while self.issued < epoch_len && in_flight < self.spec.max_in_flight_at(self.epoch, self.issued) {
             let Some(p) = self.pathway(rng, &[], true) else {
                 break;
             };
-            let overdue = self.overdue_ms(&p);
+            let overdue = self.overdue_ms_given(&p, slowest_live);
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
             let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
@@ -223,6 +231,7 @@ impl Orchestrator {
                 m.joining = false;
             }
         }
+        self.fitness_changes += 1;
         if self.epoch >= self.spec.epoch_count() {
             self.set_phase(now, Phase::Done, out);
         } else {

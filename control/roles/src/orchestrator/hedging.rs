@@ -23,8 +23,8 @@ impl Orchestrator {
     /// After how long an attempt is hedged: half the overdue time its
     /// neighbours wait before reporting (twice the slowest measured
     /// delivery), so a hedge is usually issued before the stall is noticed.
-    fn hedge_after_ms(&self, pathway: &[PeerId]) -> Ms {
-        self.overdue_ms(pathway) / 2
+    fn hedge_after_ms(&self, pathway: &[PeerId], slowest_live: f64) -> Ms {
+        self.overdue_ms_given(pathway, slowest_live) / 2
     }
 
     /// Hedges the late attempts of an epoch whose micro-batches have all
@@ -35,6 +35,9 @@ impl Orchestrator {
             return;
         }
         let timeout = self.spec.route_timeout_ms;
+        // Runs on every event once the epoch is issued: one scan of the
+        // live miners for every attempt's overdue time.
+        let slowest_live = self.slowest_live_delivery_ms();
         let mut late: Vec<(Ms, u64)> = self
             .mbs
             .values()
@@ -45,7 +48,7 @@ impl Orchestrator {
                     if last_attempt <= attempt =>
                 {
                     let age = now.saturating_sub(deadline_ms.saturating_sub(timeout));
-                    (age >= self.hedge_after_ms(pathway)).then_some((age, r.seq))
+                    (age >= self.hedge_after_ms(pathway, slowest_live)).then_some((age, r.seq))
                 }
                 _ => None,
             })

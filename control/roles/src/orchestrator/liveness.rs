@@ -228,16 +228,23 @@ impl Orchestrator {
     /// overdue time to the ceiling, and every later failure took that long
     /// to be noticed.
     pub(super) fn overdue_ms(&self, pathway: &[PeerId]) -> Ms {
+        self.overdue_ms_given(pathway, self.slowest_live_delivery_ms())
+    }
+
+    /// The slowest delivery time of the live miners (a scan of every
+    /// miner: loops over micro-batches take it once, `overdue_ms_given`).
+    pub(super) fn slowest_live_delivery_ms(&self) -> f64 {
+        self.miners.values().filter(|m| m.live()).map(|m| m.delivery_ms).fold(0.0, f64::max)
+    }
+
+    /// `overdue_ms`, with the live miners' slowest delivery already known.
+    pub(super) fn overdue_ms_given(&self, pathway: &[PeerId], slowest_live: f64) -> Ms {
         let ceiling = self.spec.route_timeout_ms / 2;
         // An unmeasured miner (a newcomer on probation) is taken to be as
         // slow as the slowest measured one: its first micro-batch must not
         // buy it the whole ceiling.
-        let slowest = pathway
-            .iter()
-            .filter_map(|p| self.miners.get(p))
-            .map(|m| m.delivery_ms)
-            .chain(self.miners.values().filter(|m| m.live()).map(|m| m.delivery_ms))
-            .fold(0.0, f64::max);
+        let slowest =
+            pathway.iter().filter_map(|p| self.miners.get(p)).map(|m| m.delivery_ms).fold(slowest_live, f64::max);
         if slowest <= 0.0 {
             return ceiling;
         }
@@ -254,8 +261,8 @@ impl Orchestrator {
     /// orchestrator acts on the reports it has (the others waiting on the
     /// same stall report within about the same time): half the attempt's
     /// overdue time, 100 ms to 2 s.
-    pub(super) fn waiting_grace_ms(&self, pathway: &[PeerId]) -> Ms {
-        (self.overdue_ms(pathway) / 2).clamp(100, 2_000)
+    pub(super) fn waiting_grace_ms_given(&self, pathway: &[PeerId], slowest_live: f64) -> Ms {
+        (self.overdue_ms_given(pathway, slowest_live) / 2).clamp(100, 2_000)
     }
 
     /// Pins one failure on `peer`; benches it after enough in a row.
@@ -436,14 +443,33 @@ impl Orchestrator {
 }
 
 impl Orchestrator {
+    /// A miner's heartbeat with its commitment heads. True when it changes
+    /// nothing the run must act on now: in training, a heartbeat that
+    /// brings nobody back changes only the time, which ticks attend to, so
+    /// the scan of every micro-batch in flight is skipped (each miner sends
+    /// two a second; at thousands of miners that scan was most of the
+    /// orchestrator's work, `iota-bench sim`).
+    pub(super) fn heartbeat_changes_nothing(
+        &mut self,
+        now: Ms,
+        peer: PeerId,
+        (tokens_per_s, in_flight): (f64, u32),
+        commitments: Vec<iota_core::commitment::EpochHeads>,
+    ) -> Result<bool, Refusal> {
+        self.on_commitments(peer, commitments)?;
+        let revived = self.on_heartbeat(now, peer, tokens_per_s, in_flight)?;
+        Ok(!revived && self.phase == Phase::Training)
+    }
+
     /// A miner's heartbeat: it is heard from now, at this throughput.
+    /// True when it brought the miner back from a silence.
     pub(super) fn on_heartbeat(
         &mut self,
         now: Ms,
         peer: PeerId,
         tokens_per_s: f64,
         in_flight: u32,
-    ) -> Result<(), Refusal> {
+    ) -> Result<bool, Refusal> {
         let phase_waiting = self.phase == Phase::Waiting;
         let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
         m.last_seen_ms = now;
@@ -454,7 +480,9 @@ impl Orchestrator {
             // rejoins by download at the next epoch.
             m.healthy = true;
             m.joining = !phase_waiting;
+            self.fitness_changes += 1;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 }

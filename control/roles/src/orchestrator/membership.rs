@@ -120,6 +120,7 @@ impl Orchestrator {
         m.healthy = true;
         m.joining = late;
         let announce = moved && m.subscribed;
+        self.fitness_changes += 1;
         self.reroute_all(now, lost, Some(peer), true, out);
         if announce {
             self.announce(peer, out);
@@ -280,6 +281,7 @@ impl Orchestrator {
             .collect();
         for p in silent {
             self.miners.get_mut(&p).unwrap().healthy = false;
+            self.fitness_changes += 1;
             let lost = self.in_flight_through(p);
             self.reroute_all(now, lost, Some(p), true, out);
         }

@@ -179,6 +179,7 @@ impl Orchestrator {
     /// a benched miner takes part only if it did work this epoch (see
     /// `MinerState::merges`).
     pub(super) fn plan_merges(&mut self, rng: &mut iota_core::Rng) {
+        self.fitness_changes += 1;
         self.butterfly.clear();
         if self.spec.merge.method != MergeMethod::Butterfly {
             return;
@@ -223,14 +224,23 @@ impl Orchestrator {
     /// timeout they are sent the verdicts and stored slices again, in case
     /// what they wait for was lost on the way.
     pub(super) fn tend_butterfly(&mut self, now: Ms, timed_out: bool, out: &mut Vec<Out>) {
+        // The participants are scanned for those to plan out only when a
+        // miner's fitness changed since the last scan, or at a timeout (the
+        // scan costs every participant's lookup, and this runs on every
+        // event of the merge).
+        let rescan = timed_out || self.fitness_scanned != Some(self.fitness_changes);
+        self.fitness_scanned = Some(self.fitness_changes);
         for s in 0..self.spec.stages {
             // First the senders an owner still misses a contribution from
             // (past the store's patience, or at the timeout): they, not the
             // owners waiting on them, are planned out.
             self.plan_out_withheld(now, s, timed_out, out);
-            let Some(bm) = self.butterfly.get(&s) else { continue };
+            let Some(bm) = self.butterfly.get(&s).filter(|_| rescan) else { continue };
             let someone_done = !bm.done.is_empty();
-            let someone_reported = bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
+            // Only a timed-out merge with nobody done asks (it runs on every
+            // event of the merge, and costs participants x partitions).
+            let someone_reported =
+                timed_out && !someone_done && bm.plan.participants.iter().any(|p| bm.reported(&p.peer));
             let laggards = if timed_out && !someone_done { bm.laggard_owners() } else { Default::default() };
             let gone: Vec<PeerId> = bm
                 .plan

@@ -160,6 +160,13 @@ pub struct Orchestrator {
     /// Newcomers waiting for a place in a full run (waitlist.rs).
     #[serde(default)]
     waitlist: waitlist_state::Waitlist,
+    /// Bumped whenever a miner's health or joining flag changes, or merges
+    /// are planned: the butterfly's scan of its participants for those to
+    /// plan out runs again only then (or at a timeout), not on every event.
+    #[serde(skip)]
+    fitness_changes: u64,
+    #[serde(skip)]
+    fitness_scanned: Option<u64>,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -201,6 +208,8 @@ impl Orchestrator {
             memory_needs: None,
             behind: BehindCompute::default(),
             waitlist: waitlist_state::Waitlist::default(),
+            fitness_changes: 0,
+            fitness_scanned: None,
         })
     }
 
@@ -241,8 +250,9 @@ impl Orchestrator {
             }
             Event::Heartbeat { peer, .. } if self.validator_heartbeat(now, &peer) => {}
             Event::Heartbeat { peer, tokens_per_s, in_flight, commitments } => {
-                self.on_commitments(peer, commitments)?;
-                self.on_heartbeat(now, peer, tokens_per_s, in_flight)?;
+                if self.heartbeat_changes_nothing(now, peer, (tokens_per_s, in_flight), commitments)? {
+                    return Ok(out);
+                }
             }
             Event::Loss { peer, mb, attempt, loss, tokens } => {
                 self.known(&peer)?;
@@ -390,6 +400,7 @@ impl Orchestrator {
                     for m in self.miners.values_mut() {
                         m.joining = false;
                     }
+                    self.fitness_changes += 1;
                     self.start_epoch(now, rng, out);
                 }
             }

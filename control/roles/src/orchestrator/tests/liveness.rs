@@ -175,7 +175,7 @@ fn an_attempt_issued_before_any_measurement_is_reissued_once_the_measured_overdu
     sim.ev(Event::Loss { peer: done.0[1], mb: done.3, attempt: 0, loss: 2.0, tokens: 8 });
     sim.ev(Event::BackwardDone { peer: done.0[0], mb: done.3, attempt: 0 });
     let measured = sim.o.overdue_ms(&quiet.0);
-    let grace = sim.o.waiting_grace_ms(&quiet.0);
+    let grace = sim.o.waiting_grace_ms_given(&quiet.0, sim.o.slowest_live_delivery_ms());
     assert_eq!(measured, 400, "four times the 100 ms delivery");
     let latency = |sim: &Sim| quiet.0.iter().map(|p| sim.o.miner(p).unwrap().latency_ms).collect::<Vec<_>>();
     let before = latency(&sim);

@@ -1,0 +1,676 @@
+//! A deterministic swarm simulator over the pure orchestrator (issue 58):
+//! simulated miners (who register, queue, subscribe, heartbeat, carry
+//! micro-batches through their pathways, upload and merge as the protocol
+//! says), a network that delays every message, churn, partitions and an
+//! orchestrator that restarts from its saved state, all on a virtual
+//! clock driven by one seeded generator. No thread, socket or wall clock:
+//! the same configuration replays bit for bit (`SimReport::digest`), and a
+//! run of thousands of miners takes seconds.
+//!
+//! What a run checks as it goes (`SimReport`): no queued miner's place
+//! moves back while it keeps asking; no stretch without progress longer
+//! than the phase timeout; no report of an honest, live miner refused
+//! because a phase moved on. Validators and the adversary modes are not
+//! simulated yet.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use iota_core::{Identity, PeerId, Rng};
+use iota_wire::pb;
+use iota_wire::run_spec::{MergeSpec, RunSpec};
+use iota_wire::store_keys::{momentum_parts_prefix, part_name, weights_parts_prefix};
+use iota_wire::{MbRef, StoredObject, plan_from_pb};
+
+use crate::orchestrator::{Event, Ms, Orchestrator, Out, Refusal};
+
+/// A simulated run's shape, its miners' behaviour and its faults.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Identities that try to join at the start (more than the run's
+    /// places queue).
+    pub miners: usize,
+    pub stages: u32,
+    pub replicas: u32,
+    /// Places per stage (0: the run's default, 4 x replicas).
+    pub places_per_stage: u32,
+    pub epochs: u64,
+    pub micro_batches_per_epoch: u64,
+    /// Micro-batches in flight at once.
+    pub in_flight: u32,
+    pub seed: u64,
+    /// Share of the live miners that crash at each epoch's start, replaced
+    /// by as many new identities.
+    pub churn: f64,
+    /// One-way message delay, uniform in [min, max] ms.
+    pub delay_ms: (Ms, Ms),
+    /// One stage's forward and backward of one micro-batch.
+    pub stage_ms: Ms,
+    /// An upload or a merge's store write (a slow store: more).
+    pub store_ms: Ms,
+    /// The orchestrator restarts (its state saved and loaded again) when
+    /// this epoch starts.
+    pub restart_at_epoch: Option<u64>,
+    /// Miners cut off (nothing in or out) for `partition_ms` from the
+    /// start of this epoch: this share of the live ones.
+    pub partition: Option<(u64, f64)>,
+    pub partition_ms: Ms,
+    pub heartbeat_ms: Ms,
+    pub tick_ms: Ms,
+    /// Virtual time the run may take before it is called stuck.
+    pub limit_ms: Ms,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            miners: 12,
+            stages: 3,
+            replicas: 4,
+            places_per_stage: 0,
+            epochs: 3,
+            micro_batches_per_epoch: 64,
+            in_flight: 8,
+            seed: 1,
+            churn: 0.0,
+            delay_ms: (5, 50),
+            stage_ms: 100,
+            store_ms: 200,
+            restart_at_epoch: None,
+            partition: None,
+            partition_ms: 5_000,
+            // What a miner sends (`MinerOptions::heartbeat`).
+            heartbeat_ms: 500,
+            tick_ms: 200,
+            limit_ms: 24 * 3_600_000,
+        }
+    }
+}
+
+/// What a run did, and what it found wrong.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimReport {
+    /// Events the orchestrator stepped.
+    pub events: u64,
+    /// Messages and timers the simulator delivered in all.
+    pub deliveries: u64,
+    pub sim_ms: Ms,
+    pub epochs_done: u64,
+    pub completed: u64,
+    pub dropped: u64,
+    pub joined: u64,
+    pub crashed: u64,
+    /// The most miners queued at once.
+    pub queue_max: usize,
+    /// Times a queued miner's place moved back (must be 0).
+    pub queue_moved_back: u64,
+    /// The longest stretch without progress (a phase change or a completed
+    /// micro-batch), and the phase timeout it is held against.
+    pub longest_stall_ms: Ms,
+    pub phase_timeout_ms: Ms,
+    /// Reports of live, reachable miners refused (each with why; must be empty).
+    pub lost_reports: Vec<String>,
+    /// BLAKE3 over every event stepped, in order, with its time: the run's
+    /// fingerprint.
+    pub digest: String,
+}
+
+impl SimReport {
+    /// What is wrong with the run, if anything (one line each).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.queue_moved_back > 0 {
+            p.push(format!("{} queued places moved back", self.queue_moved_back));
+        }
+        if self.longest_stall_ms > self.phase_timeout_ms {
+            p.push(format!("a stall of {} ms (phase timeout {} ms)", self.longest_stall_ms, self.phase_timeout_ms));
+        }
+        p.extend(self.lost_reports.iter().take(5).cloned());
+        p
+    }
+}
+
+/// Something that happens at a virtual time.
+#[derive(Clone, Debug)]
+enum Happening {
+    /// A message reaches the orchestrator.
+    ToOrchestrator(Event),
+    /// A command reaches a miner.
+    ToMiner(usize, pb::command::Kind),
+    /// A miner (re)tries to register.
+    Register(usize),
+    /// A head finished a micro-batch's pathway: the tail's loss and the
+    /// head's backward are reported.
+    Finished {
+        head: usize,
+        tail: usize,
+        mb: MbRef,
+        attempt: u32,
+        path: Vec<usize>,
+    },
+    Heartbeats,
+    Tick,
+}
+
+/// A happening and when: ordered by time, then by when it was scheduled
+/// (so equal times keep their order, and the run its determinism).
+struct Scheduled {
+    t: Ms,
+    seq: u64,
+    /// Boxed: the heap moves entries as it sifts, and a command is large.
+    h: Box<Happening>,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.t, self.seq) == (other.t, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.t, self.seq).cmp(&(other.t, other.seq))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Standing {
+    Joining,
+    Queued(usize),
+    Registered,
+    Crashed,
+}
+
+struct SimMiner {
+    peer: PeerId,
+    standing: Standing,
+    /// Cut off from the network until then.
+    cut_until: Ms,
+    /// The merge it last heard verdicts of, and the partitions heard.
+    verdicts: (u64, std::collections::BTreeSet<u32>),
+}
+
+/// The simulator's world: the orchestrator, the miners and the clock.
+struct World {
+    cfg: SimConfig,
+    o: Orchestrator,
+    rng: Rng,
+    orch_rng: Rng,
+    now: Ms,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    miners: Vec<SimMiner>,
+    index: BTreeMap<PeerId, usize>,
+    report: SimReport,
+    digest: blake3::Hasher,
+    last_progress: (Ms, u64, crate::orchestrator::Phase, u64),
+    epoch_seen: u64,
+}
+
+/// The run's spec for `cfg`: butterfly merges over small stages (the
+/// simulator moves no weights), timeouts as a real run's (10 s of silence
+/// for a heartbeat of 500 ms, 30 s for a route) but a phase timeout of
+/// 60 s, not 300.
+pub fn spec_for(cfg: &SimConfig) -> RunSpec {
+    let mut merge = MergeSpec::butterfly();
+    merge.stage_params = vec![1 << 16; cfg.stages as usize];
+    RunSpec {
+        run_id: 7,
+        stages: cfg.stages,
+        replicas: cfg.replicas,
+        epochs: cfg.epochs,
+        micro_batches_per_epoch: cfg.micro_batches_per_epoch,
+        batch: 4,
+        n_shards: 16,
+        max_in_flight: cfg.in_flight,
+        // The production defaults, but for a phase timeout a fifth as long
+        // (the stall check holds the run to it).
+        route_timeout_ms: 30_000.max(20 * cfg.stage_ms * u64::from(cfg.stages) + 4 * cfg.delay_ms.1),
+        heartbeat_timeout_ms: 20 * cfg.heartbeat_ms,
+        phase_timeout_ms: 60_000 + 4 * cfg.store_ms,
+        miners_per_stage_cap: cfg.places_per_stage,
+        merge,
+        ..RunSpec::default()
+    }
+}
+
+/// Runs `cfg` to its end (or `limit_ms`); deterministic in `cfg`.
+pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
+    let spec = spec_for(cfg);
+    let o = Orchestrator::new(spec.clone())?;
+    let mut rng = Rng::new(cfg.seed);
+    let miners = (0..cfg.miners).map(|_| new_miner(&mut rng)).collect::<Vec<_>>();
+    let index = miners.iter().enumerate().map(|(i, m)| (m.peer, i)).collect();
+    let mut w = World {
+        cfg: cfg.clone(),
+        o,
+        orch_rng: Rng::new(cfg.seed ^ 0x5eed),
+        rng,
+        now: 0,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        miners,
+        index,
+        report: SimReport { phase_timeout_ms: spec.phase_timeout_ms, ..SimReport::default() },
+        digest: blake3::Hasher::new(),
+        last_progress: (0, 0, crate::orchestrator::Phase::Waiting, 0),
+        epoch_seen: 0,
+    };
+    for i in 0..cfg.miners {
+        let at = w.rng.below(1_000);
+        w.at(at, Happening::Register(i));
+    }
+    w.at(cfg.heartbeat_ms, Happening::Heartbeats);
+    w.at(cfg.tick_ms, Happening::Tick);
+    while let Some(Reverse(Scheduled { t, h, .. })) = w.queue.pop() {
+        w.now = t;
+        w.report.deliveries += 1;
+        w.happen(*h);
+        w.watch();
+        if *w.o.phase() == crate::orchestrator::Phase::Done || w.now > cfg.limit_ms {
+            break;
+        }
+    }
+    w.report.sim_ms = w.now;
+    w.report.epochs_done = w.o.history().len() as u64;
+    w.report.completed = w.o.history().iter().map(|e| e.completed).sum();
+    w.report.dropped = w.o.history().iter().map(|e| e.dropped).sum();
+    // The whole state at the end, with the trace: two runs of one seed
+    // agree on every field the orchestrator keeps.
+    w.digest.update(serde_json::to_string(&w.o).map_err(|e| e.to_string())?.as_bytes());
+    w.report.digest = w.digest.finalize().to_hex().to_string();
+    if *w.o.phase() != crate::orchestrator::Phase::Done {
+        return Err(format!(
+            "the run did not end by {} ms of virtual time (epoch {}, {:?}; seed {})",
+            w.now,
+            w.o.epoch(),
+            w.o.phase(),
+            cfg.seed
+        ));
+    }
+    Ok(w.report)
+}
+
+fn new_miner(rng: &mut Rng) -> SimMiner {
+    let mut seed = [0u8; 32];
+    for b in seed.chunks_mut(8) {
+        b.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    SimMiner {
+        peer: Identity::from_seed(seed).peer_id(),
+        standing: Standing::Joining,
+        cut_until: 0,
+        verdicts: Default::default(),
+    }
+}
+
+impl World {
+    fn at(&mut self, t: Ms, h: Happening) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { t, seq: self.seq, h: Box::new(h) }));
+    }
+
+    fn delay(&mut self) -> Ms {
+        let (lo, hi) = self.cfg.delay_ms;
+        lo + self.rng.below(hi.saturating_sub(lo) + 1)
+    }
+
+    /// Miner `i` can send and receive now.
+    fn reachable(&self, i: usize) -> bool {
+        self.miners[i].standing != Standing::Crashed && self.now >= self.miners[i].cut_until
+    }
+
+    /// Sends `ev` from miner `i` to the orchestrator (lost while it is cut off).
+    fn send(&mut self, i: usize, ev: Event) {
+        if self.reachable(i) {
+            let d = self.delay();
+            self.at(self.now + d, Happening::ToOrchestrator(ev));
+        }
+    }
+
+    /// Steps the orchestrator with `ev` now. The digest takes the time, the
+    /// event's kind and who sent it (the whole state is hashed at the end).
+    fn step(&mut self, ev: Event) -> Result<Vec<Out>, Refusal> {
+        self.report.events += 1;
+        self.digest.update(&self.now.to_le_bytes());
+        self.digest.update(&[event_kind(&ev)]);
+        if let Some(p) = event_peer(&ev) {
+            self.digest.update(&p.0);
+        }
+        self.o.step(self.now, ev, &mut self.orch_rng)
+    }
+
+    fn deliver(&mut self, outs: Vec<Out>) {
+        for Out { to, cmd } in outs {
+            if let Some(&i) = self.index.get(&to) {
+                let d = self.delay();
+                self.at(self.now + d, Happening::ToMiner(i, cmd));
+            }
+        }
+    }
+
+    fn happen(&mut self, h: Happening) {
+        match h {
+            Happening::ToOrchestrator(ev) => self.reach_orchestrator(ev),
+            Happening::ToMiner(i, cmd) if self.reachable(i) => self.reach_miner(i, cmd),
+            Happening::ToMiner(..) => {}
+            Happening::Register(i) => self.register(i),
+            Happening::Finished { head, tail, mb, attempt, path } => {
+                // Only a pathway whose members all lived through it finishes.
+                if path.iter().all(|&p| self.reachable(p)) {
+                    let (tail_peer, head_peer) = (self.miners[tail].peer, self.miners[head].peer);
+                    self.send(tail, Event::Loss { peer: tail_peer, mb, attempt, loss: 2.0, tokens: 256 });
+                    self.send(head, Event::BackwardDone { peer: head_peer, mb, attempt });
+                }
+            }
+            Happening::Heartbeats => {
+                for i in 0..self.miners.len() {
+                    if self.miners[i].standing == Standing::Registered {
+                        let peer = self.miners[i].peer;
+                        let hb = Event::Heartbeat { peer, tokens_per_s: 1e4, in_flight: 0, commitments: Vec::new() };
+                        self.send(i, hb);
+                    }
+                }
+                self.at(self.now + self.cfg.heartbeat_ms, Happening::Heartbeats);
+            }
+            Happening::Tick => {
+                if let Ok(outs) = self.step(Event::Tick) {
+                    self.deliver(outs);
+                }
+                self.at(self.now + self.cfg.tick_ms, Happening::Tick);
+            }
+        }
+    }
+
+    fn register(&mut self, i: usize) {
+        if !self.reachable(i) {
+            if self.miners[i].standing != Standing::Crashed {
+                let later = self.now + iota_wire::run_spec::QUEUE_RETRY_MS;
+                self.at(later, Happening::Register(i));
+            }
+            return;
+        }
+        let peer = self.miners[i].peer;
+        let ev = Event::Register {
+            peer,
+            addr: format!("198.18.{}.{}:7200", i / 250, i % 250 + 1),
+            tokens_per_s: 1e4,
+            device: "sim".into(),
+            memory: Default::default(),
+        };
+        match self.step(ev) {
+            Ok(outs) => {
+                self.deliver(outs);
+                self.miners[i].standing = Standing::Registered;
+                let d = self.delay();
+                self.at(self.now + d, Happening::ToOrchestrator(Event::Subscribed { peer }));
+            }
+            Err(Refusal::Queued { position, length }) => {
+                if let Standing::Queued(before) = self.miners[i].standing
+                    && position > before
+                {
+                    self.report.queue_moved_back += 1;
+                }
+                self.miners[i].standing = Standing::Queued(position);
+                self.report.queue_max = self.report.queue_max.max(length);
+                let later = self.now + iota_wire::run_spec::QUEUE_RETRY_MS;
+                self.at(later, Happening::Register(i));
+            }
+            Err(e) => {
+                self.report.lost_reports.push(format!("miner {i} could not register: {e}"));
+            }
+        }
+    }
+
+    fn reach_orchestrator(&mut self, ev: Event) {
+        let from = event_peer(&ev).and_then(|p| self.index.get(&p).copied());
+        let kind = event_kind(&ev);
+        match self.step(ev) {
+            Ok(outs) => self.deliver(outs),
+            // A report of a miner that is alive and reachable, refused:
+            // work (or a merge's part) lost to the orchestrator's view.
+            Err(e) if from.is_some_and(|i| self.reachable(i) && self.miners[i].standing == Standing::Registered) => {
+                let who = from.unwrap_or_default();
+                self.report.lost_reports.push(format!("at {} ms: miner {who}'s {}: {e}", self.now, kind_name(kind)));
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn reach_miner(&mut self, i: usize, cmd: pb::command::Kind) {
+        let me = self.miners[i].peer;
+        match cmd {
+            pb::command::Kind::Route(r) => {
+                let path: Vec<usize> = r
+                    .pathway
+                    .iter()
+                    .filter_map(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+                    .filter_map(|p| self.index.get(&PeerId(p)).copied())
+                    .collect();
+                // The head drives it; the rest act on their frames.
+                if path.first() != Some(&i) || path.len() != r.pathway.len() {
+                    return;
+                }
+                let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
+                let hops: Ms = (0..2 * path.len()).map(|_| self.delay()).sum();
+                let t = self.now + 2 * self.cfg.stage_ms * path.len() as Ms + hops;
+                let tail = *path.last().unwrap_or(&i);
+                self.at(t, Happening::Finished { head: i, tail, mb, attempt: r.attempt, path });
+            }
+            pb::command::Kind::Phase(p) => self.on_phase(i, me, p),
+            pb::command::Kind::Verdict(v) => self.on_verdict(i, me, v),
+            _ => {}
+        }
+    }
+
+    fn on_phase(&mut self, i: usize, me: PeerId, p: pb::PhaseChange) {
+        let Some(stage) = self.o.miner(&me).map(|m| m.stage) else { return };
+        if p.phase == pb::Phase::Uploading as i32 {
+            let key = format!("{}stage-{stage:03}/{}.safetensors", p.upload_prefix, me.to_hex());
+            let work = self.o.miner(&me).map_or(0, |m| m.work);
+            let ev =
+                Event::UploadDone { peer: me, epoch: p.epoch, stage, key, work, object: None, commitments: Vec::new() };
+            self.send_after(i, self.cfg.store_ms, ev);
+        } else if let Some(plan) = p.merge_plan.as_ref().and_then(|pl| plan_from_pb(pl).ok()) {
+            for k in plan.owned_by(&me).collect::<Vec<_>>() {
+                let ev = Event::SliceDone {
+                    peer: me,
+                    epoch: plan.epoch,
+                    stage,
+                    partition: k as u32,
+                    generation: plan.partitions[k].generation,
+                    hash: vec![k as u8 + 1; 32],
+                    contributions: Vec::new(),
+                    flagged: Vec::new(),
+                };
+                self.send_after(i, self.cfg.store_ms, ev);
+            }
+        }
+    }
+
+    fn on_verdict(&mut self, i: usize, me: PeerId, v: pb::SliceVerdict) {
+        // What it needs of the current plan (not a copy of it: a plan of R
+        // participants is heard R times per partition).
+        let Some(plan) = self.o.merge_plan(v.stage).filter(|p| p.is_participant(&me)) else { return };
+        let partitions = plan.partitions.len();
+        let Some(part) = plan.partitions.get(v.partition as usize).map(|p| (p.offset, p.len)) else { return };
+        if v.writer == me.0.to_vec() {
+            let (offset, len) = part;
+            let name = part_name(offset, len);
+            let bytes = vec![v.partition as u8; len as usize * 4];
+            for prefix in [weights_parts_prefix(v.epoch, v.stage), momentum_parts_prefix(v.epoch, v.stage)] {
+                let object = StoredObject::part(&format!("{prefix}{name}"), &bytes, offset, me);
+                self.send_after(
+                    i,
+                    self.cfg.store_ms,
+                    Event::Stored { peer: me, epoch: v.epoch, stage: v.stage, object },
+                );
+            }
+        }
+        let heard = &mut self.miners[i].verdicts;
+        if heard.0 != v.epoch {
+            *heard = (v.epoch, Default::default());
+        }
+        if heard.1.insert(v.partition) && heard.1.len() == partitions {
+            let ev = Event::MergeDone {
+                peer: me,
+                epoch: v.epoch,
+                stage: v.stage,
+                key: String::new(),
+                weights_hash: vec![7; 32],
+                object: None,
+                from_store: (0, 0),
+            };
+            self.send_after(i, 2 * self.cfg.store_ms, ev);
+        }
+    }
+
+    fn send_after(&mut self, i: usize, after: Ms, ev: Event) {
+        if self.reachable(i) {
+            let d = self.delay();
+            self.at(self.now + after + d, Happening::ToOrchestrator(ev));
+        }
+    }
+
+    /// After each delivery: progress and stalls, and each new epoch's
+    /// faults (churn, a partition, a restart).
+    fn watch(&mut self) {
+        let (epoch, completed) = (self.o.epoch(), self.o.counters().completed);
+        let moved = self.last_progress.1 != epoch
+            || self.last_progress.3 != completed
+            || self.last_progress.2 != *self.o.phase();
+        if moved {
+            self.last_progress = (self.now, epoch, self.o.phase().clone(), completed);
+        }
+        self.report.longest_stall_ms = self.report.longest_stall_ms.max(self.now - self.last_progress.0);
+        if epoch > self.epoch_seen {
+            self.epoch_seen = epoch;
+            self.new_epoch(epoch);
+        }
+    }
+
+    fn new_epoch(&mut self, epoch: u64) {
+        if self.cfg.restart_at_epoch == Some(epoch) {
+            self.restart();
+        }
+        if let Some((at, share)) = self.cfg.partition
+            && at == epoch
+        {
+            let until = self.now + self.cfg.partition_ms;
+            for i in self.pick_live(share) {
+                self.miners[i].cut_until = until;
+                // Back on the network, it opens its command stream again.
+                let peer = self.miners[i].peer;
+                self.at(until + 1, Happening::ToOrchestrator(Event::Subscribed { peer }));
+            }
+        }
+        if self.cfg.churn > 0.0 {
+            let leaving = self.pick_live(self.cfg.churn);
+            for &i in &leaving {
+                self.miners[i].standing = Standing::Crashed;
+                self.report.crashed += 1;
+            }
+            for _ in 0..leaving.len() {
+                let m = new_miner(&mut self.rng);
+                let i = self.miners.len();
+                self.index.insert(m.peer, i);
+                self.miners.push(m);
+                self.report.joined += 1;
+                let d = self.delay();
+                self.at(self.now + d, Happening::Register(i));
+            }
+        }
+    }
+
+    /// About `share` of the registered, reachable miners, drawn by the seed.
+    fn pick_live(&mut self, share: f64) -> Vec<usize> {
+        let live: Vec<usize> = (0..self.miners.len())
+            .filter(|&i| self.miners[i].standing == Standing::Registered && self.reachable(i))
+            .collect();
+        let n = ((live.len() as f64) * share).round() as usize;
+        let mut picked = live;
+        for k in 0..picked.len() {
+            let j = k + self.rng.below((picked.len() - k) as u64) as usize;
+            picked.swap(k, j);
+        }
+        picked.truncate(n);
+        picked.sort_unstable();
+        picked
+    }
+
+    /// The orchestrator's process dies and starts again from its saved
+    /// state: reports in flight reach the new one (a miner retries a report
+    /// until it is acknowledged), and every miner re-opens its command
+    /// stream.
+    fn restart(&mut self) {
+        let saved = serde_json::to_string(&self.o).expect("the state serializes");
+        let mut o: Orchestrator = serde_json::from_str(&saved).expect("the state loads");
+        o.resumed(self.now);
+        self.o = o;
+        for i in 0..self.miners.len() {
+            if self.miners[i].standing == Standing::Registered {
+                let peer = self.miners[i].peer;
+                let d = 500 + self.delay();
+                self.at(self.now + d, Happening::ToOrchestrator(Event::Subscribed { peer }));
+            }
+        }
+    }
+}
+
+fn kind_name(kind: u8) -> &'static str {
+    [
+        "event",
+        "registration",
+        "heartbeat",
+        "subscription",
+        "loss",
+        "backward",
+        "upload",
+        "merge report",
+        "stored slice",
+        "slice report",
+        "tick",
+    ]
+    .get(kind as usize)
+    .copied()
+    .unwrap_or("event")
+}
+
+/// A number per kind of event, for the run's digest.
+fn event_kind(ev: &Event) -> u8 {
+    match ev {
+        Event::Register { .. } => 1,
+        Event::Heartbeat { .. } => 2,
+        Event::Subscribed { .. } => 3,
+        Event::Loss { .. } => 4,
+        Event::BackwardDone { .. } => 5,
+        Event::UploadDone { .. } => 6,
+        Event::MergeDone { .. } => 7,
+        Event::Stored { .. } => 8,
+        Event::SliceDone { .. } => 9,
+        Event::Tick => 10,
+        _ => 0,
+    }
+}
+
+fn event_peer(ev: &Event) -> Option<PeerId> {
+    Some(match ev {
+        Event::Heartbeat { peer, .. }
+        | Event::Subscribed { peer }
+        | Event::Loss { peer, .. }
+        | Event::BackwardDone { peer, .. }
+        | Event::UploadDone { peer, .. }
+        | Event::MergeDone { peer, .. }
+        | Event::Stored { peer, .. }
+        | Event::SliceDone { peer, .. } => *peer,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;
