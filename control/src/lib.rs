@@ -37,6 +37,7 @@ pub mod run_claim;
 pub mod s3_store;
 pub mod served_store;
 pub mod service;
+mod service_subscriber;
 pub mod state_db;
 pub mod status_cmd;
 pub mod step_referee;

@@ -98,6 +98,36 @@ impl Presigner {
         }
     }
 
+    /// The grants for `asks` (checked by the caller as the caller's),
+    /// good for `ttl`: a listing's keys, or a presigned request.
+    pub async fn grants(
+        &self,
+        asks: Vec<iota_protocol::pb::GrantAsk>,
+        ttl: Duration,
+    ) -> io::Result<Vec<iota_protocol::pb::Grant>> {
+        use iota_protocol::pb;
+        let expires_ms = iota_protocol::auth::now_ms().saturating_add(ttl.as_millis() as u64);
+        let mut grants = Vec::with_capacity(asks.len());
+        for a in asks {
+            let mut g = pb::Grant { key: a.key.clone(), access: a.access, expires_ms, ..Default::default() };
+            let presigned = match a.access() {
+                pb::Access::List => {
+                    g.listed = self.list(&a.key).await?;
+                    None
+                }
+                pb::Access::Put => Some(self.presign(&a.key, Some(a.size), ttl).await?),
+                _ => Some(self.presign(&a.key, None, ttl).await?),
+            };
+            if let Some(p) = presigned {
+                g.method = p.method;
+                g.url = p.url;
+                g.headers = p.headers.into_iter().map(|(name, value)| pb::HttpHeader { name, value }).collect();
+            }
+            grants.push(g);
+        }
+        Ok(grants)
+    }
+
     /// A GET grant (`put_len` None) or a PUT of exactly `put_len` bytes.
     pub async fn presign(&self, key: &str, put_len: Option<u64>, ttl: Duration) -> io::Result<Presigned> {
         match (self, put_len) {

@@ -41,39 +41,13 @@ use crate::s3_store::S3Store;
 use crate::state_db::StateDb;
 use iota_core::memory_plan::ComputeBackend;
 
+use crate::service_subscriber::Subscriber;
+
 const SAVE_EVERY_MS: u64 = 2_000;
 /// Commands kept for a miner that is not listening; past this the oldest go.
 pub const MAX_PENDING: usize = 4_096;
 /// Commands buffered in a subscriber's stream.
 const STREAM_BUFFER: usize = 1_024;
-
-/// A miner's open command stream.
-struct Subscriber {
-    tx: mpsc::Sender<Result<pb::ServerSigned, Status>>,
-    /// The Subscribe request's nonce: every command of this stream is
-    /// signed bound to it.
-    nonce: Vec<u8>,
-    next_seq: u64,
-}
-
-impl Subscriber {
-    /// Signs `cmd` as the stream's next and queues it; gives it back when
-    /// the stream has no room (or is gone).
-    #[allow(clippy::result_large_err)] // the command itself comes back, to be queued
-    fn send(&mut self, id: &Identity, aud: &Audience, to: &PeerId, cmd: pb::Command) -> Result<(), pb::Command> {
-        if self.tx.is_closed() || self.tx.capacity() == 0 {
-            return Err(cmd);
-        }
-        let signed = sign_server(id, aud, to, SUBSCRIBE, &self.nonce, self.next_seq, &cmd);
-        match self.tx.try_send(Ok(signed)) {
-            Ok(()) => {
-                self.next_seq += 1;
-                Ok(())
-            }
-            Err(_) => Err(cmd),
-        }
-    }
-}
 
 pub const TICK: Duration = Duration::from_millis(100);
 
@@ -671,26 +645,10 @@ impl OrchestratorRpc for OrchestratorService {
             })
         })
         .map_err(|e| self.refuse(GRANT, rejected(e).from(peer)))?;
-        let expires_ms = now_ms().saturating_add(GRANT_TTL.as_millis() as u64);
-        let unavailable = |e: std::io::Error| Status::unavailable(format!("the object store: {e}"));
-        let mut grants = Vec::with_capacity(body.asks.len());
-        for a in body.asks {
-            let mut g = pb::Grant { key: a.key.clone(), access: a.access, expires_ms, ..Default::default() };
-            let presigned = match a.access() {
-                pb::Access::List => {
-                    g.listed = store.list(&a.key).await.map_err(unavailable)?;
-                    None
-                }
-                pb::Access::Put => Some(store.presign(&a.key, Some(a.size), GRANT_TTL).await.map_err(unavailable)?),
-                _ => Some(store.presign(&a.key, None, GRANT_TTL).await.map_err(unavailable)?),
-            };
-            if let Some(p) = presigned {
-                g.method = p.method;
-                g.url = p.url;
-                g.headers = p.headers.into_iter().map(|(name, value)| pb::HttpHeader { name, value }).collect();
-            }
-            grants.push(g);
-        }
+        let grants = store
+            .grants(body.asks, GRANT_TTL)
+            .await
+            .map_err(|e| Status::unavailable(format!("the object store: {e}")))?;
         Ok(Response::new(self.signed(&peer, GRANT, &env, &pb::GrantReply { grants })))
     }
 
