@@ -62,9 +62,15 @@ pub struct Args {
     /// Boundary wire codec: int8, int4, bf16, f32.
     #[arg(long, default_value = "int8")]
     codec: String,
-    /// Codec of the merge's slices: bf16, int8, f32.
+    /// Codec of the merge's slices: bf16, int8, f32, or sparse (measured
+    /// runs only: contributions as the largest --sparse-density of each
+    /// block, with error feedback; `iota-control swarm --help`).
     #[arg(long, default_value = "bf16")]
     merge_codec: String,
+    /// With --merge-codec sparse: the share of each block's values a
+    /// contribution keeps.
+    #[arg(long, default_value_t = 1.0 / 32.0)]
+    sparse_density: f32,
     /// cuda-bf16 (bf16 GEMMs), cuda-fp32 or cpu.
     #[arg(long, default_value = "cuda-bf16")]
     backend: String,
@@ -122,6 +128,7 @@ pub fn run(a: Args) -> Result<()> {
             micro_batches: a.micro_batches,
             codec: &a.codec,
             merge_codec: &a.merge_codec,
+            sparse_density: a.sparse_density,
             device: &a.device,
             data: a.data.as_deref(),
             merge_overlap: a.merge_overlap,
@@ -145,7 +152,10 @@ pub fn run(a: Args) -> Result<()> {
     let codec = WireCodec::parse(&a.codec).with_context(|| format!("unknown codec '{}'", a.codec))?;
     let merge_codec = match WireCodec::parse(&a.merge_codec) {
         Some(c) if c != WireCodec::Int4Row => c,
-        _ => bail!("unknown merge codec '{}' (bf16, int8, f32)", a.merge_codec),
+        _ if a.merge_codec == "sparse" => {
+            bail!("--merge-codec sparse is measured, not planned: give --data and --epochs to run the swarm")
+        }
+        _ => bail!("unknown merge codec '{}' (bf16, int8, f32, sparse)", a.merge_codec),
     };
     let backend = ComputeBackend::parse(&a.backend)
         .with_context(|| format!("unknown backend '{}' (cuda-bf16, cuda-fp32, cpu)", a.backend))?;

@@ -35,6 +35,8 @@ pub struct Measure<'a> {
     pub micro_batches: u64,
     pub codec: &'a str,
     pub merge_codec: &'a str,
+    /// With `merge_codec` sparse: the share of each block kept.
+    pub sparse_density: f32,
     /// `cpu` or `cuda[:N]`: every miner's and the one process's.
     pub device: &'a str,
     pub data: Option<&'a Path>,
@@ -158,6 +160,8 @@ pub fn measure(m: &Measure<'_>, work: &Path) -> Result<Measured> {
     if m.merge_overlap {
         argv.push("--merge-overlap".into());
     }
+    argv.push("--sparse-density".into());
+    argv.push(m.sparse_density.to_string());
     let run = RunCli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{e}"))?.run;
     let cfg = run.run_config()?;
     run.claim_run_dir(&cfg)?;
@@ -383,6 +387,7 @@ mod tests {
             micro_batches: 8,
             codec: "int8",
             merge_codec: "bf16",
+            sparse_density: 1.0 / 32.0,
             device: "cpu",
             data: None,
             merge_overlap: false,

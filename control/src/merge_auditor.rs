@@ -29,8 +29,7 @@ pub const CONTRIBUTION_WAIT: Duration = Duration::from_secs(10);
 /// sender of a large stage is not named missing for its size.
 pub fn contribution_wait(spec: &MergeSpec, plan: &iota_core::merge::MergePlan, partition: u32) -> Duration {
     let len = plan.partitions.get(partition as usize).map_or(0, |p| p.len);
-    let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK)).unwrap_or(usize::MAX);
-    let slice = spec.codec.payload_bytes(blocks, iota_core::merge::BLOCK as usize).map_or(u64::MAX, |b| b as u64);
+    let slice = spec.contribution_bytes(len).unwrap_or(u64::MAX);
     let bytes = slice.saturating_mul(plan.participants.len() as u64);
     let ms = bytes.saturating_mul(1000) / crate::validation::round::EVIDENCE_UPLOAD_BYTES_PER_S;
     CONTRIBUTION_WAIT + Duration::from_millis(ms.min(3_600_000))

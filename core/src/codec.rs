@@ -18,6 +18,11 @@ pub enum WireCodec {
     /// Per row: a bf16 scale, then `cols` signed 4-bit values in [-7, 7],
     /// two per byte, low nibble first.
     Int4Row,
+    /// Merge contributions only, never a stage boundary's tensors (issue
+    /// 57): a row is one block of `iota_checks::sparse::SPARSE_BLOCK`
+    /// values written as its `cols` largest in magnitude, each a 16-bit
+    /// index and a 2-bit code, after a 6-byte header.
+    SparseTopK,
 }
 
 impl WireCodec {
@@ -29,11 +34,23 @@ impl WireCodec {
             WireCodec::Bf16 => 1,
             WireCodec::Int8Row => 2,
             WireCodec::Int4Row => 3,
+            WireCodec::SparseTopK => 4,
         }
     }
 
+    /// Every codec a frame may carry: the tensor codecs (`ALL`) and the
+    /// merge's sparse one.
     pub fn from_id(id: u8) -> Result<Self, CoreError> {
-        WireCodec::ALL.into_iter().find(|c| c.id() == id).ok_or(CoreError::UnknownCodec(id))
+        WireCodec::ALL
+            .into_iter()
+            .chain([WireCodec::SparseTopK])
+            .find(|c| c.id() == id)
+            .ok_or(CoreError::UnknownCodec(id))
+    }
+
+    /// A codec that writes every value of a tensor (all but `SparseTopK`).
+    pub fn is_dense(self) -> bool {
+        self != WireCodec::SparseTopK
     }
 
     pub fn name(self) -> &'static str {
@@ -42,9 +59,11 @@ impl WireCodec {
             WireCodec::Bf16 => "bf16",
             WireCodec::Int8Row => "int8",
             WireCodec::Int4Row => "int4",
+            WireCodec::SparseTopK => "sparse",
         }
     }
 
+    /// A tensor codec by name (`SparseTopK` is not one).
     pub fn parse(s: &str) -> Option<Self> {
         WireCodec::ALL.into_iter().find(|c| c.name() == s)
     }
@@ -56,6 +75,9 @@ impl WireCodec {
             WireCodec::Bf16 => 2 * cols,
             WireCodec::Int8Row => 2 + cols,
             WireCodec::Int4Row => 2 + cols.div_ceil(2),
+            // The kept count and two bf16 magnitudes, then per kept value
+            // a u16 index and a 2-bit code.
+            WireCodec::SparseTopK => 6 + 2 * cols + cols.div_ceil(4),
         }
     }
 
@@ -64,6 +86,21 @@ impl WireCodec {
     pub fn payload_bytes(self, rows: usize, cols: usize) -> Option<usize> {
         rows.checked_mul(self.row_bytes(cols))
     }
+}
+
+/// Values per row of `WireCodec::SparseTopK` (a row's indices fit 16 bits).
+pub const SPARSE_BLOCK: usize = 1 << 14;
+
+/// Values a sparse block of `len` keeps at `density` (at least one of a
+/// non-empty block).
+pub fn sparse_kept(len: usize, density: f32) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    // Less a hair: 0.05 as f32 is a little over 1/20, and 100 values at it
+    // keep 5, not 6.
+    let k = (f64::from(density.clamp(0.0, 1.0)) * len as f64 - 1e-6).ceil() as usize;
+    k.clamp(1, len)
 }
 
 /// Boundary traffic of one token, forward (activation) and backward
@@ -141,6 +178,12 @@ mod tests {
             assert_eq!(WireCodec::parse(c.name()), Some(c));
         }
         assert!(WireCodec::from_id(200).is_err());
+        // The sparse codec rides in frames (merge contributions) but is no
+        // tensor codec a run's boundary may name.
+        assert_eq!(WireCodec::from_id(4).unwrap(), WireCodec::SparseTopK);
+        assert_eq!(WireCodec::parse("sparse"), None);
+        assert!(!WireCodec::SparseTopK.is_dense() && WireCodec::ALL.iter().all(|c| c.is_dense()));
+        assert_eq!(WireCodec::SparseTopK.payload_bytes(3, 512), Some(3 * (6 + 1024 + 128)));
         assert_eq!(WireCodec::Int8Row.payload_bytes(usize::MAX, 8), None);
     }
 }

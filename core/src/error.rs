@@ -22,4 +22,6 @@ pub enum CoreError {
     NonFinite(&'static str),
     #[error("unknown codec id {0}")]
     UnknownCodec(u8),
+    #[error("the {0} codec carries merge contributions, not tensors")]
+    NotATensorCodec(&'static str),
 }

@@ -353,3 +353,48 @@ async fn a_writer_storing_other_bytes_than_it_announced_is_named_and_its_objects
     let merged1: Vec<Vec<f32>> = m1.merged.iter().map(|m| m.clone().unwrap()).collect();
     assert!(merged1.iter().all(|m| m == &merged1[0] && m.iter().all(|v| v.is_finite())));
 }
+
+/// Sparse contributions (`MergeSpec::sparse_density`): each replica sends
+/// the largest 1/32 of every 16,384 values of its pseudo-gradient. With two
+/// replicas both own every partition, so no update crosses the wire and the
+/// merge sends a twentieth of bf16's bytes or less; every replica ends with
+/// the same weights, moved only where a contribution kept a value, and
+/// nearer the replicas' mean. With three, updates go to non-owners in bf16
+/// and the replicas still agree. A sender of NaN or of a huge
+/// pseudo-gradient is flagged and planned out, as with dense slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_contributions_send_a_fraction_of_the_bytes_and_every_replica_agrees() {
+    // Not whole sparse blocks: each partition's last block is padded.
+    let n = 8 * 16_384 + 77;
+    let sparse =
+        |r: usize| MergeSpec { sparse_density: 1.0 / 32.0, ..spec(ReduceRule::Mean, WireCodec::Bf16, r as u32) };
+    let (prev, reps) = replicas(2, n, 5);
+    let run = |s: MergeSpec, reps: Vec<LocalReplica>, prev: Arc<Vec<f32>>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        run_local_butterfly(s, 0, prev, reps, dir.path(), TIMEOUT, &[]).await.unwrap()
+    };
+    let dense = run(spec(ReduceRule::Mean, WireCodec::Bf16, 1), reps.clone(), prev.clone()).await;
+    let rep = run(sparse(1), reps.clone(), prev.clone()).await;
+    let (d, s): (u64, u64) = (dense.sent_bytes.iter().sum(), rep.sent_bytes.iter().sum());
+    assert!(s > 0 && d > 20 * s, "{s} bytes sparse against {d} in bf16");
+    let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+    assert!(merged.iter().all(|m| m == &merged[0]), "replicas differ");
+    let moved = merged[0].iter().zip(prev.iter()).filter(|(m, p)| m != p).count();
+    assert!(moved > 0 && moved < n / 8, "{moved} of {n} values moved");
+    let want = weighted_mean(&reps);
+    assert!(dist(&merged[0], &want) < dist(&prev, &want), "the merge moves towards the replicas' mean");
+
+    let (prev, reps) = replicas(3, n, 6);
+    let rep = run(sparse(2), reps, prev).await;
+    let merged: Vec<Vec<f32>> = rep.merged.into_iter().map(|m| m.unwrap()).collect();
+    assert!(merged.iter().all(|m| m == &merged[0]), "three replicas differ");
+
+    for fault in [MergeFault::HugeDelta, MergeFault::NanDelta] {
+        let (prev, mut reps) = replicas(5, n, 7);
+        reps[0].fault = Some(fault);
+        let rep = run(sparse(1), reps, prev).await;
+        assert_eq!(rep.planned_out, vec![rep.peers[0]], "{fault:?}: the faulty replica is planned out");
+        let merged: Vec<&Vec<f32>> = rep.merged[1..].iter().map(|m| m.as_ref().unwrap()).collect();
+        assert!(merged.iter().all(|m| *m == merged[0] && m.iter().all(|x| x.is_finite())), "{fault:?}");
+    }
+}

@@ -60,6 +60,9 @@ unsafe fn encode_into_avx2(
 
 #[inline(always)]
 fn encode_into_body(codec: WireCodec, rows: usize, cols: usize, x: &[f32], out: &mut [u8]) -> Result<(), CoreError> {
+    if !codec.is_dense() {
+        return Err(CoreError::NotATensorCodec(codec.name()));
+    }
     let expected = codec.payload_bytes(rows, cols).expect("local tensor size overflows");
     assert_eq!(x.len(), rows * cols, "encode: tensor length does not match its shape");
     assert_eq!(out.len(), expected, "encode: output length does not match the shape");
@@ -68,6 +71,7 @@ fn encode_into_body(codec: WireCodec, rows: usize, cols: usize, x: &[f32], out: 
         return Err(CoreError::NonFinite("tensor to encode"));
     }
     match codec {
+        WireCodec::SparseTopK => {} // refused above
         WireCodec::F32 => out.chunks_exact_mut(4).zip(x).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
         WireCodec::Bf16 => {
             // Pairs by type; every value is finite here.
@@ -136,12 +140,16 @@ fn decode_into_body(
     bytes: &[u8],
     out: &mut [f32],
 ) -> Result<(), CoreError> {
+    if !codec.is_dense() {
+        return Err(CoreError::NotATensorCodec(codec.name()));
+    }
     let len_err = |expected| CoreError::PayloadLength { codec: codec.name(), rows, cols, expected, got: bytes.len() };
     let expected = codec.payload_bytes(rows, cols).ok_or(len_err(usize::MAX))?;
     if bytes.len() != expected || Some(out.len()) != rows.checked_mul(cols) {
         return Err(len_err(expected));
     }
     match codec {
+        WireCodec::SparseTopK => {} // refused above
         WireCodec::F32 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 *o = f32::from_le_bytes(b.try_into().map_err(|_| len_err(expected))?);
@@ -235,6 +243,8 @@ pub fn error_bound(codec: WireCodec, absmax: f32) -> f32 {
         // The scale is absmax/qmax rounded up to bf16 (at most 2^-7 relative).
         WireCodec::Int8Row => 0.5 * absmax / INT8_MAX * (1.0 + 1.0 / 128.0),
         WireCodec::Int4Row => 0.5 * absmax / INT4_MAX * (1.0 + 1.0 / 128.0),
+        // A value it drops is lost whole (until error feedback sends it).
+        WireCodec::SparseTopK => absmax,
     }
 }
 
@@ -297,13 +307,23 @@ mod tests {
 
         #[test]
         fn decode_never_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..200),
-                                          rows in 0usize..8, cols in 0usize..40, codec_id in 0u8..4) {
+                                          rows in 0usize..8, cols in 0usize..40, codec_id in 0u8..5) {
             let codec = WireCodec::from_id(codec_id).unwrap();
             if let Ok(v) = decode(codec, rows, cols, &bytes) {
                 prop_assert_eq!(v.len(), rows * cols);
                 prop_assert!(v.iter().all(|x| x.is_finite()));
             }
         }
+    }
+
+    /// A frame may name the sparse codec (merge contributions), but no
+    /// tensor is encoded or decoded with it: refused, not a panic.
+    #[test]
+    fn the_sparse_codec_is_no_tensor_codec() {
+        let c = WireCodec::SparseTopK;
+        assert!(matches!(encode(c, 1, 4, &[1.0, 2.0, 3.0, 4.0]), Err(CoreError::NotATensorCodec("sparse"))));
+        let bytes = vec![0u8; c.payload_bytes(1, 4).unwrap()];
+        assert!(matches!(decode(c, 1, 4, &bytes), Err(CoreError::NotATensorCodec("sparse"))));
     }
 
     #[test]

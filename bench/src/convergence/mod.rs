@@ -123,6 +123,16 @@ pub struct Args {
     /// contribution: no progress waits a whole merge to count locally.
     #[arg(long)]
     sparse_local: bool,
+    /// With --sparse-merge: the run's last merge sends each replica's
+    /// pseudo-gradient and its whole backlog with the merge codec alone,
+    /// so the final model holds everything trained.
+    #[arg(long)]
+    sparse_flush_last: bool,
+    /// With --sparse-merge: what a replica held back is multiplied by this
+    /// before it is added to the next contribution (1: plain error
+    /// feedback; SparseLoCo decays it).
+    #[arg(long, default_value_t = 1.0)]
+    sparse_decay: f32,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -147,6 +157,10 @@ pub struct Setup {
     pub sparse_merge: Option<f32>,
     /// The residual stays in each replica's weights (`--sparse-local`).
     pub sparse_local: bool,
+    /// The last merge sends the backlog densely (`--sparse-flush-last`).
+    pub sparse_flush_last: bool,
+    /// The backlog's decay per merge (`--sparse-decay`).
+    pub sparse_decay: f32,
 }
 
 /// Trains one variant; its validation loss every `curve_every` global steps
@@ -412,7 +426,7 @@ impl Trainer {
                     land(pending.take().expect("checked"), replicas, merged)?;
                 }
                 if boundary {
-                    let mut next = sim.reduce(replicas, merged, self.merges)?;
+                    let mut next = sim.reduce(replicas, merged, self.merges, last)?;
                     if self.setup.orth_merge {
                         orth_merge::orthogonalise_merge(merged, replicas, &mut next);
                     }
@@ -483,6 +497,10 @@ struct MergeSim {
     sparse: Option<(f32, Vec<Vec<ErrorFeedback>>)>,
     /// `Setup::sparse_local`.
     sparse_local: bool,
+    /// `Setup::sparse_flush_last`.
+    flush_last: bool,
+    /// `Setup::sparse_decay`.
+    decay: f32,
     /// Bytes of contributions sent, and what the merge codec alone would
     /// have sent.
     pub sent_bytes: (u64, u64),
@@ -498,6 +516,8 @@ impl MergeSim {
             momentum: sizes.iter().map(|&n| vec![0.0; n]).collect(),
             sparse: setup.sparse_merge.map(|d| (d, (0..setup.replicas).map(|_| feedback()).collect())),
             sparse_local: setup.sparse_local,
+            flush_last: setup.sparse_flush_last,
+            decay: setup.sparse_decay,
             sent_bytes: (0, 0),
         }
     }
@@ -519,6 +539,7 @@ impl MergeSim {
         replicas: &[Pipeline<CpuBackend>],
         merged: &Pipeline<CpuBackend>,
         k: u64,
+        last: bool,
     ) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::new();
         let spec = &self.spec.clone();
@@ -546,10 +567,20 @@ impl MergeSim {
                         payloads.push(dense);
                         continue;
                     };
+                    if last && self.flush_last {
+                        let backlog = feedback[i][s].flush(range.start, &delta)?;
+                        let dense = encode_slice(spec.codec, &backlog)?;
+                        self.sent_bytes.0 += dense.len() as u64;
+                        payloads.push(dense);
+                        continue;
+                    }
                     // What the sparse codec sends, as the reduce reads it.
                     let sparse = match self.sparse_local {
                         true => feedback[i][s].encode_kept(range.start, &delta, *density)?,
-                        false => feedback[i][s].encode(range.start, &delta, *density)?,
+                        false => {
+                            feedback[i][s].decay(range.clone(), self.decay);
+                            feedback[i][s].encode(range.start, &delta, *density)?
+                        }
                     };
                     self.sent_bytes.0 += sparse.len() as u64;
                     let sent = decode_sparse(&sparse, delta.len(), SPARSE_BLOCK)?;
@@ -601,6 +632,8 @@ pub fn run(a: Args) -> Result<()> {
         orth_merge: a.orth_merge,
         sparse_merge: a.sparse_merge,
         sparse_local: a.sparse_local,
+        sparse_flush_last: a.sparse_flush_last,
+        sparse_decay: a.sparse_decay,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {

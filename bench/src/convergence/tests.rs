@@ -40,6 +40,8 @@ pub(super) fn tiny_setup(replicas: usize, grad_accum: usize, steps: u64) -> (Set
             orth_merge: false,
             sparse_merge: None,
             sparse_local: false,
+            sparse_flush_last: false,
+            sparse_decay: 1.0,
         },
         corpus,
     )

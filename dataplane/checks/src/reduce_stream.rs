@@ -91,6 +91,10 @@ where
     S: Fn(usize, &[T]) -> Option<ChainingValue> + Sync,
 {
     let c = spec.codec;
+    if !spec.contribution_codec().is_dense() {
+        // Sparse contributions are decoded whole (the reference).
+        return None;
+    }
     let n = usize::try_from(len).ok()?;
     let chunks = n.div_ceil(REDUCE_CHUNK);
     let per_chunk = REDUCE_CHUNK.checked_div(BLOCK as usize)?.checked_mul(sink.per_row)?;

@@ -50,6 +50,34 @@ pub fn encode_slice(c: WireCodec, x: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Encodes a contribution as the run sends it (`MergeSpec::contribution_codec`)
+/// with nothing held back: a dense codec's slice, or the sparse codec's
+/// rows without error feedback (which the butterfly adds,
+/// `sparse::ErrorFeedback::encode_frame`).
+pub fn encode_contribution(spec: &MergeSpec, x: &[f32]) -> Result<Vec<u8>> {
+    if spec.contribution_codec().is_dense() {
+        return encode_slice(spec.codec, x);
+    }
+    let (_, k) = spec.contribution_shape(x.len() as u64);
+    Ok(crate::sparse::encode_frame(x, k))
+}
+
+/// Decodes a contribution of `len` values in the run's contribution codec;
+/// hostile bytes are an error.
+pub fn decode_contribution(spec: &MergeSpec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
+    if spec.contribution_codec().is_dense() {
+        return decode_slice(spec.codec, len, bytes);
+    }
+    let want = spec.contribution_bytes(len);
+    if want != Some(bytes.len() as u64) {
+        anyhow::bail!("sparse contribution of {len} values: {} payload bytes, expected {want:?}", bytes.len());
+    }
+    let (_, k) = spec.contribution_shape(len);
+    let mut v = vec![0.0f32; usize::try_from(len)?];
+    crate::sparse::decode_frame_into(bytes, &mut v, k)?;
+    Ok(v)
+}
+
 /// Decodes a slice of `len` values written by `encode_slice`.
 pub fn decode_slice(c: WireCodec, len: u64, bytes: &[u8]) -> Result<Vec<f32>> {
     // The length is checked before the output is allocated.
@@ -124,7 +152,7 @@ pub fn reduce_partition_decoded(
     momentum: &mut [f32],
 ) -> Reduced {
     let decoded: Vec<Option<Vec<f32>>> =
-        payloads.iter().map(|p| p.and_then(|b| decode_slice(spec.codec, len, b).ok())).collect();
+        payloads.iter().map(|p| p.and_then(|b| decode_contribution(spec, len, b).ok())).collect();
     let mut refs: Vec<Option<&[f32]>> = decoded.iter().map(|d| d.as_deref()).collect();
     let mut flagged = Vec::new();
     for (i, why) in flaws(&refs) {

@@ -26,25 +26,12 @@
 use anyhow::{Context, Result, bail, ensure};
 use iota_core::codec::{bf16_to_f32, f32_to_bf16};
 
-/// Values per block (a block's indices fit 16 bits).
-pub const SPARSE_BLOCK: usize = 1 << 14;
+pub use iota_core::codec::{SPARSE_BLOCK, sparse_kept as kept_per_block};
 const BLOCK_HEADER: usize = 2 + 2 + 2;
 
 /// Where the `n`-th code of a byte sits (four to a byte, low bits first).
 fn code_shift(n: usize) -> u32 {
     [0, 2, 4, 6].get(n % 4).copied().unwrap_or(0)
-}
-
-/// Values kept per block of `len` at `density` (at least one of a
-/// non-empty block).
-pub fn kept_per_block(len: usize, density: f32) -> usize {
-    if len == 0 {
-        return 0;
-    }
-    // Less a hair: 0.05 as f32 is a little over 1/20, and 100 values at it
-    // keep 5, not 6.
-    let k = (f64::from(density.clamp(0.0, 1.0)) * len as f64 - 1e-6).ceil() as usize;
-    k.clamp(1, len)
 }
 
 /// Bytes a block of `k` kept values takes.
@@ -155,6 +142,74 @@ fn decode_block(b: &[u8], out: &mut [f32], max_kept: usize) -> Result<usize> {
     Ok(need)
 }
 
+/// Bytes of one block of `k` kept values in a frame (a row of
+/// `WireCodec::SparseTopK`, whose row width is `k`).
+pub fn frame_row_bytes(k: usize) -> usize {
+    block_bytes(k)
+}
+
+/// The frame shape of a sparse slice of `len` values: `[blocks, k]`,
+/// every block `SPARSE_BLOCK` values (the last zero-padded) with exactly
+/// `k` kept. A fixed size for a length and a density, so a frame's
+/// header says how long its payload is, as it does for the dense codecs.
+pub fn frame_shape(len: u64, density: f32) -> (usize, usize) {
+    (usize::try_from(len.div_ceil(SPARSE_BLOCK as u64)).unwrap_or(usize::MAX), kept_per_block(SPARSE_BLOCK, density))
+}
+
+/// Encodes `x` as the rows of a `frame_shape` frame: each block padded
+/// with zeros to `SPARSE_BLOCK` and exactly `k` values kept (blocks encoded
+/// in parallel; each on its own, so the same bytes on any thread count).
+pub fn encode_frame(x: &[f32], k: usize) -> Vec<u8> {
+    use rayon::prelude::*;
+    let rb = block_bytes(k);
+    let blocks = x.len().div_ceil(SPARSE_BLOCK);
+    let mut out = vec![0u8; blocks.saturating_mul(rb)];
+    out.par_chunks_mut(rb.max(1)).zip(x.par_chunks(SPARSE_BLOCK)).for_each(|(o, xs)| {
+        let mut row = Vec::with_capacity(rb);
+        if xs.len() == SPARSE_BLOCK {
+            encode_block(xs, k.min(SPARSE_BLOCK), &mut row);
+        } else {
+            let mut padded = vec![0.0f32; SPARSE_BLOCK];
+            if let Some(head) = padded.get_mut(..xs.len()) {
+                head.copy_from_slice(xs);
+            }
+            encode_block(&padded, k.min(SPARSE_BLOCK), &mut row);
+        }
+        o.copy_from_slice(&row);
+    });
+    out
+}
+
+/// Decodes a frame written by [`encode_frame`] into `out` (its `len`
+/// values; what a block names in the last block's padding is dropped).
+/// Every row must keep exactly `k` values: a hostile payload is refused,
+/// never a panic.
+pub fn decode_frame_into(bytes: &[u8], out: &mut [f32], k: usize) -> Result<()> {
+    use rayon::prelude::*;
+    let rb = block_bytes(k);
+    let blocks = out.len().div_ceil(SPARSE_BLOCK);
+    ensure!(
+        Some(bytes.len()) == blocks.checked_mul(rb),
+        "a sparse slice of {} bytes, {blocks} blocks keeping {k} need {}",
+        bytes.len(),
+        blocks.saturating_mul(rb)
+    );
+    out.par_chunks_mut(SPARSE_BLOCK).zip(bytes.par_chunks(rb.max(1))).enumerate().try_for_each(|(b, (o, row))| {
+        let k_row = row.first_chunk::<2>().map(|c| usize::from(u16::from_le_bytes(*c)));
+        ensure!(k_row == Some(k), "sparse block {b} keeps {k_row:?} values, the run's density {k}");
+        if o.len() == SPARSE_BLOCK {
+            o.fill(0.0);
+            decode_block(row, o, k).with_context(|| format!("sparse block {b}"))?;
+        } else {
+            let mut padded = vec![0.0f32; SPARSE_BLOCK];
+            decode_block(row, &mut padded, k).with_context(|| format!("sparse block {b}"))?;
+            let n = o.len();
+            o.copy_from_slice(padded.get(..n).context("length")?);
+        }
+        Ok(())
+    })
+}
+
 /// What a sender's sparse contributions left behind, added to the next
 /// ones (error feedback): per value of the stage, the part of its
 /// pseudo-gradients the codec has not sent yet.
@@ -191,6 +246,41 @@ impl ErrorFeedback {
             *r = d - s;
         }
         Ok(bytes)
+    }
+
+    /// `delta` plus what earlier contributions left at `offset..`, sent
+    /// whole (a last merge that flushes the backlog): nothing is left.
+    pub fn flush(&mut self, offset: usize, delta: &[f32]) -> Result<Vec<f32>> {
+        let end = offset.checked_add(delta.len()).context("range")?;
+        let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
+        let all = delta.iter().zip(residual.iter()).map(|(d, r)| d + r).collect();
+        residual.fill(0.0);
+        Ok(all)
+    }
+
+    /// [`ErrorFeedback::encode`] as a frame's rows ([`encode_frame`],
+    /// exactly `k` kept per block).
+    pub fn encode_frame(&mut self, offset: usize, delta: &[f32], k: usize) -> Result<Vec<u8>> {
+        let end = offset.checked_add(delta.len()).context("range")?;
+        let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
+        let wanted: Vec<f32> = delta.iter().zip(residual.iter()).map(|(d, r)| d + r).collect();
+        let bytes = encode_frame(&wanted, k);
+        let mut sent = vec![0.0f32; wanted.len()];
+        decode_frame_into(&bytes, &mut sent, k)?;
+        for ((r, w), s) in residual.iter_mut().zip(&wanted).zip(&sent) {
+            *r = w - s;
+        }
+        Ok(bytes)
+    }
+
+    /// Scales what is held back over `range` by `factor` (a backlog that
+    /// fades: SparseLoCo's decayed error feedback).
+    pub fn decay(&mut self, range: std::ops::Range<usize>, factor: f32) {
+        if factor != 1.0
+            && let Some(r) = self.residual.get_mut(range)
+        {
+            r.iter_mut().for_each(|v| *v *= factor);
+        }
     }
 
     /// What has not been sent yet, per value.
@@ -326,6 +416,51 @@ mod tests {
             let junk: Vec<u8> = noise(64, seed).iter().map(|v| v.to_bits() as u8).collect();
             let _ = decode_sparse(&junk, 100, 10);
         }
+    }
+
+    /// The frame form: a fixed size for a length and a density (what the
+    /// frame header's shape promises), the last block's padding dropped,
+    /// the same values as the unpadded codec where blocks are whole, and a
+    /// row keeping more or fewer than the run's count refused.
+    #[test]
+    fn frames_have_the_size_their_shape_says_and_refuse_another_density() {
+        use iota_core::WireCodec;
+        let n = 2 * SPARSE_BLOCK + 300;
+        let x = noise(n, 9);
+        let density = 1.0 / 32.0;
+        let (rows, k) = frame_shape(n as u64, density);
+        assert_eq!((rows, k), (3, SPARSE_BLOCK / 32));
+        let bytes = encode_frame(&x, k);
+        assert_eq!(Some(bytes.len()), WireCodec::SparseTopK.payload_bytes(rows, k));
+        assert_eq!(frame_row_bytes(k), WireCodec::SparseTopK.row_bytes(k));
+        // A whole block at 1/32: 28x fewer bytes than bf16 (a partial last
+        // block is padded, so short slices gain less).
+        let ratio = (2 * SPARSE_BLOCK) as f64 / frame_row_bytes(k) as f64;
+        assert!(ratio > 28.0, "{ratio:.1}x");
+        let mut y = vec![1.0f32; n];
+        decode_frame_into(&bytes, &mut y, k).unwrap();
+        // Whole blocks: what the unpadded codec keeps.
+        let whole = 2 * SPARSE_BLOCK;
+        let plain = decode_sparse(&encode_sparse(&x[..whole], density), whole, SPARSE_BLOCK).unwrap();
+        assert_eq!(&y[..whole], plain.as_slice());
+        // The last block keeps k of its 300 values and the padding's zeros.
+        let kept_last = y[whole..].iter().filter(|v| **v != 0.0).count();
+        assert_eq!(kept_last, k.min(300));
+        assert_eq!(encode_frame(&x, k), bytes, "deterministic");
+        // Another density's rows, a cut payload, a row claiming another count.
+        assert!(decode_frame_into(&bytes, &mut y, k - 1).is_err());
+        assert!(decode_frame_into(&bytes[..bytes.len() - 1], &mut y, k).is_err());
+        let mut other = bytes.clone();
+        other[0..2].copy_from_slice(&((k - 1) as u16).to_le_bytes());
+        assert!(decode_frame_into(&other, &mut y, k).is_err());
+        // Error feedback through frames: what is held back is what was not sent.
+        let mut ef = ErrorFeedback::new(n + 10);
+        let sent_bytes = ef.encode_frame(10, &x, k).unwrap();
+        let mut sent = vec![0.0f32; n];
+        decode_frame_into(&sent_bytes, &mut sent, k).unwrap();
+        let left: Vec<f32> = x.iter().zip(&sent).map(|(a, b)| a - b).collect();
+        assert_eq!(&ef.residual()[10..], left.as_slice());
+        assert!(ef.residual()[..10].iter().all(|r| *r == 0.0));
     }
 
     /// The first index set past the second (so they are out of order).

@@ -272,6 +272,18 @@ pub struct MergeSpec {
     /// its default, so runs saved before it existed keep their run id.
     #[serde(default = "default_store_mbit", skip_serializing_if = "is_default_store_mbit")]
     pub store_mbit: u32,
+    /// Contributions through the sparse codec (`WireCodec::SparseTopK`):
+    /// this share of each block's values, the largest, with error feedback
+    /// at the sender (PROTOCOL.md, "Sparse contributions"); merged updates
+    /// and stored slices stay in `codec`. 0: contributions in `codec`.
+    /// Left out of the settings when 0, so runs saved before it existed
+    /// keep their run id.
+    #[serde(default, skip_serializing_if = "is_zero_f32")]
+    pub sparse_density: f32,
+}
+
+fn is_zero_f32(v: &f32) -> bool {
+    *v == 0.0
 }
 
 /// 100 Mbit/s: what evidence uploads are sized for.
@@ -333,6 +345,31 @@ impl MergeSpec {
         (self.max_slice_bytes / block_bytes).max(1) * BLOCK
     }
 
+    /// The codec contributions are sent in.
+    pub fn contribution_codec(&self) -> WireCodec {
+        if self.sparse_density > 0.0 { WireCodec::SparseTopK } else { self.codec }
+    }
+
+    /// The frame shape `[rows, cols]` of a contribution to a partition of
+    /// `len` values: `[blocks, BLOCK]` in a dense codec, `[sparse blocks,
+    /// values kept per block]` in the sparse one.
+    pub fn contribution_shape(&self, len: u64) -> (usize, usize) {
+        if self.sparse_density > 0.0 {
+            let rows = len.div_ceil(iota_core::codec::SPARSE_BLOCK as u64);
+            let k = iota_core::codec::sparse_kept(iota_core::codec::SPARSE_BLOCK, self.sparse_density);
+            (usize::try_from(rows).unwrap_or(usize::MAX), k)
+        } else {
+            (usize::try_from(len.div_ceil(BLOCK)).unwrap_or(usize::MAX), BLOCK as usize)
+        }
+    }
+
+    /// Bytes of a contribution to a partition of `len` values (None: it
+    /// overflows).
+    pub fn contribution_bytes(&self, len: u64) -> Option<u64> {
+        let (rows, cols) = self.contribution_shape(len);
+        self.contribution_codec().payload_bytes(rows, cols).map(|b| b as u64)
+    }
+
     /// The butterfly plan of one stage's merge under this spec.
     pub fn plan(&self, epoch: u64, stage: u32, participants: Vec<Participant>, params: u64, seed: u64) -> MergePlan {
         MergePlan::bounded(epoch, stage, participants, params, seed, self.slices_per_replica, self.max_partition_len())
@@ -354,6 +391,7 @@ impl Default for MergeSpec {
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
             overlap: false,
             store_mbit: DEFAULT_STORE_MBIT,
+            sparse_density: 0.0,
         }
     }
 }
@@ -451,8 +489,15 @@ impl RunSpec {
         if self.miners_per_stage_cap != 0 && self.miners_per_stage_cap < self.replicas {
             return Err("a stage's miner cap must be at least its replicas".into());
         }
-        if self.merge.codec == WireCodec::Int4Row {
+        if !matches!(self.merge.codec, WireCodec::F32 | WireCodec::Bf16 | WireCodec::Int8Row) {
             return Err("merge codec must be f32, bf16 or int8".into());
+        }
+        let d = self.merge.sparse_density;
+        if !(d == 0.0 || (d.is_finite() && d > 0.0 && d <= 1.0)) {
+            return Err(format!("merge: the sparse contributions' density {d} must be in (0, 1]"));
+        }
+        if d > 0.0 && self.merge.method != MergeMethod::Butterfly {
+            return Err("merge: sparse contributions need the butterfly merge".into());
         }
         if !MAX_SLICE_BYTES_RANGE.contains(&self.merge.max_slice_bytes) {
             return Err(format!(
@@ -478,6 +523,13 @@ impl RunSpec {
             return Err(
                 "merge: the merge behind compute (overlap) is not validated yet; run it without validators".into()
             );
+        }
+        if self.merge.sparse_density > 0.0 && !v.validators.is_empty() {
+            // A sparse contribution carries its sender's unsent backlog,
+            // which the witness of a contribution audit does not show yet,
+            // so an honest sender's contribution would not be the slice of
+            // its committed weights.
+            return Err("merge: sparse contributions are not validated yet; run them without validators".into());
         }
         if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 || v.step_window == 0 {
             return Err(
@@ -597,5 +649,37 @@ mod tests {
         assert_eq!(lengths(&r).iter().sum::<u64>(), 1 << 40);
         assert!(r.epoch_count() <= 40);
         assert_eq!(r.epoch_start(u64::MAX), u64::MAX);
+    }
+
+    /// Sparse contributions: their frame shape and bytes, the dense
+    /// contribution's unchanged, the run id of a dense run unchanged, and
+    /// the settings refused (a density outside (0, 1], the parameter
+    /// server, validators).
+    #[test]
+    fn sparse_contributions_have_their_own_shape_and_are_refused_where_unchecked() {
+        let dense = MergeSpec::butterfly();
+        assert_eq!(dense.contribution_codec(), WireCodec::Bf16);
+        assert_eq!(dense.contribution_shape(1000), (4, 256));
+        assert_eq!(dense.contribution_bytes(1000), Some(2048));
+        let sparse = MergeSpec { sparse_density: 1.0 / 32.0, ..MergeSpec::butterfly() };
+        assert_eq!(sparse.contribution_codec(), WireCodec::SparseTopK);
+        assert_eq!(sparse.contribution_shape(40_000), (3, 512));
+        assert_eq!(sparse.contribution_bytes(40_000), Some(3 * (6 + 1024 + 128)));
+        // Not in a dense run's settings: its run id stays what it was.
+        assert!(!serde_json::to_string(&dense).unwrap().contains("sparse"));
+        let mut s = RunSpec { merge: sparse, ..spec(2, 8, 0) };
+        s.merge.stage_params = vec![100; 3];
+        assert_eq!(s.validate(), Ok(()));
+        for bad in [-0.1, 1.5, f32::NAN] {
+            let mut b = s.clone();
+            b.merge.sparse_density = bad;
+            assert!(b.validate().unwrap_err().contains("density"), "{bad}");
+        }
+        let mut ps = s.clone();
+        ps.merge.method = MergeMethod::ParameterServer;
+        assert!(ps.validate().unwrap_err().contains("butterfly"));
+        let mut v = s.clone();
+        v.validation.validators = vec![ValidatorStake { peer: iota_core::PeerId([3; 32]), stake: 1 }];
+        assert!(v.validate().unwrap_err().contains("not validated yet"));
     }
 }

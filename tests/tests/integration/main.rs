@@ -19,6 +19,7 @@ mod operator_endpoints;
 mod overlap;
 mod served_store;
 mod settlement;
+mod sparse_merge;
 mod swarm;
 mod validation;
 

@@ -128,9 +128,7 @@ impl Orchestrator {
     /// (`store_patience` of one slice of it).
     fn store_patience_ms(&self, stage: u32, k: u32) -> Ms {
         let len = self.butterfly.get(&stage).and_then(|bm| bm.plan.partitions.get(k as usize)).map_or(0, |p| p.len);
-        let blocks = usize::try_from(len.div_ceil(iota_core::merge::BLOCK)).unwrap_or(usize::MAX);
-        let slice = self.spec.merge.codec.payload_bytes(blocks, iota_core::merge::BLOCK as usize);
-        let bytes = slice.map_or(u64::MAX, |b| b as u64);
+        let bytes = self.spec.merge.contribution_bytes(len).unwrap_or(u64::MAX);
         store_patience(bytes, self.spec.merge.store_mbit)
     }
 

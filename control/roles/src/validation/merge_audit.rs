@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use iota_checks::frame::{FrameLimits, RunContext, decode_frame};
 use iota_checks::slices::reduce_partition_published;
 use iota_core::PeerId;
-use iota_core::merge::{BLOCK, MergePlan};
+use iota_core::merge::MergePlan;
 use iota_core::wire::Direction;
 use iota_wire::MergeSpec;
 
@@ -53,7 +53,6 @@ pub fn recompute_partition(
     let epoch = u32::try_from(plan.epoch).map_err(|_| "an epoch past the frame's range")?;
     let ctx = RunContext::new(run_id, FrameLimits::default());
     ctx.set_epoch_window(epoch, epoch);
-    let rows = part.len.div_ceil(BLOCK);
     let mut payloads: Vec<Option<&[u8]>> = Vec::with_capacity(plan.participants.len());
     let mut missing = Vec::new();
     let mut contradicting = Vec::new();
@@ -65,8 +64,8 @@ pub fn recompute_partition(
                 && h.shard == k
                 && h.first_sample == part.offset
                 && h.samples == 0
-                && h.codec == spec.codec.id()
-                && h.rows_cols() == Some((rows as usize, BLOCK as usize));
+                && h.codec == spec.contribution_codec().id()
+                && h.rows_cols() == Some(spec.contribution_shape(part.len));
             fits.then_some((h.payload_hash, bytes, payload))
         });
         match ok {
@@ -96,7 +95,7 @@ mod tests {
     use iota_checks::slices::encode_slice;
     use iota_core::WireCodec;
     use iota_core::identity::Identity;
-    use iota_core::merge::Participant;
+    use iota_core::merge::{BLOCK, Participant};
     use iota_wire::MergeMethod;
 
     use super::*;

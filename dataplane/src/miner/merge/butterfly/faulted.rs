@@ -4,7 +4,7 @@
 use anyhow::Result;
 use bytes::Bytes;
 
-use super::{Butterfly, MergeFault, encode_slice};
+use super::{Butterfly, MergeFault, decode_contribution, encode_contribution};
 
 impl Butterfly {
     /// Whether a test tool's fault sends a co-owner's contribution as its own.
@@ -23,9 +23,9 @@ impl Butterfly {
             return Ok(Some(bytes));
         }
         let len = self.plan.as_ref().and_then(|p| p.partitions.get(k)).map_or(0, |p| p.len);
-        let mut x = iota_checks::slices::decode_slice(self.codec(), len, &bytes)?;
+        let mut x = decode_contribution(&self.spec, len, &bytes)?;
         x.iter_mut().for_each(|v| *v = -*v);
-        Ok(Some(Bytes::from(encode_slice(self.codec(), &x)?)))
+        Ok(Some(Bytes::from(encode_contribution(&self.spec, &x)?)))
     }
 
     /// A pseudo-gradient fault's change to the replica's delta for `epoch`

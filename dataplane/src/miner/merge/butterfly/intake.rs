@@ -6,12 +6,37 @@
 use std::sync::atomic::Ordering;
 
 use iota_core::merge::BLOCK;
+use iota_core::wire::Direction;
 use tracing::debug;
 
 use super::Butterfly;
 use super::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks};
+use crate::frame::FrameMeta;
 
 impl Butterfly {
+    /// The header fields of a slice of partition `k` (`kind`: a
+    /// contribution in the contribution codec and shape, or an update in
+    /// the merge codec as `[blocks, BLOCK]`).
+    pub(super) fn meta(&self, k: usize, offset: u64, len: u64, kind: u32, generation: u32) -> FrameMeta {
+        let (codec, (rows, cols)) = if kind == KIND_CONTRIBUTION {
+            (self.spec.contribution_codec(), self.spec.contribution_shape(len))
+        } else {
+            (self.codec(), (blocks(len), BLOCK as usize))
+        };
+        FrameMeta {
+            direction: Direction::WeightSlice,
+            codec,
+            stage: self.stage as u16,
+            epoch: self.epoch as u32,
+            shard: k as u32,
+            first_sample: offset,
+            samples: kind,
+            attempt: generation,
+            shape: vec![rows as u32, cols as u32],
+            answers: [0; 32],
+        }
+    }
+
     /// Takes in a checked slice message; `from_early` = it was held back.
     // A peer's frame: no unchecked arithmetic or indexing.
     #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
@@ -27,10 +52,14 @@ impl Butterfly {
             return;
         }
         let Some(part) = plan.partitions.get(m.k) else { return };
+        let (codec, shape) = if m.kind == KIND_CONTRIBUTION {
+            (self.spec.contribution_codec(), self.spec.contribution_shape(part.len))
+        } else {
+            (self.codec(), (blocks(part.len), BLOCK as usize))
+        };
         let ok_shape = m.offset == part.offset
-            && m.rows == blocks(part.len)
-            && m.cols == BLOCK as usize
-            && m.codec == self.codec().id()
+            && (m.rows, m.cols) == shape
+            && m.codec == codec.id()
             && plan.is_participant(&m.from);
         if !ok_shape {
             debug!(from = %m.from, k = m.k, "merge slice does not match the plan; dropped");

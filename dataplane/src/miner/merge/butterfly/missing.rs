@@ -7,11 +7,10 @@
 
 use std::time::Duration;
 
-use iota_core::merge::{BLOCK, MergePlan};
+use iota_core::merge::MergePlan;
 use iota_protocol::pb;
 use tracing::warn;
 
-use super::slices::blocks;
 use super::{Butterfly, MergeFault};
 use crate::miner::events::Output;
 
@@ -30,7 +29,7 @@ impl Butterfly {
     pub(super) fn missing_patience(&self, k: usize) -> Duration {
         let Some(plan) = self.plan.as_ref() else { return MISSING_AFTER };
         let len = plan.partitions.get(k).map_or(0, |p| p.len);
-        let slice = self.codec().payload_bytes(blocks(len), BLOCK as usize).map_or(u64::MAX, |b| b as u64);
+        let slice = self.spec.contribution_bytes(len).unwrap_or(u64::MAX);
         let bytes = slice.saturating_mul(plan.participants.len() as u64);
         let transfer = Duration::from_millis((bytes.saturating_mul(1000) / SLICE_BYTES_PER_S).min(3_600_000));
         (MISSING_AFTER + transfer).max(self.latest_contribution.saturating_mul(2))

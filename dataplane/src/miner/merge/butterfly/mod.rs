@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use bytes::Bytes;
 use iota_core::merge::{BLOCK, KEEP_PREVIOUS, MergePlan};
-use iota_core::wire::Direction;
 use iota_core::{ParamLayout, PeerId, WireCodec};
 use iota_protocol::manifest::from_pb_list;
 use iota_protocol::store_keys::{contrib_prefix, weights_parts_prefix};
@@ -40,6 +39,7 @@ use iota_protocol::{MergeSpec, SharedStore, StoredObject, pb, plan_from_pb};
 use rayon::prelude::*;
 use tracing::{info, warn};
 
+mod contribution;
 mod fault;
 mod faulted;
 mod intake;
@@ -53,8 +53,8 @@ mod tests;
 pub use self::fault::MergeFault;
 use self::slices::{KIND_CONTRIBUTION, KIND_UPDATE, SliceMsg, blocks, slice_msg};
 pub use self::slices::{
-    Published, Reduced, decode_slice, decode_slice_into, encode_slice, reduce_partition, reduce_partition_published,
-    update_hash,
+    Published, Reduced, decode_contribution, decode_slice, decode_slice_into, encode_contribution, encode_slice,
+    reduce_partition, reduce_partition_published, update_hash,
 };
 pub use self::stats::MergeStats;
 use super::Merge;
@@ -140,6 +140,9 @@ pub struct Butterfly {
     claimed: HashSet<(usize, u32)>,
     /// The latest a contribution arrived after its plan, this merge.
     latest_contribution: Duration,
+    /// With sparse contributions: what this replica's have not sent yet,
+    /// for the stage it holds (kept across merges; `contribution.rs`).
+    feedback: contribution::Feedback,
 }
 
 impl Butterfly {
@@ -187,6 +190,7 @@ impl Butterfly {
             updates_from_store: 0,
             claimed: HashSet::new(),
             latest_contribution: Duration::ZERO,
+            feedback: contribution::Feedback::default(),
         }
     }
 
@@ -221,21 +225,6 @@ impl Butterfly {
         self.spec.codec
     }
 
-    fn meta(&self, k: usize, offset: u64, len: u64, kind: u32, generation: u32) -> FrameMeta {
-        FrameMeta {
-            direction: Direction::WeightSlice,
-            codec: self.codec(),
-            stage: self.stage as u16,
-            epoch: self.epoch as u32,
-            shard: k as u32,
-            first_sample: offset,
-            samples: kind,
-            attempt: generation,
-            shape: vec![blocks(len) as u32, BLOCK as u32],
-            answers: [0; 32],
-        }
-    }
-
     fn send(&self, to: PeerId, meta: FrameMeta, payload: Bytes, fallback: Option<String>, out: &mut Vec<Output>) {
         self.stats.sent_bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
         out.push(Output::Frame { to, meta, payload, fallback });
@@ -264,19 +253,15 @@ impl Butterfly {
                 }
             }
             if !self.encoded.contains_key(&k) {
-                let t0 = Instant::now();
-                let mut bytes = encode_slice(self.codec(), &delta[range.clone()])?;
-                MergeStats::time(&self.stats.encode_ns, t0);
-                if self.fault == Some(MergeFault::NanDelta) {
-                    // The encoder refuses NaN, so a hostile sender writes the
-                    // bytes itself: a NaN value (f32, bf16) or block scale (int8).
-                    let nan = match self.codec() {
-                        WireCodec::F32 => f32::NAN.to_le_bytes().to_vec(),
-                        _ => 0x7fc0u16.to_le_bytes().to_vec(),
-                    };
-                    bytes[..nan.len()].copy_from_slice(&nan);
-                }
-                self.encoded.insert(k, Bytes::from(bytes));
+                let bytes = contribution::encode(
+                    &self.stats,
+                    &self.spec,
+                    &mut self.feedback,
+                    range.clone(),
+                    delta,
+                    self.fault,
+                )?;
+                self.encoded.insert(k, bytes);
             }
             let enc = self.encoded[&k].clone();
             let withheld = self.withholds(&plan, k);
@@ -291,7 +276,7 @@ impl Butterfly {
                     let fb = Some(self.fallback_key(k, &self.me));
                     let payload = if self.fault == Some(MergeFault::Equivocate) && part.owners.first() != Some(o) {
                         let tripled: Vec<f32> = delta[range.clone()].iter().map(|d| 3.0 * d).collect();
-                        Bytes::from(encode_slice(self.codec(), &tripled)?)
+                        Bytes::from(encode_contribution(&self.spec, &tripled)?)
                     } else {
                         enc.clone()
                     };
@@ -323,6 +308,7 @@ impl Butterfly {
                 reduce_s,
                 apply_s,
                 store_s,
+                backlog = self.feedback.norm(),
                 "butterfly merge complete"
             );
             // A liar's hash sorts after every other: it wins a tie.
@@ -568,6 +554,7 @@ impl Merge for Butterfly {
         }
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
         self.fault_delta(epoch, &mut delta);
+        self.feedback.hold(stage, delta.len());
         self.delta = Some(delta);
         self.theta_next = self.theta_prev.clone();
         out.push(Output::Report(pb::report::Kind::UploadDone(pb::UploadDone {
@@ -594,7 +581,10 @@ impl Merge for Butterfly {
         if let Some((k, bytes)) = plan
             .partitions
             .iter()
-            .map(|p| self.codec().payload_bytes(blocks(p.len), BLOCK as usize).map_or(u64::MAX, |b| b as u64))
+            .map(|p| {
+                let update = self.codec().payload_bytes(blocks(p.len), BLOCK as usize).map_or(u64::MAX, |b| b as u64);
+                update.max(self.spec.contribution_bytes(p.len).unwrap_or(u64::MAX))
+            })
             .enumerate()
             .find(|(_, b)| *b > limit)
         {

@@ -13,7 +13,7 @@ use iota_protocol::{StoredObject, pb};
 use tracing::warn;
 
 use super::super::f32_bytes;
-use super::encode_slice;
+use super::encode_contribution;
 use super::slices::{KIND_CONTRIBUTION, slice_msg};
 use super::{Butterfly, MergeFault};
 use crate::frame::decode_frame;
@@ -189,7 +189,7 @@ impl Butterfly {
                 (Some(MergeFault::FramingSender), Some(delta)) => {
                     let range = part.offset as usize..(part.offset + part.len) as usize;
                     let tripled: Vec<f32> = delta[range].iter().map(|d| 3.0 * d).collect();
-                    Bytes::from(encode_slice(self.codec(), &tripled)?)
+                    Bytes::from(encode_contribution(&self.spec, &tripled)?)
                 }
                 _ => payload.clone(),
             };
