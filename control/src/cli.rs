@@ -279,6 +279,10 @@ pub struct RunArgs {
     /// contribution keeps, in (0, 1].
     #[arg(long, default_value_t = 1.0 / 32.0)]
     pub sparse_density: f32,
+    /// With --merge-codec sparse: what a replica held back is multiplied by
+    /// this before it joins its next contribution (1 keeps it whole).
+    #[arg(long, default_value_t = iota_protocol::run_spec::DEFAULT_SPARSE_DECAY)]
+    pub sparse_decay: f32,
     /// Butterfly reduce rule: centered-clip (robust to a Byzantine replica),
     /// trimmed-mean, or mean (not robust).
     #[arg(long, default_value = "centered-clip")]
@@ -475,6 +479,7 @@ impl RunArgs {
                 other => bail!("unknown merge codec '{other}' (bf16, int8, f32, sparse)"),
             },
             sparse_density: if self.merge_codec == "sparse" { self.sparse_density } else { 0.0 },
+            sparse_decay: self.sparse_decay,
             rule: ReduceRule::parse(&self.merge_rule).with_context(|| {
                 format!("unknown merge rule '{}' (centered-clip, trimmed-mean, mean)", self.merge_rule)
             })?,

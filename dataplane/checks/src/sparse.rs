@@ -461,6 +461,15 @@ mod tests {
         let left: Vec<f32> = x.iter().zip(&sent).map(|(a, b)| a - b).collect();
         assert_eq!(&ef.residual()[10..], left.as_slice());
         assert!(ef.residual()[..10].iter().all(|r| *r == 0.0));
+        // A fading backlog: scaled over the range, nowhere else.
+        ef.decay(10..20, 0.5);
+        assert_eq!(ef.residual()[10..20], left[..10].iter().map(|v| v * 0.5).collect::<Vec<_>>()[..]);
+        assert_eq!(&ef.residual()[20..], &left[10..]);
+        // Random bytes as a frame: refused or decoded, never a panic.
+        for seed in 0..100u64 {
+            let junk: Vec<u8> = noise(frame_row_bytes(4), seed).iter().map(|v| v.to_bits() as u8).collect();
+            let _ = decode_frame_into(&junk, &mut y[..SPARSE_BLOCK], 4);
+        }
     }
 
     /// The first index set past the second (so they are out of order).

@@ -280,10 +280,28 @@ pub struct MergeSpec {
     /// keep their run id.
     #[serde(default, skip_serializing_if = "is_zero_f32")]
     pub sparse_density: f32,
+    /// With sparse contributions: each replica's backlog is multiplied by
+    /// this before it joins the next contribution (error feedback that
+    /// fades, as SparseLoCo's; 1: kept whole). Left out of the settings at
+    /// its default.
+    #[serde(default = "default_sparse_decay", skip_serializing_if = "is_default_sparse_decay")]
+    pub sparse_decay: f32,
 }
 
 fn is_zero_f32(v: &f32) -> bool {
     *v == 0.0
+}
+
+/// 0.95: the backlog's decay per merge SparseLoCo uses, and the best of
+/// 0.5-1 in the replay (docs/BENCHMARKS.md).
+pub const DEFAULT_SPARSE_DECAY: f32 = 0.95;
+
+fn default_sparse_decay() -> f32 {
+    DEFAULT_SPARSE_DECAY
+}
+
+fn is_default_sparse_decay(v: &f32) -> bool {
+    *v == DEFAULT_SPARSE_DECAY
 }
 
 /// 100 Mbit/s: what evidence uploads are sized for.
@@ -392,6 +410,7 @@ impl Default for MergeSpec {
             overlap: false,
             store_mbit: DEFAULT_STORE_MBIT,
             sparse_density: 0.0,
+            sparse_decay: DEFAULT_SPARSE_DECAY,
         }
     }
 }
@@ -495,6 +514,9 @@ impl RunSpec {
         let d = self.merge.sparse_density;
         if !(d == 0.0 || (d.is_finite() && d > 0.0 && d <= 1.0)) {
             return Err(format!("merge: the sparse contributions' density {d} must be in (0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&self.merge.sparse_decay) {
+            return Err(format!("merge: the sparse backlog's decay {} must be in [0, 1]", self.merge.sparse_decay));
         }
         if d > 0.0 && self.merge.method != MergeMethod::Butterfly {
             return Err("merge: sparse contributions need the butterfly merge".into());
@@ -675,6 +697,9 @@ mod tests {
             b.merge.sparse_density = bad;
             assert!(b.validate().unwrap_err().contains("density"), "{bad}");
         }
+        let mut decay = s.clone();
+        decay.merge.sparse_decay = 1.5;
+        assert!(decay.validate().unwrap_err().contains("decay"));
         let mut ps = s.clone();
         ps.merge.method = MergeMethod::ParameterServer;
         assert!(ps.validate().unwrap_err().contains("butterfly"));
