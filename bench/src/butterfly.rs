@@ -26,9 +26,14 @@ pub struct Args {
     /// Replica counts to run, comma-separated.
     #[arg(long, default_value = "2,4,8,16", value_delimiter = ',')]
     replicas: Vec<usize>,
-    /// Slice codec: bf16, int8, f32.
+    /// Slice codec: bf16, int8, f32, or sparse (contributions as the
+    /// largest --sparse-density of each 16,384 values with error feedback,
+    /// updates in bf16).
     #[arg(long, default_value = "bf16")]
     codec: String,
+    /// With --codec sparse: the share of each block a contribution keeps.
+    #[arg(long, default_value_t = 1.0 / 32.0)]
+    sparse_density: f32,
     /// Reduce rule: centered-clip, trimmed-mean, mean.
     #[arg(long, default_value = "centered-clip")]
     rule: String,
@@ -102,19 +107,29 @@ fn compare_rules() {
 
 pub fn run(a: Args) -> Result<()> {
     let codec = match a.codec.as_str() {
-        "bf16" => WireCodec::Bf16,
+        "bf16" | "sparse" => WireCodec::Bf16,
         "int8" => WireCodec::Int8Row,
         "f32" => WireCodec::F32,
         c => anyhow::bail!("unknown codec {c}"),
     };
+    let sparse_density = if a.codec == "sparse" { a.sparse_density } else { 0.0 };
     let rule = ReduceRule::parse(&a.rule).context("unknown rule")?;
-    let spec = MergeSpec { method: MergeMethod::Butterfly, codec, rule, ..MergeSpec::default() };
+    let spec = MergeSpec { method: MergeMethod::Butterfly, codec, rule, sparse_density, ..MergeSpec::default() };
     compare_rules();
     if a.rules_only {
         return Ok(());
     }
-    for &r in &a.replicas {
-        reduce_alone(&spec, a.params, r)?;
+    if sparse_density > 0.0 {
+        // Its contributions are a few bytes a value's worth: a copy of them
+        // is no baseline for the reduce, which decodes them whole.
+        println!(
+            "reduce alone: not timed for sparse contributions (decoded whole, then the reference reduce); \
+             the merges below time it"
+        );
+    } else {
+        for &r in &a.replicas {
+            reduce_alone(&spec, a.params, r)?;
+        }
     }
     if a.reduce_only {
         return Ok(());
@@ -127,6 +142,16 @@ pub fn run(a: Args) -> Result<()> {
         codec.name(),
         rule.name()
     );
+    if sparse_density > 0.0 {
+        let sparse_bpv = spec.contribution_bytes(p as u64).unwrap_or(0) as f64 / p.max(1) as f64;
+        println!(
+            "  contributions sparse at density {sparse_density} ({sparse_bpv:.4} B/value, {:.1}x fewer than {}); \
+             updates and the ratio columns in {}",
+            bytes_per_value / sparse_bpv.max(1e-12),
+            codec.name(),
+            codec.name()
+        );
+    }
     println!(
         "\n  {:>3} | {:>10} {:>10} {:>10} {:>8} {:>8} | {:>8} | {:>9} {:>10} {:>8} | {:>6}",
         "R", "sent MB", "recv MB", "2P(R-1)/R", "ratio", "model", "bfly s", "PS s", "aggr MB", "PS/rep", "speed"

@@ -43,22 +43,41 @@ fn block_bytes(k: usize) -> usize {
 pub fn encode_sparse(x: &[f32], density: f32) -> Vec<u8> {
     let mut out = Vec::new();
     for block in x.chunks(SPARSE_BLOCK) {
-        encode_block(block, kept_per_block(block.len(), density), &mut out);
+        encode_block(block, kept_per_block(block.len(), density), &mut out, None);
     }
     out
 }
 
-fn encode_block(x: &[f32], k: usize, out: &mut Vec<u8>) {
-    // The k largest |x|, ties to the lower index: one total order, so one
-    // answer whatever the selection algorithm does.
-    let mut order: Vec<u32> = (0..x.len() as u32).collect();
-    let mag = |i: u32| x.get(i as usize).map_or(0.0, |v| if v.is_finite() { v.abs() } else { 0.0 });
-    let by_size = |a: &u32, b: &u32| mag(*b).total_cmp(&mag(*a)).then(a.cmp(b));
-    if k < order.len() {
-        order.select_nth_unstable_by(k, by_size);
-        order.truncate(k);
+/// The indices of the `k` largest |x| (a non-finite value counts as 0),
+/// ties to the lower index, in increasing order: one total order, so one
+/// answer whatever the selection algorithm does. Each value's key holds
+/// its magnitude's bits above (a non-negative float's bits order as its
+/// value does) and its index's complement below (a lower index ranks
+/// higher), so the selection compares plain integers.
+fn top_k(x: &[f32], k: usize) -> Vec<u32> {
+    let mut keys: Vec<u64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let m = if v.is_finite() { v.abs() } else { 0.0 };
+            u64::from(m.to_bits()).rotate_left(32) | u64::from(!(i as u32))
+        })
+        .collect();
+    if k < keys.len() {
+        keys.select_nth_unstable_by(k, |a, b| b.cmp(a));
+        keys.truncate(k);
     }
+    let mut order: Vec<u32> = keys.iter().map(|key| !(*key as u32)).collect();
     order.sort_unstable();
+    order
+}
+
+/// Writes one block's row; where `sent` is given, also each kept index
+/// with the value the row decodes to there (so a sender can take what it
+/// sent off its backlog without decoding the row).
+fn encode_block(x: &[f32], k: usize, out: &mut Vec<u8>, mut sent: Option<&mut Vec<(u32, f32)>>) {
+    let mag = |i: u32| x.get(i as usize).map_or(0.0, |v| if v.is_finite() { v.abs() } else { 0.0 });
+    let order = top_k(x, k);
     // Two magnitudes: the mean of the kept values' magnitudes below their
     // median and of those at or above it.
     let mut mags: Vec<f32> = order.iter().map(|&i| mag(i)).collect();
@@ -84,6 +103,11 @@ fn encode_block(x: &[f32], k: usize, out: &mut Vec<u8>) {
         let code = u8::from(v.is_sign_negative()) | (u8::from(high) << 1);
         if let Some(c) = codes.get_mut(n / 4) {
             *c |= code.checked_shl(code_shift(n)).unwrap_or(0);
+        }
+        if let Some(sent) = sent.as_deref_mut() {
+            // What `decode_block` gives for this code.
+            let q = if high { hi_v } else { lo_v };
+            sent.push((i, if v.is_sign_negative() { -q } else { q }));
         }
     }
     out.extend_from_slice(&codes);
@@ -167,13 +191,13 @@ pub fn encode_frame(x: &[f32], k: usize) -> Vec<u8> {
     out.par_chunks_mut(rb.max(1)).zip(x.par_chunks(SPARSE_BLOCK)).for_each(|(o, xs)| {
         let mut row = Vec::with_capacity(rb);
         if xs.len() == SPARSE_BLOCK {
-            encode_block(xs, k.min(SPARSE_BLOCK), &mut row);
+            encode_block(xs, k.min(SPARSE_BLOCK), &mut row, None);
         } else {
             let mut padded = vec![0.0f32; SPARSE_BLOCK];
             if let Some(head) = padded.get_mut(..xs.len()) {
                 head.copy_from_slice(xs);
             }
-            encode_block(&padded, k.min(SPARSE_BLOCK), &mut row);
+            encode_block(&padded, k.min(SPARSE_BLOCK), &mut row, None);
         }
         o.copy_from_slice(&row);
     });
@@ -259,18 +283,42 @@ impl ErrorFeedback {
     }
 
     /// [`ErrorFeedback::encode`] as a frame's rows ([`encode_frame`],
-    /// exactly `k` kept per block).
-    pub fn encode_frame(&mut self, offset: usize, delta: &[f32], k: usize) -> Result<Vec<u8>> {
+    /// exactly `k` kept per block), the backlog over the range first
+    /// multiplied by `decay`: each block in one pass on its own thread (its
+    /// backlog becomes what it wants sent, then loses what its row sends),
+    /// with the bits of fading, adding, encoding and decoding in turn.
+    pub fn encode_frame(&mut self, offset: usize, delta: &[f32], k: usize, decay: f32) -> Result<Vec<u8>> {
+        use rayon::prelude::*;
         let end = offset.checked_add(delta.len()).context("range")?;
         let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
-        let wanted: Vec<f32> = delta.iter().zip(residual.iter()).map(|(d, r)| d + r).collect();
-        let bytes = encode_frame(&wanted, k);
-        let mut sent = vec![0.0f32; wanted.len()];
-        decode_frame_into(&bytes, &mut sent, k)?;
-        for ((r, w), s) in residual.iter_mut().zip(&wanted).zip(&sent) {
-            *r = w - s;
-        }
-        Ok(bytes)
+        let rb = block_bytes(k);
+        let k = k.min(SPARSE_BLOCK);
+        let mut out = vec![0u8; delta.len().div_ceil(SPARSE_BLOCK).saturating_mul(rb)];
+        out.par_chunks_mut(rb.max(1))
+            .zip(residual.par_chunks_mut(SPARSE_BLOCK))
+            .zip(delta.par_chunks(SPARSE_BLOCK))
+            .for_each(|((o, r), d)| {
+                r.iter_mut().zip(d).for_each(|(r, d)| *r = d + *r * decay);
+                let mut row = Vec::with_capacity(rb);
+                let mut sent = Vec::with_capacity(k);
+                if r.len() == SPARSE_BLOCK {
+                    encode_block(r, k, &mut row, Some(&mut sent));
+                } else {
+                    let mut padded = vec![0.0f32; SPARSE_BLOCK];
+                    if let Some(head) = padded.get_mut(..r.len()) {
+                        head.copy_from_slice(r);
+                    }
+                    encode_block(&padded, k, &mut row, Some(&mut sent));
+                }
+                o.copy_from_slice(&row);
+                // Kept in the last block's padding: sent nowhere real.
+                for (i, v) in sent {
+                    if let Some(x) = r.get_mut(i as usize) {
+                        *x -= v;
+                    }
+                }
+            });
+        Ok(out)
     }
 
     /// Scales what is held back over `range` by `factor` (a backlog that
@@ -455,7 +503,7 @@ mod tests {
         assert!(decode_frame_into(&other, &mut y, k).is_err());
         // Error feedback through frames: what is held back is what was not sent.
         let mut ef = ErrorFeedback::new(n + 10);
-        let sent_bytes = ef.encode_frame(10, &x, k).unwrap();
+        let sent_bytes = ef.encode_frame(10, &x, k, 1.0).unwrap();
         let mut sent = vec![0.0f32; n];
         decode_frame_into(&sent_bytes, &mut sent, k).unwrap();
         let left: Vec<f32> = x.iter().zip(&sent).map(|(a, b)| a - b).collect();
@@ -469,6 +517,61 @@ mod tests {
         for seed in 0..100u64 {
             let junk: Vec<u8> = noise(frame_row_bytes(4), seed).iter().map(|v| v.to_bits() as u8).collect();
             let _ = decode_frame_into(&junk, &mut y[..SPARSE_BLOCK], 4);
+        }
+    }
+
+    /// The integer-key selection is the comparator's: the k largest
+    /// magnitudes, ties to the lower index, non-finite values as zero.
+    #[test]
+    fn the_key_selection_is_the_comparators() {
+        let reference = |x: &[f32], k: usize| {
+            let mag = |i: u32| x.get(i as usize).map_or(0.0, |v| if v.is_finite() { v.abs() } else { 0.0 });
+            let mut order: Vec<u32> = (0..x.len() as u32).collect();
+            if k < order.len() {
+                order.select_nth_unstable_by(k, |a, b| mag(*b).total_cmp(&mag(*a)).then(a.cmp(b)));
+                order.truncate(k);
+            }
+            order.sort_unstable();
+            order
+        };
+        for seed in 0..20u64 {
+            let mut x = noise(SPARSE_BLOCK, seed);
+            // Ties, signed zeros and non-finite values among them.
+            for j in (0..x.len()).step_by(7) {
+                x[j] = x[j / 2];
+            }
+            for (j, v) in [(3, -0.0), (9, f32::NAN), (11, f32::INFINITY), (13, f32::NEG_INFINITY), (17, 0.0)] {
+                x[j] = v;
+            }
+            for k in [1, 37, 512, SPARSE_BLOCK - 1, SPARSE_BLOCK] {
+                assert_eq!(top_k(&x, k), reference(&x, k), "seed {seed} k {k}");
+            }
+        }
+        let flat = vec![0.5f32; 100];
+        assert_eq!(top_k(&flat, 3), vec![0, 1, 2]);
+    }
+
+    /// The one-pass backlog update is fading, adding, `encode_frame`,
+    /// decoding and subtracting done in turn, bit for bit, over several
+    /// merges with a padded last block.
+    #[test]
+    fn the_fused_feedback_is_the_stepwise_one() {
+        let n = 3 * SPARSE_BLOCK + 999;
+        let k = kept_per_block(SPARSE_BLOCK, 1.0 / 32.0);
+        let mut fused = ErrorFeedback::new(n + 5);
+        let mut stepwise = vec![0.0f32; n];
+        for round in 0..4u64 {
+            let delta = noise(n, 40 + round);
+            let got = fused.encode_frame(5, &delta, k, 0.95).unwrap();
+            stepwise.iter_mut().for_each(|r| *r *= 0.95);
+            let wanted: Vec<f32> = delta.iter().zip(&stepwise).map(|(d, r)| d + r).collect();
+            let want = encode_frame(&wanted, k);
+            let mut sent = vec![0.0f32; n];
+            decode_frame_into(&want, &mut sent, k).unwrap();
+            stepwise = wanted.iter().zip(&sent).map(|(w, s)| w - s).collect();
+            assert_eq!(got, want, "round {round}: the bytes");
+            let same_bits = fused.residual()[5..].iter().zip(&stepwise).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same_bits, "round {round}: the backlog");
         }
     }
 

@@ -58,8 +58,7 @@ pub(super) fn encode(
         WireCodec::SparseTopK => {
             let (_, k) = spec.contribution_shape(slice.len() as u64);
             let held = &mut feedback.held.get_or_insert_with(|| (0, ErrorFeedback::new(delta.len()))).1;
-            held.decay(range.clone(), spec.sparse_decay);
-            held.encode_frame(range.start, slice, k)?
+            held.encode_frame(range.start, slice, k, spec.sparse_decay)?
         }
         c => encode_slice(c, slice)?,
     };
