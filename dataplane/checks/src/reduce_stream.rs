@@ -90,11 +90,9 @@ where
     W: Fn(&[f32], &mut [T]) -> Result<()> + Sync,
     S: Fn(usize, &[T]) -> Option<ChainingValue> + Sync,
 {
-    let c = spec.codec;
-    if !spec.contribution_codec().is_dense() {
-        // Sparse contributions are decoded whole (the reference).
-        return None;
-    }
+    // The contributions' codec (what is decoded); the sink encodes the
+    // update in the merge codec itself.
+    let c = spec.contribution_codec();
     let n = usize::try_from(len).ok()?;
     let chunks = n.div_ceil(REDUCE_CHUNK);
     let per_chunk = REDUCE_CHUNK.checked_div(BLOCK as usize)?.checked_mul(sink.per_row)?;
@@ -102,7 +100,16 @@ where
     if momentum.len() != n || n == 0 || weights.len() != payloads.len() || per_chunk == 0 || !fits {
         return None;
     }
-    let sized: Vec<Option<&[u8]>> = payloads.iter().map(|p| p.filter(|b| check_slice_len(c, len, b).is_ok())).collect();
+    let sized: Vec<Option<&[u8]>> = payloads
+        .iter()
+        .map(|p| {
+            p.filter(|b| match c {
+                // Every row checked once here: the passes then read ranges.
+                WireCodec::SparseTopK => crate::sparse::check_frame(b, len, spec.contribution_shape(len).1).is_ok(),
+                _ => check_slice_len(c, len, b).is_ok(),
+            })
+        })
+        .collect();
     let mean = |count: usize| match spec.rule {
         ReduceRule::Mean => true,
         ReduceRule::CenteredClip { tau_factor, .. } => clip_cannot_bite(count, tau_factor),
@@ -426,6 +433,9 @@ fn outer_step_body(acc: &[f64], m: &mut [f32], u: &mut [f32], lr: f32, mu: f32) 
 // A peer's payload: no unchecked arithmetic or indexing.
 #[cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::indexing_slicing))]
 pub fn decode_range(c: WireCodec, bytes: &[u8], at: usize, out: &mut [f32]) -> Result<()> {
+    if c == WireCodec::SparseTopK {
+        return crate::sparse::decode_range(bytes, at, out);
+    }
     let b = BLOCK as usize;
     let rb = c.row_bytes(b);
     let first = at.checked_div(b).unwrap_or(0);

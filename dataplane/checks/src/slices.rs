@@ -335,8 +335,11 @@ mod tests {
             ReduceRule::CenteredClip { tau_factor: 2.0, iters: 3 },
             ReduceRule::TrimmedMean { trim: 1 },
         ];
-        let mut streamed = 0;
-        for c in [WireCodec::Bf16, WireCodec::Int8Row, WireCodec::F32] {
+        let (mut streamed, mut streamed_sparse) = (0, 0);
+        // Dense contributions in each codec, and sparse ones (bf16 updates).
+        for (c, density) in
+            [(WireCodec::Bf16, 0.0), (WireCodec::Int8Row, 0.0), (WireCodec::F32, 0.0), (WireCodec::Bf16, 1.0 / 32.0)]
+        {
             for len in [7, b, REDUCE_CHUNK, 2 * REDUCE_CHUNK + 3 * b + 5] {
                 for r in 1..=4usize {
                     for attack in ["none", "missing", "short", "nan", "huge", "nan-pad"] {
@@ -352,17 +355,31 @@ mod tests {
                                 "huge" => xs[0].iter_mut().for_each(|v| *v *= 1e5),
                                 _ => {}
                             }
+                            let spec = MergeSpec {
+                                codec: c,
+                                rule,
+                                outer: OuterOpt { lr: 0.7, momentum: mu },
+                                sparse_density: density,
+                                ..MergeSpec::default()
+                            };
                             // A codec that cannot carry a NaN refuses to encode it.
-                            let Ok(mut enc) = xs.iter().map(|x| encode_slice(c, x)).collect::<Result<Vec<_>>>() else {
+                            let Ok(mut enc) =
+                                xs.iter().map(|x| encode_contribution(&spec, x)).collect::<Result<Vec<_>>>()
+                            else {
                                 continue;
                             };
                             if attack == "short" {
                                 enc[0].pop();
                             }
+                            // The sparse codec drops a NaN value; a hostile
+                            // sender writes one as a block's magnitude.
+                            if attack == "nan" && density > 0.0 {
+                                enc[0][2..4].copy_from_slice(&0x7FC0u16.to_le_bytes());
+                            }
                             // A NaN in the last block's padding (read by
                             // the decode, not by the fused bf16 loop).
                             if attack == "nan-pad" {
-                                if c != WireCodec::Bf16 || len % b == 0 {
+                                if c != WireCodec::Bf16 || len % b == 0 || density > 0.0 {
                                     continue;
                                 }
                                 enc[0][2 * len..2 * len + 2].copy_from_slice(&0x7FC0u16.to_le_bytes());
@@ -373,26 +390,20 @@ mod tests {
                                 .map(|(i, e)| (attack != "missing" || i != 0).then_some(e.as_slice()))
                                 .collect();
                             let weights: Vec<f64> = (0..r).map(|i| 3.0 + i as f64).collect();
-                            let spec = MergeSpec {
-                                codec: c,
-                                rule,
-                                outer: OuterOpt { lr: 0.7, momentum: mu },
-                                ..MergeSpec::default()
-                            };
                             let m0: Vec<f32> = (0..len).map(|_| rng.normal() * 1e-3).collect();
                             let (mut m_ref, mut m_got) = (m0.clone(), m0.clone());
                             let want = reduce_partition_decoded(&spec, 5, len as u64, &payloads, &weights, &mut m_ref);
                             let got = reduce_partition(&spec, 5, len as u64, &payloads, &weights, &mut m_got);
                             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                            let what = format!("{c:?} len {len} R {r} {attack} {rule:?}");
+                            let what = format!("{c:?} (sparse {density}) len {len} R {r} {attack} {rule:?}");
                             assert_eq!(bits(&got.update), bits(&want.update), "{what}");
                             assert_eq!(bits(&m_got), bits(&m_ref), "{what}: momentum");
                             assert_eq!(got.flagged, want.flagged, "{what}");
                             assert_eq!(got.stats, want.stats, "{what}");
                             let mut m = m0.clone();
-                            streamed += usize::from(
-                                streamed_reduce(&spec, 5, len as u64, &payloads, &weights, &mut m).is_some(),
-                            );
+                            let did = streamed_reduce(&spec, 5, len as u64, &payloads, &weights, &mut m).is_some();
+                            streamed += usize::from(did);
+                            streamed_sparse += usize::from(did && density > 0.0);
                             // Reduced straight to the published bytes: the
                             // reference's update, encoded.
                             let mut m_pub = m0.clone();
@@ -413,7 +424,8 @@ mod tests {
             }
         }
         // Mean always, centered clipping of one or two: most cases stream.
-        assert!(streamed > 400, "{streamed} streamed");
+        assert!(streamed > 500, "{streamed} streamed");
+        assert!(streamed_sparse > 100, "{streamed_sparse} sparse streamed");
     }
 
     /// The slice codec (whole blocks in parallel, the tail padded on its

@@ -234,6 +234,61 @@ pub fn decode_frame_into(bytes: &[u8], out: &mut [f32], k: usize) -> Result<()> 
     })
 }
 
+/// Checks a sparse slice of `len` values before a reduce reads ranges of
+/// it ([`decode_range`]): its size for `k` kept per block, and every row as
+/// [`decode_frame_into`] checks it (rows in parallel, nothing written but
+/// a scratch row's kept values).
+pub fn check_frame(bytes: &[u8], len: u64, k: usize) -> Result<()> {
+    use rayon::prelude::*;
+    let rb = block_bytes(k);
+    let rows = usize::try_from(len.div_ceil(SPARSE_BLOCK as u64))?;
+    ensure!(Some(bytes.len()) == rows.checked_mul(rb), "a sparse slice of {} bytes, {rows} rows of {rb}", bytes.len());
+    bytes.par_chunks(rb.max(1)).enumerate().try_for_each_init(
+        || vec![0.0f32; SPARSE_BLOCK],
+        |scratch, (b, row)| {
+            let k_row = row.first_chunk::<2>().map(|c| usize::from(u16::from_le_bytes(*c)));
+            ensure!(k_row == Some(k), "sparse block {b} keeps {k_row:?} values, the run's density {k}");
+            decode_block(row, scratch, k).map(|_| ()).with_context(|| format!("sparse block {b}"))
+        },
+    )
+}
+
+/// Values `at..at + out.len()` of a sparse slice that [`check_frame`]
+/// passed (the range inside one block): the block's kept values in the
+/// range, found by bisecting its indices, zeros elsewhere. A slice that
+/// was not checked gives an error or wrong values, never a panic.
+pub fn decode_range(bytes: &[u8], at: usize, out: &mut [f32]) -> Result<()> {
+    let u16_at = |b: &[u8], i: usize| -> Option<usize> {
+        let s = b.get(i..i.checked_add(2)?)?;
+        Some(usize::from(u16::from_le_bytes([*s.first()?, *s.get(1)?])))
+    };
+    let k = u16_at(bytes, 0).context("an empty sparse slice")?;
+    let rb = block_bytes(k);
+    let (block, off) = (at / SPARSE_BLOCK, at % SPARSE_BLOCK);
+    let end = off.checked_add(out.len()).context("range")?;
+    ensure!(end <= SPARSE_BLOCK, "a range across sparse blocks");
+    let start = block.checked_mul(rb).context("offset")?;
+    let row = bytes.get(start..start.checked_add(rb).context("offset")?).context("slice shorter than its values")?;
+    let (lo, hi) =
+        (bf16_to_f32(u16_at(row, 2).context("row")? as u16), bf16_to_f32(u16_at(row, 4).context("row")? as u16));
+    let codes_at = BLOCK_HEADER.checked_add(k.checked_mul(2).context("length")?).context("length")?;
+    let (indices, _) = row.get(BLOCK_HEADER..codes_at).context("row")?.as_chunks::<2>();
+    out.fill(0.0);
+    // The first kept index at or past `off` (the indices rise).
+    let first = indices.partition_point(|i| usize::from(u16::from_le_bytes(*i)) < off);
+    for (n, i) in indices.iter().enumerate().skip(first) {
+        let i = usize::from(u16::from_le_bytes(*i));
+        if i >= end {
+            break;
+        }
+        let byte = row.get(codes_at.checked_add(n / 4).context("length")?).context("row")?;
+        let code = byte.checked_shr(code_shift(n)).unwrap_or(0);
+        let m = if code & 2 != 0 { hi } else { lo };
+        *out.get_mut(i.checked_sub(off).context("index")?).context("index")? = if code & 1 != 0 { -m } else { m };
+    }
+    Ok(())
+}
+
 /// What a sender's sparse contributions left behind, added to the next
 /// ones (error feedback): per value of the stage, the part of its
 /// pseudo-gradients the codec has not sent yet.
@@ -572,6 +627,37 @@ mod tests {
             assert_eq!(got, want, "round {round}: the bytes");
             let same_bits = fused.residual()[5..].iter().zip(&stepwise).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same_bits, "round {round}: the backlog");
+        }
+    }
+
+    /// A range of a checked slice reads as that range of the whole
+    /// decode; a slice of another density, or junk, fails the check, and
+    /// junk read unchecked gives no panic.
+    #[test]
+    fn ranges_read_as_the_whole_decode_and_checks_refuse_junk() {
+        let n = 2 * SPARSE_BLOCK + 1500;
+        let k = kept_per_block(SPARSE_BLOCK, 1.0 / 32.0);
+        let bytes = encode_frame(&noise(n, 77), k);
+        check_frame(&bytes, n as u64, k).unwrap();
+        assert!(check_frame(&bytes, n as u64, k + 1).is_err());
+        assert!(check_frame(&bytes, n as u64 + SPARSE_BLOCK as u64, k).is_err());
+        let mut whole = vec![0.0f32; n];
+        decode_frame_into(&bytes, &mut whole, k).unwrap();
+        for (at, len) in
+            [(0, 1024), (1024, 1024), (SPARSE_BLOCK - 7, 7), (SPARSE_BLOCK, SPARSE_BLOCK), (2 * SPARSE_BLOCK, 1500)]
+        {
+            let mut part = vec![9.0f32; len];
+            decode_range(&bytes, at, &mut part).unwrap();
+            assert_eq!(part.as_slice(), &whole[at..at + len], "{at}+{len}");
+        }
+        let mut across = vec![0.0f32; 10];
+        assert!(decode_range(&bytes, SPARSE_BLOCK - 5, &mut across).is_err());
+        let mut bad = bytes.clone();
+        bad[8..10].copy_from_slice(&0u16.to_le_bytes());
+        assert!(check_frame(&bad, n as u64, k).is_err(), "indices out of order");
+        for seed in 0..50u64 {
+            let junk: Vec<u8> = noise(3 * frame_row_bytes(k), seed).iter().map(|v| v.to_bits() as u8).collect();
+            let _ = decode_range(&junk, (seed as usize * 997) % n, &mut across);
         }
     }
 
