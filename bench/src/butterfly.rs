@@ -105,7 +105,8 @@ fn compare_rules() {
     println!();
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// The merge `--codec`, `--sparse-density` and `--rule` describe.
+fn spec_of(a: &Args) -> Result<MergeSpec> {
     let codec = match a.codec.as_str() {
         "bf16" | "sparse" => WireCodec::Bf16,
         "int8" => WireCodec::Int8Row,
@@ -114,7 +115,12 @@ pub fn run(a: Args) -> Result<()> {
     };
     let sparse_density = if a.codec == "sparse" { a.sparse_density } else { 0.0 };
     let rule = ReduceRule::parse(&a.rule).context("unknown rule")?;
-    let spec = MergeSpec { method: MergeMethod::Butterfly, codec, rule, sparse_density, ..MergeSpec::default() };
+    Ok(MergeSpec { method: MergeMethod::Butterfly, codec, rule, sparse_density, ..MergeSpec::default() })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let spec = spec_of(&a)?;
+    let (codec, rule, sparse_density) = (spec.codec, spec.rule, spec.sparse_density);
     compare_rules();
     if a.rules_only {
         return Ok(());
