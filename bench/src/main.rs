@@ -137,3 +137,15 @@ fn main() {
         std::process::exit(2);
     }
 }
+
+#[cfg(test)]
+mod cli_tests {
+    /// Every subcommand's arguments are well formed: no two share a name
+    /// (a bench that flattens the run's arguments must not repeat one of
+    /// them), which clap checks only when a command is built.
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -128,11 +128,6 @@ pub struct Args {
     /// so the final model holds everything trained.
     #[arg(long)]
     sparse_flush_last: bool,
-    /// With --sparse-merge: what a replica held back is multiplied by this
-    /// before it is added to the next contribution (1: plain error
-    /// feedback; SparseLoCo decays it).
-    #[arg(long, default_value_t = 1.0)]
-    sparse_decay: f32,
 }
 
 /// What the harness knows of the run: the per-replica training settings,
@@ -633,7 +628,8 @@ pub fn run(a: Args) -> Result<()> {
         sparse_merge: a.sparse_merge,
         sparse_local: a.sparse_local,
         sparse_flush_last: a.sparse_flush_last,
-        sparse_decay: a.sparse_decay,
+        // The run's `--sparse-decay` (the swarm's setting).
+        sparse_decay: cfg.spec.merge.sparse_decay,
     };
     let own = (cfg.spec.micro_batches_per_epoch / (setup.replicas * setup.train.grad_accum) as u64).max(1);
     let variants: Vec<Variant> = if a.runs.is_empty() {
