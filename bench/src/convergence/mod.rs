@@ -48,6 +48,7 @@ use moments::average_inner_moments;
 use pathways::{PathwayDraw, delayed_weights, mixed_grads, stage_delays};
 pub use report::{Outcome, plot_svg};
 use report::{print_table, write_new};
+use variant::default_runs;
 pub use variant::{MergeRamp, Variant};
 
 #[derive(clap::Args)]
@@ -595,20 +596,6 @@ impl MergeSim {
         }
         Ok(out)
     }
-}
-
-fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
-    let mut v = vec![Variant::OneProcess, Variant::SyncDataParallel];
-    let mut hs: Vec<u64> = intervals.to_vec();
-    if !hs.contains(&own) {
-        hs.push(own);
-    }
-    hs.sort_unstable();
-    // By name, as on the command line (each parses).
-    let mut names: Vec<String> = hs.iter().map(|h| format!("h{h}")).collect();
-    names.extend(["fixed", "no-bottleneck", "f32"].map(|suffix| format!("h{own}-{suffix}")));
-    v.extend(names.iter().map(|n| Variant::parse(n).expect("a variant's own name")));
-    v
 }
 
 pub fn run(a: Args) -> Result<()> {

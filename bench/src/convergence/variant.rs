@@ -336,3 +336,21 @@ impl Variant {
         }
     }
 }
+
+/// The runs `--runs` names by default: one process, synchronous data
+/// parallel, each interval of `--intervals` and the run's own (`own`), and
+/// at the run's own interval its fixed-pathway, no-bottleneck and f32
+/// variants.
+pub fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
+    let mut v = vec![Variant::OneProcess, Variant::SyncDataParallel];
+    let mut hs: Vec<u64> = intervals.to_vec();
+    if !hs.contains(&own) {
+        hs.push(own);
+    }
+    hs.sort_unstable();
+    // By name, as on the command line (each parses).
+    let mut names: Vec<String> = hs.iter().map(|h| format!("h{h}")).collect();
+    names.extend(["fixed", "no-bottleneck", "f32"].map(|suffix| format!("h{own}-{suffix}")));
+    v.extend(names.iter().map(|n| Variant::parse(n).expect("a variant's own name")));
+    v
+}

@@ -1,5 +1,8 @@
 use clap::Parser;
 
+use iota_core::StageSpec;
+use iota_protocol::MergeSpec;
+
 use super::*;
 
 #[derive(Parser)]
