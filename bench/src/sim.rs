@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use iota_control::sim::{SimConfig, run as simulate};
+use iota_control::sim::{SimAdversary, SimConfig, run as simulate};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,12 +25,24 @@ pub struct Args {
     stages: u32,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Validators of equal stake, each running the real validator round.
+    #[arg(long, default_value_t = 16)]
+    validators: usize,
+    /// Plant one miner of every adversary mode.
+    #[arg(long)]
+    adversaries: bool,
 }
 
 /// The shape for `miners`: `stages` stages of miners / stages replicas,
 /// a tenth more places than that (newcomers from churn take them), four
-/// micro-batches a replica each epoch.
-pub fn config(miners: usize, stages: u32, epochs: u64, churn: f64, seed: u64) -> SimConfig {
+/// micro-batches a replica each epoch; `validators` of equal stake and,
+/// if `adversaries`, one miner of every adversary mode.
+pub fn config(
+    miners: usize,
+    (stages, epochs, churn, seed): (u32, u64, f64, u64),
+    validators: usize,
+    adversaries: bool,
+) -> SimConfig {
     let replicas = (miners as u32 / stages).max(1);
     SimConfig {
         miners,
@@ -42,16 +54,20 @@ pub fn config(miners: usize, stages: u32, epochs: u64, churn: f64, seed: u64) ->
         in_flight: replicas,
         seed,
         churn,
+        validators,
+        adversaries: if adversaries { SimAdversary::NAMES.iter().map(|(_, a)| *a).collect() } else { Vec::new() },
         ..SimConfig::default()
     }
 }
 
 pub fn run(a: Args) -> Result<()> {
     println!(
-        "sim: {} stages, {} epochs, {:.0}% churn an epoch, seed {} (one thread, virtual clock)",
+        "sim: {} stages, {} epochs, {:.0}% churn an epoch, {} validators, {}, seed {} (one thread, virtual clock)",
         a.stages,
         a.epochs,
         100.0 * a.churn,
+        a.validators,
+        if a.adversaries { "one adversary of every mode" } else { "no adversaries" },
         a.seed
     );
     println!(
@@ -59,7 +75,7 @@ pub fn run(a: Args) -> Result<()> {
         "miners", "events", "events/s", "wall s", "wall s/epoch", "bytes/miner", "sim s", "x realtime", "queue"
     );
     for &n in &a.miners {
-        let cfg = config(n, a.stages, a.epochs, a.churn, a.seed);
+        let cfg = config(n, (a.stages, a.epochs, a.churn, a.seed), a.validators, a.adversaries);
         iota_model::alloc::reset_peak_on_this_thread();
         let base = iota_model::alloc::live_on_this_thread();
         let t0 = Instant::now();
@@ -86,6 +102,13 @@ pub fn run(a: Args) -> Result<()> {
             r.phase_timeout_ms as f64 / 1e3,
             &r.digest[..16]
         );
+        println!(
+            "        {} validators: {} evidence checks, {} weight vectors, {} of {} epochs settled, {} validator reports refused",
+            cfg.validators, r.checks, r.weight_vectors, r.settled, a.epochs, r.validator_refusals
+        );
+        for o in &r.adversaries {
+            println!("        adversary {:<20} stage {:>2}: {}", o.mode, o.stage, o.named);
+        }
         if !problems.is_empty() {
             println!("        problems: {problems:?}");
         }

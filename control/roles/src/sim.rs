@@ -14,15 +14,21 @@
 //! simulated yet.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::rc::Rc;
 
 use iota_core::{Identity, PeerId, Rng};
+use iota_wire::MbRef;
 use iota_wire::pb;
-use iota_wire::run_spec::{MergeSpec, RunSpec};
-use iota_wire::store_keys::{momentum_parts_prefix, part_name, weights_parts_prefix};
-use iota_wire::{MbRef, StoredObject, plan_from_pb};
+use iota_wire::run_spec::{MergeSpec, RunSpec, ValidationSpec, ValidatorStake};
 
+pub use self::adversary::SimAdversary;
+pub use self::report::SimReport;
+use self::validator_state::{AuditAsk, PeerSet, SimValidator, validator_peer};
 use crate::orchestrator::{Event, Ms, Orchestrator, Out, Refusal};
+use crate::validation::round::{CheckJob, ValidatorCore};
+use crate::validation::sample::SampleRate;
+use crate::validation::shared_clasp::SharedClasp;
 
 /// A simulated run's shape, its miners' behaviour and its faults.
 #[derive(Clone, Debug)]
@@ -59,6 +65,16 @@ pub struct SimConfig {
     pub tick_ms: Ms,
     /// Virtual time the run may take before it is called stuck.
     pub limit_ms: Ms,
+    /// Validators of equal stake, each running the real validator round
+    /// (`sim/validating.rs`).
+    pub validators: usize,
+    /// A validator's recompute of one evidence object, or its check of a
+    /// merge.
+    pub check_ms: Ms,
+    /// Miners that cheat or fail on purpose, one identity each, among the
+    /// first to register; churn spares them, so each is there to be named
+    /// (`sim/adversary.rs`).
+    pub adversaries: Vec<SimAdversary>,
 }
 
 impl Default for SimConfig {
@@ -83,50 +99,10 @@ impl Default for SimConfig {
             heartbeat_ms: 500,
             tick_ms: 200,
             limit_ms: 24 * 3_600_000,
+            validators: 0,
+            check_ms: 300,
+            adversaries: Vec::new(),
         }
-    }
-}
-
-/// What a run did, and what it found wrong.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SimReport {
-    /// Events the orchestrator stepped.
-    pub events: u64,
-    /// Messages and timers the simulator delivered in all.
-    pub deliveries: u64,
-    pub sim_ms: Ms,
-    pub epochs_done: u64,
-    pub completed: u64,
-    pub dropped: u64,
-    pub joined: u64,
-    pub crashed: u64,
-    /// The most miners queued at once.
-    pub queue_max: usize,
-    /// Times a queued miner's place moved back (must be 0).
-    pub queue_moved_back: u64,
-    /// The longest stretch without progress (a phase change or a completed
-    /// micro-batch), and the phase timeout it is held against.
-    pub longest_stall_ms: Ms,
-    pub phase_timeout_ms: Ms,
-    /// Reports of live, reachable miners refused (each with why; must be empty).
-    pub lost_reports: Vec<String>,
-    /// BLAKE3 over every event stepped, in order, with its time: the run's
-    /// fingerprint.
-    pub digest: String,
-}
-
-impl SimReport {
-    /// What is wrong with the run, if anything (one line each).
-    pub fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        if self.queue_moved_back > 0 {
-            p.push(format!("{} queued places moved back", self.queue_moved_back));
-        }
-        if self.longest_stall_ms > self.phase_timeout_ms {
-            p.push(format!("a stall of {} ms (phase timeout {} ms)", self.longest_stall_ms, self.phase_timeout_ms));
-        }
-        p.extend(self.lost_reports.iter().take(5).cloned());
-        p
     }
 }
 
@@ -150,6 +126,18 @@ enum Happening {
     },
     Heartbeats,
     Tick,
+    /// Validator `j` (re)registers.
+    ValidatorJoin(usize),
+    /// A command reaches validator `j`.
+    ToValidator(usize, pb::command::Kind),
+    /// Validator `j`'s report reaches the orchestrator.
+    FromValidator(usize, Event),
+    /// Validator `j`'s recompute of an evidence object is done.
+    Checked(usize, Box<CheckJob>, Result<(), String>),
+    /// Validator `j` has read an audited partition's contributions.
+    Audited(usize, Rc<AuditAsk>),
+    /// A merge audit reaches validator `j`.
+    AuditReaches(usize, Rc<AuditAsk>),
 }
 
 /// A happening and when: ordered by time, then by when it was scheduled
@@ -193,6 +181,10 @@ struct SimMiner {
     cut_until: Ms,
     /// The merge it last heard verdicts of, and the partitions heard.
     verdicts: (u64, std::collections::BTreeSet<u32>),
+    /// What it does wrong on purpose (None: honest).
+    mode: Option<SimAdversary>,
+    /// Its identity's seed (it signs what it sends).
+    seed: [u8; 32],
 }
 
 /// The simulator's world: the orchestrator, the miners and the clock.
@@ -205,11 +197,23 @@ struct World {
     seq: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
     miners: Vec<SimMiner>,
-    index: BTreeMap<PeerId, usize>,
+    /// Who is who (looked up, never iterated: its order is no input).
+    index: HashMap<PeerId, usize>,
     report: SimReport,
     digest: blake3::Hasher,
     last_progress: (Ms, u64, crate::orchestrator::Phase, u64),
     epoch_seen: u64,
+    validators: Vec<SimValidator>,
+    vindex: HashMap<PeerId, usize>,
+    /// The simulated store's contributions, by (epoch, stage, partition):
+    /// who stored theirs, and who stored another than it sent.
+    contributions: HashMap<(u64, u32, u32), (PeerSet, Vec<PeerId>)>,
+    /// (epoch, validator) of every weight vector a validator sent.
+    weights_sent: Vec<(u64, PeerId)>,
+    /// Miners a guilty verdict the orchestrator took names, with its check.
+    guilty: BTreeMap<PeerId, crate::validation::quorum::Check>,
+    /// The last audit read from a command (the same goes to every validator).
+    last_audit: Option<Rc<AuditAsk>>,
 }
 
 /// The run's spec for `cfg`: butterfly merges over small stages (the
@@ -235,6 +239,12 @@ pub fn spec_for(cfg: &SimConfig) -> RunSpec {
         phase_timeout_ms: 60_000 + 4 * cfg.store_ms,
         miners_per_stage_cap: cfg.places_per_stage,
         merge,
+        validation: ValidationSpec {
+            validators: (0..cfg.validators)
+                .map(|j| ValidatorStake { peer: validator_peer(cfg.seed, j), stake: 1_000 })
+                .collect(),
+            ..ValidationSpec::default()
+        },
         ..RunSpec::default()
     }
 }
@@ -244,8 +254,28 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
     let spec = spec_for(cfg);
     let o = Orchestrator::new(spec.clone())?;
     let mut rng = Rng::new(cfg.seed);
-    let miners = (0..cfg.miners).map(|_| new_miner(&mut rng)).collect::<Vec<_>>();
+    let mut miners = (0..cfg.miners).map(|_| new_miner(&mut rng)).collect::<Vec<_>>();
+    if cfg.adversaries.len() > cfg.miners {
+        return Err(format!("{} adversaries among {} miners", cfg.adversaries.len(), cfg.miners));
+    }
+    for (m, a) in miners.iter_mut().zip(&cfg.adversaries) {
+        m.mode = Some(*a);
+    }
     let index = miners.iter().enumerate().map(|(i, m)| (m.peer, i)).collect();
+    // One process runs every validator: CLASP's finding over an epoch's
+    // work is computed once (the work is the same for all of them).
+    let clasp = std::sync::Arc::new(SharedClasp::default());
+    let validators: Vec<SimValidator> = spec
+        .validation
+        .validators
+        .iter()
+        .enumerate()
+        .map(|(j, v)| {
+            let core = sim_validator_core(&spec, cfg.seed, j).with_shared_clasp(clasp.clone());
+            SimValidator { peer: v.peer, core, joined: false, last_sent_ms: 0 }
+        })
+        .collect();
+    let vindex = validators.iter().enumerate().map(|(j, v)| (v.peer, j)).collect();
     let mut w = World {
         cfg: cfg.clone(),
         o,
@@ -260,10 +290,22 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
         digest: blake3::Hasher::new(),
         last_progress: (0, 0, crate::orchestrator::Phase::Waiting, 0),
         epoch_seen: 0,
+        validators,
+        vindex,
+        contributions: HashMap::new(),
+        weights_sent: Vec::new(),
+        guilty: BTreeMap::new(),
+        last_audit: None,
     };
+    // The adversaries first (each gets a place); the validators before
+    // the run can start.
     for i in 0..cfg.miners {
-        let at = w.rng.below(1_000);
+        let at = if i < cfg.adversaries.len() { i as Ms } else { w.rng.below(1_000) };
         w.at(at, Happening::Register(i));
+    }
+    for j in 0..cfg.validators {
+        let at = w.rng.below(500);
+        w.at(at, Happening::ValidatorJoin(j));
     }
     w.at(cfg.heartbeat_ms, Happening::Heartbeats);
     w.at(cfg.tick_ms, Happening::Tick);
@@ -276,6 +318,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
             break;
         }
     }
+    w.account();
     w.report.sim_ms = w.now;
     w.report.epochs_done = w.o.history().len() as u64;
     w.report.completed = w.o.history().iter().map(|e| e.completed).sum();
@@ -303,10 +346,22 @@ fn new_miner(rng: &mut Rng) -> SimMiner {
     }
     SimMiner {
         peer: Identity::from_seed(seed).peer_id(),
+        seed,
         standing: Standing::Joining,
         cut_until: 0,
         verdicts: Default::default(),
+        mode: None,
     }
+}
+
+/// A validator's round as the validator daemon builds it for the run.
+fn sim_validator_core(spec: &RunSpec, seed: u64, j: usize) -> ValidatorCore {
+    let v = &spec.validation;
+    let rate = SampleRate { rate: v.rate, min_per_miner: v.min_per_miner as usize };
+    let params: Vec<usize> = spec.merge.stage_params.iter().map(|&p| p as usize).collect();
+    ValidatorCore::new(spec.run_id, spec.stages, seed ^ (j as u64 + 1).wrapping_mul(0x9e37_79b9), rate, v.timeout_ms)
+        .with_stage_params(&params, v.validators.len())
+        .with_inner_steps(v.check_inner_steps)
 }
 
 impl World {
@@ -350,6 +405,18 @@ impl World {
             if let Some(&i) = self.index.get(&to) {
                 let d = self.delay();
                 self.at(self.now + d, Happening::ToMiner(i, cmd));
+            } else if let Some(&j) = self.vindex.get(&to) {
+                let d = self.delay();
+                let h = match cmd {
+                    // What the audit is about, not the plan it carries
+                    // (shared by the validators it goes to).
+                    pb::command::Kind::MergeAudit(a) => match self.audit_ask(&a) {
+                        Some(ask) => Happening::AuditReaches(j, ask),
+                        None => continue,
+                    },
+                    cmd => Happening::ToValidator(j, cmd),
+                };
+                self.at(self.now + d, h);
             }
         }
     }
@@ -376,6 +443,7 @@ impl World {
                         self.send(i, hb);
                     }
                 }
+                self.validators_beat();
                 self.at(self.now + self.cfg.heartbeat_ms, Happening::Heartbeats);
             }
             Happening::Tick => {
@@ -384,6 +452,12 @@ impl World {
                 }
                 self.at(self.now + self.cfg.tick_ms, Happening::Tick);
             }
+            Happening::ValidatorJoin(j) => self.validator_join(j),
+            Happening::ToValidator(j, cmd) => self.reach_validator(j, cmd),
+            Happening::FromValidator(j, ev) => self.validator_report(j, ev),
+            Happening::Checked(j, job, result) => self.checked(j, &job, result),
+            Happening::Audited(j, a) => self.answer_audit(j, &a),
+            Happening::AuditReaches(j, a) => self.on_audit(j, a),
         }
     }
 
@@ -439,94 +513,6 @@ impl World {
                 self.report.lost_reports.push(format!("at {} ms: miner {who}'s {}: {e}", self.now, kind_name(kind)));
             }
             Err(_) => {}
-        }
-    }
-
-    fn reach_miner(&mut self, i: usize, cmd: pb::command::Kind) {
-        let me = self.miners[i].peer;
-        match cmd {
-            pb::command::Kind::Route(r) => {
-                let path: Vec<usize> = r
-                    .pathway
-                    .iter()
-                    .filter_map(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
-                    .filter_map(|p| self.index.get(&PeerId(p)).copied())
-                    .collect();
-                // The head drives it; the rest act on their frames.
-                if path.first() != Some(&i) || path.len() != r.pathway.len() {
-                    return;
-                }
-                let mb = MbRef { epoch: r.epoch, shard: r.shard, first_sample: r.first_sample };
-                let hops: Ms = (0..2 * path.len()).map(|_| self.delay()).sum();
-                let t = self.now + 2 * self.cfg.stage_ms * path.len() as Ms + hops;
-                let tail = *path.last().unwrap_or(&i);
-                self.at(t, Happening::Finished { head: i, tail, mb, attempt: r.attempt, path });
-            }
-            pb::command::Kind::Phase(p) => self.on_phase(i, me, p),
-            pb::command::Kind::Verdict(v) => self.on_verdict(i, me, v),
-            _ => {}
-        }
-    }
-
-    fn on_phase(&mut self, i: usize, me: PeerId, p: pb::PhaseChange) {
-        let Some(stage) = self.o.miner(&me).map(|m| m.stage) else { return };
-        if p.phase == pb::Phase::Uploading as i32 {
-            let key = format!("{}stage-{stage:03}/{}.safetensors", p.upload_prefix, me.to_hex());
-            let work = self.o.miner(&me).map_or(0, |m| m.work);
-            let ev =
-                Event::UploadDone { peer: me, epoch: p.epoch, stage, key, work, object: None, commitments: Vec::new() };
-            self.send_after(i, self.cfg.store_ms, ev);
-        } else if let Some(plan) = p.merge_plan.as_ref().and_then(|pl| plan_from_pb(pl).ok()) {
-            for k in plan.owned_by(&me).collect::<Vec<_>>() {
-                let ev = Event::SliceDone {
-                    peer: me,
-                    epoch: plan.epoch,
-                    stage,
-                    partition: k as u32,
-                    generation: plan.partitions[k].generation,
-                    hash: vec![k as u8 + 1; 32],
-                    contributions: Vec::new(),
-                    flagged: Vec::new(),
-                };
-                self.send_after(i, self.cfg.store_ms, ev);
-            }
-        }
-    }
-
-    fn on_verdict(&mut self, i: usize, me: PeerId, v: pb::SliceVerdict) {
-        // What it needs of the current plan (not a copy of it: a plan of R
-        // participants is heard R times per partition).
-        let Some(plan) = self.o.merge_plan(v.stage).filter(|p| p.is_participant(&me)) else { return };
-        let partitions = plan.partitions.len();
-        let Some(part) = plan.partitions.get(v.partition as usize).map(|p| (p.offset, p.len)) else { return };
-        if v.writer == me.0.to_vec() {
-            let (offset, len) = part;
-            let name = part_name(offset, len);
-            let bytes = vec![v.partition as u8; len as usize * 4];
-            for prefix in [weights_parts_prefix(v.epoch, v.stage), momentum_parts_prefix(v.epoch, v.stage)] {
-                let object = StoredObject::part(&format!("{prefix}{name}"), &bytes, offset, me);
-                self.send_after(
-                    i,
-                    self.cfg.store_ms,
-                    Event::Stored { peer: me, epoch: v.epoch, stage: v.stage, object },
-                );
-            }
-        }
-        let heard = &mut self.miners[i].verdicts;
-        if heard.0 != v.epoch {
-            *heard = (v.epoch, Default::default());
-        }
-        if heard.1.insert(v.partition) && heard.1.len() == partitions {
-            let ev = Event::MergeDone {
-                peer: me,
-                epoch: v.epoch,
-                stage: v.stage,
-                key: String::new(),
-                weights_hash: vec![7; 32],
-                object: None,
-                from_store: (0, 0),
-            };
-            self.send_after(i, 2 * self.cfg.store_ms, ev);
         }
     }
 
@@ -587,10 +573,13 @@ impl World {
         }
     }
 
-    /// About `share` of the registered, reachable miners, drawn by the seed.
+    /// About `share` of the registered, reachable, honest miners, drawn by
+    /// the seed.
     fn pick_live(&mut self, share: f64) -> Vec<usize> {
         let live: Vec<usize> = (0..self.miners.len())
+            // The adversaries stay, to be named.
             .filter(|&i| self.miners[i].standing == Standing::Registered && self.reachable(i))
+            .filter(|&i| self.miners[i].mode.is_none())
             .collect();
         let n = ((live.len() as f64) * share).round() as usize;
         let mut picked = live;
@@ -672,5 +661,13 @@ fn event_peer(ev: &Event) -> Option<PeerId> {
     })
 }
 
+mod accounting;
+mod adversary;
+mod cheating;
+mod evidence;
+mod miners;
+mod report;
 #[cfg(test)]
 mod tests;
+mod validating;
+mod validator_state;

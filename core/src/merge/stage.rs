@@ -285,7 +285,7 @@ impl StageMerge {
         (0..self.plan.partitions.len() as u32)
             .filter(|k| self.pair_of(*k) == Some(pair))
             .filter(|k| self.verdicts.get(*k as usize).is_some_and(|v| v.is_none()))
-            .min_by_key(|k| crate::rng::Rng::new(seed ^ u64::from(*k).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64())
+            .min_by_key(|k| audit_key(seed, *k))
     }
 
     /// A validator's recompute of an audited partition: `Some(hash)` of
@@ -424,8 +424,24 @@ impl StageMerge {
     fn ask_audits(&mut self, out: &mut Vec<MergeOut>) {
         let pairs: BTreeSet<(PeerId, PeerId)> =
             self.held.keys().filter_map(|k| self.pair_of(*k)).filter(|p| !self.cleared.contains(p)).collect();
+        if pairs.is_empty() {
+            return;
+        }
+        // Every pair's audited partition (`audited_of`) in one pass over
+        // the partitions, not one pass per pair: a stage of R replicas has
+        // about R pairs and R partitions, and this runs at every report.
+        let Some(seed) = self.audit_seed else { return };
+        let mut audited: BTreeMap<(PeerId, PeerId), (u64, u32)> = BTreeMap::new();
+        for k in 0..self.plan.partitions.len() as u32 {
+            let Some(pair) = self.pair_of(k).filter(|p| pairs.contains(p)) else { continue };
+            if self.verdicts.get(k as usize).is_some_and(|v| v.is_none()) {
+                let key = (audit_key(seed, k), k);
+                let best = audited.entry(pair).or_insert(key);
+                *best = (*best).min(key);
+            }
+        }
         for pair in pairs {
-            let Some(a) = self.audited_of(pair) else { continue };
+            let Some(&(_, a)) = audited.get(&pair) else { continue };
             let Some(generation) = self.held.get(&a).map(|v| v.generation) else { continue };
             if self.audit_asked.insert((a, generation)) {
                 out.push(MergeOut::Audit { partition: a, generation });
@@ -675,3 +691,8 @@ pub use withheld::WithheldClaim;
 #[cfg(test)]
 #[path = "stage_tests.rs"]
 mod tests;
+
+/// Partition `k`'s rank in the audit draw of `seed` (the least is audited).
+fn audit_key(seed: u64, k: u32) -> u64 {
+    crate::rng::Rng::new(seed ^ u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64()
+}

@@ -15,7 +15,7 @@
 //! it would be without audits (a swarm whose validators are gone still
 //! merges).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
 use iota_core::merge::MergeOut;
@@ -28,7 +28,23 @@ use super::{Ms, Orchestrator, Out, Refusal};
 /// Audits waiting at once (one per owner pair per stage; bounded).
 pub(super) const MAX_OPEN_AUDITS: usize = 4096;
 
+/// Asks `peer` to store its contributions to `partitions` of a merge.
+fn contribution_request(peer: PeerId, (epoch, stage): (u64, u32), partitions: BTreeSet<u32>) -> Out {
+    let req = pb::ContributionRequest { epoch, stage, partitions: partitions.into_iter().collect() };
+    Out { to: peer, cmd: pb::command::Kind::ContributionRequest(req) }
+}
+
 impl Orchestrator {
+    /// Sends each participant the contributions audits asked of it since
+    /// the last tick, in one request.
+    pub(super) fn flush_contribution_requests(&mut self, out: &mut Vec<Out>) {
+        for (peer, (merge, partitions)) in std::mem::take(&mut self.validation.contribution_requests) {
+            if !partitions.is_empty() {
+                out.push(contribution_request(peer, merge, partitions));
+            }
+        }
+    }
+
     /// A stage merge holds an agreed partition for its audit: every
     /// participant is asked to store its contribution, every subscribed
     /// validator to recompute.
@@ -46,9 +62,16 @@ impl Orchestrator {
         // The merge's epoch (behind compute, the epoch before the one
         // training).
         let epoch = bm.plan.epoch;
-        let req = pb::ContributionRequest { epoch, stage, partitions: vec![partition] };
+        // Asked at the next tick, with every other partition audited by
+        // then: a stage of R replicas opens about R audits a merge, and one
+        // request per participant per audit was R^2 messages.
         for p in &bm.plan.participants {
-            out.push(Out { to: p.peer, cmd: pb::command::Kind::ContributionRequest(req.clone()) });
+            let asked = self.validation.contribution_requests.entry(p.peer).or_default();
+            if asked.0 != (epoch, stage) && !asked.1.is_empty() {
+                out.push(contribution_request(p.peer, asked.0, std::mem::take(&mut asked.1)));
+            }
+            asked.0 = (epoch, stage);
+            asked.1.insert(partition);
         }
         let reported = bm
             .reported_contributions(partition)

@@ -377,11 +377,7 @@ impl Orchestrator {
         // Only a validator's first vote on an accusation of a live epoch
         // goes on record: repeats and votes on forgotten epochs count for
         // nothing, and must not push other validators' records out.
-        let repeat = self
-            .validation
-            .verdicts
-            .iter()
-            .any(|r| (r.epoch, r.miner, r.validator, r.check) == (v.epoch, v.miner, v.validator, v.check));
+        let repeat = self.verdict_recorded((v.epoch, v.miner, v.validator, v.check));
         if forgotten || repeat {
             self.apply_consequences(now, consequences, out);
             return Ok(());
@@ -394,8 +390,13 @@ impl Orchestrator {
             r.verified.entry(v.validator).or_default().insert(v.miner);
         }
         if self.validation.verdicts.len() >= MAX_VERDICT_RECORDS {
-            self.validation.verdicts.remove(0);
+            // The oldest eighth goes at once: one move of the rest per
+            // 2,048 votes, not one per vote.
+            for r in self.validation.verdicts.drain(..MAX_VERDICT_RECORDS / 8) {
+                self.validation.verdict_keys.remove(&(r.epoch, r.miner, r.validator, r.check));
+            }
         }
+        self.validation.verdict_keys.insert((v.epoch, v.miner, v.validator, v.check));
         self.validation.verdicts.push(VerdictRecord {
             epoch: v.epoch,
             miner: v.miner,
@@ -453,6 +454,17 @@ impl Orchestrator {
                 }
             }
         }
+    }
+}
+
+impl Orchestrator {
+    /// Whether a record of `key` (epoch, miner, validator, check) is kept.
+    fn verdict_recorded(&mut self, key: (u64, PeerId, PeerId, Check)) -> bool {
+        let v = &mut self.validation;
+        if v.verdict_keys.len() != v.verdicts.len() {
+            v.verdict_keys = v.verdicts.iter().map(|r| (r.epoch, r.miner, r.validator, r.check)).collect();
+        }
+        v.verdict_keys.contains(&key)
     }
 }
 

@@ -170,6 +170,11 @@ pub struct Validation {
     pub(super) validators: BTreeMap<PeerId, ValidatorState>,
     pub(super) round: Option<Round>,
     pub(super) verdicts: Vec<VerdictRecord>,
+    /// What each record of `verdicts` is about, (epoch, miner, validator,
+    /// check): a repeat vote is found without a scan of every record
+    /// (rebuilt after a load, `verdict_recorded`).
+    #[serde(skip)]
+    pub(super) verdict_keys: std::collections::BTreeSet<(u64, PeerId, PeerId, Check)>,
     /// Proofs of merge equivocation, the latest `MAX_EQUIVOCATION_RECORDS`.
     #[serde(default)]
     pub(super) equivocations: Vec<iota_core::merge::Equivocation>,
@@ -187,6 +192,11 @@ pub struct Validation {
     /// Merge audits in progress (merge_audit.rs).
     #[serde(default)]
     pub(super) merge_audits: Vec<OpenAudit>,
+    /// Per participant, the merge (epoch, stage) and partitions whose
+    /// contributions audits opened since the last tick ask it to store: one
+    /// request a tick each, not one per audit (`flush_contribution_requests`).
+    #[serde(default, with = "crate::serde_pairs")]
+    pub(super) contribution_requests: BTreeMap<PeerId, ((u64, u32), BTreeSet<u32>)>,
 }
 
 impl Validation {

@@ -14,4 +14,5 @@ pub mod quorum;
 pub mod round;
 mod round_io;
 pub mod sample;
+pub mod shared_clasp;
 pub mod train_loss;

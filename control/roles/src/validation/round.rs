@@ -27,14 +27,15 @@ use iota_wire::{MbRef, StoredObject, pb};
 
 use super::lanes::{LaneRecord, Lanes, Receivers, asked_with_lanes};
 use super::sample::{SampleRate, beacon, draw};
-use crate::settlement::clasp::Clasp;
-use crate::settlement::scores::{Rated, clasp_params, weight_vector};
+use crate::settlement::scores::{Rated, weight_vector};
 
 /// Longest device label kept per miner.
 const MAX_DEVICE_CHARS: usize = 64;
 
+use self::vote_hash::evidence_hash;
 use super::round_io::TraceWait;
 pub use super::round_io::{Action, CheckJob, ProveJob, WorkKey};
+use super::shared_clasp::harmful_by_clasp;
 
 /// Most attempts named in one ask (the field rule's bound).
 const ASK_CHUNK: usize = iota_wire::fields::MAX_EVIDENCE_ITEMS;
@@ -68,6 +69,8 @@ struct MinerWork {
     items: BTreeMap<WorkKey, (u32, Vec<PeerId>, f32)>,
     /// Each attempt's micro-batch issue order in the epoch.
     order: BTreeMap<WorkKey, u64>,
+    /// Its completed attempts' pathways (what a check is given).
+    completed: std::sync::Arc<BTreeMap<WorkKey, Vec<PeerId>>>,
 }
 
 #[derive(Default)]
@@ -130,6 +133,8 @@ struct Round {
     order: Vec<PeerId>,
     /// Miners CLASP found significantly harmful.
     harmful: BTreeSet<PeerId>,
+    /// Each stage's miners of the work.
+    by_stage: Vec<std::sync::Arc<Vec<PeerId>>>,
     done_said: bool,
     /// This round's evidence timeout: the validator's base timeout plus
     /// the time its largest miner's draw takes to upload.
@@ -277,6 +282,8 @@ pub struct ValidatorCore {
     /// validator loaded them from the store (merges it kept; the latest
     /// few).
     merged: BTreeMap<u64, BTreeMap<u32, [u8; 32]>>,
+    /// CLASP's finding, shared with the validators of this process.
+    shared_clasp: Option<std::sync::Arc<super::shared_clasp::SharedClasp>>,
 }
 
 /// Epochs of merged hashes a validator keeps.
@@ -284,40 +291,6 @@ const MERGED_KEPT: usize = 4;
 
 fn peer(b: &[u8]) -> Result<PeerId, String> {
     Ok(PeerId(b.try_into().map_err(|_| format!("a peer id of {} bytes", b.len()))?))
-}
-
-fn evidence_hash(hashes: &[[u8; 32]]) -> Option<[u8; 32]> {
-    if hashes.is_empty() {
-        return None;
-    }
-    let mut h = blake3::Hasher::new();
-    for x in hashes {
-        h.update(x);
-    }
-    Some(*h.finalize().as_bytes())
-}
-
-/// The miners whose effect on the epoch's loss CLASP finds significantly
-/// harmful, from the pathways and losses of the epoch's work (each attempt
-/// once: the tail's listing holds every completed one).
-fn harmful_by_clasp(stages: u32, work: &BTreeMap<PeerId, MinerWork>) -> BTreeSet<PeerId> {
-    let tail = stages.saturating_sub(1);
-    let tails = || work.values().filter(|m| m.stage == tail);
-    let horizon = tails().flat_map(|m| m.order.values()).max().map_or(0, |o| o + 1);
-    let mut clasp = Clasp::new(stages as usize, horizon);
-    let (mut sum, mut n) = (0.0f64, 0u64);
-    for m in tails() {
-        for (key, (_, pathway, loss)) in &m.items {
-            // Refused records (a non-finite loss, say) are counted by CLASP
-            // and left out; the recompute judges the report itself.
-            if clasp.record(m.order.get(key).copied().unwrap_or(0), pathway, *loss).is_ok() {
-                sum += f64::from(*loss);
-                n += 1;
-            }
-        }
-    }
-    let mean = if n > 0 { sum / n as f64 } else { 0.0 };
-    clasp.estimate(&clasp_params(mean)).harmful().map(|m| m.key).collect()
 }
 
 impl ValidatorCore {
@@ -334,7 +307,14 @@ impl ValidatorCore {
             step_proofs: false,
             round: None,
             merged: BTreeMap::new(),
+            shared_clasp: None,
         }
+    }
+
+    /// Shares CLASP's finding with the validators holding `shared`.
+    pub fn with_shared_clasp(mut self, shared: std::sync::Arc<super::shared_clasp::SharedClasp>) -> Self {
+        self.shared_clasp = Some(shared);
+        self
     }
 
     /// Each stage's parameter count, and how many validators draw: a
@@ -437,7 +417,11 @@ impl ValidatorCore {
                 issued.insert((r.shard, r.first_sample, r.attempt), it.order);
             }
             let device: String = m.device.chars().take(MAX_DEVICE_CHARS).collect();
-            work.insert(p, MinerWork { stage: m.stage, device, heads, previous_steps, items, order: issued });
+            let completed = Default::default();
+            work.insert(
+                p,
+                MinerWork { stage: m.stage, device, heads, previous_steps, items, order: issued, completed },
+            );
         }
         let heads: BTreeMap<PeerId, EpochHeads> = work.iter().map(|(p, m)| (*p, m.heads.clone())).collect();
         let b = beacon(self.run_id, w.epoch, &heads);
@@ -471,7 +455,23 @@ impl ValidatorCore {
             let keys: Vec<WorkKey> = v.pending.iter().copied().collect();
             out.extend(v.asks(w.epoch, *p, &keys));
         }
-        let harmful = harmful_by_clasp(self.stages, &work);
+        // Each attempt once: the tail's listing holds every completed one.
+        let tail = self.stages.saturating_sub(1);
+        let records = || {
+            let tails = work.values().filter(|m| m.stage == tail);
+            tails.flat_map(|m| m.items.iter().map(|(k, (_, p, l))| (m.order.get(k).copied().unwrap_or(0), &p[..], *l)))
+        };
+        let harmful = match &self.shared_clasp {
+            Some(shared) => shared.get_or(w, || harmful_by_clasp(self.stages, records())),
+            None => harmful_by_clasp(self.stages, records()),
+        };
+        // What every check of the round is given: each stage's miners, and
+        // each miner's completed attempts (once, not once per check).
+        let of_stage = |s: u32| work.iter().filter(|(_, m)| m.stage == s).map(|(p, _)| *p).collect();
+        let by_stage = (0..self.stages).map(|s| std::sync::Arc::new(of_stage(s))).collect();
+        for m in work.values_mut() {
+            m.completed = std::sync::Arc::new(m.items.iter().map(|(k, (_, p, _))| (*k, p.clone())).collect());
+        }
         let timeout_ms =
             self.round_timeout_ms(drawn.iter().map(|(p, v)| (work.get(p).map_or(0, |m| m.stage), v.pending.len())));
         self.round = Some(Round {
@@ -485,6 +485,7 @@ impl ValidatorCore {
             lanes: Lanes::default(),
             order,
             harmful,
+            by_stage,
             done_said: false,
             timeout_ms,
             reasked: false,
@@ -513,10 +514,8 @@ impl ValidatorCore {
         let upstream = m.stage.checked_sub(1).and_then(|s| pathway.get(s as usize)).copied();
         let downstream = m.stage.checked_add(1).and_then(|s| pathway.get(s as usize)).copied();
         let reported_loss = (m.stage + 1 == self.stages).then_some(*loss);
-        let completed = std::sync::Arc::new(m.items.iter().map(|(k, (_, p, _))| (*k, p.clone())).collect());
-        let at = |stage: Option<u32>| -> Vec<PeerId> {
-            stage.map_or_else(Vec::new, |s| r.work.iter().filter(|(_, w)| w.stage == s).map(|(p, _)| *p).collect())
-        };
+        let completed = m.completed.clone();
+        let at = |stage: Option<u32>| stage.and_then(|s| r.by_stage.get(s as usize)).cloned().unwrap_or_default();
         let (upstream_miners, downstream_miners) = (at(m.stage.checked_sub(1)), at(m.stage.checked_add(1)));
         vec![Action::Check(Box::new(CheckJob {
             epoch,
@@ -695,3 +694,4 @@ impl ValidatorCore {
 mod tests;
 
 mod traces;
+mod vote_hash;

@@ -42,8 +42,9 @@ pub struct CheckJob {
     /// the miners of the stages around its (what a shown inner step's
     /// micro-batches and their frames are held against).
     pub completed: std::sync::Arc<BTreeMap<WorkKey, Vec<PeerId>>>,
-    pub upstream_miners: Vec<PeerId>,
-    pub downstream_miners: Vec<PeerId>,
+    /// (Shared by the round's checks: a stage of R miners, once.)
+    pub upstream_miners: std::sync::Arc<Vec<PeerId>>,
+    pub downstream_miners: std::sync::Arc<Vec<PeerId>>,
     /// The miner's steps chain of the epoch before, as the orchestrator
     /// holds it (None: it holds none).
     pub previous_steps: Option<iota_core::commitment::Chain>,
