@@ -164,3 +164,20 @@ fn miner_binary(given: Option<PathBuf>) -> Result<PathBuf> {
     }
     Ok(bin)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The simulator acts out the miner's adversary modes under the same
+    /// names (`iota_roles::sim::SimAdversary` mirrors the miner's list:
+    /// the roles crate cannot see the data plane's): a mode added to one
+    /// and not the other fails here.
+    #[test]
+    fn the_simulator_knows_every_adversary_mode_of_the_miner_by_its_name() {
+        let miner: Vec<&str> = iota_dataplane::miner::Adversary::NAMES.iter().map(|(n, _)| *n).collect();
+        let sim: Vec<&str> = crate::sim::SimAdversary::NAMES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(miner, sim);
+        for n in miner {
+            assert_eq!(crate::sim::SimAdversary::parse(n).map(|a| a.name()), Some(n));
+        }
+    }
+}
