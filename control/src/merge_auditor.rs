@@ -1,12 +1,14 @@
-//! The validator's side of a merge audit, its I/O: on `Command.merge_audit`
-//! it reads the stage's outer momentum and polls the store for every
+//! The validator's side of a merge audit, its I/O: it keeps the latest
+//! `Command.merge_audit_context`s (`AuditContexts`); on
+//! `Command.merge_audit`, with the context it names, it reads the stage's outer momentum and polls the store for every
 //! participant's contribution (which the orchestrator asked each of them
 //! to store), recomputes the partition
 //! (`validation::merge_audit::recompute_partition`) and answers
 //! `Validate(MergeAuditResult)`: the hash, or who never stored a
 //! contribution of theirs in time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iota_core::PeerId;
@@ -40,10 +42,63 @@ const MAX_AUDIT_PARTICIPANTS: usize = 1024;
 /// Between two looks in the store.
 const POLL: Duration = Duration::from_millis(200);
 
+/// What every audit of one stage merge's plan shares (a
+/// `MergeAuditContext`, its plan parsed).
+#[derive(Debug)]
+pub struct AuditContext {
+    pub plan: iota_core::merge::MergePlan,
+    pub momentum: Vec<pb::StoredObject>,
+    pub committed: Vec<pb::ParticipantChain>,
+    pub starts: Vec<Vec<u8>>,
+}
+
+impl AuditContext {
+    pub fn from_pb(c: pb::MergeAuditContext) -> Result<AuditContext, String> {
+        let plan = plan_from_pb(c.plan.as_ref().ok_or("a context without a plan")?).map_err(|e| e.to_string())?;
+        Ok(AuditContext { plan, momentum: c.momentum, committed: c.committed, starts: c.starts })
+    }
+}
+
+/// Contexts a validator keeps (a few per stage: a plan is replaced when a
+/// participant is planned out).
+const MAX_AUDIT_CONTEXTS: usize = 64;
+
+/// The latest audit contexts the orchestrator sent, by id (bounded: the
+/// oldest goes first).
+#[derive(Default)]
+pub struct AuditContexts {
+    by_id: BTreeMap<Vec<u8>, Arc<Result<AuditContext, String>>>,
+    order: VecDeque<Vec<u8>>,
+}
+
+impl AuditContexts {
+    /// Keeps a context (one whose plan does not parse is kept as its
+    /// error: the audits naming it answer with it).
+    pub fn insert(&mut self, c: pb::MergeAuditContext) {
+        if c.id.len() != 32 || self.by_id.contains_key(&c.id) {
+            return;
+        }
+        let id = c.id.clone();
+        if self.order.len() >= MAX_AUDIT_CONTEXTS
+            && let Some(old) = self.order.pop_front()
+        {
+            self.by_id.remove(&old);
+        }
+        self.by_id.insert(id.clone(), Arc::new(AuditContext::from_pb(c)));
+        self.order.push_back(id);
+    }
+
+    pub fn get(&self, id: &[u8]) -> Option<Arc<Result<AuditContext, String>>> {
+        self.by_id.get(id).cloned()
+    }
+}
+
 /// Runs one audit and sends its answer; returns the time it computed
 /// (reading the momentum and recomputing, not waiting for the store).
+/// `context`: the one the audit names, if this validator holds it.
 pub async fn audit(
     ma: pb::MergeAudit,
+    context: Option<Arc<Result<AuditContext, String>>>,
     spec: MergeSpec,
     run_id: u64,
     store: SharedStore,
@@ -51,25 +106,24 @@ pub async fn audit(
     initial: Option<[u8; 32]>,
 ) -> Duration {
     let mut busy = Duration::ZERO;
-    let plan = ma.plan.as_ref().map(plan_from_pb);
-    let (epoch, stage, generation) = match &plan {
-        Some(Ok(p)) => (p.epoch, p.stage, p.partitions.get(ma.partition as usize).map_or(0, |x| x.generation)),
-        _ => (0, 0, 0),
-    };
+    let (epoch, stage, generation) = (ma.epoch, ma.stage, ma.generation);
     let mut unbound = Vec::new();
-    let result = match plan {
-        Some(Ok(plan)) => {
-            let wait = contribution_wait(&spec, &plan, ma.partition);
+    let result = match context.as_deref() {
+        Some(Ok(ctx)) if (ctx.plan.epoch, ctx.plan.stage) != (epoch, stage) => {
+            Err("the audit's context is another merge's".into())
+        }
+        Some(Ok(ctx)) => {
+            let wait = contribution_wait(&spec, &ctx.plan, ma.partition);
             let deadline = Instant::now() + wait;
-            let found = recompute(&ma, &plan, &spec, run_id, &store, wait, &mut busy).await;
-            if matches!(found, Ok(AuditFinding::Recomputed(..))) && !ma.committed.is_empty() {
-                let witnessed = Witnessed { ma: &ma, plan: &plan, spec: &spec, initial, deadline };
+            let found = recompute(&ma, ctx, &spec, run_id, &store, wait, &mut busy).await;
+            if matches!(found, Ok(AuditFinding::Recomputed(..))) && !ctx.committed.is_empty() {
+                let witnessed = Witnessed { ma: &ma, ctx, spec: &spec, initial, deadline };
                 unbound = witnessed.unbound(&store, &mut busy).await;
             }
             found
         }
         Some(Err(e)) => Err(format!("the audit's plan: {e}")),
-        None => Err("an audit without a plan".into()),
+        None => Err("an audit whose context never came".into()),
     };
     let mut answer = pb::MergeAuditResult { epoch, stage, partition: ma.partition, generation, ..Default::default() };
     match result {
@@ -113,7 +167,7 @@ const MAX_WITNESS_STEPS: u64 = 1 << 20;
 /// against (`iota_checks::contribution`).
 struct Witnessed<'a> {
     ma: &'a pb::MergeAudit,
-    plan: &'a iota_core::merge::MergePlan,
+    ctx: &'a AuditContext,
     spec: &'a MergeSpec,
     /// The seed's weights hash, where the epoch started from them.
     initial: Option<[u8; 32]>,
@@ -126,8 +180,9 @@ impl Witnessed<'_> {
     /// came by the deadline (a participant stores it with its frame).
     async fn unbound(&self, store: &SharedStore, busy: &mut Duration) -> Vec<PeerId> {
         let k = self.ma.partition;
-        let Some(part) = self.plan.partitions.get(k as usize) else { return Vec::new() };
-        let mut starts: Vec<[u8; 32]> = self.ma.starts.iter().filter_map(|h| h.as_slice().try_into().ok()).collect();
+        let plan = &self.ctx.plan;
+        let Some(part) = plan.partitions.get(k as usize) else { return Vec::new() };
+        let mut starts: Vec<[u8; 32]> = self.ctx.starts.iter().filter_map(|h| h.as_slice().try_into().ok()).collect();
         starts.extend(self.initial);
         if starts.is_empty() {
             // No start recorded to hold them against: nobody is judged.
@@ -141,10 +196,10 @@ impl Witnessed<'_> {
                 Some((PeerId(r.sender.as_slice().try_into().ok()?), r.payload_hash.as_slice().try_into().ok()?))
             })
             .collect();
-        let limits = WitnessLimits { weights: self.plan.params, partition: part.len, max_steps: MAX_WITNESS_STEPS };
-        let prefix = format!("{}{k:06}/", contrib_prefix(self.plan.epoch, self.plan.stage));
+        let limits = WitnessLimits { weights: plan.params, partition: part.len, max_steps: MAX_WITNESS_STEPS };
+        let prefix = format!("{}{k:06}/", contrib_prefix(plan.epoch, plan.stage));
         let mut unbound = Vec::new();
-        for c in self.ma.committed.iter().take(MAX_AUDIT_PARTICIPANTS) {
+        for c in self.ctx.committed.iter().take(MAX_AUDIT_PARTICIPANTS) {
             let Ok(peer) = c.peer.as_slice().try_into().map(PeerId) else { continue };
             let (Some(chain), Some(payload_hash)) = (c.weights.as_ref(), reported.get(&peer)) else { continue };
             let Ok(head) = chain.head.as_slice().try_into() else { continue };
@@ -171,7 +226,7 @@ impl Witnessed<'_> {
             };
             *busy += t.elapsed();
             if let Err(why) = verdict {
-                warn!(epoch = self.plan.epoch, stage = self.plan.stage, partition = k, %peer, why, "merge contribution not bound to its weights");
+                warn!(epoch = plan.epoch, stage = plan.stage, partition = k, %peer, why, "merge contribution not bound to its weights");
                 unbound.push(peer);
             }
         }
@@ -188,7 +243,7 @@ fn not_there(e: &std::io::Error) -> bool {
 
 async fn recompute(
     ma: &pb::MergeAudit,
-    plan: &iota_core::merge::MergePlan,
+    ctx: &AuditContext,
     spec: &MergeSpec,
     run_id: u64,
     store: &SharedStore,
@@ -196,7 +251,7 @@ async fn recompute(
     busy: &mut Duration,
 ) -> Result<AuditFinding, String> {
     let t0 = Instant::now();
-    let k = ma.partition;
+    let (k, plan) = (ma.partition, &ctx.plan);
     let part = plan.partitions.get(k as usize).ok_or_else(|| format!("partition {k} is not in the plan"))?;
     if part.len > plan.params || plan.participants.len() > MAX_AUDIT_PARTICIPANTS {
         return Err("the audited partition is out of bounds".into());
@@ -204,7 +259,7 @@ async fn recompute(
     let momentum = if plan.epoch == 0 || spec.outer.momentum == 0.0 {
         vec![0.0f32; part.len as usize]
     } else {
-        let objects = from_pb_list(&ma.momentum).map_err(|e| format!("momentum objects: {e}"))?;
+        let objects = from_pb_list(&ctx.momentum).map_err(|e| format!("momentum objects: {e}"))?;
         let r = read_parts(store, &objects, part.offset, part.len).await.map_err(|e| format!("momentum: {e}"))?;
         if !r.bad.is_empty() {
             return Err(format!("{} momentum part(s) do not match their announcement", r.bad.len()));
@@ -310,14 +365,15 @@ mod tests {
         let ps = ids.iter().map(|p| Participant { peer: *p, work: 1 }).collect();
         let plan = MergePlan::new(0, 1, ps, 3000, 7, 2);
         let ma = pb::MergeAudit { partition: 1, ..Default::default() };
+        let ctx = Arc::new(AuditContext { plan, momentum: Vec::new(), committed: Vec::new(), starts: Vec::new() });
         let spec = MergeSpec::default();
         let run = |failures: Vec<(usize, io::ErrorKind)>| {
             let store: SharedStore =
                 Arc::new(FailingStore(failures.into_iter().map(|(i, k)| (ids[i].to_hex(), k)).collect()));
-            let (ma, plan, spec) = (ma.clone(), plan.clone(), spec.clone());
+            let (ma, ctx, spec) = (ma.clone(), ctx.clone(), spec.clone());
             async move {
                 let mut busy = Duration::ZERO;
-                recompute(&ma, &plan, &spec, 7, &store, Duration::ZERO, &mut busy).await
+                recompute(&ma, &ctx, &spec, 7, &store, Duration::ZERO, &mut busy).await
             }
         };
         // Never stored, or not readable by this validator: withheld.

@@ -165,6 +165,7 @@ pub async fn run(opts: ValidatorOptions, id: Identity, stop: Arc<AtomicBool>) ->
         last_good: None,
         train_tails: BTreeMap::new(),
         started: std::time::Instant::now(),
+        audit_contexts: Default::default(),
         reads: Arc::new(tokio::sync::Semaphore::new(EVIDENCE_IN_MEMORY)),
         opts,
         run_id,
@@ -263,6 +264,8 @@ struct Shell {
     /// stepped forward (NTP on a fresh machine) must not make every miner's
     /// evidence overdue at once.
     started: std::time::Instant,
+    /// The plans (with momentum and chains) merge audits name.
+    audit_contexts: crate::merge_auditor::AuditContexts,
 }
 
 impl Shell {
@@ -300,18 +303,25 @@ impl Shell {
                     _ => Vec::new(),
                 }
             }
+            Input::Command(pb::command::Kind::MergeAuditContext(c)) => {
+                self.audit_contexts.insert(c);
+                Vec::new()
+            }
             Input::Command(pb::command::Kind::MergeAudit(ma)) => {
                 let (spec, store, client, in_tx) =
                     (self.cfg.spec.merge.clone(), self.store.clone(), self.client.clone(), self.in_tx.clone());
                 let run_id = self.run_id;
+                let context = self.audit_contexts.get(&ma.context);
                 // The seed's weights are the start of an epoch the
                 // orchestrator recorded none for (epoch 0).
-                let initial = match ma.plan.as_ref().filter(|p| ma.starts.is_empty() && p.epoch == 0) {
-                    Some(p) => self.checker.lock().initial_hash(p.stage).ok(),
-                    None => None,
+                let initial = match context.as_deref() {
+                    Some(Ok(c)) if c.starts.is_empty() && c.plan.epoch == 0 => {
+                        self.checker.lock().initial_hash(c.plan.stage).ok()
+                    }
+                    _ => None,
                 };
                 tokio::spawn(async move {
-                    let took = crate::merge_auditor::audit(ma, spec, run_id, store, client, initial).await;
+                    let took = crate::merge_auditor::audit(ma, context, spec, run_id, store, client, initial).await;
                     let _ = in_tx.send(Input::MergeAudited(took)).await;
                 });
                 Vec::new()

@@ -24,7 +24,7 @@ use iota_wire::run_spec::{MergeSpec, RunSpec, ValidationSpec, ValidatorStake};
 
 pub use self::adversary::SimAdversary;
 pub use self::report::SimReport;
-use self::validator_state::{AuditAsk, PeerSet, SimValidator, validator_peer};
+use self::validator_state::{AuditAsk, PeerMap, PeerSet, SimValidator, validator_peer};
 use crate::orchestrator::{Event, Ms, Orchestrator, Out, Refusal};
 use crate::validation::round::{CheckJob, ValidatorCore};
 use crate::validation::sample::SampleRate;
@@ -198,13 +198,13 @@ struct World {
     queue: BinaryHeap<Reverse<Scheduled>>,
     miners: Vec<SimMiner>,
     /// Who is who (looked up, never iterated: its order is no input).
-    index: HashMap<PeerId, usize>,
+    index: PeerMap<usize>,
     report: SimReport,
     digest: blake3::Hasher,
     last_progress: (Ms, u64, crate::orchestrator::Phase, u64),
     epoch_seen: u64,
     validators: Vec<SimValidator>,
-    vindex: HashMap<PeerId, usize>,
+    vindex: PeerMap<usize>,
     /// The simulated store's contributions, by (epoch, stage, partition):
     /// who stored theirs, and who stored another than it sent.
     contributions: HashMap<(u64, u32, u32), (PeerSet, Vec<PeerId>)>,
@@ -214,6 +214,9 @@ struct World {
     guilty: BTreeMap<PeerId, crate::validation::quorum::Check>,
     /// The last audit read from a command (the same goes to every validator).
     last_audit: Option<Rc<AuditAsk>>,
+    /// Per stage, the latest audit context's id and plan (the same goes to
+    /// every validator, before the audits that name it).
+    audit_plans: HashMap<u32, (Vec<u8>, Rc<iota_core::merge::MergePlan>)>,
 }
 
 /// The run's spec for `cfg`: butterfly merges over small stages (the
@@ -296,6 +299,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
         weights_sent: Vec::new(),
         guilty: BTreeMap::new(),
         last_audit: None,
+        audit_plans: HashMap::new(),
     };
     // The adversaries first (each gets a place); the validators before
     // the run can start.
@@ -406,10 +410,15 @@ impl World {
                 let d = self.delay();
                 self.at(self.now + d, Happening::ToMiner(i, cmd));
             } else if let Some(&j) = self.vindex.get(&to) {
+                // The plan, read once for every validator it goes to (the
+                // audits after it on the validator's stream name it).
+                if let pb::command::Kind::MergeAuditContext(c) = cmd {
+                    self.audit_context(c);
+                    continue;
+                }
                 let d = self.delay();
                 let h = match cmd {
-                    // What the audit is about, not the plan it carries
-                    // (shared by the validators it goes to).
+                    // What the audit is about.
                     pb::command::Kind::MergeAudit(a) => match self.audit_ask(&a) {
                         Some(ask) => Happening::AuditReaches(j, ask),
                         None => continue,

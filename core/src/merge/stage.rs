@@ -386,7 +386,10 @@ impl StageMerge {
 
     /// Every participant finished.
     pub fn complete(&self) -> bool {
-        self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))
+        // Fewer reports than participants cannot cover them (asked on
+        // every event of a merge: this skips the lookups).
+        self.done.len() >= self.plan.participants.len()
+            && self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))
     }
 
     /// Whether every finished participant holds the same weights.

@@ -103,23 +103,21 @@ impl StageMerge {
     /// partitions is, since its earliest claim).
     pub fn withheld_senders(&self) -> Vec<WithheldClaim> {
         let mut out: Vec<WithheldClaim> = Vec::new();
-        for (k, m) in self.missing.iter().enumerate() {
-            if !self.open(k) {
+        // Every claim in `missing` has its time here (in the same order,
+        // partition then sender): walking the claims, not every partition,
+        // keeps this cheap where it is asked on every report.
+        for (&(k, s), &since_ms) in &self.missing_since {
+            let Some(by) = self.missing.get(k as usize).and_then(|m| m.get(&s)) else { continue };
+            if !self.open(k as usize) || !self.plan.is_participant(&s) {
                 continue;
             }
-            for (s, by) in m {
-                if !self.plan.is_participant(s) {
-                    continue;
+            let corroborated = by.len() >= 2;
+            match out.iter_mut().find(|c| c.sender == s) {
+                Some(c) => {
+                    c.corroborated |= corroborated;
+                    c.since_ms = c.since_ms.min(since_ms);
                 }
-                let corroborated = by.len() >= 2;
-                let since_ms = self.missing_since.get(&(k as u32, *s)).copied().unwrap_or(0);
-                match out.iter_mut().find(|c| c.sender == *s) {
-                    Some(c) => {
-                        c.corroborated |= corroborated;
-                        c.since_ms = c.since_ms.min(since_ms);
-                    }
-                    None => out.push(WithheldClaim { partition: k as u32, sender: *s, corroborated, since_ms }),
-                }
+                None => out.push(WithheldClaim { partition: k, sender: s, corroborated, since_ms }),
             }
         }
         out

@@ -78,34 +78,24 @@ impl Orchestrator {
             .into_iter()
             .map(|(p, h)| pb::ReportedContribution { sender: p.0.to_vec(), payload_hash: h.to_vec() })
             .collect();
-        // Each participant's weights chain and the stage's start: what its
-        // stored contribution is held against (not behind compute, where a
-        // contribution is the landed weights', which no chain has).
-        let (committed, starts) = if self.spec.merge.overlap || !self.spec.validation.bind_contributions {
-            (Vec::new(), Vec::new())
-        } else {
-            let committed = bm
-                .plan
-                .participants
-                .iter()
-                .filter_map(|p| {
-                    let heads = self.miners.get(&p.peer)?.commitments.get(&epoch)?;
-                    let w = &heads.weights;
-                    let weights = Some(pb::ChainHead { len: w.len, head: w.head.to_vec() });
-                    Some(pb::ParticipantChain { peer: p.peer.0.to_vec(), weights })
-                })
-                .collect();
-            (committed, self.validation.starts.get(&stage).map(|h| vec![h.to_vec()]).unwrap_or_default())
-        };
+        let context = self.audit_context(stage, epoch);
+        let generation_now = bm.plan.partitions.get(partition as usize).map_or(generation, |p| p.generation);
         let audit = pb::MergeAudit {
-            plan: Some(plan_to_pb(&bm.plan)),
+            context: context.id.clone(),
             partition,
-            momentum: self.momentum_manifest(stage),
+            epoch,
+            stage,
+            generation: generation_now,
             reported,
-            committed,
-            starts,
         };
         for v in &validators {
+            // The plan, momentum and chains go once per validator and plan,
+            // not with each of the merge's audits.
+            let sent = self.validation.audit_contexts_sent.entry((*v, stage)).or_default();
+            if *sent != context.id {
+                sent.clone_from(&context.id);
+                out.push(Out { to: *v, cmd: pb::command::Kind::MergeAuditContext(context.clone()) });
+            }
             out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
         }
         let audits = &mut self.validation.merge_audits;
@@ -134,6 +124,39 @@ impl Orchestrator {
             answers: BTreeMap::new(),
             unbound: BTreeMap::new(),
         });
+    }
+
+    /// What every audit of a stage's current plan shares, with its id.
+    fn audit_context(&self, stage: u32, epoch: u64) -> pb::MergeAuditContext {
+        let Some(bm) = self.butterfly.get(&stage) else { return pb::MergeAuditContext::default() };
+        // Each participant's weights chain and the stage's start: what its
+        // stored contribution is held against (not behind compute, where a
+        // contribution is the landed weights', which no chain has).
+        let (committed, starts) = if self.spec.merge.overlap || !self.spec.validation.bind_contributions {
+            (Vec::new(), Vec::new())
+        } else {
+            let committed = bm
+                .plan
+                .participants
+                .iter()
+                .filter_map(|p| {
+                    let heads = self.miners.get(&p.peer)?.commitments.get(&epoch)?;
+                    let w = &heads.weights;
+                    let weights = Some(pb::ChainHead { len: w.len, head: w.head.to_vec() });
+                    Some(pb::ParticipantChain { peer: p.peer.0.to_vec(), weights })
+                })
+                .collect();
+            (committed, self.validation.starts.get(&stage).map(|h| vec![h.to_vec()]).unwrap_or_default())
+        };
+        let mut context = pb::MergeAuditContext {
+            id: Vec::new(),
+            plan: Some(plan_to_pb(&bm.plan)),
+            momentum: self.momentum_manifest(stage),
+            committed,
+            starts,
+        };
+        context.id = blake3::hash(&prost::Message::encode_to_vec(&context)).as_bytes().to_vec();
+        context
     }
 
     /// A validator found participants of an audited partition whose stored

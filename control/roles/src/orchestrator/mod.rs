@@ -381,10 +381,12 @@ impl Orchestrator {
 
     /// The miner that averages a stage: the lowest-index one that uploaded.
     fn aggregator(&self, stage: u32) -> Option<PeerId> {
+        // The stage's uploaders, not every miner: it is asked once per miner
+        // when a merge's phase goes out.
         let ups = self.uploads.get(&stage)?;
-        self.miners
-            .values()
-            .filter(|m| ups.contains_key(&m.peer) && m.live() && m.merges(self.epoch))
+        ups.keys()
+            .filter_map(|p| self.miners.get(p))
+            .filter(|m| m.live() && m.merges(self.epoch))
             .min_by_key(|m| m.index)
             .map(|m| m.peer)
     }

@@ -101,6 +101,7 @@ impl Orchestrator {
         let Some(v) = self.validation.validators.get_mut(&peer) else { return };
         v.subscribed = true;
         v.last_seen_ms = now;
+        self.validation.audit_contexts_sent.retain(|(v, _), _| *v != peer);
         let open = self.validation.round.as_ref().is_some_and(|r| r.epoch == self.epoch && !r.timed_out);
         if open && self.phase == Phase::Uploading {
             let work = self.epoch_work();

@@ -197,6 +197,12 @@ pub struct Validation {
     /// request a tick each, not one per audit (`flush_contribution_requests`).
     #[serde(default, with = "crate::serde_pairs")]
     pub(super) contribution_requests: BTreeMap<PeerId, ((u64, u32), BTreeSet<u32>)>,
+    /// Per validator and stage, the id of the last `MergeAuditContext` sent
+    /// it: audits of the same plan go without it. Forgotten when the
+    /// validator subscribes again and after a restart (its stream is new:
+    /// the context is sent again).
+    #[serde(skip)]
+    pub(super) audit_contexts_sent: BTreeMap<(PeerId, u32), Vec<u8>>,
 }
 
 impl Validation {

@@ -207,18 +207,31 @@ impl World {
         self.send_in_order(j, self.cfg.check_ms, ev);
     }
 
+    /// Reads a merge audit's context: the plan its audits name.
+    pub(super) fn audit_context(&mut self, c: pb::MergeAuditContext) {
+        let Some(pl) = c.plan.as_ref() else { return };
+        if self.audit_plans.get(&pl.stage).is_some_and(|(id, _)| *id == c.id) {
+            return;
+        }
+        if let Ok(plan) = iota_wire::plan_from_pb(pl) {
+            self.audit_plans.insert(plan.stage, (c.id, Rc::new(plan)));
+        }
+    }
+
     /// What a merge audit command asks (the last one read is reused: the
     /// orchestrator sends the same audit to every validator in a row).
     pub(super) fn audit_ask(&mut self, a: &pb::MergeAudit) -> Option<Rc<AuditAsk>> {
-        let pl = a.plan.as_ref()?;
-        let generation = |p: &pb::MergePlan| p.partitions.get(a.partition as usize).map(|x| x.generation);
         if let Some(last) = &self.last_audit
-            && (last.epoch, last.stage, last.partition, Some(last.generation))
-                == (pl.epoch, pl.stage, a.partition, generation(pl))
+            && (last.epoch, last.stage, last.partition, last.generation)
+                == (a.epoch, a.stage, a.partition, a.generation)
+            && last.context == a.context
         {
             return Some(last.clone());
         }
-        let plan = iota_wire::plan_from_pb(pl).ok()?;
+        let (id, plan) = self.audit_plans.get(&a.stage)?;
+        if *id != a.context || plan.epoch != a.epoch {
+            return None;
+        }
         let part = plan.partitions.get(a.partition as usize)?;
         let ask = Rc::new(AuditAsk {
             epoch: plan.epoch,
@@ -226,6 +239,7 @@ impl World {
             partition: a.partition,
             generation: part.generation,
             offset: part.offset,
+            context: a.context.clone(),
             flagged: plan.participants.iter().map(|p| p.peer).filter(|p| self.flaggable(p)).collect(),
             unbound: plan.participants.iter().map(|p| p.peer).filter(|p| self.unbound(p)).collect(),
             participants: plan.participants.iter().map(|p| p.peer).collect(),

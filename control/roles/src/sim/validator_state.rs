@@ -9,6 +9,8 @@ use crate::validation::round::ValidatorCore;
 /// A set of peers hashed by their first eight bytes (a peer id is a public
 /// key: its bytes are as good as a hash, and cheaper than hashing them).
 pub(super) type PeerSet = std::collections::HashSet<PeerId, std::hash::BuildHasherDefault<PeerIdHasher>>;
+/// A map keyed by peers, hashed the same way.
+pub(super) type PeerMap<V> = std::collections::HashMap<PeerId, V, std::hash::BuildHasherDefault<PeerIdHasher>>;
 
 #[derive(Default)]
 pub(super) struct PeerIdHasher(u64);
@@ -35,6 +37,8 @@ pub(super) struct AuditAsk {
     pub(super) partition: u32,
     pub(super) generation: u32,
     pub(super) offset: u64,
+    /// The id of the context (plan) it was read under.
+    pub(super) context: Vec<u8>,
     pub(super) participants: Vec<PeerId>,
     /// The participants an audit finds flagged or unbound (their modes').
     pub(super) flagged: Vec<PeerId>,

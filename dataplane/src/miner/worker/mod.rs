@@ -389,9 +389,10 @@ impl<B: Backend + 'static> Worker<B> {
             }
             pb::command::Kind::ContributionRequest(r) => self.merge.contribution_request(&r, out),
             // For validators.
-            pb::command::Kind::EpochWork(_) | pb::command::Kind::MergeCheck(_) | pb::command::Kind::MergeAudit(_) => {
-                Ok(())
-            }
+            pb::command::Kind::EpochWork(_)
+            | pb::command::Kind::MergeCheck(_)
+            | pb::command::Kind::MergeAudit(_)
+            | pb::command::Kind::MergeAuditContext(_) => Ok(()),
             pb::command::Kind::Cancel(c) => {
                 let key = mb_key(c.epoch, c.shard, c.first_sample, c.attempt);
                 self.routes.remove(&key);

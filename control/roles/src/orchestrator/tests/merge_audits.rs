@@ -167,3 +167,38 @@ fn at_two_replicas_a_lying_owner_is_named_by_the_audit_of_its_dispute() {
     assert!(s.o.history().iter().all(|e| e.convicted.is_empty()));
     assert!(s.verdict_hashes.iter().all(|h| h[..] == [0; 32]), "previous weights kept");
 }
+
+/// The plan, momentum and chains every audit of a merge shares go to each
+/// validator once per plan, before the first audit that names them (the
+/// harness fails an audit whose context its validator was never sent); a
+/// validator that subscribes again is sent them again.
+#[test]
+fn each_validator_is_sent_an_audit_context_once_per_plan_and_again_after_it_resubscribes() {
+    let mut s = three_replicas_with_validators(2);
+    commit_all(&mut s, 0);
+    for e in 0..2 {
+        until_held(&mut s);
+        done(&mut s, 0, e);
+        done(&mut s, 1, e);
+        commit_all(&mut s, e + 1);
+    }
+    s.run_until_done(400);
+    assert_eq!(*s.o.phase(), Phase::Done);
+    assert!(s.audits_heard >= 2 * 3, "every owner pair audited by both validators: {}", s.audits_heard);
+    assert_eq!(s.contexts_heard, s.audit_plans.len(), "a context sent twice to one validator");
+    assert!(
+        s.contexts_heard < s.audits_heard,
+        "the audits of a plan share its context: {} contexts for {} audits",
+        s.contexts_heard,
+        s.audits_heard
+    );
+    for v in [validator(0), validator(1)] {
+        let plans = s.audit_plans.keys().filter(|(to, _)| *to == v).count();
+        assert!(plans >= 2, "one context per merge at least: {plans}");
+    }
+    let sent_to = |s: &Sim, v: PeerId| s.o.validation.audit_contexts_sent.keys().filter(|(to, _)| *to == v).count();
+    assert!(sent_to(&s, validator(0)) >= 1 && sent_to(&s, validator(1)) >= 1);
+    s.ev(Event::Subscribed { peer: validator(0) });
+    assert_eq!(sent_to(&s, validator(0)), 0, "a new stream is sent the context again");
+    assert!(sent_to(&s, validator(1)) >= 1, "the other validator's stream is the same");
+}

@@ -127,6 +127,10 @@ struct Sim {
     /// the next tick (as real ones, which wait seconds for it), not at once.
     slow_audits: bool,
     late_audits: Vec<Out>,
+    /// The plans of the audit contexts each validator was sent, by
+    /// (validator, id), and how many contexts went out (repeats included).
+    audit_plans: std::collections::BTreeMap<(PeerId, Vec<u8>), MergePlan>,
+    contexts_heard: usize,
 }
 
 /// The partition a withholder keeps its contribution from (see
@@ -179,6 +183,8 @@ impl Sim {
             false_claimants: BTreeSet::new(),
             slow_audits: false,
             late_audits: Vec::new(),
+            audit_plans: Default::default(),
+            contexts_heard: 0,
         }
     }
 
@@ -448,11 +454,18 @@ impl Sim {
                     self.validation_heard.push(Out { to, cmd })
                 }
                 pb::command::Kind::ContributionRequest(_) => {}
+                pb::command::Kind::MergeAuditContext(c) => {
+                    self.contexts_heard += 1;
+                    self.audit_plans.insert((to, c.id), plan_from_pb(c.plan.as_ref().unwrap()).unwrap());
+                }
                 pb::command::Kind::MergeAudit(a) => {
+                    let plan = (self.audit_plans.get(&(to, a.context.clone())))
+                        .expect("the audit's context came to its validator before it")
+                        .clone();
+                    assert_eq!((plan.epoch, plan.stage), (a.epoch, a.stage), "the context is the audit's merge's");
                     // A validator recomputes the honest result ([k + 1; 32]
                     // here, as the simulated owners publish it).
                     if !self.quiet_validators.contains(&to) {
-                        let plan = plan_from_pb(a.plan.as_ref().unwrap()).unwrap();
                         let k = a.partition;
                         let missing: Vec<PeerId> = plan
                             .participants
