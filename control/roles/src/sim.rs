@@ -13,8 +13,7 @@
 //! because a phase moved on. Validators and the adversary modes are not
 //! simulated yet.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use iota_core::{Identity, PeerId, Rng};
@@ -23,6 +22,7 @@ use iota_wire::pb;
 use iota_wire::run_spec::{MergeSpec, RunSpec, ValidationSpec, ValidatorStake};
 
 pub use self::adversary::SimAdversary;
+use self::event_queue::EventQueue;
 pub use self::report::SimReport;
 use self::validator_state::{AuditAsk, PeerMap, PeerSet, SimValidator, validator_peer};
 use crate::orchestrator::{Event, Ms, Orchestrator, Out, Refusal};
@@ -140,32 +140,6 @@ enum Happening {
     AuditReaches(usize, Rc<AuditAsk>),
 }
 
-/// A happening and when: ordered by time, then by when it was scheduled
-/// (so equal times keep their order, and the run its determinism).
-struct Scheduled {
-    t: Ms,
-    seq: u64,
-    /// Boxed: the heap moves entries as it sifts, and a command is large.
-    h: Box<Happening>,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.t, self.seq) == (other.t, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.t, self.seq).cmp(&(other.t, other.seq))
-    }
-}
-
 #[derive(Clone, Debug, PartialEq)]
 enum Standing {
     Joining,
@@ -194,8 +168,7 @@ struct World {
     rng: Rng,
     orch_rng: Rng,
     now: Ms,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: EventQueue<Happening>,
     miners: Vec<SimMiner>,
     /// Who is who (looked up, never iterated: its order is no input).
     index: PeerMap<usize>,
@@ -285,8 +258,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
         orch_rng: Rng::new(cfg.seed ^ 0x5eed),
         rng,
         now: 0,
-        seq: 0,
-        queue: BinaryHeap::new(),
+        queue: EventQueue::default(),
         miners,
         index,
         report: SimReport { phase_timeout_ms: spec.phase_timeout_ms, ..SimReport::default() },
@@ -313,10 +285,10 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, String> {
     }
     w.at(cfg.heartbeat_ms, Happening::Heartbeats);
     w.at(cfg.tick_ms, Happening::Tick);
-    while let Some(Reverse(Scheduled { t, h, .. })) = w.queue.pop() {
+    while let Some((t, h)) = w.queue.pop() {
         w.now = t;
         w.report.deliveries += 1;
-        w.happen(*h);
+        w.happen(h);
         w.watch();
         if *w.o.phase() == crate::orchestrator::Phase::Done || w.now > cfg.limit_ms {
             break;
@@ -370,8 +342,7 @@ fn sim_validator_core(spec: &RunSpec, seed: u64, j: usize) -> ValidatorCore {
 
 impl World {
     fn at(&mut self, t: Ms, h: Happening) {
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { t, seq: self.seq, h: Box::new(h) }));
+        self.queue.push(t, h);
     }
 
     fn delay(&mut self) -> Ms {
@@ -673,6 +644,7 @@ fn event_peer(ev: &Event) -> Option<PeerId> {
 mod accounting;
 mod adversary;
 mod cheating;
+mod event_queue;
 mod evidence;
 mod miners;
 mod report;

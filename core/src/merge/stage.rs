@@ -108,6 +108,10 @@ type Reported = ([u8; 32], Vec<u8>);
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StageMerge {
     pub plan: MergePlan,
+    /// How many times the plan changed (a referee, a re-plan): what is
+    /// built from the plan is rebuilt when this moves.
+    #[serde(default)]
+    plan_revision: u64,
     /// Hashes per partition for its current generation, by owner.
     reports: Vec<BTreeMap<PeerId, [u8; 32]>>,
     pub verdicts: Vec<Option<Verdict>>,
@@ -228,6 +232,7 @@ impl StageMerge {
         let k = plan.partitions.len();
         StageMerge {
             plan,
+            plan_revision: 0,
             reports: vec![BTreeMap::new(); k],
             verdicts: vec![None; k],
             done: BTreeMap::new(),
@@ -385,11 +390,17 @@ impl StageMerge {
     }
 
     /// Every participant finished.
+    /// Moves whenever the plan changes.
+    pub fn plan_revision(&self) -> u64 {
+        self.plan_revision
+    }
+
     pub fn complete(&self) -> bool {
-        // Fewer reports than participants cannot cover them (asked on
-        // every event of a merge: this skips the lookups).
-        self.done.len() >= self.plan.participants.len()
-            && self.plan.participants.iter().all(|p| self.done.contains_key(&p.peer))
+        // `done` holds participants only (`merge_done` takes no one else and
+        // a re-plan drops those it plans out): as many as the plan's are
+        // all of them. Asked on every event of a merge, it looks nothing up.
+        debug_assert!(self.done.keys().all(|p| self.plan.is_participant(p)), "a non-participant finished");
+        self.done.len() == self.plan.participants.len()
     }
 
     /// Whether every finished participant holds the same weights.
@@ -543,6 +554,7 @@ impl StageMerge {
         match self.plan.referee_for(ku, self.referee_seed) {
             Some(referee) => {
                 self.plan = self.plan.with_referee(ku, referee);
+                self.plan_revision += 1;
                 self.reports[ku].clear();
                 out.push(MergeOut::Plan);
             }
@@ -674,6 +686,7 @@ impl StageMerge {
             }
         }
         self.plan = next;
+        self.plan_revision += 1;
         for p in &gone {
             self.done.remove(p);
         }

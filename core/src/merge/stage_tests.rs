@@ -186,6 +186,26 @@ fn dropouts_replan_open_partitions_and_move_writers() {
     assert!(m.complete());
 }
 
+/// `complete` counts the finished: one planned out after it finished no
+/// longer counts, and a stranger's report never does.
+#[test]
+fn a_merge_is_complete_when_every_participant_left_in_the_plan_has_finished() {
+    let mut m = StageMerge::new(plan(4));
+    let mut out = Vec::new();
+    report_all(&mut m, None, &mut out);
+    let ps: Vec<PeerId> = m.plan.participants.iter().map(|p| p.peer).collect();
+    assert!(m.merge_done(ps[0], [3; 32]) && m.merge_done(ps[1], [3; 32]));
+    assert!(!m.merge_done(PeerId([77; 32]), [3; 32]));
+    assert!(!m.complete());
+    m.drop_participants(&[ps[0]], &mut out);
+    assert_eq!((m.plan.participants.len(), m.done.len()), (3, 1));
+    assert!(!m.complete(), "the one planned out no longer counts");
+    assert!(m.merge_done(ps[2], [3; 32]));
+    assert!(!m.complete());
+    assert!(m.merge_done(ps[3], [3; 32]));
+    assert!(m.complete());
+}
+
 #[test]
 fn a_writer_whose_stored_slice_is_bad_is_replaced_by_a_holder_and_never_comes_back() {
     let mut m = StageMerge::new(plan(3));

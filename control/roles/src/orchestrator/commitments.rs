@@ -15,6 +15,7 @@ impl Orchestrator {
         let current = self.epoch;
         let m = self.miners.get_mut(&peer).ok_or(Refusal::Unknown(peer))?;
         let mut breaks = Vec::new();
+        let mut changed = false;
         for h in heads {
             // Only epochs whose work is still being checked.
             if h.epoch > current || h.epoch.saturating_add(1) < current {
@@ -31,14 +32,20 @@ impl Orchestrator {
                     }),
                     None => {
                         m.commitments.insert(h.epoch, h);
+                        changed = true;
                     }
                 },
                 None => {
                     m.commitments.insert(h.epoch, h);
+                    changed = true;
                 }
             }
         }
+        let kept = m.commitments.len();
         m.commitments.retain(|&e, _| e.saturating_add(1) >= current);
+        if changed || m.commitments.len() != kept {
+            self.commitments_changed += 1;
+        }
         self.counters.commitment_breaks += breaks.len() as u64;
         for b in breaks {
             if self.commitment_breaks.len() >= MAX_COMMITMENT_BREAKS {

@@ -78,8 +78,8 @@ impl Orchestrator {
             .into_iter()
             .map(|(p, h)| pb::ReportedContribution { sender: p.0.to_vec(), payload_hash: h.to_vec() })
             .collect();
-        let context = self.audit_context(stage, epoch);
         let generation_now = bm.plan.partitions.get(partition as usize).map_or(generation, |p| p.generation);
+        let context = self.audit_context(stage, epoch);
         let audit = pb::MergeAudit {
             context: context.id.clone(),
             partition,
@@ -126,8 +126,23 @@ impl Orchestrator {
         });
     }
 
-    /// What every audit of a stage's current plan shares, with its id.
-    fn audit_context(&self, stage: u32, epoch: u64) -> pb::MergeAuditContext {
+    /// What every audit of a stage's current plan shares, with its id;
+    /// built again only when something it is built from changed (the
+    /// plan, the weights the merge started from, a commitment).
+    fn audit_context(&mut self, stage: u32, epoch: u64) -> pb::MergeAuditContext {
+        let Some(bm) = self.butterfly.get(&stage) else { return pb::MergeAuditContext::default() };
+        let key = (epoch, bm.plan_revision(), self.weights_epoch(), self.commitments_changed);
+        if let Some((k, c)) = self.validation.audit_context_cache.get(&stage)
+            && *k == key
+        {
+            return c.clone();
+        }
+        let context = self.build_audit_context(stage, epoch);
+        self.validation.audit_context_cache.insert(stage, (key, context.clone()));
+        context
+    }
+
+    fn build_audit_context(&self, stage: u32, epoch: u64) -> pb::MergeAuditContext {
         let Some(bm) = self.butterfly.get(&stage) else { return pb::MergeAuditContext::default() };
         // Each participant's weights chain and the stage's start: what its
         // stored contribution is held against (not behind compute, where a

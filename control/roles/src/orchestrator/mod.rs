@@ -165,6 +165,10 @@ pub struct Orchestrator {
     /// plan out runs again only then (or at a timeout), not on every event.
     #[serde(skip)]
     fitness_changes: u64,
+    /// Counts the commitments taken (what a merge audit's context is built
+    /// from moves with it; not saved).
+    #[serde(skip)]
+    commitments_changed: u64,
     #[serde(skip)]
     fitness_scanned: Option<u64>,
 }
@@ -209,6 +213,7 @@ impl Orchestrator {
             behind: BehindCompute::default(),
             waitlist: waitlist_state::Waitlist::default(),
             fitness_changes: 0,
+            commitments_changed: 0,
             fitness_scanned: None,
         })
     }

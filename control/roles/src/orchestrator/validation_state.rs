@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iota_core::PeerId;
-use iota_wire::StoredObject;
+use iota_wire::{StoredObject, pb};
 use serde::{Deserialize, Serialize};
 
 pub use crate::validation::quorum::{Check, Quorum};
@@ -203,7 +203,14 @@ pub struct Validation {
     /// the context is sent again).
     #[serde(skip)]
     pub(super) audit_contexts_sent: BTreeMap<(PeerId, u32), Vec<u8>>,
+    /// Per stage, the last audit context built and what it was built from
+    /// (epoch, plan revision, weights epoch, commitment changes).
+    #[serde(skip)]
+    pub(super) audit_context_cache: BTreeMap<u32, AuditContextKey>,
 }
+
+/// An audit context and what it was built from (merge_audit.rs).
+pub(super) type AuditContextKey = ((u64, u64, Option<u64>, u64), pb::MergeAuditContext);
 
 impl Validation {
     pub(super) fn new(spec: &iota_wire::ValidationSpec) -> Validation {
