@@ -126,7 +126,7 @@ impl Orchestrator {
             let overdue = self.overdue_ms_given(&p, slowest_live);
             let seq = self.issued;
             let mb = self.spec.micro_batch(self.epoch, seq);
-            let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped };
+            let r = MbRecord { seq, mb, samples: self.spec.batch, status: MbStatus::Dropped, tokens: 0 };
             for m in &p {
                 out.push(Out { to: *m, cmd: Self::route_cmd(self.epoch, &r, 0, &p, overdue) });
             }

@@ -63,9 +63,6 @@ impl Orchestrator {
             self.counters.stale_reports += 1;
             return;
         };
-        // Tokens are counted once per micro-batch, whichever attempt
-        // reports first.
-        let counted = l.is_some() || hedge.as_ref().is_some_and(|h| h.loss.is_some());
         let slot = if *a == attempt && pathway.last() == Some(&peer) {
             l
         } else if let Some(h) = hedge.as_mut().filter(|h| h.attempt == attempt && h.pathway.last() == Some(&peer)) {
@@ -76,9 +73,8 @@ impl Orchestrator {
         };
         if slot.is_none() && loss.is_finite() {
             *slot = Some(loss);
-            if !counted {
-                self.counters.tokens += tokens as u64;
-            }
+            // Counted when the micro-batch completes (try_complete).
+            r.tokens = tokens;
         }
         self.try_complete(now, seq, out);
     }
@@ -125,7 +121,7 @@ impl Orchestrator {
             _ => return,
         };
         let issued = deadline_ms.saturating_sub(self.spec.route_timeout_ms);
-        let mb = r.mb;
+        let (mb, tokens) = (r.mb, r.tokens);
         // The attempt and pathway stay on record: validators sample them.
         r.status = MbStatus::Done { loss, attempt, pathway: pathway.clone() };
         if let Some((lost_attempt, lost_pathway, _)) = lost {
@@ -134,6 +130,9 @@ impl Orchestrator {
         }
         self.delivered(&pathway, now.saturating_sub(issued).max(1) as f64);
         self.counters.completed += 1;
+        // Trained tokens: one count per completed micro-batch, however many
+        // attempts reported a loss for it.
+        self.counters.tokens += u64::from(tokens);
         self.counters.first_completed_at_ms.get_or_insert(now);
         self.counters.last_loss = loss;
         self.epoch_loss.0 += loss as f64;

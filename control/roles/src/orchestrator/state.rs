@@ -93,6 +93,12 @@ pub(crate) struct MbRecord {
     pub mb: MbRef,
     pub samples: u32,
     pub status: MbStatus,
+    /// The tokens its tail reported with a loss: counted as trained when
+    /// the micro-batch completes, once, whichever attempt completes it (an
+    /// attempt that reported a loss and was then re-issued trained
+    /// nothing).
+    #[serde(default)]
+    pub tokens: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -359,3 +359,34 @@ fn unreachable_is_pinned_only_when_two_neighbours_say_so() {
     sim.o.unreachable_reported(sim.now, heads[1], bodies[1], &mut out);
     assert_eq!(sim.o.counters().failures_pinned, pinned0 + 1, "the discredited reporter corroborates nothing");
 }
+
+/// Issue 58 (found by the suite's measured-scale test under load): a
+/// micro-batch whose first attempt reported its loss but never its
+/// backward, and was issued again, trained its tokens once: they are
+/// counted when it completes, not with each attempt's loss.
+#[test]
+fn an_attempt_re_issued_after_its_loss_counts_the_micro_batch_tokens_once() {
+    let mut sp = spec(2, 2, 1, 40, 4);
+    sp.route_timeout_ms = 20_000;
+    let mut sim = Sim::new(sp);
+    register_all(&mut sim, 4);
+    let routes = take_routes(&mut sim);
+    let (done, quiet) = (&routes[0], &routes[1]);
+    sim.now = 100;
+    sim.ev(Event::Loss { peer: done.0[1], mb: done.3, attempt: 0, loss: 2.0, tokens: 8 });
+    sim.ev(Event::BackwardDone { peer: done.0[0], mb: done.3, attempt: 0 });
+    assert_eq!(sim.o.counters().tokens, 8);
+    // The quiet pathway's tail reports a loss; its head never finishes.
+    sim.ev(Event::Loss { peer: quiet.0[1], mb: quiet.3, attempt: 0, loss: 2.0, tokens: 8 });
+    assert_eq!(sim.o.counters().tokens, 8, "not trained until the micro-batch completes");
+    let overdue = sim.o.overdue_ms(&quiet.0) + sim.o.waiting_grace_ms_given(&quiet.0, sim.o.slowest_live_delivery_ms());
+    sim.now = overdue + 1;
+    sim.ev(Event::Tick);
+    let again = take_routes(&mut sim);
+    let r = again.iter().find(|r| r.3 == quiet.3 && r.1 >= 1).expect("the quiet micro-batch is issued again");
+    sim.ev(Event::Loss { peer: r.0[1], mb: r.3, attempt: r.1, loss: 2.0, tokens: 8 });
+    sim.ev(Event::BackwardDone { peer: r.0[0], mb: r.3, attempt: r.1 });
+    assert!(matches!(sim.o.mbs.values().find(|m| m.mb == quiet.3).unwrap().status, MbStatus::Done { .. }));
+    assert_eq!(sim.o.counters().completed, 2);
+    assert_eq!(sim.o.counters().tokens, 16, "two micro-batches of 8 tokens, each counted once");
+}
