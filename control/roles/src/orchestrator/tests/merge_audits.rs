@@ -27,6 +27,19 @@ fn three_replicas_with_validators(epochs: u64) -> Sim {
     s
 }
 
+/// Two epochs: each trains, the merge is held for its audits, replicas 0
+/// and 1 finish; then the run goes to its end.
+fn run_two_audited_epochs(s: &mut Sim) {
+    commit_all(s, 0);
+    for e in 0..2 {
+        until_held(s);
+        done(s, 0, e);
+        done(s, 1, e);
+        commit_all(s, e + 1);
+    }
+    s.run_until_done(400);
+}
+
 /// Issue 13, `collude` in the orchestrator's terms: two of three replicas
 /// publish the same wrong result for every partition they own together.
 /// The hash comparison cannot see it (they agree); their pair's audit
@@ -37,14 +50,7 @@ fn three_replicas_with_validators(epochs: u64) -> Sim {
 fn colluding_owners_are_convicted_by_their_audit_before_any_of_their_results_is_applied() {
     let mut s = three_replicas_with_validators(2);
     s.colluders.extend([peer(0), peer(1)]);
-    commit_all(&mut s, 0);
-    for e in 0..2 {
-        until_held(&mut s);
-        done(&mut s, 0, e);
-        done(&mut s, 1, e);
-        commit_all(&mut s, e + 1);
-    }
-    s.run_until_done(400);
+    run_two_audited_epochs(&mut s);
     assert_eq!(*s.o.phase(), Phase::Done);
     let c = s.o.counters();
     assert_eq!(c.colluding_owners, 2, "{c:?}");
@@ -175,14 +181,7 @@ fn at_two_replicas_a_lying_owner_is_named_by_the_audit_of_its_dispute() {
 #[test]
 fn each_validator_is_sent_an_audit_context_once_per_plan_and_again_after_it_resubscribes() {
     let mut s = three_replicas_with_validators(2);
-    commit_all(&mut s, 0);
-    for e in 0..2 {
-        until_held(&mut s);
-        done(&mut s, 0, e);
-        done(&mut s, 1, e);
-        commit_all(&mut s, e + 1);
-    }
-    s.run_until_done(400);
+    run_two_audited_epochs(&mut s);
     assert_eq!(*s.o.phase(), Phase::Done);
     assert!(s.audits_heard >= 2 * 3, "every owner pair audited by both validators: {}", s.audits_heard);
     assert_eq!(s.contexts_heard, s.audit_plans.len(), "a context sent twice to one validator");
