@@ -73,6 +73,14 @@ impl SignedContribution {
     /// contribution to `to`, signed by its sender. Whether the sender takes
     /// part in the merge is the caller's to judge (after a re-plan an
     /// honest owner can report one from a participant planned out since).
+    /// The sender and payload hash of a contribution header to `to`,
+    /// signature not checked (see `check`): for cheap tests before one.
+    pub fn unverified(bytes: &[u8], to: &PartitionOf) -> Result<(PeerId, [u8; 32]), String> {
+        let h = parse_header(bytes)?;
+        to.check(&h)?;
+        Ok((PeerId(h.sender), h.payload_hash))
+    }
+
     pub fn check(bytes: &[u8], to: &PartitionOf) -> Result<SignedContribution, String> {
         let h = parse_header(bytes)?;
         to.check(&h)?;

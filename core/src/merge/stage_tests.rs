@@ -465,9 +465,18 @@ fn a_sender_storing_another_contribution_than_it_sent_is_proven() {
     assert!(m.reported_contributions(1).contains(&(framer.peer_id(), [1; 32])));
     // What it sent, stored: nothing proven.
     assert_eq!(m.stored_contradicts(9, 1, &signed(framer, 1, part.offset, 1)), None);
+    // Another payload under a signature that does not verify (the hash
+    // changed after signing): nothing proven.
+    let mut forged = signed(framer, 1, part.offset, 3);
+    let at = forged.windows(32).position(|w| w == [3; 32]).unwrap();
+    forged[at] = 4;
+    assert_eq!(m.stored_contradicts(9, 1, &forged), None);
+    assert!(m.equivocations.is_empty());
     // Another payload under its signature: proven.
     assert_eq!(m.stored_contradicts(9, 1, &signed(framer, 1, part.offset, 2)), Some(framer.peer_id()));
     assert_eq!(m.equivocations.last().unwrap().verify(9), Ok(()));
+    // The same header handed on by the next validator: proven once.
+    assert_eq!(m.stored_contradicts(9, 1, &signed(framer, 1, part.offset, 2)), None);
     // Not a contribution to this partition, not signed by a participant
     // the owners reported, or another run's: nothing proven.
     assert_eq!(m.stored_contradicts(9, 2, &signed(framer, 1, part.offset, 2)), None);

@@ -171,6 +171,10 @@ pub struct Orchestrator {
     commitments_changed: u64,
     #[serde(skip)]
     fitness_scanned: Option<u64>,
+    /// The epoch's completed micro-batches by miner (derived from `mbs`,
+    /// not saved; evidence_asks.rs).
+    #[serde(skip)]
+    done_index: evidence_asks::DoneIndex,
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -215,6 +219,7 @@ impl Orchestrator {
             fitness_changes: 0,
             commitments_changed: 0,
             fitness_scanned: None,
+            done_index: Default::default(),
         })
     }
 

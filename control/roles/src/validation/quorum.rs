@@ -148,8 +148,14 @@ impl Quorum {
         // A vote that would open another accusation for this validator
         // (counted over those it has a vote in; the whole map is bounded by
         // MAX_OPEN times the run's validators).
+        // A validator holds a vote in at most every open accusation, so the
+        // count (a scan of them all, once per vote) is only needed once
+        // there are MAX_OPEN of them.
         let new_for_it = self.open.get(&acc).is_none_or(|votes| !votes.contains_key(&validator));
-        if new_for_it && self.open.values().filter(|votes| votes.contains_key(&validator)).count() >= MAX_OPEN {
+        if new_for_it
+            && self.open.len() >= MAX_OPEN
+            && self.open.values().filter(|votes| votes.contains_key(&validator)).count() >= MAX_OPEN
+        {
             return Err(VoteError::TooMany);
         }
         let votes = self.open.entry(acc).or_default();
