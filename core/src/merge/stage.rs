@@ -112,6 +112,9 @@ pub struct StageMerge {
     /// built from the plan is rebuilt when this moves.
     #[serde(default)]
     plan_revision: u64,
+    /// Each owner pair's partitions in audit order (derived, not saved).
+    #[serde(skip)]
+    audit_order: audit_draw::AuditOrder,
     /// Hashes per partition for its current generation, by owner.
     reports: Vec<BTreeMap<PeerId, [u8; 32]>>,
     pub verdicts: Vec<Option<Verdict>>,
@@ -233,6 +236,7 @@ impl StageMerge {
         StageMerge {
             plan,
             plan_revision: 0,
+            audit_order: Default::default(),
             reports: vec![BTreeMap::new(); k],
             verdicts: vec![None; k],
             done: BTreeMap::new(),
@@ -258,103 +262,6 @@ impl StageMerge {
             withheld: Vec::new(),
             disputed: BTreeMap::new(),
         }
-    }
-
-    /// Turns audits on: for every pair of owners, the results they agree
-    /// on wait until a validator has recomputed one of their partitions,
-    /// drawn with `seed` (which the owners must not know). Two colluding
-    /// owners that lie on every partition they share are caught at their
-    /// first merge, ones that lie on a fraction f of them with probability
-    /// at least f, and nothing they agreed on is applied before their
-    /// audit.
-    pub fn audit_with(&mut self, seed: u64) {
-        self.audit_seed = Some(seed);
-    }
-
-    /// The owner pair of partition `k` in the current plan (None: not two
-    /// owners, as after a referee).
-    fn pair_of(&self, k: u32) -> Option<(PeerId, PeerId)> {
-        match self.plan.partitions.get(k as usize)?.owners[..] {
-            [a, b] => Some((a.min(b), a.max(b))),
-            _ => None,
-        }
-    }
-
-    /// The partition audited for an owner pair: of the partitions the pair
-    /// owns now and that are not settled otherwise (held for the audit or
-    /// not yet agreed), the one with the least seeded hash. One settled
-    /// without the audit (a dispute kept its previous weights) passes the
-    /// audit on to the next, so a pair cannot dodge it by disputing.
-    fn audited_of(&self, pair: (PeerId, PeerId)) -> Option<u32> {
-        let seed = self.audit_seed?;
-        (0..self.plan.partitions.len() as u32)
-            .filter(|k| self.pair_of(*k) == Some(pair))
-            .filter(|k| self.verdicts.get(*k as usize).is_some_and(|v| v.is_none()))
-            .min_by_key(|k| audit_key(seed, *k))
-    }
-
-    /// A validator's recompute of an audited partition: `Some(hash)` of
-    /// the update it computed, or None (it could not, or nobody answered
-    /// in time: the pair's results are accepted, as without an audit). A
-    /// different hash convicts both owners (`MergeOut::Colluded`): they
-    /// are planned out and every partition not yet accepted is re-planned
-    /// without them. Returns false for an audit not waited on (stale, or
-    /// another generation).
-    pub fn audit_result(
-        &mut self,
-        k: u32,
-        generation: u32,
-        recomputed: Option<[u8; 32]>,
-        out: &mut Vec<MergeOut>,
-    ) -> bool {
-        if self.referee_held.contains_key(&k) {
-            return self.referee_audit_result(k, generation, recomputed, out);
-        }
-        if self.disputed.contains_key(&k) {
-            return self.dispute_audit_result(k, generation, recomputed, out);
-        }
-        let Some(v) = self.held.get(&k).filter(|v| v.generation == generation).cloned() else { return false };
-        let Some(pair) = self.pair_of(k).filter(|p| self.audited_of(*p) == Some(k)) else { return false };
-        match recomputed {
-            Some(h) if h != v.hash => {
-                self.audited.failed += 1;
-                let owners = vec![pair.0, pair.1];
-                self.colluded.push((k, owners.clone()));
-                out.push(MergeOut::Colluded(owners.clone()));
-                self.drop_participants(&owners, out);
-            }
-            _ => {
-                if recomputed.is_some() {
-                    self.audited.passed += 1;
-                } else {
-                    self.audited.released += 1;
-                }
-                self.cleared.insert(pair);
-                let waiting: Vec<u32> = self.held.keys().copied().filter(|j| self.pair_of(*j) == Some(pair)).collect();
-                for j in waiting {
-                    if let Some(v) = self.held.remove(&j) {
-                        self.accept(v.partition, v.generation, v.hash, v.writer, out);
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// The audits waiting on a validator: (partition, generation).
-    pub fn audits_waiting(&self) -> Vec<(u32, u32)> {
-        let held = self
-            .held
-            .values()
-            .filter(|v| {
-                self.referee_held.contains_key(&v.partition)
-                    || self.pair_of(v.partition).and_then(|p| self.audited_of(p)) == Some(v.partition)
-            })
-            .map(|v| (v.partition, v.generation));
-        let disputed = self.disputed.iter().map(|(k, (g, _))| (*k, *g));
-        let mut all: Vec<(u32, u32)> = held.chain(disputed).collect();
-        all.sort_unstable();
-        all
     }
 
     /// Whether partition `k` has no result yet that is not waiting on
@@ -429,38 +336,6 @@ impl StageMerge {
             self.ask_audits(out);
         }
         taken
-    }
-
-    /// Asks, once per (partition, generation), for the audit of each owner
-    /// pair whose audited partition is held: whenever a pair's results are
-    /// waiting, its audit is on its way (the audited partition can move,
-    /// when the one first drawn settles by a dispute or goes to a referee).
-    fn ask_audits(&mut self, out: &mut Vec<MergeOut>) {
-        let pairs: BTreeSet<(PeerId, PeerId)> =
-            self.held.keys().filter_map(|k| self.pair_of(*k)).filter(|p| !self.cleared.contains(p)).collect();
-        if pairs.is_empty() {
-            return;
-        }
-        // Every pair's audited partition (`audited_of`) in one pass over
-        // the partitions, not one pass per pair: a stage of R replicas has
-        // about R pairs and R partitions, and this runs at every report.
-        let Some(seed) = self.audit_seed else { return };
-        let mut audited: BTreeMap<(PeerId, PeerId), (u64, u32)> = BTreeMap::new();
-        for k in 0..self.plan.partitions.len() as u32 {
-            let Some(pair) = self.pair_of(k).filter(|p| pairs.contains(p)) else { continue };
-            if self.verdicts.get(k as usize).is_some_and(|v| v.is_none()) {
-                let key = (audit_key(seed, k), k);
-                let best = audited.entry(pair).or_insert(key);
-                *best = (*best).min(key);
-            }
-        }
-        for pair in pairs {
-            let Some(&(_, a)) = audited.get(&pair) else { continue };
-            let Some(generation) = self.held.get(&a).map(|v| v.generation) else { continue };
-            if self.audit_asked.insert((a, generation)) {
-                out.push(MergeOut::Audit { partition: a, generation });
-            }
-        }
     }
 
     fn take_slice_report(
@@ -694,6 +569,8 @@ impl StageMerge {
     }
 }
 
+#[path = "audit_draw.rs"]
+mod audit_draw;
 #[path = "flagged.rs"]
 mod flagged;
 #[path = "referee.rs"]
@@ -707,8 +584,3 @@ pub use withheld::WithheldClaim;
 #[cfg(test)]
 #[path = "stage_tests.rs"]
 mod tests;
-
-/// Partition `k`'s rank in the audit draw of `seed` (the least is audited).
-fn audit_key(seed: u64, k: u32) -> u64 {
-    crate::rng::Rng::new(seed ^ u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64()
-}

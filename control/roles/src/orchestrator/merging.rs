@@ -6,6 +6,7 @@ use iota_wire::{MergeMethod, StoredObject, pb};
 
 use iota_core::PeerId;
 
+use super::phase::StageParts;
 use super::state::Upload;
 use super::{Ms, Orchestrator, Out, Phase, Refusal};
 
@@ -115,6 +116,7 @@ impl Orchestrator {
         let mut to_record = Vec::new();
         let mut audits = Vec::new();
         let mut missing = Vec::new();
+        let mut parts = StageParts::default();
         for o in mo {
             if let MergeOut::Missing { partition, generation, sender } = o {
                 missing.push((partition, generation, sender));
@@ -131,7 +133,7 @@ impl Orchestrator {
             for p in &bm.plan.participants {
                 let cmd = match &o {
                     MergeOut::Plan => match self.miners.get(&p.peer) {
-                        Some(m) => self.phase_cmd_for(m),
+                        Some(m) => self.phase_cmd_with(m, &mut parts),
                         None => continue,
                     },
                     MergeOut::Verdict(v) => pb::command::Kind::Verdict(pb::SliceVerdict {

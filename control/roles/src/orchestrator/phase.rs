@@ -1,12 +1,30 @@
 //! What miners are told of the run's phase: the phase command (with a
 //! stage's aggregator or merge plan while merging) and its broadcast.
 
+use std::collections::BTreeMap;
+
 use iota_core::PeerId;
 
 use iota_wire::store_keys::upload_prefix;
 use iota_wire::{pb, plan_to_pb};
 
 use super::{MinerState, Ms, Orchestrator, Out, Phase};
+
+/// What the phase command holds for every miner of a stage, each stage
+/// built once per phase change: at 2,000 miners, converting a stage's plan
+/// and manifests again for each of its miners was a tenth of the run.
+#[derive(Default)]
+pub(super) struct StageParts {
+    of: BTreeMap<u32, StagePhase>,
+}
+
+struct StagePhase {
+    cmd: pb::PhaseChange,
+    aggregator: Option<PeerId>,
+    /// The stage merge's plan and the momentum it starts from (its
+    /// participants only).
+    plan: Option<(pb::MergePlan, Vec<pb::StoredObject>)>,
+}
 
 /// The shortest a measured phase timeout gets.
 pub const MIN_PHASE_TIMEOUT_MS: Ms = 10_000;
@@ -39,13 +57,12 @@ impl Orchestrator {
     }
 
     pub(super) fn broadcast_phase(&self, out: &mut Vec<Out>) {
+        let mut parts = StageParts::default();
         for m in self.miners.values().filter(|m| m.live()) {
-            out.push(Out { to: m.peer, cmd: self.phase_cmd_for(m) });
+            out.push(Out { to: m.peer, cmd: self.phase_cmd_with(m, &mut parts) });
         }
     }
 
-    /// The phase as miner `m` hears it: in Merging, with its stage's
-    /// aggregator (parameter server) or plan (butterfly).
     /// The phase command for miner `peer` as things stand now (None for an
     /// unknown or unhealthy miner). An orchestrator restored from its saved
     /// state sends it to each miner that subscribes again: commands the old
@@ -56,46 +73,58 @@ impl Orchestrator {
         m.live().then(|| self.phase_cmd_for(m))
     }
 
+    /// The phase as miner `m` hears it: in Merging, with its stage's
+    /// aggregator (parameter server) or plan (butterfly).
     pub(super) fn phase_cmd_for(&self, m: &MinerState) -> pb::command::Kind {
-        let mut cmd = self.phase_cmd();
-        let pb::command::Kind::Phase(p) = &mut cmd else { unreachable!("phase_cmd makes a phase command") };
+        self.phase_cmd_with(m, &mut StageParts::default())
+    }
+
+    /// As `phase_cmd_for`, with what is the same for every miner of a stage
+    /// kept in `parts` for the next (a phase change goes to every miner).
+    pub(super) fn phase_cmd_with(&self, m: &MinerState, parts: &mut StageParts) -> pb::command::Kind {
+        let shared = parts.of.entry(m.stage).or_insert_with(|| self.stage_phase(m.stage));
+        let mut p = shared.cmd.clone();
+        if self.phase == Phase::Merging && shared.aggregator == Some(m.peer) {
+            p.uploads = self.uploads_manifest(m.stage);
+        }
+        if let Some((plan, momentum)) = &shared.plan
+            && self.butterfly.get(&m.stage).is_some_and(|bm| bm.plan.is_participant(&m.peer))
+        {
+            p.merge_plan = Some(plan.clone());
+            p.momentum = momentum.clone();
+        }
+        pb::command::Kind::Phase(p)
+    }
+
+    /// What the phase command holds for every miner of `stage`; the plan
+    /// goes only to the stage merge's participants.
+    fn stage_phase(&self, stage: u32) -> StagePhase {
+        let pb::command::Kind::Phase(mut p) = self.phase_cmd() else { unreachable!("phase_cmd makes a phase command") };
+        let (mut aggregator, mut plan) = (None, None);
+        let stage_plan = || self.butterfly.get(&stage).map(|bm| (plan_to_pb(&bm.plan), self.momentum_manifest(stage)));
         match self.phase {
             Phase::Merging => {
-                let aggregator = self.aggregator(m.stage);
+                aggregator = self.aggregator(stage);
                 p.aggregator = aggregator.map(|a| a.0.to_vec()).unwrap_or_default();
-                if aggregator == Some(m.peer) {
-                    p.uploads = self.uploads_manifest(m.stage);
-                }
-                self.attach_plan(p, m);
+                plan = stage_plan();
             }
             Phase::Training | Phase::Done => {
-                p.weights = self.weights_manifest(m.stage);
+                p.weights = self.weights_manifest(stage);
                 p.weights_from = self.weights_epoch().map_or(0, |e| e + 1);
                 // The previous epoch's merge, running behind this training.
                 if self.overlapped_plan_in_training() {
-                    self.attach_plan(p, m);
+                    plan = stage_plan();
                 }
             }
             // With the merge behind compute, a replica lands the previous
             // epoch's merge as it uploads: these are its weights.
             Phase::Uploading if self.spec.merge.overlap => {
-                p.weights = self.weights_manifest(m.stage);
+                p.weights = self.weights_manifest(stage);
                 p.weights_from = self.weights_epoch().map_or(0, |e| e + 1);
             }
             Phase::Waiting | Phase::Uploading => {}
         }
-        cmd
-    }
-
-    /// The butterfly plan of `m`'s stage and the momentum it starts from,
-    /// when `m` takes part.
-    fn attach_plan(&self, p: &mut pb::PhaseChange, m: &MinerState) {
-        if let Some(bm) = self.butterfly.get(&m.stage)
-            && bm.plan.is_participant(&m.peer)
-        {
-            p.merge_plan = Some(plan_to_pb(&bm.plan));
-            p.momentum = self.momentum_manifest(m.stage);
-        }
+        StagePhase { cmd: p, aggregator, plan }
     }
 
     pub(super) fn set_phase(&mut self, now: Ms, p: Phase, out: &mut Vec<Out>) {
