@@ -17,6 +17,7 @@ type Expired = (u64, u32, Vec<PeerId>, Vec<(PeerId, PeerId)>);
 impl Orchestrator {
     pub(super) fn start_epoch(&mut self, now: Ms, rng: &mut Rng, out: &mut Vec<Out>) {
         self.mbs.clear();
+        self.settled_below = (self.epoch, 0);
         self.issued = 0;
         self.uploads.clear();
         self.merged.clear();
@@ -55,9 +56,11 @@ impl Orchestrator {
         // Runs on every event: the live miners are scanned once, and only
         // for a stalled attempt's grace.
         let slowest_live = std::cell::OnceCell::new();
+        let from = self.open_mbs();
         let expired: Vec<Expired> = self
             .mbs
-            .values()
+            .range(from..)
+            .map(|(_, r)| r)
             .filter_map(|r| match &r.status {
                 MbStatus::InFlight { deadline_ms, attempt, pathway, waiting, waiting_since, .. } => {
                     // Reported stalled: act after the grace, pinned on a
@@ -86,7 +89,8 @@ impl Orchestrator {
         let slowest_live = self.slowest_live_delivery_ms();
         let unmeasured: Vec<u64> = self
             .mbs
-            .values()
+            .range(from..)
+            .map(|(_, r)| r)
             .filter_map(|r| match &r.status {
                 MbStatus::InFlight { deadline_ms, pathway, waiting_since: None, unmeasured: true, .. }
                     if measured_any =>
@@ -112,7 +116,10 @@ impl Orchestrator {
                 self.reroute_all(now, vec![seq], blamed, blamed.is_some(), out);
             }
         }
-        let mut in_flight = self.mbs.values().filter(|r| matches!(r.status, MbStatus::InFlight { .. })).count() as u32;
+        let in_flight_now = |o: &Self| {
+            o.mbs.range(o.open_mbs_known()..).filter(|(_, r)| matches!(r.status, MbStatus::InFlight { .. })).count()
+        };
+        let mut in_flight = in_flight_now(self) as u32;
         let room = |issued: u64, in_flight: u32| in_flight < self.spec.max_in_flight_at(self.epoch, issued);
         // Once per pass: it scans every miner.
         let unmeasured = room(self.issued, in_flight) && self.nothing_measured();
@@ -149,7 +156,7 @@ impl Orchestrator {
             in_flight += 1;
         }
         self.hedge_late(now, rng, out);
-        let finished = self.mbs.values().all(|r| !matches!(r.status, MbStatus::InFlight { .. }));
+        let finished = in_flight_now(self) == 0;
         // With the merge behind compute, the epoch ends once the merge
         // behind it is complete: each replica lands it as it uploads.
         if finished && self.issued == epoch_len && !self.waits_for_overlapped(now) {
@@ -271,5 +278,27 @@ impl Orchestrator {
                 None => self.validation.starts.remove(&s),
             };
         }
+    }
+}
+
+impl Orchestrator {
+    /// The first sequence number of the epoch's micro-batches that may
+    /// still be in flight: every one before it is done or dropped, which
+    /// no micro-batch leaves until the epoch's are cleared. The training
+    /// pass runs on every event; it reads from here on, not the whole
+    /// epoch's record.
+    pub(super) fn open_mbs(&mut self) -> u64 {
+        let mut seq = self.open_mbs_known();
+        while self.mbs.get(&seq).is_some_and(|r| matches!(r.status, MbStatus::Done { .. } | MbStatus::Dropped)) {
+            seq += 1;
+        }
+        self.settled_below = (self.epoch, seq);
+        seq
+    }
+
+    /// As `open_mbs`, as last found (0 in another epoch: a restored
+    /// orchestrator reads the whole record once).
+    fn open_mbs_known(&self) -> u64 {
+        if self.settled_below.0 == self.epoch { self.settled_below.1 } else { 0 }
     }
 }

@@ -278,7 +278,10 @@ impl Orchestrator {
     /// by its current writer), so a miner joining later can load the stage;
     /// a writer that died was replaced by `drop_participants`.
     pub(super) fn butterfly_complete(&self, timed_out: bool) -> bool {
-        self.butterfly.iter().all(|(s, m)| m.complete() && (timed_out || self.stage_stored(*s, m)))
+        // Every stage's count first: the stores' check reads every
+        // partition, and this is asked on every event of a merge.
+        self.butterfly.values().all(|m| m.complete())
+            && (timed_out || self.butterfly.iter().all(|(s, m)| self.stage_stored(*s, m)))
     }
 
     /// Whether reports about the butterfly merge of `epoch` are current: it

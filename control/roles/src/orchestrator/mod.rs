@@ -175,6 +175,10 @@ pub struct Orchestrator {
     /// not saved; evidence_asks.rs).
     #[serde(skip)]
     done_index: evidence_asks::DoneIndex,
+    /// (epoch, seq): every micro-batch of that epoch issued before seq is
+    /// done or dropped, for good (derived, not saved; see `open_mbs`).
+    #[serde(skip)]
+    settled_below: (u64, u64),
 }
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
@@ -220,6 +224,7 @@ impl Orchestrator {
             commitments_changed: 0,
             fitness_scanned: None,
             done_index: Default::default(),
+            settled_below: (0, 0),
         })
     }
 
