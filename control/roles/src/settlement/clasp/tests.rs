@@ -437,6 +437,32 @@ fn spd_inverse_inverts(p: usize) {
     assert!(spd_inverse(&not_pd, p).is_none());
 }
 
+/// The inverse compiled for AVX gives the same bits as the baseline build
+/// of the same code: validators on different machines must agree on who
+/// CLASP finds harmful.
+#[test]
+fn the_inverse_is_the_same_bits_with_or_without_avx() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        let p = 45;
+        let mut rng = Rng::new(3);
+        let m: Vec<f64> = (0..p * p).map(|_| rng.normal() as f64).collect();
+        let mut a = vec![0.0; p * p];
+        for i in 0..p {
+            for j in 0..p {
+                a[i * p + j] =
+                    (0..p).map(|k| m[i * p + k] * m[j * p + k]).sum::<f64>() + if i == j { 0.3 } else { 0.0 };
+            }
+        }
+        let (fast, fast_tr) = spd_inverse(&a, p).unwrap();
+        let (base, base_tr) = super::linalg::spd_inverse_in(&a, p).unwrap();
+        assert_eq!(fast_tr.to_bits(), base_tr.to_bits());
+        assert!(fast.iter().zip(&base).all(|(x, y)| x.to_bits() == y.to_bits()), "the AVX inverse differs");
+        return;
+    }
+    println!("skipped: this CPU has no AVX, so there is only the baseline inverse to run");
+}
+
 #[test]
 fn numerics_match_references() {
     // spd_inverse: a A^-1 = I on a random SPD matrix, trace of the inverse;
