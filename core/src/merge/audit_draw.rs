@@ -6,25 +6,13 @@
 //!
 //! The draw is asked at every owner's report, so each pair's partitions
 //! are kept in draw order for the plan they were drawn from
-//! (`AuditOrder`): the scan of every partition at each report was a
+//! (`audit_order.rs`): the scan of every partition at each report was a
 //! twentieth of a 2,000-miner simulated run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{MergeOut, StageMerge};
-use crate::identity::PeerId;
-
-/// An owner pair, the lesser peer first.
-type Pair = (PeerId, PeerId);
-
-/// Each owner pair's partitions, least audit key first, for one plan
-/// revision and audit seed. Derived from the plan, so not saved: a
-/// restored merge builds it again.
-#[derive(Clone, Debug, Default)]
-pub(super) struct AuditOrder {
-    built_at: Option<(u64, u64)>,
-    of_pair: BTreeMap<Pair, Vec<u32>>,
-}
+use crate::merge::audit_order::{AuditOrder, Pair};
 
 impl StageMerge {
     /// Turns audits on: for every pair of owners, the results they agree

@@ -25,6 +25,7 @@
 //! - [`flaws`]: contributions every honest owner flags (undecodable,
 //!   non-finite, far outlying).
 
+mod audit_order;
 pub mod equivocation;
 pub mod flaws;
 pub mod plan;

@@ -114,7 +114,7 @@ pub struct StageMerge {
     plan_revision: u64,
     /// Each owner pair's partitions in audit order (derived, not saved).
     #[serde(skip)]
-    audit_order: audit_draw::AuditOrder,
+    audit_order: super::audit_order::AuditOrder,
     /// Hashes per partition for its current generation, by owner.
     reports: Vec<BTreeMap<PeerId, [u8; 32]>>,
     pub verdicts: Vec<Option<Verdict>>,

@@ -14,6 +14,7 @@
 mod behind_compute;
 mod commitments;
 mod convictions;
+mod done_index;
 mod epochs;
 mod event;
 mod evidence_asks;
@@ -174,7 +175,7 @@ pub struct Orchestrator {
     /// The epoch's completed micro-batches by miner (derived from `mbs`,
     /// not saved; evidence_asks.rs).
     #[serde(skip)]
-    done_index: evidence_asks::DoneIndex,
+    done_index: done_index::DoneIndex,
     /// (epoch, seq): every micro-batch of that epoch issued before seq is
     /// done or dropped, for good (derived, not saved; see `open_mbs`).
     #[serde(skip)]
