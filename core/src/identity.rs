@@ -12,8 +12,33 @@ use serde::{Deserialize, Serialize};
 
 /// A node's public identity (its Ed25519 public key). Serialised as 64 hex
 /// characters (readable in state files, usable as a map key in JSON).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerId(pub [u8; 32]);
+
+impl PeerId {
+    /// Bytes `8 i .. 8 i + 8` as one big-endian word: words compare as
+    /// the bytes do.
+    fn word(&self, i: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.0[8 * i..8 * i + 8]);
+        u64::from_be_bytes(w)
+    }
+}
+
+/// The bytes' order (what `derive` gives), compared a word at a time:
+/// the derived order called `memcmp` for every comparison, and the maps
+/// keyed by peer made it 7% of a 2,000-miner simulation.
+impl Ord for PeerId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (0..4).map(|i| self.word(i).cmp(&other.word(i))).find(|o| o.is_ne()).unwrap_or(std::cmp::Ordering::Equal)
+    }
+}
+
+impl PartialOrd for PeerId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl Serialize for PeerId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -150,6 +175,28 @@ impl fmt::Debug for Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Peers order as their bytes do: pairs that differ in any one byte
+    /// (one word or another, high bits or low), equal pairs, and pairs
+    /// sharing long prefixes.
+    #[test]
+    fn peers_order_as_their_bytes() {
+        let mut rng = crate::Rng::new(5);
+        for n in 0..20_000 {
+            let mut a = [0u8; 32];
+            for b in &mut a {
+                *b = rng.below(4) as u8 * 85; // few values: many shared prefixes
+            }
+            let mut b = a;
+            if n % 7 != 0 {
+                let at = rng.below(32) as usize;
+                b[at] = rng.below(256) as u8;
+            }
+            let (pa, pb) = (PeerId(a), PeerId(b));
+            assert_eq!(pa.cmp(&pb), a.cmp(&b), "{a:?} against {b:?}");
+            assert_eq!(pa.partial_cmp(&pb), Some(a.cmp(&b)));
+        }
+    }
 
     #[test]
     fn sign_verify_and_hex() {

@@ -347,15 +347,29 @@ impl Orchestrator {
     /// one drawn in proportion to the rate its queue clears at (1 / ((in
     /// flight + 1) x measured latency)).
     pub(super) fn pathway(&self, rng: &mut Rng, avoid: &[PeerId], fresh: bool) -> Option<Vec<PeerId>> {
+        let usable = |m: &MinerState| !m.benched && !m.excluded(self.epoch);
+        // Every stage's usable active miners in one pass over the miners,
+        // in the map's order (as `active_in` gives them): a pass per stage
+        // was 5% of a 2,000-miner simulation.
+        let mut active: Vec<Vec<&MinerState>> = vec![Vec::new(); self.spec.stages as usize];
+        for m in self.miners.values() {
+            if m.live()
+                && !m.joining
+                && usable(m)
+                && let Some(of_stage) = active.get_mut(m.stage as usize)
+            {
+                of_stage.push(m);
+            }
+        }
+        let mut active = active.into_iter();
         (0..self.spec.stages)
             .map(|s| {
                 // Miners holding this epoch's weights first; if a stage has
                 // none (e.g. all restarted), joining ones carry the work from
                 // the epoch's starting weights rather than stall the run.
-                let usable = |m: &&MinerState| !m.benched && !m.excluded(self.epoch);
-                let mut cands: Vec<&MinerState> = self.active_in(s).filter(usable).collect();
+                let mut cands: Vec<&MinerState> = active.next().unwrap_or_default();
                 if cands.is_empty() {
-                    cands = self.healthy_in(s).filter(usable).collect();
+                    cands = self.healthy_in(s).filter(|m| usable(m)).collect();
                 }
                 if cands.is_empty() {
                     // Every replica of the stage is serving a suspension:

@@ -16,6 +16,7 @@
 //! merges).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use iota_core::PeerId;
 use iota_core::merge::MergeOut;
@@ -94,7 +95,7 @@ impl Orchestrator {
             let sent = self.validation.audit_contexts_sent.entry((*v, stage)).or_default();
             if *sent != context.id {
                 sent.clone_from(&context.id);
-                out.push(Out { to: *v, cmd: pb::command::Kind::MergeAuditContext(context.clone()) });
+                out.push(Out { to: *v, cmd: pb::command::Kind::MergeAuditContext((*context).clone()) });
             }
             out.push(Out { to: *v, cmd: pb::command::Kind::MergeAudit(audit.clone()) });
         }
@@ -129,16 +130,16 @@ impl Orchestrator {
     /// What every audit of a stage's current plan shares, with its id;
     /// built again only when something it is built from changed (the
     /// plan, the weights the merge started from, a commitment).
-    fn audit_context(&mut self, stage: u32, epoch: u64) -> pb::MergeAuditContext {
-        let Some(bm) = self.butterfly.get(&stage) else { return pb::MergeAuditContext::default() };
+    fn audit_context(&mut self, stage: u32, epoch: u64) -> Arc<pb::MergeAuditContext> {
+        let Some(bm) = self.butterfly.get(&stage) else { return Arc::default() };
         let key = (epoch, bm.plan_revision(), self.weights_epoch(), self.commitments_changed);
         if let Some((k, c)) = self.validation.audit_context_cache.get(&stage)
             && *k == key
         {
-            return c.clone();
+            return Arc::clone(c);
         }
-        let context = self.build_audit_context(stage, epoch);
-        self.validation.audit_context_cache.insert(stage, (key, context.clone()));
+        let context = Arc::new(self.build_audit_context(stage, epoch));
+        self.validation.audit_context_cache.insert(stage, (key, Arc::clone(&context)));
         context
     }
 

@@ -210,7 +210,8 @@ pub struct Validation {
 }
 
 /// An audit context and what it was built from (merge_audit.rs).
-pub(super) type AuditContextKey = ((u64, u64, Option<u64>, u64), pb::MergeAuditContext);
+// Shared, not cloned: every audit of a merge (about R a stage) reads it.
+pub(super) type AuditContextKey = ((u64, u64, Option<u64>, u64), std::sync::Arc<pb::MergeAuditContext>);
 
 impl Validation {
     pub(super) fn new(spec: &iota_wire::ValidationSpec) -> Validation {

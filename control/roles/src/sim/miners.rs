@@ -2,7 +2,10 @@
 //! routes carried through their pathways, uploads, merge reports and
 //! stored slices (the adversary modes bend it in `cheating.rs`).
 
+use std::rc::Rc;
+
 use iota_core::PeerId;
+use iota_core::merge::MergePlan;
 use iota_wire::store_keys::{momentum_parts_prefix, part_name, weights_parts_prefix};
 use iota_wire::{MbRef, StoredObject, pb, plan_from_pb};
 
@@ -41,7 +44,7 @@ impl World {
         }
     }
 
-    fn on_phase(&mut self, i: usize, me: PeerId, p: pb::PhaseChange) {
+    fn on_phase(&mut self, i: usize, me: PeerId, mut p: pb::PhaseChange) {
         let Some(stage) = self.o.miner(&me).map(|m| m.stage) else { return };
         if p.phase == pb::Phase::Uploading as i32 {
             let key = format!("{}stage-{stage:03}/{}.safetensors", p.upload_prefix, me.to_hex());
@@ -49,12 +52,24 @@ impl World {
             let commitments = vec![heads(&me, p.epoch, work)];
             let ev = Event::UploadDone { peer: me, epoch: p.epoch, stage, key, work, object: None, commitments };
             self.send_after(i, self.cfg.store_ms, ev);
-        } else if let Some(plan) = p.merge_plan.as_ref().and_then(|pl| plan_from_pb(pl).ok()) {
+        } else if let Some(plan) = p.merge_plan.take().and_then(|pl| self.parsed_phase_plan(pl)) {
             for k in plan.owned_by(&me).collect::<Vec<_>>() {
                 let ev = self.slice_report(i, &plan, k);
                 self.send_after(i, self.cfg.store_ms, ev);
             }
         }
+    }
+
+    /// `pl` parsed: the last one's parse when it is the same plan.
+    fn parsed_phase_plan(&mut self, pl: pb::MergePlan) -> Option<Rc<MergePlan>> {
+        if let Some((sent, parsed)) = &self.phase_plan
+            && *sent == pl
+        {
+            return Some(Rc::clone(parsed));
+        }
+        let parsed = Rc::new(plan_from_pb(&pl).ok()?);
+        self.phase_plan = Some((pl, Rc::clone(&parsed)));
+        Some(parsed)
     }
 
     fn on_verdict(&mut self, i: usize, me: PeerId, v: pb::SliceVerdict) {

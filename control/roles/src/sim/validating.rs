@@ -28,7 +28,7 @@ impl World {
                 self.deliver(outs);
                 self.validators[j].joined = true;
                 let d = self.delay();
-                self.at(self.now + d, Happening::ToOrchestrator(Event::Subscribed { peer }));
+                self.at(self.now + d, Happening::ToOrchestrator(Box::new(Event::Subscribed { peer })));
             }
             Err(e) => self.report.lost_reports.push(format!("validator {j} could not register: {e}")),
         }
@@ -123,7 +123,7 @@ impl World {
         let d = self.delay();
         let t = (self.now + after + d).max(self.validators[j].last_sent_ms);
         self.validators[j].last_sent_ms = t;
-        self.at(t, Happening::FromValidator(j, ev));
+        self.at(t, Happening::FromValidator(j, Box::new(ev)));
     }
 
     /// A check's result is in.
