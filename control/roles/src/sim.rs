@@ -386,7 +386,10 @@ impl World {
         for Out { to, cmd } in outs {
             if let Some(&i) = self.index.get(&to) {
                 let d = self.delay();
-                self.at(self.now + d, Happening::ToMiner(i, Box::new(cmd)));
+                // Drawn all the same: the run's draws stay as they were.
+                if miners::acts_on(&to, &cmd) {
+                    self.at(self.now + d, Happening::ToMiner(i, Box::new(cmd)));
+                }
             } else if let Some(&j) = self.vindex.get(&to) {
                 // The plan, read once for every validator it goes to (the
                 // audits after it on the validator's stream name it).

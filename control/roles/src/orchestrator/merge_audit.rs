@@ -113,6 +113,7 @@ impl Orchestrator {
         if audits.len() >= MAX_OPEN_AUDITS {
             audits.remove(0);
         }
+        self.audits_opened += 1;
         audits.push(OpenAudit {
             epoch,
             stage,
@@ -500,21 +501,33 @@ impl Orchestrator {
     /// or (except withholding audits, which outlive their merge) whose
     /// merge is over; `withholding_only`: between merges, only those.
     pub(super) fn expire_merge_audits(&mut self, now: Ms, withholding_only: bool, out: &mut Vec<Out>) {
+        // Called on every event: the scan of every open audit (thousands at
+        // 2,000 miners) is skipped while none can be due. Whether one is
+        // due changes only with time, a new audit (removing one makes none
+        // due) and what `merge_is_current` reads.
+        let key = (self.audits_opened, self.epoch, self.phase.clone(), self.behind.running(), withholding_only);
+        if self.merge_audits_quiet.as_ref().is_some_and(|(until, k)| now <= *until && *k == key) {
+            return;
+        }
         let timeout = self.spec.validation.timeout_ms;
         let mut due = Vec::new();
+        let mut quiet_until = Ms::MAX;
         for a in &self.validation.merge_audits {
             let withholding = !a.withheld.is_empty();
             if withholding_only && !withholding {
                 continue;
             }
             let over = !withholding && !self.merge_is_current(a.epoch);
+            let expires = a.since.unwrap_or(now).saturating_add(timeout);
             if over || a.since.is_some_and(|since| now.saturating_sub(since) > timeout) {
                 due.push((a.epoch, a.stage, a.partition, a.generation));
             }
+            quiet_until = quiet_until.min(expires);
         }
         for a in &mut self.validation.merge_audits {
             a.since.get_or_insert(now);
         }
+        self.merge_audits_quiet = due.is_empty().then_some((quiet_until, key));
         for (epoch, stage, partition, generation) in due {
             warn!(epoch, stage, partition, "a merge audit ran out of time; its owners' result stands");
             self.decide_merge_audit(now, (epoch, stage, partition, generation), true, out);

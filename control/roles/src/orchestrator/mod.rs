@@ -180,7 +180,18 @@ pub struct Orchestrator {
     /// done or dropped, for good (derived, not saved; see `open_mbs`).
     #[serde(skip)]
     settled_below: (u64, u64),
+    /// Merge audits opened so far (not saved: it keys `merge_audits_quiet`).
+    #[serde(skip)]
+    audits_opened: u64,
+    /// No open merge audit is due before this time, while its key holds:
+    /// (audits opened, epoch, phase, merge behind compute, withholding
+    /// audits only). Derived, not saved (merge_audit.rs,
+    /// `expire_merge_audits`).
+    #[serde(skip)]
+    merge_audits_quiet: Option<(Ms, AuditsQuietKey)>,
 }
+
+type AuditsQuietKey = (u64, u64, Phase, Option<u64>, bool);
 
 /// Miners listed in `RunStatus.payouts` (the most paid; a status must fit
 /// one gRPC message).
@@ -226,6 +237,8 @@ impl Orchestrator {
             fitness_scanned: None,
             done_index: Default::default(),
             settled_below: (0, 0),
+            audits_opened: 0,
+            merge_audits_quiet: None,
         })
     }
 
