@@ -387,7 +387,7 @@ impl World {
             if let Some(&i) = self.index.get(&to) {
                 let d = self.delay();
                 // Drawn all the same: the run's draws stay as they were.
-                if miners::acts_on(&to, &cmd) {
+                if miner_commands::acts_on(&to, &cmd) {
                     self.at(self.now + d, Happening::ToMiner(i, Box::new(cmd)));
                 }
             } else if let Some(&j) = self.vindex.get(&to) {
@@ -656,6 +656,7 @@ mod adversary;
 mod cheating;
 mod event_queue;
 mod evidence;
+mod miner_commands;
 mod miners;
 mod report;
 #[cfg(test)]

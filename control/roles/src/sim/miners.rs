@@ -14,20 +14,6 @@ use super::validator_state::merged_hash;
 use super::{Happening, World};
 use crate::orchestrator::{Event, Ms};
 
-/// Whether miner `to` acts on `cmd` when it arrives (`reach_miner` drops
-/// the rest): what it would drop is not queued. The `Stored` notices (each
-/// merged partition's, to each of the stage's participants) and the
-/// routes' other stages were each allocated, queued, popped and dropped.
-pub(super) fn acts_on(to: &PeerId, cmd: &pb::command::Kind) -> bool {
-    use pb::command::Kind;
-    match cmd {
-        // Only the head drives a route.
-        Kind::Route(r) => r.pathway.first().is_some_and(|head| head.as_slice() == to.0),
-        Kind::Phase(_) | Kind::Verdict(_) | Kind::EvidenceRequest(_) | Kind::ContributionRequest(_) => true,
-        _ => false,
-    }
-}
-
 impl World {
     pub(super) fn reach_miner(&mut self, i: usize, cmd: pb::command::Kind) {
         let me = self.miners[i].peer;
@@ -54,6 +40,7 @@ impl World {
             pb::command::Kind::Verdict(v) => self.on_verdict(i, me, v),
             pb::command::Kind::EvidenceRequest(r) => self.upload_evidence(i, me, r),
             pb::command::Kind::ContributionRequest(r) => self.store_contributions(i, me, r),
+            // Not even queued (`acts_on`, in miner_commands.rs).
             _ => {}
         }
     }
