@@ -32,7 +32,7 @@ pub struct Args {
     #[arg(long, default_value = "bf16")]
     codec: String,
     /// With --codec sparse: the share of each block a contribution keeps.
-    #[arg(long, default_value_t = 1.0 / 32.0)]
+    #[arg(long, default_value_t = iota_protocol::run_spec::DEFAULT_SPARSE_DENSITY)]
     sparse_density: f32,
     /// Reduce rule: centered-clip, trimmed-mean, mean.
     #[arg(long, default_value = "centered-clip")]

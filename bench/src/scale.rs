@@ -69,7 +69,7 @@ pub struct Args {
     merge_codec: String,
     /// With --merge-codec sparse: the share of each block's values a
     /// contribution keeps.
-    #[arg(long, default_value_t = 1.0 / 32.0)]
+    #[arg(long, default_value_t = iota_protocol::run_spec::DEFAULT_SPARSE_DENSITY)]
     sparse_density: f32,
     /// cuda-bf16 (bf16 GEMMs), cuda-fp32 or cpu.
     #[arg(long, default_value = "cuda-bf16")]

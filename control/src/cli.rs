@@ -269,15 +269,16 @@ pub struct RunArgs {
     pub merge: String,
     /// Codec of the butterfly's pseudo-gradient slices: bf16, int8 (per
     /// 256-value block), f32, or sparse: each contribution as the largest
-    /// --sparse-density of every 16,384 values (a 16-bit index and 2 bits
-    /// each, about 28x fewer bytes than bf16 at 1/32), what it leaves kept
-    /// by the sender and added to its next (error feedback); merged updates
-    /// then go in bf16. Sparse contributions are not validated yet.
+    /// --sparse-density of every 16,384 values (about 8 bits each: an
+    /// Elias-Fano coded index and 2 bits; 38.5x fewer bytes than bf16 at
+    /// 1/20), what it leaves kept by the sender and added to its next
+    /// (error feedback); merged updates then go in bf16. Sparse
+    /// contributions are not validated yet.
     #[arg(long, default_value = "bf16")]
     pub merge_codec: String,
     /// With --merge-codec sparse: the share of each block's values a
     /// contribution keeps, in (0, 1].
-    #[arg(long, default_value_t = 1.0 / 32.0)]
+    #[arg(long, default_value_t = iota_protocol::run_spec::DEFAULT_SPARSE_DENSITY)]
     pub sparse_density: f32,
     /// With --merge-codec sparse: what a replica held back is multiplied by
     /// this before it joins its next contribution (1 keeps it whole).
@@ -287,10 +288,12 @@ pub struct RunArgs {
     /// trimmed-mean, or mean (not robust).
     #[arg(long, default_value = "centered-clip")]
     pub merge_rule: String,
-    /// Outer learning rate on the merged pseudo-gradient (1 with momentum 0
-    /// = plain averaging).
-    #[arg(long, default_value_t = 1.0)]
-    pub outer_lr: f32,
+    /// Outer learning rate on the merged pseudo-gradient: 1 unless told
+    /// (with momentum 0, plain averaging), 1.5 with --merge-codec sparse
+    /// (a sparse merge applies part of each replica's progress now and the
+    /// rest later; the larger step makes up for it).
+    #[arg(long)]
+    pub outer_lr: Option<f32>,
     /// Outer Nesterov momentum (DiLoCo uses 0.9 with outer lr 0.7).
     #[arg(long, default_value_t = 0.0)]
     pub outer_momentum: f32,

@@ -19,9 +19,9 @@ pub enum WireCodec {
     /// two per byte, low nibble first.
     Int4Row,
     /// Merge contributions only, never a stage boundary's tensors (issue
-    /// 57): a row is one block of `iota_checks::sparse::SPARSE_BLOCK`
-    /// values written as its `cols` largest in magnitude, each a 16-bit
-    /// index and a 2-bit code, after a 6-byte header.
+    /// 57): a row is one block of `SPARSE_BLOCK` values written as its
+    /// `cols` largest in magnitude: a 6-byte header, the kept indices
+    /// Elias-Fano coded (`sparse_index_bytes`), a 2-bit code for each.
     SparseTopK,
 }
 
@@ -75,9 +75,7 @@ impl WireCodec {
             WireCodec::Bf16 => 2 * cols,
             WireCodec::Int8Row => 2 + cols,
             WireCodec::Int4Row => 2 + cols.div_ceil(2),
-            // The kept count and two bf16 magnitudes, then per kept value
-            // a u16 index and a 2-bit code.
-            WireCodec::SparseTopK => 6 + 2 * cols + cols.div_ceil(4),
+            WireCodec::SparseTopK => sparse_row_bytes(cols),
         }
     }
 
@@ -101,6 +99,31 @@ pub fn sparse_kept(len: usize, density: f32) -> usize {
     // keep 5, not 6.
     let k = (f64::from(density.clamp(0.0, 1.0)) * len as f64 - 1e-6).ceil() as usize;
     k.clamp(1, len)
+}
+
+/// Low bits of each kept index in a sparse row keeping `k` of a block's
+/// values: Elias-Fano's split, log2 of the mean gap between kept indices,
+/// rounded down (0 where `k` passes the block: a hostile count sizes a
+/// row without a panic).
+pub fn sparse_low_bits(k: usize) -> u32 {
+    (SPARSE_BLOCK / k.max(1)).max(1).ilog2()
+}
+
+/// Bytes of a sparse row's two index sections for `k` kept values, each
+/// byte-aligned: the low bits (`sparse_low_bits` each, packed), then the
+/// high bitvector (`k + SPARSE_BLOCK >> low bits` bits: kept value n sets
+/// bit `(index >> low bits) + n`). About 2 + log2(block / k) bits an index
+/// whatever the indices are: 6 at 1/16, against a u16's 16.
+pub fn sparse_index_bytes(k: usize) -> (usize, usize) {
+    let l = sparse_low_bits(k);
+    (k.saturating_mul(l as usize).div_ceil(8), k.saturating_add(SPARSE_BLOCK >> l).div_ceil(8))
+}
+
+/// Bytes of a sparse row keeping `k` values: the kept count and the two
+/// bf16 magnitudes (6 bytes), the index sections, a 2-bit code for each.
+pub fn sparse_row_bytes(k: usize) -> usize {
+    let (low, high) = sparse_index_bytes(k);
+    6usize.saturating_add(low).saturating_add(high).saturating_add(k.div_ceil(4))
 }
 
 /// Boundary traffic of one token, forward (activation) and backward
@@ -183,7 +206,15 @@ mod tests {
         assert_eq!(WireCodec::from_id(4).unwrap(), WireCodec::SparseTopK);
         assert_eq!(WireCodec::parse("sparse"), None);
         assert!(!WireCodec::SparseTopK.is_dense() && WireCodec::ALL.iter().all(|c| c.is_dense()));
-        assert_eq!(WireCodec::SparseTopK.payload_bytes(3, 512), Some(3 * (6 + 1024 + 128)));
+        // 512 of 16,384 kept: 5 low bits each (320 bytes), a high
+        // bitvector of 512 + 512 bits (128 bytes), 128 bytes of codes.
+        assert_eq!(WireCodec::SparseTopK.payload_bytes(3, 512), Some(3 * (6 + 320 + 128 + 128)));
+        assert_eq!(sparse_row_bytes(1024), 6 + 512 + 256 + 256);
+        assert_eq!(sparse_low_bits(SPARSE_BLOCK), 0);
+        assert_eq!(sparse_row_bytes(SPARSE_BLOCK), 6 + 4096 + 4096);
+        assert_eq!(sparse_low_bits(1), 14);
+        assert_eq!(sparse_low_bits(usize::MAX), 0);
+        assert!(sparse_row_bytes(usize::MAX) >= usize::MAX / 8, "a hostile count saturates");
         assert_eq!(WireCodec::Int8Row.payload_bytes(usize::MAX, 8), None);
     }
 }

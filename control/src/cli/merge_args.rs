@@ -4,6 +4,7 @@
 use anyhow::{Context, Result, bail};
 use iota_core::merge::{OuterOpt, ReduceRule};
 use iota_core::{ModelConfig, ParamLayout, StageSpec, WireCodec};
+use iota_protocol::run_spec::SPARSE_OUTER_LR;
 use iota_protocol::{MergeMethod, MergeSpec};
 
 use super::RunArgs;
@@ -12,6 +13,8 @@ impl RunArgs {
     /// The run's `MergeSpec` for `model` split into `--stages`, its settings
     /// checked.
     pub(super) fn merge_spec(&self, model: &ModelConfig) -> Result<MergeSpec> {
+        let sparse = self.merge_codec == "sparse";
+        let outer_lr = self.outer_lr.unwrap_or(if sparse { SPARSE_OUTER_LR } else { 1.0 });
         let merge = MergeSpec {
             method: MergeMethod::parse(&self.merge)
                 .with_context(|| format!("unknown merge '{}' (butterfly, parameter-server)", self.merge))?,
@@ -22,12 +25,12 @@ impl RunArgs {
                 "f32" => WireCodec::F32,
                 other => bail!("unknown merge codec '{other}' (bf16, int8, f32, sparse)"),
             },
-            sparse_density: if self.merge_codec == "sparse" { self.sparse_density } else { 0.0 },
+            sparse_density: if sparse { self.sparse_density } else { 0.0 },
             sparse_decay: self.sparse_decay,
             rule: ReduceRule::parse(&self.merge_rule).with_context(|| {
                 format!("unknown merge rule '{}' (centered-clip, trimmed-mean, mean)", self.merge_rule)
             })?,
-            outer: OuterOpt { lr: self.outer_lr, momentum: self.outer_momentum },
+            outer: OuterOpt { lr: outer_lr, momentum: self.outer_momentum },
             outer_momentum_warmup: self.outer_momentum_warmup,
             stage_params: StageSpec::split(model, self.stages as usize)?
                 .iter()
@@ -40,7 +43,7 @@ impl RunArgs {
         if self.store_mbit == 0 {
             bail!("--store-mbit must be positive (Mbit/s a miner has to the store)");
         }
-        if !(self.outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
+        if !(outer_lr > 0.0 && (0.0..1.0).contains(&self.outer_momentum)) {
             bail!("--outer-lr must be positive and --outer-momentum in [0, 1)");
         }
         Ok(merge)

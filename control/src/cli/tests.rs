@@ -368,3 +368,20 @@ fn the_flags_default_to_the_run_specs_defaults() {
     assert!(args(dir.path(), &["--store-mbit", "10"]).run_config().unwrap().to_json().contains("\"store_mbit\":10"));
     assert!(args(dir.path(), &["--store-mbit", "0"]).run_config().is_err());
 }
+
+/// `--merge-codec sparse` brings its own defaults (density 1/20, outer lr
+/// 1.5); a named outer lr stands with either codec, and the bf16 merge's
+/// stays 1.
+#[test]
+fn a_sparse_merge_takes_its_own_outer_lr_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let merge = |extra: &[&str]| args(dir.path(), extra).run_config().unwrap().spec.merge;
+    let plain = merge(&[]);
+    assert_eq!((plain.outer.lr, plain.sparse_density), (1.0, 0.0));
+    let sparse = merge(&["--merge-codec", "sparse"]);
+    assert_eq!((sparse.outer.lr, sparse.sparse_density), (1.5, 1.0 / 20.0));
+    assert_eq!(merge(&["--merge-codec", "sparse", "--outer-lr", "1"]).outer.lr, 1.0);
+    assert_eq!(merge(&["--outer-lr", "0.7"]).outer.lr, 0.7);
+    let zero = args(dir.path(), &["--merge-codec", "sparse", "--outer-lr", "0"]).run_config().unwrap_err();
+    assert!(zero.to_string().contains("--outer-lr must be positive"), "{zero}");
+}

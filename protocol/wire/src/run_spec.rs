@@ -292,6 +292,18 @@ fn is_zero_f32(v: &f32) -> bool {
     *v == 0.0
 }
 
+/// 1/20: the density the merge codec's default (`--merge-codec sparse`
+/// unless `--sparse-density` says otherwise): 820 of each 16,384 values,
+/// 38.5x fewer bytes than bf16, and in the replay at 96 merges no more
+/// loss than the bf16 merge (docs/BENCHMARKS.md).
+pub const DEFAULT_SPARSE_DENSITY: f32 = 1.0 / 20.0;
+
+/// 1.5: the outer learning rate of a run with sparse contributions unless
+/// told (the bf16 merge's is 1). A sparse merge applies part of each
+/// replica's progress and the rest later, faded; a larger outer step
+/// makes up for it (the replay: 1.5 beats 1, 1.25 and 1.75).
+pub const SPARSE_OUTER_LR: f32 = 1.5;
+
 /// 0.95: the backlog's decay per merge SparseLoCo uses, and the best of
 /// 0.5-1 in the replay (docs/BENCHMARKS.md).
 pub const DEFAULT_SPARSE_DECAY: f32 = 0.95;

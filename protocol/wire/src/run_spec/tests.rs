@@ -86,7 +86,8 @@ fn sparse_contributions_have_their_own_shape_and_are_refused_where_unchecked() {
     let sparse = MergeSpec { sparse_density: 1.0 / 32.0, ..MergeSpec::butterfly() };
     assert_eq!(sparse.contribution_codec(), WireCodec::SparseTopK);
     assert_eq!(sparse.contribution_shape(40_000), (3, 512));
-    assert_eq!(sparse.contribution_bytes(40_000), Some(3 * (6 + 1024 + 128)));
+    // 512 kept: 5 low bits each, a 1,024-bit bitvector, 2-bit codes.
+    assert_eq!(sparse.contribution_bytes(40_000), Some(3 * (6 + 320 + 128 + 128)));
     // Not in a dense run's settings: its run id stays what it was.
     assert!(!serde_json::to_string(&dense).unwrap().contains("sparse"));
     let mut s = RunSpec { merge: sparse, ..spec(2, 8, 0) };
