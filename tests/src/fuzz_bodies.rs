@@ -55,10 +55,15 @@ pub fn frame_decode(data: &[u8]) {
     let _ = parse_header(data);
 }
 
-/// Wire codec decoding: accepted tensors have rows x cols finite values.
+/// Wire codec decoding: accepted tensors have rows x cols finite values
+/// (codec 4, the merge's sparse rows: `fuzz_sparse`).
 pub fn codec_decode(data: &[u8]) {
     let mut b = Bytes(data);
     let (codec, rows, cols) = (b.u8(), b.u16() as usize, b.u16() as usize);
+    if codec % 5 == 4 {
+        // The merge's sparse rows: `rows` values, `cols` kept a block.
+        return crate::fuzz_sparse::sparse_rows(rows, cols, b.0);
+    }
     let Ok(codec) = WireCodec::from_id(codec % 4) else { return };
     if let Ok(v) = iota_model::codec::decode(codec, rows, cols, b.0) {
         assert_eq!(v.len(), rows * cols);

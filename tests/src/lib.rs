@@ -6,6 +6,7 @@ pub mod fuzz_bodies;
 pub mod fuzz_config;
 pub mod fuzz_input;
 pub mod fuzz_orchestrator;
+pub mod fuzz_sparse;
 pub mod liveness;
 pub mod netns;
 pub mod postgres;
