@@ -19,7 +19,7 @@
 //! the block's length; `iota_core::codec::sparse_index_bytes`), then `k`
 //! 2-bit codes packed four to a byte, low bits first (bit 0: negative;
 //! bit 1: the high magnitude). Blocks follow each other;
-//! the last may be shorter than `BLOCK`. Everything read is hostile:
+//! the last may be shorter than `SPARSE_BLOCK`. Everything read is hostile:
 //! counts, order, ranges and the exact length are checked, and nothing
 //! panics.
 
