@@ -39,11 +39,6 @@ fn code_shift(n: usize) -> u32 {
     [0, 2, 4, 6].get(n % 4).copied().unwrap_or(0)
 }
 
-/// Bytes a block of `k` kept values takes.
-fn block_bytes(k: usize) -> usize {
-    sparse_row_bytes(k)
-}
-
 /// Where a row of `k` kept values has its codes (past the header and the
 /// index sections).
 fn codes_at(k: usize) -> usize {
@@ -154,7 +149,7 @@ fn decode_block(b: &[u8], out: &mut [f32], max_kept: usize) -> Result<usize> {
     };
     let k = usize::from(u16_at(0)?);
     ensure!(k <= out.len().min(max_kept), "{k} values kept of {} (at most {max_kept})", out.len());
-    let need = block_bytes(k);
+    let need = sparse_row_bytes(k);
     ensure!(b.len() >= need, "truncated");
     let (lo, hi) = (bf16_to_f32(u16_at(2)?), bf16_to_f32(u16_at(4)?));
     ensure!(lo.is_finite() && hi.is_finite() && lo >= 0.0 && hi >= 0.0, "magnitudes {lo}, {hi}");
@@ -185,7 +180,7 @@ fn decode_block(b: &[u8], out: &mut [f32], max_kept: usize) -> Result<usize> {
 /// Bytes of one block of `k` kept values in a frame (a row of
 /// `WireCodec::SparseTopK`, whose row width is `k`).
 pub fn frame_row_bytes(k: usize) -> usize {
-    block_bytes(k)
+    sparse_row_bytes(k)
 }
 
 /// The frame shape of a sparse slice of `len` values: `[blocks, k]`,
@@ -201,7 +196,7 @@ pub fn frame_shape(len: u64, density: f32) -> (usize, usize) {
 /// in parallel; each on its own, so the same bytes on any thread count).
 pub fn encode_frame(x: &[f32], k: usize) -> Vec<u8> {
     use rayon::prelude::*;
-    let rb = block_bytes(k);
+    let rb = sparse_row_bytes(k);
     let blocks = x.len().div_ceil(SPARSE_BLOCK);
     let mut out = vec![0u8; blocks.saturating_mul(rb)];
     out.par_chunks_mut(rb.max(1)).zip(x.par_chunks(SPARSE_BLOCK)).for_each(|(o, xs)| {
@@ -226,7 +221,7 @@ pub fn encode_frame(x: &[f32], k: usize) -> Vec<u8> {
 /// never a panic.
 pub fn decode_frame_into(bytes: &[u8], out: &mut [f32], k: usize) -> Result<()> {
     use rayon::prelude::*;
-    let rb = block_bytes(k);
+    let rb = sparse_row_bytes(k);
     let blocks = out.len().div_ceil(SPARSE_BLOCK);
     ensure!(
         Some(bytes.len()) == blocks.checked_mul(rb),
@@ -256,7 +251,7 @@ pub fn decode_frame_into(bytes: &[u8], out: &mut [f32], k: usize) -> Result<()> 
 /// a scratch row's kept values).
 pub fn check_frame(bytes: &[u8], len: u64, k: usize) -> Result<()> {
     use rayon::prelude::*;
-    let rb = block_bytes(k);
+    let rb = sparse_row_bytes(k);
     let rows = usize::try_from(len.div_ceil(SPARSE_BLOCK as u64))?;
     ensure!(Some(bytes.len()) == rows.checked_mul(rb), "a sparse slice of {} bytes, {rows} rows of {rb}", bytes.len());
     bytes.par_chunks(rb.max(1)).enumerate().try_for_each_init(
@@ -279,7 +274,7 @@ pub fn decode_range(bytes: &[u8], at: usize, out: &mut [f32]) -> Result<()> {
         Some(usize::from(u16::from_le_bytes([*s.first()?, *s.get(1)?])))
     };
     let k = u16_at(bytes, 0).context("an empty sparse slice")?;
-    let rb = block_bytes(k);
+    let rb = sparse_row_bytes(k);
     let (block, off) = (at / SPARSE_BLOCK, at % SPARSE_BLOCK);
     let end = off.checked_add(out.len()).context("range")?;
     ensure!(end <= SPARSE_BLOCK, "a range across sparse blocks");
@@ -363,7 +358,7 @@ impl ErrorFeedback {
         use rayon::prelude::*;
         let end = offset.checked_add(delta.len()).context("range")?;
         let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
-        let rb = block_bytes(k);
+        let rb = sparse_row_bytes(k);
         let k = k.min(SPARSE_BLOCK);
         let mut out = vec![0u8; delta.len().div_ceil(SPARSE_BLOCK).saturating_mul(rb)];
         out.par_chunks_mut(rb.max(1))

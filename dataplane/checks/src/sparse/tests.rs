@@ -269,7 +269,7 @@ fn row_naming(order: &[u32], k: usize) -> Vec<u8> {
     row.extend_from_slice(&f32_to_bf16(1.0).to_le_bytes());
     row.extend_from_slice(&f32_to_bf16(2.0).to_le_bytes());
     indices::write(order, &mut row);
-    row.resize(block_bytes(k), 0);
+    row.resize(sparse_row_bytes(k), 0);
     row
 }
 
