@@ -48,14 +48,18 @@ impl MergePlan {
         seed: u64,
         slices_per_replica: u32,
     ) -> MergePlan {
-        MergePlan::bounded(epoch, stage, participants, params, seed, slices_per_replica, u64::MAX)
+        MergePlan::bounded(epoch, stage, participants, params, seed, slices_per_replica, u64::MAX, BLOCK)
     }
 
     /// `new`, with no partition longer than `max_partition_len` values
     /// (rounded down to whole blocks, at least one): a slice must fit one
     /// frame its receivers accept, so a large stage gets more partitions
     /// than `slices_per_replica` asks for, a multiple of the participant
-    /// count so that ownership stays balanced.
+    /// count so that ownership stays balanced. Boundaries fall on
+    /// multiples of `block` (at least `BLOCK`; sparse contributions use
+    /// their own block, so that every epoch's plan cuts a stage's sparse
+    /// blocks in the same places).
+    #[allow(clippy::too_many_arguments)]
     pub fn bounded(
         epoch: u64,
         stage: u32,
@@ -64,7 +68,9 @@ impl MergePlan {
         seed: u64,
         slices_per_replica: u32,
         max_partition_len: u64,
+        block: u64,
     ) -> MergePlan {
+        let block = block.max(BLOCK);
         participants.sort_by_key(|p| p.peer);
         participants.dedup_by_key(|p| p.peer);
         let r = participants.len();
@@ -78,8 +84,8 @@ impl MergePlan {
         for i in (1..r).rev() {
             perm.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        let blocks = params.div_ceil(BLOCK);
-        let max_blocks = (max_partition_len / BLOCK).max(1);
+        let blocks = params.div_ceil(block);
+        let max_blocks = (max_partition_len / block).max(1);
         // Partitions that keep each under the bound, rounded up to whole rounds of owners.
         let by_size = blocks.div_ceil(max_blocks).div_ceil(r as u64).saturating_mul(r as u64);
         let k = (r as u64 * u64::from(slices_per_replica.max(1))).max(by_size);
@@ -88,7 +94,7 @@ impl MergePlan {
         for i in 0..k {
             // Blocks spread as evenly as possible; the last partition ends at P.
             let nb = blocks / k as u64 + u64::from((i as u64) < blocks % k as u64);
-            let len = if i + 1 == k { params - offset } else { (nb * BLOCK).min(params - offset) };
+            let len = if i + 1 == k { params - offset } else { (nb * block).min(params - offset) };
             let primary = perm[i % r];
             let mut owners = vec![plan.participants[primary].peer];
             if r >= 2 {
@@ -267,7 +273,7 @@ mod tests {
     fn bounded_plans_cut_large_stages_into_partitions_under_the_bound() {
         for r in [1usize, 2, 3, 5] {
             for (params, bound) in [(1_000_000u64, 65_536u64), (1_000_003, 100_000), (10_000, 256), (10_000, 1)] {
-                let plan = MergePlan::bounded(3, 1, peers(r), params, 42, 1, bound);
+                let plan = MergePlan::bounded(3, 1, peers(r), params, 42, 1, bound, BLOCK);
                 plan.validate(params).unwrap();
                 let longest = plan.partitions.iter().map(|p| p.len).max().unwrap();
                 assert!(longest <= bound.max(BLOCK), "r={r} P={params}: a partition of {longest} > {bound}");
@@ -283,8 +289,29 @@ mod tests {
         }
         // A bound the stage fits under changes nothing.
         assert_eq!(
-            MergePlan::bounded(1, 0, peers(4), 50_000, 7, 2, 50_000),
+            MergePlan::bounded(1, 0, peers(4), 50_000, 7, 2, 50_000, BLOCK),
             MergePlan::new(1, 0, peers(4), 50_000, 7, 2)
+        );
+    }
+
+    #[test]
+    fn plans_in_larger_blocks_cut_the_same_places_whoever_takes_part() {
+        let sparse = 16_384u64;
+        for params in [40_000u64, 1_000_003, 16_384 * 7] {
+            for r in [1usize, 2, 3, 5] {
+                let plan = MergePlan::bounded(2, 0, peers(r), params, 9, 2, 100_000, sparse);
+                plan.validate(params).unwrap();
+                for p in &plan.partitions {
+                    assert_eq!(p.offset % sparse, 0, "r={r} P={params}: {p:?}");
+                    assert!(p.offset + p.len == params || p.len % sparse == 0, "r={r} P={params}: {p:?}");
+                    assert!(p.len <= 100_000 || p.len == sparse, "r={r} P={params}: {p:?}");
+                }
+            }
+        }
+        // A block below the dense one is the dense one.
+        assert_eq!(
+            MergePlan::bounded(1, 0, peers(3), 50_000, 7, 2, u64::MAX, 1),
+            MergePlan::new(1, 0, peers(3), 50_000, 7, 2)
         );
     }
 

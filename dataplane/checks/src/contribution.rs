@@ -52,7 +52,7 @@ pub struct WitnessLimits {
     pub max_steps: u64,
 }
 
-fn put_witness(b: &mut Vec<u8>, w: &WeightsWitness) {
+pub(crate) fn put_witness(b: &mut Vec<u8>, w: &WeightsWitness) {
     b.extend_from_slice(&w.n.to_le_bytes());
     b.extend_from_slice(&(w.leaves.len() as u64).to_le_bytes());
     w.leaves.iter().for_each(|l| b.extend_from_slice(l));
@@ -61,24 +61,24 @@ fn put_witness(b: &mut Vec<u8>, w: &WeightsWitness) {
     w.values.iter().for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(n).ok_or("truncated")?;
         let s = self.b.get(self.at..end).ok_or("truncated")?;
         self.at = end;
         Ok(s)
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         let s: [u8; 8] = self.take(8)?.try_into().map_err(|_| "truncated")?;
         Ok(u64::from_le_bytes(s))
     }
     /// A count of at most `max` items of `len` bytes that the rest holds.
-    fn count(&mut self, max: u64, len: usize) -> Result<usize, String> {
+    pub(crate) fn count(&mut self, max: u64, len: usize) -> Result<usize, String> {
         let n = self.u64()?;
         if n > max {
             return Err(format!("{n} items, at most {max}"));
@@ -90,11 +90,11 @@ impl<'a> Reader<'a> {
         }
         Ok(n)
     }
-    fn hashes(&mut self, max: u64) -> Result<Vec<[u8; 32]>, String> {
+    pub(crate) fn hashes(&mut self, max: u64) -> Result<Vec<[u8; 32]>, String> {
         let n = self.count(max, 32)?;
         Ok(self.take(n.saturating_mul(32))?.chunks_exact(32).filter_map(|c| c.try_into().ok()).collect())
     }
-    fn witness(&mut self, l: WitnessLimits) -> Result<WeightsWitness, String> {
+    pub(crate) fn witness(&mut self, l: WitnessLimits) -> Result<WeightsWitness, String> {
         let n = self.u64()?;
         if n != l.weights {
             return Err(format!("a witness of {n} weights, the stage has {}", l.weights));
@@ -167,6 +167,17 @@ pub struct Bound<'a> {
 /// committed weights: `Err(why)` when it is not (or the witness does not
 /// show them).
 pub fn check_contribution(w: &ContributionWitness, k: &Bound) -> Result<(), String> {
+    let delta = bound_delta(w, k)?;
+    let payload = encode_slice(k.codec, &delta).map_err(|e| format!("{e:#}"))?;
+    if *blake3::hash(&payload).as_bytes() != k.payload_hash {
+        return Err("its contribution is not the slice of its committed weights' pseudo-gradient".into());
+    }
+    Ok(())
+}
+
+/// The pseudo-gradient over `k.range` that `w` shows, once its weights are
+/// shown to be the committed ones (`Err(why)` where they are not).
+pub fn bound_delta(w: &ContributionWitness, k: &Bound) -> Result<Vec<f32>, String> {
     if Chain::of(w.step_hashes.iter()) != *k.committed {
         return Err("its weights chain's items are not the committed ones".into());
     }
@@ -185,12 +196,7 @@ pub fn check_contribution(w: &ContributionWitness, k: &Bound) -> Result<(), Stri
     let start = w.start.range(&start_root, k.range.clone())?;
     let last = w.last.range(&last_root, k.range.clone())?;
     // theta_prev - theta_local, as its merge computed it.
-    let delta: Vec<f32> = start.iter().zip(last).map(|(s, l)| s - l).collect();
-    let payload = encode_slice(k.codec, &delta).map_err(|e| format!("{e:#}"))?;
-    if *blake3::hash(&payload).as_bytes() != k.payload_hash {
-        return Err("its contribution is not the slice of its committed weights' pseudo-gradient".into());
-    }
-    Ok(())
+    Ok(start.iter().zip(last).map(|(s, l)| s - l).collect())
 }
 
 #[cfg(test)]

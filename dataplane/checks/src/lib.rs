@@ -11,7 +11,8 @@
 //! - [`inner_step`]: an inner step's record, what a miner shows of one,
 //!   and its recompute;
 //! - [`contribution`]: a merge contribution held against the weights
-//!   chain it must come from;
+//!   chain it must come from; [`sparse_contribution`], a sparse one also
+//!   against the backlog it committed to and the epoch before that left it;
 //! - [`slices`]: a merge partition's slice on the wire and the reduce an
 //!   honest owner (and an auditing validator) runs; [`reduce_stream`], the
 //!   reduce streamed for the rules that are a weighted mean;
@@ -31,6 +32,7 @@ pub mod reduce_bf16;
 pub mod reduce_stream;
 pub mod slices;
 pub mod sparse;
+pub mod sparse_contribution;
 pub mod tree_hash;
 
 pub use frame::{FrameError, FrameLimits, FrameMeta, RunContext};

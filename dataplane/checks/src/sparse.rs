@@ -215,6 +215,46 @@ pub fn encode_frame(x: &[f32], k: usize) -> Vec<u8> {
     out
 }
 
+/// One sender's sparse contribution over a range, and its backlog after
+/// it: each block's backlog (`residual`) is faded by `decay` and added to
+/// `delta` (what it wants sent), written as a row keeping `k`
+/// ([`encode_frame`]'s rows), and left holding what the row does not send.
+/// The sender ([`ErrorFeedback::encode_frame`]) and an auditor checking
+/// its backlog (`sparse_contribution`) both run this, so they agree bit
+/// for bit. Blocks start at `residual`'s start: ranges that begin on
+/// `SPARSE_BLOCK` multiples of a stage see the same blocks.
+pub fn step_frame(residual: &mut [f32], delta: &[f32], k: usize, decay: f32) -> Vec<u8> {
+    use rayon::prelude::*;
+    let rb = sparse_row_bytes(k);
+    let k = k.min(SPARSE_BLOCK);
+    let mut out = vec![0u8; delta.len().div_ceil(SPARSE_BLOCK).saturating_mul(rb)];
+    out.par_chunks_mut(rb.max(1))
+        .zip(residual.par_chunks_mut(SPARSE_BLOCK))
+        .zip(delta.par_chunks(SPARSE_BLOCK))
+        .for_each(|((o, r), d)| {
+            r.iter_mut().zip(d).for_each(|(r, d)| *r = d + *r * decay);
+            let mut row = Vec::with_capacity(rb);
+            let mut sent = Vec::with_capacity(k);
+            if r.len() == SPARSE_BLOCK {
+                encode_block(r, k, &mut row, Some(&mut sent));
+            } else {
+                let mut padded = vec![0.0f32; SPARSE_BLOCK];
+                if let Some(head) = padded.get_mut(..r.len()) {
+                    head.copy_from_slice(r);
+                }
+                encode_block(&padded, k, &mut row, Some(&mut sent));
+            }
+            o.copy_from_slice(&row);
+            // Kept in the last block's padding: sent nowhere real.
+            for (i, v) in sent {
+                if let Some(x) = r.get_mut(i as usize) {
+                    *x -= v;
+                }
+            }
+        });
+    out
+}
+
 /// Decodes a frame written by [`encode_frame`] into `out` (its `len`
 /// values; what a block names in the last block's padding is dropped).
 /// Every row must keep exactly `k` values: a hostile payload is refused,
@@ -314,6 +354,11 @@ impl ErrorFeedback {
         ErrorFeedback { residual: vec![0.0; n] }
     }
 
+    /// A backlog holding `residual` (what an earlier one held).
+    pub fn from_residual(residual: Vec<f32>) -> Self {
+        ErrorFeedback { residual }
+    }
+
     /// Encodes `delta` (the values at `offset..`) plus what earlier
     /// contributions left there, and keeps what this one leaves.
     pub fn encode(&mut self, offset: usize, delta: &[f32], density: f32) -> Result<Vec<u8>> {
@@ -355,37 +400,9 @@ impl ErrorFeedback {
     /// backlog becomes what it wants sent, then loses what its row sends),
     /// with the bits of fading, adding, encoding and decoding in turn.
     pub fn encode_frame(&mut self, offset: usize, delta: &[f32], k: usize, decay: f32) -> Result<Vec<u8>> {
-        use rayon::prelude::*;
         let end = offset.checked_add(delta.len()).context("range")?;
         let residual = self.residual.get_mut(offset..end).context("a range past the stage")?;
-        let rb = sparse_row_bytes(k);
-        let k = k.min(SPARSE_BLOCK);
-        let mut out = vec![0u8; delta.len().div_ceil(SPARSE_BLOCK).saturating_mul(rb)];
-        out.par_chunks_mut(rb.max(1))
-            .zip(residual.par_chunks_mut(SPARSE_BLOCK))
-            .zip(delta.par_chunks(SPARSE_BLOCK))
-            .for_each(|((o, r), d)| {
-                r.iter_mut().zip(d).for_each(|(r, d)| *r = d + *r * decay);
-                let mut row = Vec::with_capacity(rb);
-                let mut sent = Vec::with_capacity(k);
-                if r.len() == SPARSE_BLOCK {
-                    encode_block(r, k, &mut row, Some(&mut sent));
-                } else {
-                    let mut padded = vec![0.0f32; SPARSE_BLOCK];
-                    if let Some(head) = padded.get_mut(..r.len()) {
-                        head.copy_from_slice(r);
-                    }
-                    encode_block(&padded, k, &mut row, Some(&mut sent));
-                }
-                o.copy_from_slice(&row);
-                // Kept in the last block's padding: sent nowhere real.
-                for (i, v) in sent {
-                    if let Some(x) = r.get_mut(i as usize) {
-                        *x -= v;
-                    }
-                }
-            });
-        Ok(out)
+        Ok(step_frame(residual, delta, k, decay))
     }
 
     /// Scales what is held back over `range` by `factor` (a backlog that

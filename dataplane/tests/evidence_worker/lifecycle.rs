@@ -131,6 +131,7 @@ fn the_merge_behind_compute_lands_as_the_next_epoch_ends_keeping_what_each_repli
         RUN,
         1,
         1 << 20,
+        iota_core::merge::BLOCK,
     );
     let with_plan =
         pb::PhaseChange { merge_plan: Some(iota_protocol::plan_to_pb(&plan)), ..change(1, pb::Phase::Training, 0) };

@@ -375,6 +375,15 @@ impl MergeSpec {
         (self.max_slice_bytes / block_bytes).max(1) * BLOCK
     }
 
+    /// What partition boundaries are multiples of: sparse contributions'
+    /// blocks (`SPARSE_BLOCK`), so every epoch's plan cuts a stage's sparse
+    /// blocks, and a sender's backlog, in the same places whoever takes
+    /// part (an auditor holds a backlog against the epoch before's over
+    /// the same blocks); else the dense codecs' `BLOCK`.
+    pub fn partition_block(&self) -> u64 {
+        if self.sparse_density > 0.0 { iota_core::codec::SPARSE_BLOCK as u64 } else { BLOCK }
+    }
+
     /// The codec contributions are sent in.
     pub fn contribution_codec(&self) -> WireCodec {
         if self.sparse_density > 0.0 { WireCodec::SparseTopK } else { self.codec }
@@ -402,7 +411,16 @@ impl MergeSpec {
 
     /// The butterfly plan of one stage's merge under this spec.
     pub fn plan(&self, epoch: u64, stage: u32, participants: Vec<Participant>, params: u64, seed: u64) -> MergePlan {
-        MergePlan::bounded(epoch, stage, participants, params, seed, self.slices_per_replica, self.max_partition_len())
+        MergePlan::bounded(
+            epoch,
+            stage,
+            participants,
+            params,
+            seed,
+            self.slices_per_replica,
+            self.max_partition_len(),
+            self.partition_block(),
+        )
     }
 }
 
@@ -557,6 +575,13 @@ impl RunSpec {
             return Err(
                 "merge: the merge behind compute (overlap) is not validated yet; run it without validators".into()
             );
+        }
+        if self.merge.sparse_density > 0.0 && self.merge.max_partition_len() < self.merge.partition_block() {
+            return Err(format!(
+                "merge: sparse contributions need partitions of at least {} values (max_slice_bytes is too small for one in {})",
+                self.merge.partition_block(),
+                self.merge.codec.name()
+            ));
         }
         if self.merge.sparse_density > 0.0 && !v.validators.is_empty() {
             // A sparse contribution carries its sender's unsent backlog,

@@ -107,4 +107,13 @@ fn sparse_contributions_have_their_own_shape_and_are_refused_where_unchecked() {
     let mut v = s.clone();
     v.validation.validators = vec![ValidatorStake { peer: iota_core::PeerId([3; 32]), stake: 1 }];
     assert!(v.validate().unwrap_err().contains("not validated yet"));
+    // Sparse plans cut partitions on sparse blocks (the same cuts every
+    // epoch, for the backlog's audit); a slice bound under one is refused.
+    assert_eq!(s.merge.partition_block(), iota_core::codec::SPARSE_BLOCK as u64);
+    let peers = (1..4u8).map(|i| Participant { peer: iota_core::PeerId([i; 32]), work: 1 }).collect();
+    let plan = s.merge.plan(3, 0, peers, 100_000, 7);
+    assert!(plan.partitions.iter().all(|p| p.offset % iota_core::codec::SPARSE_BLOCK as u64 == 0), "{plan:?}");
+    let mut small = s.clone();
+    small.merge.max_slice_bytes = 8192;
+    assert!(small.validate().unwrap_err().contains("partitions of at least 16384"));
 }
