@@ -272,8 +272,9 @@ pub struct RunArgs {
     /// --sparse-density of every 16,384 values (about 8 bits each: an
     /// Elias-Fano coded index and 2 bits; 38.5x fewer bytes than bf16 at
     /// 1/20), what it leaves kept by the sender and added to its next
-    /// (error feedback); merged updates then go in bf16. Sparse
-    /// contributions are not validated yet.
+    /// (error feedback); merged updates then go in bf16. With validators,
+    /// each replica commits to its backlog and an audited contribution is
+    /// held against it and against the merge before that left it.
     #[arg(long, default_value = "bf16")]
     pub merge_codec: String,
     /// With --merge-codec sparse: the share of each block's values a

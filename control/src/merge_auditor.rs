@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iota_core::PeerId;
+use iota_core::commitment::Chain;
 use iota_dataplane::contribution::{Bound, ContributionWitness, WitnessLimits, check_contribution};
 use iota_dataplane::miner::merge::read_parts;
+use iota_dataplane::sparse_contribution::{EpochBound, SparseBound, SparseWitness, check_sparse_contribution};
 use iota_protocol::client::ControlClient;
 use iota_protocol::manifest::from_pb_list;
 use iota_protocol::store_keys::contrib_prefix;
@@ -50,12 +52,36 @@ pub struct AuditContext {
     pub momentum: Vec<pb::StoredObject>,
     pub committed: Vec<pb::ParticipantChain>,
     pub starts: Vec<Vec<u8>>,
+    /// Sparse runs: the hashes the epoch before may have started from.
+    pub starts_before: Vec<Vec<u8>>,
 }
 
 impl AuditContext {
+    /// Whether the seed's weights start an epoch the audit holds a sender
+    /// against: the audited one (epoch 0) or the one before (epoch 1), when
+    /// the orchestrator recorded no start for it.
+    pub fn needs_seed(&self) -> bool {
+        (self.plan.epoch == 0 && self.starts.is_empty()) || (self.plan.epoch == 1 && self.starts_before.is_empty())
+    }
+
+    /// The hashes the audited epoch (`before`: the one before) may have
+    /// started from, with the seed's (`initial`) where it is epoch 0 and
+    /// none was recorded.
+    fn starts(&self, before: bool, initial: Option<[u8; 32]>) -> Vec<[u8; 32]> {
+        let (list, epoch) = if before { (&self.starts_before, 1) } else { (&self.starts, 0) };
+        let seed = initial.filter(|_| self.plan.epoch == epoch && list.is_empty());
+        list.iter().filter_map(|h| h.as_slice().try_into().ok()).chain(seed).collect()
+    }
+
     pub fn from_pb(c: pb::MergeAuditContext) -> Result<AuditContext, String> {
         let plan = plan_from_pb(c.plan.as_ref().ok_or("a context without a plan")?).map_err(|e| e.to_string())?;
-        Ok(AuditContext { plan, momentum: c.momentum, committed: c.committed, starts: c.starts })
+        Ok(AuditContext {
+            plan,
+            momentum: c.momentum,
+            committed: c.committed,
+            starts: c.starts,
+            starts_before: c.starts_before,
+        })
     }
 }
 
@@ -169,7 +195,8 @@ struct Witnessed<'a> {
     ma: &'a pb::MergeAudit,
     ctx: &'a AuditContext,
     spec: &'a MergeSpec,
-    /// The seed's weights hash, where the epoch started from them.
+    /// The seed's weights hash, where the audited epoch or the one before
+    /// started from them (`AuditContext::needs_seed`).
     initial: Option<[u8; 32]>,
     deadline: Instant,
 }
@@ -182,8 +209,7 @@ impl Witnessed<'_> {
         let k = self.ma.partition;
         let plan = &self.ctx.plan;
         let Some(part) = plan.partitions.get(k as usize) else { return Vec::new() };
-        let mut starts: Vec<[u8; 32]> = self.ctx.starts.iter().filter_map(|h| h.as_slice().try_into().ok()).collect();
-        starts.extend(self.initial);
+        let (starts, starts_before) = (self.ctx.starts(false, self.initial), self.ctx.starts(true, self.initial));
         if starts.is_empty() {
             // No start recorded to hold them against: nobody is judged.
             return Vec::new();
@@ -213,16 +239,23 @@ impl Witnessed<'_> {
                 }
             };
             let t = Instant::now();
-            let bound = Bound {
-                committed: &committed,
-                starts: &starts,
-                codec: self.spec.codec,
-                range: part.offset..part.offset.saturating_add(part.len),
-                payload_hash: *payload_hash,
-            };
+            let range = part.offset..part.offset.saturating_add(part.len);
             let verdict = match bytes {
                 None => Err("no witness stored".to_string()),
-                Some(b) => ContributionWitness::decode(&b, limits).and_then(|w| check_contribution(&w, &bound)),
+                Some(b) if self.spec.sparse_density > 0.0 => {
+                    let held = Held { committed, chain: c, starts: &starts, starts_before: &starts_before };
+                    held.check_sparse(&b, limits, self.spec, range, *payload_hash)
+                }
+                Some(b) => {
+                    let bound = Bound {
+                        committed: &committed,
+                        starts: &starts,
+                        codec: self.spec.codec,
+                        range,
+                        payload_hash: *payload_hash,
+                    };
+                    ContributionWitness::decode(&b, limits).and_then(|w| check_contribution(&w, &bound))
+                }
             };
             *busy += t.elapsed();
             if let Err(why) = verdict {
@@ -231,6 +264,50 @@ impl Witnessed<'_> {
             }
         }
         unbound
+    }
+}
+
+/// One sparse sender's commitments as the audit context gives them.
+struct Held<'a> {
+    committed: iota_core::commitment::Chain,
+    chain: &'a pb::ParticipantChain,
+    starts: &'a [[u8; 32]],
+    starts_before: &'a [[u8; 32]],
+}
+
+impl Held<'_> {
+    /// `iota_checks::sparse_contribution`: the contribution against the
+    /// committed weights and backlog, the backlog against the epoch before.
+    fn check_sparse(
+        &self,
+        witness: &[u8],
+        limits: WitnessLimits,
+        spec: &MergeSpec,
+        range: std::ops::Range<u64>,
+        payload_hash: [u8; 32],
+    ) -> Result<(), String> {
+        let hash = |b: &[u8]| <[u8; 32]>::try_from(b).map_err(|_| "no backlog hash committed".to_string());
+        let backlog = hash(&self.chain.backlog)?;
+        // The epoch before, where it committed a chain and a backlog then.
+        let before_chain = self.chain.before.as_deref().and_then(|b| {
+            let w = b.weights.as_ref()?;
+            Some((Chain { len: w.len, head: w.head.as_slice().try_into().ok()? }, hash(&b.backlog).ok()?))
+        });
+        let before = before_chain.as_ref().map(|(committed, backlog)| EpochBound {
+            committed,
+            starts: self.starts_before,
+            backlog: *backlog,
+        });
+        let (_, kept) = spec.contribution_shape(range.end.saturating_sub(range.start));
+        let bound = SparseBound {
+            now: EpochBound { committed: &self.committed, starts: self.starts, backlog },
+            before,
+            range,
+            payload_hash,
+            kept,
+            decay: spec.sparse_decay,
+        };
+        SparseWitness::decode(witness, limits).and_then(|w| check_sparse_contribution(&w, &bound))
     }
 }
 
@@ -365,7 +442,13 @@ mod tests {
         let ps = ids.iter().map(|p| Participant { peer: *p, work: 1 }).collect();
         let plan = MergePlan::new(0, 1, ps, 3000, 7, 2);
         let ma = pb::MergeAudit { partition: 1, ..Default::default() };
-        let ctx = Arc::new(AuditContext { plan, momentum: Vec::new(), committed: Vec::new(), starts: Vec::new() });
+        let ctx = Arc::new(AuditContext {
+            plan,
+            momentum: Vec::new(),
+            committed: Vec::new(),
+            starts: Vec::new(),
+            starts_before: Vec::new(),
+        });
         let spec = MergeSpec::default();
         let run = |failures: Vec<(usize, io::ErrorKind)>| {
             let store: SharedStore =

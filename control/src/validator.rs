@@ -313,11 +313,10 @@ impl Shell {
                 let run_id = self.run_id;
                 let context = self.audit_contexts.get(&ma.context);
                 // The seed's weights are the start of an epoch the
-                // orchestrator recorded none for (epoch 0).
+                // orchestrator recorded none for (epoch 0: the audited one,
+                // or with sparse contributions the one before it).
                 let initial = match context.as_deref() {
-                    Some(Ok(c)) if c.starts.is_empty() && c.plan.epoch == 0 => {
-                        self.checker.lock().initial_hash(c.plan.stage).ok()
-                    }
+                    Some(Ok(c)) if c.needs_seed() => self.checker.lock().initial_hash(c.plan.stage).ok(),
                     _ => None,
                 };
                 tokio::spawn(async move {

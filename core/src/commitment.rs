@@ -96,6 +96,12 @@ pub struct EpochHeads {
     pub steps: Chain,
     /// Frames not committed because the lane table was full.
     pub overflow: u64,
+    /// With sparse contributions in a validated run: the hash
+    /// (`iota_checks::hashes::weights_hash`) of the backlog the epoch's
+    /// contributions start from (PROTOCOL.md, "Sparse contributions bound
+    /// to the backlog"); set once, when the epoch's training ends.
+    #[serde(default)]
+    pub backlog: Option<[u8; 32]>,
 }
 
 impl EpochHeads {
@@ -108,6 +114,9 @@ impl EpochHeads {
         }
         if !self.steps.may_precede(&later.steps) {
             return Some(format!("steps chain {} -> {} records", self.steps.len, later.steps.len));
+        }
+        if self.backlog.is_some() && later.backlog != self.backlog {
+            return Some("backlog hash changed".into());
         }
         for (lane, c) in &self.lanes {
             match later.lanes.get(lane) {
@@ -182,6 +191,15 @@ impl Commitments {
     pub fn step(&mut self, epoch: u64, record: &[u8; 32]) {
         if let Some(e) = self.epoch(epoch) {
             e.steps.push(record);
+        }
+    }
+
+    /// The hash of the backlog `epoch`'s sparse contributions start from
+    /// (once: a later call for the same epoch changes nothing, as a second
+    /// value would be a second history).
+    pub fn backlog(&mut self, epoch: u64, hash: [u8; 32]) {
+        if let Some(e) = self.epoch(epoch) {
+            e.backlog.get_or_insert(hash);
         }
     }
 
@@ -281,5 +299,13 @@ mod tests {
         let mut unstepped = stepped.clone();
         unstepped.steps = Chain::default();
         assert!(stepped.rewritten_by(&unstepped).unwrap().contains("steps chain"));
+        // A backlog hash, once reported, stays.
+        c.backlog(1, id(3));
+        let with_backlog = c.heads().remove(0);
+        assert_eq!(stepped.rewritten_by(&with_backlog), None, "reported late is no contradiction");
+        for other in [None, Some(id(4))] {
+            let changed = EpochHeads { backlog: other, ..with_backlog.clone() };
+            assert!(with_backlog.rewritten_by(&changed).unwrap().contains("backlog"), "{other:?}");
+        }
     }
 }

@@ -7,7 +7,9 @@
 
 // The pure checks (frames, evidence, recompute) are `iota-checks`',
 // re-exported under their old paths.
-pub use iota_checks::{contribution, evidence, evidence_bundle, frame, hashes, inner_step, recompute, slices, sparse};
+pub use iota_checks::{
+    contribution, evidence, evidence_bundle, frame, hashes, inner_step, recompute, slices, sparse, sparse_contribution,
+};
 
 pub mod commands;
 pub mod corpus;

@@ -153,11 +153,15 @@ pub enum Adversary {
     /// As `CopyPartner`, the co-owner's contribution negated
     /// (`MergeFault::NegatePartner`): at R = 2 the stage stops learning.
     NegatePartner,
+    /// With sparse contributions, carries four times the backlog its last
+    /// contributions left and commits to that (`MergeFault::
+    /// InflatedBacklog`); it trains honestly.
+    InflatedBacklog,
 }
 
 impl Adversary {
     /// Every mode, as the command line names them.
-    pub const NAMES: [(&'static str, Adversary); 28] = [
+    pub const NAMES: [(&'static str, Adversary); 29] = [
         ("silent", Adversary::Silent),
         ("closed", Adversary::Closed),
         ("slow", Adversary::Slow),
@@ -186,6 +190,7 @@ impl Adversary {
         ("scaled-poison", Adversary::ScaledPoison),
         ("copy-partner", Adversary::CopyPartner),
         ("negate-partner", Adversary::NegatePartner),
+        ("inflated-backlog", Adversary::InflatedBacklog),
     ];
 
     pub fn parse(s: &str) -> Option<Adversary> {
@@ -207,6 +212,7 @@ impl Adversary {
             Adversary::ScaledPoison => Some(MergeFault::ScaledPoison),
             Adversary::CopyPartner => Some(MergeFault::CopyPartner),
             Adversary::NegatePartner => Some(MergeFault::NegatePartner),
+            Adversary::InflatedBacklog => Some(MergeFault::InflatedBacklog),
             _ => None,
         }
     }
@@ -308,7 +314,8 @@ impl Tamper {
             | Adversary::SkipBackward
             | Adversary::ScaledPoison
             | Adversary::CopyPartner
-            | Adversary::NegatePartner => {}
+            | Adversary::NegatePartner
+            | Adversary::InflatedBacklog => {}
         }
     }
 

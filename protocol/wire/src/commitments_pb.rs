@@ -43,6 +43,7 @@ pub fn to_pb(heads: &[EpochHeads]) -> Vec<pb::EpochCommitments> {
             weights: Some(chain_to_pb(&e.weights)),
             overflow: e.overflow,
             steps: Some(chain_to_pb(&e.steps)),
+            backlog: e.backlog.map(|h| h.to_vec()).unwrap_or_default(),
         })
         .collect()
 }
@@ -67,6 +68,10 @@ pub fn from_pb(list: &[pb::EpochCommitments]) -> Result<Vec<EpochHeads>, String>
             weights: chain_from_pb("weights", e.weights.as_ref())?,
             steps: chain_from_pb("steps", e.steps.as_ref())?,
             overflow: e.overflow,
+            backlog: match e.backlog.as_slice() {
+                [] => None,
+                b => Some(<[u8; 32]>::try_from(b).map_err(|_| "backlog hash must be 32 bytes")?),
+            },
             ..Default::default()
         };
         for l in &e.lanes {
@@ -98,7 +103,10 @@ mod tests {
         c.frame(3, PeerId([1; 32]), 0, Side::Sent, &[7; 32]);
         c.frame(4, PeerId([2; 32]), 2, Side::Received, &[8; 32]);
         c.weights(4, &[9; 32]);
+        c.backlog(4, [6; 32]);
+        c.backlog(4, [5; 32]);
         let heads = c.heads();
+        assert_eq!(heads[1].backlog, Some([6; 32]), "set once");
         let wire = to_pb(&heads);
         assert_eq!(from_pb(&wire).unwrap(), heads);
         assert_eq!(from_pb(&[]).unwrap(), vec![]);
@@ -120,6 +128,7 @@ mod tests {
         );
         assert!(broken(&|w| w[1].weights.as_mut().unwrap().head = vec![1; 31]).contains("32 bytes"));
         assert!(broken(&|w| w[1].weights.as_mut().unwrap().len = 0).contains("zero head"));
+        assert!(broken(&|w| w[1].backlog = vec![6; 33]).contains("backlog hash"));
         let many = pb::LaneHead { peer: vec![5; 32], direction: 0, sent: true, chain: None };
         assert!(
             broken(&|w| w[0].lanes = (0..=MAX_LANES)

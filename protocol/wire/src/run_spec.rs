@@ -583,13 +583,6 @@ impl RunSpec {
                 self.merge.codec.name()
             ));
         }
-        if self.merge.sparse_density > 0.0 && !v.validators.is_empty() {
-            // A sparse contribution carries its sender's unsent backlog,
-            // which the witness of a contribution audit does not show yet,
-            // so an honest sender's contribution would not be the slice of
-            // its committed weights.
-            return Err("merge: sparse contributions are not validated yet; run them without validators".into());
-        }
         if !(0.0..=1.0).contains(&v.rate) || v.strikes_to_eject == 0 || v.timeout_ms == 0 || v.step_window == 0 {
             return Err(
                 "validation: rate must be in [0, 1], strikes_to_eject, timeout_ms and step_window positive".into()

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use iota_core::PeerId;
 use iota_core::WireCodec;
 use iota_tests::{Swarm, tiny_run};
 
@@ -43,8 +42,39 @@ async fn a_swarm_with_sparse_contributions_trains_and_its_replicas_agree() {
         assert_eq!(w.len(), 2, "two replicas of stage {stage}");
         assert!(w[0] == w[1], "stage {stage} replicas differ after the merge");
     }
-    // With validators the run is refused, saying why.
-    cfg.spec.validation.validators = vec![iota_protocol::ValidatorStake { peer: PeerId([9; 32]), stake: 1 }];
-    let why = cfg.spec.validate().unwrap_err();
-    assert!(why.contains("sparse contributions are not validated yet"), "{why}");
+}
+
+/// Validated sparse contributions (PROTOCOL.md, "Sparse contributions
+/// bound to the backlog"): every replica commits to the backlog its
+/// contributions start from, and the merge audit holds each stored
+/// contribution against it and the backlog against the merge before. Over
+/// three merges (the last two carrying backlogs) no honest replica is
+/// accused or convicted; a replica that inflates the backlog it carries
+/// (fourfold, committed to and contributed from consistently) is convicted
+/// at the first merge where it carries one, and nobody else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn validated_sparse_contributions_convict_an_inflated_backlog_and_no_honest_replica() {
+    use iota_dataplane::miner::Adversary;
+    use iota_tests::validation::{Place, Scenario};
+    let sparse = |c: &mut iota_protocol::RunConfig| c.spec.merge.sparse_density = 1.0 / 20.0;
+    for adversary in [None, Some((Adversary::InflatedBacklog, Place::Head))] {
+        let r = Scenario { config: sparse, ..Scenario::new(adversary, 3, 16) }.run().await;
+        let convicted: Vec<_> = r.history.iter().map(|h| h.convicted.clone()).collect();
+        println!(
+            "sparse validated {adversary:?}: {:?} {convicted:?}",
+            r.history.iter().map(|h| h.mean_loss).collect::<Vec<_>>()
+        );
+        assert_eq!(r.history.len(), 3, "{adversary:?}: the run completes");
+        let against_honest: Vec<_> = r.verdicts.iter().filter(|v| v.guilty && Some(v.miner) != r.bad).collect();
+        assert!(against_honest.is_empty(), "{adversary:?}: honest miners accused: {against_honest:?}");
+        match r.bad {
+            None => assert!(convicted.iter().all(Vec::is_empty), "honest run: {convicted:?}"),
+            Some(bad) => {
+                // Its first merge carries nothing to inflate (a fresh backlog).
+                assert!(convicted[0].is_empty(), "{convicted:?}");
+                assert_eq!(convicted[1], vec![bad], "convicted at its first carried backlog, nobody else");
+                assert!(convicted.iter().flatten().all(|p| *p == bad), "{convicted:?}");
+            }
+        }
+    }
 }

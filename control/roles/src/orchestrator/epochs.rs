@@ -222,6 +222,8 @@ impl Orchestrator {
         };
         self.settle(&summary.miners, rolled_back, &summary.convicted, f64::from(summary.mean_loss));
         self.history.push(summary);
+        // The next epoch's "epoch before" starts where this one did.
+        self.validation.starts_before = self.validation.starts.clone();
         if rolled_back {
             let back_to = self.started_from_epoch();
             tracing::warn!(epoch = self.epoch, to = ?back_to, "the validators rolled the merge back");

@@ -149,21 +149,38 @@ impl Orchestrator {
         // Each participant's weights chain and the stage's start: what its
         // stored contribution is held against (not behind compute, where a
         // contribution is the landed weights', which no chain has).
-        let (committed, starts) = if self.spec.merge.overlap || !self.spec.validation.bind_contributions {
-            (Vec::new(), Vec::new())
+        // A sparse sender's backlog hash too, and its chain and backlog of
+        // the epoch before, which its backlog must follow from.
+        let sparse = self.spec.merge.sparse_density > 0.0;
+        let chain_of = |peer: &PeerId, epoch: u64| {
+            let heads = self.miners.get(peer)?.commitments.get(&epoch)?;
+            let w = &heads.weights;
+            Some(pb::ParticipantChain {
+                peer: peer.0.to_vec(),
+                weights: Some(pb::ChainHead { len: w.len, head: w.head.to_vec() }),
+                backlog: heads.backlog.filter(|_| sparse).map(|h| h.to_vec()).unwrap_or_default(),
+                before: None,
+            })
+        };
+        let stage_start = |starts: &BTreeMap<u32, [u8; 32]>| starts.get(&stage).map(|h| vec![h.to_vec()]);
+        let (committed, starts, starts_before) = if self.spec.merge.overlap || !self.spec.validation.bind_contributions
+        {
+            (Vec::new(), Vec::new(), Vec::new())
         } else {
             let committed = bm
                 .plan
                 .participants
                 .iter()
                 .filter_map(|p| {
-                    let heads = self.miners.get(&p.peer)?.commitments.get(&epoch)?;
-                    let w = &heads.weights;
-                    let weights = Some(pb::ChainHead { len: w.len, head: w.head.to_vec() });
-                    Some(pb::ParticipantChain { peer: p.peer.0.to_vec(), weights })
+                    let mut c = chain_of(&p.peer, epoch)?;
+                    if sparse && let Some(before) = epoch.checked_sub(1).and_then(|e| chain_of(&p.peer, e)) {
+                        c.before = Some(Box::new(before));
+                    }
+                    Some(c)
                 })
                 .collect();
-            (committed, self.validation.starts.get(&stage).map(|h| vec![h.to_vec()]).unwrap_or_default())
+            let before = if sparse { stage_start(&self.validation.starts_before) } else { None };
+            (committed, stage_start(&self.validation.starts).unwrap_or_default(), before.unwrap_or_default())
         };
         let mut context = pb::MergeAuditContext {
             id: Vec::new(),
@@ -171,6 +188,7 @@ impl Orchestrator {
             momentum: self.momentum_manifest(stage),
             committed,
             starts,
+            starts_before,
         };
         context.id = blake3::hash(&prost::Message::encode_to_vec(&context)).as_bytes().to_vec();
         context

@@ -189,6 +189,10 @@ pub struct Validation {
     /// The hash of the merged weights each stage started the current epoch
     /// from (none in epoch 0: the run seed's).
     pub(super) starts: BTreeMap<u32, [u8; 32]>,
+    /// `starts` as it stood in the epoch before (a sparse sender's backlog
+    /// is held against its contribution then).
+    #[serde(default)]
+    pub(super) starts_before: BTreeMap<u32, [u8; 32]>,
     /// Merge audits in progress (merge_audit.rs).
     #[serde(default)]
     pub(super) merge_audits: Vec<OpenAudit>,

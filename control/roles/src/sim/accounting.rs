@@ -83,6 +83,10 @@ fn expected(mode: SimAdversary, stage: u32, stages: u32) -> &'static str {
         HostileUnreachable => "discredited|unpaid|none",
         // Alone it has no accomplice: it reduces honestly.
         Collude => "none",
+        // Dense merges carry no backlog to inflate (the real swarm
+        // convicts it with sparse contributions: integration
+        // `validated_sparse_contributions_convict_an_inflated_backlog_and_no_honest_replica`).
+        InflatedBacklog => "none",
         MergeEquivocate | Nan | MergeGarbage | MergeLie | Withholder | LyingOwner | RefereeCollusion
         | FramingSender | ScaledPoison | CopyPartner | NegatePartner => "convicted (merge)",
         _ if compute_fault(mode, stage, stages).is_some() => "convicted (recompute)",

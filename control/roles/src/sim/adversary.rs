@@ -37,11 +37,15 @@ pub enum SimAdversary {
     ScaledPoison,
     CopyPartner,
     NegatePartner,
+    /// Sparse contributions' backlog inflated (the miner's
+    /// `InflatedBacklog`); the simulator's merges are dense, with no
+    /// backlog, so it acts honestly here.
+    InflatedBacklog,
 }
 
 impl SimAdversary {
     /// Every mode, as the miner's command line names them.
-    pub const NAMES: [(&'static str, SimAdversary); 28] = [
+    pub const NAMES: [(&'static str, SimAdversary); 29] = [
         ("silent", SimAdversary::Silent),
         ("closed", SimAdversary::Closed),
         ("slow", SimAdversary::Slow),
@@ -70,6 +74,7 @@ impl SimAdversary {
         ("scaled-poison", SimAdversary::ScaledPoison),
         ("copy-partner", SimAdversary::CopyPartner),
         ("negate-partner", SimAdversary::NegatePartner),
+        ("inflated-backlog", SimAdversary::InflatedBacklog),
     ];
 
     pub fn name(self) -> &'static str {

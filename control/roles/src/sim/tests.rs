@@ -81,7 +81,7 @@ fn every_adversary_mode_is_named_as_the_swarm_names_it_and_no_honest_miner_is_co
         ..SimConfig::default()
     };
     let r = ok(&cfg);
-    assert_eq!(r.adversaries.len(), 28);
+    assert_eq!(r.adversaries.len(), SimAdversary::NAMES.len());
     let convicted = r.adversaries.iter().filter(|a| a.named.starts_with("convicted")).count();
     assert!(convicted >= 20, "{:?}", r.adversaries);
     assert_eq!(r.honest_convicted, 0);

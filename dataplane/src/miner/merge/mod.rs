@@ -80,6 +80,12 @@ pub trait Merge: Send {
     /// merge sends must be the pseudo-gradient of its last weights, and an
     /// audited one is stored with the witness that shows it.
     fn bind(&mut self, _step_hashes: Vec<[u8; 32]>) {}
+    /// With sparse contributions in a validated run: the hash of the
+    /// backlog `epoch`'s contributions start from (after `contribute`), for
+    /// the epoch's commitments.
+    fn backlog_hash(&self, _epoch: u64) -> Option<[u8; 32]> {
+        None
+    }
 }
 
 /// Loads a stage's weights from announced objects (see `load_weights`);

@@ -238,6 +238,9 @@ impl<B: Backend + 'static> Worker<B> {
                     self.merge.bind(items);
                 }
                 self.merge.contribute(p.epoch, self.stage_index, s.layout(), &params, self.work, out)?;
+                if let Some(h) = self.merge.backlog_hash(p.epoch) {
+                    self.commitments.lock().backlog(p.epoch, h);
+                }
                 // The upload carries the epoch's final heads: its training
                 // frames and inner steps are all behind it.
                 let heads = iota_protocol::commitments_pb::to_pb(&self.commitments.lock().heads());

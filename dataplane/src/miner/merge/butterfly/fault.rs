@@ -65,4 +65,11 @@ pub enum MergeFault {
     /// cancel and the stage stops learning (the `negate-partner`
     /// adversary).
     NegatePartner,
+    /// With sparse contributions: multiplies the backlog it carries by 4
+    /// before each merge, then commits to it and contributes from it
+    /// honestly: well formed and consistent with everything it reports
+    /// that epoch, stale directions pushed four times over, but not the
+    /// backlog its contributions of the epoch before left (the
+    /// `inflated-backlog` adversary).
+    InflatedBacklog,
 }

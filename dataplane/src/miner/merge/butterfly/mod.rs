@@ -284,6 +284,9 @@ impl Butterfly {
                 }
             }
         }
+        if (0..plan.partitions.len()).all(|k| self.encoded.contains_key(&k)) {
+            self.feedback.stepped(self.epoch, self.stage);
+        }
         // Frames that came before the plan that makes them acceptable.
         for m in std::mem::take(&mut self.early) {
             self.accept(m, true);
@@ -527,6 +530,10 @@ impl Merge for Butterfly {
         self.bound = Some((step_hashes, Vec::new()));
     }
 
+    fn backlog_hash(&self, epoch: u64) -> Option<[u8; 32]> {
+        self.feedback.backlog_hash(epoch)
+    }
+
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
         self.reset(epoch, stage);
         // The previous epoch's buffer, reused: no fresh pages to fault in.
@@ -548,9 +555,15 @@ impl Merge for Butterfly {
             self.reset(epoch, stage);
             self.theta_prev = params.to_vec();
         }
-        if let Some((_, last)) = self.bound.as_mut() {
+        if self.fault == Some(MergeFault::InflatedBacklog) {
+            self.feedback.inflate(4.0);
+        }
+        if let Some((items, last)) = self.bound.as_mut() {
             last.clear();
             last.extend_from_slice(params);
+            if self.spec.sparse_density > 0.0 {
+                self.feedback.begin(epoch, stage, &self.theta_prev, params, items);
+            }
         }
         let mut delta: Vec<f32> = self.theta_prev.iter().zip(params).map(|(g, l)| g - l).collect();
         self.fault_delta(epoch, &mut delta);

@@ -196,9 +196,15 @@ impl Butterfly {
             out.push(Output::Store { key: self.fallback_key(k, &self.me), meta, payload });
             if let Some((items, last)) = self.bound.as_ref().filter(|(_, l)| l.len() == self.theta_prev.len()) {
                 let range = part.offset as usize..(part.offset + part.len) as usize;
-                let w = iota_checks::contribution::ContributionWitness::of(&self.theta_prev, last, items, range);
+                let bytes = if self.spec.sparse_density > 0.0 {
+                    // Its backlog too, and the epoch before's that left it.
+                    let Some(w) = self.feedback.witness(self.epoch, range) else { continue };
+                    w.encode()
+                } else {
+                    iota_checks::contribution::ContributionWitness::of(&self.theta_prev, last, items, range).encode()
+                };
                 let key = self.fallback_key(k, &self.me).replace(".frame", ".witness");
-                out.push(Output::StoreRaw { key, bytes: Bytes::from(w.encode()) });
+                out.push(Output::StoreRaw { key, bytes: Bytes::from(bytes) });
             }
         }
         Ok(())
