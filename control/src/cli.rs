@@ -245,7 +245,9 @@ pub struct RunArgs {
     pub validation_timeout_s: u64,
     /// Validators roll a merge back when the merged model's held-out loss
     /// exceeds the last kept one's or the late training loss by more than
-    /// this fraction (or is not finite).
+    /// this fraction (or is not finite); with sparse contributions, the
+    /// last kept one's alone (a sparse merge applies part of the replicas'
+    /// progress at a time).
     #[arg(long, default_value_t = spec_default().validation.rollback_loss_jump)]
     pub rollback_loss_jump: f64,
     /// Held-out micro-batches a validator evaluates each merged model on.

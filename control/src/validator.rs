@@ -381,13 +381,15 @@ impl Shell {
         }
         self.summary.check_time += took;
         // Against the better of the last model it kept (the seed's at
-        // first) and the epoch's own training loss: a merge far worse than
-        // the models it merged is suspect. Tails this validator found
+        // first) and the epoch's own training loss (not with sparse
+        // contributions: `train_loss::rollback_base`): a merge far worse
+        // than the models it merged is suspect. Tails this validator found
         // guilty (of lying about their loss, say) are left out of the
         // training loss.
         let trained =
             self.train_tails.get(&epoch).and_then(|t| train_loss::baseline(t, &self.core.found_guilty(epoch)));
-        let base = [self.last_good.or(seed_loss), trained].into_iter().flatten().min_by(f32::total_cmp);
+        let sparse = self.cfg.spec.merge.sparse_density > 0.0;
+        let base = train_loss::rollback_base(self.last_good.or(seed_loss), trained, sparse);
         let jump = self.cfg.spec.validation.rollback_loss_jump;
         let (rollback, reason) = match &loss {
             Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),

@@ -217,7 +217,8 @@ fn at_once<F: Future>(f: F) -> F::Output {
 /// wrong, offset, values), through `StoredObject::from_pb`, then
 /// `read_parts` over a fuzzer-chosen range and `load_weights` of a small
 /// stage. A value is only ever taken from a part whose bytes match its
-/// announcement.
+/// announcement. What is left is a contribution's witness
+/// (`contribution_witnesses`).
 pub fn store_objects(data: &[u8]) {
     let mut b = Bytes(data);
     let mem = std::sync::Arc::new(MemStore::default());
@@ -261,6 +262,41 @@ pub fn store_objects(data: &[u8]) {
     }
     assert!(bad.iter().all(|b| announced.contains(&b.object)));
     let _ = mem;
+    contribution_witnesses(b.0);
+}
+
+/// The rest of a `store_objects` input as a merge contribution's stored
+/// witness (`.witness`), dense (`IOTACWT1`) or sparse (`IOTASWT1`), of a
+/// small stage, held against commitments the fuzzer picks: refused or
+/// judged, never a panic.
+fn contribution_witnesses(data: &[u8]) {
+    use iota_core::commitment::Chain;
+    use iota_dataplane::contribution::{Bound, ContributionWitness, WitnessLimits, check_contribution};
+    use iota_dataplane::sparse_contribution::{EpochBound, SparseBound, SparseWitness, check_sparse_contribution};
+    let mut b = Bytes(data);
+    let weights = 1 + u64::from(b.u16());
+    let start = u64::from(b.u16()) % weights;
+    let range = start..(start + 1 + u64::from(b.u16())).min(weights);
+    let limits = WitnessLimits { weights, partition: range.end - range.start, max_steps: 4 };
+    let pick = |b: &mut Bytes| -> [u8; 32] { b.take(32).try_into().unwrap_or([0; 32]) };
+    let committed = Chain { len: u64::from(b.u8()), head: pick(&mut b) };
+    let starts = [pick(&mut b)];
+    let (backlog, payload_hash) = (pick(&mut b), pick(&mut b));
+    // A run's density keeps 1 to SPARSE_BLOCK values a block.
+    let kept = 1 + usize::from(b.u16()) % iota_core::codec::SPARSE_BLOCK;
+    let decay = f32::from(b.u8()) / 128.0;
+    let dense = b.u8() % 2 == 0;
+    let rest = b.take(usize::MAX);
+    if dense {
+        if let Ok(w) = ContributionWitness::decode(rest, limits) {
+            let bound = Bound { committed: &committed, starts: &starts, codec: WireCodec::Bf16, range, payload_hash };
+            let _ = check_contribution(&w, &bound);
+        }
+    } else if let Ok(w) = SparseWitness::decode(rest, limits) {
+        let now = EpochBound { committed: &committed, starts: &starts, backlog };
+        let before = Some(EpochBound { committed: &committed, starts: &starts, backlog });
+        let _ = check_sparse_contribution(&w, &SparseBound { now, before, range, payload_hash, kept, decay });
+    }
 }
 
 /// Safetensors parsing of arbitrary bytes, alone and into a stage layout.
