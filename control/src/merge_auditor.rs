@@ -58,18 +58,24 @@ pub struct AuditContext {
 
 impl AuditContext {
     /// Whether the seed's weights start an epoch the audit holds a sender
-    /// against: the audited one (epoch 0) or the one before (epoch 1), when
-    /// the orchestrator recorded no start for it.
+    /// against: the audited one in epoch 0, or (sparse contributions) the
+    /// one before it, when the orchestrator recorded no start for it.
     pub fn needs_seed(&self) -> bool {
-        (self.plan.epoch == 0 && self.starts.is_empty()) || (self.plan.epoch == 1 && self.starts_before.is_empty())
+        (self.plan.epoch == 0 && self.starts.is_empty()) || (self.plan.epoch >= 1 && self.starts_before.is_empty())
     }
 
     /// The hashes the audited epoch (`before`: the one before) may have
-    /// started from, with the seed's (`initial`) where it is epoch 0 and
-    /// none was recorded.
+    /// started from, with the seed's (`initial`) where none was recorded:
+    /// for the audited epoch in epoch 0 only (later, no recorded start
+    /// judges nobody); for the one before whenever it is empty, as it is
+    /// until a merge is kept (epoch 0, and every merge rolled back since:
+    /// each next epoch starts from the seed again).
     fn starts(&self, before: bool, initial: Option<[u8; 32]>) -> Vec<[u8; 32]> {
-        let (list, epoch) = if before { (&self.starts_before, 1) } else { (&self.starts, 0) };
-        let seed = initial.filter(|_| self.plan.epoch == epoch && list.is_empty());
+        let (list, seeded) = match before {
+            true => (&self.starts_before, self.plan.epoch >= 1),
+            false => (&self.starts, self.plan.epoch == 0),
+        };
+        let seed = initial.filter(|_| seeded && list.is_empty());
         list.iter().filter_map(|h| h.as_slice().try_into().ok()).chain(seed).collect()
     }
 
@@ -432,6 +438,34 @@ mod tests {
         fn list<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Vec<String>> {
             Box::pin(std::future::ready(Ok(Vec::new())))
         }
+    }
+
+    /// The seed's weights start the epoch before an audited one until a
+    /// merge is kept (after rollbacks too); the audited epoch's own start
+    /// is the seed's in epoch 0 only.
+    #[test]
+    fn the_seed_starts_the_epoch_before_until_a_merge_is_kept() {
+        let ctx = |epoch, starts: Vec<Vec<u8>>, starts_before: Vec<Vec<u8>>| AuditContext {
+            plan: MergePlan::new(epoch, 0, vec![Participant { peer: PeerId([1; 32]), work: 1 }], 100, 7, 1),
+            momentum: Vec::new(),
+            committed: Vec::new(),
+            starts,
+            starts_before,
+        };
+        let seed = Some([5u8; 32]);
+        let first = ctx(0, Vec::new(), Vec::new());
+        assert!(first.needs_seed());
+        assert_eq!(first.starts(false, seed), vec![[5; 32]]);
+        // Epoch 2 after two merges rolled back: no start recorded for either.
+        let rolled = ctx(2, Vec::new(), Vec::new());
+        assert!(rolled.needs_seed());
+        assert_eq!(rolled.starts(true, seed), vec![[5; 32]]);
+        assert!(rolled.starts(false, seed).is_empty(), "no recorded start for the audited epoch judges nobody");
+        // Once merges are kept, the recorded starts stand alone.
+        let kept = ctx(3, vec![vec![7; 32]], vec![vec![6; 32]]);
+        assert!(!kept.needs_seed());
+        assert_eq!(kept.starts(true, seed), vec![[6; 32]]);
+        assert_eq!(kept.starts(false, seed), vec![[7; 32]]);
     }
 
     /// A contribution the store could not read (an outage) is not one its
