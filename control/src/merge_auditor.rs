@@ -54,28 +54,32 @@ pub struct AuditContext {
     pub starts: Vec<Vec<u8>>,
     /// Sparse runs: the hashes the epoch before may have started from.
     pub starts_before: Vec<Vec<u8>>,
+    /// The audited epoch (`seed_start`) or the one before it
+    /// (`seed_start_before`, sparse runs) started from the run seed's
+    /// weights, whose hash the validator adds itself.
+    pub seed_start: bool,
+    pub seed_start_before: bool,
 }
 
 impl AuditContext {
     /// Whether the seed's weights start an epoch the audit holds a sender
-    /// against: the audited one in epoch 0, or (sparse contributions) the
-    /// one before it, when the orchestrator recorded no start for it.
+    /// against: the orchestrator says so for the audited epoch or, with
+    /// sparse contributions, the one before it.
     pub fn needs_seed(&self) -> bool {
-        (self.plan.epoch == 0 && self.starts.is_empty()) || (self.plan.epoch >= 1 && self.starts_before.is_empty())
+        self.seed_start || self.seed_start_before
     }
 
     /// The hashes the audited epoch (`before`: the one before) may have
-    /// started from, with the seed's (`initial`) where none was recorded:
-    /// for the audited epoch in epoch 0 only (later, no recorded start
-    /// judges nobody); for the one before whenever it is empty, as it is
-    /// until a merge is kept (epoch 0, and every merge rolled back since:
-    /// each next epoch starts from the seed again).
+    /// started from, with the seed's (`initial`) where the orchestrator
+    /// says it started from the seed (epoch 0, and every epoch after merges
+    /// that were all rolled back). An empty list without the flag is an
+    /// unknown start, which judges nobody.
     fn starts(&self, before: bool, initial: Option<[u8; 32]>) -> Vec<[u8; 32]> {
         let (list, seeded) = match before {
-            true => (&self.starts_before, self.plan.epoch >= 1),
-            false => (&self.starts, self.plan.epoch == 0),
+            true => (&self.starts_before, self.seed_start_before),
+            false => (&self.starts, self.seed_start),
         };
-        let seed = initial.filter(|_| seeded && list.is_empty());
+        let seed = initial.filter(|_| seeded);
         list.iter().filter_map(|h| h.as_slice().try_into().ok()).chain(seed).collect()
     }
 
@@ -87,6 +91,8 @@ impl AuditContext {
             committed: c.committed,
             starts: c.starts,
             starts_before: c.starts_before,
+            seed_start: c.seed_start,
+            seed_start_before: c.seed_start_before,
         })
     }
 }
@@ -440,32 +446,42 @@ mod tests {
         }
     }
 
-    /// The seed's weights start the epoch before an audited one until a
-    /// merge is kept (after rollbacks too); the audited epoch's own start
-    /// is the seed's in epoch 0 only.
+    /// The seed's weights start an epoch where the orchestrator says so
+    /// (epoch 0, and after merges that were all rolled back), for the
+    /// audited epoch and the one before alike; an empty list without its
+    /// flag is an unknown start and judges nobody, in any epoch.
     #[test]
-    fn the_seed_starts_the_epoch_before_until_a_merge_is_kept() {
-        let ctx = |epoch, starts: Vec<Vec<u8>>, starts_before: Vec<Vec<u8>>| AuditContext {
+    fn the_seed_starts_an_epoch_only_where_the_orchestrator_says_so() {
+        let ctx = |epoch, starts: Vec<Vec<u8>>, starts_before: Vec<Vec<u8>>, seeds: (bool, bool)| AuditContext {
             plan: MergePlan::new(epoch, 0, vec![Participant { peer: PeerId([1; 32]), work: 1 }], 100, 7, 1),
             momentum: Vec::new(),
             committed: Vec::new(),
             starts,
             starts_before,
+            seed_start: seeds.0,
+            seed_start_before: seeds.1,
         };
         let seed = Some([5u8; 32]);
-        let first = ctx(0, Vec::new(), Vec::new());
+        let first = ctx(0, Vec::new(), Vec::new(), (true, false));
         assert!(first.needs_seed());
         assert_eq!(first.starts(false, seed), vec![[5; 32]]);
-        // Epoch 2 after two merges rolled back: no start recorded for either.
-        let rolled = ctx(2, Vec::new(), Vec::new());
-        assert!(rolled.needs_seed());
+        assert!(first.starts(true, seed).is_empty());
+        // Epoch 1 after epoch 0's merge was rolled back: both started from the seed.
+        let rolled = ctx(1, Vec::new(), Vec::new(), (true, true));
+        assert_eq!(rolled.starts(false, seed), vec![[5; 32]]);
         assert_eq!(rolled.starts(true, seed), vec![[5; 32]]);
-        assert!(rolled.starts(false, seed).is_empty(), "no recorded start for the audited epoch judges nobody");
+        // Starts the orchestrator could not name (no merge reported): unknown, not the seed.
+        let unknown = ctx(4, Vec::new(), Vec::new(), (false, false));
+        assert!(!unknown.needs_seed());
+        assert!(unknown.starts(false, seed).is_empty(), "an unknown start judges nobody");
+        assert!(unknown.starts(true, seed).is_empty(), "an unknown start judges nobody");
         // Once merges are kept, the recorded starts stand alone.
-        let kept = ctx(3, vec![vec![7; 32]], vec![vec![6; 32]]);
+        let kept = ctx(3, vec![vec![7; 32]], vec![vec![6; 32]], (false, false));
         assert!(!kept.needs_seed());
         assert_eq!(kept.starts(true, seed), vec![[6; 32]]);
         assert_eq!(kept.starts(false, seed), vec![[7; 32]]);
+        // A flag without the seed's hash at hand adds nothing.
+        assert!(rolled.starts(false, None).is_empty());
     }
 
     /// A contribution the store could not read (an outage) is not one its
@@ -482,6 +498,8 @@ mod tests {
             committed: Vec::new(),
             starts: Vec::new(),
             starts_before: Vec::new(),
+            seed_start: false,
+            seed_start_before: false,
         });
         let spec = MergeSpec::default();
         let run = |failures: Vec<(usize, io::ErrorKind)>| {

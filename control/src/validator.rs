@@ -60,6 +60,10 @@ pub struct ValidatorOptions {
     /// a copier of the others' consensus would send (the `copy-weights`
     /// mode; never set by the command line).
     pub copy_weights: bool,
+    /// Test tool: votes to roll back the merges of these epochs, whatever
+    /// their held-out loss (so tests can follow a run past a rollback;
+    /// never set by the command line).
+    pub roll_back_epochs: Vec<u64>,
 }
 
 impl ValidatorOptions {
@@ -77,6 +81,7 @@ impl ValidatorOptions {
             accuse_everyone: false,
             ask_flood: false,
             copy_weights: false,
+            roll_back_epochs: Vec::new(),
         }
     }
 }
@@ -313,8 +318,9 @@ impl Shell {
                 let run_id = self.run_id;
                 let context = self.audit_contexts.get(&ma.context);
                 // The seed's weights are the start of an epoch the
-                // orchestrator recorded none for (epoch 0: the audited one,
-                // or with sparse contributions the one before it).
+                // orchestrator says began from them (epoch 0, or after
+                // merges all rolled back: the audited one, or with sparse
+                // contributions the one before it).
                 let initial = match context.as_deref() {
                     Some(Ok(c)) if c.needs_seed() => self.checker.lock().initial_hash(c.plan.stage).ok(),
                     _ => None,
@@ -394,6 +400,7 @@ impl Shell {
         let (rollback, reason) = match &loss {
             Err(why) => (true, format!("the merged model cannot be evaluated: {why}")),
             Ok(l) if !l.is_finite() => (true, format!("held-out loss {l}")),
+            Ok(_) if self.opts.roll_back_epochs.contains(&epoch) => (true, "a test told this validator to".into()),
             Ok(l) if base.is_some_and(|b| f64::from(*l) > f64::from(b) * (1.0 + jump)) => {
                 (true, format!("held-out loss {l} after {}", base.unwrap_or(f32::NAN)))
             }

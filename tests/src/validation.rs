@@ -85,6 +85,8 @@ pub struct Scenario {
     pub config: fn(&mut iota_protocol::RunConfig),
     /// Sets the first validator up (a dishonest one, say).
     pub first_validator: fn(&mut ValidatorOptions),
+    /// Sets every validator up (before `first_validator`, for the first).
+    pub every_validator: fn(&mut ValidatorOptions),
 }
 
 impl Scenario {
@@ -99,6 +101,7 @@ impl Scenario {
             each: |_| {},
             config: |_| {},
             first_validator: |_| {},
+            every_validator: |_| {},
         }
     }
 
@@ -151,7 +154,8 @@ fn colluding(mode: Adversary) -> bool {
 }
 
 async fn run(sc: Scenario) -> ScenarioReport {
-    let Scenario { adversary, shape: (stages, replicas), epochs, per_epoch, seed, each, config, first_validator } = sc;
+    let Scenario { adversary, shape: (stages, replicas), epochs, per_epoch, seed, each, config, first_validator, every_validator } =
+        sc;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
@@ -166,7 +170,11 @@ async fn run(sc: Scenario) -> ScenarioReport {
         .into_iter()
         .enumerate()
         .map(|(i, id)| {
-            let change = if i == 0 { first_validator } else { |_: &mut ValidatorOptions| {} };
+            let first = if i == 0 { first_validator } else { |_: &mut ValidatorOptions| {} };
+            let change = move |o: &mut ValidatorOptions| {
+                every_validator(o);
+                first(o);
+            };
             swarm.validator_with(id, seed + i as u64, change, stop.clone())
         })
         .collect();

@@ -78,3 +78,32 @@ async fn validated_sparse_contributions_convict_an_inflated_backlog_and_no_hones
         }
     }
 }
+
+/// After a rollback the next epoch starts from the seed's weights again;
+/// its contributions are held against them (the orchestrator says the
+/// epoch started from the seed: `MergeAuditContext.seed_start`), not left
+/// unjudged. Both validators roll epoch 0's merge back (a test tool): the
+/// replica that inflates its backlog is convicted at epoch 1 all the same,
+/// and no honest replica is accused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_rollback_an_inflated_backlog_is_still_convicted_and_no_honest_replica() {
+    use iota_dataplane::miner::Adversary;
+    use iota_tests::validation::{Place, Scenario};
+    let r = Scenario {
+        config: |c| c.spec.merge.sparse_density = 1.0 / 20.0,
+        every_validator: |o| o.roll_back_epochs = vec![0],
+        ..Scenario::new(Some((Adversary::InflatedBacklog, Place::Head)), 3, 16)
+    }
+    .run()
+    .await;
+    let convicted: Vec<_> = r.history.iter().map(|h| h.convicted.clone()).collect();
+    let rolled: Vec<bool> = r.history.iter().map(|h| h.rolled_back).collect();
+    println!("rolled back {rolled:?}, convicted {convicted:?}");
+    assert_eq!(rolled, vec![true, false, false], "epoch 0's merge is rolled back, and only it");
+    let bad = r.bad.expect("the adversary registered");
+    let against_honest: Vec<_> = r.verdicts.iter().filter(|v| v.guilty && v.miner != bad).collect();
+    assert!(against_honest.is_empty(), "honest miners accused: {against_honest:?}");
+    assert!(convicted[0].is_empty(), "{convicted:?}");
+    assert_eq!(convicted[1], vec![bad], "convicted in the epoch after the rollback, nobody else");
+    assert!(convicted.iter().flatten().all(|p| *p == bad), "{convicted:?}");
+}

@@ -163,8 +163,15 @@ impl Orchestrator {
             })
         };
         let stage_start = |starts: &BTreeMap<u32, [u8; 32]>| starts.get(&stage).map(|h| vec![h.to_vec()]);
-        let (committed, starts, starts_before) = if self.spec.merge.overlap || !self.spec.validation.bind_contributions
-        {
+        // Whether an epoch started from the run seed's weights (its entry
+        // says so: epoch 0, and every epoch after merges all rolled back).
+        // No entry (forgotten, or a state from before it was kept) is an
+        // unknown start, which judges nobody: never assumed the seed's.
+        let seeded = |e: u64| self.started_from.get(&e) == Some(&None);
+        let bound = !self.spec.merge.overlap && self.spec.validation.bind_contributions;
+        let seed_start = bound && seeded(epoch);
+        let seed_start_before = bound && sparse && epoch.checked_sub(1).is_some_and(seeded);
+        let (committed, starts, starts_before) = if !bound {
             (Vec::new(), Vec::new(), Vec::new())
         } else {
             let committed = bm
@@ -189,6 +196,8 @@ impl Orchestrator {
             committed,
             starts,
             starts_before,
+            seed_start,
+            seed_start_before,
         };
         context.id = blake3::hash(&prost::Message::encode_to_vec(&context)).as_bytes().to_vec();
         context

@@ -96,6 +96,9 @@ struct Sim {
     frame: Option<PeerId>,
     /// Merge audits the validators were sent.
     audits_heard: usize,
+    /// Each audit context's epoch and where it says the audited epoch and
+    /// the one before started from the seed (`seed_start`, `seed_start_before`).
+    context_seeds: BTreeSet<(u64, bool, bool)>,
     /// How the (non-quiet) validators judge merged models: each (epoch,
     /// validator) here votes to roll that epoch's merge back; the others
     /// keep it.
@@ -172,6 +175,7 @@ impl Sim {
             colluders: BTreeSet::new(),
             frame: None,
             audits_heard: 0,
+            context_seeds: BTreeSet::new(),
             rollback_votes: BTreeSet::new(),
             merge_liars: BTreeSet::new(),
             vote_hashes: Default::default(),
@@ -456,6 +460,8 @@ impl Sim {
                 pb::command::Kind::ContributionRequest(_) => {}
                 pb::command::Kind::MergeAuditContext(c) => {
                     self.contexts_heard += 1;
+                    let epoch = c.plan.as_ref().map_or(0, |p| p.epoch);
+                    self.context_seeds.insert((epoch, c.seed_start, c.seed_start_before));
                     self.audit_plans.insert((to, c.id), plan_from_pb(c.plan.as_ref().unwrap()).unwrap());
                 }
                 pb::command::Kind::MergeAudit(a) => {

@@ -480,9 +480,9 @@ fn a_merge_vote_naming_a_stage_past_the_run_is_refused() {
     assert!(matches!(r, Err(Refusal::Invalid(ref m)) if m.contains("no check")), "{r:?}");
 }
 
-#[test]
-fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() {
-    let mut spec = validated_spec();
+/// Three epochs; both validators vote epoch 0's merge down, validator 1
+/// alone (40%) epoch 1's.
+fn epoch_0_rolled_back(mut spec: RunSpec) -> Sim {
     spec.epochs = 3;
     let mut s = start(spec);
     // Epoch 0's merge: both validators (100% of the stake) vote it down.
@@ -498,6 +498,12 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
         }
     }
     s.run_until_done(200);
+    s
+}
+
+#[test]
+fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() {
+    let s = epoch_0_rolled_back(validated_spec());
     let h = s.o.history();
     assert_eq!(h.iter().map(|e| e.rolled_back).collect::<Vec<_>>(), vec![true, false, false]);
     assert_eq!(s.o.counters().rollbacks, 1);
@@ -512,6 +518,11 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
     assert!(!e1.is_empty() && e1.iter().all(|&(from, objects)| from == 0 && objects == 0), "{e1:?}");
     let e2 = training_weights(&s, 2);
     assert!(!e2.is_empty() && e2.iter().all(|&(from, objects)| from == 2 && objects > 0), "{e2:?}");
+    // The merge audits hold epochs 0 and 1 against the seed's weights
+    // (epoch 1 started from them again), epoch 2 against a recorded start.
+    // Dense: the epoch before is never read.
+    let seeds: Vec<(u64, bool, bool)> = s.context_seeds.iter().copied().collect();
+    assert_eq!(seeds, vec![(0, true, false), (1, true, false), (2, false, false)]);
     // The validators hear the same, so none takes a merge it kept for a
     // start the stake rolled back.
     assert_eq!(work_from(&s, 1), vec![0, 0]);
@@ -520,6 +531,20 @@ fn a_merge_the_stake_votes_down_is_rolled_back_and_a_minority_cannot_force_it() 
     assert!(s.o.quorum().is_some());
     let checks = s.validation_heard.iter().filter(|o| matches!(o.cmd, pb::command::Kind::MergeCheck(_))).count();
     assert_eq!(checks, 2 * 3, "every merge went to both validators");
+}
+
+/// Sparse contributions are held against the epoch before's start too:
+/// after epoch 0's merge is rolled back, epoch 1 started from the seed
+/// again, so epoch 2's audits hold the epoch before against the seed (a
+/// start nobody recorded would otherwise judge nobody).
+#[test]
+fn after_a_rollback_sparse_audits_hold_the_epoch_before_against_the_seed() {
+    let mut spec = validated_spec();
+    spec.merge.sparse_density = 0.05;
+    let s = epoch_0_rolled_back(spec);
+    assert_eq!(s.o.history().iter().map(|e| e.rolled_back).collect::<Vec<_>>(), vec![true, false, false]);
+    let seeds: Vec<(u64, bool, bool)> = s.context_seeds.iter().copied().collect();
+    assert_eq!(seeds, vec![(0, true, false), (1, true, true), (2, false, true)]);
 }
 
 /// A validator's weights come with its ValidationDone, one per miner of the
