@@ -154,8 +154,17 @@ fn colluding(mode: Adversary) -> bool {
 }
 
 async fn run(sc: Scenario) -> ScenarioReport {
-    let Scenario { adversary, shape: (stages, replicas), epochs, per_epoch, seed, each, config, first_validator, every_validator } =
-        sc;
+    let Scenario {
+        adversary,
+        shape: (stages, replicas),
+        epochs,
+        per_epoch,
+        seed,
+        each,
+        config,
+        first_validator,
+        every_validator,
+    } = sc;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny_run(stages, replicas, epochs, per_epoch, WireCodec::Int8Row);
     let validators = with_validators(&mut cfg, 2);
