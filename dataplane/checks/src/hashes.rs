@@ -66,17 +66,26 @@ pub struct WeightsWitness {
 impl WeightsWitness {
     /// The witness of `range` of `params` (clamped to it).
     pub fn of(params: &[f32], range: std::ops::Range<usize>) -> WeightsWitness {
-        let end = range.end.min(params.len());
-        let first = range.start.min(end) / WEIGHTS_LEAF;
-        let last = end.div_ceil(WEIGHTS_LEAF).max(first);
-        let from = first.saturating_mul(WEIGHTS_LEAF);
-        let to = last.saturating_mul(WEIGHTS_LEAF).min(params.len());
+        let (first, span) = WeightsWitness::covering(params.len(), range);
         WeightsWitness {
             n: params.len() as u64,
             leaves: weights_leaves(params),
             first_leaf: first as u64,
-            values: params.get(from..to).unwrap_or(&[]).to_vec(),
+            values: params.get(span).unwrap_or(&[]).to_vec(),
         }
+    }
+
+    /// The first leaf, and the values, a witness of `range` of `n` weights
+    /// shows (clamped to them): those of the leaves that cover it. For a
+    /// holder that keeps the leaves' hashes and reads the values from
+    /// elsewhere (a file).
+    pub fn covering(n: usize, range: std::ops::Range<usize>) -> (usize, std::ops::Range<usize>) {
+        let end = range.end.min(n);
+        let first = range.start.min(end) / WEIGHTS_LEAF;
+        let last = end.div_ceil(WEIGHTS_LEAF).max(first);
+        let from = first.saturating_mul(WEIGHTS_LEAF);
+        let to = last.saturating_mul(WEIGHTS_LEAF).min(n);
+        (first, from..to.max(from))
     }
 
     /// Checks the witness against `root` and returns the values of

@@ -33,7 +33,7 @@
 use iota_core::commitment::Chain;
 
 use crate::contribution::{Bound, ContributionWitness, Reader, WitnessLimits, bound_delta, put_witness};
-use crate::hashes::WeightsWitness;
+use crate::hashes::{WEIGHTS_LEAF, WeightsWitness};
 use crate::sparse::{SPARSE_BLOCK, step_frame};
 
 const MAGIC: &[u8; 8] = b"IOTASWT1";
@@ -135,12 +135,20 @@ impl SparseWitness {
         range: std::ops::Range<usize>,
     ) -> SparseWitness {
         let shown = WeightsWitness::of(backlog, range.clone());
-        let carried = backlog.get(range.clone()).is_some_and(|b| !all_zero(b));
-        SparseWitness {
-            weights,
-            backlog: shown,
-            before: before.filter(|_| carried).map(|(w, b)| (w, WeightsWitness::of(b, range))),
-        }
+        let before = before
+            .filter(|_| SparseWitness::carries(&shown, range.clone()))
+            .map(|(w, b)| (w, WeightsWitness::of(b, range)));
+        SparseWitness { weights, backlog: shown, before }
+    }
+
+    /// Whether a backlog shown over `range` carries anything there (not
+    /// all +0.0), so the witness must show the epoch before that left it.
+    /// For a sender that builds the witness's parts itself (`of` does it
+    /// from whole vectors).
+    pub fn carries(backlog: &WeightsWitness, range: std::ops::Range<usize>) -> bool {
+        let from = usize::try_from(backlog.first_leaf).unwrap_or(usize::MAX).saturating_mul(WEIGHTS_LEAF);
+        let shown = range.start.checked_sub(from).zip(range.end.checked_sub(from));
+        shown.and_then(|(a, b)| backlog.values.get(a..b)).is_some_and(|b| !all_zero(b))
     }
 }
 

@@ -157,6 +157,11 @@ fn equip<B: iota_model::Backend + 'static>(w: &mut Worker<B>, io: &mut ComputeIo
     w.tokens = io.tokens.clone();
     w.in_flight = io.in_flight.clone();
     w.commitments = io.commitments.clone();
+    // A validated sparse merge's records of what it sent go beside the
+    // evidence's snapshots rather than in memory.
+    if let Some(spill) = &io.evidence_spill {
+        w.merge_records_in(spill.dir().to_path_buf());
+    }
     let log = super::evidence_log::EvidenceLog::with_spill(io.evidence_bytes, io.evidence_spill.take())
         .with_frame_budget(io.evidence_frame_bytes);
     w.set_evidence(io.sent.clone(), log);

@@ -86,6 +86,9 @@ pub trait Merge: Send {
     fn backlog_hash(&self, _epoch: u64) -> Option<[u8; 32]> {
         None
     }
+    /// Where to keep large records of what it sent, for audits (the
+    /// miner's evidence directory), in place of memory.
+    fn keep_records_in(&mut self, _dir: std::path::PathBuf) {}
 }
 
 /// Loads a stage's weights from announced objects (see `load_weights`);

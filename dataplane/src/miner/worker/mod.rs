@@ -344,6 +344,11 @@ impl<B: Backend + 'static> Worker<B> {
         self.merge = m;
     }
 
+    /// The merge keeps its large audit records in `dir` (`Merge::keep_records_in`).
+    pub fn merge_records_in(&mut self, dir: std::path::PathBuf) {
+        self.merge.keep_records_in(dir);
+    }
+
     fn command(&mut self, c: pb::command::Kind, out: &mut Vec<Output>) -> Result<()> {
         match c {
             pb::command::Kind::Assign(a) => self.assign(a, out),

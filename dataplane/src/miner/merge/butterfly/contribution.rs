@@ -6,6 +6,7 @@
 //! merge loses none of what it trained, only delays it.
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -17,6 +18,7 @@ use iota_checks::sparse_contribution::SparseWitness;
 use iota_core::WireCodec;
 use iota_protocol::MergeSpec;
 
+use super::records::Recorded;
 use super::{MergeFault, MergeStats};
 
 /// A replica's unsent backlog for the stage it holds (none until its
@@ -31,6 +33,10 @@ pub(super) struct Feedback {
     /// where its contributions left this epoch's backlog (what an audited
     /// contribution's witness shows, `iota_checks::sparse_contribution`).
     records: Option<(EpochRecord, Option<EpochRecord>)>,
+    /// Where records past `spill_from` bytes a vector are kept (None: in
+    /// memory; `records.rs`).
+    pub(super) spill: Option<PathBuf>,
+    pub(super) spill_from: usize,
 }
 
 /// What a sparse replica shows of one epoch: the weights it started from
@@ -39,14 +45,30 @@ pub(super) struct Feedback {
 struct EpochRecord {
     epoch: u64,
     stage: u32,
-    start: Vec<f32>,
-    last: Vec<f32>,
+    start: Recorded,
+    last: Recorded,
     items: Vec<[u8; 32]>,
-    backlog: Vec<f32>,
-    backlog_hash: [u8; 32],
+    backlog: Recorded,
+}
+
+impl EpochRecord {
+    /// This epoch's weights over `range`, as `ContributionWitness::of`.
+    fn weights(&self, range: Range<usize>) -> Result<ContributionWitness, String> {
+        Ok(ContributionWitness {
+            start: self.start.witness(range.clone())?,
+            last: self.last.witness(range)?,
+            step_hashes: self.items.clone(),
+        })
+    }
 }
 
 impl Feedback {
+    /// Nothing held back yet; records spilled past `SPILL_FROM_BYTES`
+    /// once given a directory.
+    pub(super) fn new() -> Feedback {
+        Feedback { spill_from: super::records::SPILL_FROM_BYTES, ..Feedback::default() }
+    }
+
     /// Keeps the backlog if it is for `stage` of `len` values, else starts
     /// afresh (a replica moved to another stage, or restarted, has nothing
     /// of the new stage held back).
@@ -77,56 +99,53 @@ impl Feedback {
     }
 
     /// A validated run's epoch ends (before its contributions): records
-    /// what an audit of them is shown, and returns the hash of the backlog
-    /// they start from, for the epoch's commitments. A backlog the last
-    /// epoch's contributions did not leave whole (it sat that merge out,
-    /// or it was cut short) starts afresh, since nothing could show where
-    /// it came from. Once per epoch: a repeat returns the same hash.
-    pub(super) fn begin(
-        &mut self,
-        epoch: u64,
-        stage: u32,
-        start: &[f32],
-        last: &[f32],
-        items: &[[u8; 32]],
-    ) -> [u8; 32] {
-        if let Some((now, _)) = self.records.as_ref().filter(|(r, _)| r.epoch == epoch && r.stage == stage) {
-            return now.backlog_hash;
+    /// what an audit of them is shown, the backlog they start from among
+    /// it (its hash goes into the epoch's commitments: `backlog_hash`). A
+    /// backlog the last epoch's contributions did not leave whole (it sat
+    /// that merge out, or it was cut short) starts afresh, since nothing
+    /// could show where it came from. Once per epoch.
+    pub(super) fn begin(&mut self, epoch: u64, stage: u32, start: &[f32], last: &[f32], items: &[[u8; 32]]) {
+        if self.records.as_ref().is_some_and(|(r, _)| r.epoch == epoch && r.stage == stage) {
+            return;
         }
         self.hold(stage, start.len());
         let carried = epoch.checked_sub(1).is_some_and(|e| self.stepped == Some((e, stage)));
-        let Some((_, held)) = self.held.as_mut() else { return [0; 32] };
+        let Some((_, held)) = self.held.as_mut() else { return };
         if !carried {
             *held = ErrorFeedback::new(start.len());
         }
-        let backlog = held.residual().to_vec();
-        let backlog_hash = iota_checks::hashes::weights_hash(&backlog);
+        let (spill, from) = (self.spill.as_deref(), self.spill_from);
         let before =
             self.records.take().map(|(now, _)| now).filter(|r| carried && r.epoch + 1 == epoch && r.stage == stage);
         let now = EpochRecord {
             epoch,
             stage,
-            start: start.to_vec(),
-            last: last.to_vec(),
+            start: Recorded::keep(start, spill, from),
+            last: Recorded::keep(last, spill, from),
             items: items.to_vec(),
-            backlog,
-            backlog_hash,
+            backlog: Recorded::keep(held.residual(), spill, from),
         };
         self.records = Some((now, before));
-        backlog_hash
     }
 
-    /// The hash `begin` returned for `epoch`.
+    /// The hash of the backlog `begin` recorded for `epoch`.
     pub(super) fn backlog_hash(&self, epoch: u64) -> Option<[u8; 32]> {
-        self.records.as_ref().filter(|(r, _)| r.epoch == epoch).map(|(r, _)| r.backlog_hash)
+        self.records.as_ref().filter(|(r, _)| r.epoch == epoch).map(|(r, _)| r.backlog.hash())
     }
 
     /// The witness of `epoch`'s contribution to `range` (a validated run).
+    /// None: no record of `epoch`, or it could not be read back (warned).
     pub(super) fn witness(&self, epoch: u64, range: Range<usize>) -> Option<SparseWitness> {
         let (now, before) = self.records.as_ref().filter(|(r, _)| r.epoch == epoch)?;
-        let weights = |r: &EpochRecord| ContributionWitness::of(&r.start, &r.last, &r.items, range.clone());
-        let before = before.as_ref().map(|b| (weights(b), &b.backlog[..]));
-        Some(SparseWitness::of(weights(now), &now.backlog, before, range.clone()))
+        let shown = || -> Result<SparseWitness, String> {
+            let backlog = now.backlog.witness(range.clone())?;
+            let before = match before.as_ref().filter(|_| SparseWitness::carries(&backlog, range.clone())) {
+                Some(b) => Some((b.weights(range.clone())?, b.backlog.witness(range.clone())?)),
+                None => None,
+            };
+            Ok(SparseWitness { weights: now.weights(range.clone())?, backlog, before })
+        };
+        shown().inspect_err(|e| tracing::warn!(epoch, error = %e, "no witness for an audited contribution")).ok()
     }
 }
 
@@ -163,4 +182,72 @@ pub(super) fn encode(
     }
     MergeStats::time(&stats.encode_ns, t0);
     Ok(Bytes::from(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use iota_checks::sparse::SPARSE_BLOCK;
+
+    use super::*;
+
+    /// An epoch's start, last weights, chain items and backlog, whole.
+    type Whole = (Vec<f32>, Vec<f32>, Vec<[u8; 32]>, Vec<f32>);
+
+    /// Two epochs of a replica whose every contribution comes from its
+    /// backlog, stage of two sparse blocks: the witnesses of both
+    /// partitions of both epochs, and for each the witness built from the
+    /// whole vectors (`SparseWitness::of`).
+    fn two_epochs(spill: Option<&std::path::Path>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let n = 2 * SPARSE_BLOCK;
+        let mut f = Feedback::new();
+        f.spill = spill.map(std::path::Path::to_path_buf);
+        f.spill_from = 0;
+        let mut shown = Vec::new();
+        let mut before: Option<Whole> = None;
+        for epoch in 0..2u64 {
+            let start: Vec<f32> = (0..n).map(|i| ((i as u64 + epoch) as f32 * 0.37).sin()).collect();
+            let last: Vec<f32> = start.iter().enumerate().map(|(i, s)| s - 1e-3 * (i as f32 * 0.11).cos()).collect();
+            let items = vec![[epoch as u8; 32]];
+            f.begin(epoch, 0, &start, &last, &items);
+            let backlog = f.held.as_ref().unwrap().1.residual().to_vec();
+            assert_eq!(f.backlog_hash(epoch), Some(iota_checks::hashes::weights_hash(&backlog)));
+            let delta: Vec<f32> = start.iter().zip(&last).map(|(s, l)| s - l).collect();
+            for p in 0..2 {
+                let range = p * SPARSE_BLOCK..(p + 1) * SPARSE_BLOCK;
+                let held = &mut f.held.as_mut().unwrap().1;
+                held.encode_frame(range.start, &delta[range.clone()], SPARSE_BLOCK / 20, 0.95).unwrap();
+                let weights = ContributionWitness::of(&start, &last, &items, range.clone());
+                let b = before.as_ref().map(|(s, l, i, b)| (ContributionWitness::of(s, l, i, range.clone()), &b[..]));
+                let whole = SparseWitness::of(weights, &backlog, b, range.clone());
+                shown.push((f.witness(epoch, range).unwrap().encode(), whole.encode()));
+            }
+            f.stepped(epoch, 0);
+            before = Some((start, last, items, backlog));
+        }
+        shown
+    }
+
+    /// Records kept on disk show the same witnesses, byte for byte, as
+    /// records in memory and as the whole vectors would; the second
+    /// epoch's carry the epoch before.
+    #[test]
+    fn records_on_disk_show_the_witnesses_the_whole_vectors_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = two_epochs(Some(dir.path()));
+        let memory = two_epochs(None);
+        assert_eq!(disk.len(), 4);
+        for (i, ((d, whole), (m, _))) in disk.iter().zip(&memory).enumerate() {
+            assert!(d == whole, "witness {i} on disk is not the whole vectors'");
+            assert!(m == whole, "witness {i} in memory is not the whole vectors'");
+        }
+        let limits = iota_checks::contribution::WitnessLimits {
+            weights: 2 * SPARSE_BLOCK as u64,
+            partition: SPARSE_BLOCK as u64,
+            max_steps: 4,
+        };
+        let carried: Vec<bool> =
+            disk.iter().map(|(d, _)| SparseWitness::decode(d, limits).unwrap().before.is_some()).collect();
+        assert_eq!(carried, vec![false, false, true, true], "epoch 1 carries epoch 0's backlog");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file left in the directory");
+    }
 }

@@ -44,6 +44,7 @@ mod fault;
 mod faulted;
 mod intake;
 mod missing;
+mod records;
 use iota_checks::slices;
 mod stats;
 mod store_io;
@@ -190,7 +191,7 @@ impl Butterfly {
             updates_from_store: 0,
             claimed: HashSet::new(),
             latest_contribution: Duration::ZERO,
-            feedback: contribution::Feedback::default(),
+            feedback: contribution::Feedback::new(),
         }
     }
 
@@ -532,6 +533,10 @@ impl Merge for Butterfly {
 
     fn backlog_hash(&self, epoch: u64) -> Option<[u8; 32]> {
         self.feedback.backlog_hash(epoch)
+    }
+
+    fn keep_records_in(&mut self, dir: std::path::PathBuf) {
+        self.feedback.spill = Some(dir);
     }
 
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {
