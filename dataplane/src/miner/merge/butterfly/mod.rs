@@ -333,32 +333,6 @@ impl Butterfly {
         Ok(())
     }
 
-    fn momentum_for(&mut self, k: usize, offset: u64, len: u64, out: &mut Vec<Output>) -> Result<Vec<f32>> {
-        if self.spec.outer.momentum == 0.0 {
-            // No outer momentum: zeros, which need no copy kept for a
-            // second reduce.
-            return Ok(vec![0.0; len as usize]);
-        }
-        if let Some(m) = self.momentum_prev.get(&k) {
-            return Ok(m.clone());
-        }
-        let m = if self.epoch == 0 || self.spec.outer.momentum == 0.0 {
-            vec![0.0; len as usize]
-        } else {
-            let r = self.rt.block_on(read_parts(&self.store, &self.momentum_objects, offset, len))?;
-            for b in &r.bad {
-                warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored momentum rejected");
-                out.push(b.report(self.epoch - 1, self.stage));
-            }
-            if r.covered < len {
-                warn!(k, covered = r.covered, len, "outer momentum partly missing in the store; zeros used");
-            }
-            r.values
-        };
-        self.momentum_prev.insert(k, m.clone());
-        Ok(m)
-    }
-
     /// A dishonest owner's (test tool) update: the honest one decoded,
     /// changed value by value, encoded again.
     fn republished(&self, len: u64, payload: &[u8], f: impl Fn(f32) -> f32) -> Result<(Bytes, [u8; 32])> {

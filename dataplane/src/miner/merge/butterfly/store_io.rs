@@ -13,6 +13,7 @@ use iota_protocol::{StoredObject, pb};
 use tracing::warn;
 
 use super::super::f32_bytes;
+use super::super::parts::read_parts;
 use super::encode_contribution;
 use super::slices::{KIND_CONTRIBUTION, slice_msg};
 use super::{Butterfly, MergeFault};
@@ -20,6 +21,34 @@ use crate::frame::decode_frame;
 use crate::miner::events::Output;
 
 impl Butterfly {
+    /// Partition `k`'s outer momentum after the previous merge (zeros
+    /// without one): read once from the store, then kept for a second reduce.
+    pub(super) fn momentum_for(&mut self, k: usize, offset: u64, len: u64, out: &mut Vec<Output>) -> Result<Vec<f32>> {
+        if self.spec.outer.momentum == 0.0 {
+            // No outer momentum: zeros, which need no copy kept for a
+            // second reduce.
+            return Ok(vec![0.0; len as usize]);
+        }
+        if let Some(m) = self.momentum_prev.get(&k) {
+            return Ok(m.clone());
+        }
+        let m = if self.epoch == 0 || self.spec.outer.momentum == 0.0 {
+            vec![0.0; len as usize]
+        } else {
+            let r = self.rt.block_on(read_parts(&self.store, &self.momentum_objects, offset, len))?;
+            for b in &r.bad {
+                warn!(key = %b.object.key, writer = %b.object.writer, reason = %b.reason, "stored momentum rejected");
+                out.push(b.report(self.epoch - 1, self.stage));
+            }
+            if r.covered < len {
+                warn!(k, covered = r.covered, len, "outer momentum partly missing in the store; zeros used");
+            }
+            r.values
+        };
+        self.momentum_prev.insert(k, m.clone());
+        Ok(m)
+    }
+
     /// The writer's part: stores partition `k`'s merged slice (and its outer
     /// momentum, if the run keeps one) and announces what it stored.
     pub(super) fn store_partition(
