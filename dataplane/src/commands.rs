@@ -177,7 +177,8 @@ pub struct RunArgs {
     /// snapshot is 4 bytes a stage weight (28 MB for a `small` stage, about
     /// 2 GB for a `1.5b` one). With `--merge-codec sparse`, the records of
     /// what this miner contributed (six stage-sized vectors, for audits)
-    /// are kept here too, in files removed as they are created.
+    /// are kept here too, in files removed as they are created, while the
+    /// filesystem keeps 1 GiB free (else in memory).
     #[arg(long, value_name = "DIR", default_value = "iota-cache/evidence")]
     evidence_dir: PathBuf,
     /// Memory for the evidence's weights snapshots, in MiB (received frames

@@ -44,6 +44,7 @@ use tracing::warn;
 
 use self::spill::Snapshot;
 pub use self::spill::SpillDir;
+pub(crate) use self::spill::{MIN_FREE_BYTES, free_bytes};
 use crate::evidence_bundle::{BackwardFrames, EvidenceBundle};
 use crate::inner_step::{OptimizerState, StepEvidence, StepHeader};
 use iota_checks::hashes::weights_hash;

@@ -107,7 +107,7 @@ fn write_snapshot(path: &Path, weights: &[f32]) -> io::Result<[u8; 32]> {
 }
 
 /// Bytes free to an unprivileged writer on the filesystem holding `dir`.
-fn free_bytes(dir: &Path) -> Option<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: an all-zero statvfs is a valid value of that plain C struct.

@@ -6,7 +6,6 @@
 //! merge loses none of what it trained, only delays it.
 
 use std::ops::Range;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -18,7 +17,7 @@ use iota_checks::sparse_contribution::SparseWitness;
 use iota_core::WireCodec;
 use iota_protocol::MergeSpec;
 
-use super::records::Recorded;
+use super::records::{RecordSpill, Recorded};
 use super::{MergeFault, MergeStats};
 
 /// A replica's unsent backlog for the stage it holds (none until its
@@ -33,10 +32,8 @@ pub(super) struct Feedback {
     /// where its contributions left this epoch's backlog (what an audited
     /// contribution's witness shows, `iota_checks::sparse_contribution`).
     records: Option<(EpochRecord, Option<EpochRecord>)>,
-    /// Where records past `spill_from` bytes a vector are kept (None: in
-    /// memory; `records.rs`).
-    pub(super) spill: Option<PathBuf>,
-    pub(super) spill_from: usize,
+    /// Where large records are kept (None: in memory; `records.rs`).
+    pub(super) spill: Option<RecordSpill>,
 }
 
 /// What a sparse replica shows of one epoch: the weights it started from
@@ -63,10 +60,10 @@ impl EpochRecord {
 }
 
 impl Feedback {
-    /// Nothing held back yet; records spilled past `SPILL_FROM_BYTES`
-    /// once given a directory.
+    /// Nothing held back yet; records kept in memory until given a
+    /// directory (`RecordSpill`).
     pub(super) fn new() -> Feedback {
-        Feedback { spill_from: super::records::SPILL_FROM_BYTES, ..Feedback::default() }
+        Feedback::default()
     }
 
     /// Keeps the backlog if it is for `stage` of `len` values, else starts
@@ -114,16 +111,16 @@ impl Feedback {
         if !carried {
             *held = ErrorFeedback::new(start.len());
         }
-        let (spill, from) = (self.spill.as_deref(), self.spill_from);
+        let spill = self.spill.as_ref();
         let before =
             self.records.take().map(|(now, _)| now).filter(|r| carried && r.epoch + 1 == epoch && r.stage == stage);
         let now = EpochRecord {
             epoch,
             stage,
-            start: Recorded::keep(start, spill, from),
-            last: Recorded::keep(last, spill, from),
+            start: Recorded::keep(start, spill),
+            last: Recorded::keep(last, spill),
             items: items.to_vec(),
-            backlog: Recorded::keep(held.residual(), spill, from),
+            backlog: Recorded::keep(held.residual(), spill),
         };
         self.records = Some((now, before));
     }
@@ -200,8 +197,7 @@ mod tests {
     fn two_epochs(spill: Option<&std::path::Path>) -> Vec<(Vec<u8>, Vec<u8>)> {
         let n = 2 * SPARSE_BLOCK;
         let mut f = Feedback::new();
-        f.spill = spill.map(std::path::Path::to_path_buf);
-        f.spill_from = 0;
+        f.spill = spill.map(|d| RecordSpill { from_bytes: 0, keep_free: 0, ..RecordSpill::new(d.to_path_buf()) });
         let mut shown = Vec::new();
         let mut before: Option<Whole> = None;
         for epoch in 0..2u64 {
@@ -210,6 +206,9 @@ mod tests {
             let items = vec![[epoch as u8; 32]];
             f.begin(epoch, 0, &start, &last, &items);
             let backlog = f.held.as_ref().unwrap().1.residual().to_vec();
+            let (now, _) = f.records.as_ref().unwrap();
+            let on_disk = [&now.start, &now.last, &now.backlog].map(|r| r.on_disk());
+            assert_eq!(on_disk, [spill.is_some(); 3], "epoch {epoch}: where the records went");
             assert_eq!(f.backlog_hash(epoch), Some(iota_checks::hashes::weights_hash(&backlog)));
             let delta: Vec<f32> = start.iter().zip(&last).map(|(s, l)| s - l).collect();
             for p in 0..2 {

@@ -510,7 +510,7 @@ impl Merge for Butterfly {
     }
 
     fn keep_records_in(&mut self, dir: std::path::PathBuf) {
-        self.feedback.spill = Some(dir);
+        self.feedback.spill = Some(records::RecordSpill::new(dir));
     }
 
     fn epoch_started(&mut self, epoch: u64, stage: u32, params: &[f32]) {

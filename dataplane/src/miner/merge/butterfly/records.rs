@@ -12,18 +12,50 @@
 //! whatever happens; nothing else in the directory is touched. A partition
 //! read back from it is checked against the leaves' hashes, so a file
 //! changed on disk is never shown as a witness.
+//!
+//! A record goes to disk only where its filesystem keeps
+//! `MIN_FREE_BYTES` free after it, as the evidence's snapshots do: the
+//! records never take the last of the space the snapshots need (work a
+//! miner cannot show a validator counts as withheld), and a record that
+//! does not fit stays in memory.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use iota_checks::hashes::{WeightsWitness, weights_leaves, weights_root};
 
+use crate::miner::evidence_log::{MIN_FREE_BYTES, free_bytes};
+
 /// Vectors this large or larger go to disk where a directory is given
 /// (a `small` stage, 28 MB, does; a `tiny` one stays in memory).
 pub(super) const SPILL_FROM_BYTES: usize = 4 << 20;
+
+/// Where a replica's large records go, and when.
+#[derive(Clone, Debug)]
+pub(super) struct RecordSpill {
+    pub(super) dir: PathBuf,
+    /// Vectors this many bytes or more go to disk.
+    pub(super) from_bytes: usize,
+    /// Bytes the directory's filesystem keeps free after a record.
+    pub(super) keep_free: u64,
+}
+
+impl RecordSpill {
+    /// Records from `SPILL_FROM_BYTES` in `dir`, `MIN_FREE_BYTES` left free.
+    pub(super) fn new(dir: PathBuf) -> RecordSpill {
+        RecordSpill { dir, from_bytes: SPILL_FROM_BYTES, keep_free: MIN_FREE_BYTES }
+    }
+
+    /// Whether `bytes` more fit in the directory (created if missing) with
+    /// `keep_free` left; no where its free space cannot be read.
+    fn has_room(&self, bytes: u64) -> bool {
+        std::fs::create_dir_all(&self.dir).is_ok()
+            && free_bytes(&self.dir).is_some_and(|free| free >= bytes.saturating_add(self.keep_free))
+    }
+}
 
 /// One recorded vector.
 pub(super) struct Recorded {
@@ -39,17 +71,26 @@ enum Values {
 }
 
 impl Recorded {
-    /// Records `values`: on disk in `spill` when given and `values` is at
-    /// least `from_bytes` long, else (or if writing fails: warned) in
-    /// memory.
-    pub(super) fn keep(values: &[f32], spill: Option<&Path>, from_bytes: usize) -> Recorded {
+    /// Records `values`: on disk in `spill` when given, `values` is at
+    /// least its `from_bytes` long and its filesystem has room, else (or
+    /// if writing fails: warned) in memory.
+    pub(super) fn keep(values: &[f32], spill: Option<&RecordSpill>) -> Recorded {
         let leaves = weights_leaves(values);
-        let big = values.len().saturating_mul(4) >= from_bytes;
-        let kept = match spill.filter(|_| big) {
-            Some(dir) => match write_unlinked(dir, values) {
+        let bytes = values.len().saturating_mul(4);
+        let kept = match spill.filter(|s| bytes >= s.from_bytes) {
+            Some(s) if !s.has_room(bytes as u64) => {
+                tracing::warn!(
+                    dir = %s.dir.display(),
+                    bytes,
+                    keep_free = s.keep_free,
+                    "keeping a contribution record in memory: its directory's filesystem has no room for it"
+                );
+                Values::Memory(values.to_vec())
+            }
+            Some(s) => match write_unlinked(&s.dir, values) {
                 Ok(f) => Values::Disk(f),
                 Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "keeping a contribution record in memory: writing it to disk failed");
+                    tracing::warn!(dir = %s.dir.display(), error = %e, "keeping a contribution record in memory: writing it to disk failed");
                     Values::Memory(values.to_vec())
                 }
             },
@@ -112,6 +153,11 @@ mod tests {
         (0..n).map(|i| (i as f32 * 0.61).cos() * 1e-3).collect()
     }
 
+    /// Every record in `dir`, however small, as long as the disk has room.
+    fn everything_in(dir: &Path) -> RecordSpill {
+        RecordSpill { from_bytes: 0, keep_free: 0, ..RecordSpill::new(dir.to_path_buf()) }
+    }
+
     /// On disk or in memory, a record shows every range as the whole
     /// vector's witness would, hashes as the whole does, and leaves no
     /// file behind in its directory.
@@ -119,12 +165,14 @@ mod tests {
     fn a_record_on_disk_shows_what_the_whole_vector_would() {
         let dir = tempfile::tempdir().unwrap();
         let v = values(3 * WEIGHTS_LEAF + 777);
-        let disk = Recorded::keep(&v, Some(dir.path()), 0);
-        let memory = Recorded::keep(&v, None, 0);
-        let small = Recorded::keep(&v, Some(dir.path()), usize::MAX);
-        assert!(disk.on_disk() && !memory.on_disk() && !small.on_disk());
+        let disk = Recorded::keep(&v, Some(&everything_in(dir.path())));
+        let memory = Recorded::keep(&v, None);
+        let small = Recorded::keep(&v, Some(&RecordSpill { from_bytes: usize::MAX, ..everything_in(dir.path()) }));
+        // A filesystem that cannot keep this much free after the record.
+        let full = Recorded::keep(&v, Some(&RecordSpill { keep_free: u64::MAX, ..everything_in(dir.path()) }));
+        assert!(disk.on_disk() && !memory.on_disk() && !small.on_disk() && !full.on_disk());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the file is unlinked");
-        for r in [&disk, &memory, &small] {
+        for r in [&disk, &memory, &small, &full] {
             assert_eq!(r.hash(), weights_hash(&v));
         }
         let n = v.len();
@@ -132,6 +180,7 @@ mod tests {
             let whole = WeightsWitness::of(&v, range.clone());
             assert_eq!(disk.witness(range.clone()).unwrap(), whole, "{range:?}");
             assert_eq!(memory.witness(range.clone()).unwrap(), whole, "{range:?}");
+            assert_eq!(full.witness(range.clone()).unwrap(), whole, "{range:?}");
         }
     }
 
@@ -140,7 +189,7 @@ mod tests {
     fn a_record_changed_on_disk_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let v = values(2 * WEIGHTS_LEAF);
-        let r = Recorded::keep(&v, Some(dir.path()), 0);
+        let r = Recorded::keep(&v, Some(&everything_in(dir.path())));
         let Values::Disk(f) = &r.values else { panic!("on disk") };
         f.write_all_at(&1.5f32.to_le_bytes(), 4 * (WEIGHTS_LEAF as u64 + 3)).unwrap();
         assert!(r.witness(0..10).is_ok(), "the first leaf is untouched");
