@@ -50,7 +50,7 @@ impl RecordSpill {
     }
 
     /// Whether `bytes` more fit in the directory (created if missing) with
-    /// `keep_free` left; no where its free space cannot be read.
+    /// `keep_free` left (false where its free space cannot be read).
     fn has_room(&self, bytes: u64) -> bool {
         std::fs::create_dir_all(&self.dir).is_ok()
             && free_bytes(&self.dir).is_some_and(|free| free >= bytes.saturating_add(self.keep_free))
