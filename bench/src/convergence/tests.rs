@@ -1,6 +1,5 @@
 //! The harness's own checks: the comparisons it draws must be fair.
 
-use super::variant::BoundarySpec;
 use super::*;
 use iota_core::merge::{OuterOpt, ReduceRule};
 
@@ -374,29 +373,6 @@ fn variant_names_parse() {
     assert!(Variant::parse("h24-delay1-predict-recompute").is_err());
     assert!(Variant::parse("h0").is_err() && Variant::parse("h8-x").is_err() && Variant::parse("x").is_err());
     assert_eq!(default_runs(&[1, 8], 24).len(), 8);
-}
-
-#[test]
-fn boundary_variants_parse_and_cost_what_the_codec_says() {
-    use iota_core::BottleneckStyle;
-    assert_eq!(Variant::parse("one-no-bottleneck").unwrap(), Variant::Boundary(BoundarySpec::NONE));
-    let r = Variant::parse("one-residual-b2-int4").unwrap();
-    let want = BoundarySpec { width: 2, style: BottleneckStyle::Residual, codec: WireCodec::Int4Row };
-    assert_eq!(r, Variant::Boundary(want));
-    assert_eq!(r.name(), "one process, residual b=2 int4");
-    // small (d = 192): the bf16 hidden state is 384 bytes a token. int4 rows
-    // carry a 2-byte scale: 2 channels are 3 bytes (128x), 8 are 6 (64x), 20 are 12 (32x).
-    for (spec, bytes) in
-        [("linear-b2-int4", 3), ("linear-b1-int8", 3), ("residual-b8-int4", 6), ("linear-b20-int4", 12)]
-    {
-        let (b, ratio) = BoundarySpec::parse(spec).unwrap().cost(192);
-        assert_eq!((b, ratio), (bytes, 384.0 / bytes as f64), "{spec}");
-    }
-    assert_eq!(BoundarySpec::NONE.cost(192), (768, 0.5), "the exact f32 residual");
-    for bad in ["one-residual-2-int4", "one-residual-b0-int4", "one-cubic-b2-int4", "one-linear-b2-int3", "one-linear"]
-    {
-        assert!(Variant::parse(bad).is_err(), "{bad}");
-    }
 }
 
 /// A boundary variant that names the run's own boundary is the baseline,

@@ -354,3 +354,31 @@ pub fn default_runs(intervals: &[u64], own: u64) -> Vec<Variant> {
     v.extend(names.iter().map(|n| Variant::parse(n).expect("a variant's own name")));
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundary_variants_parse_and_cost_what_the_codec_says() {
+        assert_eq!(Variant::parse("one-no-bottleneck").unwrap(), Variant::Boundary(BoundarySpec::NONE));
+        let r = Variant::parse("one-residual-b2-int4").unwrap();
+        let want = BoundarySpec { width: 2, style: BottleneckStyle::Residual, codec: WireCodec::Int4Row };
+        assert_eq!(r, Variant::Boundary(want));
+        assert_eq!(r.name(), "one process, residual b=2 int4");
+        // small (d = 192): the bf16 hidden state is 384 bytes a token. int4 rows
+        // carry a 2-byte scale: 2 channels are 3 bytes (128x), 8 are 6 (64x), 20 are 12 (32x).
+        for (spec, bytes) in
+            [("linear-b2-int4", 3), ("linear-b1-int8", 3), ("residual-b8-int4", 6), ("linear-b20-int4", 12)]
+        {
+            let (b, ratio) = BoundarySpec::parse(spec).unwrap().cost(192);
+            assert_eq!((b, ratio), (bytes, 384.0 / bytes as f64), "{spec}");
+        }
+        assert_eq!(BoundarySpec::NONE.cost(192), (768, 0.5), "the exact f32 residual");
+        for bad in
+            ["one-residual-2-int4", "one-residual-b0-int4", "one-cubic-b2-int4", "one-linear-b2-int3", "one-linear"]
+        {
+            assert!(Variant::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
