@@ -90,30 +90,36 @@ fn pair_pass(
 ) -> bool {
     let [l0, l1] = lanes;
     let (mut s0, mut s1) = (*l0, *l1);
-    let mut bad = false;
-    let mut step = |s0: &mut f64, s1: &mut f64, p0: &[u8; 2], p1: &[u8; 2], o: &mut [u8; 2]| {
+    // Each lane's largest update magnitude (as bits: for non-negative
+    // floats their order), finite while below infinity's: a lane-wise max
+    // vectorises, where one flag or-ed in every value made a chain through
+    // the mask registers.
+    let mut top = [0u32; SQ_LANES];
+    let step = |s0: &mut f64, s1: &mut f64, t: &mut u32, p0: &[u8; 2], p1: &[u8; 2], o: &mut [u8; 2]| {
         let v0 = f64::from(bf16_to_f32(u16::from_le_bytes(*p0)));
         *s0 += v0 * v0;
         let a = -0.0 + w[0] * v0;
         let v1 = f64::from(bf16_to_f32(u16::from_le_bytes(*p1)));
         *s1 += v1 * v1;
         let u = lr * ((a + w[1] * v1) as f32);
-        bad |= !u.is_finite();
+        *t = (*t).max(u.to_bits() & 0x7FFF_FFFF);
         *o = not_nan_to_bf16(u).to_le_bytes();
     };
     let (g0, r0) = vals[0].as_chunks::<SQ_LANES>();
     let (g1, r1) = vals[1].as_chunks::<SQ_LANES>();
     let (og, or) = out.as_chunks_mut::<SQ_LANES>();
     for ((a, b), o) in g0.iter().zip(g1).zip(og) {
-        for ((((s0, s1), p0), p1), o) in s0.iter_mut().zip(s1.iter_mut()).zip(a).zip(b).zip(o) {
-            step(s0, s1, p0, p1, o);
+        let lanes = s0.iter_mut().zip(s1.iter_mut()).zip(top.iter_mut());
+        for (((((s0, s1), t), p0), p1), o) in lanes.zip(a).zip(b).zip(o) {
+            step(s0, s1, t, p0, p1, o);
         }
     }
-    for ((((s0, s1), p0), p1), o) in s0.iter_mut().zip(s1.iter_mut()).zip(r0).zip(r1).zip(or) {
-        step(s0, s1, p0, p1, o);
+    let lanes = s0.iter_mut().zip(s1.iter_mut()).zip(top.iter_mut());
+    for (((((s0, s1), t), p0), p1), o) in lanes.zip(r0).zip(r1).zip(or) {
+        step(s0, s1, t, p0, p1, o);
     }
     (*l0, *l1) = (s0, s1);
-    !bad
+    top.iter().all(|&t| t < f32::INFINITY.to_bits())
 }
 
 /// `f32_to_bf16` for every value but NaN (whose bytes differ): a NaN

@@ -342,7 +342,7 @@ mod tests {
         {
             for len in [7, b, REDUCE_CHUNK, 2 * REDUCE_CHUNK + 3 * b + 5] {
                 for r in 1..=4usize {
-                    for attack in ["none", "missing", "short", "nan", "huge", "nan-pad"] {
+                    for attack in ["none", "missing", "short", "nan", "huge", "nan-pad", "overflow"] {
                         // With momentum (two passes), and without (one
                         // pass measuring the norms, again without what it
                         // flags).
@@ -353,12 +353,16 @@ mod tests {
                             match attack {
                                 "nan" => xs[0][len / 2] = f32::NAN,
                                 "huge" => xs[0].iter_mut().for_each(|v| *v *= 1e5),
+                                // Finite contributions whose update is not
+                                // (the outer step's lr above 1 takes the
+                                // mean past f32's range): refused.
+                                "overflow" => xs.iter_mut().for_each(|x| x[len / 2] = 3.0e38),
                                 _ => {}
                             }
                             let spec = MergeSpec {
                                 codec: c,
                                 rule,
-                                outer: OuterOpt { lr: 0.7, momentum: mu },
+                                outer: OuterOpt { lr: if attack == "overflow" { 1.5 } else { 0.7 }, momentum: mu },
                                 sparse_density: density,
                                 ..MergeSpec::default()
                             };
