@@ -6,7 +6,9 @@
 //! The same operations on each value in the same order as the general
 //! path (`reduce_stream::reduce_chunk`: `decode_range`, `SqSum::add`,
 //! `add_weighted`, `outer_step`, `codec::encode_into`), so the same bits;
-//! what it saves is the passes over scratch buffers between them.
+//! what it saves is the passes over scratch buffers between them. Two
+//! contributions (R = 2, the default) are read side by side in one loop
+//! (`pair_pass`), the mean never leaving the registers.
 
 use iota_core::codec::{bf16_to_f32, f32_to_bf16};
 use iota_core::merge::flaws::{SQ_LANES, SqSum};
