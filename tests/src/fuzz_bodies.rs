@@ -76,6 +76,39 @@ pub fn codec_decode(data: &[u8]) {
         assert_eq!(v.len() as u64, len);
         assert!(v.iter().all(|x| x.is_finite()));
     }
+    reduce_as_the_reference(codec, len, b.0);
+}
+
+/// The bytes as two peers' contributions to a merge of `len` values (the
+/// first two slices' worth; the first byte picks an outer lr that can
+/// overflow): the streamed reduce an owner runs (the bf16 pair loop
+/// among them) publishes the decode-first reference's bytes, or both
+/// refuse.
+fn reduce_as_the_reference(codec: WireCodec, len: u64, data: &[u8]) {
+    use iota_core::merge::{BLOCK, OuterOpt};
+    use iota_dataplane::slices::{reduce_partition_decoded, reduce_partition_published, update_hash};
+    let Some(size) = codec.payload_bytes(len.div_ceil(BLOCK) as usize, BLOCK as usize) else { return };
+    if len == 0 || len > 1 << 16 || data.len() < 2 * size {
+        return;
+    }
+    let (a, rest) = data.split_at(size);
+    let payloads = [Some(a), Some(&rest[..size])];
+    let lr = if data[0] & 1 == 0 { 0.7 } else { 1.5 };
+    let spec = MergeSpec { codec, outer: OuterOpt { lr, momentum: 0.0 }, ..MergeSpec::default() };
+    let weights = [1.0, 3.0];
+    let (mut m_ref, mut m_pub) = (vec![0.0f32; len as usize], vec![0.0f32; len as usize]);
+    let want = reduce_partition_decoded(&spec, 1, len, &payloads, &weights, &mut m_ref);
+    match (update_hash(codec, &want.update), reduce_partition_published(&spec, 1, len, &payloads, &weights, &mut m_pub))
+    {
+        (Ok((payload, hash)), Ok(p)) => {
+            assert_eq!((&p.payload[..], p.hash), (&payload[..], hash), "{codec:?} {len}: published");
+            assert_eq!((p.flagged, p.stats), (want.flagged, want.stats), "{codec:?} {len}");
+        }
+        (Err(_), Err(_)) => {}
+        (a, b) => {
+            panic!("{codec:?} {len}: the reference {:?}, the streamed reduce {:?}", a.map(|x| x.1), b.map(|x| x.hash))
+        }
+    }
 }
 
 /// The orchestrator's request path: a hostile envelope; the bytes as the
@@ -505,5 +538,36 @@ pub fn evidence_bundle(data: &[u8]) {
         }
         let again = e.encode();
         assert!(again == bytes, "the bundle format is not canonical");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hostile bf16 contributions (any bit pattern: NaN, infinities,
+    /// subnormals, values near f32's range, mixed with ordinary ones) of
+    /// lengths around the block size: the streamed reduce publishes the
+    /// reference's bytes or both refuse (`reduce_as_the_reference` panics
+    /// otherwise), the fuzz target's property on inputs it may not reach.
+    #[test]
+    fn hostile_bf16_contributions_reduce_as_the_reference() {
+        let mut rng = iota_core::Rng::new(17);
+        for case in 0..300u32 {
+            let len = 1 + (rng.next_u64() % 700) as usize;
+            let size = WireCodec::Bf16.payload_bytes(len.div_ceil(256), 256).unwrap();
+            let mut data = Vec::with_capacity(2 * size);
+            for _ in 0..size {
+                // Mostly small values; one in 16 any bit pattern.
+                let word = if rng.next_u64().is_multiple_of(16) {
+                    rng.next_u64() as u16
+                } else {
+                    iota_core::codec::f32_to_bf16(rng.normal() * 0.01)
+                };
+                data.extend_from_slice(&word.to_le_bytes());
+            }
+            data[0] = case as u8;
+            reduce_as_the_reference(WireCodec::Bf16, len as u64, &data);
+        }
     }
 }
