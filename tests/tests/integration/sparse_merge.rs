@@ -29,14 +29,23 @@ async fn a_swarm_with_sparse_contributions_trains_and_its_replicas_agree() {
     }
     let history = swarm.service.with_state(|o| o.history().to_vec());
     println!("sparse swarm 3x2 tiny: {:?}", history.iter().map(|e| e.mean_loss).collect::<Vec<_>>());
+    for e in &history {
+        println!("  epoch {} losses {:?}", e.epoch, e.losses);
+    }
     assert_eq!(history.len(), 3);
     // Each merge carries a thirty-second of what the replicas trained (the
     // rest waits in their backlogs), so an epoch starts well above where
     // the last one ended (docs/BENCHMARKS.md: the loss it costs); over the
     // run the model still learns.
     assert!(history.iter().all(|e| e.completed == 24 && e.losses.len() == 24), "{history:?}");
-    let (first, last) = (history[0].losses[0], history[2].losses[23]);
-    assert!(last < first - 0.8, "the loss falls over the run: {first} -> {last}");
+    // Where the run starts: the median of the first six micro-batches
+    // issued (one re-issued after a timeout completes on trained weights,
+    // so not the first alone); where it ends: the last epoch's mean (one
+    // micro-batch's loss swings by a unit with its pathway and its data).
+    let mut start: Vec<f32> = history[0].losses[..6].to_vec();
+    start.sort_by(f32::total_cmp);
+    let (first, last) = (start[3], history[2].mean_loss);
+    assert!(last < first - 0.6, "the loss falls over the run: {first} -> {last}");
     for stage in 0..3 {
         let w: Vec<&Vec<f32>> = summaries.iter().filter(|s| s.stage == stage).map(|s| &s.params).collect();
         assert_eq!(w.len(), 2, "two replicas of stage {stage}");
