@@ -241,7 +241,6 @@ fn gbps(bytes: f64, secs: f64) -> f64 {
     bytes / secs.max(1e-12) / 1e9
 }
 
-/// The fastest of 3 timed runs of `f`, in seconds.
 /// Pairs of copy and reduce `reduce_alone` times.
 const PAIRS: usize = 5;
 
@@ -250,6 +249,7 @@ fn ratios_in_order(pairs: &[(f64, f64, f64)]) -> String {
     pairs.iter().map(|(o, p, t)| format!("{:.2}", o.min(*p) / t)).collect::<Vec<_>>().join(", ")
 }
 
+/// The fastest of 3 timed runs of `f`, in seconds.
 fn best_of_3(mut f: impl FnMut()) -> f64 {
     (0..3)
         .map(|_| {
